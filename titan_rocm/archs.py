@@ -1,0 +1,102 @@
+"""What happens on each AMD GPU architecture: the one place that records per-gfx facts.
+
+Every workaround that behaves differently by architecture reads its answer from
+:data:`ARCHS` here, so a reader who wants to know "what does titan-rocm do on
+gfx942" finds it in this file. Sources for each fact are in the docs page of
+the workaround that uses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ArchFacts:
+    """Facts about one AMD GPU architecture (a ``gfxNNN`` target)."""
+
+    name: str
+    """The target name, e.g. ``gfx942``."""
+    products: tuple[str, ...]
+    """Marketing names, for messages."""
+    wave_size: int
+    """Wavefront size Triton compiles for."""
+    vmem_store_data_hazard: bool
+    """Buffer stores of more than 64 bits can read data VGPRs that a VALU instruction
+    overwrites too soon after issue (LLVM GCNHazardRecognizer, VMEM store data hazard).
+    Docs: docs/triton-buffer-store-hazard.md."""
+    aiter_fmha_v3_bwd_qk192_v128: bool
+    """aiter's fmha_v3 ASM backward supports q/k head dim 192 with v head dim 128
+    (DeepSeek MLA). Where False, that shape must go to aiter's generic CK backward.
+    Docs: docs/mla-ck-backward.md."""
+    opus_splitk_solidx_ranges: tuple[tuple[int, int], ...]
+    """Half-open ``solidx`` ranges of aiter's split-K "opus" GEMM kernels whose
+    workspace lives in a per-stream hipMalloc registry (unsafe under graph capture).
+    Empty where the arch's opus kernels are capture-safe. Docs: docs/gemm-tables.md."""
+    cu_nums: tuple[int, ...]
+    """``cu_num`` values that identify this arch in aiter tables without a ``gfx`` column."""
+
+
+ARCHS: dict[str, ArchFacts] = {
+    facts.name: facts
+    for facts in (
+        ArchFacts(
+            name="gfx90a",
+            products=("MI210", "MI250", "MI250X"),
+            wave_size=64,
+            vmem_store_data_hazard=False,
+            aiter_fmha_v3_bwd_qk192_v128=False,
+            opus_splitk_solidx_ranges=(),
+            cu_nums=(104, 110),
+        ),
+        ArchFacts(
+            name="gfx942",
+            products=("MI300X", "MI300A", "MI308X", "MI325X"),
+            wave_size=64,
+            vmem_store_data_hazard=True,
+            aiter_fmha_v3_bwd_qk192_v128=False,
+            opus_splitk_solidx_ranges=((10200, 10300),),
+            cu_nums=(304, 228, 80, 20, 38),
+        ),
+        ArchFacts(
+            name="gfx950",
+            products=("MI350X", "MI355X"),
+            wave_size=64,
+            vmem_store_data_hazard=True,
+            aiter_fmha_v3_bwd_qk192_v128=True,
+            opus_splitk_solidx_ranges=((200, 300), (1200, 1300)),
+            cu_nums=(256, 32),
+        ),
+        ArchFacts(
+            name="gfx1250",
+            products=("MI450",),
+            wave_size=32,
+            vmem_store_data_hazard=False,
+            aiter_fmha_v3_bwd_qk192_v128=False,
+            # gfx1250 opus kernels allocate their workspace with a capture-aware
+            # torch.empty, so none of them is unsafe; the range is only listed so
+            # the policy "all-opus" can still find them.
+            opus_splitk_solidx_ranges=(),
+            cu_nums=(),
+        ),
+    )
+}
+
+
+def normalize_arch(name: str) -> str:
+    """Return the bare target of a ``gcnArchName`` such as ``gfx942:sramecc+:xnack-``."""
+    return name.strip().split(":", 1)[0].lower()
+
+
+def arch_facts(name: str) -> ArchFacts:
+    """Facts for ``name`` (``gfx942``, ``gfx942:sramecc+:xnack-``, ...).
+
+    Raises:
+        ValueError: naming the value and the architectures titan-rocm knows.
+    """
+    key = normalize_arch(name)
+    try:
+        return ARCHS[key]
+    except KeyError:
+        known = ", ".join(sorted(ARCHS))
+        raise ValueError(f"unknown AMD GPU architecture {name!r}; known: {known}") from None

@@ -1,0 +1,69 @@
+"""``titan-rocm``: the command-line front door.
+
+Each subcommand lives in its own module ``titan_rocm.cli.<name>`` that defines
+``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported
+only when their subcommand runs, so ``titan-rocm scan`` never pays for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+SUBCOMMANDS: dict[str, str] = {
+    "plan": "titan_rocm.cli.plan",
+    "scan": "titan_rocm.cli.scan",
+    "check-log": "titan_rocm.cli.check_log",
+    "bench-summary": "titan_rocm.cli.bench_summary",
+    "gemm-tables": "titan_rocm.cli.gemm_tables",
+}
+
+_HELP: dict[str, str] = {
+    "plan": "show what a TorchTitan job would get from titan-rocm, without a GPU",
+    "scan": "audit AMDGCN files (Triton caches) for the buffer-store data hazard",
+    "check-log": "require every logged loss and grad norm of a training log to be finite",
+    "bench-summary": "throughput summary of a training log; invalid if it diverged",
+    "gemm-tables": "make aiter's tuned GEMM tables safe for HIP-graph capture",
+}
+
+
+def _parser_for(name: str) -> argparse.ArgumentParser:
+    module = importlib.import_module(SUBCOMMANDS[name])
+    parser = argparse.ArgumentParser(prog=f"titan-rocm {name}", description=module.HELP)
+    module.add_arguments(parser)
+    parser.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``titan-rocm`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        lines = ["usage: titan-rocm <command> [options]", "", "commands:"]
+        lines += [f"  {name:<14} {_HELP[name]}" for name in SUBCOMMANDS]
+        lines += ["", "titan-rocm <command> --help shows a command's options."]
+        print("\n".join(lines))
+        return 0 if argv else 2
+    if argv[0] == "--version":
+        from titan_rocm import __version__
+
+        print(f"titan-rocm {__version__}")
+        return 0
+    if argv[0] not in SUBCOMMANDS:
+        print(
+            f"titan-rocm: unknown command {argv[0]!r}; choose one of: {', '.join(SUBCOMMANDS)}",
+            file=sys.stderr,
+        )
+        return 2
+    parser = _parser_for(argv[0])
+    try:
+        args = parser.parse_args(argv[1:])
+    except SystemExit as exc:  # argparse exits 2 on bad options, 0 on --help
+        return int(exc.code or 0)
+    return int(args._run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
