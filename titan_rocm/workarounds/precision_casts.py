@@ -1,0 +1,58 @@
+"""Inductor ``emulate_precision_casts``: keep eager BF16 truncation in compiled graphs.
+
+Without it, Inductor fuses BF16 ops and keeps intermediates in FP32, so compiled ROCm
+graphs drop the rounding that eager mode does; the numerics drift from eager. The flag
+must be set before anything compiles: the converter runs before ``parallelize_fn``. The env
+var ``TORCHINDUCTOR_EMULATE_PRECISION_CASTS`` only counts when Inductor's config module is
+first imported, which has usually already happened, so titan-rocm sets the config itself.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch._inductor.config as inductor_config
+import torch.nn as nn
+from torchtitan.tools.logging import logger
+
+from titan_rocm.converters.base import Workaround
+
+ENV_VAR = "TORCHINDUCTOR_EMULATE_PRECISION_CASTS"
+
+
+def user_disabled() -> str | None:
+    """Where the user explicitly turned emulate_precision_casts off, or None."""
+    env = os.environ.get(ENV_VAR)
+    if env is not None and env != "1":
+        return f"{ENV_VAR}={env}"
+    is_default = getattr(inductor_config, "_is_default", None)
+    if (
+        is_default is not None
+        and not is_default("emulate_precision_casts")
+        and not inductor_config.emulate_precision_casts
+    ):
+        return "torch._inductor.config.emulate_precision_casts = False"
+    return None
+
+
+class PrecisionCasts(Workaround):
+    """Sets ``torch._inductor.config.emulate_precision_casts = True``."""
+
+    name = "precision_casts"
+
+    def check(self, model: nn.Module) -> str | None:
+        if not self.ctx.job_config.compile.enable:
+            return "compile disabled ([compile] enable = false): nothing for Inductor to compile"
+        explicit = user_disabled()
+        if explicit:
+            return f"left as the user set it ({explicit})"
+        return None
+
+    def apply(self, model: nn.Module) -> None:
+        if not inductor_config.emulate_precision_casts:
+            inductor_config.emulate_precision_casts = True
+            logger.info("titan-rocm: set torch._inductor.config.emulate_precision_casts = True")
+
+    def plan(self, model: nn.Module) -> dict[str, Any]:
+        return {"emulate_precision_casts": bool(inductor_config.emulate_precision_casts)}
