@@ -14,8 +14,11 @@ if TYPE_CHECKING:
 
 WORKAROUNDS: dict[str, str] = {
     "precision_casts": "titan_rocm.workarounds.precision_casts:PrecisionCasts",
+    "triton_war": "titan_rocm.workarounds.triton_war.workaround:TritonWar",
     "grouped_mm": "titan_rocm.workarounds.grouped_mm:GroupedMMBinding",
     "moe_eager_compile": "titan_rocm.workarounds.moe_compile:MoEEagerCompile",
+    "mla_ck_backward": "titan_rocm.workarounds.mla_attention.workaround:MLACKBackward",
+    "divergence_guard": "titan_rocm.workarounds.divergence_guard:DivergenceGuard",
 }
 
 
