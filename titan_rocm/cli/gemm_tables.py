@@ -1,0 +1,153 @@
+"""``titan-rocm gemm-tables``: make aiter's tuned GEMM tables safe for HIP-graph capture.
+
+Torch-free. Exit codes: 0 done (``--check``: no unsafe row), 1 ``--check`` found
+unsafe rows, 2 bad input (nothing written). Docs: docs/gemm-tables.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+
+from titan_rocm.gemm_tables.capture_safe import (
+    CaptureSafeError,
+    Result,
+    as_dict,
+    capture_safe,
+    totals,
+)
+from titan_rocm.gemm_tables.policy import POLICIES
+
+HELP = (
+    "Make aiter's tuned BF16 GEMM tables (AITER_CONFIG_GEMM_BF16) safe for HIP-graph "
+    "capture: copy each table without the rows that select a split-K opus kernel, "
+    "whose per-stream workspace aborts the process when a capture touches it first."
+)
+
+_CAPTURE_SAFE_HELP = (
+    "Write each TABLE to OUTDIR under the same name without its capture-unsafe rows "
+    "(every surviving byte unchanged) and print the AITER_CONFIG_GEMM_BF16 line to use. "
+    "Exit 0 done, 1 --check found unsafe rows, 2 bad input (nothing written)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``gemm-tables`` actions (``capture-safe``) to ``parser``."""
+    actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    safe = actions.add_parser(
+        "capture-safe",
+        help="copy tables without the rows unsafe under HIP-graph capture",
+        description=_CAPTURE_SAFE_HELP,
+    )
+    safe.add_argument("tables", nargs="+", metavar="TABLE", help="aiter tuned BF16 GEMM CSV")
+    safe.add_argument(
+        "-o",
+        "--output-dir",
+        dest="outdir",
+        metavar="OUTDIR",
+        help="directory for the safe copies (created if missing; required unless --check)",
+    )
+    safe.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="splitk-opus",
+        help="splitk-opus (default): remove split-K opus rows only; all-opus: remove every "
+        "opus row of gfx942/gfx950 (the blunt fix, for comparison)",
+    )
+    safe.add_argument(
+        "--arch",
+        metavar="gfxNNN",
+        help="architecture of rows without a gfx value (tables of older aiter); needed when "
+        "their cu_num names no architecture or several",
+    )
+    safe.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; list the unsafe rows; exit 1 if there are any, 0 if none",
+    )
+    safe.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _table(result: Result) -> list[str]:
+    header = ("file", "arch", "libtype", "kept", "removed")
+    rows: list[tuple[str, ...]] = []
+
+    def add(name: str, counts: Counter[tuple[str, str, bool]]) -> None:
+        for arch, libtype in sorted({(a, lt) for a, lt, _ in counts}):
+            kept, removed = counts[(arch, libtype, False)], counts[(arch, libtype, True)]
+            rows.append((name, arch, libtype, str(kept), str(removed)))
+
+    for file_result in result.files:
+        add(file_result.table.path.name, file_result.counts)
+    if len(result.files) > 1:
+        add("(all files)", totals(result))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return [
+        "  ".join(
+            cell.rjust(width) if i >= 3 else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in [header, *rows]
+    ]
+
+
+def _print_text(result: Result) -> None:
+    if result.check:
+        for file_result in result.files:
+            for n in file_result.removed:
+                print(
+                    f"{file_result.table.path}:{n.line}: unsafe: {n.arch} cu_num={n.cu_num} "
+                    f"{n.libtype} solidx={n.solidx} {n.kernel_name} ({n.detail})"
+                )
+    print("\n".join(_table(result)))
+    rows = sum(f.rows for f in result.files)
+    verb = "would remove" if result.check else "removed"
+    print(
+        f"policy {result.policy}: {verb} {result.unsafe_rows} of {rows} rows "
+        f"in {len(result.files)} table(s)"
+    )
+    env = result.env_line()
+    if env is not None:
+        print(env)
+
+
+def _print_warnings(result: Result) -> None:
+    for file_result in result.files:
+        for n in file_result.disagreements:
+            print(
+                f"warning: {file_result.table.path}:{n.line}: kernelName and solidx disagree "
+                f"({n.detail}): {n.kernel_name}",
+                file=sys.stderr,
+            )
+    unknown: Counter[tuple[str, str]] = Counter()
+    for file_result in result.files:
+        unknown.update(file_result.unknown_cu_nums)
+    for (arch, cu_num), count in sorted(unknown.items()):
+        print(
+            f"note: {count} {arch} row(s) carry cu_num {cu_num}, which titan_rocm.archs does "
+            f"not list for {arch} (matters only for tables without a gfx column)",
+            file=sys.stderr,
+        )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``titan-rocm gemm-tables <action>``; return the exit code."""
+    try:
+        result = capture_safe(
+            args.tables,
+            args.outdir,
+            policy=args.policy,
+            arch=args.arch,
+            check=args.check,
+        )
+    except CaptureSafeError as exc:
+        print(f"titan-rocm gemm-tables: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(as_dict(result), indent=2))
+    else:
+        _print_text(result)
+    _print_warnings(result)
+    return 1 if args.check and result.unsafe_rows else 0

@@ -1,0 +1,156 @@
+"""Which tuned GEMM rows are unsafe under HIP-graph capture, and on which architecture.
+
+aiter's split-K "opus" kernels on gfx942/gfx950 keep their partial-sum workspace
+in a per-stream hipMalloc registry; a graph capture that is the first to touch it
+aborts the process. The kernels are identified by ``solidx`` ranges recorded per
+architecture in :mod:`titan_rocm.archs` (``opus_splitk_solidx_ranges``).
+Docs: docs/gemm-tables.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from titan_rocm.archs import ARCHS, ArchFacts, normalize_arch
+
+POLICIES: tuple[str, ...] = ("splitk-opus", "all-opus")
+"""``splitk-opus``: remove split-K opus rows only (the precise rule, default).
+``all-opus``: remove every opus row of an architecture with capture-unsafe opus
+kernels (the blunt fix seen in the wild, for comparison)."""
+
+OPUS = "opus"
+
+
+class ArchError(ValueError):
+    """A row's architecture is unknown or cannot be told from its ``cu_num``."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The decision about one row."""
+
+    unsafe: bool
+    """Remove the row under the chosen policy."""
+    reason: str
+    """Why it is removed (empty when kept)."""
+    disagreement: str
+    """Non-empty when ``kernelName`` and ``solidx`` disagree about split-K (explains how)."""
+
+
+def arches_for_cu_num(cu_num: str, archs: Mapping[str, ArchFacts] = ARCHS) -> list[str]:
+    """The architectures whose ``cu_nums`` include ``cu_num`` (a table field, as text)."""
+    try:
+        value = int(cu_num.strip())
+    except ValueError:
+        return []
+    return sorted(name for name, facts in archs.items() if value in facts.cu_nums)
+
+
+def row_arch(
+    fields: Mapping[str, str],
+    arch_override: str | None,
+    archs: Mapping[str, ArchFacts] = ARCHS,
+) -> str:
+    """The architecture a row applies to.
+
+    A non-empty ``gfx`` field names it. Otherwise ``arch_override`` (``--arch``)
+    does, and without it the ``cu_num`` must map to exactly one architecture.
+
+    Raises:
+        ArchError: the named architecture is unknown, or the cu_num maps to no
+            architecture or to several.
+    """
+    known = ", ".join(sorted(archs))
+    gfx = fields.get("gfx", "").strip()
+    if gfx:
+        name = normalize_arch(gfx)
+        if name not in archs:
+            raise ArchError(f"unknown gfx {gfx!r}; known: {known}")
+        return name
+    if arch_override is not None:
+        return arch_override
+    cu_num = fields.get("cu_num", "").strip()
+    matches = arches_for_cu_num(cu_num, archs)
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ArchError(
+            f"cu_num {cu_num!r} is used by several architectures ({', '.join(matches)}) and "
+            "the row has no gfx; pass --arch to say which one the table is for"
+        )
+    mapping = "; ".join(
+        f"{name}: {', '.join(map(str, facts.cu_nums))}"
+        for name, facts in sorted(archs.items())
+        if facts.cu_nums
+    )
+    raise ArchError(
+        f"cu_num {cu_num!r} names no known architecture and the row has no gfx "
+        f"(known cu_num values: {mapping}); pass --arch"
+    )
+
+
+def in_splitk_range(solidx: int, facts: ArchFacts) -> bool:
+    """Whether ``solidx`` is the id of a capture-unsafe split-K opus kernel on that arch."""
+    return any(low <= solidx < high for low, high in facts.opus_splitk_solidx_ranges)
+
+
+def name_says_splitk(kernel_name: str) -> bool:
+    """Whether an opus kernel's name marks it as split-K."""
+    return "splitk" in kernel_name.lower()
+
+
+def parse_solidx(text: str) -> int:
+    """Parse a ``solidx`` field (``250`` or an integral float such as ``250.0``).
+
+    Raises:
+        ValueError: naming the value when it is not an integer.
+    """
+    value = text.strip()
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        number = float(value)
+    except ValueError:
+        number = float("nan")
+    if number.is_integer():
+        return int(number)
+    raise ValueError(f"solidx {text!r} is not an integer")
+
+
+def judge(fields: Mapping[str, str], facts: ArchFacts, policy: str) -> Verdict:
+    """Decide whether the row ``fields`` (of architecture ``facts``) is unsafe under ``policy``.
+
+    Only ``libtype == "opus"`` rows of an architecture with capture-unsafe split-K
+    kernels (non-empty ``opus_splitk_solidx_ranges``) can be unsafe. The rule is the
+    ``solidx`` range; ``kernelName`` containing ``splitk`` is cross-checked, and a row
+    whose name says split-K while its id lies outside every range is removed too
+    (a crash under capture costs more than one tuned row), flagged as a disagreement.
+
+    Raises:
+        ValueError: unknown policy, or an opus row whose solidx is not an integer.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose one of: {', '.join(POLICIES)}")
+    if fields["libtype"].strip().lower() != OPUS or not facts.opus_splitk_solidx_ranges:
+        return Verdict(False, "", "")
+    solidx = parse_solidx(fields["solidx"])
+    by_id = in_splitk_range(solidx, facts)
+    by_name = name_says_splitk(fields["kernelName"])
+    disagreement = ""
+    if by_id and not by_name:
+        disagreement = (
+            f"solidx {solidx} is in a {facts.name} split-K range but the name lacks 'splitk'"
+        )
+    elif by_name and not by_id:
+        disagreement = (
+            f"the name says split-K but solidx {solidx} is outside the {facts.name} split-K "
+            f"ranges {list(facts.opus_splitk_solidx_ranges)}"
+        )
+    if by_id or by_name:
+        return Verdict(True, f"split-K opus kernel (solidx {solidx})", disagreement)
+    if policy == "all-opus":
+        return Verdict(True, f"opus kernel (solidx {solidx}), policy all-opus", disagreement)
+    return Verdict(False, "", disagreement)
