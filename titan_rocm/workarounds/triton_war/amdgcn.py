@@ -1,0 +1,425 @@
+"""A small parser for AMDGCN assembly text (what Triton keeps in ``kernel.asm["amdgcn"]``).
+
+It knows just enough for hazard rules: instructions (mnemonic, operands, modifiers, source
+line), register ranges (``v5``, ``v[0:3]``, ``a[4:7]``, ``s[8:11]``, ``ttmp2``), labels,
+basic blocks and their successors (fallthrough, both sides of ``s_cbranch_*``, the target
+of ``s_branch``; ``s_endpgm``/``s_setpc``/``s_swappc`` end a path). Comments (``;``,
+``//``) and directives (``.loc``, ``.p2align`` ...) are skipped: they are not instructions
+and cost no wait states.
+
+:func:`parse` never raises: unknown instructions, junk text and odd operands are kept as
+instructions whose registers are simply not understood.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+__all__ = ["Reg", "Instruction", "Block", "Program", "parse", "parse_register"]
+
+
+@dataclass(frozen=True)
+class Reg:
+    """A contiguous range of registers of one file: ``v`` (VGPR), ``a`` (AGPR), ``s`` (SGPR),
+    ``ttmp``, or a named special register (``vcc``, ``exec``, ``m0`` ...) with lo = hi = 0."""
+
+    file: str
+    lo: int
+    hi: int
+
+    def overlaps(self, other: Reg) -> bool:
+        """True when both ranges are in the same register file and share a register."""
+        return self.file == other.file and self.lo <= other.hi and other.lo <= self.hi
+
+    @property
+    def count(self) -> int:
+        """Number of 32-bit registers in the range."""
+        return self.hi - self.lo + 1
+
+    @property
+    def is_vector(self) -> bool:
+        """VGPR or AGPR."""
+        return self.file in ("v", "a")
+
+    def __str__(self) -> str:
+        if self.file not in ("v", "a", "s", "ttmp"):
+            return self.file
+        if self.lo == self.hi:
+            return f"{self.file}{self.lo}"
+        return f"{self.file}[{self.lo}:{self.hi}]"
+
+
+# v5, a[0:3], s[8:11], ttmp[4:7], v[5]; optional leading modifiers (-, |, neg( ...) and
+# true16 halves (v0.l) are tolerated.
+_REG_RE = re.compile(
+    r"^[-|!~]*(?:[a-z_]+\()?(ttmp|acc|[vas])(?:(\d+)|\[(\d+)(?::(\d+))?\])(?:\.[lh])?(?!\w)",
+    re.IGNORECASE,
+)
+_SPECIAL_REGS = frozenset(
+    {"vcc", "vcc_lo", "vcc_hi", "exec", "exec_lo", "exec_hi", "m0", "scc", "null",
+     "flat_scratch", "flat_scratch_lo", "flat_scratch_hi", "xnack_mask", "tba", "tma"}
+)
+# An unknown write (v_movreld writes v[M0 + n]): overlaps every register of its file.
+_ANY = 1 << 30
+
+
+def parse_register(token: str) -> tuple[Reg, ...]:
+    """Registers named by one operand token; ``()`` when it names none (literal, label...).
+
+    A bracket list ``[v0,v1,v2]`` gives one range per element.
+    """
+    tok = token.strip()
+    if not tok:
+        return ()
+    if tok[0] == "[" and tok[-1:] == "]":
+        out: list[Reg] = []
+        for part in tok[1:-1].split(","):
+            out.extend(parse_register(part))
+        return tuple(out)
+    low = tok.lower()
+    if low in _SPECIAL_REGS:
+        return (Reg(low, 0, 0),)
+    m = _REG_RE.match(tok)
+    if m is None:
+        return ()
+    file = m.group(1).lower()
+    if file == "acc":
+        file = "a"
+    if m.group(2) is not None:
+        lo = hi = int(m.group(2))
+    else:
+        lo = int(m.group(3))
+        hi = int(m.group(4)) if m.group(4) is not None else lo
+    if hi < lo:  # malformed range such as v[3:0]: keep what it names, in order
+        lo, hi = hi, lo
+    return (Reg(file, lo, hi),)
+
+
+_MODIFIER_RE = re.compile(r"^[a-z_][a-z0-9_]*:", re.IGNORECASE)
+_INT_RE = re.compile(r"^[-+]?(0x[0-9a-f]+|\d+)$", re.IGNORECASE)
+_MNEMONIC_RE = re.compile(r"^[a-z][a-z0-9_]*$", re.IGNORECASE)
+
+# Mnemonics whose VGPR/AGPR destination is not produced by the vector ALU.
+_LOAD_PREFIXES = (
+    "buffer_load", "tbuffer_load", "global_load", "flat_load", "scratch_load",
+    "ds_read", "ds_load", "ds_bpermute", "ds_permute", "ds_swizzle", "image_load",
+    "image_sample", "image_gather",
+)
+_PATH_ENDS = frozenset(
+    {"s_endpgm", "s_endpgm_saved", "s_endpgm_ordered_ps_done", "s_setpc_b64",
+     "s_swappc_b64", "s_rfe_b64", "s_call_b64"}
+)
+
+
+def _parse_int(text: str) -> int | None:
+    t = text.strip()
+    if not _INT_RE.match(t):
+        return None
+    try:
+        return int(t, 0)
+    except ValueError:  # "010": a decimal with a leading zero
+        return int(t, 10)
+
+
+def _split_operands(args: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Split ``args`` into operand tokens and trailing modifiers (``offen``, ``offset:16``...)."""
+    if not args:
+        return (), ()
+    if "[" not in args and "(" not in args:
+        parts = args.split(",")
+    else:
+        parts, depth, start = [], 0, 0
+        for i, ch in enumerate(args):
+            if ch in "[(":
+                depth += 1
+            elif ch in "])":
+                depth = max(0, depth - 1)
+            elif ch == "," and depth == 0:
+                parts.append(args[start:i])
+                start = i + 1
+        parts.append(args[start:])
+    operands: list[str] = []
+    modifiers: list[str] = []
+    for part in parts:
+        words = part.split()
+        if not words:
+            continue
+        first = words[0]
+        if _MODIFIER_RE.match(first):
+            # ``dfmt:15, nfmt:2, s1``: a comma part that is a modifier is not an operand.
+            modifiers.extend(words)
+        else:
+            operands.append(first)
+            modifiers.extend(words[1:])
+    return tuple(operands), tuple(modifiers)
+
+
+class Instruction:
+    """One machine instruction of the text."""
+
+    __slots__ = ("mnemonic", "args", "line", "index", "_ops", "_mods", "_regs")
+
+    def __init__(self, mnemonic: str, args: str, line: int, index: int) -> None:
+        self.mnemonic = mnemonic
+        """Lower-case mnemonic, e.g. ``buffer_store_dwordx4``."""
+        self.args = args
+        """Everything after the mnemonic, comment removed."""
+        self.line = line
+        """1-based line number in the text."""
+        self.index = index
+        """Position among the program's instructions."""
+        self._ops: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+        self._regs: dict[int, tuple[Reg, ...]] = {}
+
+    @property
+    def text(self) -> str:
+        """The instruction as written, without its comment."""
+        return f"{self.mnemonic} {self.args}" if self.args else self.mnemonic
+
+    def __repr__(self) -> str:
+        return f"Instruction({self.text!r}, line={self.line})"
+
+    def _split(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        if self._ops is None:
+            self._ops = _split_operands(self.args)
+        return self._ops
+
+    @property
+    def operands(self) -> tuple[str, ...]:
+        """Operand tokens in order (registers, literals, labels)."""
+        return self._split()[0]
+
+    @property
+    def modifiers(self) -> tuple[str, ...]:
+        """Trailing modifiers such as ``offen``, ``offset:16``, ``sc0``, ``op_sel:[0,1]``."""
+        return self._split()[1]
+
+    def regs(self, i: int) -> tuple[Reg, ...]:
+        """Registers named by operand ``i``; ``()`` when absent or not a register."""
+        if i not in self._regs:
+            ops = self.operands
+            self._regs[i] = parse_register(ops[i]) if 0 <= i < len(ops) else ()
+        return self._regs[i]
+
+    @property
+    def wait_states(self) -> int:
+        """Wait states this instruction provides: ``s_nop K`` gives K+1 (K is 4 bits), others 1."""
+        if self.mnemonic == "s_nop":
+            ops = self.operands
+            k = _parse_int(ops[0]) if ops else 0
+            return ((k or 0) & 0xF) + 1
+        return 1
+
+    @property
+    def is_valu(self) -> bool:
+        """A vector-ALU instruction (VOP1/2/3/P/C, DPP, SDWA, MFMA, v_accvgpr_*...)."""
+        return self.mnemonic.startswith("v_")
+
+    @property
+    def is_load(self) -> bool:
+        """A memory instruction that writes loaded data into VGPRs/AGPRs (not the VALU)."""
+        return self.mnemonic.startswith(_LOAD_PREFIXES)
+
+    def valu_vector_defs(self) -> tuple[Reg, ...]:
+        """VGPR/AGPR ranges this instruction writes through the vector ALU.
+
+        The destination is the first operand; ``v_swap*`` writes its first two operands;
+        ``v_movreld``/``v_movrelsd`` write an M0-relative register, counted as any VGPR.
+        SGPR destinations (``v_readfirstlane``, ``v_cmp_*_e64``) are not vector writes.
+        """
+        if not self.is_valu:
+            return ()
+        m = self.mnemonic
+        if m.startswith(("v_movreld", "v_movrelsd")):
+            return (Reg("v", 0, _ANY),)
+        defs = self.regs(0)
+        if "swap" in m:
+            defs = defs + self.regs(1)
+        return tuple(r for r in defs if r.is_vector)
+
+    def vector_defs(self) -> tuple[Reg, ...]:
+        """Every VGPR/AGPR range this instruction writes: VALU results and loaded data."""
+        if self.is_valu:
+            return self.valu_vector_defs()
+        if self.is_load:
+            return tuple(r for r in self.regs(0) if r.is_vector)
+        return ()
+
+    @property
+    def branch_target(self) -> str | None:
+        """The label of ``s_branch``/``s_cbranch_*``, else None."""
+        if self.mnemonic == "s_branch" or self.mnemonic.startswith("s_cbranch_"):
+            ops = self.operands
+            return ops[0] if ops else None
+        return None
+
+    @property
+    def ends_path(self) -> bool:
+        """``s_endpgm``, ``s_setpc``, ``s_swappc``...: no successor is followed."""
+        return self.mnemonic in _PATH_ENDS
+
+
+@dataclass
+class Block:
+    """A basic block: instructions that run in sequence, entered at the top."""
+
+    index: int
+    labels: list[str] = field(default_factory=list)
+    kernel: str | None = None
+    line: int = 0
+    """Line of its first label or instruction."""
+    instructions: list[Instruction] = field(default_factory=list)
+    successors: list[int] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        """Its first branch-target-like label (``.LBB0_3``, a function), or ``line N``."""
+        for label in self.labels:
+            if not label.startswith((".Ltmp", ".Lfunc", ".Ldebug", ".Lcfi")):
+                return label
+        return f"line {self.line}"
+
+
+@dataclass
+class Program:
+    """A parsed AMDGCN text."""
+
+    instructions: list[Instruction]
+    blocks: list[Block]
+    labels: dict[str, int]
+    """Label -> block index."""
+    kernels: list[str]
+    """Function labels in order of appearance."""
+    target: str | None
+    """The ``.amdgcn_target`` string, if present."""
+    block_of: list[int]
+    """Instruction index -> block index."""
+    pos_in_block: list[int]
+    """Instruction index -> position within its block."""
+
+    @property
+    def arch(self) -> str | None:
+        """``gfxNNN`` taken from ``.amdgcn_target`` (e.g. ``amdgcn-amd-amdhsa--gfx942``)."""
+        return arch_from_target(self.target)
+
+    def kernel_of(self, ins: Instruction) -> str | None:
+        """The function label the instruction belongs to."""
+        return self.blocks[self.block_of[ins.index]].kernel
+
+
+_GFX_RE = re.compile(r"gfx[0-9a-z]+", re.IGNORECASE)
+
+
+def arch_from_target(target: str | None) -> str | None:
+    """The ``gfxNNN`` name inside a target triple/id, or None."""
+    if not target:
+        return None
+    found = _GFX_RE.findall(target.split(":", 1)[0]) or _GFX_RE.findall(target)
+    return found[-1].lower() if found else None
+
+
+def _strip_comment(line: str) -> str:
+    cut = line.find(";")
+    if cut >= 0:
+        line = line[:cut]
+    cut = line.find("//")
+    if cut >= 0:
+        line = line[:cut]
+    return line.strip()
+
+
+def parse(text: str | bytes) -> Program:
+    """Parse AMDGCN assembly text into instructions and basic blocks. Never raises."""
+    if isinstance(text, (bytes, bytearray)):
+        text = bytes(text).decode("utf-8", errors="replace")
+    elif not isinstance(text, str):
+        text = str(text)
+    instructions: list[Instruction] = []
+    blocks: list[Block] = [Block(index=0, line=1)]
+    labels: dict[str, int] = {}
+    kernels: list[str] = []
+    target: str | None = None
+    block_of: list[int] = []
+    pos_in_block: list[int] = []
+    kernel: str | None = None
+    close_block = False  # the previous instruction was a branch or path end
+    in_metadata = False
+
+    def new_block(line_no: int) -> Block:
+        b = Block(index=len(blocks), kernel=kernel, line=line_no)
+        blocks.append(b)
+        return b
+
+    cur = blocks[0]
+    for line_no, raw in enumerate(text.splitlines(), start=1):
+        s = raw.strip()
+        if not s or s[0] in ";#":
+            continue
+        if in_metadata:  # YAML between .amdgpu_metadata and .end_amdgpu_metadata
+            in_metadata = not s.startswith(".end_amdgpu_metadata")
+            continue
+        if s[0] == "." and s.startswith(".amdgpu_metadata"):
+            in_metadata = True
+            continue
+        if s[0] == "." and s.startswith(".amdgcn_target"):
+            q = s.split('"')
+            target = q[1] if len(q) >= 3 else s[len(".amdgcn_target"):].strip() or None
+            continue
+        s = _strip_comment(s)
+        while s:
+            words = s.split(None, 1)
+            head, rest = words[0], (words[1] if len(words) > 1 else "")
+            if len(head) > 1 and head[-1] == ":" and "[" not in head:
+                # A label: starts a new block unless the current one is still empty.
+                name = head[:-1]
+                if not name.startswith("."):
+                    kernel = name
+                    kernels.append(name)
+                if cur.instructions or close_block:
+                    cur = new_block(line_no)
+                    close_block = False
+                cur.kernel = kernel
+                if not cur.labels:
+                    cur.line = line_no
+                cur.labels.append(name)
+                labels.setdefault(name, cur.index)
+                s = rest.strip()
+                continue
+            if head[0] == "." or not _MNEMONIC_RE.match(head):
+                break  # a directive, or not an instruction (YAML, junk): costs nothing
+            if close_block:
+                cur = new_block(line_no)
+                close_block = False
+            ins = Instruction(head.lower(), rest.strip(), line_no, len(instructions))
+            if not cur.instructions and not cur.labels:
+                cur.line = line_no
+            instructions.append(ins)
+            block_of.append(cur.index)
+            pos_in_block.append(len(cur.instructions))
+            cur.instructions.append(ins)
+            m = ins.mnemonic
+            if m == "s_branch" or m.startswith("s_cbranch_") or m in _PATH_ENDS:
+                close_block = True
+            break
+
+    for b in blocks:
+        last = b.instructions[-1] if b.instructions else None
+        nxt = b.index + 1 if b.index + 1 < len(blocks) else None
+        succ: list[int] = []
+        if last is not None and last.ends_path:
+            pass
+        elif last is not None and last.mnemonic == "s_branch":
+            t = labels.get(last.branch_target or "")
+            if t is not None:
+                succ.append(t)
+        elif last is not None and last.mnemonic.startswith("s_cbranch_"):
+            t = labels.get(last.branch_target or "")
+            if t is not None:
+                succ.append(t)
+            if nxt is not None and nxt not in succ:
+                succ.append(nxt)
+        elif nxt is not None:
+            succ.append(nxt)
+        b.successors = succ
+    return Program(instructions, blocks, labels, kernels, target, block_of, pos_in_block)

@@ -1,0 +1,244 @@
+"""Public API: scan AMDGCN text or files for the buffer-store data hazard.
+
+Used by the Triton compile wrapper (scan each HIP kernel's ``asm["amdgcn"]``, recompile
+the hazardous ones) and by ``titan-rocm scan`` (audit a Triton/Inductor cache). Light:
+imports neither torch nor triton.
+
+    report = scan_text(kernel.asm["amdgcn"])
+    if report.hazardous:
+        ...  # recompile with buffer ops off
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from titan_rocm.archs import ARCHS, normalize_arch
+from titan_rocm.workarounds.triton_war.amdgcn import Program, parse
+from titan_rocm.workarounds.triton_war.hazards import Finding, StoreSite, get_rule
+
+__all__ = ["Hazard", "StoreInfo", "ScanReport", "scan_text", "scan_path", "find_amdgcn_files"]
+
+log = logging.getLogger("titan_rocm")
+
+# Arch verdicts in ScanReport.arch_status.
+AFFECTED = "affected"
+NOT_AFFECTED = "not-affected"
+UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """One hazardous store: a VALU instruction overwrites its data registers too soon."""
+
+    kernel: str | None
+    """The function label containing the store (the Triton kernel name)."""
+    line: int
+    """1-based line of the store in the text."""
+    store: str
+    """The store instruction as written, e.g. ``buffer_store_dwordx4 v[0:3], v36, s[8:11], 0
+    offen``."""
+    writer: str
+    """The instruction that overwrites the data, e.g. ``v_pk_mul_f32 v[0:1], v[2:3], v[4:5]``."""
+    writer_line: int
+    wait_states: int
+    """Wait states between store and writer on the worst path."""
+    required: int
+    """Wait states the rule requires (-1: the naive rule, unbounded)."""
+    path: tuple[int, ...] | str
+    """Blocks from the store to the writer, e.g. ``".LBB0_3 -> .LBB0_1"``."""
+    file: str | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-able form (the ``--json`` output of ``titan-rocm scan``)."""
+        return {
+            "file": self.file,
+            "line": self.line,
+            "kernel": self.kernel,
+            "store": self.store,
+            "writer": self.writer,
+            "writer_line": self.writer_line,
+            "wait_states": self.wait_states,
+            "required": self.required,
+            "path": self.path if isinstance(self.path, str) else list(self.path),
+        }
+
+
+@dataclass(frozen=True)
+class StoreInfo:
+    """A global/flat/scratch store of more than 64 bits: informational only, since
+    recompiling with buffer ops off cannot remove it."""
+
+    kernel: str | None
+    line: int
+    store: str
+    kind: str
+    file: str | None = None
+
+
+@dataclass
+class ScanReport:
+    """The result of scanning one AMDGCN text with one rule."""
+
+    arch: str | None
+    """The architecture the text was scanned for (``gfx942``), None when unknown."""
+    rule: str
+    hazards: list[Hazard]
+    stores_checked: int
+    """MUBUF/MTBUF stores of more than 64 bits examined."""
+    info: list[StoreInfo] = field(default_factory=list)
+    file: str | None = None
+    kernels: list[str] = field(default_factory=list)
+    instructions: int = 0
+    """Instructions parsed; 0 means the input held no AMDGCN."""
+    arch_status: str = UNKNOWN
+    """``affected`` (the arch has the hazard), ``not-affected`` (it does not: no hazard is
+    reported), ``unknown`` (arch missing or unknown to titan-rocm: scanned as if affected)."""
+    notes: list[str] = field(default_factory=list)
+    """Human-readable remarks (unknown arch, arch not affected, no instructions...)."""
+
+    @property
+    def hazardous(self) -> bool:
+        """True when at least one hazardous store was found."""
+        return bool(self.hazards)
+
+    @property
+    def kernel_names(self) -> list[str]:
+        """Distinct kernels with a hazard, in order."""
+        return list(dict.fromkeys(h.kernel or "?" for h in self.hazards))
+
+
+def _arch_status(arch: str | None) -> tuple[str, str | None]:
+    if arch is None:
+        return UNKNOWN, "no .amdgcn_target and no --arch: scanned as if the hazard applies"
+    facts = ARCHS.get(arch)
+    if facts is None:
+        known = ", ".join(sorted(ARCHS))
+        return UNKNOWN, (
+            f"architecture {arch!r} is unknown to titan-rocm (known: {known}): "
+            "scanned as if the hazard applies"
+        )
+    if not facts.vmem_store_data_hazard:
+        return NOT_AFFECTED, f"{arch} does not have the buffer-store data hazard: not reported"
+    return AFFECTED, None
+
+
+def _path_text(program: Program, path: tuple[int, ...]) -> str:
+    return " -> ".join(program.blocks[b].name for b in path)
+
+
+def scan_program(
+    program: Program, *, arch: str | None = None, rule: str = "precise", file: str | None = None
+) -> ScanReport:
+    """Scan an already parsed program (see :func:`scan_text`)."""
+    the_rule = get_rule(rule)
+    arch_name = normalize_arch(arch) if arch else program.arch
+    status, note = _arch_status(arch_name)
+    result = the_rule.check(program, arch_name)
+    report = ScanReport(
+        arch=arch_name,
+        rule=the_rule.name,
+        hazards=[],
+        stores_checked=result.stores_checked,
+        info=[_info(program, s, file) for s in result.info],
+        file=file,
+        kernels=list(dict.fromkeys(program.kernels)),
+        instructions=len(program.instructions),
+        arch_status=status,
+    )
+    if note:
+        report.notes.append(note)
+    if not program.instructions:
+        report.notes.append("no AMDGCN instructions found")
+    if status != NOT_AFFECTED:
+        report.hazards = [_hazard(program, f, file) for f in result.findings]
+    elif result.findings:
+        report.notes.append(
+            f"{len(result.findings)} store(s) would match rule {the_rule.name!r} on an "
+            "affected architecture"
+        )
+    return report
+
+
+def _hazard(program: Program, f: Finding, file: str | None) -> Hazard:
+    return Hazard(
+        kernel=program.kernel_of(f.store),
+        line=f.store.line,
+        store=f.store.text,
+        writer=f.writer.text,
+        writer_line=f.writer.line,
+        wait_states=f.wait_states,
+        required=f.required,
+        path=_path_text(program, f.path),
+        file=file,
+    )
+
+
+def _info(program: Program, site: StoreSite, file: str | None) -> StoreInfo:
+    ins = site.instruction
+    return StoreInfo(program.kernel_of(ins), ins.line, ins.text, site.kind, file)
+
+
+def scan_text(
+    text: str | bytes,
+    *,
+    arch: str | None = None,
+    rule: str = "precise",
+    file: str | None = None,
+) -> ScanReport:
+    """Scan AMDGCN assembly ``text`` for hazardous buffer stores.
+
+    Args:
+        text: the assembly (``kernel.asm["amdgcn"]`` or a cache's ``.amdgcn`` file).
+        arch: ``gfx942``... overrides the ``.amdgcn_target`` of the text.
+        rule: ``precise`` (default), ``conservative`` or ``naive`` (see ``hazards``).
+        file: recorded in the report and its hazards.
+
+    Never raises on odd text (junk, truncated, empty); raises ValueError for an unknown
+    ``rule``. An unknown or missing arch is scanned as if affected and said so in
+    ``notes``; an arch without the hazard (``archs.ArchFacts.vmem_store_data_hazard``)
+    reports no hazards.
+    """
+    return scan_program(parse(text), arch=arch, rule=rule, file=file)
+
+
+def find_amdgcn_files(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """``path`` itself if it is a file, else every ``*.amdgcn`` below it, sorted.
+
+    Raises:
+        FileNotFoundError: when ``path`` does not exist.
+    """
+    p = Path(path)
+    if p.is_file():
+        yield p
+        return
+    if not p.exists():
+        raise FileNotFoundError(f"no such file or directory: {str(p)!r}")
+    found: list[Path] = []
+    for root, _dirs, files in os.walk(p, onerror=None):
+        found.extend(Path(root, f) for f in files if f.endswith(".amdgcn"))
+    yield from sorted(found)
+
+
+def scan_path(
+    path: str | os.PathLike[str], *, arch: str | None = None, rule: str = "precise"
+) -> list[ScanReport]:
+    """Scan an ``.amdgcn`` file, or every ``*.amdgcn`` under a directory (recursively).
+
+    Returns one report per file (an empty list for a directory without ``.amdgcn`` files).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+        OSError: a file cannot be read.
+        ValueError: unknown ``rule``.
+    """
+    the_rule = get_rule(rule)
+    reports = []
+    for f in find_amdgcn_files(path):
+        data = f.read_bytes()
+        reports.append(scan_text(data, arch=arch, rule=the_rule.name, file=str(f)))
+    return reports
