@@ -467,3 +467,24 @@ def test_split_k_range_boundaries(arch, inside, outside):
     facts = archs_module.ARCHS[arch]
     assert [in_splitk_range(i, facts) for i in inside] == [True] * len(inside)
     assert [in_splitk_range(i, facts) for i in outside] == [False] * len(outside)
+
+
+def test_cu_num_the_arch_does_not_list_is_noted(capsys, tmp_path):
+    data = drop_gfx(f"{HEADER}\n{row('x', '80', 'opus', '204', 'splitk')}\n".encode())
+    source = write(tmp_path, "t.csv", data)
+    code = main(["gemm-tables", "capture-safe", str(source), "--check", "--arch", "gfx950"])
+    _, err = capsys.readouterr()
+    assert code == 1
+    assert "note: 1 gfx950 row(s) carry cu_num 80, which titan_rocm.archs does not list" in err
+    _, report = run_json(capsys, str(source), "--check", "--arch", "gfx942")
+    assert report["cu_nums_not_in_archs"] == []
+
+
+def test_unwritable_output_dir_exits_2(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_bytes(b"")
+    table = str(FIXTURES / "dsv3_bf16_tuned_gemm.csv")
+    code, _, err = run_cli(capsys, table, "-o", str(blocker))
+    assert code == 2 and "is not a directory" in err
+    code, _, err = run_cli(capsys, table, "-o", str(blocker / "sub"))
+    assert code == 2 and "cannot write to" in err and "nothing written" in err

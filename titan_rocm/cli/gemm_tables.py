@@ -127,7 +127,7 @@ def _print_warnings(result: Result) -> None:
     for (arch, cu_num), count in sorted(unknown.items()):
         print(
             f"note: {count} {arch} row(s) carry cu_num {cu_num}, which titan_rocm.archs does "
-            f"not list for {arch} (matters only for tables without a gfx column)",
+            f"not list for {arch}",
             file=sys.stderr,
         )
 

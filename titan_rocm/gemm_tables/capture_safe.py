@@ -64,7 +64,8 @@ class FileResult:
     removed: list[RowNote] = field(default_factory=list)
     disagreements: list[RowNote] = field(default_factory=list)
     unknown_cu_nums: Counter[tuple[str, str]] = field(default_factory=Counter)
-    """(arch named by gfx, cu_num) → rows, where titan_rocm.archs does not list that cu_num."""
+    """(arch, cu_num) → rows judged as that arch (by gfx or --arch) although
+    titan_rocm.archs does not list that cu_num for it."""
 
     @property
     def rows(self) -> int:
@@ -146,10 +147,10 @@ def judge_table(
             except ValueError as exc:
                 raise CaptureSafeError(f"{where}: {exc}") from None
             unsafe, reason, disagreement = verdict.unsafe, verdict.reason, verdict.disagreement
+            # A gfx value or --arch can name an arch whose cu_nums (titan_rocm.archs)
+            # do not include the row's cu_num: worth a note, archs.py may be stale.
             cu_num = fields["cu_num"].strip()
-            if fields.get("gfx", "").strip() and (
-                not cu_num.isdigit() or int(cu_num) not in facts.cu_nums
-            ):
+            if not cu_num.isdigit() or int(cu_num) not in facts.cu_nums:
                 result.unknown_cu_nums[(arch, cu_num)] += 1
         result.counts[(arch, libtype, unsafe)] += 1
         if disagreement:
@@ -288,10 +289,16 @@ def capture_safe(
         file_result.output = output
         results.append(file_result)
     if not check:
-        Path(outdir).mkdir(parents=True, exist_ok=True)  # type: ignore[arg-type]
-        for file_result in results:
-            assert file_result.output is not None
-            write_atomic(file_result.output, file_result.kept_bytes)
+        written: list[str] = []
+        try:
+            Path(outdir).mkdir(parents=True, exist_ok=True)  # type: ignore[arg-type]
+            for file_result in results:
+                assert file_result.output is not None
+                write_atomic(file_result.output, file_result.kept_bytes)
+                written.append(str(file_result.output))
+        except OSError as exc:
+            done = f"; already written: {', '.join(written)}" if written else "; nothing written"
+            raise CaptureSafeError(f"cannot write to {outdir}: {exc}{done}") from None
     return Result(policy=policy, check=check, arch_override=arch_name, files=results)
 
 
