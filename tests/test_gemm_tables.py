@@ -207,15 +207,30 @@ def drop_gfx(data: bytes) -> bytes:
 
 
 def test_table_without_gfx_uses_cu_num(capsys, tmp_path):
-    # glm5 has gfx942 (cu_num 80) and gfx950 (cu_num 256) rows only.
-    table = FIXTURES / "glm5_bf16_tuned_gemm.csv"
-    source = write(tmp_path, table.name, drop_gfx(table.read_bytes()))
-    _, with_gfx = run_json(capsys, str(table), "--check")
-    code, without = run_json(capsys, str(source), "--check")
+    # glm5's gfx942 rows (cu_num 80, which only gfx942 lists), with and without the gfx column.
+    lines = (FIXTURES / "glm5_bf16_tuned_gemm.csv").read_bytes().splitlines(keepends=True)
+    gfx942 = b"".join([lines[0], *(line for line in lines[1:] if line.startswith(b"gfx942,"))])
+    with_gfx = write(tmp_path, "with.csv", gfx942)
+    without_gfx = write(tmp_path, "without.csv", drop_gfx(gfx942))
+    _, expected = run_json(capsys, str(with_gfx), "--check")
+    code, report = run_json(capsys, str(without_gfx), "--check")
     assert code == 1
-    assert without["files"][0]["has_gfx_column"] is False
-    assert without["files"][0]["removed_rows"] == with_gfx["files"][0]["removed_rows"]
-    assert without["totals"] == with_gfx["totals"]
+    assert report["files"][0]["has_gfx_column"] is False
+    assert report["files"][0]["removed_rows"] == expected["files"][0]["removed_rows"]
+    assert report["totals"] == expected["totals"]
+    assert report["unsafe_rows"] == 13
+
+
+def test_table_without_gfx_with_arch_option(capsys, tmp_path):
+    # bf16_tuned_gemm's gfx950 rows without the gfx column, told apart by --arch.
+    lines = (FIXTURES / "bf16_tuned_gemm.csv").read_bytes().splitlines(keepends=True)
+    gfx950 = b"".join([lines[0], *(line for line in lines[1:] if line.startswith(b"gfx950,"))])
+    source = write(tmp_path, "t.csv", drop_gfx(gfx950))
+    code, report = run_json(capsys, str(source), "-o", str(tmp_path / "out"), "--arch", "gfx950")
+    assert code == 0 and report["unsafe_rows"] == 12
+    assert {c["arch"] for c in report["totals"]} == {"gfx950"}
+    code, report = run_json(capsys, str(source), "--check", "--arch", "gfx1250")
+    assert code == 0 and report["unsafe_rows"] == 0
 
 
 def test_unknown_cu_num_on_opus_row_needs_arch(capsys, tmp_path):
