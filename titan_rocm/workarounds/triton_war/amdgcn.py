@@ -98,7 +98,6 @@ def parse_register(token: str) -> tuple[Reg, ...]:
 
 _MODIFIER_RE = re.compile(r"^[a-z_][a-z0-9_]*:", re.IGNORECASE)
 _INT_RE = re.compile(r"^[-+]?(0x[0-9a-f]+|\d+)$", re.IGNORECASE)
-_MNEMONIC_RE = re.compile(r"^[a-z][a-z0-9_]*$", re.IGNORECASE)
 
 # Mnemonics whose VGPR/AGPR destination is not produced by the vector ALU.
 _LOAD_PREFIXES = (
@@ -158,7 +157,7 @@ def _split_operands(args: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 class Instruction:
     """One machine instruction of the text."""
 
-    __slots__ = ("mnemonic", "args", "line", "index", "_ops", "_mods", "_regs")
+    __slots__ = ("mnemonic", "args", "line", "index", "_ops", "_regs")
 
     def __init__(self, mnemonic: str, args: str, line: int, index: int) -> None:
         self.mnemonic = mnemonic
@@ -170,7 +169,7 @@ class Instruction:
         self.index = index
         """Position among the program's instructions."""
         self._ops: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-        self._regs: dict[int, tuple[Reg, ...]] = {}
+        self._regs: dict[int, tuple[Reg, ...]] | None = None
 
     @property
     def text(self) -> str:
@@ -197,10 +196,13 @@ class Instruction:
 
     def regs(self, i: int) -> tuple[Reg, ...]:
         """Registers named by operand ``i``; ``()`` when absent or not a register."""
-        if i not in self._regs:
+        if self._regs is None:
+            self._regs = {}
+        found = self._regs.get(i)
+        if found is None:
             ops = self.operands
-            self._regs[i] = parse_register(ops[i]) if 0 <= i < len(ops) else ()
-        return self._regs[i]
+            found = self._regs[i] = parse_register(ops[i]) if 0 <= i < len(ops) else ()
+        return found
 
     @property
     def wait_states(self) -> int:
@@ -319,107 +321,146 @@ def arch_from_target(target: str | None) -> str | None:
     return found[-1].lower() if found else None
 
 
-def _strip_comment(line: str) -> str:
-    cut = line.find(";")
-    if cut >= 0:
-        line = line[:cut]
-    cut = line.find("//")
-    if cut >= 0:
-        line = line[:cut]
-    return line.strip()
+# One label or instruction at a line start (the match begins at the newline before it);
+# directive, comment and junk lines do not match.
+_LINE_RE = re.compile(
+    r"\n[ \t]*(?:(?P<label>[^\s:;#\"',\[\]]+):(?P<after>[^\n]*)"
+    r"|(?P<mn>[A-Za-z][A-Za-z0-9_]*)(?=[ \t;\r\n]|$)(?P<args>[^;\n]*))"
+)
+_TARGET_RE = re.compile(r"\n[ \t]*\.amdgcn_target[ \t]+\"?([^\"\n]*)")
+# Directives that switch sections: only code sections are parsed (debug sections are
+# half of a Triton .amdgcn file, and YAML metadata lines look like labels).
+_SECTION_RE = re.compile(
+    r"\n[ \t]*\.(text|data|bss|section|pushsection|popsection|previous|amdgpu_metadata"
+    r"|end_amdgpu_metadata)(?![\w.])([^\n]*)"
+)
+
+
+def _code_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans of ``text`` that hold code (everything before any section switch)."""
+    spans: list[tuple[int, int]] = []
+    in_code, start, before_metadata = True, 0, True
+    for m in _SECTION_RE.finditer(text):
+        kind = m.group(1)
+        if kind == "amdgpu_metadata":
+            before_metadata, code = in_code, False
+        elif kind == "end_amdgpu_metadata":
+            code = before_metadata
+        elif kind in ("section", "pushsection"):
+            name = m.group(2).strip().lstrip('"')
+            code = name.startswith(".text") or not name
+        else:  # .text; .previous/.popsection cannot be followed cheaply: parse them
+            code = kind != "data" and kind != "bss"
+        if code and not in_code:
+            start = m.end()
+        elif in_code and not code:
+            spans.append((start, m.start()))
+        in_code = code
+    if in_code:
+        spans.append((start, len(text)))
+    return spans
+
+
+def _link(blocks: list[Block], labels: dict[str, int]) -> None:
+    """Fill in every block's successors."""
+    n = len(blocks)
+    for b in blocks:
+        last = b.instructions[-1] if b.instructions else None
+        nxt = b.index + 1 if b.index + 1 < n else None
+        succ: list[int] = []
+        if last is None or not (last.mnemonic.startswith("s_") and _ends_block(last.mnemonic)):
+            if nxt is not None:
+                succ.append(nxt)
+        elif last.mnemonic in _PATH_ENDS:
+            pass
+        else:  # s_branch: its target; s_cbranch_*: its target and the fallthrough
+            t = labels.get(last.branch_target or "")
+            if t is not None:
+                succ.append(t)
+            if last.mnemonic != "s_branch" and nxt is not None and nxt not in succ:
+                succ.append(nxt)
+        b.successors = succ
+
+
+def _ends_block(mnemonic: str) -> bool:
+    return mnemonic == "s_branch" or mnemonic.startswith("s_cbranch_") or mnemonic in _PATH_ENDS
 
 
 def parse(text: str | bytes) -> Program:
     """Parse AMDGCN assembly text into instructions and basic blocks. Never raises."""
-    if isinstance(text, (bytes, bytearray)):
+    if isinstance(text, (bytes, bytearray, memoryview)):
         text = bytes(text).decode("utf-8", errors="replace")
     elif not isinstance(text, str):
         text = str(text)
+    text = "\n" + text  # every line, the first included, now follows a newline
+    found = _TARGET_RE.search(text)
+    target = (found.group(1).strip() or None) if found else None
+
     instructions: list[Instruction] = []
     blocks: list[Block] = [Block(index=0, line=1)]
     labels: dict[str, int] = {}
     kernels: list[str] = []
-    target: str | None = None
     block_of: list[int] = []
     pos_in_block: list[int] = []
     kernel: str | None = None
-    close_block = False  # the previous instruction was a branch or path end
-    in_metadata = False
-
-    def new_block(line_no: int) -> Block:
-        b = Block(index=len(blocks), kernel=kernel, line=line_no)
-        blocks.append(b)
-        return b
-
     cur = blocks[0]
-    for line_no, raw in enumerate(text.splitlines(), start=1):
-        s = raw.strip()
-        if not s or s[0] in ";#":
-            continue
-        if in_metadata:  # YAML between .amdgpu_metadata and .end_amdgpu_metadata
-            in_metadata = not s.startswith(".end_amdgpu_metadata")
-            continue
-        if s[0] == "." and s.startswith(".amdgpu_metadata"):
-            in_metadata = True
-            continue
-        if s[0] == "." and s.startswith(".amdgcn_target"):
-            q = s.split('"')
-            target = q[1] if len(q) >= 3 else s[len(".amdgcn_target"):].strip() or None
-            continue
-        s = _strip_comment(s)
-        while s:
-            words = s.split(None, 1)
-            head, rest = words[0], (words[1] if len(words) > 1 else "")
-            if len(head) > 1 and head[-1] == ":" and "[" not in head:
-                # A label: starts a new block unless the current one is still empty.
-                name = head[:-1]
-                if not name.startswith("."):
-                    kernel = name
-                    kernels.append(name)
-                if cur.instructions or close_block:
-                    cur = new_block(line_no)
+    close_block = False  # the previous instruction was a branch or a path end
+    line, pos = 0, 0
+    count = text.count
+    pending: list[tuple[str, str]] = []
+    for lo, hi in _code_spans(text):
+        for m in _LINE_RE.finditer(text, lo, hi):
+            start = m.start() + 1
+            line += count("\n", pos, start)
+            pos = start
+            name = m.group("label")
+            if name is not None:
+                after = m.group("after").strip()
+                pending = [("label", name)]
+                # ``label: s_nop 0`` or ``a: b:``: more on the label's line.
+                while after and after[0] not in ";/":
+                    more = _LINE_RE.match("\n" + after)
+                    if more is None:
+                        break
+                    if more.group("label") is not None:
+                        pending.append(("label", more.group("label")))
+                        after = more.group("after").strip()
+                    else:
+                        pending.append((more.group("mn"), more.group("args")))
+                        break
+            else:
+                pending = [(m.group("mn"), m.group("args"))]
+            for kind, value in pending:
+                if kind == "label":
+                    if not value.startswith("."):
+                        kernel = value
+                        kernels.append(value)
+                    if cur.instructions or close_block:
+                        cur = Block(index=len(blocks), kernel=kernel, line=line)
+                        blocks.append(cur)
+                        close_block = False
+                    elif not cur.labels:
+                        cur.line = line
+                    cur.kernel = kernel
+                    cur.labels.append(value)
+                    labels.setdefault(value, cur.index)
+                    continue
+                if close_block:
+                    cur = Block(index=len(blocks), kernel=kernel, line=line)
+                    blocks.append(cur)
                     close_block = False
-                cur.kernel = kernel
-                if not cur.labels:
-                    cur.line = line_no
-                cur.labels.append(name)
-                labels.setdefault(name, cur.index)
-                s = rest.strip()
-                continue
-            if head[0] == "." or not _MNEMONIC_RE.match(head):
-                break  # a directive, or not an instruction (YAML, junk): costs nothing
-            if close_block:
-                cur = new_block(line_no)
-                close_block = False
-            ins = Instruction(head.lower(), rest.strip(), line_no, len(instructions))
-            if not cur.instructions and not cur.labels:
-                cur.line = line_no
-            instructions.append(ins)
-            block_of.append(cur.index)
-            pos_in_block.append(len(cur.instructions))
-            cur.instructions.append(ins)
-            m = ins.mnemonic
-            if m == "s_branch" or m.startswith("s_cbranch_") or m in _PATH_ENDS:
-                close_block = True
-            break
-
-    for b in blocks:
-        last = b.instructions[-1] if b.instructions else None
-        nxt = b.index + 1 if b.index + 1 < len(blocks) else None
-        succ: list[int] = []
-        if last is not None and last.ends_path:
-            pass
-        elif last is not None and last.mnemonic == "s_branch":
-            t = labels.get(last.branch_target or "")
-            if t is not None:
-                succ.append(t)
-        elif last is not None and last.mnemonic.startswith("s_cbranch_"):
-            t = labels.get(last.branch_target or "")
-            if t is not None:
-                succ.append(t)
-            if nxt is not None and nxt not in succ:
-                succ.append(nxt)
-        elif nxt is not None:
-            succ.append(nxt)
-        b.successors = succ
+                mnemonic = kind.lower()
+                args = value
+                if "//" in args:
+                    args = args[: args.index("//")]
+                ins = Instruction(mnemonic, args.strip(), line, len(instructions))
+                if not cur.instructions and not cur.labels:
+                    cur.line = line
+                instructions.append(ins)
+                block_of.append(cur.index)
+                pos_in_block.append(len(cur.instructions))
+                cur.instructions.append(ins)
+                if mnemonic[:2] == "s_" and _ends_block(mnemonic):
+                    close_block = True
+    _link(blocks, labels)
     return Program(instructions, blocks, labels, kernels, target, block_of, pos_in_block)

@@ -1,0 +1,117 @@
+"""``titan-rocm scan``: audit AMDGCN files (Triton/Inductor caches) for the buffer-store
+data hazard.
+
+Exit status: 0 no hazard, 1 hazards found, 2 bad input (a path that does not exist or
+cannot be read, or no AMDGCN found at all). Odd files (binary junk, truncated, empty)
+never crash it: they are reported and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from titan_rocm.workarounds.triton_war.hazards import CLI_RULES
+from titan_rocm.workarounds.triton_war.scan import ScanReport, find_amdgcn_files, scan_text
+
+HELP = (
+    "audit AMDGCN files (Triton caches keep <kernel>.amdgcn) for buffer stores whose data "
+    "registers a VALU instruction overwrites too soon; exit 0 clean, 1 hazards, 2 bad input"
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``titan-rocm scan``."""
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="an .amdgcn file, or a directory searched recursively for *.amdgcn",
+    )
+    parser.add_argument(
+        "--arch",
+        default=None,
+        help="architecture to scan for (gfx942, gfx950...); default: each file's .amdgcn_target",
+    )
+    parser.add_argument(
+        "--rule",
+        choices=CLI_RULES,
+        default="precise",
+        help="precise: 1 wait state after a store with an SGPR soffset, 2 with a literal "
+        "(the hardware rule); conservative: 2 for every soffset",
+    )
+    parser.add_argument("--json", action="store_true", help="print hazards as a JSON list")
+
+
+def _err(msg: str) -> None:
+    print(f"titan-rocm scan: {msg}", file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Scan every PATH; print hazards; return the exit code."""
+    reports: list[ScanReport] = []
+    bad_input = False
+    for path in args.paths:
+        try:
+            files = list(find_amdgcn_files(path))
+        except FileNotFoundError:
+            _err(f"no such file or directory: {path!r}")
+            bad_input = True
+            continue
+        except OSError as exc:
+            _err(f"cannot read {path!r}: {exc.strerror or exc}")
+            bad_input = True
+            continue
+        if not files:
+            _err(f"no .amdgcn files under {path!r}")
+            bad_input = True
+            continue
+        for f in files:
+            try:
+                data = f.read_bytes()
+            except OSError as exc:
+                _err(f"cannot read {str(f)!r}: {exc.strerror or exc}")
+                bad_input = True
+                continue
+            reports.append(scan_text(data, arch=args.arch, rule=args.rule, file=str(f)))
+
+    with_code = [r for r in reports if r.instructions]
+    for r in reports:
+        if not r.instructions:
+            _err(f"{r.file}: no AMDGCN instructions (empty, truncated or not assembly): skipped")
+    hazards = [h for r in with_code for h in r.hazards]
+
+    if args.json:
+        print(json.dumps([h.to_dict() for h in hazards], indent=2))
+    else:
+        for h in hazards:
+            print(
+                f"{h.file}:{h.line}: {h.kernel or '?'}: `{h.store}` data overwritten by "
+                f"`{h.writer}` (line {h.writer_line}) after {h.wait_states} wait state(s), "
+                f"needs {h.required}; path {h.path}"
+            )
+        if with_code:
+            _summary(with_code, hazards, args.rule)
+    for note in sorted({n for r in with_code for n in r.notes}):
+        _err(f"note: {note}")
+
+    if not with_code:
+        _err("no AMDGCN found in the given paths")
+        return 2
+    if hazards:
+        return 1
+    return 2 if bad_input else 0
+
+
+def _summary(reports: list[ScanReport], hazards: list, rule: str) -> None:
+    stores = sum(r.stores_checked for r in reports)
+    kernels = {(h.file, h.kernel) for h in hazards}
+    info = sum(len(r.info) for r in reports)
+    line = (
+        f"scanned {len(reports)} file(s), {stores} buffer store(s) wider than 64 bits, "
+        f"rule {rule}: {len(hazards)} hazardous store(s) in {len(kernels)} kernel(s)"
+    )
+    if info:
+        line += f"; {info} global/flat store(s) wider than 64 bits (information only)"
+    print(line)
