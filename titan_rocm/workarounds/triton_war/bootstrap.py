@@ -1,0 +1,194 @@
+"""Make the Triton compile wrapper active in every process where Triton compiles.
+
+Inductor compiles in a pool of subprocesses (``torch/_inductor/compile_worker``) started
+with the trainer's environment and with ``PYTHONPATH`` set to the trainer's ``sys.path``.
+A wrapper installed only in the trainer never sees those compiles. So the converter calls
+:func:`export`, which
+
+* sets ``TITAN_ROCM_TRITON_WAR=1`` (+ rule, strict, stats directory) in ``os.environ``;
+* puts the directory holding titan-rocm's ``sitecustomize.py`` (:func:`boot_dir`) first
+  on ``sys.path`` and ``PYTHONPATH`` (and ``TORCH_CUSTOM_PYTHONPATH`` when set, since
+  Inductor then uses it instead of ``sys.path``).
+
+A child interpreter imports that ``sitecustomize`` at start-up; it calls :func:`boot`,
+which installs the wrapper right after ``triton`` is imported (or at once if it already
+is). Nothing is written to site-packages, so this works the same for ``pip install .``,
+``pip install -e .`` and a bare ``PYTHONPATH`` checkout.
+
+This module must stay cheap: it runs at the start of every child interpreter. It imports
+neither torch, triton nor torchtitan until ``triton`` itself is imported.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import os
+import sys
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+ENV_ENABLE = "TITAN_ROCM_TRITON_WAR"
+"""``1``: install the compile wrapper in this interpreter when Triton is imported."""
+ENV_RULE = "TITAN_ROCM_TRITON_WAR_RULE"
+"""Hazard rule for workers: ``precise`` (default) or ``conservative``."""
+ENV_STRICT = "TITAN_ROCM_TRITON_WAR_STRICT"
+"""``1``: raise in the compile when a hazardous kernel cannot be fixed."""
+ENV_STATS_DIR = "TITAN_ROCM_TRITON_WAR_STATS_DIR"
+"""Directory where every process appends its per-compile stats (``<host>-<pid>.jsonl``)."""
+
+_RULES = ("precise", "conservative")
+_TRIGGER = "triton"
+
+
+def boot_dir() -> str:
+    """The directory holding titan-rocm's ``sitecustomize.py``."""
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
+
+
+def settings_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, bool]:
+    """(rule, strict) from the environment.
+
+    Raises:
+        ValueError: naming the variable, its bad value and the accepted values.
+    """
+    env = os.environ if environ is None else environ
+    rule = env.get(ENV_RULE, "precise")
+    if rule not in _RULES:
+        raise ValueError(f"{ENV_RULE}={rule!r} is not valid; accepted: {', '.join(_RULES)}")
+    strict_text = env.get(ENV_STRICT, "0")
+    if strict_text not in ("0", "1"):
+        raise ValueError(f"{ENV_STRICT}={strict_text!r} is not valid; accepted: 0, 1")
+    return rule, strict_text == "1"
+
+
+def worker_environment(rule: str, strict: bool, stats_dir: str | None) -> dict[str, str]:
+    """The variables a child needs to install the wrapper itself (see :func:`export`)."""
+    env = {ENV_ENABLE: "1", ENV_RULE: rule, ENV_STRICT: "1" if strict else "0"}
+    if stats_dir:
+        env[ENV_STATS_DIR] = stats_dir
+    settings_from_env(env)  # validate
+    return env
+
+
+def _prepend_path(value: str | None, entry: str) -> str:
+    parts = [p for p in (value or "").split(os.pathsep) if p and p != entry]
+    return os.pathsep.join([entry, *parts])
+
+
+def export(
+    rule: str,
+    strict: bool,
+    stats_dir: str | None,
+    environ: MutableMapping[str, str] | None = None,
+    path: list[str] | None = None,
+) -> dict[str, str]:
+    """Arrange for every Python started from now on by this process to install the wrapper.
+
+    Returns the environment variables set (for logs and ``plan``).
+    """
+    env = os.environ if environ is None else environ
+    sys_path = sys.path if path is None else path
+    values = worker_environment(rule, strict, stats_dir)
+    env.update(values)
+    here = boot_dir()
+    if here in sys_path:
+        sys_path.remove(here)
+    sys_path.insert(0, here)  # Inductor hands sys.path to its workers as PYTHONPATH
+    env["PYTHONPATH"] = _prepend_path(env.get("PYTHONPATH"), here)
+    values["PYTHONPATH"] = env["PYTHONPATH"]
+    if env.get("TORCH_CUSTOM_PYTHONPATH"):
+        env["TORCH_CUSTOM_PYTHONPATH"] = _prepend_path(env["TORCH_CUSTOM_PYTHONPATH"], here)
+        values["TORCH_CUSTOM_PYTHONPATH"] = env["TORCH_CUSTOM_PYTHONPATH"]
+    return values
+
+
+def unexport(
+    environ: MutableMapping[str, str] | None = None, path: list[str] | None = None
+) -> None:
+    """Undo :func:`export` (tests, and turning the workaround off in-process)."""
+    env = os.environ if environ is None else environ
+    sys_path = sys.path if path is None else path
+    for key in (ENV_ENABLE, ENV_RULE, ENV_STRICT, ENV_STATS_DIR):
+        env.pop(key, None)
+    here = boot_dir()
+    while here in sys_path:
+        sys_path.remove(here)
+    for key in ("PYTHONPATH", "TORCH_CUSTOM_PYTHONPATH"):
+        if key in env:
+            rest = [p for p in env[key].split(os.pathsep) if p and p != here]
+            if rest:
+                env[key] = os.pathsep.join(rest)
+            else:
+                del env[key]
+
+
+def _install_from_env() -> None:
+    try:
+        rule, strict = settings_from_env()
+        from titan_rocm.workarounds.triton_war.compile_hook import install
+
+        install(rule=rule, strict=strict)
+    except Exception as e:
+        # A worker without the wrapper would compile hazardous kernels unnoticed: say so on
+        # its stderr (Inductor's worker log), and refuse to go on when strict.
+        print(f"titan-rocm: cannot install the Triton compile wrapper in pid {os.getpid()}: "
+              f"{e!r}", file=sys.stderr)
+        if os.environ.get(ENV_STRICT) == "1":
+            raise
+
+
+class _InstallAfterTriton(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds nothing itself; wraps the loader of ``triton`` to install the wrapper after it."""
+
+    def __init__(self) -> None:
+        self._inner: Any = None
+
+    def find_spec(self, fullname, path, target=None):  # noqa: D102 - importlib protocol
+        if fullname != _TRIGGER:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                self._inner = spec.loader
+                spec.loader = self
+                return spec
+        return None
+
+    def create_module(self, spec):  # noqa: D102
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module) -> None:  # noqa: D102
+        self._inner.exec_module(module)
+        _remove_hook()
+        _install_from_env()
+
+
+_hook = _InstallAfterTriton()
+
+
+def _remove_hook() -> None:
+    try:
+        sys.meta_path.remove(_hook)
+    except ValueError:
+        pass
+
+
+def boot() -> None:
+    """Called by titan-rocm's ``sitecustomize`` at interpreter start: if
+    ``TITAN_ROCM_TRITON_WAR=1``, install the wrapper when ``triton`` is imported."""
+    if os.environ.get(ENV_ENABLE) != "1":
+        return
+    if _TRIGGER in sys.modules:
+        _install_from_env()
+    elif _hook not in sys.meta_path:
+        sys.meta_path.insert(0, _hook)
+
+
+def booted() -> bool:
+    """The after-triton hook is waiting, or the wrapper is installed in this process."""
+    if _hook in sys.meta_path:
+        return True
+    mod = sys.modules.get("titan_rocm.workarounds.triton_war.compile_hook")
+    return bool(mod is not None and mod.installed() is not None)

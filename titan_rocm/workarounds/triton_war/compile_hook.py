@@ -1,0 +1,506 @@
+"""Wrap Triton's ``compile``: scan each HIP kernel, recompile hazardous ones with buffer ops off.
+
+:func:`install` replaces ``triton.compiler.compiler.compile`` with a wrapper and rebinds the
+names Triton and Inductor call it by: ``triton.compile`` (Inductor's
+``triton_heuristics``), ``triton.compiler.compile`` (``@triton.jit`` binds it at a kernel's
+first launch) and ``triton.compiler.compiler.compile``. For every kernel the wrapper:
+
+1. compiles as usual (cache hits included), holding the compile lock *shared*;
+2. skips non-HIP targets (``kernel.metadata.target.backend``);
+3. scans ``kernel.asm["amdgcn"]`` with the hazard scanner (``scan.scan_text``);
+4. if hazardous, recompiles the same source with buffer ops off, holding the compile lock
+   *exclusive* (no other compile in this process runs meanwhile, because knobs and
+   ``os.environ`` are process-global), under ``triton.knobs.amd.scope()`` with
+   ``knobs.propagate_env = True``: the backend reads the knob, but the cache key is built
+   from ``os.environ``; without the environment the recompile would be a cache hit on the
+   hazardous binary (or, forced, would store the safe binary under the unsafe key);
+5. rescans: clean -> return the recompiled kernel ("patched"); recompile failed, same cache
+   entry, or still hazardous -> keep the original, log an error naming the kernel
+   ("residual"), raise :class:`HazardousKernelError` when ``strict``.
+
+Counts go to :mod:`titan_rocm.workarounds.triton_war.stats`. Docs:
+docs/triton-buffer-store-hazard.md, "How titan-rocm recompiles (wrapper)".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from titan_rocm.workarounds.triton_war import stats
+
+log = logging.getLogger("titan_rocm")
+
+RULES: tuple[str, ...] = ("precise", "conservative")
+BUFFER_OPS_ENV = "AMDGCN_USE_BUFFER_OPS"
+"""Triton's environment variable for the AMD buffer-ops knob (every version so far)."""
+_MARK = "__titan_rocm_triton_war__"
+# Where Triton and Inductor look ``compile`` up: (module name, attribute).
+_BIND_SITES: tuple[tuple[str, str], ...] = (
+    ("triton.compiler.compiler", "compile"),
+    ("triton.compiler", "compile"),
+    ("triton", "compile"),
+)
+
+Scanner = Callable[[str, "str | None", str], Any]
+"""``scanner(amdgcn_text, arch, rule)`` -> a report with ``.hazardous`` and ``.hazards``."""
+
+
+class HazardousKernelError(RuntimeError):
+    """A kernel keeps the buffer-store data hazard and ``strict`` is set."""
+
+
+def scan_amdgcn(text: str, arch: str | None, rule: str) -> Any:
+    """The default scanner: :func:`titan_rocm.workarounds.triton_war.scan.scan_text`."""
+    from titan_rocm.workarounds.triton_war.scan import scan_text
+
+    return scan_text(text, arch=arch, rule=rule)
+
+
+# --------------------------------------------------------------------------- the lock
+
+
+class CompileLock:
+    """Shared for ordinary compiles, exclusive for the buffer-ops flip; writers first.
+
+    Reentrant per thread for the shared side. Taking the exclusive side while this thread
+    holds the shared side would deadlock, so it raises RuntimeError instead.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writer: int | None = None
+        self._writers_waiting = 0
+        self._tls = threading.local()
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        """Hold the lock shared (many compiles at once; never during a flip)."""
+        me = threading.get_ident()
+        depth = getattr(self._tls, "depth", 0)
+        if depth or self._writer == me:
+            self._tls.depth = depth + 1
+            try:
+                yield
+            finally:
+                self._tls.depth = depth
+            return
+        with self._cond:
+            while self._writer is not None or self._writers_waiting:
+                self._cond.wait()
+            self._readers += 1
+        self._tls.depth = 1
+        try:
+            yield
+        finally:
+            self._tls.depth = 0
+            with self._cond:
+                self._readers -= 1
+                if not self._readers:
+                    self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the lock alone (no compile through the wrapper runs meanwhile)."""
+        me = threading.get_ident()
+        if self._writer == me:
+            yield
+            return
+        if getattr(self._tls, "depth", 0):
+            raise RuntimeError("buffer-ops flip requested from inside a compile (would deadlock)")
+        with self._cond:
+            self._writers_waiting += 1
+            try:
+                while self._writer is not None or self._readers:
+                    self._cond.wait()
+            finally:
+                self._writers_waiting -= 1
+            self._writer = me
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writer = None
+                self._cond.notify_all()
+
+
+COMPILE_LOCK = CompileLock()
+"""The process-wide lock around Triton compiles made through the wrapper."""
+
+
+# --------------------------------------------------------------------------- the knob
+
+
+@dataclass(frozen=True)
+class BufferOpsKnob:
+    """How the installed Triton turns AMD buffer ops off, and what it does by default."""
+
+    triton_version: str
+    env_var: str
+    """Environment variable of the knob (``AMDGCN_USE_BUFFER_OPS``)."""
+    knob: str | None
+    """``triton.knobs.amd.<attr>`` (Triton >= 3.4), None where only the variable exists."""
+    default: bool | None
+    """Buffer ops on when the variable is unset (None: this Triton does not say)."""
+    env_value: str | None
+    """The variable's value in this process now (None: unset)."""
+    effective: bool | None
+    """Buffer ops on for compiles now (knob value; None where unknown)."""
+    in_cache_key: bool
+    """The variable is one of Triton's cache-invalidating variables (must be True, or the
+    recompile would be a cache hit on the hazardous binary)."""
+
+    @property
+    def attr(self) -> str | None:
+        """The knob attribute on ``triton.knobs.amd``."""
+        return self.knob.rsplit(".", 1)[1] if self.knob else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (plan)."""
+        return asdict(self)
+
+
+def _knob_descriptor(amd: Any) -> tuple[str, Any] | None:
+    """(attribute, descriptor) of the buffer-ops knob on ``triton.knobs.amd``; found by its
+    environment variable so a renamed attribute is still found."""
+    fallback = None
+    for klass in type(amd).__mro__:
+        for attr, desc in vars(klass).items():
+            if getattr(desc, "key", None) == BUFFER_OPS_ENV:
+                return attr, desc
+            if attr == "use_buffer_ops" and fallback is None:
+                fallback = (attr, desc)
+    return fallback
+
+
+def _cache_env_fn() -> Callable[[], dict[str, str]] | None:
+    import triton.compiler.compiler as cc
+
+    return getattr(cc, "get_cache_invalidating_env_vars", None)
+
+
+def buffer_ops_knob() -> BufferOpsKnob:
+    """Inspect the installed Triton's buffer-ops knob (imports triton)."""
+    import triton
+
+    try:
+        from triton import knobs
+    except ImportError:  # Triton < 3.4: no knobs module, only the environment variable
+        knobs = None
+    found = _knob_descriptor(knobs.amd) if knobs is not None and hasattr(knobs, "amd") else None
+    env_var, knob, default, effective = BUFFER_OPS_ENV, None, None, None
+    if found is not None:
+        attr, desc = found
+        env_var = getattr(desc, "key", BUFFER_OPS_ENV)
+        knob = f"triton.knobs.amd.{attr}"
+        default = getattr(desc, "default", None)
+        effective = bool(getattr(knobs.amd, attr))
+    with COMPILE_LOCK.exclusive():
+        in_key = _env_in_cache_key(env_var)
+    return BufferOpsKnob(
+        triton_version=getattr(triton, "__version__", "unknown"),
+        env_var=env_var,
+        knob=knob,
+        default=default,
+        env_value=os.environ.get(env_var),
+        effective=effective,
+        in_cache_key=in_key,
+    )
+
+
+def _env_in_cache_key(env_var: str) -> bool:
+    """Set the variable briefly and see if Triton's cache key would include it (caller holds
+    the lock exclusive)."""
+    fn = _cache_env_fn()
+    if fn is None:
+        return False
+    saved = os.environ.get(env_var)
+    os.environ[env_var] = "0"
+    try:
+        return env_var in fn()
+    finally:
+        if saved is None:
+            del os.environ[env_var]
+        else:
+            os.environ[env_var] = saved
+
+
+@contextlib.contextmanager
+def buffer_ops_off(knob: BufferOpsKnob) -> Iterator[None]:
+    """Compiles inside see buffer ops off, in the knob AND in ``os.environ`` (the cache key).
+
+    Holds :data:`COMPILE_LOCK` exclusive; restores knob, environment and
+    ``knobs.propagate_env`` on exit.
+    """
+    with COMPILE_LOCK.exclusive():
+        if knob.attr is None:
+            saved = os.environ.get(knob.env_var)
+            os.environ[knob.env_var] = "0"
+            try:
+                yield
+            finally:
+                if saved is None:
+                    os.environ.pop(knob.env_var, None)
+                else:
+                    os.environ[knob.env_var] = saved
+            return
+        from triton import knobs
+
+        saved_propagate = knobs.propagate_env
+        knobs.propagate_env = True  # setting the knob then also writes os.environ
+        try:
+            with knobs.amd.scope():
+                setattr(knobs.amd, knob.attr, False)
+                if os.environ.get(knob.env_var) not in ("0", "false", "False"):
+                    raise RuntimeError(
+                        f"setting {knob.knob} = False left {knob.env_var}="
+                        f"{os.environ.get(knob.env_var)!r}: the cache key would not change"
+                    )
+                yield
+        finally:
+            knobs.propagate_env = saved_propagate
+
+
+# --------------------------------------------------------------------------- the hook
+
+
+@dataclass
+class HookConfig:
+    """What the installed wrapper does (updated in place by a second :func:`install`)."""
+
+    rule: str = "precise"
+    strict: bool = False
+    scanner: Scanner = scan_amdgcn
+
+
+class CompileHook:
+    """The wrapper around one original ``compile`` function."""
+
+    def __init__(self, original: Callable[..., Any], config: HookConfig) -> None:
+        self.original = original
+        self.config = config
+        self.signature = inspect.signature(original)
+        self.accepts_env_vars = "_env_vars" in self.signature.parameters
+        self._knob: BufferOpsKnob | None = None
+        self.wrapper = self._make_wrapper()
+
+    @property
+    def knob(self) -> BufferOpsKnob:
+        """The buffer-ops knob, inspected at first use."""
+        if self._knob is None:
+            self._knob = buffer_ops_knob()
+        return self._knob
+
+    def _make_wrapper(self) -> Callable[..., Any]:
+        original = self.original
+
+        @functools.wraps(original)
+        def compile(*args: Any, **kwargs: Any) -> Any:  # noqa: A001 - Triton's name
+            with COMPILE_LOCK.shared():
+                if self.accepts_env_vars and (len(args) > 3 or "_env_vars" in kwargs):
+                    args, kwargs = self._fresh_env_vars(args, kwargs)
+                kernel = original(*args, **kwargs)
+            return self.check(kernel, args, kwargs)
+
+        setattr(compile, _MARK, self)
+        return compile
+
+    def _fresh_env_vars(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """Drop a caller's ``_env_vars`` computed while another thread had buffer ops off
+        (the JIT's async path computes them before calling): it would key this compile as
+        buffer-ops-off while the compiler, now, has them on."""
+        bound = self.signature.bind_partial(*args, **kwargs)
+        given = bound.arguments.get("_env_vars")
+        fn = _cache_env_fn()
+        if given is None or fn is None:
+            return args, kwargs
+        env_var = BUFFER_OPS_ENV if self._knob is None else self._knob.env_var
+        if given.get(env_var) != fn().get(env_var):
+            bound.arguments["_env_vars"] = None
+            return bound.args, bound.kwargs
+        return args, kwargs
+
+    def recompile(self, args: tuple, kwargs: dict) -> Any:
+        """Compile the same source again with buffer ops off (cache key included)."""
+        bound = self.signature.bind_partial(*args, **kwargs)
+        if self.accepts_env_vars:
+            bound.arguments["_env_vars"] = None  # recompute from os.environ inside the flip
+        knob = self.knob
+        with buffer_ops_off(knob):
+            return self.original(*bound.args, **bound.kwargs)
+
+    def check(self, kernel: Any, args: tuple, kwargs: dict) -> Any:
+        """Scan ``kernel``; return it, or its buffer-ops-off recompile when it is hazardous."""
+        config = self.config
+        metadata = getattr(kernel, "metadata", None)
+        target = getattr(metadata, "target", None)
+        name = str(getattr(kernel, "name", None) or getattr(metadata, "name", "?"))
+        if getattr(target, "backend", None) != "hip":
+            stats.record(stats.SKIPPED_NON_HIP, name)
+            return kernel
+        arch = getattr(target, "arch", None)
+        arch = str(arch) if arch is not None else None
+        text = getattr(kernel, "asm", {}).get("amdgcn")
+        if not text:
+            stats.record(stats.UNSCANNED, name, arch=arch, reason="no amdgcn text")
+            log.warning(
+                "titan-rocm: Triton kernel %s has no AMDGCN text (TRITON_STORE_BINARY_ONLY?): "
+                "not scanned for the buffer-store data hazard", name)
+            return kernel
+        try:
+            report = config.scanner(text, arch, config.rule)
+        except Exception as e:  # the scanner must not break compiles; say so loudly
+            stats.record(stats.UNSCANNED, name, arch=arch, reason=f"scan failed: {e!r}")
+            log.error("titan-rocm: scanning Triton kernel %s failed: %r", name, e)
+            if config.strict:
+                raise HazardousKernelError(f"scanning Triton kernel {name} failed: {e!r}") from e
+            return kernel
+        if not report.hazardous:
+            stats.record(stats.CLEAN, name, arch=arch)
+            return kernel
+
+        first = _describe_hazard(report)
+        log.warning(
+            "titan-rocm: Triton kernel %s (%s) has %d hazardous buffer store(s) (rule %s; %s); "
+            "recompiling it with buffer ops off", name, arch, len(report.hazards),
+            config.rule, first)
+        reason = None
+        try:
+            fixed = self.recompile(args, kwargs)
+        except Exception as e:
+            reason = f"recompile with buffer ops off failed: {e!r}"
+        else:
+            if getattr(fixed, "hash", None) == getattr(kernel, "hash", object()):
+                reason = (f"recompile returned the same cache entry ({self.knob.env_var} is not "
+                          "part of this Triton's cache key)")
+            else:
+                fixed_text = getattr(fixed, "asm", {}).get("amdgcn") or ""
+                try:
+                    again = config.scanner(fixed_text, arch, config.rule)
+                except Exception as e:
+                    reason = f"rescan of the recompiled kernel failed: {e!r}"
+                else:
+                    if again.hazardous:
+                        reason = f"still hazardous with buffer ops off ({_describe_hazard(again)})"
+        if reason is None:
+            stats.record(stats.PATCHED, name, arch=arch, hazards=len(report.hazards))
+            log.info("titan-rocm: Triton kernel %s recompiled with buffer ops off: clean", name)
+            return fixed
+        stats.record(stats.RESIDUAL, name, arch=arch, reason=reason)
+        message = (f"titan-rocm: Triton kernel {name} ({arch}) keeps the buffer-store data "
+                   f"hazard: {reason}; first hazard: {first}. Its outputs may be corrupt.")
+        log.error(message)
+        if config.strict:
+            raise HazardousKernelError(message + " ([rocm] triton_war_strict = true)")
+        return kernel
+
+
+def _describe_hazard(report: Any) -> str:
+    hazards = getattr(report, "hazards", None) or []
+    if not hazards:
+        return "no details"
+    h = hazards[0]
+    return (f"line {getattr(h, 'line', '?')}: {getattr(h, 'store', '?')!s} overwritten by "
+            f"{getattr(h, 'writer', '?')!s} after {getattr(h, 'wait_states', '?')} wait "
+            f"state(s), {getattr(h, 'required', '?')} needed")
+
+
+# --------------------------------------------------------------------------- install
+
+
+_install_lock = threading.Lock()
+_hook: CompileHook | None = None
+
+
+def _modules() -> dict[str, Any]:
+    import sys
+
+    import triton  # noqa: F401 - loads triton.compiler and triton.compiler.compiler
+
+    return {name: sys.modules[name] for name, _ in _BIND_SITES}
+
+
+def install(
+    *, rule: str = "precise", strict: bool = False, scanner: Scanner | None = None
+) -> CompileHook:
+    """Install the wrapper (idempotent: a second call updates rule/strict/scanner and
+    re-binds any site that was reset). Returns the active hook.
+
+    Raises:
+        ValueError: ``rule`` is not one of :data:`RULES`.
+        ImportError: Triton is not installed.
+    """
+    if rule not in RULES:
+        raise ValueError(f"triton_war rule {rule!r} is not valid; accepted: {', '.join(RULES)}")
+    global _hook
+    with _install_lock:
+        modules = _modules()
+        current = modules["triton.compiler.compiler"].compile
+        if _hook is None:
+            existing = getattr(current, _MARK, None)
+            if existing is not None:  # installed by an earlier copy of this module
+                _hook = existing
+            else:
+                _hook = CompileHook(current, HookConfig())
+        _hook.config.rule = rule
+        _hook.config.strict = strict
+        _hook.config.scanner = scanner or scan_amdgcn
+        for module_name, attr in _BIND_SITES:
+            module = modules[module_name]
+            value = getattr(module, attr, None)
+            if value is _hook.wrapper:
+                continue
+            if value is _hook.original or getattr(value, _MARK, None) is not None:
+                setattr(module, attr, _hook.wrapper)
+            else:
+                log.warning(
+                    "titan-rocm: %s.%s is %r, not Triton's compile: left alone, so compiles "
+                    "through it are not scanned", module_name, attr, value)
+        return _hook
+
+
+def uninstall() -> None:
+    """Restore Triton's own ``compile`` where the wrapper is bound (tests)."""
+    global _hook
+    with _install_lock:
+        if _hook is None:
+            return
+        for module in _modules().values():
+            if getattr(module, "compile", None) is _hook.wrapper:
+                module.compile = _hook.original
+        _hook = None
+
+
+def installed() -> CompileHook | None:
+    """The active hook, or None."""
+    return _hook
+
+
+def bound_sites() -> dict[str, bool]:
+    """For each place Triton/Inductor look ``compile`` up: is it the wrapper?"""
+    hook = _hook
+    out = {}
+    for module_name, module in _modules().items():
+        out[f"{module_name}.compile"] = hook is not None and module.compile is hook.wrapper
+    return out
+
+
+def describe() -> dict[str, Any]:
+    """JSON-able state of the wrapper in this process (``titan-rocm plan``)."""
+    hook = _hook
+    return {
+        "installed": hook is not None,
+        "rule": hook.config.rule if hook else None,
+        "strict": hook.config.strict if hook else None,
+        "bound": bound_sites(),
+        "buffer_ops_knob": (hook.knob if hook else buffer_ops_knob()).to_dict(),
+        "recompile_passes_env_vars_none": hook.accepts_env_vars if hook else None,
+    }

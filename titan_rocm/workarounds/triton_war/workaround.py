@@ -1,0 +1,171 @@
+"""The ``rocm.triton_war`` workaround: recompile only the Triton kernels with the
+buffer-store data hazard, in the trainer and in every Inductor compile worker.
+
+apply() installs the compile wrapper in this process (:mod:`.compile_hook`), exports the
+environment that makes child interpreters install it too (:mod:`.bootstrap`), tags
+torch.compile's caches (:mod:`.cache_tag`) and restarts an already running compile-worker
+pool so its workers start with that environment. Docs: docs/triton-buffer-store-hazard.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch.nn as nn
+from torchtitan.tools.logging import logger
+
+from titan_rocm.converters.base import Workaround
+from titan_rocm.workarounds.triton_war import bootstrap, cache_tag, stats
+
+WORKER_REACH = (
+    "sitecustomize: titan-rocm's _boot directory first on sys.path/PYTHONPATH, gated by "
+    f"{bootstrap.ENV_ENABLE}=1; installs the wrapper when a child imports triton"
+)
+STATS_EVERY_S = 60.0
+"""post_optimizer_hook reads the workers' stats at most this often."""
+
+
+def restart_compile_workers() -> bool:
+    """Shut down Inductor's compile-worker pools if any is running (they restart on the next
+    compile, with the current environment). Returns True if one was running."""
+    async_compile = sys.modules.get("torch._inductor.async_compile")
+    if async_compile is None or not getattr(async_compile, "_pool_set", None):
+        return False
+    async_compile.shutdown_compile_workers()
+    return True
+
+
+def _triton_missing() -> bool:
+    return importlib.util.find_spec("triton") is None
+
+
+class TritonWar(Workaround):
+    """Scan every HIP kernel's AMDGCN; recompile hazardous ones with buffer ops off."""
+
+    name = "triton_war"
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.exported: dict[str, str] = {}
+        self.tag: str | None = None
+        self.tag_error: str | None = None
+        self.workers_restarted = False
+        self.dry_run = False
+        self._next_stats = 0.0
+        self._reported_residual: set[str] = set()
+
+    @property
+    def rule(self) -> str:
+        """``[rocm] triton_war_rule``."""
+        return self.ctx.settings.triton_war_rule
+
+    @property
+    def strict(self) -> bool:
+        """``[rocm] triton_war_strict``."""
+        return bool(self.ctx.settings.triton_war_strict)
+
+    def require(self) -> None:
+        if _triton_missing():
+            raise ValueError(
+                '[rocm] triton_war = "on" needs Triton, and "import triton" finds no module '
+                "(install pytorch-triton-rocm on ROCm, or triton)"
+            )
+
+    def check(self, model: nn.Module) -> str | None:
+        if _triton_missing():
+            return "Triton is not installed: no Triton kernels to scan"
+        if self.mode == "auto":
+            platform = self.ctx.platform
+            arch = platform.arch
+            if arch is None:
+                return (f"GPU architecture {platform.gfx_arch or 'none (no device)'} is not one "
+                        "titan-rocm knows to have the buffer-store data hazard")
+            if not arch.vmem_store_data_hazard:
+                return f"{arch.name} does not have the buffer-store data hazard"
+        return None
+
+    def apply(self, model: nn.Module) -> None:
+        if getattr(self.ctx, "planning", False):
+            self.dry_run = True  # plan: no wrapper, no environment, no stats directory
+            return
+        from titan_rocm.workarounds.triton_war import compile_hook
+
+        compile_hook.install(rule=self.rule, strict=self.strict)
+        stats_dir = os.environ.get(bootstrap.ENV_STATS_DIR)
+        if stats_dir:
+            os.makedirs(stats_dir, exist_ok=True)
+        else:
+            stats_dir = tempfile.mkdtemp(prefix="titan-rocm-triton-war-")
+        self.exported = bootstrap.export(self.rule, self.strict, stats_dir)
+        try:
+            self.tag = cache_tag.apply(self.rule)
+        except RuntimeError as e:
+            self.tag_error = str(e)
+            logger.error(f"titan-rocm: {e}")
+        self.workers_restarted = restart_compile_workers()
+        logger.info(
+            f"titan-rocm: triton_war wrapper installed (rule {self.rule}, strict {self.strict}); "
+            f"compile workers install it via sitecustomize; stats in {stats_dir}"
+            + ("; restarted the running compile-worker pool" if self.workers_restarted else "")
+        )
+
+    def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
+        """At most every :data:`STATS_EVERY_S`: merge the workers' stats and log an error for
+        each newly seen residual (hazardous, unfixed) kernel."""
+        now = time.monotonic()
+        if now < self._next_stats or self.dry_run:
+            return
+        first = self._next_stats == 0.0
+        self._next_stats = now + STATS_EVERY_S
+        try:
+            merged = stats.collect()
+        except OSError as e:
+            logger.error(f"titan-rocm: cannot read triton_war stats: {e}")
+            return
+        new = [k for k in merged.names.get(stats.RESIDUAL, []) if k not in self._reported_residual]
+        if new:
+            self._reported_residual.update(new)
+            logger.error(
+                "titan-rocm: Triton kernel(s) keep the buffer-store data hazard (outputs may be "
+                f"corrupt): {', '.join(new)}; see the compile-worker logs for details"
+            )
+        if first:
+            logger.info(
+                f"titan-rocm: triton_war after the first step: {merged.compiled} compiles in "
+                f"{merged.processes} process(es), {merged.scanned} scanned, {merged.patched} "
+                f"patched, {merged.residual} residual"
+            )
+
+    def plan(self, model: nn.Module) -> dict[str, Any]:
+        details: dict[str, Any] = {
+            "rule": self.rule,
+            "strict": self.strict,
+            "worker_reach": WORKER_REACH,
+        }
+        if _triton_missing():
+            return details
+        from titan_rocm.workarounds.triton_war import compile_hook
+
+        try:
+            details["buffer_ops_knob"] = compile_hook.buffer_ops_knob().to_dict()
+        except Exception as e:  # plan must still print; say what failed
+            details["buffer_ops_knob"] = f"cannot inspect Triton: {e!r}"
+        if self.dry_run:
+            details["dry_run"] = "wrapper, worker environment and cache tag not applied"
+            return details
+        if compile_hook.installed() is not None:
+            details["wrapper_bound"] = compile_hook.bound_sites()
+        details["environment"] = self.exported
+        details["cache_key_tag"] = self.tag if self.tag else self.tag_error
+        details["compile_workers_restarted"] = self.workers_restarted
+        if self.exported:
+            try:
+                details["stats"] = stats.collect().to_dict()
+            except OSError as e:
+                details["stats"] = f"cannot read: {e}"
+        return details
