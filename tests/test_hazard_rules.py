@@ -1,0 +1,359 @@
+"""The buffer-store data hazard rules, clause by clause, and on the real Triton corpus."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from titan_rocm.workarounds.triton_war.hazards import RULES, get_rule
+from titan_rocm.workarounds.triton_war.scan import ScanReport, scan_path, scan_text
+
+CORPUS = Path(__file__).parent / "corpus" / "amdgcn"
+
+LIT = "buffer_store_dwordx4 v[0:3], v36, s[8:11], 0 offen offset:16 sc0 sc1 nt"
+SGPR = "buffer_store_dwordx4 v[0:3], v36, s[16:19], s12 offen"
+
+
+def kernel(*body: str, arch: str | None = "gfx942", name: str = "k") -> str:
+    """A one-kernel AMDGCN text around ``body`` lines."""
+    head = [f'\t.amdgcn_target "amdgcn-amd-amdhsa--{arch}"'] if arch else []
+    return "\n".join([*head, "\t.text", f"{name}:", *(f"\t{b}" for b in body), "\ts_endpgm", ""])
+
+
+def scan(*body: str, rule: str = "precise", arch: str | None = "gfx942") -> ScanReport:
+    return scan_text(kernel(*body, arch=arch), rule=rule)
+
+
+def gaps(report: ScanReport) -> list[tuple[int, int]]:
+    """(wait states found, required) of each hazard."""
+    return [(h.wait_states, h.required) for h in report.hazards]
+
+
+# --- the wait-state window ------------------------------------------------------------
+
+
+def test_literal_soffset_needs_two_wait_states() -> None:
+    assert gaps(scan(LIT, "v_mov_b32 v1, 0")) == [(0, 2)]
+    assert gaps(scan(LIT, "s_mov_b32 s0, 0", "v_mov_b32 v1, 0")) == [(1, 2)]
+    assert gaps(scan(LIT, "s_mov_b32 s0, 0", "s_mov_b32 s1, 0", "v_mov_b32 v1, 0")) == []
+
+
+def test_sgpr_soffset_needs_one_wait_state() -> None:
+    assert gaps(scan(SGPR, "v_mov_b32 v1, 0")) == [(0, 1)]
+    assert gaps(scan(SGPR, "s_mov_b32 s0, 0", "v_mov_b32 v1, 0")) == []
+
+
+def test_conservative_needs_two_for_every_soffset() -> None:
+    assert gaps(scan(SGPR, "s_mov_b32 s0, 0", "v_mov_b32 v1, 0", rule="conservative")) == [
+        (1, 2)
+    ]
+    assert gaps(scan(SGPR, "s_nop 1", "v_mov_b32 v1, 0", rule="conservative")) == []
+
+
+def test_s_nop_counts_k_plus_one() -> None:
+    assert gaps(scan(LIT, "s_nop 0", "v_mov_b32 v1, 0")) == [(1, 2)]
+    assert gaps(scan(LIT, "s_nop 1", "v_mov_b32 v1, 0")) == []
+    assert gaps(scan(SGPR, "s_nop 0", "v_mov_b32 v1, 0")) == []
+
+
+def test_comments_labels_directives_cost_nothing() -> None:
+    report = scan(
+        LIT,
+        "; a comment line",
+        ".loc 1 16 5 is_stmt 0  ; k.py:16:5",
+        ".p2align 2",
+        "// another comment",
+    )
+    assert report.hazards == []  # nothing writes
+    with_writer = scan(LIT, "; comment", ".loc 1 2 3", ".Ltmp7:", "v_mov_b32 v3, v9")
+    assert gaps(with_writer) == [(0, 2)]
+
+
+def test_other_stores_and_loads_count_as_wait_states() -> None:
+    assert gaps(scan(LIT, "buffer_store_dword v9, v36, s[8:11], 0 offen", "s_nop 0",
+                     "v_mov_b32 v0, 0")) == []
+
+
+# --- which registers and which writers -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("writer", "hazard"),
+    [
+        ("v_mov_b32 v0, 0", True),
+        ("v_mov_b32 v3, 0", True),
+        ("v_mov_b32 v4, 0", False),
+        ("v_pk_mul_f32 v[2:3], v[4:5], v[6:7]", True),
+        ("v_lshlrev_b64 v[3:4], 1, v[8:9]", True),
+        ("v_pk_mul_f32 v[4:5], v[0:1], v[2:3]", False),  # reads the data: fine
+        ("v_and_b32_sdwa v1, v0, v37 dst_sel:DWORD dst_unused:UNUSED_PAD src0_sel:WORD_1", True),
+        ("v_mov_b32_dpp v2, v9 quad_perm:[1,0,3,2] row_mask:0xf bank_mask:0xf", True),
+        ("v_cvt_pk_bf16_f32 v0, v12, v13", True),
+        ("v_swap_b32 v5, v1", True),  # v_swap writes both operands
+        ("v_swap_b32 v1, v5", True),
+        ("v_swap_b32 v5, v6", False),
+        ("v_readfirstlane_b32 s2, v0", False),  # SGPR destination
+        ("v_readlane_b32 s2, v0, 3", False),
+        ("v_cmp_gt_i32_e64 s[0:1], v0, v1", False),
+        ("v_cmp_o_f32_e32 vcc, v0, v0", False),
+        ("v_add_co_u32_e64 v2, s[0:1], v4, v5", True),
+        ("v_writelane_b32 v2, s0, 1", True),
+        ("v_accvgpr_read_b32 v1, a1", True),
+        ("v_accvgpr_write_b32 a1, v9", False),  # AGPR a1 is not VGPR v1
+        ("v_movreld_b32 v40, v9", True),  # M0-relative: any VGPR
+        ("v_nop", False),
+        ("buffer_load_dwordx4 v[0:3], v36, s[4:7], 0 offen", False),  # a load, not VALU
+        ("global_load_dword v1, v[8:9], off", False),
+        ("ds_read_b32 v2, v10", False),
+        ("s_mov_b32 s0, 0", False),
+    ],
+)
+def test_writers(writer: str, hazard: bool) -> None:
+    assert bool(scan(LIT, writer).hazards) is hazard
+
+
+def test_agpr_data() -> None:
+    store = "buffer_store_dwordx4 a[0:3], v36, s[8:11], 0 offen"
+    assert gaps(scan(store, "v_accvgpr_write_b32 a2, v9")) == [(0, 2)]
+    assert gaps(scan(store, "v_mfma_f32_32x32x8_bf16 a[0:15], v[0:1], v[2:3], 0")) == [(0, 2)]
+    assert gaps(scan(store, "v_mov_b32 v2, 0")) == []
+
+
+@pytest.mark.parametrize(
+    ("store", "checked"),
+    [
+        ("buffer_store_dwordx3 v[0:2], v36, s[8:11], 0 offen", 1),
+        ("buffer_store_dwordx4 v[0:3], off, s[8:11], 0 offset:16", 1),
+        ("buffer_store_b96 v[0:2], v36, s[8:11], 0 offen", 1),
+        ("buffer_store_b128 v[0:3], v36, s[8:11], 0 offen", 1),
+        ("tbuffer_store_format_xyzw v[0:3], v4, s[8:11], dfmt:14, nfmt:7, 0 idxen", 1),
+        ("buffer_store_dwordx2 v[0:1], v36, s[8:11], 0 offen", 0),  # 64 bits: no hazard
+        ("buffer_store_b64 v[0:1], v36, s[8:11], 0 offen", 0),
+        ("buffer_store_short v0, v36, s[8:11], 0 offen", 0),
+        ("buffer_store_format_d16_xyzw v[0:1], v36, s[8:11], 0 offen", 0),
+    ],
+)
+def test_store_widths(store: str, checked: int) -> None:
+    report = scan(store, "v_mov_b32 v0, 0")
+    assert report.stores_checked == checked
+    assert len(report.hazards) == checked
+
+
+def test_mtbuf_sgpr_soffset() -> None:
+    store = "tbuffer_store_format_xyzw v[0:3], v4, s[8:11], s5 format:[BUF_FMT_32_32_32_32_FLOAT]"
+    assert gaps(scan(store, "v_mov_b32 v0, 0")) == [(0, 1)]
+    assert gaps(scan(store, "s_nop 0", "v_mov_b32 v0, 0")) == []
+
+
+def test_global_stores_are_information_only() -> None:
+    report = scan("global_store_dwordx4 v[38:39], v[0:3], off", "v_mov_b32 v0, 0",
+                  "v_mov_b32 v38, 0")
+    assert report.hazards == [] and report.stores_checked == 0
+    assert [(i.kind, i.line) for i in report.info] == [("global", 4)]
+    flat = scan("flat_store_dwordx3 v[8:9], v[0:2]", "global_store_dwordx2 v[8:9], v[0:1], off")
+    assert [i.kind for i in flat.info] == ["flat"]  # dwordx2 is not wider than 64 bits
+
+
+# --- retiring waits -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("wait", "retires"),
+    [
+        ("s_waitcnt vmcnt(0)", True),
+        ("s_waitcnt vmcnt(0) lgkmcnt(0)", True),
+        ("s_waitcnt 0", True),
+        ("s_waitcnt_vscnt null, 0x0", True),
+        ("s_wait_storecnt 0x0", True),
+        ("s_waitcnt vmcnt(1)", False),
+        ("s_waitcnt lgkmcnt(0)", False),
+        ("s_waitcnt_vscnt null, 0x1", False),
+    ],
+)
+def test_waits_that_retire_the_store(wait: str, retires: bool) -> None:
+    # One wait state from the wait itself: a hazard unless the wait retired the store.
+    assert (scan(LIT, wait, "v_mov_b32 v0, 0").hazards == []) is retires
+
+
+# --- control flow -------------------------------------------------------------------------
+
+
+def test_branch_target_is_followed() -> None:
+    report = scan(LIT, "s_cbranch_scc1 .LBB0_2", "s_nop 7", ".LBB0_2:", "v_mov_b32 v0, 0")
+    assert gaps(report) == [(1, 2)]
+    assert report.hazards[0].path == "k -> .LBB0_2"
+
+
+def test_fallthrough_of_conditional_branch_is_followed() -> None:
+    report = scan(LIT, "s_cbranch_execz .LBB0_9", "v_mov_b32 v2, 0", ".LBB0_9:", "s_nop 7")
+    assert gaps(report) == [(1, 2)]
+    assert report.hazards[0].path == "k -> line 6"
+
+
+def test_unconditional_branch_skips_fallthrough() -> None:
+    assert scan(LIT, "s_branch .LBB0_5", "v_mov_b32 v0, 0", ".LBB0_5:", "s_nop 7",
+                "v_mov_b32 v0, 0").hazards == []
+    assert gaps(scan(LIT, "s_branch .LBB0_5", "s_nop 7", ".LBB0_5:", "v_mov_b32 v1, 0")) == [
+        (1, 2)
+    ]
+
+
+def test_loop_back_edge() -> None:
+    body = [".LBB0_1:", "v_mov_b32 v0, 1.0", "s_nop 7", LIT, "s_add_u32 s8, s8, 1"]
+    assert gaps(scan(*body[:-1], "s_cbranch_scc1 .LBB0_1")) == [(1, 2)]
+    assert scan(*body, "s_cbranch_scc1 .LBB0_1").hazards == []  # s_add + branch: 2
+
+
+@pytest.mark.parametrize(
+    "end", ["s_endpgm", "s_setpc_b64 s[30:31]", "s_swappc_b64 s[30:31], s[4:5]"]
+)
+def test_path_ends(end: str) -> None:
+    assert scan(LIT, end, "v_mov_b32 v0, 0").hazards == []
+
+
+def test_worst_path_is_reported() -> None:
+    report = scan(LIT, "s_cbranch_scc1 .LBB0_2", "s_nop 0", "v_mov_b32 v1, 0", "s_endpgm",
+                  ".LBB0_2:", "v_mov_b32 v0, 0")
+    assert gaps(report) == [(1, 2)] and report.hazards[0].writer == "v_mov_b32 v0, 0"
+
+
+def test_kernels_are_named() -> None:
+    text = kernel(LIT, "s_nop 1", name="first") + kernel(SGPR, "v_mov_b32 v0, 0", arch=None,
+                                                         name="second")
+    report = scan_text(text)
+    assert [(h.kernel, h.line) for h in report.hazards] == [("second", 9)]
+    assert report.kernels == ["first", "second"]
+
+
+# --- architectures ------------------------------------------------------------------------
+
+
+def test_arch_from_text_and_override() -> None:
+    hazardous = kernel(LIT, "v_mov_b32 v0, 0", arch="gfx950")
+    assert scan_text(hazardous).arch == "gfx950"
+    assert scan_text(hazardous).arch_status == "affected"
+    off = scan_text(hazardous, arch="gfx90a")
+    assert off.arch == "gfx90a" and off.arch_status == "not-affected" and off.hazards == []
+    assert any("does not have" in n for n in off.notes)
+    assert any("would match" in n for n in off.notes)
+    assert scan_text(hazardous, arch="gfx942:sramecc+:xnack-").arch == "gfx942"
+
+
+def test_gfx1250_is_not_affected() -> None:
+    assert scan(LIT, "v_mov_b32 v0, 0", arch="gfx1250").hazards == []
+
+
+@pytest.mark.parametrize("arch", [None, "gfx1100"])
+def test_unknown_arch_is_scanned_and_said(arch: str | None) -> None:
+    report = scan(LIT, "v_mov_b32 v0, 0", arch=arch)
+    assert report.arch == arch and report.arch_status == "unknown"
+    assert len(report.hazards) == 1
+    assert report.notes and "scanned as if" in report.notes[0]
+
+
+def test_unknown_rule() -> None:
+    with pytest.raises(ValueError, match="'strict'.*precise, conservative, naive"):
+        scan_text("", rule="strict")
+    assert get_rule(RULES["precise"]) is RULES["precise"]
+
+
+# --- the naive rule (benchmark baseline) --------------------------------------------------
+
+
+def test_naive_rule_flags_any_redefinition_before_a_vmem_wait() -> None:
+    late = (LIT, "s_nop 7", "v_mov_b32 v0, 0")
+    assert scan(*late).hazards == []
+    assert gaps(scan(*late, rule="naive")) == [(8, -1)]
+    assert scan(LIT, "buffer_load_dword v1, v9, s[4:7], 0 offen", rule="naive").hazards
+    assert scan(LIT, "s_waitcnt vmcnt(3)", "v_mov_b32 v0, 0", rule="naive").hazards == []
+
+
+# --- real Triton 3.9.0 output -------------------------------------------------------------
+
+
+def corpus_reports(rule: str) -> list[ScanReport]:
+    return scan_path(CORPUS, rule=rule)
+
+
+def test_corpus_is_clean_under_precise_and_conservative() -> None:
+    for rule in ("precise", "conservative"):
+        reports = corpus_reports(rule)
+        assert len(reports) == 40
+        assert sum(r.stores_checked for r in reports) == 28
+        assert [h for r in reports for h in r.hazards] == [], rule
+        assert all(r.arch in ("gfx942", "gfx950") and r.arch_status == "affected"
+                   for r in reports)
+
+
+def test_naive_rule_false_positives_on_corpus() -> None:
+    reports = corpus_reports("naive")
+    flagged = [h for r in reports for h in r.hazards]
+    assert len(flagged) == 7
+    # Each is at least the 2 wait states the hardware needs: none is a real hazard.
+    assert all(h.wait_states >= 2 for h in flagged)
+
+
+def test_buffer_ops_off_turns_each_wide_buffer_store_into_a_global_store() -> None:
+    reports = {Path(r.file or "").name: r for r in scan_path(CORPUS)}
+    pairs = [(r, reports[name.replace("-buf.", "-nobuf.")])
+             for name, r in reports.items() if name.endswith("-buf.amdgcn")]
+    assert len(pairs) == 20
+    for on, off in pairs:
+        assert on.info == [] and off.stores_checked == 0
+        assert len(off.info) == on.stores_checked, off.file
+
+
+def _swiglu() -> str:
+    return (CORPUS / "swiglu_bwd-gfx942-buf.amdgcn").read_text()
+
+
+def test_real_kernel_with_injected_hazard() -> None:
+    """What Triton 3.4/3.5 emitted: an SGPR-soffset store with the data rewritten next."""
+    text = _swiglu()
+    store = "buffer_store_dwordx4 v[0:3], v36, s[8:11], 0 offen"
+    assert text.count(store) == 1
+    line = text[: text.index(store)].count("\n") + 1
+    hazardous = text.replace(store, store.replace(" 0 offen", " s12 offen")
+                             + "\n\tv_pk_mul_f32 v[0:1], v[18:19], v[14:15]")
+    report = scan_text(hazardous, file="swiglu")
+    assert [(h.line, h.writer_line, h.wait_states, h.required, h.kernel) for h in
+            report.hazards] == [(line, line + 1, 0, 1, "swiglu_bwd")]
+    # One wait state in between: fixed for the precise rule, not for the conservative one.
+    spaced = text.replace(store, store.replace(" 0 offen", " s12 offen")
+                          + "\n\ts_nop 0\n\tv_pk_mul_f32 v[0:1], v[18:19], v[14:15]")
+    assert scan_text(spaced).hazards == []
+    assert len(scan_text(spaced, rule="conservative").hazards) == 1
+
+
+# --- never raises -----------------------------------------------------------------------
+
+_LINES = [
+    LIT, SGPR, "buffer_store_dwordx3 a[0:2], v1, s[0:3], s4 offen", "v_mov_b32 v0, 0",
+    "v_swap_b32 v1, v2", "v_mfma_f32_4x4x1f32 a[0:3], v0, v1, a[0:3]", "s_nop 0", "s_nop 1",
+    "s_waitcnt vmcnt(0)", "s_waitcnt vmcnt(1)", "s_cbranch_scc1 .L1", "s_cbranch_execz .L2",
+    "s_branch .L1", "s_branch .L3", ".L1:", ".L2:", "s_endpgm", "s_setpc_b64 s[30:31]",
+    "global_store_dwordx4 v[4:5], v[0:3], off", "v_readfirstlane_b32 s0, v1",
+    "buffer_load_dwordx4 v[0:3], v9, s[0:3], 0 offen", "; comment", ".loc 1 2 3", "k2:",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_LINES), max_size=40))
+def test_rules_never_raise_and_precise_is_within_conservative(lines: list[str]) -> None:
+    text = "\n".join(lines)
+    precise = scan_text(text, arch="gfx942")
+    conservative = scan_text(text, arch="gfx942", rule="conservative")
+    scan_text(text, arch="gfx942", rule="naive")
+    assert {h.line for h in precise.hazards} <= {h.line for h in conservative.hazards}
+    for h in precise.hazards:
+        assert 0 <= h.wait_states < h.required <= 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.text(), st.binary()), st.sampled_from(sorted(RULES)))
+def test_scan_never_raises(data: str | bytes, rule: str) -> None:
+    report = scan_text(data, rule=rule)
+    assert report.stores_checked >= len(report.hazards)
