@@ -26,6 +26,11 @@ def register_converters() -> None:
     with _lock:
         if _registered:
             return
+        partial = sys.modules.get("titan_rocm.converters")
+        if partial is not None and not hasattr(partial, "register_all"):
+            # titan_rocm.converters is being imported (it imports TorchTitan, which fired
+            # the hook); it registers itself once its body has run.
+            return
         from titan_rocm.converters import register_all
 
         register_all()

@@ -73,11 +73,10 @@ ARCHS: dict[str, ArchFacts] = {
             wave_size=32,
             vmem_store_data_hazard=False,
             aiter_fmha_v3_bwd_qk192_v128=False,
-            # gfx1250 opus kernels allocate their workspace with a capture-aware
-            # torch.empty, so none of them is unsafe; the range is only listed so
-            # the policy "all-opus" can still find them.
+            # gfx1250's split-K opus kernels (solidx [20000, 21000)) allocate their
+            # workspace with a capture-aware torch.empty: none of them is unsafe.
             opus_splitk_solidx_ranges=(),
-            cu_nums=(),
+            cu_nums=(256, 96),
         ),
     )
 }

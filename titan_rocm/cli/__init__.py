@@ -1,7 +1,8 @@
 """``titan-rocm``: the command-line front door.
 
 Each subcommand lives in its own module ``titan_rocm.cli.<name>`` that defines
-``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``. Modules are imported
+``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``; one that sets
+``PASSTHROUGH = True`` receives the options it does not know in ``args.passthrough``. Modules are imported
 only when their subcommand runs, so ``titan-rocm scan`` never pays for torch.
 """
 
@@ -33,7 +34,7 @@ def _parser_for(name: str) -> argparse.ArgumentParser:
     module = importlib.import_module(SUBCOMMANDS[name])
     parser = argparse.ArgumentParser(prog=f"titan-rocm {name}", description=module.HELP)
     module.add_arguments(parser)
-    parser.set_defaults(_run=module.run)
+    parser.set_defaults(_run=module.run, _passthrough=getattr(module, "PASSTHROUGH", False))
     return parser
 
 
@@ -59,7 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     parser = _parser_for(argv[0])
     try:
-        args = parser.parse_args(argv[1:])
+        if parser.get_default("_passthrough"):
+            # Options the command does not know are handed on (plan: TorchTitan's flags).
+            args, rest = parser.parse_known_args(argv[1:])
+            args.passthrough = rest
+        else:
+            args = parser.parse_args(argv[1:])
     except SystemExit as exc:  # argparse exits 2 on bad options, 0 on --help
         return int(exc.code or 0)
     return int(args._run(args))

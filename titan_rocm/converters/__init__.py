@@ -45,3 +45,9 @@ def register_all() -> None:
     for name, cls in converter_classes().items():
         if name not in _registry_model_converter_cls:
             register_model_converter(cls, name)
+
+
+# Importing this module means TorchTitan is loaded: register now (idempotent).
+from titan_rocm._registration import register_converters  # noqa: E402
+
+register_converters()

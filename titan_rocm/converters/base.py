@@ -10,6 +10,9 @@ the same job.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -19,6 +22,23 @@ from torchtitan.tools.logging import logger
 from titan_rocm import platform
 from titan_rocm.config import RocmSettings, settings_from
 from titan_rocm.platform import PlatformFacts
+
+_planning: contextvars.ContextVar[bool] = contextvars.ContextVar("titan_rocm_planning", default=False)
+
+
+@contextlib.contextmanager
+def planning() -> Iterator[None]:
+    """Mark converters run inside the block as a ``titan-rocm plan`` dry run.
+
+    Workarounds still decide and apply to the (meta) model, but skip effects that would
+    outlive the process, such as writing files.
+    """
+    token = _planning.set(True)
+    try:
+        yield
+    finally:
+        _planning.reset(token)
+
 
 # Attribute on the converted model recording which converter applied which workaround.
 APPLIED_ATTR = "_titan_rocm_applied"
@@ -37,6 +57,11 @@ class Context:
     def from_job(cls, job_config: Any, parallel_dims: Any) -> Context:
         """Build from TorchTitan's arguments; validates ``[rocm]`` (ValueError on bad values)."""
         return cls(job_config, parallel_dims, settings_from(job_config), platform.current())
+
+    @property
+    def planning(self) -> bool:
+        """True inside ``titan-rocm plan``: skip effects that outlive the process."""
+        return _planning.get()
 
     def mode(self, name: str) -> str:
         """The ``[rocm]`` mode (auto/on/off) of workaround ``name``."""

@@ -1,0 +1,42 @@
+"""``titan-rocm plan``: check a TorchTitan job on a login node before it waits in a queue."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+HELP = (
+    "Read a TorchTitan job exactly as TorchTitan would, build its model on the meta device, "
+    "apply titan-rocm's converters and print what a run would do: which workarounds apply "
+    "or skip and why, how each block compiles, which grouped-MM backend MoE layers call, "
+    "and the settings in force. Any TorchTitan or --rocm.* flag may follow."
+)
+
+
+PASSTHROUGH = True
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``titan-rocm plan``; unknown options are TorchTitan's."""
+    parser.add_argument(
+        "--arch",
+        help="simulate a ROCm machine with this GPU target (gfx942, gfx950, gfx90a, ...)",
+    )
+    parser.add_argument(
+        "--world-size", type=int, help="number of ranks (default: product of explicit degrees)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the plan; 0 on success, 2 on a bad job, flag or architecture."""
+    from titan_rocm.plan import PlanError, format_plan, make_plan
+
+    try:
+        plan = make_plan(args.passthrough, arch=args.arch, world_size=args.world_size)
+    except PlanError as exc:
+        print(f"titan-rocm plan: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(plan, indent=2, default=str) if args.json else format_plan(plan))
+    return 0

@@ -1,0 +1,81 @@
+"""Prepare TorchTitan command-line arguments for titan-rocm's own entry points.
+
+``titan-rocm plan`` and ``python -m titan_rocm.train`` accept exactly TorchTitan's flags.
+Before handing them to TorchTitan's ``ConfigManager`` they make sure ``[rocm]`` and
+``--rocm.*`` parse (by adding ``--job.custom_config_module titan_rocm.config`` when the job
+names no config module) and check the TOML's ``[rocm]`` table with a message that lists
+the accepted keys and values, which TorchTitan's own check does not.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from titan_rocm.config import CONFIG_MODULE, check_section
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+_CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
+_CONFIG_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
+
+
+class JobArgsError(ValueError):
+    """The job's arguments or TOML file cannot be used; the message says why."""
+
+
+def flag_value(args: Sequence[str], names: Sequence[str]) -> str | None:
+    """Value of the first of ``names`` in ``args`` (``--flag value`` or ``--flag=value``)."""
+    for i, arg in enumerate(args):
+        key, sep, value = arg.partition("=")
+        if key in names:
+            if sep:
+                return value
+            if i + 1 < len(args):
+                return args[i + 1]
+            raise JobArgsError(f"{key} needs a value")
+    return None
+
+
+def load_toml(args: Sequence[str]) -> dict[str, Any]:
+    """The job's TOML file as a dict (empty when no ``--job.config_file`` is given)."""
+    path = flag_value(args, _CONFIG_FILE_FLAGS)
+    if path is None:
+        return {}
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise JobArgsError(f"--job.config_file {path!r}: no such file") from None
+    except OSError as exc:
+        raise JobArgsError(f"--job.config_file {path!r}: cannot read ({exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise JobArgsError(f"--job.config_file {path!r}: not valid TOML ({exc})") from None
+
+
+def prepare(args: Sequence[str]) -> list[str]:
+    """Arguments for TorchTitan's ConfigManager, with titan-rocm's config module ensured.
+
+    Raises:
+        JobArgsError: unreadable TOML, or a ``[rocm]`` key/value titan-rocm does not accept.
+    """
+    args = list(args)
+    toml = load_toml(args)
+    module = flag_value(args, _CONFIG_MODULE_FLAGS)
+    if module is None:
+        job = toml.get("job", {})
+        module = job.get("custom_config_module") if isinstance(job, dict) else None
+    if "rocm" in toml:
+        try:
+            check_section(toml["rocm"])
+        except ValueError as exc:
+            raise JobArgsError(str(exc)) from None
+    if not module:
+        # A job with its own config module keeps it; it must then carry the `rocm` field
+        # itself (subclass titan_rocm.config.JobConfig) for [rocm] to parse.
+        args += ["--job.custom_config_module", CONFIG_MODULE]
+    return args
