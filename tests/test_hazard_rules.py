@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from titan_rocm.workarounds.triton_war.hazards import RULES, get_rule
+from titan_rocm.workarounds.triton_war.hazards import CLI_RULES, RULES, get_rule
 from titan_rocm.workarounds.triton_war.scan import ScanReport, scan_path, scan_text
 
 CORPUS = Path(__file__).parent / "corpus" / "amdgcn"
@@ -357,3 +357,67 @@ def test_rules_never_raise_and_precise_is_within_conservative(lines: list[str]) 
 def test_scan_never_raises(data: str | bytes, rule: str) -> None:
     report = scan_text(data, rule=rule)
     assert report.stores_checked >= len(report.hazards)
+
+
+# --- the shortcut (TextView) agrees with the full parse -----------------------------------
+
+_MORE_LINES = [
+    *_LINES, "BUFFER_STORE_DWORDX4 V[0:3], V9, S[0:3], 0 OFFEN", "V_MOV_B32 V1, 0",
+    "s_branch", "s_cbranch_vccz", ".L3:", "other_kernel:", ".L1: v_mov_b32 v0, 0",
+    ".section .debug_info", ".text", "\t.amdgpu_metadata", "\t.end_amdgpu_metadata",
+    "flat_store_dwordx3 v[0:1], v[2:4]", "scratch_store_dwordx4 v0, v[0:3], off",
+    "tbuffer_store_format_xyzw v[0:3], v4, s[8:11], s5 format:[BUF_FMT_32_32_32_32_FLOAT]",
+    "buffer_atomic_cmpswap_x2 v[0:3], v4, s[8:11], 0 offen", "v_movreld_b32 v9, v1",
+    "s_nop 0 ; buffer_store_dwordx4 v[0:3], v1, s[0:3], 0", "junk, buffer_store", "\u00e9_store",
+]
+
+
+def _full(text: str, rule: str) -> ScanReport:
+    from titan_rocm.workarounds.triton_war.amdgcn import parse
+    from titan_rocm.workarounds.triton_war.scan import scan_program
+
+    return scan_program(parse(text), rule=rule)
+
+
+def _same(quick: ScanReport, full: ScanReport) -> None:
+    assert quick.hazards == full.hazards
+    assert quick.stores_checked == full.stores_checked
+    assert quick.info == full.info
+    assert quick.kernels == full.kernels
+    assert quick.has_code == full.has_code
+    assert (quick.arch, quick.arch_status, quick.notes) == (full.arch, full.arch_status,
+                                                            full.notes)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(_MORE_LINES), max_size=40), st.sampled_from(CLI_RULES))
+def test_shortcut_matches_full_parse(lines: list[str], rule: str) -> None:
+    text = "\n".join(lines)
+    _same(scan_text(text, rule=rule), _full(text, rule))
+
+
+def test_shortcut_matches_full_parse_on_corpus() -> None:
+    for f in sorted(CORPUS.glob("*.amdgcn")):
+        text = f.read_text()
+        for rule in CLI_RULES:
+            _same(scan_text(text, rule=rule), _full(text, rule))
+
+
+def test_shortcut_is_taken_for_clean_triton_output() -> None:
+    from titan_rocm.workarounds.triton_war.amdgcn import TextView
+
+    view = TextView(_swiglu())
+    assert view.simple
+    result = RULES["precise"].quick_check(view, "gfx942")
+    assert result is not None and result.stores_checked == 2
+    hazardous = _swiglu().replace(
+        "buffer_store_dwordx4 v[0:3], v36, s[8:11], 0 offen",
+        "buffer_store_dwordx4 v[0:3], v36, s[8:11], 0 offen\n\tv_mov_b32 v1, 0",
+    )
+    assert RULES["precise"].quick_check(TextView(hazardous), "gfx942") is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(), st.text(alphabet=list("va[]:0123 \n\t;.,_/sbufer_toglbmicxn"))))
+def test_shortcut_matches_full_parse_on_any_text(text: str) -> None:
+    _same(scan_text(text), _full(text, "precise"))

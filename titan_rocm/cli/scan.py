@@ -76,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
                 continue
             reports.append(scan_text(data, arch=args.arch, rule=args.rule, file=str(f)))
 
-    with_code = [r for r in reports if r.instructions]
+    with_code = [r for r in reports if r.has_code]
     for r in reports:
-        if not r.instructions:
+        if not r.has_code:
             _err(f"{r.file}: no AMDGCN instructions (empty, truncated or not assembly): skipped")
     hazards = [h for r in with_code for h in r.hazards]
 

@@ -14,9 +14,10 @@ instructions whose registers are simply not understood.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-__all__ = ["Reg", "Instruction", "Block", "Program", "parse", "parse_register"]
+__all__ = ["Reg", "Instruction", "Block", "Program", "TextView", "parse", "parse_register"]
 
 
 @dataclass(frozen=True)
@@ -157,9 +158,11 @@ def _split_operands(args: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 class Instruction:
     """One machine instruction of the text."""
 
-    __slots__ = ("mnemonic", "args", "line", "index", "_ops", "_regs")
+    __slots__ = ("mnemonic", "args", "line", "index", "block", "pos", "_ops", "_regs")
 
-    def __init__(self, mnemonic: str, args: str, line: int, index: int) -> None:
+    def __init__(
+        self, mnemonic: str, args: str, line: int, index: int, block: int = 0, pos: int = 0
+    ) -> None:
         self.mnemonic = mnemonic
         """Lower-case mnemonic, e.g. ``buffer_store_dwordx4``."""
         self.args = args
@@ -168,6 +171,10 @@ class Instruction:
         """1-based line number in the text."""
         self.index = index
         """Position among the program's instructions."""
+        self.block = block
+        """Index of its basic block."""
+        self.pos = pos
+        """Position within its basic block."""
         self._ops: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._regs: dict[int, tuple[Reg, ...]] | None = None
 
@@ -295,10 +302,9 @@ class Program:
     """Function labels in order of appearance."""
     target: str | None
     """The ``.amdgcn_target`` string, if present."""
-    block_of: list[int]
-    """Instruction index -> block index."""
-    pos_in_block: list[int]
-    """Instruction index -> position within its block."""
+    memory_writes: list[Instruction] = field(default_factory=list)
+    """Instructions whose mnemonic names a store or an atomic, in order (what store
+    rules examine, without walking every instruction)."""
 
     @property
     def arch(self) -> str | None:
@@ -307,7 +313,7 @@ class Program:
 
     def kernel_of(self, ins: Instruction) -> str | None:
         """The function label the instruction belongs to."""
-        return self.blocks[self.block_of[ins.index]].kernel
+        return self.blocks[ins.block].kernel
 
 
 _GFX_RE = re.compile(r"gfx[0-9a-z]+", re.IGNORECASE)
@@ -321,12 +327,11 @@ def arch_from_target(target: str | None) -> str | None:
     return found[-1].lower() if found else None
 
 
-# One label or instruction at a line start (the match begins at the newline before it);
-# directive, comment and junk lines do not match.
-_LINE_RE = re.compile(
-    r"\n[ \t]*(?:(?P<label>[^\s:;#\"',\[\]]+):(?P<after>[^\n]*)"
-    r"|(?P<mn>[A-Za-z][A-Za-z0-9_]*)(?=[ \t;\r\n]|$)(?P<args>[^;\n]*))"
-)
+# The first token of a line that is not a directive (``.loc 1 2``; a ``.L0:`` label is kept),
+# whether a colon follows it (a label), and the rest of the line. The match begins at the
+# newline before the line.
+_LINE_RE = re.compile(r"\n[ \t]*(?!\.[\w.$]*[ \t\r\n])([^\s;:,\"'#\[\]/]+)(:?)([^\n]*)")
+_MNEMONIC_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]*$")
 _TARGET_RE = re.compile(r"\n[ \t]*\.amdgcn_target[ \t]+\"?([^\"\n]*)")
 # Directives that switch sections: only code sections are parsed (debug sections are
 # half of a Triton .amdgcn file, and YAML metadata lines look like labels).
@@ -400,67 +405,182 @@ def parse(text: str | bytes) -> Program:
     blocks: list[Block] = [Block(index=0, line=1)]
     labels: dict[str, int] = {}
     kernels: list[str] = []
-    block_of: list[int] = []
-    pos_in_block: list[int] = []
+    memory_writes: list[Instruction] = []
     kernel: str | None = None
     cur = blocks[0]
+    cur_instrs = cur.instructions
     close_block = False  # the previous instruction was a branch or a path end
     line, pos = 0, 0
     count = text.count
-    pending: list[tuple[str, str]] = []
+    is_mnemonic = _MNEMONIC_RE.match
     for lo, hi in _code_spans(text):
         for m in _LINE_RE.finditer(text, lo, hi):
             start = m.start() + 1
             line += count("\n", pos, start)
             pos = start
-            name = m.group("label")
-            if name is not None:
-                after = m.group("after").strip()
-                pending = [("label", name)]
-                # ``label: s_nop 0`` or ``a: b:``: more on the label's line.
-                while after and after[0] not in ";/":
-                    more = _LINE_RE.match("\n" + after)
-                    if more is None:
-                        break
-                    if more.group("label") is not None:
-                        pending.append(("label", more.group("label")))
-                        after = more.group("after").strip()
-                    else:
-                        pending.append((more.group("mn"), more.group("args")))
-                        break
-            else:
-                pending = [(m.group("mn"), m.group("args"))]
-            for kind, value in pending:
-                if kind == "label":
-                    if not value.startswith("."):
-                        kernel = value
-                        kernels.append(value)
-                    if cur.instructions or close_block:
-                        cur = Block(index=len(blocks), kernel=kernel, line=line)
-                        blocks.append(cur)
-                        close_block = False
-                    elif not cur.labels:
-                        cur.line = line
-                    cur.kernel = kernel
-                    cur.labels.append(value)
-                    labels.setdefault(value, cur.index)
-                    continue
-                if close_block:
+            tok, colon, rest = m.groups()
+            while colon:  # a label, perhaps followed by more on the same line
+                if not tok.startswith("."):
+                    kernel = tok
+                    kernels.append(tok)
+                if cur_instrs or close_block:
                     cur = Block(index=len(blocks), kernel=kernel, line=line)
+                    cur_instrs = cur.instructions
                     blocks.append(cur)
                     close_block = False
-                mnemonic = kind.lower()
-                args = value
-                if "//" in args:
-                    args = args[: args.index("//")]
-                ins = Instruction(mnemonic, args.strip(), line, len(instructions))
-                if not cur.instructions and not cur.labels:
+                elif not cur.labels:
                     cur.line = line
-                instructions.append(ins)
-                block_of.append(cur.index)
-                pos_in_block.append(len(cur.instructions))
-                cur.instructions.append(ins)
-                if mnemonic[:2] == "s_" and _ends_block(mnemonic):
+                cur.kernel = kernel
+                cur.labels.append(tok)
+                labels.setdefault(tok, cur.index)
+                more = _LINE_RE.match("\n" + rest) if rest.strip() else None
+                if more is None:
+                    tok = ""
+                    break
+                tok, colon, rest = more.groups()
+            if not tok or not is_mnemonic(tok):
+                continue  # junk, or YAML-like text: not an instruction
+            if close_block:
+                cur = Block(index=len(blocks), kernel=kernel, line=line)
+                cur_instrs = cur.instructions
+                blocks.append(cur)
+                close_block = False
+            cut = rest.find(";")
+            if cut >= 0:
+                rest = rest[:cut]
+            cut = rest.find("//")
+            if cut >= 0:
+                rest = rest[:cut]
+            mnemonic = tok.lower()
+            ins = Instruction(
+                mnemonic, rest.strip(), line, len(instructions), cur.index, len(cur_instrs)
+            )
+            if not cur_instrs and not cur.labels:
+                cur.line = line
+            instructions.append(ins)
+            cur_instrs.append(ins)
+            if mnemonic[:2] == "s_":
+                if _ends_block(mnemonic):
                     close_block = True
+            elif "store" in mnemonic or "atomic" in mnemonic:
+                memory_writes.append(ins)
     _link(blocks, labels)
-    return Program(instructions, blocks, labels, kernels, target, block_of, pos_in_block)
+    return Program(instructions, blocks, labels, kernels, target, memory_writes)
+
+
+# Every label of a code line (group 1), and whether more than a comment follows it on
+# that line (group 2). The lookahead takes the whole token at once: no backtracking.
+_LABEL_RE = re.compile(r"\n[ \t]*(?=([^\s;:,\"'#\[\]/]+))\1:([ \t]*[^\s;/])?")
+
+
+class TextView:
+    """Reads instructions straight from AMDGCN text, on demand, with the same line rules as
+    :func:`parse` but without building blocks: what a rule that looks a few instructions
+    past a store needs. :attr:`simple` is False for texts it does not follow exactly (a
+    label followed by more on its line, non-ASCII text); use :func:`parse` for those.
+    """
+
+    def __init__(self, text: str | bytes) -> None:
+        if isinstance(text, (bytes, bytearray, memoryview)):
+            text = bytes(text).decode("utf-8", errors="replace")
+        elif not isinstance(text, str):
+            text = str(text)
+        self.text = "\n" + text
+        self.spans = _code_spans(self.text)
+        found = _TARGET_RE.search(self.text)
+        self.target = (found.group(1).strip() or None) if found else None
+        self._labels: dict[str, int] = {}
+        self._functions: list[tuple[int, str]] = []
+        self._simple = self.text.isascii()  # str.lower() keeps offsets only for ASCII
+        if self._simple:
+            self._scan_labels()
+        self._lower: str | None = None
+
+    def _scan_labels(self) -> None:
+        labels, functions = self._labels, self._functions
+        for lo, hi in self.spans:
+            for m in _LABEL_RE.finditer(self.text, lo, hi):
+                name, more = m.groups()
+                if more:
+                    self._simple = False
+                    return
+                labels.setdefault(name, m.start())
+                if not name.startswith("."):
+                    functions.append((m.start(), name))
+
+    @property
+    def simple(self) -> bool:
+        """True when this view reads the text exactly as :func:`parse` does."""
+        return self._simple
+
+    @property
+    def arch(self) -> str | None:
+        """``gfxNNN`` from ``.amdgcn_target``."""
+        return arch_from_target(self.target)
+
+    def lines_containing(self, needles: tuple[str, ...]) -> list[int]:
+        """Sorted offsets (of the newline before) of code lines containing any of the
+        lower-case ``needles``, case-insensitively. Needs :attr:`simple`."""
+        if self._lower is None:
+            self._lower = self.text.lower()
+        low, text = self._lower, self.text
+        found: set[int] = set()
+        for lo, hi in self.spans:
+            for needle in needles:
+                i = low.find(needle, lo, hi)
+                while i >= 0:
+                    found.add(text.rfind("\n", lo, i + 1))
+                    i = low.find(needle, i + 1, hi)
+        return sorted(found)
+
+    def instruction_at(self, offset: int) -> tuple[Instruction | None, int]:
+        """The instruction on the line at ``offset`` (None for a label, directive or junk)
+        and the offset of the next line."""
+        m = _LINE_RE.match(self.text, offset)
+        if m is None:
+            nxt = self.text.find("\n", offset + 1)
+            return None, (len(self.text) if nxt < 0 else nxt)
+        return self._instruction(m), m.end()
+
+    def walk(self, offset: int) -> Iterator[tuple[Instruction, int]]:
+        """Instructions in text order from the line at ``offset`` on, across code spans,
+        with the offset of the line after each."""
+        text = self.text
+        for lo, hi in self.spans:
+            if hi <= offset:
+                continue
+            for m in _LINE_RE.finditer(text, max(lo, offset), hi):
+                ins = self._instruction(m)
+                if ins is not None:
+                    yield ins, m.end()
+
+    @staticmethod
+    def _instruction(m: re.Match[str]) -> Instruction | None:
+        tok, colon, rest = m.groups()
+        if colon or not _MNEMONIC_RE.match(tok):
+            return None
+        cut = rest.find(";")
+        if cut >= 0:
+            rest = rest[:cut]
+        cut = rest.find("//")
+        if cut >= 0:
+            rest = rest[:cut]
+        return Instruction(tok.lower(), rest.strip(), 0, -1)
+
+    def label_offset(self, name: str) -> int | None:
+        """Offset of the first code line defining label ``name``. Needs :attr:`simple`."""
+        return self._labels.get(name)
+
+    def function_labels(self) -> list[tuple[int, str]]:
+        """(offset, name) of every label not starting with ``.`` (a kernel), in order.
+        Needs :attr:`simple`."""
+        return self._functions
+
+    def line_numbers(self, offsets: list[int]) -> list[int]:
+        """1-based line numbers of the lines at ``offsets`` (sorted ascending)."""
+        lines, pos, line = [], 0, 0
+        for off in offsets:
+            line += self.text.count("\n", pos, off + 1)
+            pos = off + 1
+            lines.append(line)
+        return lines

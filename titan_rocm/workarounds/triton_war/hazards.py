@@ -25,7 +25,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from titan_rocm.workarounds.triton_war.amdgcn import Instruction, Program, Reg, parse_register
+from titan_rocm.workarounds.triton_war.amdgcn import (
+    Instruction,
+    Program,
+    Reg,
+    TextView,
+    parse_register,
+)
 
 __all__ = [
     "StoreSite",
@@ -117,6 +123,8 @@ class RuleResult:
     info: list[StoreSite] = field(default_factory=list)
     """Global/flat/scratch stores of more than 64 bits: listed for information, since
     recompiling without buffer ops cannot remove them."""
+    info_offsets: list[int] = field(default_factory=list)
+    """From :meth:`StoreDataRule.quick_check` only: text offsets of the ``info`` stores."""
 
 
 class Rule:
@@ -209,16 +217,18 @@ class StoreDataRule(Rule):
         self.writes = writes
         self.retires = retires
 
+    def quick_check(self, view: TextView, arch: str | None = None) -> RuleResult | None:
+        """The same result as :meth:`check` without a full parse, when the text is clean
+        and simple; None otherwise (then parse and :meth:`check`)."""
+        return _quick_check(self, view, arch)
+
     def required(self, site: StoreSite) -> int | None:
         """Wait states this rule requires after ``site``."""
         return self.sgpr_window if site.sgpr_soffset else self.literal_window
 
     def check(self, program: Program, arch: str | None = None) -> RuleResult:
         result = RuleResult()
-        for ins in program.instructions:
-            m = ins.mnemonic
-            if not (m.startswith(_BUFFER_STORE_PREFIXES) or m.startswith(_ADDR_FIRST_PREFIXES)):
-                continue
+        for ins in program.memory_writes:
             site = store_site(ins)
             if site is None or site.data_dwords <= 2:
                 continue
@@ -237,11 +247,11 @@ class StoreDataRule(Rule):
         store = site.instruction
         data = site.data
         blocks = program.blocks
-        start_block = program.block_of[store.index]
+        start_block = store.block
         best: Finding | None = None
         # Depth-first over (block, position, wait states so far, block path).
         stack: list[tuple[int, int, int, tuple[int, ...]]] = [
-            (start_block, program.pos_in_block[store.index] + 1, 0, (start_block,))
+            (start_block, store.pos + 1, 0, (start_block,))
         ]
         seen: set[tuple[int, int, int]] = set()
         while stack:
@@ -272,6 +282,73 @@ class StoreDataRule(Rule):
             for s in blocks[b].successors:
                 stack.append((s, 0, ws, path + (s,)))
         return best
+
+
+# Every mnemonic store_site() accepts contains one of these.
+_MEMORY_WRITE_NEEDLES = ("_store", "_atomic")
+
+
+def _quick_check(
+    rule: StoreDataRule, view: TextView, arch: str | None
+) -> RuleResult | None:
+    """Prove ``view`` free of hazards without parsing all of it, or return None.
+
+    Reads only the lines after each wide store (and at branch targets) that the window
+    reaches; the result equals :meth:`StoreDataRule.check` on the parsed text whenever it
+    is not None. None means "maybe hazardous, or a text this shortcut does not follow":
+    the caller parses fully.
+    """
+    if rule.sgpr_window is None or rule.literal_window is None or not view.simple:
+        return None
+    result = RuleResult()
+    for offset in view.lines_containing(_MEMORY_WRITE_NEEDLES):
+        ins, after = view.instruction_at(offset)
+        site = store_site(ins) if ins is not None else None
+        if site is None or site.data_dwords <= 2:
+            continue
+        if site.kind != "buffer":
+            result.info.append(site)
+            result.info_offsets.append(offset)
+            continue
+        result.stores_checked += 1
+        if not _quick_safe(rule, view, site, after, arch):
+            return None
+    return result
+
+
+def _quick_safe(
+    rule: StoreDataRule, view: TextView, site: StoreSite, start: int, arch: str | None
+) -> bool:
+    """True when no path from ``start`` writes the store's data within the window."""
+    window = rule.required(site)
+    assert window is not None
+    data = site.data
+    stack = [(start, 0)]
+    seen: set[tuple[int, int]] = set()
+    while stack:
+        state = stack.pop()
+        if state in seen:
+            continue
+        seen.add(state)
+        offset, ws = state
+        for ins, _next in view.walk(offset):
+            if ws >= window:
+                break
+            if any(d.overlaps(r) for d in rule.writes(ins) for r in data):
+                return False
+            if rule.retires(ins, arch):
+                break
+            ws += ins.wait_states
+            if ins.ends_path:
+                break
+            m = ins.mnemonic
+            if m == "s_branch" or m.startswith("s_cbranch_"):
+                found = view.label_offset(ins.branch_target or "")
+                if found is not None and ws < window:
+                    stack.append((found, ws))
+                if m == "s_branch":
+                    break
+    return True
 
 
 PRECISE = StoreDataRule(

@@ -11,6 +11,7 @@ imports neither torch nor triton.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 from collections.abc import Iterator
@@ -18,10 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from titan_rocm.archs import ARCHS, normalize_arch
-from titan_rocm.workarounds.triton_war.amdgcn import Program, parse
-from titan_rocm.workarounds.triton_war.hazards import Finding, StoreSite, get_rule
+from titan_rocm.workarounds.triton_war.amdgcn import Program, TextView, parse
+from titan_rocm.workarounds.triton_war.hazards import Finding, StoreDataRule, StoreSite, get_rule
 
-__all__ = ["Hazard", "StoreInfo", "ScanReport", "scan_text", "scan_path", "find_amdgcn_files"]
+__all__ = [
+    "Hazard",
+    "StoreInfo",
+    "ScanReport",
+    "scan_text",
+    "scan_program",
+    "scan_path",
+    "find_amdgcn_files",
+]
 
 log = logging.getLogger("titan_rocm")
 
@@ -93,8 +102,8 @@ class ScanReport:
     info: list[StoreInfo] = field(default_factory=list)
     file: str | None = None
     kernels: list[str] = field(default_factory=list)
-    instructions: int = 0
-    """Instructions parsed; 0 means the input held no AMDGCN."""
+    has_code: bool = False
+    """The input held AMDGCN instructions (False: empty, junk, not assembly)."""
     arch_status: str = UNKNOWN
     """``affected`` (the arch has the hazard), ``not-affected`` (it does not: no hazard is
     reported), ``unknown`` (arch missing or unknown to titan-rocm: scanned as if affected)."""
@@ -147,7 +156,7 @@ def scan_program(
         info=[_info(program, s, file) for s in result.info],
         file=file,
         kernels=list(dict.fromkeys(program.kernels)),
-        instructions=len(program.instructions),
+        has_code=bool(program.instructions),
         arch_status=status,
     )
     if note:
@@ -203,7 +212,51 @@ def scan_text(
     ``notes``; an arch without the hazard (``archs.ArchFacts.vmem_store_data_hazard``)
     reports no hazards.
     """
+    the_rule = get_rule(rule)
+    if isinstance(the_rule, StoreDataRule):
+        # Most kernels are clean: prove it from the few lines after each store, and parse
+        # the whole text only for a possible hazard (to report it with kernel and path).
+        view = TextView(text)
+        arch_name = normalize_arch(arch) if arch else view.arch
+        quick = the_rule.quick_check(view, arch_name)
+        if quick is not None:
+            return _quick_report(view, quick, arch_name, the_rule.name, file)
+        return scan_program(parse(view.text[1:]), arch=arch, rule=rule, file=file)
     return scan_program(parse(text), arch=arch, rule=rule, file=file)
+
+
+def _quick_report(
+    view: TextView, result, arch: str | None, rule: str, file: str | None
+) -> ScanReport:
+    status, note = _arch_status(arch)
+    functions = view.function_labels()
+    info = []
+    if result.info:
+        lines = view.line_numbers(result.info_offsets)
+        starts = [off for off, _ in functions]
+        for site, offset, line in zip(result.info, result.info_offsets, lines, strict=True):
+            k = bisect.bisect_left(starts, offset) - 1
+            kernel = functions[k][1] if k >= 0 else None
+            info.append(StoreInfo(kernel, line, site.instruction.text, site.kind, file))
+    has_code = bool(result.stores_checked or info)
+    if not has_code:
+        has_code = next(view.walk(0), None) is not None
+    report = ScanReport(
+        arch=arch,
+        rule=rule,
+        hazards=[],
+        stores_checked=result.stores_checked,
+        info=info,
+        file=file,
+        kernels=list(dict.fromkeys(name for _, name in functions)),
+        has_code=has_code,
+        arch_status=status,
+    )
+    if note:
+        report.notes.append(note)
+    if not has_code:
+        report.notes.append("no AMDGCN instructions found")
+    return report
 
 
 def find_amdgcn_files(path: str | os.PathLike[str]) -> Iterator[Path]:
