@@ -37,6 +37,7 @@ def gaps(report: ScanReport) -> list[tuple[int, int]]:
 
 def test_literal_soffset_needs_two_wait_states() -> None:
     assert gaps(scan(LIT, "v_mov_b32 v1, 0")) == [(0, 2)]
+    assert scan(LIT, "v_mov_b32 v1, 0").hazards[0].path == "straight line"
     assert gaps(scan(LIT, "s_mov_b32 s0, 0", "v_mov_b32 v1, 0")) == [(1, 2)]
     assert gaps(scan(LIT, "s_mov_b32 s0, 0", "s_mov_b32 s1, 0", "v_mov_b32 v1, 0")) == []
 
@@ -184,13 +185,13 @@ def test_waits_that_retire_the_store(wait: str, retires: bool) -> None:
 def test_branch_target_is_followed() -> None:
     report = scan(LIT, "s_cbranch_scc1 .LBB0_2", "s_nop 7", ".LBB0_2:", "v_mov_b32 v0, 0")
     assert gaps(report) == [(1, 2)]
-    assert report.hazards[0].path == "k -> .LBB0_2"
+    assert report.hazards[0].path == "s_cbranch_scc1 to .LBB0_2"
 
 
 def test_fallthrough_of_conditional_branch_is_followed() -> None:
     report = scan(LIT, "s_cbranch_execz .LBB0_9", "v_mov_b32 v2, 0", ".LBB0_9:", "s_nop 7")
     assert gaps(report) == [(1, 2)]
-    assert report.hazards[0].path == "k -> line 6"
+    assert report.hazards[0].path == "s_cbranch_execz not taken"
 
 
 def test_unconditional_branch_skips_fallthrough() -> None:
@@ -203,7 +204,9 @@ def test_unconditional_branch_skips_fallthrough() -> None:
 
 def test_loop_back_edge() -> None:
     body = [".LBB0_1:", "v_mov_b32 v0, 1.0", "s_nop 7", LIT, "s_add_u32 s8, s8, 1"]
-    assert gaps(scan(*body[:-1], "s_cbranch_scc1 .LBB0_1")) == [(1, 2)]
+    back_edge = scan(*body[:-1], "s_cbranch_scc1 .LBB0_1")
+    assert gaps(back_edge) == [(1, 2)]
+    assert back_edge.hazards[0].path == "s_cbranch_scc1 to .LBB0_1"
     assert scan(*body, "s_cbranch_scc1 .LBB0_1").hazards == []  # s_add + branch: 2
 
 

@@ -59,7 +59,8 @@ class Hazard:
     required: int
     """Wait states the rule requires (-1: the naive rule, unbounded)."""
     path: tuple[int, ...] | str
-    """Blocks from the store to the writer, e.g. ``".LBB0_3 -> .LBB0_1"``."""
+    """How control gets from the store to the writer: ``"straight line"``, or the branches
+    taken/not taken, e.g. ``"s_cbranch_scc1 to .LBB0_1"`` (a loop back-edge)."""
     file: str | None = None
 
     def to_dict(self) -> dict[str, object]:
@@ -137,7 +138,19 @@ def _arch_status(arch: str | None) -> tuple[str, str | None]:
 
 
 def _path_text(program: Program, path: tuple[int, ...]) -> str:
-    return " -> ".join(program.blocks[b].name for b in path)
+    """The branches a block path takes: ``straight line``, ``s_cbranch_scc1 to .LBB0_2``,
+    ``s_cbranch_execz not taken, s_branch to .LBB0_5``..."""
+    steps = []
+    for a, b in zip(path, path[1:], strict=False):
+        instrs = program.blocks[a].instructions
+        last = instrs[-1] if instrs else None
+        if last is None or last.branch_target is None and not last.mnemonic.startswith("s_cb"):
+            continue  # plain fallthrough
+        if program.labels.get(last.branch_target or "") == b:
+            steps.append(f"{last.mnemonic} to {last.branch_target}")
+        else:
+            steps.append(f"{last.mnemonic} not taken")
+    return ", ".join(steps) if steps else "straight line"
 
 
 def scan_program(
