@@ -43,7 +43,7 @@ def cache(tmp_path: Path) -> Path:
 def test_clean_corpus_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["scan", str(CORPUS)]) == 0
     out = capsys.readouterr().out
-    assert "scanned 40 file(s), 28 buffer store(s)" in out
+    assert "scanned 44 file(s), 34 buffer store(s)" in out
     assert "0 hazardous store(s)" in out
 
 

@@ -152,6 +152,15 @@ def rmsnorm_fwd(x_ptr, w_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def scale_rows(x_ptr, y_ptr, n_rows, stride, BLOCK: tl.constexpr):
+    """Row loop with a runtime stride: the store sits in a loop the compiler may unroll."""
+    cols = tl.arange(0, BLOCK)
+    for i in range(0, n_rows):
+        x = tl.load(x_ptr + i * stride + cols).to(tl.float32)
+        tl.store(y_ptr + i * stride + cols, (x * 2.0).to(tl.bfloat16))
+
+
+@triton.jit
 def matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_bk, stride_cm,
            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """C = A @ B in bf16 with an fp32 accumulator (row-major, unit inner strides)."""
@@ -211,6 +220,15 @@ SPECS: tuple[Spec, ...] = (
     _rowwise("layernorm_fwd", layernorm_fwd, 4, 2048, fp32=("mean_ptr", "rstd_ptr")),
     _rowwise("layernorm_bwd_dx", layernorm_bwd_dx, 4, 2048, fp32=("mean_ptr", "rstd_ptr")),
     _rowwise("rmsnorm_fwd", rmsnorm_fwd, 8, 4096),
+    Spec(
+        "scale_rows",
+        scale_rows,
+        {"x_ptr": "*bf16", "y_ptr": "*bf16", "n_rows": "i32", "stride": "i32",
+         "BLOCK": "constexpr"},
+        {"BLOCK": 2048},
+        4,
+        ("x_ptr", "y_ptr", "n_rows", "stride"),
+    ),
     Spec(
         "matmul",
         matmul,
