@@ -150,10 +150,24 @@ def test_mtbuf_sgpr_soffset() -> None:
 
 
 def test_global_stores_are_information_only() -> None:
-    report = scan("global_store_dwordx4 v[38:39], v[0:3], off", "v_mov_b32 v0, 0",
+    report = scan("global_store_dwordx4 v[38:39], v[0:3], off", "s_nop 1", "v_mov_b32 v0, 0",
                   "v_mov_b32 v38, 0")
-    assert report.hazards == [] and report.stores_checked == 0
-    assert [(i.kind, i.line) for i in report.info] == [("global", 4)]
+    assert report.hazards == [] and report.stores_checked == 0 and not report.hazardous
+    assert [(i.kind, i.line, i.unprotected) for i in report.info] == [("global", 4, False)]
+
+
+def test_unprotected_global_store_is_reported_not_hazardous() -> None:
+    """llvm-project #202333: LLVM dropped the s_nop after a wide global store in a
+    divergent branch. Recompiling cannot fix that, so it is information, with the writer."""
+    report = scan("global_store_dwordx4 v26, v[34:37], s[20:21]", "s_or_b64 exec, exec, s[34:35]",
+                  "v_pk_mul_f32 v[36:37], v[2:3], v[4:5]")
+    assert report.hazards == [] and not report.hazardous  # nothing for the wrapper to do
+    (info,) = report.info
+    assert info.unprotected
+    assert (info.writer, info.wait_states, info.required) == (
+        "v_pk_mul_f32 v[36:37], v[2:3], v[4:5]", 1, 2)
+    assert scan("global_store_dwordx4 v26, v[34:37], s[20:21]", "v_mov_b32 v0, 0",
+                rule="naive").info[0].unprotected is False  # naive checks buffer stores only
     flat = scan("flat_store_dwordx3 v[8:9], v[0:2]", "global_store_dwordx2 v[8:9], v[0:1], off")
     assert [i.kind for i in flat.info] == ["flat"]  # dwordx2 is not wider than 64 bits
 
@@ -315,6 +329,7 @@ def test_buffer_ops_off_turns_each_wide_buffer_store_into_a_global_store() -> No
         if "scale_rows" not in str(off.file):  # its loop is unrolled differently
             assert len(off.info) == on.stores_checked, off.file
         assert bool(off.info) == bool(on.stores_checked), off.file
+        assert not any(i.unprotected for i in off.info), off.file  # LLVM kept 2 wait states
 
 
 def _swiglu() -> str:

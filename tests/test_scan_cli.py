@@ -77,6 +77,22 @@ def test_json_clean_is_an_empty_list(capsys: pytest.CaptureFixture[str]) -> None
     assert json.loads(capsys.readouterr().out) == []
 
 
+def test_unprotected_global_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = (CORPUS / "swiglu_bwd-gfx942-nobuf.amdgcn").read_text()
+    store = next(line.strip() for line in text.splitlines() if "global_store_dwordx4" in line)
+    data = store.split(",")[1].strip()  # global stores: address first, data second
+    first = data.replace("[", "").split(":")[0]  # v[4:7] -> v4
+    f = tmp_path / "k.amdgcn"
+    f.write_text(text.replace(store, f"{store}\n\tv_mov_b32 {first}, 0", 1))
+    assert main(["scan", str(f)]) == 1
+    out = capsys.readouterr().out
+    assert "a global store: recompiling with buffer ops off cannot fix it" in out
+    assert "0 hazardous store(s)" in out and "1 of them overwritten too soon" in out
+    assert main(["scan", str(f), "--json"]) == 1
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert (entry["kind"], entry["recompile_fixes"], entry["wait_states"]) == ("global", False, 0)
+
+
 def test_rule_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = tmp_path / "k.amdgcn"
     f.write_text(hazardous_text(between="\n\ts_nop 0"))  # 1 wait state, SGPR soffset

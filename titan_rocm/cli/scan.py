@@ -16,7 +16,7 @@ from titan_rocm.workarounds.triton_war.hazards import CLI_RULES
 from titan_rocm.workarounds.triton_war.scan import ScanReport, find_amdgcn_files, scan_text
 
 HELP = (
-    "audit AMDGCN files (Triton caches keep <kernel>.amdgcn) for buffer stores whose data "
+    "audit AMDGCN files (Triton caches keep <kernel>.amdgcn) for wide stores whose data "
     "registers a VALU instruction overwrites too soon; exit 0 clean, 1 hazards, 2 bad input"
 )
 
@@ -81,9 +81,13 @@ def run(args: argparse.Namespace) -> int:
         if not r.has_code:
             _err(f"{r.file}: no AMDGCN instructions (empty, truncated or not assembly): skipped")
     hazards = [h for r in with_code for h in r.hazards]
+    # Wide global/flat stores whose data the VALU overwrites too soon: a compiler bug that
+    # recompiling with buffer ops off cannot fix, but a hazard all the same.
+    unprotected = [i for r in with_code for i in r.info if i.unprotected]
 
     if args.json:
-        print(json.dumps([h.to_dict() for h in hazards], indent=2))
+        print(json.dumps([h.to_dict() for h in hazards]
+                         + [i.to_dict() for i in unprotected], indent=2))
     else:
         for h in hazards:
             print(
@@ -91,20 +95,27 @@ def run(args: argparse.Namespace) -> int:
                 f"`{h.writer}` (line {h.writer_line}) after {h.wait_states} wait state(s), "
                 f"needs {h.required}; path {h.path}"
             )
+        for i in unprotected:
+            print(
+                f"{i.file}:{i.line}: {i.kernel or '?'}: `{i.store}` data overwritten by "
+                f"`{i.writer}` (line {i.writer_line}) after {i.wait_states} wait state(s), "
+                f"needs {i.required}; a {i.kind} store: recompiling with buffer ops off "
+                "cannot fix it (a compiler bug)"
+            )
         if with_code:
-            _summary(with_code, hazards, args.rule)
+            _summary(with_code, hazards, unprotected, args.rule)
     for note in sorted({n for r in with_code for n in r.notes}):
         _err(f"note: {note}")
 
     if not with_code:
         _err("no AMDGCN found in the given paths")
         return 2
-    if hazards:
+    if hazards or unprotected:
         return 1
     return 2 if bad_input else 0
 
 
-def _summary(reports: list[ScanReport], hazards: list, rule: str) -> None:
+def _summary(reports: list[ScanReport], hazards: list, unprotected: list, rule: str) -> None:
     stores = sum(r.stores_checked for r in reports)
     kernels = {(h.file, h.kernel) for h in hazards}
     info = sum(len(r.info) for r in reports)
@@ -113,5 +124,7 @@ def _summary(reports: list[ScanReport], hazards: list, rule: str) -> None:
         f"rule {rule}: {len(hazards)} hazardous store(s) in {len(kernels)} kernel(s)"
     )
     if info:
-        line += f"; {info} global/flat store(s) wider than 64 bits (information only)"
+        line += f"; {info} global/flat store(s) wider than 64 bits"
+        if unprotected:
+            line += f", {len(unprotected)} of them overwritten too soon (not fixable here)"
     print(line)

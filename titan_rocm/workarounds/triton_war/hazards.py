@@ -123,6 +123,9 @@ class RuleResult:
     info: list[StoreSite] = field(default_factory=list)
     """Global/flat/scratch stores of more than 64 bits: listed for information, since
     recompiling without buffer ops cannot remove them."""
+    info_findings: list[Finding | None] = field(default_factory=list)
+    """For each ``info`` store: a VALU write of its data within the rule's flat window
+    (2 wait states), or None."""
     info_offsets: list[int] = field(default_factory=list)
     """From :meth:`StoreDataRule.quick_check` only: text offsets of the ``info`` stores."""
 
@@ -207,6 +210,7 @@ class StoreDataRule(Rule):
         literal_window: int | None,
         writes: Callable[[Instruction], tuple[Reg, ...]],
         retires: Callable[[Instruction, str | None], bool],
+        flat_window: int | None = 2,
     ) -> None:
         self.name = name
         self.description = description
@@ -214,6 +218,10 @@ class StoreDataRule(Rule):
         """Wait states required with an SGPR soffset (None: until a retiring wait)."""
         self.literal_window = literal_window
         """Wait states required with a literal or absent soffset (None: unbounded)."""
+        self.flat_window = flat_window
+        """Wait states checked after wide global/flat/scratch stores (information only:
+        LLVM protects them with 2 on gfx940, and recompiling cannot change them; None:
+        not checked)."""
         self.writes = writes
         self.retires = retires
 
@@ -224,6 +232,8 @@ class StoreDataRule(Rule):
 
     def required(self, site: StoreSite) -> int | None:
         """Wait states this rule requires after ``site``."""
+        if site.kind != "buffer":
+            return self.flat_window
         return self.sgpr_window if site.sgpr_soffset else self.literal_window
 
     def check(self, program: Program, arch: str | None = None) -> RuleResult:
@@ -234,6 +244,8 @@ class StoreDataRule(Rule):
                 continue
             if site.kind != "buffer":
                 result.info.append(site)
+                found = self._walk(program, site, arch) if self.flat_window else None
+                result.info_findings.append(found)
                 continue
             result.stores_checked += 1
             finding = self._walk(program, site, arch)
@@ -307,8 +319,11 @@ def _quick_check(
         if site is None or site.data_dwords <= 2:
             continue
         if site.kind != "buffer":
+            if rule.flat_window and not _quick_safe(rule, view, site, after, arch):
+                return None
             result.info.append(site)
             result.info_offsets.append(offset)
+            result.info_findings.append(None)
             continue
         result.stores_checked += 1
         if not _quick_safe(rule, view, site, after, arch):
@@ -377,6 +392,7 @@ NAIVE = StoreDataRule(
     literal_window=None,
     writes=Instruction.vector_defs,
     retires=_any_vmem_wait,
+    flat_window=None,
 )
 
 RULES: dict[str, Rule] = {r.name: r for r in (PRECISE, CONSERVATIVE, NAIVE)}

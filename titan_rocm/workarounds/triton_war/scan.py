@@ -69,6 +69,8 @@ class Hazard:
             "file": self.file,
             "line": self.line,
             "kernel": self.kernel,
+            "kind": "buffer",
+            "recompile_fixes": True,
             "store": self.store,
             "writer": self.writer,
             "writer_line": self.writer_line,
@@ -81,13 +83,45 @@ class Hazard:
 @dataclass(frozen=True)
 class StoreInfo:
     """A global/flat/scratch store of more than 64 bits: informational only, since
-    recompiling with buffer ops off cannot remove it."""
+    recompiling with buffer ops off cannot remove it (it is what that produces).
+
+    These stores have the same hazard (LLVM protects them with 2 wait states on gfx940,
+    and LLVM regressions have dropped that protection: llvm-project #202333). When a VALU
+    instruction writes the data within 2 wait states, ``writer`` and ``wait_states`` say
+    so: a real hazard that only a compiler fix removes.
+    """
 
     kernel: str | None
     line: int
     store: str
     kind: str
+    """``global``, ``flat`` or ``scratch``."""
     file: str | None = None
+    writer: str | None = None
+    writer_line: int | None = None
+    wait_states: int | None = None
+    required: int | None = None
+
+    @property
+    def unprotected(self) -> bool:
+        """A VALU instruction overwrites the data within the window."""
+        return self.writer is not None
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-able form (``titan-rocm scan --json`` lists unprotected ones)."""
+        return {
+            "file": self.file,
+            "line": self.line,
+            "kernel": self.kernel,
+            "kind": self.kind,
+            "recompile_fixes": False,
+            "store": self.store,
+            "writer": self.writer,
+            "writer_line": self.writer_line,
+            "wait_states": self.wait_states,
+            "required": self.required,
+            "path": None,
+        }
 
 
 @dataclass
@@ -166,7 +200,10 @@ def scan_program(
         rule=the_rule.name,
         hazards=[],
         stores_checked=result.stores_checked,
-        info=[_info(program, s, file) for s in result.info],
+        info=[
+            _info(program, s, f, file)
+            for s, f in zip(result.info, result.info_findings, strict=True)
+        ],
         file=file,
         kernels=list(dict.fromkeys(program.kernels)),
         has_code=bool(program.instructions),
@@ -200,9 +237,15 @@ def _hazard(program: Program, f: Finding, file: str | None) -> Hazard:
     )
 
 
-def _info(program: Program, site: StoreSite, file: str | None) -> StoreInfo:
+def _info(program: Program, site: StoreSite, f: Finding | None, file: str | None) -> StoreInfo:
     ins = site.instruction
-    return StoreInfo(program.kernel_of(ins), ins.line, ins.text, site.kind, file)
+    if f is None:
+        return StoreInfo(program.kernel_of(ins), ins.line, ins.text, site.kind, file)
+    return StoreInfo(
+        program.kernel_of(ins), ins.line, ins.text, site.kind, file,
+        writer=f.writer.text, writer_line=f.writer.line, wait_states=f.wait_states,
+        required=f.required,
+    )
 
 
 def scan_text(
