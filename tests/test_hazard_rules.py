@@ -106,6 +106,8 @@ def test_other_stores_and_loads_count_as_wait_states() -> None:
         ("v_accvgpr_write_b32 a1, v9", False),  # AGPR a1 is not VGPR v1
         ("v_movreld_b32 v40, v9", True),  # M0-relative: any VGPR
         ("v_nop", False),
+        ("v_dual_mov_b32 v9, v1 :: v_dual_add_f32 v2, v3, v4", True),  # VOPD: both halves
+        ("v_dual_mov_b32 v9, v1 :: v_dual_add_f32 v8, v3, v4", False),
         ("buffer_load_dwordx4 v[0:3], v36, s[4:7], 0 offen", False),  # a load, not VALU
         ("global_load_dword v1, v[8:9], off", False),
         ("ds_read_b32 v2, v10", False),

@@ -245,6 +245,11 @@ class Instruction:
         defs = self.regs(0)
         if "swap" in m:
             defs = defs + self.regs(1)
+        if m.startswith("v_dual_") and "::" in self.args:
+            # VOPD (gfx11+): ``v_dual_mov_b32 v0, v1 :: v_dual_add_f32 v2, v3, v4``.
+            second = self.args.split("::", 1)[1].split(None, 1)
+            if len(second) == 2:
+                defs = defs + parse_register(second[1].split(",", 1)[0])
         return tuple(r for r in defs if r.is_vector)
 
     def vector_defs(self) -> tuple[Reg, ...]:
