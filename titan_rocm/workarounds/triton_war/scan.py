@@ -12,7 +12,6 @@ imports neither torch nor triton.
 from __future__ import annotations
 
 import bisect
-import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,7 +19,13 @@ from pathlib import Path
 
 from titan_rocm.archs import ARCHS, normalize_arch
 from titan_rocm.workarounds.triton_war.amdgcn import Program, TextView, parse
-from titan_rocm.workarounds.triton_war.hazards import Finding, StoreDataRule, StoreSite, get_rule
+from titan_rocm.workarounds.triton_war.hazards import (
+    Finding,
+    RuleResult,
+    StoreDataRule,
+    StoreSite,
+    get_rule,
+)
 
 __all__ = [
     "Hazard",
@@ -31,8 +36,6 @@ __all__ = [
     "scan_path",
     "find_amdgcn_files",
 ]
-
-log = logging.getLogger("titan_rocm")
 
 # Arch verdicts in ScanReport.arch_status.
 AFFECTED = "affected"
@@ -282,7 +285,7 @@ def scan_text(
 
 
 def _quick_report(
-    view: TextView, result, arch: str | None, rule: str, file: str | None
+    view: TextView, result: RuleResult, arch: str | None, rule: str, file: str | None
 ) -> ScanReport:
     status, note = _arch_status(arch)
     functions = view.function_labels()
