@@ -133,6 +133,8 @@ def test_blocks_and_successors() -> None:
     prog = parse(text)
     succ = [b.successors for b in prog.blocks]
     assert succ == [[1], [1, 2], [4, 3], [5], [], [], []]
+    assert prog.block_of == [0, 1, 1, 2, 3, 4, 5, 6]
+    assert prog.pos_in_block == [0, 0, 1, 0, 0, 0, 0, 0]
     assert [b.name for b in prog.blocks[:2]] == ["k", ".LBB0_1"]
     assert prog.blocks[2].name == "line 6"
 

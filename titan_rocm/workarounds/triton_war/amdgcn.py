@@ -312,6 +312,16 @@ class Program:
     rules examine, without walking every instruction)."""
 
     @property
+    def block_of(self) -> list[int]:
+        """Instruction index -> block index (also ``instructions[i].block``)."""
+        return [ins.block for ins in self.instructions]
+
+    @property
+    def pos_in_block(self) -> list[int]:
+        """Instruction index -> position within its block (also ``instructions[i].pos``)."""
+        return [ins.pos for ins in self.instructions]
+
+    @property
     def arch(self) -> str | None:
         """``gfxNNN`` taken from ``.amdgcn_target`` (e.g. ``amdgcn-amd-amdhsa--gfx942``)."""
         return arch_from_target(self.target)

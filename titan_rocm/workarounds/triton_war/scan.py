@@ -21,6 +21,7 @@ from titan_rocm.archs import ARCHS, normalize_arch
 from titan_rocm.workarounds.triton_war.amdgcn import Program, TextView, parse
 from titan_rocm.workarounds.triton_war.hazards import (
     Finding,
+    Rule,
     RuleResult,
     StoreDataRule,
     StoreSite,
@@ -191,7 +192,11 @@ def _path_text(program: Program, path: tuple[int, ...]) -> str:
 
 
 def scan_program(
-    program: Program, *, arch: str | None = None, rule: str = "precise", file: str | None = None
+    program: Program,
+    *,
+    arch: str | None = None,
+    rule: str | Rule = "precise",
+    file: str | None = None,
 ) -> ScanReport:
     """Scan an already parsed program (see :func:`scan_text`)."""
     the_rule = get_rule(rule)
@@ -255,7 +260,7 @@ def scan_text(
     text: str | bytes,
     *,
     arch: str | None = None,
-    rule: str = "precise",
+    rule: str | Rule = "precise",
     file: str | None = None,
 ) -> ScanReport:
     """Scan AMDGCN assembly ``text`` for hazardous buffer stores.
@@ -263,7 +268,8 @@ def scan_text(
     Args:
         text: the assembly (``kernel.asm["amdgcn"]`` or a cache's ``.amdgcn`` file).
         arch: ``gfx942``... overrides the ``.amdgcn_target`` of the text.
-        rule: ``precise`` (default), ``conservative`` or ``naive`` (see ``hazards``).
+        rule: ``precise`` (default), ``conservative``, ``naive`` (see ``hazards``), or a
+            :class:`~.hazards.Rule` object.
         file: recorded in the report and its hazards.
 
     Never raises on odd text (junk, truncated, empty); raises ValueError for an unknown
@@ -337,7 +343,7 @@ def find_amdgcn_files(path: str | os.PathLike[str]) -> Iterator[Path]:
 
 
 def scan_path(
-    path: str | os.PathLike[str], *, arch: str | None = None, rule: str = "precise"
+    path: str | os.PathLike[str], *, arch: str | None = None, rule: str | Rule = "precise"
 ) -> list[ScanReport]:
     """Scan an ``.amdgcn`` file, or every ``*.amdgcn`` under a directory (recursively).
 
@@ -352,5 +358,5 @@ def scan_path(
     reports = []
     for f in find_amdgcn_files(path):
         data = f.read_bytes()
-        reports.append(scan_text(data, arch=arch, rule=the_rule.name, file=str(f)))
+        reports.append(scan_text(data, arch=arch, rule=the_rule, file=str(f)))
     return reports
