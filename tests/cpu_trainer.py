@@ -1,0 +1,229 @@
+"""TorchTitan 0.2.2's real ``Trainer.train()`` and ``train_step`` on CPU, with a tiny llama3.
+
+``Trainer.__init__`` is CUDA-bound (``torch.device("cuda:N")``, NCCL, a CUDA memory
+monitor), so :class:`CpuTrainer` replaces only ``__init__``: it assembles the same real
+components in the same order (model on meta, model converters, ``MetricsProcessor``, loss
+function from the train spec, optimizers, LR schedulers, the post-optimizer hook,
+``CheckpointManager``) on CPU with a gloo process group. Everything after that is
+TorchTitan's own code: ``train()``, ``train_step()``, ``forward_backward_step()``,
+``clip_grad_norm_``, ``MetricsProcessor.log``, ``CheckpointManager.save`` and ``main()``.
+
+CPU stand-ins (nothing else is replaced): a memory monitor reporting this process's peak
+RSS (``torch.cuda`` memory stats do not exist on CPU), a synthetic token loader, no AMP,
+model not wrapped for data parallelism, and ``set_pg_timeouts`` (a CUDA barrier) skipped.
+
+Run as a program, it is ``torchtitan.train.main(CpuTrainer)``: the exit code is TorchTitan's::
+
+    python tests/cpu_trainer.py --model.converters rocm.divergence_guard --training.steps 12
+    torchrun --nproc_per_node 2 tests/cpu_trainer.py ...     # two ranks over gloo
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def _reentrant_registration() -> None:
+    """Work around a self-deadlock in ``titan_rocm._registration`` (as of commit bf13ce1).
+
+    ``register_converters`` holds a non-reentrant lock while importing
+    ``titan_rocm.converters``, whose body calls ``register_converters`` again: any process
+    that imports both titan_rocm and TorchTitan hangs. A reentrant lock lets the inner call
+    reach its "module still importing" early return. Harmless once the lead fixes it.
+    """
+    import threading
+
+    import titan_rocm._registration as registration
+
+    registration._lock = threading.RLock()
+
+
+_reentrant_registration()
+
+TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 256}
+
+
+class CpuMemoryMonitor:
+    """Stand-in for TorchTitan's CUDA ``DeviceMemoryMonitor``: peak RSS of this process."""
+
+    device_name = "CPU (titan-rocm test harness)"
+
+    def get_peak_stats(self) -> Any:
+        from torchtitan.components.metrics import DeviceMemStats
+
+        gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KiB -> GiB
+        return DeviceMemStats(gib, 0.0, gib, 0.0, 0, 0)
+
+    def reset_peak_stats(self) -> None:
+        """Peak RSS cannot be reset; nothing to do."""
+
+
+class SyntheticLoader:
+    """Deterministic random tokens: ``(input_dict, labels)`` batches, checkpointable."""
+
+    def __init__(self, batch: int, seq_len: int, vocab: int, batches: int | None, seed: int):
+        self.batch, self.seq_len, self.vocab, self.batches = batch, seq_len, vocab, batches
+        self.seed = seed
+        self.position = 0
+
+    def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+        while self.batches is None or self.position < self.batches:
+            g = torch.Generator().manual_seed(self.seed * 100_003 + self.position)
+            tokens = torch.randint(0, self.vocab, (self.batch, self.seq_len + 1), generator=g)
+            self.position += 1
+            yield {"input": tokens[:, :-1]}, tokens[:, 1:]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.position = state["position"]
+
+
+def cpu_patches() -> None:
+    """Point TorchTitan's CUDA-only helpers at CPU (test harness only)."""
+    import torchtitan.components.metrics as metrics
+    import torchtitan.distributed.parallel_dims as parallel_dims
+    import torchtitan.distributed.utils as dist_utils
+
+    parallel_dims.device_type = "cpu"
+    metrics.build_device_memory_monitor = CpuMemoryMonitor
+    dist_utils.set_pg_timeouts = lambda *args, **kwargs: None
+
+
+def init_process_group() -> None:
+    """gloo group from torchrun's env, or a one-rank group."""
+    if dist.is_initialized():
+        return
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(29_500 + os.getpid() % 10_000))
+    dist.init_process_group("gloo")
+
+
+def _trainer_base() -> type:
+    from torchtitan.train import Trainer
+
+    return Trainer
+
+
+class CpuTrainer(_trainer_base()):  # type: ignore[misc]
+    """A real TorchTitan ``Trainer`` assembled on CPU (see the module docstring)."""
+
+    data_batches: int | None = None
+
+    def __init__(self, job_config: Any) -> None:  # noqa: PLR0915 - mirrors Trainer.__init__
+        from torchtitan.components.checkpoint import CheckpointManager
+        from torchtitan.components.metrics import build_metrics_processor
+        from torchtitan.distributed import ParallelDims
+        from torchtitan.distributed import utils as dist_utils
+        from torchtitan.protocols import train_spec as train_spec_module
+        from torchtitan.protocols.model_converter import build_model_converters
+        from torchtitan.tools import utils
+
+        cpu_patches()
+        init_process_group()
+        self.job_config = job_config
+        self.device = torch.device("cpu")
+        world = dist.get_world_size()
+        self.parallel_dims = parallel_dims = ParallelDims(
+            dp_replicate=world, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=world
+        )
+        self.gc_handler = utils.GarbageCollection(gc_freq=job_config.training.gc_freq)
+        torch.manual_seed(job_config.debug.seed or 0)
+        self.train_spec = train_spec_module.get_train_spec(job_config.model.name)
+        self.tokenizer = None
+        seq_len = job_config.training.seq_len
+        self.dataloader = SyntheticLoader(
+            job_config.training.local_batch_size, seq_len, TINY["vocab_size"],
+            self.data_batches, seed=dist.get_rank(),
+        )
+        model_args = replace(self.train_spec.model_args[job_config.model.flavor], **TINY)
+        model_args.update_from_config(job_config)
+        self.model_args = model_args
+        with torch.device("meta"):
+            model = self.train_spec.model_cls(model_args)
+        model_converters = build_model_converters(job_config, parallel_dims)
+        model_converters.convert(model)
+        self.model_converters = model_converters
+        self.metrics_processor = build_metrics_processor(job_config, parallel_dims, model_args)
+        _, self.metrics_processor.num_flops_per_token = model_args.get_nparams_and_flops(
+            model, seq_len
+        )
+        model.to_empty(device="cpu")
+        with torch.no_grad():
+            model.init_weights(buffer_device=None)
+        model.train()
+        self.model_parts = [model]
+        self.loss_fn = self.train_spec.build_loss_fn(job_config, parallel_dims=parallel_dims)
+        self.gradient_accumulation_steps = max(
+            1, job_config.training.global_batch_size // (job_config.training.local_batch_size
+                                                         * world)
+        )
+        self.optimizers = self.train_spec.build_optimizers_fn(
+            self.model_parts, job_config.optimizer, parallel_dims
+        )
+        self.lr_schedulers = self.train_spec.build_lr_schedulers_fn(
+            self.optimizers, job_config.lr_scheduler, job_config.training.steps
+        )
+        self.optimizers.register_step_post_hook(
+            lambda *args, **kwargs: model_converters.post_optimizer_hook(self.model_parts)
+        )
+        self.metrics_processor.optimizers = self.optimizers
+        self.metrics_processor.model_parts = self.model_parts
+        self.step = 0
+        self.ntokens_seen = 0
+        self.checkpointer = CheckpointManager(
+            dataloader=self.dataloader,
+            model_parts=self.model_parts,
+            optimizers=self.optimizers,
+            lr_schedulers=self.lr_schedulers,
+            states={"train_state": self},
+            checkpoint_config=job_config.checkpoint,
+            sd_adapter=None,
+            base_folder=job_config.job.dump_folder,
+        )
+        self.train_context = dist_utils.get_train_context(False)
+        self.maybe_enable_amp = contextlib.nullcontext()
+
+
+BASE_ARGS: list[str] = [
+    "--job.custom_config_module", "titan_rocm.config",
+    "--model.name", "llama3", "--model.flavor", "debugmodel",
+    "--training.local_batch_size", "2", "--training.seq_len", "32",
+    "--metrics.log_freq", "10", "--training.steps", "12",
+    "--lr_scheduler.warmup_steps", "2", "--checkpoint.no-enable",
+]
+
+
+def job_config(args: list[str]) -> Any:
+    """A TorchTitan JobConfig (with titan-rocm's ``[rocm]`` section) from CLI-style args."""
+    from torchtitan.config import ConfigManager
+
+    return ConfigManager().parse_args(BASE_ARGS + list(args))
+
+
+if __name__ == "__main__":
+    from torchtitan.config import ConfigManager
+    from torchtitan.train import main
+
+    import titan_rocm  # noqa: F401 - registers the rocm converters
+
+    # ConfigManager.parse_args binds sys.argv[1:] as its default when torchtitan is first
+    # imported (above), so hand main() a manager that parses the harness defaults too.
+    _parse = ConfigManager.parse_args
+    ConfigManager.parse_args = lambda self, args=None: _parse(  # type: ignore[method-assign]
+        self, BASE_ARGS + sys.argv[1:] if args is None else args
+    )
+    main(CpuTrainer)

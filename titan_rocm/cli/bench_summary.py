@@ -1,0 +1,57 @@
+"""``titan-rocm bench-summary LOG... [--warmup N] [--format ...] [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from titan_rocm.logs.parse import FORMATS, parse_file
+from titan_rocm.logs.summary import DEFAULT_WARMUP, summarize
+
+HELP = (
+    "Throughput summary of one training run for publishing: median/min/max tokens/s, TFLOP/s, "
+    "MFU (or Megatron-LM iteration time) over the steps after warm-up, memory peak, steps "
+    "parsed. A run with a non-finite loss or grad norm, or with nothing parsed, is "
+    "'valid: false' with the reason and gets no throughput figure. Several LOGs are pooled "
+    "as one run (e.g. one file per rank). Exit 0 valid, 1 diverged, 2 nothing to summarize."
+)
+
+
+def _warmup(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid; accepted: an integer >= 0")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``bench-summary``."""
+    parser.add_argument("logs", nargs="+", metavar="LOG", help="log file(s) of one run")
+    parser.add_argument(
+        "--warmup", type=_warmup, default=DEFAULT_WARMUP, metavar="N",
+        help=f"leave steps <= N out of the throughput figures (default {DEFAULT_WARMUP})",
+    )
+    parser.add_argument(
+        "--format", choices=FORMATS, default="auto",
+        help="log format (default: auto, both TorchTitan and Megatron-LM lines)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Summarize the run; print it; return 0 (valid), 1 (diverged) or 2 (nothing parsed)."""
+    logs, errors = [], []
+    for path in args.logs:
+        try:
+            logs.append(parse_file(path, args.format))
+        except OSError as exc:
+            errors.append(f"{path}: {exc.strerror or exc}")
+    summary = summarize(logs, args.warmup, errors)
+    if args.json:
+        print(json.dumps(summary.to_json(), indent=2, allow_nan=False))
+    else:
+        print("\n".join(summary.lines()))
+    return summary.exit_code

@@ -1,0 +1,43 @@
+"""``titan-rocm check-log LOG... [--format auto|torchtitan|megatron] [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from titan_rocm.logs.check import check_file, combined_exit_code
+from titan_rocm.logs.parse import FORMATS
+
+HELP = (
+    "Require every loss and grad norm logged by a TorchTitan or Megatron-LM training log to "
+    "be finite. Exit 0: at least one step parsed and all finite; 1: a non-finite value; "
+    "2: unreadable file or no metric line found (an unparseable log is not a pass)."
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``check-log``."""
+    parser.add_argument("logs", nargs="+", metavar="LOG", help="training log file(s)")
+    parser.add_argument(
+        "--format", choices=FORMATS, default="auto",
+        help="log format (default: auto, both TorchTitan and Megatron-LM lines)",
+    )
+    parser.add_argument(
+        "--json", action="store_true",
+        help="print one JSON object: per file steps parsed, first bad step, values, format",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check every log; print the verdicts; return the exit code."""
+    results = [check_file(path, args.format) for path in args.logs]
+    code = combined_exit_code(results)
+    if args.json:
+        print(json.dumps(
+            {"exit_code": code, "files": [r.to_json() for r in results]},
+            indent=2, allow_nan=False,
+        ))
+    else:
+        for result in results:
+            print("\n".join(result.lines()))
+    return code

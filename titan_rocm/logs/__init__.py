@@ -1,0 +1,8 @@
+"""Training-log reading for ``titan-rocm check-log`` and ``titan-rocm bench-summary``.
+
+Torch-free: CI machines without a GPU (or without torch) can check logs.
+
+- :mod:`titan_rocm.logs.parse`: find TorchTitan and Megatron-LM metric lines in messy logs.
+- :mod:`titan_rocm.logs.check`: is every logged loss and grad norm finite?
+- :mod:`titan_rocm.logs.summary`: the throughput figures a benchmark pipeline may publish.
+"""

@@ -1,0 +1,161 @@
+"""Where the guard listens in TorchTitan 0.2.2, without touching the trainer module.
+
+The loss and the grad norm are locals of ``Trainer.train_step``, and ``python -m
+torchtitan.train`` runs the trainer as ``__main__`` (a second copy of the module), so
+patching ``torchtitan.train`` would not even reach the running trainer. The guard wraps
+library functions and methods the trainer looks up at call time instead:
+
+* ``torchtitan.components.loss.cross_entropy_loss``: ``build_cross_entropy_loss`` reads this
+  module global when the trainer builds its loss function, which happens after model
+  converters run; so the trainer's (and the pipeline schedule's) loss function is the
+  wrapper. Every micro-batch's loss passes through it on the device.
+* ``torchtitan.distributed.utils.clip_grad_norm_``: the trainer calls
+  ``dist_utils.clip_grad_norm_`` every step; the wrapper keeps a reference to the total
+  norm tensor it returns (already reduced over every parallel dimension).
+* ``MetricsProcessor.log`` (class attribute): the log steps, where TorchTitan has just
+  synchronised to print loss and grad norm: the check point.
+* ``MetricsProcessor.close``: the end of training, whatever made the loop stop.
+* ``CheckpointManager.save``: before a checkpoint is written (check first), and
+  ``CheckpointManager.load``: ``Trainer.train`` calls it first; it holds the trainer as
+  ``states["train_state"]``, whose ``step`` numbers the steps (after a resume too).
+
+Every wrapper forwards to the active :class:`~.monitor.Monitor` and is a pass-through when
+none is active. :func:`uninstall` restores the originals.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from titan_rocm.workarounds.divergence_guard.monitor import Monitor
+
+_WRAPPED = "__titan_rocm_divergence_guard__"
+_active: Monitor | None = None
+_originals: list[tuple[Any, str, Any]] = []
+
+
+def active() -> Monitor | None:
+    """The monitor the wrappers report to (None: wrappers pass through)."""
+    return _active
+
+
+def _patch(owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
+    original = getattr(owner, attr)
+    if getattr(original, _WRAPPED, False):
+        return  # already wrapped (a second guard in the same process)
+    wrapper = make(original)
+    setattr(wrapper, _WRAPPED, True)
+    _originals.append((owner, attr, original))
+    setattr(owner, attr, wrapper)
+
+
+@torch.compiler.disable
+def _observe_loss(loss: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    # Kept out of torch.compile (``[compile] components`` with "loss"): a graph break here
+    # keeps the guard's bookkeeping eager and the compiled loss free of step-dependent guards.
+    monitor = _active
+    return loss if monitor is None else monitor.on_loss(loss, labels)
+
+
+def _wrap_loss(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    @functools.wraps(original)
+    def cross_entropy_loss(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return _observe_loss(original(pred, labels), labels)
+
+    return cross_entropy_loss
+
+
+def _wrap_clip(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    @functools.wraps(original)
+    def clip_grad_norm_(*args: Any, **kwargs: Any) -> torch.Tensor:
+        total_norm = original(*args, **kwargs)
+        monitor = _active
+        if monitor is not None and isinstance(total_norm, torch.Tensor):
+            monitor.on_grad_norm(total_norm)
+        return total_norm
+
+    return clip_grad_norm_
+
+
+def _wrap_log(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def log(self: Any, step: int, global_avg_loss: Any, global_max_loss: Any, grad_norm: Any,
+            *args: Any, **kwargs: Any) -> Any:
+        result = original(self, step, global_avg_loss, global_max_loss, grad_norm,
+                          *args, **kwargs)
+        monitor = _active
+        if monitor is not None:
+            monitor.on_log(step, global_avg_loss, grad_norm)
+        return result
+
+    return log
+
+
+def _wrap_close(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def close(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            monitor = _active
+            if monitor is not None:
+                monitor.on_close()
+        finally:
+            result = original(self, *args, **kwargs)
+        return result
+
+    return close
+
+
+def _wrap_save(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def save(self: Any, curr_step: int, last_step: bool = False) -> Any:
+        monitor = _active
+        if monitor is not None:
+            should_save = getattr(self, "_should_save", None)
+            if last_step or (should_save is not None and should_save(curr_step, last_step)):
+                monitor.on_save(curr_step)
+        return original(self, curr_step, last_step)
+
+    return save
+
+
+def _wrap_load(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        monitor = _active
+        if monitor is not None:
+            states = getattr(self, "states", None) or {}
+            monitor.train_state = states.get("train_state", monitor.train_state)
+        return result
+
+    return load
+
+
+def install(monitor: Monitor) -> None:
+    """Make ``monitor`` the active one and wrap TorchTitan's functions (idempotent)."""
+    global _active
+    import torchtitan.components.loss as loss_module
+    import torchtitan.distributed.utils as dist_utils
+    from torchtitan.components.checkpoint import CheckpointManager
+    from torchtitan.components.metrics import MetricsProcessor
+
+    _active = monitor
+    _patch(loss_module, "cross_entropy_loss", _wrap_loss)
+    _patch(dist_utils, "clip_grad_norm_", _wrap_clip)
+    _patch(MetricsProcessor, "log", _wrap_log)
+    _patch(MetricsProcessor, "close", _wrap_close)
+    _patch(CheckpointManager, "save", _wrap_save)
+    _patch(CheckpointManager, "load", _wrap_load)
+
+
+def uninstall() -> None:
+    """Restore every wrapped function and deactivate the monitor (tests)."""
+    global _active
+    _active = None
+    while _originals:
+        owner, attr, original = _originals.pop()
+        setattr(owner, attr, original)

@@ -1,0 +1,231 @@
+"""The guard's per-process state: what it observed, when it checks, and the NaN test hook.
+
+TorchTitan's pieces call in through :mod:`titan_rocm.workarounds.divergence_guard.hooks`:
+
+======================================  ==========================================
+call                                    when (TorchTitan 0.2.2 ``Trainer.train_step``)
+======================================  ==========================================
+:meth:`Monitor.on_loss`                 each micro-batch's loss (device ops only)
+:meth:`Monitor.on_grad_norm`            ``clip_grad_norm_`` result (keeps a reference)
+:meth:`Monitor.on_step_end`             ``post_optimizer_hook`` (device ops only;
+                                        checks here in ``every_step`` mode)
+:meth:`Monitor.on_log`                  ``MetricsProcessor.log``: check point
+:meth:`Monitor.on_save`                 ``CheckpointManager.save`` that will write
+:meth:`Monitor.on_close`                ``MetricsProcessor.close`` after a normal end
+======================================  ==========================================
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from titan_rocm.workarounds.divergence_guard.record import FIELDS, NonFiniteRecord
+from titan_rocm.workarounds.divergence_guard.verdict import (
+    DivergenceError,
+    Verdict,
+    decide,
+    gather_rows,
+    message,
+    short_message,
+)
+
+log = logging.getLogger("titan_rocm")
+
+INJECT_STEP_ENV = "TITAN_ROCM_DEBUG_INJECT_NAN_STEP"
+INJECT_RANK_ENV = "TITAN_ROCM_DEBUG_INJECT_NAN_RANK"
+CHECK_MODES: tuple[str, ...] = ("log_steps", "every_step")
+
+
+@dataclass(frozen=True)
+class Injection:
+    """Test hook: make the loss NaN at ``step`` (on ``rank`` only, or on every rank)."""
+
+    step: int
+    rank: int | None
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Injection | None:
+        """Read :data:`INJECT_STEP_ENV` / :data:`INJECT_RANK_ENV`; None when unset.
+
+        Raises:
+            ValueError: a value is not a non-negative integer (step: positive).
+        """
+        env = os.environ if environ is None else environ
+        step_text = env.get(INJECT_STEP_ENV, "").strip()
+        if not step_text:
+            return None
+        rank_text = env.get(INJECT_RANK_ENV, "").strip()
+        try:
+            step = int(step_text)
+            rank = int(rank_text) if rank_text else None
+        except ValueError:
+            step, rank = 0, None
+        if step < 1 or (rank is not None and rank < 0):
+            raise ValueError(
+                f"{INJECT_STEP_ENV}={step_text!r} {INJECT_RANK_ENV}={rank_text!r} is not valid; "
+                "accepted: a step >= 1, and optionally a rank >= 0 (unset: every rank)"
+            )
+        return cls(step, rank)
+
+
+def rank() -> int:
+    """This process's global rank (0 without a process group)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+class Monitor:
+    """Observes loss and grad norm on the device; checks at synchronisation points."""
+
+    def __init__(self, check: str = "log_steps", injection: Injection | None = None) -> None:
+        if check not in CHECK_MODES:
+            raise ValueError(
+                f"[rocm] divergence_check = {check!r} is not valid; accepted: "
+                f"{', '.join(CHECK_MODES)}"
+            )
+        self.check_mode = check
+        self.injection = injection
+        self.record = NonFiniteRecord()
+        self.train_state: Any = None
+        """The Trainer (``CheckpointManager.states["train_state"]``): its ``step`` numbers
+        the steps. Bound by ``CheckpointManager.load``, which ``Trainer.train`` calls first."""
+        self.checked_through = 0
+        """``record.steps_ended`` at the latest check."""
+        self.checks = 0
+        """Check points run (each reads the record on the host: a synchronisation)."""
+        self.verdict: Verdict | None = None
+        self._warned: set[str] = set()
+
+    # -- step numbers ------------------------------------------------------------------------
+    def current_step(self) -> int:
+        """The step in progress: the trainer's ``step``, else steps ended so far + 1."""
+        step = getattr(self.train_state, "step", None)
+        if isinstance(step, int) and not isinstance(step, bool):
+            return step
+        return self.record.steps_ended + 1
+
+    def _warn_once(self, key: str, text: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(text)
+
+    # -- observations (device ops only) ------------------------------------------------------
+    def on_loss(self, loss: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+        """A training micro-batch's summed loss; returns it (NaN at the injected step)."""
+        if not torch.is_grad_enabled() or self.verdict is not None:
+            return loss  # validation runs under no_grad: not a training step
+        inj = self.injection
+        if inj is not None and inj.step == self.current_step() and inj.rank in (None, rank()):
+            # Multiply, not add: the gradients become NaN too, as in a real divergence (adding
+            # a constant would leave them finite). A device op: nothing reaches the host.
+            loss = loss * float("nan")
+            self._warn_once(
+                "inject", f"titan-rocm: {INJECT_STEP_ENV}: loss set to NaN at step {inj.step} "
+                f"on rank {rank()} (test hook; unset it for real training)",
+            )
+        self.record.observe_loss(loss, labels)
+        return loss
+
+    def on_grad_norm(self, grad_norm: torch.Tensor) -> None:
+        """The step's total grad norm from ``clip_grad_norm_``."""
+        if self.verdict is None:
+            self.record.observe_grad_norm(grad_norm)
+
+    def on_step_end(self) -> None:
+        """End of an optimizer step: fold it into the record; check in ``every_step`` mode."""
+        if self.verdict is not None:
+            return
+        if not self.record.saw_grad_norm:
+            self._warn_once(
+                "no-grad-norm", "titan-rocm: divergence guard saw no grad norm this step "
+                "(the trainer does not call torchtitan.distributed.utils.clip_grad_norm_); "
+                "only the loss is checked between log steps",
+            )
+        step = self.current_step()
+        self.record.end_step(step)
+        if self.check_mode == "every_step":
+            self.check(f"the end of step {step} (divergence_check = every_step)")
+
+    # -- check points (host reads: only where TorchTitan synchronises anyway) ---------------
+    def on_log(self, step: int, loss: float, grad_norm: float) -> None:
+        """``MetricsProcessor.log`` ran (host already synchronised for these values)."""
+        if self.verdict is not None:
+            return
+        host = None
+        if not (_finite(loss) and _finite(grad_norm)):
+            host = (step, loss, grad_norm)
+        self.check(f"log step {step}", host=host)
+
+    def on_save(self, step: int) -> None:
+        """A checkpoint is about to be written: never save one from a non-finite step."""
+        if self.verdict is None:
+            self.check(f"the checkpoint save at step {step}")
+
+    def on_close(self) -> None:
+        """Training ended normally: check steps after the last check point."""
+        if self.verdict is not None or sys.exc_info()[0] is not None:
+            return  # another error is on its way out; a collective now could hang
+        if self.record.steps_ended > self.checked_through:
+            self.check("the end of training")
+
+    def check(self, where: str, host: tuple[int, float, float] | None = None) -> None:
+        """Read every rank's record (one all-gather); raise :class:`DivergenceError` if bad.
+
+        Args:
+            where: for the message, e.g. ``log step 10``.
+            host: (step, loss, grad_norm) this rank was handed already on the host and found
+                non-finite; used if the device record is clean (e.g. a loss the guard does
+                not observe).
+
+        Every rank must call this at the same points (they all do: log steps, checkpoint
+        saves, end of training, and every optimizer step in ``every_step`` mode).
+        """
+        self.checks += 1
+        row = self.record.row_tensor(_collective_device(self.record.device))
+        if host is not None and row[0].item() < 0:
+            step, loss, grad_norm = host
+            values = [float(step), _num(loss), _num(grad_norm), 1.0, 1.0]
+            assert len(values) == len(FIELDS)
+            row = torch.tensor(values, dtype=torch.float64, device=row.device)
+        rows = gather_rows(row)
+        self.checked_through = self.record.steps_ended
+        verdict = decide(rows, where)
+        if verdict is None:
+            return
+        self.verdict = verdict
+        if rank() == 0:
+            log.error(message(verdict))
+        raise DivergenceError(short_message(verdict), verdict)
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return True  # not a number we can judge (e.g. a tensor placeholder): not evidence
+
+
+def _num(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _collective_device(device: torch.device | None) -> torch.device:
+    """Where a row must live for the process group's backend (NCCL/RCCL: the GPU)."""
+    if device is not None:
+        return device
+    if (
+        dist.is_available() and dist.is_initialized()
+        and dist.get_backend() not in ("gloo",) and torch.cuda.is_available()
+    ):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
