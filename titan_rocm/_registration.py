@@ -16,7 +16,7 @@ import threading
 from types import ModuleType
 
 _TRIGGER = "torchtitan.protocols.model_converter"
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entered when importing the converters fires the hook
 _registered = False
 
 
