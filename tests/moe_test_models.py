@@ -1,0 +1,96 @@
+"""Helpers for the MoE workaround tests: TorchTitan 0.2.2 models on meta, converters, cleanup."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+import titan_rocm._registration as _registration
+
+# Work around a self-deadlock in titan_rocm._registration (as of bf13ce1): register_converters
+# holds a non-reentrant lock while importing titan_rocm.converters, whose body calls it again.
+# Harmless once that lock is reentrant. TorchTitan is imported only after this (lazily below).
+_registration._lock = threading.RLock()
+
+import titan_rocm.converters  # noqa: E402, F401  (registers the converters with TorchTitan)
+from titan_rocm.workarounds import grouped_mm, moe_compile  # noqa: E402
+
+MODELS = ("llama3", "llama4", "qwen3", "deepseek_v3", "gpt_oss")
+
+
+def parse(*argv: str) -> Any:
+    """A job config parsed by TorchTitan's own ConfigManager, with ``[rocm]`` merged."""
+    from torchtitan.config import ConfigManager
+
+    return ConfigManager().parse_args(["--job.custom_config_module", "titan_rocm.config", *argv])
+
+
+def model_args(job_config: Any, use_grouped_mm: bool | None = None) -> Any:
+    """A copy of the flavor's model args updated from ``job_config`` as train.py does.
+
+    TorchTitan turns ``use_grouped_mm`` off below CUDA capability 9.0 (every CPU);
+    ``use_grouped_mm=True`` puts it back as on an MI300X (capability 9.4).
+    """
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    spec = get_train_spec(job_config.model.name)
+    args = copy.deepcopy(spec.model_args[job_config.model.flavor])
+    args.update_from_config(job_config)
+    if use_grouped_mm is not None and hasattr(args, "moe_args"):
+        args.moe_args.use_grouped_mm = use_grouped_mm
+    return args
+
+
+def build_meta(job_config: Any, use_grouped_mm: bool | None = None) -> nn.Module:
+    """The job's model on the meta device, as train.py builds it."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    spec = get_train_spec(job_config.model.name)
+    with torch.device("meta"):
+        return spec.model_cls(model_args(job_config, use_grouped_mm))
+
+
+def world_of_one() -> Any:
+    """The parallel layout of a single process: nothing sharded, no mesh needed."""
+    from torchtitan.distributed import ParallelDims
+
+    return ParallelDims(
+        dp_replicate=1, dp_shard=-1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=1
+    )
+
+
+def convert(job_config: Any, model: nn.Module, parallel_dims: Any = None) -> Any:
+    """Build the job's converters and convert ``model`` (train.py order)."""
+    from torchtitan.protocols.model_converter import build_model_converters
+
+    converters = build_model_converters(job_config, parallel_dims or world_of_one())
+    converters.convert(model)
+    return converters
+
+
+def decisions(converters: Any) -> dict[str, Any]:
+    """``{workaround: Decision}`` over every titan-rocm converter in the container."""
+    return {d.workaround: d for c in converters.converters for d in getattr(c, "decisions", [])}
+
+
+@contextlib.contextmanager
+def clean_patches() -> Iterator[None]:
+    """Undo process-wide patches (apply_compile, grouped-MM binding, counters) afterwards."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    saved_capture = torch._dynamo.config.capture_scalar_outputs
+    try:
+        yield
+    finally:
+        for name in MODELS:
+            moe_compile.restore_apply_compile(get_train_spec(name).parallelize_fn)
+        grouped_mm.unbind_all()
+        grouped_mm.reset_calls()
+        moe_compile.EAGER_FORWARD_CALLS.clear()
+        torch._dynamo.config.capture_scalar_outputs = saved_capture

@@ -1,0 +1,221 @@
+"""rocm.moe_eager_compile on TorchTitan 0.2.2's real debug models (built on meta, CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from moe_test_models import build_meta, clean_patches, convert, decisions, parse, world_of_one
+from torch._dynamo.eval_frame import OptimizedModule
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torchtitan.protocols.train_spec import get_train_spec
+
+from titan_rocm.workarounds import moe_compile
+from titan_rocm.workarounds.moe_compile import EAGER_MOE, FULLGRAPH
+
+ON = ("--model.converters", "rocm.moe_eager_compile", "--rocm.moe_eager_compile", "on")
+COMPILE = ("--compile.enable",)
+AC_FULL = ("--activation_checkpoint.mode", "full")
+NO_AC = ("--activation_checkpoint.mode", "none")  # 0.2.2's default is "selective"
+
+
+@pytest.fixture(autouse=True)
+def _clean():
+    with clean_patches():
+        yield
+
+
+def _job(name: str, flavor: str, *extra: str):
+    return parse("--model.name", name, "--model.flavor", flavor, *extra)
+
+
+def _parallelize(job_config, model: nn.Module) -> nn.Module:
+    """The model's own parallelize_fn on one process (AC -> apply_compile, no FSDP)."""
+    spec = get_train_spec(job_config.model.name)
+    return spec.parallelize_fn(model, world_of_one(), job_config)
+
+
+def _assert_mixed(model: nn.Module, expected: dict[str, str], ac: bool) -> None:
+    for layer_id, block in model.layers.named_children():
+        if expected[layer_id] == FULLGRAPH:
+            assert isinstance(block, OptimizedModule), layer_id
+            assert block.dynamo_ctx.fullgraph is True, layer_id
+            inner = block._orig_mod
+            assert isinstance(inner, CheckpointWrapper) is ac, layer_id
+        else:
+            assert not moe_compile.is_compiled(block), layer_id
+            assert isinstance(block, CheckpointWrapper) is ac, layer_id
+            assert getattr(block.forward, moe_compile.EAGER_ATTR) == layer_id
+            assert moe_compile.unwrap_block(block).moe_enabled
+
+
+def test_llama3_is_skipped_no_moe_blocks():
+    job = _job("llama3", "debugmodel", *COMPILE, *ON)
+    model = build_meta(job)
+    decision = decisions(convert(job, model))["moe_eager_compile"]
+    assert not decision.applied
+    assert decision.reason == "model has no MoE blocks"
+    stock = get_train_spec("llama3").parallelize_fn.__globals__["apply_compile"]
+    assert not hasattr(stock, moe_compile.PATCHED_ATTR)
+
+
+def test_skipped_when_compile_disabled():
+    job = _job("deepseek_v3", "debugmodel", *ON)
+    model = build_meta(job)
+    decision = decisions(convert(job, model))["moe_eager_compile"]
+    assert not decision.applied
+    assert decision.reason.startswith("compile disabled")
+
+
+def test_auto_mode_skips_off_rocm_and_off_mode_says_so():
+    job = _job("deepseek_v3", "debugmodel", *COMPILE, "--model.converters", "rocm")
+    assert "not a ROCm build" in decisions(convert(job, build_meta(job)))[
+        "moe_eager_compile"
+    ].reason
+    job = _job("deepseek_v3", "debugmodel", *COMPILE, "--model.converters", "rocm",
+               "--rocm.moe_eager_compile", "off")
+    assert "off" in decisions(convert(job, build_meta(job)))["moe_eager_compile"].reason
+
+
+@pytest.mark.parametrize("ac", [False, True], ids=["no_ac", "ac_full"])
+@pytest.mark.parametrize(
+    "name,flavor",
+    [("deepseek_v3", "debugmodel"), ("qwen3", "debugmodel_moe"), ("llama4", "debugmodel")],
+)
+def test_parallelize_compiles_dense_fullgraph_and_leaves_moe_eager(name, flavor, ac):
+    job = _job(name, flavor, *COMPILE, *ON, *(AC_FULL if ac else NO_AC))
+    model = build_meta(job)
+    decision = decisions(convert(job, model))["moe_eager_compile"]
+    assert decision.applied, decision.reason
+    module = get_train_spec(name).parallelize_fn.__module__
+    assert decision.details["patched"] == f"{module}.apply_compile"
+    expected = decision.details["blocks"]
+    assert expected == {
+        layer_id: EAGER_MOE if block.moe_enabled else FULLGRAPH
+        for layer_id, block in model.layers.named_children()
+    }
+    assert EAGER_MOE in expected.values()
+
+    _parallelize(job, model)
+    _assert_mixed(model, expected, ac)
+    # The plan reads through the wrappers: same decisions after compile and AC.
+    assert moe_compile.plan_blocks(model) == expected
+
+
+def test_deepseek_plan_shows_first_block_dense():
+    job = _job("deepseek_v3", "debugmodel", *COMPILE, *ON)
+    details = decisions(convert(job, build_meta(job)))["moe_eager_compile"].details
+    assert details["blocks"] == {"0": FULLGRAPH, **{str(i): EAGER_MOE for i in range(1, 6)}}
+
+
+def test_second_apply_compile_call_changes_nothing():
+    """Pipeline parallelism calls apply_compile once per stage: a repeat must not re-wrap."""
+    job = _job("deepseek_v3", "debugmodel", *COMPILE, *ON, *AC_FULL)
+    model = build_meta(job)
+    convert(job, model)
+    _parallelize(job, model)
+    before = dict(model.layers.named_children())
+    forwards = {k: b.forward for k, b in before.items()}
+    patched = get_train_spec("deepseek_v3").parallelize_fn.__globals__["apply_compile"]
+    patched(model, job.compile, False)
+    after = dict(model.layers.named_children())
+    assert all(after[k] is before[k] for k in before)
+    assert all(after[k].forward is forwards[k] for k in before)
+    done = moe_compile.compile_blocks(model, "inductor")
+    assert all(d.endswith("(already)") for d in done.values())
+
+
+def test_converting_twice_patches_once():
+    job = _job("qwen3", "debugmodel_moe", *COMPILE, *ON)
+    parallelize_fn = get_train_spec("qwen3").parallelize_fn
+    stock = parallelize_fn.__globals__["apply_compile"]
+    convert(job, build_meta(job))
+    first = parallelize_fn.__globals__["apply_compile"]
+    convert(job, build_meta(job))
+    second = parallelize_fn.__globals__["apply_compile"]
+    assert second is first
+    assert getattr(second, moe_compile.PATCHED_ATTR) is stock
+    assert moe_compile.restore_apply_compile(parallelize_fn)
+    assert parallelize_fn.__globals__["apply_compile"] is stock
+
+
+def test_patch_reaches_modules_that_import_apply_compile_by_name():
+    """qwen3 and deepseek_v3 import llama4's apply_compile by name: their globals are patched."""
+    for name, flavor in (("qwen3", "debugmodel_moe"), ("deepseek_v3", "debugmodel")):
+        job = _job(name, flavor, *COMPILE, *ON)
+        convert(job, build_meta(job))
+        patched = get_train_spec(name).parallelize_fn.__globals__["apply_compile"]
+        assert hasattr(patched, moe_compile.PATCHED_ATTR), name
+    llama4_globals = get_train_spec("llama4").parallelize_fn.__globals__
+    assert not hasattr(llama4_globals["apply_compile"], moe_compile.PATCHED_ATTR)
+
+
+def test_both_signatures_and_capture_scalar_outputs():
+    llama3 = get_train_spec("llama3").parallelize_fn
+    llama4 = get_train_spec("llama4").parallelize_fn
+    moe_compile.patch_apply_compile(llama3)
+    moe_compile.patch_apply_compile(llama4)
+    job = _job("llama4", "debugmodel", *COMPILE, *NO_AC)
+
+    torch._dynamo.config.capture_scalar_outputs = False
+    model = build_meta(job)
+    llama3.__globals__["apply_compile"](model, job.compile)  # llama3: (model, compile_config)
+    _assert_mixed(model, moe_compile.plan_blocks(model), ac=False)
+    assert torch._dynamo.config.capture_scalar_outputs is False
+
+    model = build_meta(job)
+    llama4.__globals__["apply_compile"](model, job.compile, True)  # + ep_enabled
+    _assert_mixed(model, moe_compile.plan_blocks(model), ac=False)
+    assert torch._dynamo.config.capture_scalar_outputs is True
+
+
+def test_block_decision_sees_through_wrappers():
+    class Block(nn.Module):
+        def __init__(self, moe: bool) -> None:
+            super().__init__()
+            self.moe_enabled = moe
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    assert moe_compile.block_decision(Block(False)) == FULLGRAPH
+    assert moe_compile.block_decision(CheckpointWrapper(Block(True))) == EAGER_MOE
+    wrapped = torch.compile(CheckpointWrapper(Block(True)), backend="eager")
+    assert moe_compile.block_decision(wrapped) == EAGER_MOE
+    assert moe_compile.block_decision(nn.Linear(2, 2)) == FULLGRAPH  # no moe_enabled: dense
+
+
+def test_eager_block_is_never_traced_and_is_counted():
+    class Block(nn.Module):
+        moe_enabled = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.compiling: list[bool] = []
+
+        def forward(self, x):
+            self.compiling.append(torch.compiler.is_compiling())
+            return self.lin(x)
+
+    block = Block()
+    assert moe_compile.make_eager(block, "7")
+    assert not moe_compile.make_eager(block, "7")  # idempotent
+
+    @torch.compile(backend="eager")
+    def outer(x):
+        return block(x * 2) + 1
+
+    x = torch.randn(3, 4)
+    for _ in range(3):
+        torch.testing.assert_close(outer(x), block.lin(x * 2) + 1)
+    assert block.compiling == [False] * 3
+    assert moe_compile.eager_forward_calls() == {"7": 3}
+
+
+def test_gpt_oss_parallelize_has_no_apply_compile():
+    job = _job("gpt_oss", "debugmodel", *COMPILE, *ON)
+    decision = decisions(convert(job, build_meta(job)))["moe_eager_compile"]
+    assert not decision.applied
+    assert "has no apply_compile" in decision.reason
