@@ -1,0 +1,42 @@
+"""Log each backward route once per (caller, arch, shape, flags) at run time."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from titan_rocm.workarounds.mla_attention.routing import BackwardCall, Route, arch_label
+
+log = logging.getLogger("titan_rocm")
+
+_lock = threading.Lock()
+_logged: set[tuple[str, BackwardCall]] = set()
+
+
+def log_route_once(caller: str, call: BackwardCall, route: Route) -> bool:
+    """Log ``route`` for ``call`` the first time this caller sees it; True if it logged."""
+    key = (caller, call)
+    with _lock:
+        if key in _logged:
+            return False
+        _logged.add(key)
+    log.info(
+        "titan-rocm: mla_ck_backward [%s] %s q/k %d, v %d, %s%s%s%s: backward -> %s (%s)",
+        caller,
+        arch_label(call.arch),
+        call.hdim_q,
+        call.hdim_v,
+        call.dtype,
+        f", dropout {call.dropout_p}" if call.dropout_p else "",
+        ", bias/alibi" if call.has_bias or call.has_alibi else "",
+        ", deterministic" if call.deterministic else "",
+        route.label,
+        route.reason,
+    )
+    return True
+
+
+def forget() -> None:
+    """Forget what was logged (tests)."""
+    with _lock:
+        _logged.clear()

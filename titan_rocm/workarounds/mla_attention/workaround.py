@@ -1,0 +1,237 @@
+"""``rocm.mla_ck_backward``: DeepSeek MLA attention on aiter, CK backward where it must be.
+
+Gate (``auto``): a ROCm build with a GPU and aiter installed, a model with TorchTitan's
+DeepSeek V3 attention using SDPA (``attn_type = "sdpa"``), no context parallelism, and
+(on a real machine) ``aiter.ops.mha`` importing cleanly. Otherwise one line says why and the
+model is left untouched; nothing imports aiter. ``on`` fails at start-up, naming what is
+missing.
+
+Apply: each DeepSeek V3 ``Attention.inner_attention`` becomes
+:class:`~.module.MLAInnerAttention`; the forward op joins the op-level SAC save list of the
+model's parallelize module (``_op_sac_save_list``) so it is saved, not recomputed; and
+aiter's own ``_flash_attn_backward`` is guarded (:mod:`~.guard`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections import Counter
+from typing import Any
+
+import torch.nn as nn
+from torchtitan.tools.logging import logger
+
+from titan_rocm.converters.base import Workaround
+from titan_rocm.workarounds.mla_attention import aiter_api
+from titan_rocm.workarounds.mla_attention.routing import (
+    DTYPES,
+    BackwardCall,
+    arch_label,
+    route_backward,
+)
+
+DEEPSEEK_PARALLELIZE = "torchtitan.models.deepseek_v3.infra.parallelize"
+SAC_LIST_NAME = "_op_sac_save_list"
+FORWARD_LABEL = "aiter flash attention (_flash_attn_forward)"
+SDPA_LABEL = "PyTorch SDPA (fallback)"
+
+
+def deepseek_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(fqn, module)`` of every TorchTitan DeepSeek V3 MLA ``Attention`` in ``model``."""
+    from torchtitan.models.deepseek_v3.model.model import Attention
+
+    return [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, Attention)]
+
+
+def _replaceable(attention: nn.Module) -> bool:
+    from torchtitan.models.attention import ScaledDotProductAttentionWrapper
+
+    from titan_rocm.workarounds.mla_attention.module import MLAInnerAttention
+
+    return isinstance(
+        attention.inner_attention, (ScaledDotProductAttentionWrapper, MLAInnerAttention)
+    )
+
+
+def expected_attention_dtype(job_config: Any, parallel_dims: Any) -> str:
+    """The dtype DeepSeek's q/k/v will have in training, as TorchTitan 0.2.2 sets it up.
+
+    ``training.dtype = "bfloat16"`` keeps everything bf16; otherwise mixed precision
+    (``mixed_precision_param``) applies through FSDP, or through autocast when neither TP
+    nor PP is on, and float32 remains under TP/PP without FSDP.
+    """
+    training = getattr(job_config, "training", None)
+    if getattr(training, "dtype", "float32") == "bfloat16":
+        return "bfloat16"
+    mixed = getattr(training, "mixed_precision_param", "bfloat16")
+    if parallel_dims is None or getattr(parallel_dims, "fsdp_enabled", False):
+        return mixed
+    if getattr(parallel_dims, "tp_enabled", False) or getattr(parallel_dims, "pp_enabled", False):
+        return "float32"
+    return mixed
+
+
+class MLACKBackward(Workaround):
+    """Swap DeepSeek V3 inner attention for aiter flash attention with a routed backward."""
+
+    name = "mla_ck_backward"
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self._swapped: int | None = None
+        self._sac_list: str | None = None
+        self._guard: str | None = None
+
+    # -- gate ----------------------------------------------------------------------------
+
+    def require(self) -> None:
+        missing = aiter_api.missing_requirements(self.ctx.platform)
+        if missing:
+            raise ValueError(
+                f"[rocm] {self.name} = \"on\" needs aiter on a ROCm GPU; missing: "
+                + "; ".join(missing)
+            )
+        if self._cp_enabled():
+            raise ValueError(
+                f"[rocm] {self.name} = \"on\" does not work with context parallelism "
+                "(context_parallel_degree > 1): CP shards SDPA, not the aiter op; "
+                f"set {self.name} = \"off\" or turn CP off"
+            )
+        reason = aiter_api.unavailable_reason(self.ctx.platform, try_import=True)
+        if reason:
+            raise ValueError(f"[rocm] {self.name} = \"on\" cannot use aiter: {reason}")
+
+    def check(self, model: nn.Module) -> str | None:
+        missing = aiter_api.missing_requirements(self.ctx.platform)
+        if missing:
+            return "aiter not usable: missing " + "; ".join(missing)
+        modules = deepseek_attention_modules(model)
+        if not modules:
+            return "model has no DeepSeek V3 MLA attention (torchtitan deepseek_v3 Attention)"
+        if not any(_replaceable(m) for _, m in modules):
+            kinds = sorted({type(m.inner_attention).__name__ for _, m in modules})
+            return (
+                f"attention runs {', '.join(kinds)}; only SDPA attention "
+                "(attn_type = \"sdpa\") is replaced: aiter's dense kernel has no block masks"
+            )
+        if self._cp_enabled():
+            return "context parallelism is on: CP shards SDPA ops, not the aiter op"
+        reason = aiter_api.unavailable_reason(self.ctx.platform, try_import=True)
+        if reason:
+            return f"aiter not usable: {reason}"
+        return None
+
+    def _cp_enabled(self) -> bool:
+        return bool(getattr(self.ctx.parallel_dims, "cp_enabled", False))
+
+    # -- apply ---------------------------------------------------------------------------
+
+    def apply(self, model: nn.Module) -> None:
+        from titan_rocm.workarounds.mla_attention.module import MLAInnerAttention
+
+        swapped = 0
+        for _fqn, attention in deepseek_attention_modules(model):
+            inner = attention.inner_attention
+            if isinstance(inner, MLAInnerAttention) or not _replaceable(attention):
+                continue
+            attention.inner_attention = MLAInnerAttention(getattr(inner, "sdpa_backends", None))
+            swapped += 1
+        self._swapped = swapped
+        self._sac_list = self._save_forward_in_op_sac()
+        if getattr(self.ctx, "planning", False):
+            self._guard = "not installed (plan)"
+        else:
+            from titan_rocm.workarounds.mla_attention import guard
+
+            self._guard = guard.install()
+        dtype = self._dtype()
+        logger.info(
+            "titan-rocm: mla_ck_backward replaced %d DeepSeek inner_attention modules; "
+            "op SAC save list: %s; aiter backward guard: %s",
+            swapped,
+            self._sac_list or "none found",
+            self._guard,
+        )
+        if dtype not in DTYPES:
+            logger.warning(
+                "titan-rocm: mla_ck_backward: attention will run in %s, which aiter does not "
+                "take; it falls back to PyTorch SDPA (train in bfloat16 or use FSDP mixed "
+                "precision)",
+                dtype,
+            )
+
+    def _save_forward_in_op_sac(self) -> str | None:
+        """Add the forward op to ``_op_sac_save_list`` of the parallelize module(s) found."""
+        from titan_rocm.workarounds.mla_attention.op import FORWARD_OP
+
+        found: list[str] = []
+        for module_name in self._parallelize_modules():
+            try:
+                module = importlib.import_module(module_name)
+            except Exception:  # an optional model module that cannot load
+                continue
+            save_list = getattr(module, SAC_LIST_NAME, None)
+            if isinstance(save_list, set):
+                save_list.add(FORWARD_OP)
+                found.append(f"{module_name}.{SAC_LIST_NAME}")
+        return ", ".join(found) or None
+
+    def _parallelize_modules(self) -> list[str]:
+        names: list[str] = []
+        model_name = getattr(getattr(self.ctx.job_config, "model", None), "name", None)
+        if model_name:
+            try:
+                from torchtitan.protocols.train_spec import get_train_spec
+
+                names.append(get_train_spec(model_name).parallelize_fn.__module__)
+            except Exception:  # unknown model name: fall back to DeepSeek's
+                pass
+        if DEEPSEEK_PARALLELIZE not in names:
+            names.append(DEEPSEEK_PARALLELIZE)
+        return names
+
+    # -- plan ----------------------------------------------------------------------------
+
+    def _dtype(self) -> str:
+        return expected_attention_dtype(self.ctx.job_config, self.ctx.parallel_dims)
+
+    def _deterministic(self) -> bool:
+        debug = getattr(self.ctx.job_config, "debug", None)
+        return bool(getattr(debug, "deterministic", False))
+
+    def plan(self, model: nn.Module) -> dict[str, Any]:
+        """Per model shape: the arch, the forward, and the backward route (no aiter import).
+
+        E.g. ``{"arch": "gfx942", "shape": {"qk": 192, "v": 128}, "backward": "ck (mha_bwd)",
+        "modules": 26, ...}``; more shapes (not seen in DeepSeek) go under ``other_shapes``.
+        """
+        facts = self.ctx.platform
+        modules = deepseek_attention_modules(model)
+        shapes = Counter(
+            (int(m.qk_nope_head_dim + m.qk_rope_head_dim), int(m.v_head_dim)) for _, m in modules
+        )
+        dtype = self._dtype()
+        rows = [self._plan_row(facts.gfx_arch, qk, v, dtype, n) for (qk, v), n in shapes.items()]
+        details: dict[str, Any] = rows[0] if rows else {"arch": arch_label(facts.gfx_arch),
+                                                        "modules": 0}
+        if len(rows) > 1:
+            details["other_shapes"] = rows[1:]
+        details["dtype"] = dtype
+        if self._swapped is not None:
+            details["replaced"] = self._swapped
+            details["op_sac_save_list"] = self._sac_list
+            details["guard"] = self._guard
+        return details
+
+    def _plan_row(self, arch: str | None, qk: int, v: int, dtype: str, n: int) -> dict[str, Any]:
+        row: dict[str, Any] = {"arch": arch_label(arch), "shape": {"qk": qk, "v": v}}
+        if dtype not in DTYPES:
+            row.update(forward=SDPA_LABEL, backward=SDPA_LABEL,
+                       reason=f"{dtype} is not an aiter dtype ({', '.join(DTYPES)})")
+        else:
+            route = route_backward(
+                BackwardCall(arch, qk, qk, v, dtype=dtype, deterministic=self._deterministic())
+            )
+            row.update(forward=FORWARD_LABEL, backward=route.label, reason=route.reason)
+        row["modules"] = n
+        return row
