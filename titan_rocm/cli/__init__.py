@@ -2,8 +2,8 @@
 
 Each subcommand lives in its own module ``titan_rocm.cli.<name>`` that defines
 ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``; one that sets
-``PASSTHROUGH = True`` receives the options it does not know in ``args.passthrough``. Modules are imported
-only when their subcommand runs, so ``titan-rocm scan`` never pays for torch.
+``PASSTHROUGH = True`` receives the options it does not know in ``args.passthrough``.
+Modules are imported only when their subcommand runs, so ``titan-rocm scan`` never pays for torch.
 """
 
 from __future__ import annotations

@@ -23,7 +23,9 @@ from titan_rocm import platform
 from titan_rocm.config import RocmSettings, settings_from
 from titan_rocm.platform import PlatformFacts
 
-_planning: contextvars.ContextVar[bool] = contextvars.ContextVar("titan_rocm_planning", default=False)
+_planning: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "titan_rocm_planning", default=False
+)
 
 
 @contextlib.contextmanager
@@ -138,12 +140,6 @@ class Decision:
         return f"titan-rocm: rocm.{self.workaround} {status}"
 
 
-def _workaround_classes(names: tuple[str, ...]) -> list[type[Workaround]]:
-    from titan_rocm.workarounds import workaround_class
-
-    return [workaround_class(name) for name in names]
-
-
 class RocmConverter:
     """A TorchTitan model converter running a fixed list of workarounds."""
 
@@ -152,12 +148,19 @@ class RocmConverter:
 
     def __init__(self, job_config: Any, parallel_dims: Any) -> None:
         self.ctx = Context.from_job(job_config, parallel_dims)
-        self.workarounds = [cls(self.ctx) for cls in _workaround_classes(self.workaround_names)]
+        self.workarounds = [cls(self.ctx) for cls in self.workaround_classes()]
         for w in self.workarounds:
             if w.mode == "on":
                 w.require()
         self.decisions: list[Decision] = []
         self._active: list[Workaround] = []
+
+    @classmethod
+    def workaround_classes(cls) -> list[type[Workaround]]:
+        """The workaround classes this converter runs, in order (looked up by name)."""
+        from titan_rocm.workarounds import workaround_class
+
+        return [workaround_class(name) for name in cls.workaround_names]
 
     def convert(self, model: nn.Module) -> None:
         """Apply every workaround whose gate holds; log one line per workaround."""
