@@ -136,7 +136,7 @@ def route_backward(call: BackwardCall) -> Route:
         return Route(
             AITER,
             f"{call.arch}'s aiter fmha_v3 backward supports q/k 192 with v 128; "
-            "aiter's own dispatch chooses",
+            f"aiter's own dispatch chooses for {_shape(call)}",
         )
     if facts is None:
         why = f"{call.arch} is not an architecture titan-rocm knows; CK is aiter's generic path"
