@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
+import sys
 import threading
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -94,3 +97,17 @@ def clean_patches() -> Iterator[None]:
         grouped_mm.reset_calls()
         moe_compile.EAGER_FORWARD_CALLS.clear()
         torch._dynamo.config.capture_scalar_outputs = saved_capture
+
+
+def cpu_permute_indices(monkeypatch: Any, moe_module: types.ModuleType) -> None:
+    """Let TorchTitan's MoE padding wrapper run on CPU (its index kernel is Triton by default).
+
+    Patches ``generate_permute_indices`` in the utils module that ``moe_module``'s padding
+    wrapper really uses, to its own ``use_cpu=True`` implementation.
+    """
+    utils = sys.modules[moe_module.indices_padding_wrapper.__module__]
+    monkeypatch.setattr(
+        utils,
+        "generate_permute_indices",
+        functools.partial(utils.generate_permute_indices, use_cpu=True),
+    )
