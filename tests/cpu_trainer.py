@@ -89,15 +89,18 @@ class SyntheticLoader:
         self.position = state["position"]
 
 
-def cpu_patches() -> None:
-    """Point TorchTitan's CUDA-only helpers at CPU (test harness only)."""
+def cpu_patches(set_attr: Any = setattr) -> None:
+    """Point TorchTitan's CUDA-only helpers at CPU (test harness only).
+
+    Tests pass ``monkeypatch.setattr`` so the changes are undone after each test.
+    """
     import torchtitan.components.metrics as metrics
     import torchtitan.distributed.parallel_dims as parallel_dims
     import torchtitan.distributed.utils as dist_utils
 
-    parallel_dims.device_type = "cpu"
-    metrics.build_device_memory_monitor = CpuMemoryMonitor
-    dist_utils.set_pg_timeouts = lambda *args, **kwargs: None
+    set_attr(parallel_dims, "device_type", "cpu")
+    set_attr(metrics, "build_device_memory_monitor", CpuMemoryMonitor)
+    set_attr(dist_utils, "set_pg_timeouts", lambda *args, **kwargs: None)
 
 
 def init_process_group() -> None:
@@ -122,6 +125,9 @@ class CpuTrainer(_trainer_base()):  # type: ignore[misc]
     """A real TorchTitan ``Trainer`` assembled on CPU (see the module docstring)."""
 
     data_batches: int | None = None
+    """Batches the synthetic loader yields (None: endless)."""
+    patch_for_cpu = True
+    """Apply :func:`cpu_patches` for good (the program); tests apply them themselves."""
 
     def __init__(self, job_config: Any) -> None:  # noqa: PLR0915 - mirrors Trainer.__init__
         from torchtitan.components.checkpoint import CheckpointManager
@@ -132,7 +138,8 @@ class CpuTrainer(_trainer_base()):  # type: ignore[misc]
         from torchtitan.protocols.model_converter import build_model_converters
         from torchtitan.tools import utils
 
-        cpu_patches()
+        if self.patch_for_cpu:
+            cpu_patches()
         init_process_group()
         self.job_config = job_config
         self.device = torch.device("cpu")

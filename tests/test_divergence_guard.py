@@ -1,0 +1,387 @@
+"""rocm.divergence_guard: the device-side record, the multi-rank verdict, and TorchTitan 0.2.2's
+real Trainer.train()/train_step()/MetricsProcessor/CheckpointManager on CPU (tests/cpu_trainer.py).
+
+What the CPU tests show about synchronisation: CPU tensors never make the host wait, so
+"no sync" is shown by construction instead: a TorchFunctionMode sees every torch call,
+and the tests assert that the guard's code calls nothing that reads a tensor on the host
+(``.item()``, ``.tolist()``, ``bool()``, ``.cpu()``, ...) outside its check points. The
+``gpu``-marked test repeats that on CUDA with ``torch.cuda.set_sync_debug_mode("error")``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cpu_trainer  # noqa: I001 - tests/ is on sys.path (pytest rootdir conftest-less import)
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from titan_rocm.config import RocmSettings
+from titan_rocm.converters.base import Context
+from titan_rocm.platform import PlatformFacts
+from titan_rocm.workarounds.divergence_guard import (
+    INJECT_RANK_ENV,
+    INJECT_STEP_ENV,
+    DivergenceError,
+    DivergenceGuard,
+    Injection,
+    Monitor,
+    hooks,
+)
+from titan_rocm.workarounds.divergence_guard.record import NonFiniteRecord, Row
+from titan_rocm.workarounds.divergence_guard.verdict import decide, message
+
+GUARD_DIR = str(Path(hooks.__file__).parent)
+REPO = Path(__file__).resolve().parents[1]
+NAN, INF = float("nan"), float("inf")
+
+# Tensor methods and functions that copy a tensor's value to the host (a sync on a GPU).
+SYNCING = {
+    "item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__",
+    "__repr__", "__format__", "nonzero", "equal", "allclose", "is_nonzero", "unique",
+    "masked_select", "__len__",
+}
+
+
+@pytest.fixture(autouse=True)
+def _clean_hooks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for env in (INJECT_STEP_ENV, INJECT_RANK_ENV):
+        monkeypatch.delenv(env, raising=False)
+    yield
+    hooks.uninstall()
+
+
+# -- the record -------------------------------------------------------------------------------
+
+
+def _step(record: NonFiniteRecord, step: int, loss: float | None, gn: float | None) -> None:
+    if loss is not None:
+        record.observe_loss(torch.tensor(loss * 8), torch.zeros(2, 4, dtype=torch.long))
+    if gn is not None:
+        record.observe_grad_norm(torch.tensor(gn))
+    record.end_step(step)
+
+
+def test_record_keeps_the_first_bad_step_and_its_values() -> None:
+    record = NonFiniteRecord()
+    _step(record, 1, 2.5, 1.0)
+    assert record.row() == Row(None, None, None)
+    _step(record, 2, 2.0, INF)
+    _step(record, 3, NAN, NAN)  # sticky: step 2 stays
+    row = record.row()
+    assert (row.step, row.loss, row.grad_norm) == (2, 2.0, INF)
+
+
+def test_record_mean_loss_over_micro_batches_and_valid_tokens() -> None:
+    record = NonFiniteRecord()
+    labels = torch.tensor([[1, 2, -100, -100]])  # 2 valid tokens per micro-batch
+    record.observe_loss(torch.tensor(3.0), labels)
+    record.observe_loss(torch.tensor(NAN), labels)
+    record.end_step(5)
+    assert record.row().step == 5 and math.isnan(record.row().loss)
+    # zero valid tokens: 0/0 is nan, as TorchTitan's own loss would be
+    empty = NonFiniteRecord()
+    empty.observe_loss(torch.tensor(0.0), torch.full((1, 4), -100))
+    empty.observe_grad_norm(torch.tensor(0.0))
+    empty.end_step(1)
+    assert empty.row().step == 1
+
+
+def test_record_without_loss_as_on_a_first_pipeline_stage() -> None:
+    record = NonFiniteRecord()
+    _step(record, 1, None, 1.0)
+    _step(record, 2, None, NAN)
+    row = record.row()
+    assert row.step == 2 and row.loss is None and math.isnan(row.grad_norm)
+
+
+class _Calls(TorchFunctionMode):
+    """Records the name of every torch function/method called while active."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+        self.names.append(getattr(func, "__name__", str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+def test_record_updates_call_no_host_read() -> None:
+    """Every op the per-step path uses is a device op; reading the row is the only sync."""
+    record = NonFiniteRecord()
+    with _Calls() as calls:
+        for step in range(1, 4):
+            _step(record, step, NAN if step == 2 else 1.0, 1.0)
+    assert calls.names, "the mode saw nothing: the check below would prove nothing"
+    assert SYNCING.isdisjoint(calls.names), sorted(SYNCING.intersection(calls.names))
+    with _Calls() as calls:
+        record.row()
+    assert "tolist" in calls.names  # positive control: the detector sees host reads
+
+
+# -- verdict ----------------------------------------------------------------------------------
+
+
+def test_decide_earliest_step_then_lowest_rank_and_fills_pp_loss() -> None:
+    rows = [Row(None, None, None), Row(9, 1.0, NAN), Row(7, None, NAN), Row(7, NAN, NAN)]
+    v = decide(rows, "log step 10")
+    assert (v.step, v.rank, v.ranks_bad) == (7, 2, (1, 2, 3))
+    assert math.isnan(v.loss)  # rank 2 (a first PP stage) saw no loss; rank 3 did
+    text = message(v)
+    for needle in ("step 7", "rank 2 of 4", "loss = nan", "grad_norm = nan", "log step 10",
+                   "docs/divergence-detection.md", "max_norm", "divergence_check"):
+        assert needle in text
+    assert decide([Row(None, None, None)] * 3, "x") is None
+
+
+def test_injection_env_parsing() -> None:
+    assert Injection.from_env({}) is None
+    assert Injection.from_env({INJECT_STEP_ENV: "7"}) == Injection(7, None)
+    assert Injection.from_env({INJECT_STEP_ENV: "7", INJECT_RANK_ENV: "1"}) == Injection(7, 1)
+    for bad in ({INJECT_STEP_ENV: "seven"}, {INJECT_STEP_ENV: "0"},
+                {INJECT_STEP_ENV: "3", INJECT_RANK_ENV: "-1"}):
+        with pytest.raises(ValueError, match=INJECT_STEP_ENV):
+            Injection.from_env(bad)
+
+
+def test_monitor_rejects_unknown_check_mode() -> None:
+    with pytest.raises(ValueError, match="every_step"):
+        Monitor("sometimes")
+
+
+def test_host_values_at_a_log_step_stop_even_when_nothing_was_observed() -> None:
+    """A loss the guard cannot observe (a custom loss fn) still stops at the log step."""
+    monitor = Monitor()
+    monitor.on_step_end()
+    monitor.on_log(1, 2.0, 1.0)  # clean
+    with pytest.raises(DivergenceError) as err:
+        monitor.on_log(2, NAN, 1.0)
+    assert err.value.verdict.step == 2 and math.isnan(err.value.verdict.loss)
+
+
+# -- the converter ----------------------------------------------------------------------------
+
+
+def _ctx(**settings: Any) -> Context:
+    facts = PlatformFacts("2.13", None, None, 0, None, None, None, None, False)
+    return Context(job_config=None, parallel_dims=None, settings=RocmSettings(**settings),
+                   platform=facts)
+
+
+def test_guard_applies_by_default_off_rocm_and_can_be_turned_off() -> None:
+    model = torch.nn.Linear(2, 2)
+    assert DivergenceGuard.needs_rocm is False
+    assert DivergenceGuard(_ctx()).gate(model) is None
+    assert "disabled" in DivergenceGuard(_ctx(divergence_guard="off")).gate(model)
+
+
+def test_plan_names_the_check_points() -> None:
+    guard = DivergenceGuard(_ctx(divergence_check="every_step"))
+    assert guard.plan(torch.nn.Linear(2, 2))["check"] == "every_step"
+
+
+def test_bad_injection_env_fails_at_converter_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(INJECT_STEP_ENV, "x")
+    with pytest.raises(ValueError, match=INJECT_STEP_ENV):
+        DivergenceGuard(_ctx())
+
+
+def test_loss_wrapper_sees_a_real_non_finite_loss_with_finite_gradients() -> None:
+    """TorchTitan's real cross_entropy_loss, wrapped: an inf loss whose grads stay finite."""
+    import torchtitan.components.loss as loss_module
+
+    monitor = Monitor()
+    hooks.install(monitor)
+    loss_fn = loss_module.build_cross_entropy_loss(cpu_trainer.job_config([]))
+    logits = torch.zeros(1, 2, 4)
+    logits[0, 0, 0] = -INF  # the target's logit: loss = +inf, but softmax - onehot is finite
+    pred = logits.requires_grad_()
+    labels = torch.tensor([[0, 1]])
+    with torch.no_grad():  # validation: not observed
+        loss_fn(pred, labels)
+    assert not monitor.record.saw_loss
+    loss = loss_fn(pred, labels)
+    loss.backward()
+    assert math.isinf(loss.item()) and torch.isfinite(pred.grad).all()
+    monitor.on_step_end()
+    assert monitor.record.row().step == 1 and monitor.record.row().loss == INF
+
+
+# -- TorchTitan's real Trainer on CPU -------------------------------------------------------
+
+
+class _SyncWatch(TorchFunctionMode):
+    """Host reads whose nearest non-torch caller is the guard's code, outside Monitor.check."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outside_check: list[str] = []
+        self.inside_check = 0
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+        name = getattr(func, "__name__", "")
+        if name in SYNCING:
+            frame = sys._getframe(1)
+            caller = None
+            in_check = False
+            while frame is not None:
+                path = frame.f_code.co_filename
+                if caller is None and "/torch/" not in path:
+                    caller = path
+                if path.startswith(GUARD_DIR) and frame.f_code.co_name == "check":
+                    in_check = True
+                frame = frame.f_back
+            if caller is not None and caller.startswith(GUARD_DIR):
+                if in_check:
+                    self.inside_check += 1
+                else:
+                    self.outside_check.append(f"{name} from {caller}")
+        return func(*args, **(kwargs or {}))
+
+
+def _trainer(monkeypatch: pytest.MonkeyPatch, args: list[str], data_batches: int | None = None):
+    cpu_trainer.cpu_patches(monkeypatch.setattr)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)  # train()'s 2 s end-of-run pause
+    monkeypatch.setattr(cpu_trainer.CpuTrainer, "patch_for_cpu", False)
+    monkeypatch.setattr(cpu_trainer.CpuTrainer, "data_batches", data_batches)
+    return cpu_trainer.CpuTrainer(cpu_trainer.job_config(args))
+
+
+def _run(trainer: Any) -> None:
+    """What torchtitan.train.main does around a trainer: train(), then close()."""
+    try:
+        trainer.train()
+    except Exception:
+        trainer.close()
+        raise
+    trainer.close()
+
+
+GUARD = ["--model.converters", "rocm.divergence_guard"]
+
+
+def test_real_trainer_nan_at_step_7_reported_at_log_step_10_without_syncs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(INJECT_STEP_ENV, "7")
+    trainer = _trainer(monkeypatch, GUARD)  # log_freq 10, 12 steps
+    monitor = hooks.active()
+    assert monitor is not None
+    with _SyncWatch() as watch, pytest.raises(DivergenceError) as err:
+        _run(trainer)
+    v = err.value.verdict
+    assert (v.step, v.checked_at) == (7, "log step 10")
+    assert math.isnan(v.loss) and math.isnan(v.grad_norm)  # multiplied: grads went NaN too
+    assert trainer.step == 10  # stopped at the log step, before step 11
+    assert monitor.checks == 2  # log steps 1 and 10: no other check point was hit
+    assert watch.outside_check == []  # no host read by the guard between check points
+    assert watch.inside_check >= 2  # positive control: the detector sees the checks' reads
+    assert sum("training diverged at step 7" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_real_trainer_every_step_mode_stops_at_the_bad_step(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(INJECT_STEP_ENV, "7")
+    trainer = _trainer(monkeypatch, GUARD + ["--rocm.divergence_check", "every_step"])
+    with pytest.raises(DivergenceError) as err:
+        _run(trainer)
+    assert err.value.verdict.step == 7 and "end of step 7" in err.value.verdict.checked_at
+    assert trainer.step == 7
+    assert hooks.active().checks == 7 + 1  # one per step, plus log step 1
+
+
+def test_real_trainer_clean_run_completes_and_checks_the_tail(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trainer = _trainer(monkeypatch, GUARD)
+    _run(trainer)
+    monitor = hooks.active()
+    assert trainer.step == 12 and monitor.verdict is None
+    assert monitor.checks == 3  # log steps 1 and 10, then steps 11-12 at the end of training
+
+
+def test_real_trainer_never_saves_a_checkpoint_from_a_bad_step(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(INJECT_STEP_ENV, "7")
+    trainer = _trainer(monkeypatch, GUARD + [
+        "--checkpoint.enable", "--checkpoint.interval", "4",
+        "--job.dump_folder", str(tmp_path), "--checkpoint.folder", "ckpt",
+    ])
+    with pytest.raises(DivergenceError) as err:
+        _run(trainer)
+    assert err.value.verdict.step == 7
+    assert err.value.verdict.checked_at == "the checkpoint save at step 8"
+    saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert saved == ["step-4"]  # the last good checkpoint; step 8 was never written
+
+
+def test_real_trainer_run_out_of_data_is_checked_at_close(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The loop can end without a log step or a last-step save; close() still checks."""
+    monkeypatch.setenv(INJECT_STEP_ENV, "8")
+    trainer = _trainer(monkeypatch, GUARD, data_batches=9)  # step 10 has no data
+    with pytest.raises(DivergenceError) as err:
+        _run(trainer)
+    assert err.value.verdict.step == 8
+    assert err.value.verdict.checked_at == "the end of training"
+
+
+def test_real_trainer_without_guard_diverges_silently(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The problem the guard solves: the same kind of run ends 'successfully'."""
+    trainer = _trainer(monkeypatch, [
+        "--training.steps", "4", "--metrics.log_freq", "1", "--optimizer.lr", "1e6",
+        "--training.max_norm", "1e30", "--lr_scheduler.warmup_steps", "0",
+    ])
+    _run(trainer)
+    assert trainer.step == 4 and hooks.active() is None
+
+
+@pytest.mark.slow
+def test_two_ranks_both_stop_and_rank_0_reports_once(tmp_path: Path) -> None:
+    """torchrun, 2 processes over gloo, NaN on rank 1 only: no rank hangs."""
+    env = dict(os.environ, **{INJECT_STEP_ENV: "7", INJECT_RANK_ENV: "1"})
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--tee", "3",
+           "--master_port", str(29_000 + os.getpid() % 1000),
+           str(REPO / "tests" / "cpu_trainer.py"), *GUARD]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240,
+                          cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    assert time.monotonic() - start < 200
+    errors = [ln for ln in out.splitlines() if "ERROR - titan-rocm divergence guard" in ln]
+    assert len(errors) == 1 and errors[0].startswith("[default0]:"), errors
+    assert "diverged at step 7 on rank 1 of 2" in errors[0]
+    for rank in (0, 1):
+        assert f"[default{rank}]:[rank{rank}]: titan_rocm.workarounds.divergence_guard" \
+               f".verdict.DivergenceError" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA or ROCm GPU")
+def test_record_updates_never_sync_on_gpu() -> None:
+    record = NonFiniteRecord()
+    loss = torch.tensor(4.0, device="cuda")
+    labels = torch.ones(2, 4, dtype=torch.long, device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(1, 20):
+            record.observe_loss(loss * (NAN if step == 7 else 1.0), labels)
+            record.observe_grad_norm(loss)
+            record.end_step(step)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert record.row().step == 7
