@@ -75,6 +75,7 @@ _MG_MEMORY = re.compile(r"memory \((?P<unit>MB|GB)\)\s*\|")
 # steps that no metric line shows.
 _GUARD = re.compile(
     rf"titan-rocm divergence guard: training diverged at step (?P<step>\d{{1,18}})(?!\d)"
+    rf"(?: on rank (?P<rank>\d{{1,6}}) of \d{{1,6}}| \(first seen on rank (?P<seen>\d{{1,6}})\))?"
     rf"(?:[^:]*:\s*loss = (?P<loss>{_NUM})?[^,]*,\s*grad_norm = (?P<gn>{_NUM})?)?",
     re.IGNORECASE,
 )
@@ -257,10 +258,12 @@ def _torchtitan(text: str, rank: int | None, line_no: int, log: ParsedLog) -> No
 def _guard(text: str, rank: int | None, line_no: int, log: ParsedLog) -> None:
     for m in _GUARD.finditer(text):
         losses = (("loss", to_float(m.group("loss"))),) if m.group("loss") else ()
+        # The rank that saw it first is named in the message (rank 0 prints it).
+        named = m.group("rank") or m.group("seen")
         log.records.append(
             Record(
-                format=GUARD_FORMAT, kind="guard", step=int(m.group("step")), rank=rank,
-                line=line_no, losses=losses,
+                format=GUARD_FORMAT, kind="guard", step=int(m.group("step")),
+                rank=int(named) if named else rank, line=line_no, losses=losses,
                 grad_norm=to_float(m.group("gn")) if m.group("gn") else None, guard_stop=True,
             )
         )

@@ -1,0 +1,123 @@
+"""titan-rocm check-log: exit codes, reports and --json on real and written logs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from titan_rocm.cli import main
+
+FIXTURES = Path(__file__).parent / "fixtures" / "logs"
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
+    code = main(["check-log", *map(str, argv)])
+    return code, capsys.readouterr().out
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
+    code, out = run(capsys, "--json", *argv)
+    return code, json.loads(out)
+
+
+@pytest.mark.parametrize(
+    "name", ["tt_cpu_clean.log", "tt_cpu_clean_nocolor.log", "megatron_clean.log"]
+)
+def test_clean_logs_pass(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    code, out = run(capsys, FIXTURES / name)
+    assert code == 0 and ": ok: every loss and grad norm finite" in out
+
+
+def test_real_divergence_without_guard_fails_at_step_3(capsys) -> None:
+    code, data = run_json(capsys, FIXTURES / "tt_cpu_diverged_no_guard.log")
+    (f,) = data["files"]
+    assert code == 1 == data["exit_code"] == f["exit_code"] and f["status"] == "nonfinite"
+    assert f["format"] == "torchtitan" and f["steps_parsed"] == 12
+    assert f["first_bad"]["step"] == 3 and f["first_bad"]["values"] == {
+        "loss": "nan", "grad_norm": "nan"}
+    assert f["nonfinite_count"] == 10 and f["nonfinite_steps"] == list(range(3, 13))
+
+
+def test_guard_stop_between_log_steps_fails(capsys) -> None:
+    """The logged metric lines are finite; the guard's message names step 7."""
+    code, out = run(capsys, FIXTURES / "tt_cpu_guard_nan_step7.log")
+    assert code == 1
+    assert "first non-finite step 7" in out and "divergence guard's stop message" in out
+
+
+def test_two_rank_log_reports_per_rank(capsys) -> None:
+    code, data = run_json(capsys, FIXTURES / "tt_cpu_2rank_guard_nan_step7_rank1.log")
+    (f,) = data["files"]
+    assert code == 1 and f["ranks"] == [0, 1]
+    assert f["first_bad"]["step"] == 7 and f["first_bad"]["rank"] == 1
+    assert set(f["first_bad_per_rank"]) >= {"0", "1"}
+    code, out = run(capsys, FIXTURES / "tt_cpu_2rank_guard_nan_step7_rank1.log")
+    assert "  rank 0: first non-finite step" in out and "  rank 1: first non-finite step" in out
+
+
+def test_megatron_failures(capsys) -> None:
+    code, data = run_json(capsys, FIXTURES / "megatron_nan.log",
+                          FIXTURES / "megatron_moe_inf_aux_loss.log")
+    nan, moe = data["files"]
+    assert code == 1
+    assert nan["first_bad"]["step"] == 30 and nan["first_bad"]["rank"] == 7
+    assert nan["first_bad"]["bad"]["number of nan iterations"] == 1.0
+    assert moe["first_bad"]["step"] == 20 and moe["first_bad"]["bad"] == {
+        "load_balancing_loss": "inf"}
+
+
+def test_messy_log(capsys) -> None:
+    code, data = run_json(capsys, FIXTURES / "messy_torchtitan_crlf.log")
+    (f,) = data["files"]
+    assert code == 1 and f["first_bad"]["step"] == 20 and f["first_bad"]["rank"] == 1
+    assert f["first_bad_per_rank"]["0"]["step"] == 30
+
+
+def test_no_metric_line_is_not_a_pass(capsys, tmp_path: Path) -> None:
+    log = tmp_path / "empty.log"
+    log.write_text("[titan] starting\nstep: 4  loss:\n")
+    code, data = run_json(capsys, log)
+    assert code == 2 and data["files"][0]["status"] == "error"
+    assert "no TorchTitan or Megatron-LM metric line found" in data["files"][0]["error"]
+    assert data["files"][0]["incomplete_lines"] == [2]
+    empty = tmp_path / "zero.log"
+    empty.write_bytes(b"")
+    assert run(capsys, empty)[0] == 2
+
+
+def test_unreadable_files(capsys, tmp_path: Path) -> None:
+    code, out = run(capsys, tmp_path / "missing.log")
+    assert code == 2 and "cannot read" in out
+    code, out = run(capsys, tmp_path)  # a directory
+    assert code == 2 and "cannot read" in out
+
+
+def test_binary_garbage_is_read_not_crashed(capsys, tmp_path: Path) -> None:
+    log = tmp_path / "bin.log"
+    log.write_bytes(b"\xff\xfe\x00step: 1  loss: 2.5  grad_norm: 1.0\n\x80\x81")
+    assert run(capsys, log)[0] == 0
+
+
+def test_wrong_format_finds_nothing(capsys) -> None:
+    assert run(capsys, "--format", "megatron", FIXTURES / "tt_cpu_clean.log")[0] == 2
+    assert run(capsys, "--format", "torchtitan", FIXTURES / "tt_cpu_clean.log")[0] == 0
+
+
+def test_bad_options(capsys) -> None:
+    assert main(["check-log", "--format", "csv", str(FIXTURES / "tt_cpu_clean.log")]) == 2
+    assert "invalid choice" in capsys.readouterr().err
+    assert main(["check-log"]) == 2
+
+
+def test_several_files_divergence_wins_over_errors(capsys, tmp_path: Path) -> None:
+    clean, bad = FIXTURES / "tt_cpu_clean.log", FIXTURES / "tt_cpu_diverged_no_guard.log"
+    assert run(capsys, clean, clean)[0] == 0
+    assert run(capsys, clean, tmp_path / "missing.log")[0] == 2
+    assert run(capsys, clean, tmp_path / "missing.log", bad)[0] == 1
+
+
+def test_json_is_strict(capsys) -> None:
+    _, out = run(capsys, "--json", FIXTURES / "messy_torchtitan_crlf.log")
+    assert "NaN" not in out and "Infinity" not in out  # json.dumps(allow_nan=False)
