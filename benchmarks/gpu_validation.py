@@ -1,0 +1,322 @@
+"""Validate titan-rocm inside TorchTitan 0.2.2's real trainer on GPUs, and measure what it costs.
+
+One command on a GPU box (run from the repository root, titan-rocm importable):
+
+    python benchmarks/gpu_validation.py --suite single --out results/     # 1-2 GPUs
+    python benchmarks/gpu_validation.py --suite dual --out results/       # needs 2 GPUs
+
+``single`` runs the debug configs with ``converters = ["rocm"]`` (workarounds forced ``on``
+where ``auto`` would skip on CUDA) and with no converter, same seed and data; pairs that are
+compared run one after the other on the same GPU (two GPUs: two lanes in parallel, each with
+its own pairs). ``dual`` runs the two-GPU cases (FSDP NaN stop, deepseek_v3 EP=2 + FSDP).
+Every run uses fresh Inductor/Triton cache directories, so compile times are cold and every
+kernel compile goes through Triton. It prints a table of ratios and writes ``summary.json``,
+``summary.md`` and ``logs.tar.gz`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from titan_rocm.logs.parse import parse_file  # noqa: E402
+
+# Workarounds whose auto gate skips off ROCm, forced on so the CUDA run exercises them.
+ROCM_ON = [
+    "--rocm.precision_casts", "on", "--rocm.triton_war", "on",
+    "--rocm.grouped_mm", "on", "--rocm.moe_eager_compile", "on",
+]
+STOCK = ["--model.converters", ""]
+SEED = ["--debug.seed", "42"]
+LOG10 = ["--metrics.log_freq", "10"]
+
+
+@dataclasses.dataclass
+class Run:
+    """One training run."""
+
+    name: str
+    config: str
+    flags: list[str]
+    gpus: int = 1
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    expect_failure: bool = False
+    timeout: int = 420
+
+
+def single_suite(steps: int) -> tuple[list[Run], list[Run]]:
+    """Two lanes of one-GPU runs (compared pairs share a lane)."""
+    s = ["--training.steps", str(steps)]
+
+    def run(name: str, model: str, *flags: str, **kw: Any) -> Run:
+        return Run(name, f"configs/{model}_debug.toml", [*s, *SEED, *LOG10, *flags], **kw)
+
+    lane0 = [
+        run("llama3_stock", "llama3", *STOCK),
+        run("llama3_rocm", "llama3", *ROCM_ON),
+        run("llama3_rocm_nowar", "llama3", *ROCM_ON, "--rocm.triton_war", "off"),
+        run("llama3_rocm_guard_off", "llama3", *ROCM_ON, "--rocm.divergence_guard", "off"),
+        run("llama3_rocm_every_step", "llama3", *ROCM_ON, "--rocm.divergence_check",
+            "every_step"),
+        run("llama3_nan_step7", "llama3", *ROCM_ON,
+            env={"TITAN_ROCM_DEBUG_INJECT_NAN_STEP": "7"}, expect_failure=True),
+        run("qwen3_stock", "qwen3", *STOCK),
+        run("qwen3_rocm", "qwen3", *ROCM_ON),
+    ]
+    lane1 = [
+        run("deepseek_v3_stock", "deepseek_v3", *STOCK),
+        run("deepseek_v3_rocm", "deepseek_v3", *ROCM_ON),
+        run("deepseek_v3_rocm_loop", "deepseek_v3", *ROCM_ON, "--rocm.grouped_mm_backend",
+            "loop"),
+        run("deepseek_v3_rocm_stock_moe_compile", "deepseek_v3", *ROCM_ON,
+            "--rocm.moe_eager_compile", "off"),
+    ]
+    return lane0, lane1
+
+
+def dual_suite(steps: int) -> list[Run]:
+    """Two-GPU runs, one after the other."""
+    s = ["--training.steps", str(steps), *SEED, *LOG10]
+    return [
+        Run("llama3_fsdp2_nan_step7", "configs/llama3_debug.toml", [*s, *ROCM_ON], gpus=2,
+            env={"TITAN_ROCM_DEBUG_INJECT_NAN_STEP": "7", "TITAN_ROCM_DEBUG_INJECT_NAN_RANK": "1"},
+            expect_failure=True, timeout=300),
+        Run("deepseek_v3_ep2_fsdp2_rocm", "configs/deepseek_v3_debug.toml",
+            [*s, *ROCM_ON, "--parallelism.expert_parallel_degree", "2",
+             "--parallelism.data_parallel_shard_degree", "2"], gpus=2),
+    ]
+
+
+_PORT = [29500]
+_PORT_LOCK = threading.Lock()
+
+
+def _port() -> int:
+    with _PORT_LOCK:
+        _PORT[0] += 7
+        return _PORT[0]
+
+
+def launch(run: Run, out: Path, gpu_ids: list[int]) -> dict[str, Any]:
+    """Run ``run`` on ``gpu_ids``; return its raw result (log path, exit code, wall time)."""
+    log = out / f"{run.name}.log"
+    tmp = Path(tempfile.mkdtemp(prefix=f"{run.name}-"))
+    env = dict(os.environ)
+    env.update(
+        CUDA_VISIBLE_DEVICES=",".join(map(str, gpu_ids)),
+        TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
+        TRITON_CACHE_DIR=str(tmp / "triton"),
+        TITAN_ROCM_TRITON_WAR_STATS_DIR=str(tmp / "war-stats"),
+        COUNT_SYNCS="1",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(run.env)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={run.gpus}",
+        f"--master_port={_port()}", "--local-ranks-filter", ",".join(map(str, range(run.gpus))),
+        "--role", "rank", "--tee", "3",
+        str(REPO / "benchmarks" / "torchtitan_runner.py"),
+        "--job.config_file", run.config, "--job.dump_folder", str(tmp / "dump"), *run.flags,
+    ]
+    start = time.monotonic()
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        try:
+            proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
+                                  timeout=run.timeout)
+            code: int | str = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    wall = time.monotonic() - start
+    stats = None
+    stats_dir = tmp / "war-stats"
+    if stats_dir.is_dir():
+        from titan_rocm.workarounds.triton_war import stats as war_stats
+
+        # One file per process that compiled: the trainer and each Inductor compile worker.
+        stats = war_stats.collect(stats_dir).to_dict()
+        stats["files"] = sorted(p.name for p in stats_dir.iterdir())
+    return {"name": run.name, "exit": code, "wall_s": round(wall, 1), "log": str(log),
+            "expect_failure": run.expect_failure, "triton_war_stats": stats}
+
+
+_TS = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
+
+
+def _stamp(line: str) -> float | None:
+    m = _TS.search(line)
+    if not m:
+        return None
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+def analyse(raw: dict[str, Any]) -> dict[str, Any]:
+    """Loss curve, throughput, compile time and reports from one run's log."""
+    path = Path(raw["log"])
+    text = path.read_text(errors="replace")
+    parsed = parse_file(path)
+    train = [r for r in parsed.train_records if r.rank in (None, 0)]
+    by_step = {r.step: r for r in train}
+    starts = [_stamp(x) for x in text.splitlines() if "Training starts at step" in x]
+    first = [_stamp(x) for x in text.splitlines() if re.search(r"\bstep:\s*1\b", x)]
+    reports = [json.loads(x.split("TITAN_ROCM_RUN_REPORT ", 1)[1])
+               for x in text.splitlines() if "TITAN_ROCM_RUN_REPORT " in x]
+    tps = [r.tps for s, r in sorted(by_step.items()) if s > 10 and r.tps]
+    return {
+        **raw,
+        "steps_logged": sorted(by_step),
+        "loss": {s: r.loss for s, r in sorted(by_step.items())},
+        "grad_norm": {s: r.grad_norm for s, r in sorted(by_step.items())},
+        "tps_median": statistics.median(tps) if tps else None,
+        "memory_gib": max((r.memory_gib or 0 for r in train), default=None),
+        "to_step1_s": (first[0] - starts[0]) if starts and first and starts[0] and first[0]
+        else None,
+        "reports": reports,
+        "guard_lines": [x.strip()[:400] for x in text.splitlines()
+                        if "divergence guard" in x and "diverged" in x][:4],
+        "titan_rocm_lines": [x.split("titan-rocm:", 1)[1].strip() for x in text.splitlines()
+                             if "titan-rocm: rocm." in x][:12],
+    }
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 4) if a and b else None
+
+
+def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The figures issue 7 asks for."""
+    out: dict[str, Any] = {}
+    for model in ("llama3", "qwen3", "deepseek_v3"):
+        stock, rocm = results.get(f"{model}_stock"), results.get(f"{model}_rocm")
+        if not stock or not rocm:
+            continue
+        common = sorted(set(stock["loss"]) & set(rocm["loss"]))
+        rel = [abs(rocm["loss"][s] - stock["loss"][s]) / abs(stock["loss"][s]) for s in common
+               if stock["loss"][s]]
+        out[model] = {
+            "tps_ratio_rocm_over_stock": _ratio(rocm["tps_median"], stock["tps_median"]),
+            "loss_max_rel_diff": round(max(rel), 5) if rel else None,
+            "loss_step1": (stock["loss"].get(1), rocm["loss"].get(1)),
+            "loss_last": (stock["loss"].get(common[-1]) if common else None,
+                          rocm["loss"].get(common[-1]) if common else None),
+            "to_step1_s": (stock["to_step1_s"], rocm["to_step1_s"]),
+            "memory_gib": (stock["memory_gib"], rocm["memory_gib"]),
+        }
+    r = results
+    if "llama3_rocm" in r and "llama3_rocm_guard_off" in r:
+        syncs = {k: (r[k]["reports"][0].get("syncs") if r[k]["reports"] else None)
+                 for k in ("llama3_rocm_guard_off", "llama3_rocm", "llama3_rocm_every_step")
+                 if k in r}
+        out["divergence_guard"] = {
+            "tps_ratio_default_over_off": _ratio(r["llama3_rocm"]["tps_median"],
+                                                 r["llama3_rocm_guard_off"]["tps_median"]),
+            "tps_ratio_every_step_over_off": _ratio(
+                r.get("llama3_rocm_every_step", {}).get("tps_median"),
+                r["llama3_rocm_guard_off"]["tps_median"]),
+            "host_syncs_whole_run": syncs,
+        }
+    if "llama3_rocm" in r and "llama3_rocm_nowar" in r:
+        out["triton_war_compile"] = {
+            "to_step1_s_with": r["llama3_rocm"]["to_step1_s"],
+            "to_step1_s_without": r["llama3_rocm_nowar"]["to_step1_s"],
+            "ratio_with_over_without": _ratio(r["llama3_rocm"]["to_step1_s"],
+                                              r["llama3_rocm_nowar"]["to_step1_s"]),
+            "stats_with": r["llama3_rocm"]["triton_war_stats"],
+        }
+    if "deepseek_v3_rocm" in r and "deepseek_v3_rocm_stock_moe_compile" in r:
+        a, b = r["deepseek_v3_rocm"], r["deepseek_v3_rocm_stock_moe_compile"]
+        out["moe_compile"] = {
+            "tps_ratio_mixed_over_stock_moe_compile": _ratio(a["tps_median"], b["tps_median"]),
+            "to_step1_s": {"mixed": a["to_step1_s"], "stock_moe_compile": b["to_step1_s"]},
+        }
+    if "deepseek_v3_rocm" in r and "deepseek_v3_rocm_loop" in r:
+        a, b = r["deepseek_v3_rocm"], r["deepseek_v3_rocm_loop"]
+        common = sorted(set(a["loss"]) & set(b["loss"]))
+        out["grouped_mm_loop_vs_torch"] = {
+            "loss_max_rel_diff": round(max(abs(a["loss"][s] - b["loss"][s]) / abs(a["loss"][s])
+                                           for s in common), 5) if common else None,
+            "tps_ratio_loop_over_torch": _ratio(b["tps_median"], a["tps_median"]),
+        }
+    return out
+
+
+def _lane(runs: list[Run], gpu: int, out: Path, results: dict[str, Any]) -> None:
+    for run in runs:
+        ids = [gpu] if run.gpus == 1 else list(range(run.gpus))
+        raw = launch(run, out, ids)
+        results[run.name] = analyse(raw)
+        print(f"[{run.name}] exit={raw['exit']} wall={raw['wall_s']}s", flush=True)
+
+
+def main() -> int:
+    """Run a suite and print/write its figures."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suite", choices=["single", "dual"], required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--only", help="comma-separated run names to keep")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    # Logs go to one archive in --out (the device tool brings back at most 8 files).
+    logs = Path(tempfile.mkdtemp(prefix="titan-rocm-logs-"))
+    import torch
+
+    n_gpu = torch.cuda.device_count()
+    keep = set(args.only.split(",")) if args.only else None
+    results: dict[str, Any] = {}
+    if args.suite == "single":
+        lanes = [[r for r in lane if keep is None or r.name in keep]
+                 for lane in single_suite(args.steps)]
+        if n_gpu >= 2:
+            threads = [threading.Thread(target=_lane, args=(lane, i, logs, results))
+                       for i, lane in enumerate(lanes)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        else:
+            _lane(lanes[0] + lanes[1], 0, logs, results)
+    else:
+        if n_gpu < 2:
+            print("the dual suite needs 2 GPUs", file=sys.stderr)
+            return 2
+        _lane([r for r in dual_suite(args.steps) if keep is None or r.name in keep], 0, logs,
+              results)
+    figures = compare(results)
+    environment = {
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(0) if n_gpu else None,
+        "gpus": n_gpu, "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+    }
+    summary = {"environment": environment, "figures": figures, "runs": results}
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    with tarfile.open(args.out / "logs.tar.gz", "w:gz") as tar:
+        tar.add(logs, arcname="logs")
+    print(json.dumps({"environment": environment, "figures": figures}, indent=2, default=str))
+    for name, res in sorted(results.items()):
+        print(f"{name}: exit={res['exit']} tps_median={res['tps_median']} "
+              f"to_step1={res['to_step1_s']} reports={res['reports'][:1]} "
+              f"guard={res['guard_lines'][:1]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Run TorchTitan's own trainer (``torchtitan.train`` as ``__main__``) and report what happened.
+
+Used by ``benchmarks/gpu_validation.py`` under torchrun. It changes nothing in training: it
+only observes, and at exit prints one line ``TITAN_ROCM_RUN_REPORT {json}`` with
+- host syncs counted by ``torch.cuda.set_sync_debug_mode("warn")`` (env ``COUNT_SYNCS=1``),
+- Dynamo's counters (frames compiled, graph breaks),
+- titan-rocm's counters: eager MoE block forwards, grouped-MM backend calls,
+- Inductor's ``emulate_precision_casts`` value in force, and peak GPU memory.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import runpy
+import sys
+import warnings
+
+_syncs = {"count": 0}
+
+
+def _count_sync_warnings() -> None:
+    import torch
+
+    torch.cuda.set_sync_debug_mode("warn")
+    warnings.simplefilter("always")
+    shown = warnings.showwarning
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001
+        if "synchroniz" in str(message):
+            _syncs["count"] += 1
+            return
+        shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = showwarning
+
+
+def _report() -> None:
+    report: dict[str, object] = {"rank": int(os.environ.get("RANK", "0"))}
+    try:
+        import torch
+        import torch._inductor.config as inductor_config
+        from torch._dynamo.utils import counters
+
+        report["syncs"] = _syncs["count"] if os.environ.get("COUNT_SYNCS") == "1" else None
+        report["dynamo"] = {
+            "frames_ok": int(counters["frames"]["ok"]),
+            "frames_total": int(counters["frames"]["total"]),
+            "graph_breaks": int(sum(counters["graph_break"].values())),
+            "unique_graph_breaks": len(counters["graph_break"]),
+        }
+        report["emulate_precision_casts"] = bool(inductor_config.emulate_precision_casts)
+        if torch.cuda.is_available():
+            report["peak_memory_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
+    except Exception as exc:  # the report must never hide the run's own outcome
+        report["error"] = repr(exc)
+    for name, target in (
+        ("eager_moe_forwards", "titan_rocm.workarounds.moe_compile:eager_forward_calls"),
+        ("grouped_mm_calls", "titan_rocm.workarounds.grouped_mm:call_counts"),
+    ):
+        module_name, _, func = target.partition(":")
+        module = sys.modules.get(module_name)
+        report[name] = getattr(module, func)() if module is not None else None
+    print("TITAN_ROCM_RUN_REPORT " + json.dumps(report, default=str), flush=True)
+
+
+def main() -> None:
+    """Run ``torchtitan.train`` with this process's arguments."""
+    if os.environ.get("COUNT_SYNCS") == "1":
+        _count_sync_warnings()
+    atexit.register(_report)
+    sys.argv = ["torchtitan.train", *sys.argv[1:]]
+    runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()
