@@ -31,24 +31,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-
-def _reentrant_registration() -> None:
-    """Work around a self-deadlock in ``titan_rocm._registration`` (as of commit bf13ce1).
-
-    ``register_converters`` holds a non-reentrant lock while importing
-    ``titan_rocm.converters``, whose body calls ``register_converters`` again: any process
-    that imports both titan_rocm and TorchTitan hangs. A reentrant lock lets the inner call
-    reach its "module still importing" early return. Harmless once the lead fixes it.
-    """
-    import threading
-
-    import titan_rocm._registration as registration
-
-    registration._lock = threading.RLock()
-
-
-_reentrant_registration()
-
 TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 256}
 
 

@@ -1,0 +1,133 @@
+"""rocm.divergence_guard on a GPU: overhead side by side, NaN injection, and no-sync proof.
+
+Runs, in one call, TorchTitan 0.2.2 (``python -m titan_rocm.train``) on ``--config`` with the
+guard off, in ``log_steps`` mode and in ``every_step`` mode (the same job otherwise), then
+prints each run's median tokens/s after warm-up (``titan-rocm bench-summary``) and the
+ratios to the guard-off run. Then a run with the test hook ``TITAN_ROCM_DEBUG_INJECT_NAN_STEP``
+(NaN at step 7, ``log_freq`` 10) must stop non-zero, naming step 7, found at log step 10, and
+``titan-rocm check-log`` must fail its log. Before all that, the guard's per-step record
+updates run under ``torch.cuda.set_sync_debug_mode("error")``: any device-to-host sync
+raises.
+
+    python benchmarks/divergence_guard_overhead.py --ngpu 1 --out /tmp/guard
+    python benchmarks/divergence_guard_overhead.py --ngpu 2 --out /tmp/guard2   # FSDP
+
+Run from the repository root (the debug configs' tokenizer and dataset paths are relative).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from titan_rocm.logs.check import check_file  # noqa: E402
+from titan_rocm.logs.parse import parse_file  # noqa: E402
+from titan_rocm.logs.summary import summarize  # noqa: E402
+
+VARIANTS: dict[str, list[str]] = {
+    "guard off": ["--rocm.divergence_guard", "off"],
+    "log_steps": ["--rocm.divergence_check", "log_steps"],
+    "every_step": ["--rocm.divergence_check", "every_step"],
+}
+
+
+def sync_check() -> str:
+    """The record's per-step updates on CUDA under sync debug mode "error"."""
+    import torch
+
+    from titan_rocm.workarounds.divergence_guard.record import NonFiniteRecord
+
+    record = NonFiniteRecord()
+    loss = torch.tensor(4.0, device="cuda")
+    labels = torch.ones(8, 2048, dtype=torch.long, device="cuda")
+    record.observe_loss(loss, labels)  # first use allocates; warm up outside the check
+    record.observe_grad_norm(loss)
+    record.end_step(0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(1, 101):
+            record.observe_loss(loss * (float("nan") if step == 7 else 1.0), labels)
+            record.observe_grad_norm(loss)
+            record.end_step(step)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    row = record.row()
+    assert row.step == 7, row
+    return f"sync check: 100 record updates under set_sync_debug_mode('error'): no sync; {row}"
+
+
+def train(name: str, extra: list[str], args: argparse.Namespace, env: dict[str, str]) -> tuple:
+    log = args.out / f"{name.replace(' ', '_')}.log"
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.ngpu}",
+        "--local-ranks-filter", ",".join(str(r) for r in range(args.ngpu)), "--tee", "3",
+        "-m", "titan_rocm.train", "--job.config_file", args.config,
+        "--model.converters", "rocm.divergence_guard",
+        "--training.steps", str(args.steps), "--metrics.log_freq", "10", *extra,
+    ]
+    start = time.monotonic()
+    with log.open("w") as out:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    return log, proc.returncode, time.monotonic() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default="configs/llama3_debug.toml")
+    parser.add_argument("--ngpu", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=2, help="runs of each variant")
+    parser.add_argument("--out", type=Path, default=Path("outputs/guard_overhead"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TITAN_ROCM_DEBUG")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    print(sync_check(), flush=True)
+
+    medians: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    for repeat in range(args.repeats):  # interleaved, so drift hits every variant alike
+        for name, extra in VARIANTS.items():
+            log, rc, secs = train(f"{name}_{repeat}", extra, args, env)
+            summary = summarize([parse_file(log)], warmup=args.warmup)
+            tps = summary.stats.get("tps") if summary.valid and summary.stats else None
+            print(f"{name:>10} run {repeat}: rc={rc} {secs:.0f}s valid={summary.valid} "
+                  f"median tps={tps.median if tps else None} ({log})", flush=True)
+            if rc != 0 or tps is None:
+                print(f"FAILED: {summary.reason}", flush=True)
+                return 1
+            medians[name].append(tps.median)
+    base = sum(medians["guard off"]) / len(medians["guard off"])
+    for name, values in medians.items():
+        mean = sum(values) / len(values)
+        print(f"{name:>10}: mean of medians {mean:,.0f} tokens/s/device, "
+              f"ratio to guard off {mean / base:.4f}  (runs: {[round(v) for v in values]})")
+
+    inj_env = dict(env, TITAN_ROCM_DEBUG_INJECT_NAN_STEP="7")
+    if args.ngpu > 1:
+        inj_env["TITAN_ROCM_DEBUG_INJECT_NAN_RANK"] = str(args.ngpu - 1)
+    log, rc, secs = train("inject_nan_step7", [], args, inj_env)
+    text = log.read_text(errors="replace")
+    stop = [ln for ln in text.splitlines() if "ERROR - titan-rocm divergence guard" in ln]
+    check = check_file(log)
+    print(f"injection: rc={rc} in {secs:.0f}s; guard error lines: {len(stop)}; "
+          f"check-log exit {check.exit_code}")
+    for line in stop:
+        print("  " + line[:400])
+    ok = (rc != 0 and len(stop) == 1 and "diverged at step 7" in stop[0]
+          and "log step 10" in stop[0] and check.exit_code == 1
+          and "Training completed" not in text)
+    print("injection:", "OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
