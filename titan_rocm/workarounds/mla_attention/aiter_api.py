@@ -44,6 +44,29 @@ _NEUTRAL: dict[str, Any] = {
 }
 
 
+# Parameter lists of aiter's functions (2025-2026 releases), used when neither a function's
+# Python signature nor its torch.ops schema can be read: the required parameters of
+# ``_flash_attn_forward``, and the parameters of the two backwards that titan-rocm fills.
+CANONICAL_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "_flash_attn_forward": (
+        "q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size_left",
+        "window_size_right", "sink_size", "bias", "alibi_slopes", "q_descale", "k_descale",
+        "v_descale", "return_lse", "return_softmax",
+    ),
+    "_flash_attn_backward": (
+        "dout", "q", "k", "v", "out", "softmax_lse", "dq", "dk", "dv", "dbias", "dropout_p",
+        "softmax_scale", "causal", "window_size_left", "window_size_right", "bias",
+        "alibi_slopes", "deterministic", "rng_state", "is_v3_atomic_fp32", "how_v3_bf16_cvt",
+        "sink", "d_sink",
+    ),
+    "mha_bwd": (
+        "dout", "q", "k", "v", "out", "softmax_lse", "dropout_p", "softmax_scale", "is_causal",
+        "window_size_left", "window_size_right", "deterministic", "dq", "dk", "dv", "dbias",
+        "bias", "alibi_slopes", "rng_state", "gen",
+    ),
+}
+
+
 class AiterUnavailable(RuntimeError):
     """aiter cannot be used in this process; the message says what is missing."""
 
@@ -73,14 +96,14 @@ def unavailable_reason(facts: PlatformFacts | None = None, *, try_import: bool) 
         return "missing " + "; ".join(missing)
     if try_import and not facts.simulated:
         try:
-            load_mha()
+            load_mha(facts)
         except AiterUnavailable as exc:
             return str(exc)
     return None
 
 
-def load_mha() -> Any:
-    """Import and return ``aiter.ops.mha``.
+def load_mha(facts: PlatformFacts | None = None) -> Any:
+    """Import and return ``aiter.ops.mha`` (``facts``: default :func:`platform.current`).
 
     Raises:
         AiterUnavailable: not a ROCm build, aiter not installed, or its import failed.
@@ -88,7 +111,7 @@ def load_mha() -> Any:
     module = sys.modules.get(MHA_MODULE)
     if module is not None:
         return module
-    if not platform.current().is_rocm:
+    if not (facts or platform.current()).is_rocm:
         raise AiterUnavailable("aiter needs a ROCm build of torch (torch.version.hip is None)")
     if importlib.util.find_spec("aiter") is None:
         raise AiterUnavailable("the aiter package is not installed (pip install amd-aiter)")
@@ -140,9 +163,12 @@ def call_with_known(
         AiterUnavailable: ``fn`` requires a parameter titan-rocm has no value for.
     """
     params = parameters(fn, op_name)
-    if params is None:
-        return fn(**values)
     merged = {**_NEUTRAL, **values}
+    if params is None:
+        canonical = CANONICAL_PARAMETERS.get(op_name)
+        if canonical is None:
+            return fn(**values)
+        return fn(**{name: merged[name] for name in canonical if name in merged})
     kwargs: dict[str, Any] = {}
     for name, required in params:
         if name in merged:

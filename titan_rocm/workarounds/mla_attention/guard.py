@@ -34,15 +34,6 @@ TARGET_MODULE = aiter_api.MHA_MODULE
 TARGET_ATTR = "_flash_attn_backward"
 ORIGINAL_ATTR = "__titan_rocm_original__"
 
-# Parameter order of aiter's _flash_attn_backward (2025-2026 releases), used only when
-# neither its Python signature nor its torch.ops schema can be read.
-CANONICAL_PARAMETERS: tuple[str, ...] = (
-    "dout", "q", "k", "v", "out", "softmax_lse", "dq", "dk", "dv", "dbias", "dropout_p",
-    "softmax_scale", "causal", "window_size_left", "window_size_right", "bias",
-    "alibi_slopes", "deterministic", "rng_state", "is_v3_atomic_fp32", "how_v3_bf16_cvt",
-    "sink", "d_sink",
-)
-
 _lock = threading.Lock()
 
 
@@ -54,7 +45,10 @@ def is_guarded(fn: Any) -> bool:
 def guarded_backward(original: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap aiter's ``_flash_attn_backward`` so this shape on gfx942 goes to CK."""
     params = aiter_api.parameters(original, TARGET_ATTR)
-    names = [name for name, _ in params] if params else list(CANONICAL_PARAMETERS)
+    if params:
+        names = [name for name, _ in params]
+    else:
+        names = list(aiter_api.CANONICAL_PARAMETERS[TARGET_ATTR])
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
         if len(args) > len(names):

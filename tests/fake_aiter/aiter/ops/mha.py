@@ -42,7 +42,7 @@ def _attend(q, k, v, softmax_scale, causal):
     vf = v.float().transpose(1, 2)
     if vf.shape[1] != s.shape[1]:
         vf = vf.repeat_interleave(s.shape[1] // vf.shape[1], dim=1)
-    lse = torch.logsumexp(s, dim=-1)
+    lse = torch.logsumexp(s, dim=-1).contiguous()
     out = (torch.softmax(s, dim=-1) @ vf).transpose(1, 2)
     return out, lse
 
@@ -90,7 +90,7 @@ def _forward(name, q, k, v, dropout_p, softmax_scale, is_causal, return_lse, out
         **details,
     )
     ref, lse = _attend(q, k, v, softmax_scale, is_causal)
-    result = ref.to(q.dtype)
+    result = ref.to(q.dtype).contiguous()  # aiter allocates a dense bshd output
     if out is not None:
         out.copy_(result)
         result = out
