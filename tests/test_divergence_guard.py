@@ -385,3 +385,25 @@ def test_record_updates_never_sync_on_gpu() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert record.row().step == 7
+
+
+def test_compiled_loss_keeps_one_graph_and_the_bookkeeping_eager() -> None:
+    """``[compile] components`` with "loss": the wrapper is compiled; the guard's part is not."""
+    import torch._dynamo
+    import torchtitan.components.loss as loss_module
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    monitor = Monitor(injection=Injection(3, None))
+    hooks.install(monitor)
+    jc = cpu_trainer.job_config(["--compile.enable", "--compile.backend", "aot_eager"])
+    loss_fn = loss_module.build_cross_entropy_loss(jc)
+    for step in range(1, 6):
+        pred = torch.randn(2, 4, 8, requires_grad=True)
+        loss = loss_fn(pred, torch.randint(0, 8, (2, 4)))
+        loss.backward()
+        assert bool(torch.isfinite(pred.grad).all()) == (step != 3)  # NaN grads at step 3
+        monitor.on_step_end()
+    assert monitor.record.row().step == 3
+    assert counters["stats"]["unique_graphs"] == 1  # no recompile as the step changes
