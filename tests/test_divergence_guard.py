@@ -172,7 +172,11 @@ def test_host_values_at_a_log_step_stop_even_when_nothing_was_observed() -> None
 
 
 def _ctx(**settings: Any) -> Context:
-    facts = PlatformFacts("2.13", None, None, 0, None, None, None, None, False)
+    facts = PlatformFacts(
+        torch_version="2.13", hip_version=None, cuda_version=None, device_count=0,
+        gcn_arch_name=None, device_capability=None, device_name=None, triton_version=None,
+        aiter_spec_found=False,
+    )
     return Context(job_config=None, parallel_dims=None, settings=RocmSettings(**settings),
                    platform=facts)
 
