@@ -371,7 +371,7 @@ class CompileHook:
         log.warning(
             "titan-rocm: Triton kernel %s (%s) has %d hazardous buffer store(s) (rule %s; %s); "
             "recompiling it with buffer ops off", name, arch, len(report.hazards),
-            config.rule, first)
+            getattr(report, "rule", config.rule), first)
         reason = None
         try:
             fixed = self.recompile(args, kwargs)
