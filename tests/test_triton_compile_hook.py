@@ -102,6 +102,23 @@ def test_install_binds_every_lookup_site_and_is_idempotent():
     assert triton.compile is original and cc.compile is original
 
 
+def test_install_rebinds_jit_functions_that_already_launched():
+    """A @triton.jit function copies ``compile`` into ``fn.compile`` at its first launch
+    (create_binder); one launched before install must still go through the wrapper."""
+    import triton.compiler.compiler as cc
+    from triton_war_hook_kernels import silu_mul_kernel
+
+    original = cc.compile
+    silu_mul_kernel.compile = original  # what create_binder did at the first launch
+    try:
+        hook = compile_hook.install()
+        assert silu_mul_kernel.compile is hook.wrapper
+        compile_hook.uninstall()
+        assert silu_mul_kernel.compile is original
+    finally:
+        del silu_mul_kernel.compile
+
+
 def test_install_rejects_unknown_rule():
     with pytest.raises(ValueError, match="'sloppy'.*precise, conservative"):
         compile_hook.install(rule="sloppy")

@@ -464,7 +464,25 @@ def install(
                 log.warning(
                     "titan-rocm: %s.%s is %r, not Triton's compile: left alone, so compiles "
                     "through it are not scanned", module_name, attr, value)
+        _rebind_jit_functions(_hook.original, _hook.wrapper)
         return _hook
+
+
+def _rebind_jit_functions(old: Callable[..., Any], new: Callable[..., Any]) -> int:
+    """``@triton.jit`` functions copy ``compile`` into ``fn.compile`` at their first launch
+    on a device; rebind those already launched (Triton keeps a registry of every
+    JITFunction since 3.5; older ones only get the wrapper for kernels first launched
+    after :func:`install`). Returns how many were rebound."""
+    import sys
+
+    jit = sys.modules.get("triton.runtime.jit")
+    registry = getattr(jit, "_triton_jit_function_registry", None) or {}
+    count = 0
+    for fn in list(registry.values()):
+        if vars(fn).get("compile") is old:
+            fn.compile = new
+            count += 1
+    return count
 
 
 def uninstall() -> None:
@@ -476,6 +494,7 @@ def uninstall() -> None:
         for module in _modules().values():
             if getattr(module, "compile", None) is _hook.wrapper:
                 module.compile = _hook.original
+        _rebind_jit_functions(_hook.wrapper, _hook.original)
         _hook = None
 
 
