@@ -48,7 +48,7 @@ def _report() -> None:
             "frames_ok": int(counters["frames"]["ok"]),
             "frames_total": int(counters["frames"]["total"]),
             "graph_breaks": int(sum(counters["graph_break"].values())),
-            "unique_graph_breaks": len(counters["graph_break"]),
+            "graph_break_reasons": [str(k)[:200] for k in list(counters["graph_break"])[:5]],
         }
         report["emulate_precision_casts"] = bool(inductor_config.emulate_precision_casts)
         if torch.cuda.is_available():
