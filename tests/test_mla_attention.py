@@ -28,7 +28,7 @@ from titan_rocm.config import RocmSettings
 from titan_rocm.converters.base import Context
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.workarounds.mla_attention import aiter_api, guard, op, route_log
-from titan_rocm.workarounds.mla_attention.module import MLAInnerAttention
+from titan_rocm.workarounds.mla_attention.module import MLAFlexInnerAttention, MLAInnerAttention
 from titan_rocm.workarounds.mla_attention.workaround import (
     DEEPSEEK_PARALLELIZE,
     MLACKBackward,
@@ -277,15 +277,39 @@ def test_inputs_aiter_cannot_take_fall_back_to_sdpa_and_log_once(fake_aiter, cap
     assert fake_aiter.names() == []
 
 
-def test_module_call_signature_matches_torchtitans_sdpa_wrapper():
-    from torchtitan.models.attention import ScaledDotProductAttentionWrapper
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [(MLAInnerAttention, "ScaledDotProductAttentionWrapper"),
+     (MLAFlexInnerAttention, "FlexAttentionWrapper")],
+)
+def test_module_call_signature_matches_the_replaced_wrapper(ours, theirs):
+    from torchtitan.models import attention
 
-    ours = inspect.signature(MLAInnerAttention.forward)
-    theirs = inspect.signature(ScaledDotProductAttentionWrapper.forward)
-    assert list(ours.parameters) == list(theirs.parameters)
-    for name, param in theirs.parameters.items():
-        assert ours.parameters[name].kind == param.kind
-        assert ours.parameters[name].default == param.default
+    mine = inspect.signature(ours.forward)
+    stock = inspect.signature(getattr(attention, theirs).forward)
+    assert list(mine.parameters) == list(stock.parameters)
+    for name, param in stock.parameters.items():
+        assert mine.parameters[name].kind == param.kind
+        assert mine.parameters[name].default == param.default
+
+
+def test_flex_replacement_runs_causal_attention_and_refuses_score_mod(fake_aiter):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    mask = create_block_mask(lambda b, h, q, kv: q >= kv, 1, None, 32, 32, device="cpu")
+    module = MLAFlexInnerAttention()
+    q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in _qkv())
+    with on_rocm("gfx942", fake_aiter):
+        out = module(q, k, v, block_mask=mask, scale=0.1)
+        out.backward(torch.ones_like(out))
+        with pytest.raises(NotImplementedError, match="score_mod"):
+            module(q, k, v, block_mask=mask, score_mod=lambda s, *_: s)
+    ref, dq, _, dv = _reference(*(t.transpose(1, 2) for t in (q, k, v)), 0.1,
+                                torch.ones(2, 32, 4, 128))
+    _assert_matches(out.transpose(1, 2), ref)
+    _assert_matches(q.grad.transpose(1, 2), dq)
+    _assert_matches(v.grad.transpose(1, 2), dv)
+    assert fake_aiter.names() == ["mha_fwd", "mha_bwd"]
 
 
 # -- the guard -----------------------------------------------------------------------------
@@ -501,7 +525,7 @@ def test_auto_off_rocm_skips_with_one_line_and_touches_nothing(caplog):
         ("no_aiter", "aiter not usable: missing the aiter package"),
         ("no_gpu", "aiter not usable: missing a visible AMD GPU"),
         ("llama3", "model has no DeepSeek V3 MLA attention"),
-        ("flex", "attention runs FlexAttentionWrapper; only SDPA attention"),
+        ("flex", "attention is flex with 'block_causal' (per-document) masks; aiter's kernel"),
         ("cp", "context parallelism is on"),
     ],
 )
@@ -526,6 +550,38 @@ def test_auto_skips_with_the_reason(case, reason):
         got = w.gate(model)
     assert got is not None and got.startswith(reason), got
     assert _types(model) == before
+
+
+def test_flex_flavor_with_a_causal_mask_is_converted_in_auto():
+    job = _job(flavor="debugmodel_flex_attn")
+    model = build_meta(job)
+    model.model_args.attn_mask_type = "causal"  # flex, but nothing beyond causal masking
+    with platform.override(PlatformFacts.simulated_rocm("gfx942")):
+        decision = decisions(convert(job, model))["mla_ck_backward"]
+    assert decision.applied, decision.reason
+    assert decision.details["attention"] == "flex (causal mask)"
+    assert all(type(b.attention.inner_attention) is MLAFlexInnerAttention
+               for b in model.layers.values())
+
+
+def test_on_runs_block_causal_flex_flavors_causal_with_a_warning(caplog):
+    job = _job("--rocm.mla_ck_backward", "on", flavor="debugmodel_flex_attn")
+    model = build_meta(job)
+    before = _types(model)
+    with platform.override(PlatformFacts.simulated_rocm("gfx942")), caplog.at_level(
+        logging.WARNING
+    ):
+        decision = decisions(convert(job, model))["mla_ck_backward"]
+    assert decision.applied, decision.reason
+    after = _types(model)
+    assert {f for f in before if before[f] is not after[f]} == {
+        f"layers.{i}.{INNER}" for i in range(6)
+    }
+    assert {after[f"layers.{i}.{INNER}"] for i in range(6)} == {MLAFlexInnerAttention}
+    assert "now run plain causal attention: tokens attend across document boundaries" in (
+        caplog.text
+    )
+    assert decision.details["attention"] == "flex (block_causal mask)"
 
 
 def test_on_without_aiter_fails_at_startup_naming_what_is_missing():

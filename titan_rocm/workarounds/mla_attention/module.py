@@ -1,19 +1,25 @@
-"""The replacement for a DeepSeek V3 block's ``attention.inner_attention``.
+"""The replacements for a DeepSeek V3 block's ``attention.inner_attention``.
 
-Same call as TorchTitan 0.2.2's ``ScaledDotProductAttentionWrapper``:
-``forward(q, k, v, *, scale=None, enable_gqa=False, is_causal=True)`` with ``bhsd`` tensors
-(batch, heads, seqlen, head dim), returning ``bhsd``. It keeps the attribute name
-``inner_attention`` so TorchTitan's tensor-parallel plan (``attention.inner_attention``)
-still addresses it.
+:class:`MLAInnerAttention` takes the call of TorchTitan 0.2.2's
+``ScaledDotProductAttentionWrapper`` (``attn_type = "sdpa"``):
+``forward(q, k, v, *, scale=None, enable_gqa=False, is_causal=True)``.
+:class:`MLAFlexInnerAttention` takes the call of ``FlexAttentionWrapper``
+(``attn_type = "flex"``): ``forward(q, k, v, *, score_mod=None, block_mask=None, scale=None,
+return_lse=False, enable_gqa=False)``; it runs plain causal attention and ignores
+``block_mask`` (the converter uses it only where that is what the mask says, or where the
+user accepted it). Tensors are ``bhsd`` (batch, heads, seqlen, head dim) in and out. Both
+keep the attribute name ``inner_attention``, which TorchTitan's tensor-parallel plan
+(``attention.inner_attention``) addresses.
 
 Inputs aiter cannot take (float32, a head dim not a multiple of 8, q heads not a multiple of
-k heads) go to PyTorch SDPA exactly as the original wrapper would run them; outside
-torch.compile that is logged once per shape.
+k heads) go to the attention the original wrapper ran (SDPA, or flex attention with its
+block mask); outside torch.compile that is logged once per shape.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -94,15 +100,49 @@ class MLAInnerAttention(nn.Module):
         return out.transpose(1, 2)
 
 
-def _log_fallback(q: Tensor, v: Tensor, reason: str) -> None:
-    key = (tuple(q.shape), tuple(v.shape), q.dtype, reason)
+class MLAFlexInnerAttention(MLAInnerAttention):
+    """Replaces ``FlexAttentionWrapper``: aiter causal flash attention, ``block_mask`` unused."""
+
+    def forward(  # type: ignore[override]
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        score_mod: Any = None,
+        block_mask: Any = None,
+        scale: float | None = None,
+        return_lse: bool = False,
+        enable_gqa: bool = False,
+    ) -> Tensor:
+        """Causal attention over ``bhsd`` q/k/v (DeepSeek passes ``block_mask`` and ``scale``)."""
+        if score_mod is not None or return_lse:
+            raise NotImplementedError(
+                "MLAFlexInnerAttention (rocm.mla_ck_backward) supports neither score_mod nor "
+                "return_lse; TorchTitan's DeepSeek V3 uses neither"
+            )
+        reason = unsupported_reason(q, k, v)
+        if reason is not None:
+            from torchtitan.models.attention import FlexAttentionWrapper
+
+            if not torch.compiler.is_dynamo_compiling():
+                _log_fallback(q, v, reason, "flex attention")
+            return FlexAttentionWrapper._compiled_flex_attn(
+                q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa
+            )
+        return super().forward(q, k, v, scale=scale, enable_gqa=enable_gqa, is_causal=True)
+
+
+def _log_fallback(q: Tensor, v: Tensor, reason: str, runs: str = "PyTorch SDPA") -> None:
+    key = (tuple(q.shape), tuple(v.shape), q.dtype, reason, runs)
     if key in _fallbacks_logged:
         return
     _fallbacks_logged.add(key)
     log.warning(
-        "titan-rocm: mla_ck_backward: q %s, v %s (%s) runs PyTorch SDPA, not aiter: %s",
+        "titan-rocm: mla_ck_backward: q %s, v %s (%s) runs %s, not aiter: %s",
         tuple(q.shape),
         tuple(v.shape),
         q.dtype,
+        runs,
         reason,
     )

@@ -1,13 +1,16 @@
 """``rocm.mla_ck_backward``: DeepSeek MLA attention on aiter, CK backward where it must be.
 
 Gate (``auto``): a ROCm build with a GPU and aiter installed, a model with TorchTitan's
-DeepSeek V3 attention using SDPA (``attn_type = "sdpa"``), no context parallelism, and
-(on a real machine) ``aiter.ops.mha`` importing cleanly. Otherwise one line says why and the
-model is left untouched; nothing imports aiter. ``on`` fails at start-up, naming what is
-missing.
+DeepSeek V3 attention whose mask is plain causal (``attn_type = "sdpa"``, or ``"flex"`` with
+``attn_mask_type = "causal"``), no context parallelism, and (on a real machine)
+``aiter.ops.mha`` importing cleanly. Otherwise one line says why and the model is left
+untouched; nothing imports aiter. ``on`` fails at start-up, naming what is missing, and also
+takes flex flavors with ``block_causal`` (per-document) masks, which then run plain causal
+attention, as the aiter path used in practice does (warned at apply).
 
 Apply: each DeepSeek V3 ``Attention.inner_attention`` becomes
-:class:`~.module.MLAInnerAttention`; the forward op joins the op-level SAC save list of the
+:class:`~.module.MLAInnerAttention` (or :class:`~.module.MLAFlexInnerAttention` for flex);
+the forward op joins the op-level SAC save list of the
 model's parallelize module (``_op_sac_save_list``) so it is saved, not recomputed; and
 aiter's own ``_flash_attn_backward`` is guarded (:mod:`~.guard`).
 """
@@ -43,14 +46,43 @@ def deepseek_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, Attention)]
 
 
-def _replaceable(attention: nn.Module) -> bool:
-    from torchtitan.models.attention import ScaledDotProductAttentionWrapper
+def replacement_for(attention: nn.Module) -> type[nn.Module] | None:
+    """The module class that replaces ``attention.inner_attention``; None if none does
+    (an unknown attention kind, or already replaced)."""
+    from torchtitan.models.attention import FlexAttentionWrapper, ScaledDotProductAttentionWrapper
 
+    from titan_rocm.workarounds.mla_attention.module import (
+        MLAFlexInnerAttention,
+        MLAInnerAttention,
+    )
+
+    inner = attention.inner_attention
+    if isinstance(inner, MLAInnerAttention):
+        return None
+    if isinstance(inner, ScaledDotProductAttentionWrapper):
+        return MLAInnerAttention
+    if isinstance(inner, FlexAttentionWrapper):
+        return MLAFlexInnerAttention
+    return None
+
+
+def _is_ours(attention: nn.Module) -> bool:
     from titan_rocm.workarounds.mla_attention.module import MLAInnerAttention
 
-    return isinstance(
-        attention.inner_attention, (ScaledDotProductAttentionWrapper, MLAInnerAttention)
-    )
+    return isinstance(attention.inner_attention, MLAInnerAttention)
+
+
+def _is_flex(attention: nn.Module) -> bool:
+    from torchtitan.models.attention import FlexAttentionWrapper
+
+    from titan_rocm.workarounds.mla_attention.module import MLAFlexInnerAttention
+
+    return isinstance(attention.inner_attention, (FlexAttentionWrapper, MLAFlexInnerAttention))
+
+
+def mask_type(model: nn.Module) -> str:
+    """The model's ``attn_mask_type`` (``causal`` or ``block_causal``); ``causal`` if unset."""
+    return str(getattr(getattr(model, "model_args", None), "attn_mask_type", "causal"))
 
 
 def expected_attention_dtype(job_config: Any, parallel_dims: Any) -> str:
@@ -108,11 +140,18 @@ class MLACKBackward(Workaround):
         modules = deepseek_attention_modules(model)
         if not modules:
             return "model has no DeepSeek V3 MLA attention (torchtitan deepseek_v3 Attention)"
-        if not any(_replaceable(m) for _, m in modules):
+        if not any(replacement_for(m) or _is_ours(m) for _, m in modules):
             kinds = sorted({type(m.inner_attention).__name__ for _, m in modules})
             return (
-                f"attention runs {', '.join(kinds)}; only SDPA attention "
-                "(attn_type = \"sdpa\") is replaced: aiter's dense kernel has no block masks"
+                f"attention runs {', '.join(kinds)}; rocm.mla_ck_backward replaces only "
+                "TorchTitan's SDPA and flex attention wrappers"
+            )
+        mask = mask_type(model)
+        if any(_is_flex(m) for _, m in modules) and mask != "causal" and self.mode != "on":
+            return (
+                f"attention is flex with {mask!r} (per-document) masks; aiter's kernel is "
+                "plain causal and would attend across documents; set [rocm] "
+                f"{self.name} = \"on\" to run it causal anyway"
             )
         if self._cp_enabled():
             return "context parallelism is on: CP shards SDPA ops, not the aiter op"
@@ -127,16 +166,23 @@ class MLACKBackward(Workaround):
     # -- apply ---------------------------------------------------------------------------
 
     def apply(self, model: nn.Module) -> None:
-        from titan_rocm.workarounds.mla_attention.module import MLAInnerAttention
-
-        swapped = 0
+        swapped = flex = 0
         for _fqn, attention in deepseek_attention_modules(model):
-            inner = attention.inner_attention
-            if isinstance(inner, MLAInnerAttention) or not _replaceable(attention):
+            cls = replacement_for(attention)
+            if cls is None:
                 continue
-            attention.inner_attention = MLAInnerAttention(getattr(inner, "sdpa_backends", None))
+            inner = attention.inner_attention
+            attention.inner_attention = cls(getattr(inner, "sdpa_backends", None))
             swapped += 1
+            flex += _is_flex(attention)
         self._swapped = swapped
+        if flex and mask_type(model) != "causal":
+            logger.warning(
+                "titan-rocm: mla_ck_backward (on): %d flex attention modules with %r masks now "
+                "run plain causal attention: tokens attend across document boundaries",
+                flex,
+                mask_type(model),
+            )
         self._sac_list = self._save_forward_in_op_sac()
         if getattr(self.ctx, "planning", False):
             self._guard = "not installed (plan)"
@@ -212,11 +258,14 @@ class MLACKBackward(Workaround):
         )
         dtype = self._dtype()
         rows = [self._plan_row(facts.gfx_arch, qk, v, dtype, n) for (qk, v), n in shapes.items()]
+        flex = any(_is_flex(m) for _, m in modules)
         details: dict[str, Any] = rows[0] if rows else {"arch": arch_label(facts.gfx_arch),
                                                         "modules": 0}
         if len(rows) > 1:
             details["other_shapes"] = rows[1:]
         details["dtype"] = dtype
+        if modules:
+            details["attention"] = f"flex ({mask_type(model)} mask)" if flex else "sdpa (causal)"
         if self._swapped is not None:
             details["replaced"] = self._swapped
             details["op_sac_save_list"] = self._sac_list
