@@ -87,12 +87,21 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2, help="runs of each variant")
     parser.add_argument("--out", type=Path, default=Path("outputs/guard_overhead"))
+    parser.add_argument("--inject-only", action="store_true",
+                        help="skip the sync check and the overhead runs")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TITAN_ROCM_DEBUG")}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    print(sync_check(), flush=True)
+    if not args.inject_only:
+        print(sync_check(), flush=True)
+        if overhead(args, env):
+            return 1
+    return inject(args, env)
 
+
+def overhead(args: argparse.Namespace, env: dict[str, str]) -> int:
+    """Guard off / log_steps / every_step, interleaved; print medians and ratios."""
     medians: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for repeat in range(args.repeats):  # interleaved, so drift hits every variant alike
         for name, extra in VARIANTS.items():
@@ -110,7 +119,11 @@ def main() -> int:
         mean = sum(values) / len(values)
         print(f"{name:>10}: mean of medians {mean:,.0f} tokens/s/device, "
               f"ratio to guard off {mean / base:.4f}  (runs: {[round(v) for v in values]})")
+    return 0
 
+
+def inject(args: argparse.Namespace, env: dict[str, str]) -> int:
+    """NaN at step 7 (last rank), log_freq 10: must stop non-zero, named, found at step 10."""
     inj_env = dict(env, TITAN_ROCM_DEBUG_INJECT_NAN_STEP="7")
     if args.ngpu > 1:
         inj_env["TITAN_ROCM_DEBUG_INJECT_NAN_RANK"] = str(args.ngpu - 1)
