@@ -85,7 +85,8 @@ def main() -> int:
     parser.add_argument("--ngpu", type=int, default=1)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=2, help="runs of each variant")
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="runs of each variant (0: no overhead runs)")
     parser.add_argument("--out", type=Path, default=Path("outputs/guard_overhead"))
     parser.add_argument("--inject-only", action="store_true",
                         help="skip the sync check and the overhead runs")
@@ -102,6 +103,8 @@ def main() -> int:
 
 def overhead(args: argparse.Namespace, env: dict[str, str]) -> int:
     """Guard off / log_steps / every_step, interleaved; print medians and ratios."""
+    if args.repeats < 1:
+        return 0
     medians: dict[str, list[float]] = {name: [] for name in VARIANTS}
     for repeat in range(args.repeats):  # interleaved, so drift hits every variant alike
         for name, extra in VARIANTS.items():
