@@ -111,3 +111,20 @@ def cpu_permute_indices(monkeypatch: Any, moe_module: types.ModuleType) -> None:
         "generate_permute_indices",
         functools.partial(utils.generate_permute_indices, use_cpu=True),
     )
+
+
+def cpu_histc(monkeypatch: Any) -> None:
+    """Let TorchTitan's MoE router count tokens on CPU.
+
+    The router calls ``torch.histc`` on int64 expert indices, which CUDA/ROCm support and
+    CPU does not ("histogram_cpu" not implemented for 'Long'). Count in float on CPU and
+    return the input's dtype, as the GPU kernel does.
+    """
+    histc = torch.histc
+
+    def histc_any_dtype(input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if input.device.type == "cpu" and not input.is_floating_point():
+            return histc(input.float(), *args, **kwargs).to(input.dtype)
+        return histc(input, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "histc", histc_any_dtype)
