@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from moe_test_models import build_meta, convert, decisions, parse, world_of_one
+from moe_test_models import build_meta, convert, decisions, model_args, parse, world_of_one
 
 from titan_rocm import platform
 from titan_rocm.config import RocmSettings
@@ -687,3 +687,41 @@ def test_coexists_with_float8_in_one_converters_list(monkeypatch, converters):
     assert all(type(a.wkv_b) is _Float8LinearStandIn and type(a.wo) is _Float8LinearStandIn
                for a in attentions)
     assert type(model.output) is nn.Linear
+
+
+# -- end to end: TorchTitan's own parallelize_fn (op SAC + compile) on the debug model -------
+
+
+def test_debug_model_step_with_op_sac_and_compile(fake_aiter):
+    """Convert, then 0.2.2's parallelize_deepseekv3 (selective op AC, optional compile):
+    one forward/backward in bf16 calls aiter's forward once per layer (saved, not
+    recomputed) and the CK backward once per layer. Two dense blocks: 0.2.2's MoE routing
+    calls torch.histc on int64, which has no CPU kernel."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    job = _job("--activation_checkpoint.mode", "selective",
+               "--activation_checkpoint.selective_ac_option", "op",
+               "--compile.enable", "--compile.backend", "aot_eager")
+    args = model_args(job)
+    args.n_layers = args.n_dense_layers = 2
+    with torch.device("meta"):
+        model = get_train_spec("deepseek_v3").model_cls(args)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device("cpu"))
+        for p in model.parameters():
+            p.data = p.data.to(torch.bfloat16)  # as FSDP's bf16 mixed precision would
+    with on_rocm("gfx942", fake_aiter):
+        assert decisions(convert(job, model))["mla_ck_backward"].applied
+        model = get_train_spec("deepseek_v3").parallelize_fn(model, world_of_one(), job)
+        assert all(isinstance(b, torch._dynamo.eval_frame.OptimizedModule)
+                   for b in model.layers.values())
+        tokens = torch.randint(0, 2048, (1, 32), generator=torch.Generator().manual_seed(0))
+        logits = model(tokens)
+        logits.float().square().mean().backward()
+    names = fake_aiter.names()
+    assert names.count("mha_fwd") == 2, names  # one per layer: SAC saved it
+    assert names.count("mha_bwd") == 2 and "fmha_v3_bwd" not in names
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    assert all(g is not None and torch.isfinite(g.float()).all() for g in grads.values())
+    assert any("attention.wq" in n and g.abs().sum() > 0 for n, g in grads.items())
