@@ -7,8 +7,9 @@ A backend computes the SwiGLU experts of one MoE layer, with the signature of To
 
 ``w1``/``w3``: ``(E, hidden, dim)``, ``w2``: ``(E, dim, hidden)``, ``x``: ``(T, dim)`` tokens
 sorted by expert, ``num_tokens_per_expert``: ``(E,)`` integer counts. Rows of ``x`` past
-``num_tokens_per_expert.sum()`` are padding; their output rows are ignored by TorchTitan
-(the backends here write zeros there). ``out`` has ``x``'s shape and dtype.
+``num_tokens_per_expert.sum()`` are padding (TorchTitan fills them from a zero row); their
+output rows are dropped by TorchTitan, so a backend may leave anything finite there.
+``out`` has ``x``'s shape and dtype.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def torch_grouped_mm(
 ) -> torch.Tensor:
     """TorchTitan's stock path: ``torch._grouped_mm`` in BF16, result cast back to ``x``'s dtype.
 
-    Like the stock function, it computes in BF16 whatever the input dtype is.
+    The same operations as the stock function (so torchao's float8 grouped-MM tensors
+    intercept it the same way): BF16 whatever the input dtype, padding rows left as
+    ``torch._grouped_mm`` leaves them.
     """
     offsets = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
     xb = x.bfloat16()
@@ -47,7 +50,7 @@ def torch_grouped_mm(
     up = torch._grouped_mm(xb, w3.bfloat16().transpose(-2, -1), offs=offsets)
     h = F.silu(gate) * up
     out = torch._grouped_mm(h, w2.bfloat16().transpose(-2, -1), offs=offsets)
-    return _zero_tail(out, offsets[-1]).type_as(x)
+    return out.type_as(x)
 
 
 def loop_grouped_mm(
@@ -107,27 +110,20 @@ def primus_turbo_grouped_mm(
     """Primus-Turbo's CK grouped GEMM (``primus_turbo.pytorch.ops.grouped_gemm``) in BF16.
 
     Primus-Turbo requires the group sizes to cover every row of ``x``; TorchTitan's padding
-    rows past the last group are folded into the last expert's group (no host sync) and
-    their output rows zeroed.
+    rows past the last group (zeros) are folded into the last expert's group, without a
+    host sync; their outputs are zeros and TorchTitan drops them.
     """
     turbo = importlib.import_module(PRIMUS_TURBO_MODULE)
     grouped_gemm = turbo.ops.grouped_gemm
-    counts = num_tokens_per_expert.to(torch.int64)
-    used = counts.sum()
-    group_lens = counts.clone()
-    group_lens[-1] += x.shape[0] - used
+    group_lens = num_tokens_per_expert.to(torch.int64)  # a copy unless already int64
+    group_lens = group_lens.clone() if group_lens is num_tokens_per_expert else group_lens
+    group_lens[-1] += x.shape[0] - group_lens.sum()
     xb = x.bfloat16()
     gate = grouped_gemm(xb, w1.bfloat16(), group_lens, trans_b=True)
     up = grouped_gemm(xb, w3.bfloat16(), group_lens, trans_b=True)
     h = F.silu(gate) * up
     out = grouped_gemm(h, w2.bfloat16(), group_lens, trans_b=True)
-    return _zero_tail(out, used).type_as(x)
-
-
-def _zero_tail(out: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
-    """Zero the rows of ``out`` at or past ``used`` without reading ``used`` on the host."""
-    rows = torch.arange(out.shape[0], device=out.device)
-    return torch.where((rows < used).unsqueeze(-1), out, out.new_zeros(()))
+    return out.type_as(x)
 
 
 BUILTIN: dict[str, ExpertsFn] = {
