@@ -443,6 +443,11 @@ def test_shortcut_is_taken_for_clean_triton_output() -> None:
         "buffer_store_dwordx4 v[0:3], v36, s[8:11], 0 offen\n\tv_mov_b32 v1, 0",
     )
     assert RULES["precise"].quick_check(TextView(hazardous), "gfx942") is None
+    # A non-ASCII path in a .file directive ("ß".upper() is two characters) changes nothing.
+    unicode = _swiglu().replace('"tests/corpus"', '"/home/jürgen/ẞß"')
+    quick = RULES["precise"].quick_check(TextView(unicode), "gfx942")
+    assert quick is not None and quick.stores_checked == 2
+    _same(scan_text(unicode), _full(unicode, "precise"))
 
 
 @settings(max_examples=300, deadline=None)

@@ -492,7 +492,7 @@ class TextView:
     """Reads instructions straight from AMDGCN text, on demand, with the same line rules as
     :func:`parse` but without building blocks: what a rule that looks a few instructions
     past a store needs. :attr:`simple` is False for texts it does not follow exactly (a
-    label followed by more on its line, non-ASCII text); use :func:`parse` for those.
+    label followed by more on its line); use :func:`parse` for those.
     """
 
     def __init__(self, text: str | bytes) -> None:
@@ -506,9 +506,8 @@ class TextView:
         self.target = (found.group(1).strip() or None) if found else None
         self._labels: dict[str, int] = {}
         self._functions: list[tuple[int, str]] = []
-        self._simple = self.text.isascii()  # str.lower() keeps offsets only for ASCII
-        if self._simple:
-            self._scan_labels()
+        self._simple = True
+        self._scan_labels()
         self._lower: str | None = None
 
     def _scan_labels(self) -> None:
@@ -537,7 +536,10 @@ class TextView:
         """Sorted offsets (of the newline before) of code lines containing any of the
         lower-case ``needles``, case-insensitively. Needs :attr:`simple`."""
         if self._lower is None:
-            self._lower = self.text.lower()
+            text = self.text
+            if not text.isascii():  # lower() may change lengths; '?' per character does not
+                text = text.encode("ascii", "replace").decode("ascii")
+            self._lower = text.lower()
         low, text = self._lower, self.text
         found: set[int] = set()
         for lo, hi in self.spans:
