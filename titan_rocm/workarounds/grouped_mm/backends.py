@@ -89,7 +89,7 @@ def primus_turbo_status() -> str | None:
     Imports ``primus_turbo.pytorch`` (cached by Python after the first success).
     """
     if importlib.util.find_spec("primus_turbo") is None:
-        return "primus_turbo is not installed (pip package Primus-Turbo, ROCm only)"
+        return "primus_turbo is not installed (Primus-Turbo, github.com/AMD-AGI/Primus-Turbo)"
     try:
         turbo = importlib.import_module(PRIMUS_TURBO_MODULE)
     except Exception as exc:  # aiter-like packages raise RuntimeError etc. without a GPU
