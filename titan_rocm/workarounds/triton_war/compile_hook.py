@@ -182,9 +182,19 @@ def _knob_descriptor(amd: Any) -> tuple[str, Any] | None:
 
 
 def _cache_env_fn() -> Callable[[], dict[str, str]] | None:
-    import triton.compiler.compiler as cc
+    """Triton's "environment variables in the cache key" function, wherever this version
+    keeps it (None if it has none)."""
+    import importlib
 
-    return getattr(cc, "get_cache_invalidating_env_vars", None)
+    for module_name in ("triton.compiler.compiler", "triton._C.libtriton", "triton.runtime.cache"):
+        try:
+            fn = getattr(importlib.import_module(module_name), "get_cache_invalidating_env_vars",
+                         None)
+        except ImportError:
+            continue
+        if fn is not None:
+            return fn
+    return None
 
 
 def buffer_ops_knob() -> BufferOpsKnob:
