@@ -525,7 +525,7 @@ def test_auto_off_rocm_skips_with_one_line_and_touches_nothing(caplog):
         ("no_aiter", "aiter not usable: missing the aiter package"),
         ("no_gpu", "aiter not usable: missing a visible AMD GPU"),
         ("llama3", "model has no DeepSeek V3 MLA attention"),
-        ("flex", "attention is flex with 'block_causal' (per-document) masks; aiter's kernel"),
+        ("flex", "attention is FlexAttention with 'block_causal' (per-document) masks"),
         ("cp", "context parallelism is on"),
     ],
 )

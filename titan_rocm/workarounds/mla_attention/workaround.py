@@ -149,7 +149,7 @@ class MLACKBackward(Workaround):
         mask = mask_type(model)
         if any(_is_flex(m) for _, m in modules) and mask != "causal" and self.mode != "on":
             return (
-                f"attention is flex with {mask!r} (per-document) masks; aiter's kernel is "
+                f"attention is FlexAttention with {mask!r} (per-document) masks; aiter's kernel is "
                 "plain causal and would attend across documents; set [rocm] "
                 f"{self.name} = \"on\" to run it causal anyway"
             )
