@@ -42,7 +42,7 @@ ROCM_ON = [
     "--rocm.precision_casts", "on", "--rocm.triton_war", "on",
     "--rocm.grouped_mm", "on", "--rocm.moe_eager_compile", "on",
 ]
-STOCK = ["--model.converters", ""]
+STOCK = ["--stock"]  # marker: run a copy of the config with titan-rocm taken out
 SEED = ["--debug.seed", "42"]
 LOG10 = ["--metrics.log_freq", "10"]
 
@@ -127,12 +127,16 @@ def launch(run: Run, out: Path, gpu_ids: list[int]) -> dict[str, Any]:
         PYTHONUNBUFFERED="1",
     )
     env.update(run.env)
+    config, flags = run.config, list(run.flags)
+    if "--stock" in flags:
+        flags.remove("--stock")
+        config = str(stock_config(REPO / run.config, tmp))
     cmd = [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={run.gpus}",
         f"--master_port={_port()}", "--local-ranks-filter", ",".join(map(str, range(run.gpus))),
         "--role", "rank", "--tee", "3",
         str(REPO / "benchmarks" / "torchtitan_runner.py"),
-        "--job.config_file", run.config, "--job.dump_folder", str(tmp / "dump"), *run.flags,
+        "--job.config_file", config, "--job.dump_folder", str(tmp / "dump"), *flags,
     ]
     start = time.monotonic()
     with open(log, "w") as f:
@@ -155,6 +159,27 @@ def launch(run: Run, out: Path, gpu_ids: list[int]) -> dict[str, Any]:
         stats["files"] = sorted(p.name for p in stats_dir.iterdir())
     return {"name": run.name, "exit": code, "wall_s": round(wall, 1), "log": str(log),
             "expect_failure": run.expect_failure, "triton_war_stats": stats}
+
+
+def stock_config(path: Path, tmp: Path) -> Path:
+    """A copy of ``path`` without titan-rocm: no converters, no custom import/config, no [rocm].
+
+    TorchTitan 0.2.2's ``--model.converters`` cannot express an empty list on the command line
+    (it splits "" into [""]), so the stock run gets its own TOML.
+    """
+    out, skip = [], False
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("["):
+            skip = stripped == "[rocm]"
+        if skip or stripped.startswith(("custom_import", "custom_config_module")):
+            continue
+        if stripped.startswith("converters"):
+            line = "converters = []"
+        out.append(line)
+    stock = tmp / f"stock-{path.name}"
+    stock.write_text("\n".join(out) + "\n")
+    return stock
 
 
 _TS = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
@@ -272,6 +297,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--only", help="comma-separated run names to keep")
+    parser.add_argument("--lanes", type=int, choices=[1, 2], default=1,
+                        help="2: the two lanes run in parallel on two GPUs (faster, noisier: "
+                        "one lane's compiles compete with the other's timed steps)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     # Logs go to one archive in --out (the device tool brings back at most 8 files).
@@ -284,7 +312,7 @@ def main() -> int:
     if args.suite == "single":
         lanes = [[r for r in lane if keep is None or r.name in keep]
                  for lane in single_suite(args.steps)]
-        if n_gpu >= 2:
+        if n_gpu >= 2 and args.lanes == 2:
             threads = [threading.Thread(target=_lane, args=(lane, i, logs, results))
                        for i, lane in enumerate(lanes)]
             for t in threads:

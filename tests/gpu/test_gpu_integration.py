@@ -52,8 +52,10 @@ def test_mixed_compile_on_gpu_dense_compiled_moe_eager() -> None:
     spec = get_train_spec("deepseek_v3")
     args = copy.deepcopy(spec.model_args["debugmodel"])
     args.update_from_config(job)
-    with torch.device("cuda"):
+    with torch.device("meta"):  # as TorchTitan's Trainer: build on meta, then materialise
         model = spec.model_cls(args)
+    model.to_empty(device="cuda")
+    with torch.no_grad():
         model.init_weights()
     moe_compile.compile_blocks(model, backend="inductor")
     decisions = moe_compile.plan_blocks(model)
