@@ -216,3 +216,19 @@ def test_stats_reject_unknown_outcome_and_missing_dir(tmp_path, capsys):
     assert stats.main([str(tmp_path / "nope")]) == 2
     assert stats.main([str(tmp_path)]) == 0
     assert json.loads(capsys.readouterr().out)["processes"] == 0
+
+
+def test_boot_dir_ships_in_the_wheel():
+    """``_boot`` has no __init__.py; setuptools must find it as a namespace package (the
+    default with pyproject configuration) or ``pip install .`` would drop sitecustomize.py."""
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    setuptools = pytest.importorskip("setuptools")
+
+    repo = Path(TESTS_DIR).parent
+    find = tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"]["find"]
+    assert find.get("namespaces", True) is True
+    found = setuptools.find_namespace_packages(where=str(repo), include=find["include"])
+    assert "titan_rocm.workarounds.triton_war._boot" in found
