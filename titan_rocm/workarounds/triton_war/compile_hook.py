@@ -480,9 +480,10 @@ def install(
 
 def _rebind_jit_functions(old: Callable[..., Any], new: Callable[..., Any]) -> int:
     """``@triton.jit`` functions copy ``compile`` into ``fn.compile`` at their first launch
-    on a device; rebind those already launched (Triton keeps a registry of every
-    JITFunction since 3.5; older ones only get the wrapper for kernels first launched
-    after :func:`install`). Returns how many were rebound."""
+    on a device; rebind those already launched, where Triton keeps a registry of every
+    JITFunction (``triton.runtime.jit._triton_jit_function_registry``, present in 3.9).
+    Without it, only functions first launched after :func:`install` get the wrapper.
+    Returns how many were rebound."""
     import sys
 
     jit = sys.modules.get("triton.runtime.jit")
