@@ -158,6 +158,14 @@ def test_hazardous_kernel_is_recompiled_without_buffer_stores(isolated, monkeypa
     assert local.names["patched"] == ["scale_kernel"]
 
 
+def test_recompile_with_positional_arguments(isolated):
+    """Inductor calls ``triton.compile(*compile_args, **compile_kwargs)``."""
+    compile_hook.install(scanner=flag_buffer_stores)
+    kernel = triton.compile(source(), GFX942, dict(OPTIONS))
+    assert "global_store_dwordx4" in stores(kernel)
+    assert stats.local().patched == 1
+
+
 def test_two_variants_under_two_cache_keys_and_second_compile_hits(isolated):
     from triton import knobs
 
