@@ -416,6 +416,24 @@ def test_calls_adapt_to_older_aiter_signatures():
         aiter_api.call_with_known(future, "future", {"q": 1})
 
 
+def test_hidden_signatures_are_read_from_the_torch_ops_aiter_schema():
+    """aiter's torch_compile_guard returns ``(*args, **kwargs)`` wrappers around
+    ``torch.ops.aiter.<name>``, whose schema may start with a dummy tensor."""
+    lib = torch.library.Library("aiter", "FRAGMENT")
+    lib.define("_titan_rocm_probe(Tensor dummy, Tensor q, int window_size_left=-1) -> Tensor")
+
+    def hidden(*args, **kwargs):
+        raise AssertionError("not called")
+
+    try:
+        assert aiter_api.parameters(hidden, "_titan_rocm_probe") == [
+            ("q", True), ("window_size_left", False)
+        ]
+        assert aiter_api.parameters(hidden, "_no_such_op") is None
+    finally:
+        lib._destroy()
+
+
 def test_load_mha_off_rocm_names_what_is_missing(fake_aiter_path):
     with platform.override(_cpu_facts()):
         with pytest.raises(aiter_api.AiterUnavailable, match="needs a ROCm build of torch"):
