@@ -44,7 +44,8 @@ def test_warmup_moves_the_window(capsys) -> None:
 
 @pytest.mark.parametrize(
     "name", ["tt_cpu_diverged_no_guard.log", "tt_cpu_guard_nan_step7.log",
-             "tt_cpu_2rank_guard_nan_step7_rank1.log", "megatron_nan.log",
+             "tt_cpu_2rank_guard_nan_step7_rank1.log", "h200_1gpu_guard_nan_step7.log",
+             "h200_2gpu_fsdp_guard_nan_step7_rank1.log", "megatron_nan.log",
              "megatron_moe_inf_aux_loss.log", "messy_torchtitan_crlf.log"],
 )
 def test_a_diverged_run_never_gets_a_throughput_figure(capsys, name: str) -> None:

@@ -40,11 +40,22 @@ def test_real_divergence_without_guard_fails_at_step_3(capsys) -> None:
     assert f["nonfinite_count"] == 10 and f["nonfinite_steps"] == list(range(3, 13))
 
 
-def test_guard_stop_between_log_steps_fails(capsys) -> None:
-    """The logged metric lines are finite; the guard's message names step 7."""
-    code, out = run(capsys, FIXTURES / "tt_cpu_guard_nan_step7.log")
+@pytest.mark.parametrize(
+    "name", ["tt_cpu_guard_nan_step7.log", "h200_1gpu_guard_nan_step7.log",
+             "h200_2gpu_fsdp_guard_nan_step7_rank1.log"],
+)
+def test_guard_stop_between_log_steps_fails(capsys, name: str) -> None:
+    """The guard's message names step 7, whatever the metric lines of step 10 show."""
+    code, out = run(capsys, FIXTURES / name)
     assert code == 1
     assert "first non-finite step 7" in out and "divergence guard's stop message" in out
+
+
+def test_real_h200_fsdp_log(capsys) -> None:
+    code, data = run_json(capsys, FIXTURES / "h200_2gpu_fsdp_guard_nan_step7_rank1.log")
+    (f,) = data["files"]
+    assert f["format"] == "torchtitan" and f["ranks"] == [0, 1] and f["steps_parsed"] == 2
+    assert f["nonfinite_steps"] == [7, 10]
 
 
 def test_two_rank_log_reports_per_rank(capsys) -> None:

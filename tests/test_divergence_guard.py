@@ -132,12 +132,17 @@ def test_record_updates_call_no_host_read() -> None:
 
 
 def test_decide_earliest_step_then_lowest_rank_and_fills_pp_loss() -> None:
-    rows = [Row(None, None, None), Row(9, 1.0, NAN), Row(7, None, NAN), Row(7, NAN, NAN)]
+    rows = [Row(None, None, None), Row(9, 1.0, NAN), Row(7, None, NAN), Row(7, 2.0, NAN)]
     v = decide(rows, "log step 10")
     assert (v.step, v.rank, v.ranks_bad) == (7, 2, (1, 2, 3))
-    assert math.isnan(v.loss)  # rank 2 (a first PP stage) saw no loss; rank 3 did
+    assert v.loss == 2.0  # rank 2 (a first PP stage) saw no loss: filled from rank 3
+    # FSDP: the grad norm is NaN on every rank; the rank whose loss went NaN is named
+    fsdp = decide([Row(7, 6.18, NAN), Row(7, NAN, NAN)], "log step 10")
+    assert fsdp.rank == 1 and math.isnan(fsdp.loss)
+    text = message(fsdp)
+    assert "step 7 on rank 1 of 2 (non-finite by now on rank(s) 0 too)" in text
     text = message(v)
-    for needle in ("step 7", "rank 2 of 4", "loss = nan", "grad_norm = nan", "log step 10",
+    for needle in ("step 7", "rank 2 of 4", "loss = 2", "grad_norm = nan", "log step 10",
                    "docs/divergence-detection.md", "max_norm", "divergence_check"):
         assert needle in text
     assert decide([Row(None, None, None)] * 3, "x") is None

@@ -70,7 +70,14 @@ def decide(rows: list[Row], checked_at: str) -> Verdict | None:
     bad = [(r.step, rank) for rank, r in enumerate(rows) if r.step is not None]
     if not bad:
         return None
-    step, rank = min(bad)
+    step = min(bad)[0]
+    # Among the ranks that went bad at that step, name one whose own loss is non-finite:
+    # the grad norm is reduced over every rank (FSDP, PP), so all ranks see a NaN grad norm
+    # at the step where one rank's loss went NaN; that rank is the origin.
+    rank = min(
+        (r.loss is None or math.isfinite(r.loss), rank)
+        for rank, r in enumerate(rows) if r.step == step
+    )[1]
     first = rows[rank]
     # Fill a value this rank did not see (PP: loss lives on the last stage) from another
     # rank that went bad at the same step.
