@@ -241,6 +241,21 @@ def test_failed_recompile_is_residual(isolated, monkeypatch, caplog):
     assert stats.local().residual == 1
 
 
+def test_recompiled_kernel_without_amdgcn_is_not_trusted(isolated, monkeypatch):
+    hook = compile_hook.install(scanner=flag_buffer_stores)
+    real_recompile = hook.recompile
+
+    def recompile_losing_text(args, kwargs):
+        fixed = real_recompile(args, kwargs)
+        fixed.asm.pop("amdgcn")
+        return fixed
+
+    monkeypatch.setattr(hook, "recompile", recompile_losing_text)
+    kernel = compile_gfx942()
+    assert "buffer_store_dwordx4" in stores(kernel)  # the original, kept
+    assert stats.local().residual == 1 and stats.local().patched == 0
+
+
 def test_non_hip_kernels_are_skipped():
     hook = compile_hook.install(scanner=flag_everything)
     cuda = SimpleNamespace(name="k", hash="h", asm={},

@@ -392,14 +392,7 @@ class CompileHook:
                 reason = (f"recompile returned the same cache entry ({self.knob.env_var} is not "
                           "part of this Triton's cache key)")
             else:
-                fixed_text = getattr(fixed, "asm", {}).get("amdgcn") or ""
-                try:
-                    again = config.scanner(fixed_text, arch, config.rule)
-                except Exception as e:
-                    reason = f"rescan of the recompiled kernel failed: {e!r}"
-                else:
-                    if again.hazardous:
-                        reason = f"still hazardous with buffer ops off ({_describe_hazard(again)})"
+                reason = self._rescan(fixed, arch)
         if reason is None:
             stats.record(stats.PATCHED, name, arch=arch, hazards=len(report.hazards))
             log.info("titan-rocm: Triton kernel %s recompiled with buffer ops off: clean", name)
@@ -411,6 +404,20 @@ class CompileHook:
         if config.strict:
             raise HazardousKernelError(message + " ([rocm] triton_war_strict = true)")
         return kernel
+
+
+    def _rescan(self, fixed: Any, arch: str | None) -> str | None:
+        """Why the recompiled kernel cannot be used, or None when it scans clean."""
+        text = getattr(fixed, "asm", {}).get("amdgcn")
+        if not text:
+            return "the recompiled kernel has no AMDGCN text to rescan"
+        try:
+            again = self.config.scanner(text, arch, self.config.rule)
+        except Exception as e:
+            return f"rescan of the recompiled kernel failed: {e!r}"
+        if again.hazardous:
+            return f"still hazardous with buffer ops off ({_describe_hazard(again)})"
+        return None
 
 
 def _describe_hazard(report: Any) -> str:
