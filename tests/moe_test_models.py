@@ -6,7 +6,6 @@ import contextlib
 import copy
 import functools
 import sys
-import threading
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -14,15 +13,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-import titan_rocm._registration as _registration
-
-# Work around a self-deadlock in titan_rocm._registration (as of bf13ce1): register_converters
-# holds a non-reentrant lock while importing titan_rocm.converters, whose body calls it again.
-# Harmless once that lock is reentrant. TorchTitan is imported only after this (lazily below).
-_registration._lock = threading.RLock()
-
-import titan_rocm.converters  # noqa: E402, F401  (registers the converters with TorchTitan)
-from titan_rocm.workarounds import grouped_mm, moe_compile  # noqa: E402
+import titan_rocm.converters  # noqa: F401  (registers the converters with TorchTitan)
+from titan_rocm.workarounds import grouped_mm, moe_compile
 
 MODELS = ("llama3", "llama4", "qwen3", "deepseek_v3", "gpt_oss")
 
