@@ -69,6 +69,7 @@ def flag_everything(text: str, arch: str | None, rule: str):
 def isolated(tmp_path, monkeypatch):
     """A private Triton cache, buffer ops at Triton's default, no stats dir, no wrapper."""
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, unwarned
     monkeypatch.delenv("AMDGCN_USE_BUFFER_OPS", raising=False)
     monkeypatch.delenv(stats.ENV_STATS_DIR, raising=False)
     compile_hook.uninstall()

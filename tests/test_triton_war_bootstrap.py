@@ -33,6 +33,7 @@ def child_env(tmp_path, *, exported: bool = True, rule: str = "precise") -> tupl
         bootstrap.export(rule, False, stats_dir, environ=env, path=path)
     env["PYTHONPATH"] = os.pathsep.join(path)  # what Inductor hands its workers
     env["TRITON_CACHE_DIR"] = str(tmp_path / "triton-cache")
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     return env, stats_dir
 
 
@@ -161,6 +162,7 @@ def test_inductor_compile_worker_pool_has_the_wrapper(tmp_path, monkeypatch):
     stats_dir = tmp_path / "stats"
     stats_dir.mkdir()
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     saved_path = list(sys.path)
     saved_env = {key: os.environ.get(key) for key in (
         "PYTHONPATH", "TORCH_CUSTOM_PYTHONPATH", bootstrap.ENV_ENABLE, bootstrap.ENV_RULE,
