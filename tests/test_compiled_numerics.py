@@ -46,11 +46,11 @@ def _build(job, args, seed: int) -> torch.nn.Module:
         return spec.model_cls(args)
 
 
-def _materialize(model: torch.nn.Module, seed: int) -> None:
-    model.to_empty(device="cpu")
+def _materialize(model: torch.nn.Module, seed: int, device: str) -> None:
+    model.to_empty(device=device)
     torch.manual_seed(seed)
     with torch.no_grad():
-        model.init_weights(buffer_device=torch.device("cpu"))
+        model.init_weights(buffer_device=torch.device(device))
 
 
 def _loss_and_grads(model, tokens, labels):
@@ -67,20 +67,31 @@ def _loss_and_grads(model, tokens, labels):
 @pytest.mark.slow
 def test_mixed_compile_matches_eager_forward_and_backward(monkeypatch):
     import torchtitan.models.moe.moe as moe_module
-    from torch._dynamo.eval_frame import OptimizedModule
-    from torch._dynamo.utils import counters
-    from torchtitan.protocols.train_spec import get_train_spec
 
     cpu_permute_indices(monkeypatch, moe_module)  # TorchTitan's padding kernel is Triton
     cpu_histc(monkeypatch)  # TorchTitan's router counts int64 with histc (GPU only)
     # On two cores a pool of compile workers costs more than it saves.
     monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
+    _compare_compiled_with_eager("cpu", "loop")
+
+
+@pytest.mark.gpu
+def test_mixed_compile_matches_eager_on_gpu():
+    """The same on a GPU (Inductor's Triton backend), through the stock torch grouped MM."""
+    _compare_compiled_with_eager("cuda", "torch")
+
+
+def _compare_compiled_with_eager(device: str, backend: str) -> None:
+    from torch._dynamo.eval_frame import OptimizedModule
+    from torch._dynamo.utils import counters
+    from torchtitan.protocols.train_spec import get_train_spec
+
     job = parse(
         "--model.name", "deepseek_v3", "--model.flavor", "debugmodel",
         "--training.seq_len", str(SEQ_LEN), "--activation_checkpoint.mode", "none",
         "--compile.enable", "--compile.backend", "inductor",
         "--model.converters", "rocm.grouped_mm,rocm.moe_eager_compile",
-        "--rocm.grouped_mm", "on", "--rocm.grouped_mm_backend", "loop",
+        "--rocm.grouped_mm", "on", "--rocm.grouped_mm_backend", backend,
         "--rocm.moe_eager_compile", "on",
     )  # fmt: skip
     args = model_args(job, use_grouped_mm=True)
@@ -92,10 +103,10 @@ def test_mixed_compile_matches_eager_forward_and_backward(monkeypatch):
     assert made["moe_eager_compile"].details["blocks"] == {"0": "fullgraph", "1": "eager (MoE)"}
     get_train_spec("deepseek_v3").parallelize_fn(model, world_of_one(), job)
     assert isinstance(model.layers["0"], OptimizedModule)
-    _materialize(model, seed=0)
+    _materialize(model, seed=0, device=device)
 
     eager = _build(job, args, seed=0)
-    _materialize(eager, seed=0)
+    _materialize(eager, seed=0, device=device)
     for (n1, p1), (n2, p2) in zip(
         eager.named_parameters(), model.named_parameters(), strict=True
     ):
@@ -103,15 +114,15 @@ def test_mixed_compile_matches_eager_forward_and_backward(monkeypatch):
         torch.testing.assert_close(p1, p2, rtol=0, atol=0)
 
     gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, args.vocab_size, (BATCH, SEQ_LEN), generator=gen)
-    labels = torch.randint(0, args.vocab_size, (BATCH, SEQ_LEN), generator=gen)
+    tokens = torch.randint(0, args.vocab_size, (BATCH, SEQ_LEN), generator=gen).to(device)
+    labels = torch.randint(0, args.vocab_size, (BATCH, SEQ_LEN), generator=gen).to(device)
 
     counters.clear()
     loss_c, grads_c = _loss_and_grads(model, tokens, labels)
     assert counters["stats"]["unique_graphs"] >= 1  # block 0 really went through Dynamo
     assert not counters["graph_break"]  # fullgraph: one graph, no breaks
     assert moe_compile.eager_forward_calls() == {"1": 1}  # the MoE block ran, eagerly
-    assert grouped_mm.call_counts() == {"loop": 1}  # through the bound backend
+    assert grouped_mm.call_counts() == {backend: 1}  # through the bound backend
 
     loss_e, grads_e = _loss_and_grads(eager, tokens, labels)
     assert torch.isfinite(loss_c)

@@ -79,17 +79,18 @@ def test_loop_matches_torch_grouped_mm_on_cpu(dtype):
     assert torch.count_nonzero(loop[used:]) == 0
 
 
-def test_loop_and_torch_gradients_agree_in_bf16():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_loop_and_torch_gradients_agree_in_bf16(device):
     grads = {}
     for name, fn in (("loop", backends.loop_grouped_mm), ("torch", backends.torch_grouped_mm)):
-        args = _experts_inputs(torch.bfloat16, COUNTS, pad=8)
+        args = [a.to(device) for a in _experts_inputs(torch.bfloat16, COUNTS, pad=8)]
         leaves = [a.requires_grad_() for a in args[:4]]
         out = fn(*args)
         out[: sum(COUNTS)].float().pow(2).sum().backward()
         # Rows past the last group are padding: torch._grouped_mm leaves their input grads
         # undefined on CPU (TorchTitan drops them); compare the real rows.
-        grads[name] = [leaf.grad.float() for leaf in leaves[:3]]
-        grads[name].append(leaves[3].grad[: sum(COUNTS)].float())
+        grads[name] = [leaf.grad.float().cpu() for leaf in leaves[:3]]
+        grads[name].append(leaves[3].grad[: sum(COUNTS)].float().cpu())
     for g_loop, g_torch in zip(grads["loop"], grads["torch"], strict=True):
         torch.testing.assert_close(g_loop, g_torch, rtol=3e-2, atol=3e-2)
 
