@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn as nn
@@ -45,7 +47,7 @@ def _assert_mixed(model: nn.Module, expected: dict[str, str], ac: bool) -> None:
         else:
             assert not moe_compile.is_compiled(block), layer_id
             assert isinstance(block, CheckpointWrapper) is ac, layer_id
-            assert getattr(block.forward, moe_compile.EAGER_ATTR) == layer_id
+            assert moe_compile.eager_layer_id(block) == layer_id
             assert moe_compile.unwrap_block(block).moe_enabled
 
 
@@ -212,6 +214,14 @@ def test_eager_block_is_never_traced_and_is_counted():
         torch.testing.assert_close(outer(x), block.lin(x * 2) + 1)
     assert block.compiling == [False] * 3
     assert moe_compile.eager_forward_calls() == {"7": 3}
+
+    # A deep copy runs its own weights, still eager and counted.
+    twin = copy.deepcopy(block)
+    with torch.no_grad():
+        twin.lin.weight.zero_()
+        twin.lin.bias.fill_(1.0)
+    torch.testing.assert_close(twin(x), torch.ones(3, 4))
+    assert moe_compile.eager_forward_calls() == {"7": 4}
 
 
 def test_gpt_oss_parallelize_has_no_apply_compile():

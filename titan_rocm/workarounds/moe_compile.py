@@ -23,6 +23,7 @@ that:
 from __future__ import annotations
 
 import inspect
+import types
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -40,8 +41,8 @@ EAGER_MOE = "eager (MoE)"
 
 PATCHED_ATTR = "titan_rocm_mixed_compile"
 """Set on the replacement ``apply_compile``; its value is the function it replaced."""
-EAGER_ATTR = "titan_rocm_eager_moe"
-"""Set on the eager ``forward`` of an MoE block; its value is the layer id."""
+EAGER_ATTR = "_titan_rocm_eager_layer"
+"""Set on an MoE block made eager (the module itself): its layer id."""
 
 EAGER_FORWARD_CALLS: Counter[str] = Counter()
 """How many times each MoE block's eager forward ran, by layer id (all models in the process)."""
@@ -89,23 +90,34 @@ def has_moe_blocks(model: nn.Module) -> bool:
     return EAGER_MOE in plan_blocks(model).values()
 
 
+@torch.compiler.disable
+def _eager_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
+    """The forward of an MoE block made eager: counted, then the class's own forward."""
+    EAGER_FORWARD_CALLS[self.__dict__[EAGER_ATTR]] += 1
+    return type(self).forward(self, *args, **kwargs)
+
+
+def eager_layer_id(block: nn.Module) -> str | None:
+    """The layer id of ``block`` (or a module in its wrapper chain) made eager, else None."""
+    for module in wrapper_chain(block):
+        layer_id = module.__dict__.get(EAGER_ATTR)
+        if layer_id is not None:
+            return layer_id
+    return None
+
+
 def make_eager(block: nn.Module, layer_id: str) -> bool:
     """Keep ``block`` out of every trace and count its forwards; False if already done.
 
     Wraps the outermost module (the AC wrapper, when there is one) so the checkpointed
-    region stays eager as a whole; FSDP's hooks still run, they live in ``__call__``.
+    region stays eager as a whole; FSDP's hooks still run, they live in ``__call__``. The
+    instance's ``forward`` is a bound method, so ``copy.deepcopy`` rebinds it to the copy.
     """
-    if any(getattr(m.forward, EAGER_ATTR, None) is not None for m in wrapper_chain(block)):
+    if eager_layer_id(block) is not None:
         return False
-    original = block.forward
-
-    @torch.compiler.disable
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        EAGER_FORWARD_CALLS[layer_id] += 1
-        return original(*args, **kwargs)
-
-    setattr(forward, EAGER_ATTR, layer_id)
-    block.forward = forward  # instance attribute: nn.Module.__call__ calls self.forward
+    block.__dict__[EAGER_ATTR] = layer_id
+    # Instance attribute: nn.Module.__call__ calls self.forward.
+    block.forward = types.MethodType(_eager_forward, block)
     return True
 
 
