@@ -300,3 +300,25 @@ def test_registered_backend_is_called_by_the_model(monkeypatch):
     grouped_mm.bind(experts, "mine")
     experts(x, n)
     assert len(seen) == 1 and grouped_mm.call_counts() == {"mine": 1}
+
+
+def _binding(*argv: str) -> grouped_mm.GroupedMMBinding:
+    from titan_rocm.config import settings_from
+    from titan_rocm.converters.base import Context
+
+    job = parse(*argv)
+    return grouped_mm.GroupedMMBinding(Context(job, None, settings_from(job), platform.current()))
+
+
+def test_float8_experts_keep_the_torch_path():
+    """torchao's float8/mx experts intercept torch._grouped_mm: auto picks torch, others fail."""
+    fp8 = ("--model.converters", "rocm.grouped_mm,quantize.grouped_mm.float8")
+    with platform.override(PlatformFacts.simulated_rocm("gfx942")):
+        binding = _binding(*fp8)
+    assert binding.backend == "torch"
+    assert "quantize.grouped_mm.float8" in binding.why
+    with pytest.raises(ValueError, match="'loop' would bypass quantize.grouped_mm.float8"):
+        _binding(*fp8, "--rocm.grouped_mm_backend", "loop")
+    assert _binding(*fp8, "--rocm.grouped_mm_backend", "torch").backend == "torch"
+    # Turned off, the contradiction does not matter.
+    _binding(*fp8, "--rocm.grouped_mm_backend", "loop", "--rocm.grouped_mm", "off")

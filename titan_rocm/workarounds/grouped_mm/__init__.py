@@ -26,6 +26,7 @@ from torchtitan.tools.logging import logger
 
 from titan_rocm.converters.base import Context, Workaround
 from titan_rocm.workarounds.grouped_mm.backends import (
+    AUTO,
     CALLS,
     ExpertsFn,
     backend_names,
@@ -56,6 +57,10 @@ BOUND_NAME = "_run_experts_grouped_mm_dynamic"
 ``__qualname__`` contains it."""
 BACKEND_ATTR = "titan_rocm_backend"
 """Attribute of a bound function: the backend name."""
+
+QUANTIZED_EXPERTS_CONVERTERS = ("quantize.grouped_mm.float8", "quantize.grouped_mm.mx")
+"""TorchTitan converters that quantize the experts by swapping their weights for torchao
+tensors that intercept ``torch._grouped_mm``: only the ``torch`` backend goes through it."""
 
 _EXPERTS_CLASS = "GroupedExperts"
 _GPT_OSS_CLASS = "GptOssGroupedExperts"
@@ -176,6 +181,12 @@ def layer_backends(model: nn.Module) -> dict[str, str]:
     return result
 
 
+def quantized_experts_converters(job_config: Any) -> list[str]:
+    """The job's converters (in ``[model] converters``) that quantize the MoE experts."""
+    converters = getattr(getattr(job_config, "model", None), "converters", None) or []
+    return [name for name in converters if name in QUANTIZED_EXPERTS_CONVERTERS]
+
+
 def call_counts() -> dict[str, int]:
     """Calls of each backend through titan-rocm's bound function in this process."""
     return dict(CALLS)
@@ -191,8 +202,26 @@ class GroupedMMBinding(Workaround):
         self.requested = ctx.settings.grouped_mm_backend
         validate_name(self.requested)  # ValueError names the value and accepted names
         self.backend, self.why = resolve(self.requested, ctx.platform.is_rocm)
+        quantized = quantized_experts_converters(ctx.job_config)
+        if quantized and self.requested != "torch" and self.mode != "off":
+            self._choose_for_quantized(quantized)
         self._patched: list[str] = []
         self._logged_counts = False
+
+    def _choose_for_quantized(self, quantized: list[str]) -> None:
+        names = ", ".join(quantized)
+        if self.requested == AUTO:
+            self.backend, self.why = "torch", f"auto: {names} quantizes through torch._grouped_mm"
+        elif self.requested in ("loop", "primus_turbo"):
+            raise ValueError(
+                f"[rocm] grouped_mm_backend = {self.requested!r} would bypass {names}, which "
+                "quantizes the experts through torch._grouped_mm; accepted with it: torch, auto"
+            )
+        else:
+            logger.warning(
+                f"titan-rocm: grouped-MM backend {self.requested!r} receives the experts' "
+                f"weights as {names} made them (torchao tensors); it must handle them itself"
+            )
 
     def _backend_missing(self) -> str | None:
         if self.backend == "primus_turbo":
