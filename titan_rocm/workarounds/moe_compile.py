@@ -164,7 +164,6 @@ def make_mixed_apply_compile(original: Callable[..., Any]) -> Callable[..., None
         )
 
     setattr(apply_compile, PATCHED_ATTR, original)
-    apply_compile.__module__ = __name__
     return apply_compile
 
 
