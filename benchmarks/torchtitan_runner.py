@@ -45,8 +45,7 @@ def _report() -> None:
 
         report["syncs"] = _syncs["count"] if os.environ.get("COUNT_SYNCS") == "1" else None
         report["dynamo"] = {
-            "frames_ok": int(counters["frames"]["ok"]),
-            "frames_total": int(counters["frames"]["total"]),
+            "unique_graphs": int(counters["stats"]["unique_graphs"]),
             "graph_breaks": int(sum(counters["graph_break"].values())),
             "graph_break_reasons": [str(k)[:200] for k in list(counters["graph_break"])[:5]],
         }

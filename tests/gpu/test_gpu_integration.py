@@ -69,7 +69,7 @@ def test_mixed_compile_on_gpu_dense_compiled_moe_eager() -> None:
     torch.cuda.synchronize()
     moe_blocks = sum(1 for d in decisions.values() if d.startswith("eager"))
     assert sum(moe_compile.eager_forward_calls().values()) - before == moe_blocks
-    assert counters["frames"]["ok"] >= 1
+    assert counters["stats"]["unique_graphs"] >= 1  # the dense block(s) compiled
     assert sum(counters["graph_break"].values()) == 0
 
 
