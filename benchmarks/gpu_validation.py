@@ -210,6 +210,7 @@ def analyse(raw: dict[str, Any]) -> dict[str, Any]:
         "loss": {s: r.loss for s, r in sorted(by_step.items())},
         "grad_norm": {s: r.grad_norm for s, r in sorted(by_step.items())},
         "tps_median": statistics.median(tps) if tps else None,
+        "tps_intervals": tps,
         "memory_gib": max((r.memory_gib or 0 for r in train), default=None),
         "to_step1_s": (first[0] - starts[0]) if starts and first and starts[0] and first[0]
         else None,
@@ -225,6 +226,11 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return round(a / b, 4) if a and b else None
 
 
+def _spread(run: dict[str, Any]) -> tuple[float, float] | None:
+    values = run.get("tps_intervals") or []
+    return (min(values), max(values)) if values else None
+
+
 def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The figures issue 7 asks for."""
     out: dict[str, Any] = {}
@@ -237,6 +243,9 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
                if stock["loss"][s]]
         out[model] = {
             "tps_ratio_rocm_over_stock": _ratio(rocm["tps_median"], stock["tps_median"]),
+            # Per-interval spread (min, max): how far apart one run's own intervals are.
+            "tps_spread_stock": _spread(stock),
+            "tps_spread_rocm": _spread(rocm),
             "loss_max_rel_diff": round(max(rel), 5) if rel else None,
             "loss_step1": (stock["loss"].get(1), rocm["loss"].get(1)),
             "loss_last": (stock["loss"].get(common[-1]) if common else None,
@@ -282,62 +291,104 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _lane(runs: list[Run], gpu: int, out: Path, results: dict[str, Any]) -> None:
+_WRITE_LOCK = threading.Lock()
+
+
+def write_results(out: Path, logs: Path, environment: dict[str, Any],
+                  results: dict[str, Any]) -> dict[str, Any]:
+    """Write summary.json and logs.tar.gz (after every run: a timeout keeps what finished)."""
+    with _WRITE_LOCK:
+        figures = compare(results)
+        summary = {"environment": environment, "figures": figures, "runs": results}
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+        with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+            tar.add(logs, arcname="logs")
+        return figures
+
+
+def _lane(runs: list[Run], gpu: int, out: Path, logs: Path, environment: dict[str, Any],
+          results: dict[str, Any]) -> None:
     for run in runs:
         ids = [gpu] if run.gpus == 1 else list(range(run.gpus))
-        raw = launch(run, out, ids)
+        raw = launch(run, logs, ids)
         results[run.name] = analyse(raw)
+        write_results(out, logs, environment, results)
         print(f"[{run.name}] exit={raw['exit']} wall={raw['wall_s']}s", flush=True)
+
+
+def reanalyse(directory: Path) -> dict[str, Any]:
+    """Recompute the figures from a stored result (summary.json + logs.tar.gz), on any machine."""
+    stored = json.loads((directory / "summary.json").read_text())
+    tmp = Path(tempfile.mkdtemp(prefix="titan-rocm-reanalyse-"))
+    with tarfile.open(directory / "logs.tar.gz") as tar:
+        tar.extractall(tmp, filter="data")
+    results = {}
+    for name, run in stored["runs"].items():
+        raw = {k: run[k] for k in ("name", "exit", "wall_s", "expect_failure",
+                                   "triton_war_stats")}
+        raw["log"] = str(tmp / "logs" / f"{name}.log")
+        results[name] = analyse(raw)
+    return {"environment": stored["environment"], "figures": compare(results),
+            "runs": {n: {k: r[k] for k in ("exit", "tps_median", "to_step1_s", "memory_gib",
+                                             "reports", "guard_lines")}
+                     for n, r in results.items()}}
 
 
 def main() -> int:
     """Run a suite and print/write its figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=["single", "dual"], required=True)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--suite", choices=["single", "dual"])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--reanalyse", type=Path, metavar="DIR",
+                        help="recompute the figures of a stored result directory (no GPU)")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--only", help="comma-separated run names to keep")
     parser.add_argument("--lanes", type=int, choices=[1, 2], default=1,
                         help="2: the two lanes run in parallel on two GPUs (faster, noisier: "
                         "one lane's compiles compete with the other's timed steps)")
     args = parser.parse_args()
+    if args.reanalyse:
+        print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
+        return 0
+    if not args.suite or not args.out:
+        parser.error("--suite and --out are required (or --reanalyse DIR)")
     args.out.mkdir(parents=True, exist_ok=True)
     # Logs go to one archive in --out (the device tool brings back at most 8 files).
     logs = Path(tempfile.mkdtemp(prefix="titan-rocm-logs-"))
     import torch
 
     n_gpu = torch.cuda.device_count()
+    environment = {
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(0) if n_gpu else None,
+        "gpus": n_gpu, "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "command": " ".join(sys.argv),
+    }
     keep = set(args.only.split(",")) if args.only else None
     results: dict[str, Any] = {}
     if args.suite == "single":
         lanes = [[r for r in lane if keep is None or r.name in keep]
                  for lane in single_suite(args.steps)]
         if n_gpu >= 2 and args.lanes == 2:
-            threads = [threading.Thread(target=_lane, args=(lane, i, logs, results))
-                       for i, lane in enumerate(lanes)]
+            threads = [
+                threading.Thread(target=_lane,
+                                 args=(lane, i, args.out, logs, environment, results))
+                for i, lane in enumerate(lanes)
+            ]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
         else:
-            _lane(lanes[0] + lanes[1], 0, logs, results)
+            _lane(lanes[0] + lanes[1], 0, args.out, logs, environment, results)
     else:
         if n_gpu < 2:
             print("the dual suite needs 2 GPUs", file=sys.stderr)
             return 2
-        _lane([r for r in dual_suite(args.steps) if keep is None or r.name in keep], 0, logs,
-              results)
-    figures = compare(results)
-    environment = {
-        "date": datetime.now().isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(0) if n_gpu else None,
-        "gpus": n_gpu, "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-    }
-    summary = {"environment": environment, "figures": figures, "runs": results}
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    with tarfile.open(args.out / "logs.tar.gz", "w:gz") as tar:
-        tar.add(logs, arcname="logs")
+        _lane([r for r in dual_suite(args.steps) if keep is None or r.name in keep], 0,
+              args.out, logs, environment, results)
+    figures = write_results(args.out, logs, environment, results)
     print(json.dumps({"environment": environment, "figures": figures}, indent=2, default=str))
     for name, res in sorted(results.items()):
         print(f"{name}: exit={res['exit']} tps_median={res['tps_median']} "
