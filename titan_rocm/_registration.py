@@ -9,11 +9,10 @@ right after that module executes.
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
 import threading
-from types import ModuleType
+
+from titan_rocm._after_import import AfterImport
 
 _TRIGGER = "torchtitan.protocols.model_converter"
 _lock = threading.RLock()  # re-entered when importing the converters fires the hook
@@ -37,44 +36,9 @@ def register_converters() -> None:
         _registered = True
 
 
-class _RegisterAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds nothing itself; wraps the real loader of ``_TRIGGER`` to register afterwards."""
-
-    def find_spec(self, fullname, path, target=None):  # noqa: D102 - importlib protocol
-        if fullname != _TRIGGER:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                self._inner = spec.loader
-                spec.loader = self
-                return spec
-        return None
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._inner.exec_module(module)
-        _remove_hook()
-        register_converters()
-
-
-_hook = _RegisterAfterImport()
-
-
-def _remove_hook() -> None:
-    try:
-        sys.meta_path.remove(_hook)
-    except ValueError:
-        pass
+_hook = AfterImport(_TRIGGER, lambda _module: register_converters())
 
 
 def register_when_torchtitan_loads() -> None:
     """Register now if TorchTitan's converter registry is loaded, else when it loads."""
-    if _TRIGGER in sys.modules:
-        register_converters()
-    elif _hook not in sys.meta_path:
-        sys.meta_path.insert(0, _hook)
+    _hook.arm()

@@ -16,8 +16,6 @@ that call ``torch.ops.aiter._flash_attn_backward`` directly, are not covered.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
 import inspect
 import sys
 import threading
@@ -26,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from titan_rocm import platform
+from titan_rocm._after_import import AfterImport
 from titan_rocm.workarounds.mla_attention import aiter_api
 from titan_rocm.workarounds.mla_attention.route_log import log_route_once
 from titan_rocm.workarounds.mla_attention.routing import CK, BackwardCall, route_backward
@@ -123,39 +122,7 @@ def unpatch(module: ModuleType) -> bool:
         return True
 
 
-class _PatchAfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds nothing itself; wraps the real loader of aiter.ops.mha to patch afterwards."""
-
-    def find_spec(self, fullname, path, target=None):  # noqa: D102 - importlib protocol
-        if fullname != TARGET_MODULE:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                self._inner = spec.loader
-                spec.loader = self
-                return spec
-        return None
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module: ModuleType) -> None:
-        self._inner.exec_module(module)
-        _remove_hook()
-        patch(module)
-
-
-_hook = _PatchAfterImport()
-
-
-def _remove_hook() -> None:
-    try:
-        sys.meta_path.remove(_hook)
-    except ValueError:
-        pass
+_hook = AfterImport(TARGET_MODULE, patch)
 
 
 def install() -> str:
@@ -166,14 +133,13 @@ def install() -> str:
     module = sys.modules.get(TARGET_MODULE)
     if module is not None:
         return "patched" if patch(module) else "already patched"
-    if _hook not in sys.meta_path:
-        sys.meta_path.insert(0, _hook)
+    _hook.arm()
     return f"deferred until {TARGET_MODULE} loads"
 
 
 def uninstall() -> None:
     """Remove the import hook and any patch (tests)."""
-    _remove_hook()
+    _hook.remove()
     module = sys.modules.get(TARGET_MODULE)
     if module is not None:
         unpatch(module)
@@ -181,4 +147,4 @@ def uninstall() -> None:
 
 def hook_pending() -> bool:
     """The import hook is waiting for aiter.ops.mha."""
-    return _hook in sys.meta_path
+    return _hook.waiting

@@ -21,11 +21,11 @@ neither torch, triton nor torchtitan until ``triton`` itself is imported.
 
 from __future__ import annotations
 
-import importlib.abc
 import os
 import sys
 from collections.abc import Mapping, MutableMapping
-from typing import Any
+
+from titan_rocm._after_import import AfterImport
 
 ENV_ENABLE = "TITAN_ROCM_TRITON_WAR"
 """``1``: install the compile wrapper in this interpreter when Triton is imported."""
@@ -137,42 +137,7 @@ def _install_from_env() -> None:
             raise
 
 
-class _InstallAfterTriton(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds nothing itself; wraps the loader of ``triton`` to install the wrapper after it."""
-
-    def __init__(self) -> None:
-        self._inner: Any = None
-
-    def find_spec(self, fullname, path, target=None):  # noqa: D102 - importlib protocol
-        if fullname != _TRIGGER:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                self._inner = spec.loader
-                spec.loader = self
-                return spec
-        return None
-
-    def create_module(self, spec):  # noqa: D102
-        return self._inner.create_module(spec)
-
-    def exec_module(self, module) -> None:  # noqa: D102
-        self._inner.exec_module(module)
-        _remove_hook()
-        _install_from_env()
-
-
-_hook = _InstallAfterTriton()
-
-
-def _remove_hook() -> None:
-    try:
-        sys.meta_path.remove(_hook)
-    except ValueError:
-        pass
+_hook = AfterImport(_TRIGGER, lambda _module: _install_from_env())
 
 
 def boot() -> None:
@@ -180,15 +145,12 @@ def boot() -> None:
     ``TITAN_ROCM_TRITON_WAR=1``, install the wrapper when ``triton`` is imported."""
     if os.environ.get(ENV_ENABLE) != "1":
         return
-    if _TRIGGER in sys.modules:
-        _install_from_env()
-    elif _hook not in sys.meta_path:
-        sys.meta_path.insert(0, _hook)
+    _hook.arm()
 
 
 def booted() -> bool:
     """The after-triton hook is waiting, or the wrapper is installed in this process."""
-    if _hook in sys.meta_path:
+    if _hook.waiting:
         return True
     mod = sys.modules.get("titan_rocm.workarounds.triton_war.compile_hook")
     return bool(mod is not None and mod.installed() is not None)

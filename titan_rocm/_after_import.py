@@ -1,0 +1,68 @@
+"""Run a callback right after a given module is first imported (a one-shot import hook).
+
+Three parts of titan-rocm must act on a module they must not import themselves: converter
+registration waits for TorchTitan, the Triton compile wrapper waits for ``triton`` in compile
+workers, and the MLA guard waits for ``aiter.ops.mha``. Importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+
+class AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Finds nothing itself: wraps the real loader of ``module_name`` and calls ``callback``
+    with the module once its body has run, then takes itself off ``sys.meta_path``."""
+
+    def __init__(self, module_name: str, callback: Callable[[ModuleType], None]) -> None:
+        self.module_name = module_name
+        self.callback = callback
+        self._inner: Any = None
+
+    def find_spec(self, fullname, path, target=None):  # noqa: D102 - importlib protocol
+        if fullname != self.module_name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                self._inner = spec.loader
+                spec.loader = self
+                return spec
+        return None
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._inner.exec_module(module)
+        self.remove()
+        self.callback(module)
+
+    @property
+    def waiting(self) -> bool:
+        """The hook is on ``sys.meta_path``, waiting for its module."""
+        return self in sys.meta_path
+
+    def arm(self) -> bool:
+        """Call back now if the module is already imported (True), else wait for it (False)."""
+        module = sys.modules.get(self.module_name)
+        if module is not None:
+            self.callback(module)
+            return True
+        if not self.waiting:
+            sys.meta_path.insert(0, self)
+        return False
+
+    def remove(self) -> None:
+        """Stop waiting (no-op when not waiting)."""
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
