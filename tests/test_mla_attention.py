@@ -582,8 +582,20 @@ def test_flex_flavor_with_a_causal_mask_is_converted_in_auto():
                for b in model.layers.values())
 
 
-def test_on_runs_block_causal_flex_flavors_causal_with_a_warning(caplog):
+def test_on_alone_keeps_document_masks(caplog):
     job = _job("--rocm.mla_ck_backward", "on", flavor="debugmodel_flex_attn")
+    model = build_meta(job)
+    before = _types(model)
+    with platform.override(PlatformFacts.simulated_rocm("gfx942")):
+        decision = decisions(convert(job, model))["mla_ck_backward"]
+    assert not decision.applied
+    assert 'mla_document_masks = "drop"' in decision.reason
+    assert _types(model) == before
+
+
+def test_drop_document_masks_runs_block_causal_flex_causal_with_a_warning(caplog):
+    job = _job("--rocm.mla_ck_backward", "on", "--rocm.mla_document_masks", "drop",
+               flavor="debugmodel_flex_attn")
     model = build_meta(job)
     before = _types(model)
     with platform.override(PlatformFacts.simulated_rocm("gfx942")), caplog.at_level(

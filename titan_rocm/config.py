@@ -47,6 +47,10 @@ class RocmSettings:
     """Raise instead of logging an error when a hazardous kernel cannot be fixed."""
     mla_ck_backward: Mode = "auto"
     """DeepSeek MLA attention on aiter; backward for q/k 192, v 128 to CK on gfx942."""
+    mla_document_masks: Literal["keep", "drop"] = "keep"
+    """FlexAttention flavors with per-document (block_causal) masks: keep them (the model's
+    attention is then not replaced) or drop them (aiter's plain causal kernel: tokens attend
+    across document boundaries)."""
     divergence_guard: Mode = "auto"
     """Stop training at the first non-finite loss or grad norm (auto = every platform)."""
     divergence_check: Literal["log_steps", "every_step"] = "log_steps"
@@ -60,6 +64,7 @@ class RocmSettings:
 _CHOICES: dict[str, tuple[str, ...]] = {
     "triton_war_rule": ("precise", "conservative"),
     "divergence_check": ("log_steps", "every_step"),
+    "mla_document_masks": ("keep", "drop"),
 }
 
 

@@ -4,9 +4,10 @@ Gate (``auto``): a ROCm build with a GPU and aiter installed, a model with Torch
 DeepSeek V3 attention whose mask is plain causal (``attn_type = "sdpa"``, or ``"flex"`` with
 ``attn_mask_type = "causal"``), no context parallelism, and (on a real machine)
 ``aiter.ops.mha`` importing cleanly. Otherwise one line says why and the model is left
-untouched; nothing imports aiter. ``on`` fails at start-up, naming what is missing, and also
-takes flex flavors with ``block_causal`` (per-document) masks, which then run plain causal
-attention, as the aiter path used in practice does (warned at apply).
+untouched; nothing imports aiter. ``on`` fails at start-up, naming what is missing. Flex
+flavors with ``block_causal`` (per-document) masks are converted only with
+``[rocm] mla_document_masks = "drop"``: they then run plain causal attention, as the aiter
+path used in practice does (warned at apply).
 
 Apply: each DeepSeek V3 ``Attention.inner_attention`` becomes
 :class:`~.module.MLAInnerAttention` (or :class:`~.module.MLAFlexInnerAttention` for flex);
@@ -147,11 +148,12 @@ class MLACKBackward(Workaround):
                 "TorchTitan's SDPA and flex attention wrappers"
             )
         mask = mask_type(model)
-        if any(_is_flex(m) for _, m in modules) and mask != "causal" and self.mode != "on":
+        drops_masks = self.ctx.settings.mla_document_masks == "drop"
+        if any(_is_flex(m) for _, m in modules) and mask != "causal" and not drops_masks:
             return (
                 f"attention is FlexAttention with {mask!r} (per-document) masks; aiter's kernel is "
                 "plain causal and would attend across documents; set [rocm] "
-                f"{self.name} = \"on\" to run it causal anyway"
+                'mla_document_masks = "drop" to run it causal anyway'
             )
         if self._cp_enabled():
             return "context parallelism is on: CP shards SDPA ops, not the aiter op"
@@ -178,7 +180,8 @@ class MLACKBackward(Workaround):
         self._swapped = swapped
         if flex and mask_type(model) != "causal":
             logger.warning(
-                "titan-rocm: mla_ck_backward (on): %d flex attention modules with %r masks now "
+                "titan-rocm: mla_ck_backward (mla_document_masks = drop): %d flex attention "
+                "modules with %r masks now "
                 "run plain causal attention: tokens attend across document boundaries",
                 flex,
                 mask_type(model),
