@@ -24,6 +24,7 @@ from titan_rocm.converters import converter_classes
 from titan_rocm.converters.base import Decision, RocmConverter, planning
 from titan_rocm.job_args import JobArgsError, prepare
 from titan_rocm.platform import PlatformFacts
+from titan_rocm.workarounds.moe_compile import EAGER_MOE, plan_blocks
 
 
 class PlanError(ValueError):
@@ -144,19 +145,14 @@ def _quiet_local_capability_warning(simulated: bool) -> Iterator[None]:
             log.removeFilter(drop)
 
 
-def _stock_compile_blocks(model: nn.Module) -> dict[str, str]:
-    """What TorchTitan 0.2.2's own apply_compile does per block (no titan-rocm patch)."""
-    blocks: dict[str, str] = {}
-    layers = getattr(model, "layers", None)
-    if layers is None:
-        return blocks
-    for name, block in layers.named_children():
-        inner = getattr(block, "_checkpoint_wrapped_module", block)
-        if getattr(inner, "moe_enabled", False):
-            blocks[name] = "stock MoE compile (children fullgraph except experts)"
-        else:
-            blocks[name] = "fullgraph"
-    return blocks
+_STOCK_MOE_COMPILE = "stock MoE compile (children fullgraph except experts)"
+
+
+def _stock_compile_blocks(per_block: dict[str, str]) -> dict[str, str]:
+    """What TorchTitan 0.2.2's own apply_compile does per block (no titan-rocm patch), from
+    :func:`~titan_rocm.workarounds.moe_compile.plan_blocks`' dense/MoE split."""
+    return {name: _STOCK_MOE_COMPILE if how == EAGER_MOE else how
+            for name, how in per_block.items()}
 
 
 def make_plan(
@@ -204,19 +200,15 @@ def make_plan(
     moe_decision = next(
         (d for d in decisions if d.workaround == "moe_eager_compile" and d.applied), None
     )
+    per_block = plan_blocks(model)
     if not compile_enabled:
         blocks: dict[str, str] = {}
     elif moe_decision is not None and "blocks" in moe_decision.details:
         blocks = dict(moe_decision.details["blocks"])
     else:
-        blocks = _stock_compile_blocks(model)
-    layers = getattr(model, "layers", None)
-    n_blocks = len(list(layers.children())) if layers is not None else 0
-    n_moe = sum(
-        1
-        for b in (layers.children() if layers is not None else ())
-        if getattr(getattr(b, "_checkpoint_wrapped_module", b), "moe_enabled", False)
-    )
+        blocks = _stock_compile_blocks(per_block)
+    n_blocks = len(per_block)
+    n_moe = sum(how == EAGER_MOE for how in per_block.values())
     return {
         "config_file": job_config.job.config_file,
         "model": {
