@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from titan_rocm.logs.parse import fmt_value
 from titan_rocm.workarounds.divergence_guard.record import Row
 
 DOCS_PAGE = "docs/divergence-detection.md"
@@ -42,13 +43,7 @@ class Verdict:
 
 
 def _fmt(value: float | None) -> str:
-    if value is None:
-        return "not seen on that rank"
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return f"{value:.6g}"
+    return "not seen on that rank" if value is None else fmt_value(value)
 
 
 def distributed() -> bool:
