@@ -17,6 +17,7 @@ kernel compile goes through Triton. It prints a table of ratios and writes ``sum
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import json
 import os
@@ -31,6 +32,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -58,6 +65,8 @@ class Run:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     expect_failure: bool = False
     timeout: int = 420
+    shared_cache: bool = False
+    """Use the suite's Inductor/Triton cache (steady-state timing) instead of a cold one."""
 
 
 def single_suite(steps: int) -> tuple[list[Run], list[Run]]:
@@ -90,6 +99,45 @@ def single_suite(steps: int) -> tuple[list[Run], list[Run]]:
     return lane0, lane1
 
 
+# Throughput: every variant of a model runs twice, in mirrored order (A B C ... C B A), so a
+# linear drift of the machine hits every variant alike; medians pool both runs' intervals.
+THROUGHPUT_VARIANTS: dict[str, list[tuple[str, list[str]]]] = {
+    "llama3": [
+        ("stock", STOCK),
+        ("rocm", []),  # what a user gets on this GPU: auto gates decide
+        ("rocm_on", ROCM_ON),  # every workaround forced on (guard in its default mode)
+        ("rocm_on_guard_off", [*ROCM_ON, "--rocm.divergence_guard", "off"]),
+        ("rocm_on_every_step", [*ROCM_ON, "--rocm.divergence_check", "every_step"]),
+    ],
+    "qwen3": [("stock", STOCK), ("rocm", []), ("rocm_on", ROCM_ON)],
+    "deepseek_v3": [
+        ("stock", STOCK),
+        ("rocm_on", ROCM_ON),  # mixed compile: MoE blocks eager
+        ("rocm_on_stock_moe_compile", [*ROCM_ON, "--rocm.moe_eager_compile", "off"]),
+    ],
+}
+
+
+def throughput_suite(steps: int, models: list[str]) -> list[Run]:
+    """Mirrored runs per model on one GPU; one compile cache per suite (warm after the first)."""
+    s = ["--training.steps", str(steps), *SEED, *LOG10]
+    runs = []
+    for model in models:
+        variants = THROUGHPUT_VARIANTS[model]
+        for i, (variant, flags) in enumerate([*variants, *reversed(variants)]):
+            runs.append(Run(f"{model}_{variant}@{1 if i < len(variants) else 2}",
+                            f"configs/{model}_debug.toml", [*s, *flags], shared_cache=True))
+    return runs
+
+
+def fp8_suite(steps: int) -> list[Run]:
+    """The FP8 debug config (torchao float8 linear + grouped-MM converters), stock vs rocm."""
+    s = ["--training.steps", str(steps), *SEED, *LOG10]
+    config = "configs/deepseek_v3_debug_fp8.toml"
+    return [Run("deepseek_v3_fp8_stock", config, [*s, *STOCK]),
+            Run("deepseek_v3_fp8_rocm", config, [*s, *ROCM_ON])]
+
+
 def dual_suite(steps: int) -> list[Run]:
     """Two-GPU runs, one after the other."""
     s = ["--training.steps", str(steps), *SEED, *LOG10]
@@ -103,6 +151,7 @@ def dual_suite(steps: int) -> list[Run]:
     ]
 
 
+_SHARED_CACHE = Path(tempfile.mkdtemp(prefix="titan-rocm-cache-"))
 _PORT = [29500]
 _PORT_LOCK = threading.Lock()
 
@@ -117,11 +166,12 @@ def launch(run: Run, out: Path, gpu_ids: list[int]) -> dict[str, Any]:
     """Run ``run`` on ``gpu_ids``; return its raw result (log path, exit code, wall time)."""
     log = out / f"{run.name}.log"
     tmp = Path(tempfile.mkdtemp(prefix=f"{run.name}-"))
+    cache = _SHARED_CACHE if run.shared_cache else tmp
     env = dict(os.environ)
     env.update(
         CUDA_VISIBLE_DEVICES=",".join(map(str, gpu_ids)),
-        TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
-        TRITON_CACHE_DIR=str(tmp / "triton"),
+        TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+        TRITON_CACHE_DIR=str(cache / "triton"),
         TITAN_ROCM_TRITON_WAR_STATS_DIR=str(tmp / "war-stats"),
         COUNT_SYNCS="1",
         PYTHONUNBUFFERED="1",
@@ -165,7 +215,8 @@ def stock_config(path: Path, tmp: Path) -> Path:
     """A copy of ``path`` without titan-rocm: no converters, no custom import/config, no [rocm].
 
     TorchTitan 0.2.2's ``--model.converters`` cannot express an empty list on the command line
-    (it splits "" into [""]), so the stock run gets its own TOML.
+    (it splits "" into [""]), so the stock run gets its own TOML. Other converters (float8)
+    stay.
     """
     out, skip = [], False
     for line in path.read_text().splitlines():
@@ -175,7 +226,9 @@ def stock_config(path: Path, tmp: Path) -> Path:
         if skip or stripped.startswith(("custom_import", "custom_config_module")):
             continue
         if stripped.startswith("converters"):
-            line = "converters = []"
+            listed = ast.literal_eval(stripped.split("=", 1)[1].split("#", 1)[0].strip())
+            kept = [c for c in listed if c != "rocm" and not c.startswith("rocm.")]
+            line = f"converters = {json.dumps(kept)}"
         out.append(line)
     stock = tmp / f"stock-{path.name}"
     stock.write_text("\n".join(out) + "\n")
@@ -291,6 +344,74 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _tokens_per_step(config: str) -> int | None:
+    """local_batch_size x seq_len of a config (per GPU): tokens/s -> step time."""
+    try:
+        training = tomllib.loads((REPO / config).read_text())["training"]
+        return int(training["local_batch_size"]) * int(training["seq_len"])
+    except (OSError, KeyError, ValueError, tomllib.TOMLDecodeError):
+        return None
+
+
+def _syncs(run: dict[str, Any]) -> int | None:
+    reports = run.get("reports") or []
+    return reports[0].get("syncs") if reports else None
+
+
+def _variant_ratio(table: dict[str, Any], a: str, b: str) -> dict[str, Any] | None:
+    """tokens/s of variant ``a`` over ``b``: pooled medians, and pass by pass."""
+    if a not in table or b not in table:
+        return None
+    per_pass = [_ratio(x, y) for x, y in zip(table[a]["tps_median_per_pass"],
+                                            table[b]["tps_median_per_pass"], strict=False)]
+    return {"pooled": _ratio(table[a]["tps_median"], table[b]["tps_median"]),
+            "per_pass": per_pass}
+
+
+def throughput(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Figures of the mirrored throughput suite: per model, each variant against stock."""
+    passes: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for name, run in results.items():
+        if "@" in name:
+            model_variant = name.split("@", 1)[0]
+            for model in THROUGHPUT_VARIANTS:
+                if model_variant.startswith(model + "_"):
+                    variant = model_variant[len(model) + 1:]
+                    passes.setdefault(model, {}).setdefault(variant, []).append(run)
+    out: dict[str, Any] = {}
+    for model, variants in passes.items():
+        tokens = _tokens_per_step(f"configs/{model}_debug.toml")
+        table: dict[str, Any] = {}
+        for variant, runs in variants.items():
+            pooled = [t for r in runs for t in (r.get("tps_intervals") or [])]
+            median = statistics.median(pooled) if pooled else None
+            table[variant] = {
+                "tps_median": round(median, 1) if median else None,
+                "tps_median_per_pass": [r.get("tps_median") for r in runs],
+                "intervals": len(pooled),
+                "step_ms_median": round(1000 * tokens / median, 2) if tokens and median else None,
+                "peak_memory_gib": [r.get("memory_gib") for r in runs],
+                "host_syncs": [_syncs(r) for r in runs],
+                "exit": [r.get("exit") for r in runs],
+            }
+
+        figures: dict[str, Any] = {"variants": table, "tokens_per_step": tokens}
+        for variant in table:
+            if variant != "stock":
+                figures[f"tps_ratio_{variant}_over_stock"] = _variant_ratio(
+                    table, variant, "stock")
+        if "rocm_on_guard_off" in table:
+            figures["tps_ratio_guard_default_over_off"] = _variant_ratio(
+                table, "rocm_on", "rocm_on_guard_off")
+            figures["tps_ratio_guard_every_step_over_off"] = _variant_ratio(
+                table, "rocm_on_every_step", "rocm_on_guard_off")
+        if "rocm_on_stock_moe_compile" in table:
+            figures["tps_ratio_mixed_over_stock_moe_compile"] = _variant_ratio(
+                table, "rocm_on", "rocm_on_stock_moe_compile")
+        out[model] = figures
+    return out
+
+
 _WRITE_LOCK = threading.Lock()
 
 
@@ -299,6 +420,8 @@ def write_results(out: Path, logs: Path, environment: dict[str, Any],
     """Write summary.json and logs.tar.gz (after every run: a timeout keeps what finished)."""
     with _WRITE_LOCK:
         figures = compare(results)
+        if any("@" in name for name in results):
+            figures["throughput"] = throughput(results)
         summary = {"environment": environment, "figures": figures, "runs": results}
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
@@ -328,7 +451,10 @@ def reanalyse(directory: Path) -> dict[str, Any]:
                                    "triton_war_stats")}
         raw["log"] = str(tmp / "logs" / f"{name}.log")
         results[name] = analyse(raw)
-    return {"environment": stored["environment"], "figures": compare(results),
+    figures = compare(results)
+    if any("@" in name for name in results):
+        figures["throughput"] = throughput(results)
+    return {"environment": stored["environment"], "figures": figures,
             "runs": {n: {k: r[k] for k in ("exit", "tps_median", "to_step1_s", "memory_gib",
                                              "reports", "guard_lines")}
                      for n, r in results.items()}}
@@ -337,7 +463,9 @@ def reanalyse(directory: Path) -> dict[str, Any]:
 def main() -> int:
     """Run a suite and print/write its figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=["single", "dual"])
+    parser.add_argument("--suite", choices=["single", "dual", "throughput", "fp8"])
+    parser.add_argument("--models", default="llama3,qwen3",
+                        help=f"throughput suite: comma-separated, of {sorted(THROUGHPUT_VARIANTS)}")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--reanalyse", type=Path, metavar="DIR",
                         help="recompute the figures of a stored result directory (no GPU)")
@@ -382,6 +510,18 @@ def main() -> int:
                 t.join()
         else:
             _lane(lanes[0] + lanes[1], 0, args.out, logs, environment, results)
+    elif args.suite in ("throughput", "fp8"):
+        if args.suite == "fp8":
+            runs = fp8_suite(args.steps)
+        else:
+            models = [m.strip() for m in args.models.split(",") if m.strip()]
+            unknown = [m for m in models if m not in THROUGHPUT_VARIANTS]
+            if unknown:
+                parser.error(f"--models: {unknown} not known; accepted: "
+                             f"{', '.join(sorted(THROUGHPUT_VARIANTS))}")
+            runs = throughput_suite(args.steps, models)
+        _lane([r for r in runs if keep is None or r.name in keep], 0, args.out, logs,
+              environment, results)
     else:
         if n_gpu < 2:
             print("the dual suite needs 2 GPUs", file=sys.stderr)

@@ -298,6 +298,83 @@ def test_real_trainer_nan_at_step_7_reported_at_log_step_10_without_syncs(
     assert sum("training diverged at step 7" in r.getMessage() for r in caplog.records) == 1
 
 
+class _Order(TorchFunctionMode):
+    """The order of the guard's snapshot gathers and TorchTitan's own ``.item()`` reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None):
+        name = getattr(func, "__name__", "")
+        if name in ("clone", "item"):
+            frame = sys._getframe(1)
+            while frame is not None and "/torch/" in frame.f_code.co_filename:
+                frame = frame.f_back
+            path = frame.f_code.co_filename if frame is not None else ""
+            if name == "clone" and path.endswith("divergence_guard/snapshot.py"):
+                self.events.append("snapshot")
+            elif name == "item" and path.endswith("torchtitan/train.py"):
+                self.events.append("trainer .item()")
+        return func(*args, **(kwargs or {}))
+
+
+def test_real_trainer_log_steps_copy_the_rows_before_torchtitan_waits(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rows' copy is enqueued at ``should_log``, before the trainer's own ``.item()``.
+
+    On a GPU that ordering is what makes the log-step read free: the trainer's ``.item()``
+    waits for the stream, copy included (tests/gpu shows the event complete on CUDA).
+    """
+    trainer = _trainer(monkeypatch, GUARD)  # log_freq 10, 12 steps: log steps 1 and 10
+    monitor = hooks.active()
+    with _Order() as order:
+        _run(trainer)
+    runs = [e for i, e in enumerate(order.events) if i == 0 or order.events[i - 1] != e]
+    # Log steps 1 and 10: the copy first, then the trainer's reads (loss, grad norm). The end
+    # of training (steps 11-12) has no trainer read to lean on: it gathers and reads itself.
+    assert runs == ["snapshot", "trainer .item()"] * 2 + ["snapshot"], order.events
+    assert monitor.checks == 3 and monitor.pending is None
+
+
+def test_snapshot_read_waits_only_for_a_copy_still_in_flight() -> None:
+    """The event logic of :class:`Snapshot` with a stand-in event (CPU has no streams)."""
+    from titan_rocm.workarounds.divergence_guard.snapshot import Snapshot
+
+    class Event:
+        def __init__(self, done: bool) -> None:
+            self.done, self.waited_on = done, 0
+
+        def query(self) -> bool:
+            return self.done
+
+        def synchronize(self) -> None:
+            self.waited_on += 1
+            self.done = True
+
+    row = torch.tensor([[7.0, NAN, 1.0, 1.0, 1.0]], dtype=torch.float64)
+    landed = Snapshot(10, 10, row, Event(done=True))
+    assert landed.rows()[0].step == 7 and not landed.waited and landed.event.waited_on == 0
+    in_flight = Snapshot(10, 10, row, Event(done=False))
+    assert not in_flight.ready()
+    assert in_flight.rows()[0].step == 7 and in_flight.waited
+    assert in_flight.event.waited_on == 1
+
+
+def test_monitor_counts_waits_and_ignores_a_snapshot_of_another_step() -> None:
+    monitor = Monitor()
+    record_loss = torch.tensor(NAN)
+    monitor.record.observe_loss(record_loss)
+    monitor.on_step_end()  # step 1 bad
+    monitor.on_should_log(1)
+    assert monitor.pending is not None and monitor.pending.step == 1
+    monitor.pending.step = 5  # as if taken for another step: must not be trusted
+    with pytest.raises(DivergenceError):
+        monitor.on_log(1, 2.0, 1.0)
+    assert monitor.checks == 1 and monitor.pending is None
+
+
 def test_real_trainer_every_step_mode_stops_at_the_bad_step(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -307,7 +384,8 @@ def test_real_trainer_every_step_mode_stops_at_the_bad_step(
         _run(trainer)
     assert err.value.verdict.step == 7 and "end of step 7" in err.value.verdict.checked_at
     assert trainer.step == 7
-    assert hooks.active().checks == 7 + 1  # one per step, plus log step 1
+    # One read per step; log step 1 reads nothing more (its step was read at its end).
+    assert hooks.active().checks == 7
 
 
 def test_real_trainer_clean_run_completes_and_checks_the_tail(

@@ -116,3 +116,25 @@ def test_divergence_guard_record_adds_no_host_sync() -> None:
         torch.cuda.set_sync_debug_mode("default")
     row = record.row()  # the one read, at a check point
     assert row.step == 7
+
+
+def test_divergence_guard_log_step_read_waits_for_nothing() -> None:
+    """The snapshot enqueued before the trainer's own ``.item()`` has landed when read."""
+    from titan_rocm.workarounds.divergence_guard.record import NonFiniteRecord
+    from titan_rocm.workarounds.divergence_guard.snapshot import Snapshot
+
+    record = NonFiniteRecord()
+    loss = torch.full((), float("nan"), device="cuda")
+    record.observe_loss(loss)
+    record.end_step(3)
+    big = torch.randn(4096, 4096, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        work = big @ big  # keep the stream busy so the copy is really in flight
+        snapshot = Snapshot.take(record, 3, loss.device)  # must not synchronise
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    work.sum().item()  # what TorchTitan does at a log step: waits for the stream
+    assert snapshot.ready()
+    assert snapshot.rows()[0].step == 3 and not snapshot.waited

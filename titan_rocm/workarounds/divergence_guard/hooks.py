@@ -12,8 +12,11 @@ library functions and methods the trainer looks up at call time instead:
 * ``torchtitan.distributed.utils.clip_grad_norm_``: the trainer calls
   ``dist_utils.clip_grad_norm_`` every step; the wrapper keeps a reference to the total
   norm tensor it returns (already reduced over every parallel dimension).
-* ``MetricsProcessor.log`` (class attribute): the log steps, where TorchTitan has just
-  synchronised to print loss and grad norm: the check point.
+* ``MetricsProcessor.should_log`` (class attribute): when it says a step will be logged,
+  the guard enqueues every rank's record row to the host (:mod:`.snapshot`) before
+  TorchTitan reduces the loss and calls ``.item()``, which waits for that copy too.
+* ``MetricsProcessor.log``: the log steps, where TorchTitan has just synchronised to print
+  loss and grad norm: the check point, reading the copy that has landed.
 * ``MetricsProcessor.close``: the end of training, whatever made the loop stop.
 * ``CheckpointManager.save``: before a checkpoint is written (check first), and
   ``CheckpointManager.load``: ``Trainer.train`` calls it first; it holds the trainer as
@@ -95,6 +98,18 @@ def _wrap_log(original: Callable[..., Any]) -> Callable[..., Any]:
     return log
 
 
+def _wrap_should_log(original: Callable[..., bool]) -> Callable[..., bool]:
+    @functools.wraps(original)
+    def should_log(self: Any, step: int) -> bool:
+        result = original(self, step)
+        monitor = _active
+        if monitor is not None and result:
+            monitor.on_should_log(step)
+        return result
+
+    return should_log
+
+
 def _wrap_close(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def close(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -146,6 +161,7 @@ def install(monitor: Monitor) -> None:
     _active = monitor
     _patch(loss_module, "cross_entropy_loss", _wrap_loss)
     _patch(dist_utils, "clip_grad_norm_", _wrap_clip)
+    _patch(MetricsProcessor, "should_log", _wrap_should_log)
     _patch(MetricsProcessor, "log", _wrap_log)
     _patch(MetricsProcessor, "close", _wrap_close)
     _patch(CheckpointManager, "save", _wrap_save)

@@ -9,7 +9,10 @@ call                                    when (TorchTitan 0.2.2 ``Trainer.train_s
 :meth:`Monitor.on_grad_norm`            ``clip_grad_norm_`` result (keeps a reference)
 :meth:`Monitor.on_step_end`             ``post_optimizer_hook`` (device ops only;
                                         checks here in ``every_step`` mode)
-:meth:`Monitor.on_log`                  ``MetricsProcessor.log``: check point
+:meth:`Monitor.on_should_log`           ``MetricsProcessor.should_log`` returned True:
+                                        enqueue the rows' copy to the host (no wait)
+:meth:`Monitor.on_log`                  ``MetricsProcessor.log``: check point (reads
+                                        the copy TorchTitan's ``.item()`` waited for)
 :meth:`Monitor.on_save`                 ``CheckpointManager.save`` that will write
 :meth:`Monitor.on_close`                ``MetricsProcessor.close`` after a normal end
 ======================================  ==========================================
@@ -27,12 +30,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from titan_rocm.workarounds.divergence_guard.record import FIELDS, NonFiniteRecord
+from titan_rocm.workarounds.divergence_guard.record import NonFiniteRecord, Row
+from titan_rocm.workarounds.divergence_guard.snapshot import Snapshot
 from titan_rocm.workarounds.divergence_guard.verdict import (
     DivergenceError,
     Verdict,
     decide,
-    gather_rows,
     message,
     short_message,
 )
@@ -99,7 +102,13 @@ class Monitor:
         self.checked_through = 0
         """``record.steps_ended`` at the latest check."""
         self.checks = 0
-        """Check points run (each reads the record on the host: a synchronisation)."""
+        """Check points run."""
+        self.waits = 0
+        """Check points whose read made the host wait for the device (a synchronisation the
+        trainer did not already make): every check in ``every_step`` mode, checkpoint saves
+        and the end of training; none at log steps of TorchTitan 0.2.2's trainer."""
+        self.pending: Snapshot | None = None
+        """The rows' copy enqueued at the current log step's ``should_log``."""
         self.verdict: Verdict | None = None
         self._warned: set[str] = set()
 
@@ -154,6 +163,13 @@ class Monitor:
             self.check(f"the end of step {step} (divergence_check = every_step)")
 
     # -- check points (host reads: only where TorchTitan synchronises anyway) ---------------
+    def on_should_log(self, step: int) -> None:
+        """This step will be logged: enqueue the rows' copy before TorchTitan's ``.item()``."""
+        if self.verdict is not None or self.check_mode == "every_step":
+            return  # every_step: this step was read at its end already
+        device = _collective_device(self.record.device)
+        self.pending = Snapshot.take(self.record, step, device)
+
     def on_log(self, step: int, loss: float, grad_norm: float) -> None:
         """``MetricsProcessor.log`` ran (host already synchronised for these values)."""
         if self.verdict is not None:
@@ -161,7 +177,16 @@ class Monitor:
         host = None
         if not (_finite(loss) and _finite(grad_norm)):
             host = (step, loss, grad_norm)
-        self.check(f"log step {step}", host=host)
+        snapshot, self.pending = self.pending, None
+        if self.check_mode == "every_step":
+            # The device record was read at the end of this step; only the printed values
+            # are new (a loss the guard does not observe).
+            if host is not None:
+                self._decide([_host_row(host)] * _world_size(), f"log step {step}")
+            return
+        if snapshot is not None and snapshot.step != step:
+            snapshot = None  # taken for another step (a trainer that skipped its log)
+        self.check(f"log step {step}", host=host, snapshot=snapshot)
 
     def on_save(self, step: int) -> None:
         """A checkpoint is about to be written: never save one from a non-finite step."""
@@ -174,28 +199,39 @@ class Monitor:
             return  # another error is on its way out; a collective now could hang
         if self.record.steps_ended > self.checked_through:
             self.check("the end of training")
+        log.info(
+            "titan-rocm: divergence guard: %d check(s), %d of them waited for the device "
+            "(divergence_check = %s)", self.checks, self.waits, self.check_mode,
+        )
 
-    def check(self, where: str, host: tuple[int, float, float] | None = None) -> None:
-        """Read every rank's record (one all-gather); raise :class:`DivergenceError` if bad.
+    def check(self, where: str, host: tuple[int, float, float] | None = None,
+              snapshot: Snapshot | None = None) -> None:
+        """Read every rank's record; raise :class:`DivergenceError` if any step was bad.
 
         Args:
             where: for the message, e.g. ``log step 10``.
             host: (step, loss, grad_norm) this rank was handed already on the host and found
-                non-finite; used if the device record is clean (e.g. a loss the guard does
-                not observe).
+                non-finite; used if every device record is clean (e.g. a loss the guard does
+                not observe). These are TorchTitan's globally reduced values, the same on
+                every rank (except the loss under PP: only the last stage has it).
+            snapshot: the rows enqueued at ``should_log`` (no wait); None: gather now (one
+                all-gather and one wait for the device).
 
         Every rank must call this at the same points (they all do: log steps, checkpoint
         saves, end of training, and every optimizer step in ``every_step`` mode).
         """
         self.checks += 1
-        row = self.record.row_tensor(_collective_device(self.record.device))
-        if host is not None and row[0].item() < 0:
-            step, loss, grad_norm = host
-            values = [float(step), _num(loss), _num(grad_norm), 1.0, 1.0]
-            assert len(values) == len(FIELDS)
-            row = torch.tensor(values, dtype=torch.float64, device=row.device)
-        rows = gather_rows(row)
-        self.checked_through = self.record.steps_ended
+        if snapshot is None:
+            snapshot = Snapshot.take(self.record, self.record.steps_ended,
+                                     _collective_device(self.record.device))
+        rows = snapshot.rows()
+        self.waits += snapshot.waited
+        self.checked_through = snapshot.steps_ended
+        if host is not None and all(r.step is None for r in rows):
+            rows = [_host_row(host)] * len(rows)
+        self._decide(rows, where)
+
+    def _decide(self, rows: list[Row], where: str) -> None:
         verdict = decide(rows, where)
         if verdict is None:
             return
@@ -203,6 +239,15 @@ class Monitor:
         if rank() == 0:
             log.error(message(verdict))
         raise DivergenceError(short_message(verdict), verdict)
+
+
+def _host_row(host: tuple[int, float, float]) -> Row:
+    step, loss, grad_norm = host
+    return Row(step, _num(loss), _num(grad_norm))
+
+
+def _world_size() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _finite(value: Any) -> bool:

@@ -1,7 +1,8 @@
 """Turn every rank's record into one decision, and the error that stops training.
 
-At a check point every rank contributes its record row to one all-gather, so every rank
-reaches the same verdict from the same data and stops together: none is left waiting in
+At a check point every rank contributes its record row to one all-gather
+(:mod:`.snapshot`), so every rank reaches the same verdict from the same data and stops
+together: none is left waiting in
 a later collective. The first bad step wins (lowest rank on ties); rank 0 logs the full
 message, naming the rank that saw it.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
 import torch.distributed as dist
 
 from titan_rocm.logs.parse import fmt_value
@@ -49,15 +49,6 @@ def _fmt(value: float | None) -> str:
 def distributed() -> bool:
     """A process group with more than one rank is up."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def gather_rows(row: torch.Tensor) -> list[Row]:
-    """Every rank's record row (one all-gather; a no-op without a process group)."""
-    if not distributed():
-        return [Row.from_values(row.tolist())]
-    rows = [torch.empty_like(row) for _ in range(dist.get_world_size())]
-    dist.all_gather(rows, row.contiguous())
-    return [Row.from_values(r.tolist()) for r in rows]
 
 
 def decide(rows: list[Row], checked_at: str) -> Verdict | None:
