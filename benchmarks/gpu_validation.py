@@ -4,13 +4,20 @@ One command on a GPU box (run from the repository root, titan-rocm importable):
 
     python benchmarks/gpu_validation.py --suite single --out results/     # 1-2 GPUs
     python benchmarks/gpu_validation.py --suite dual --out results/       # needs 2 GPUs
+    python benchmarks/gpu_validation.py --suite throughput --models llama3_1b,qwen3_1.7b \
+        --steps 60 --out results/                                        # 1 GPU, ratios
+    python benchmarks/gpu_validation.py --suite fp8 --steps 30 --out results/   # torchao 0.16
 
 ``single`` runs the debug configs with ``converters = ["rocm"]`` (workarounds forced ``on``
 where ``auto`` would skip on CUDA) and with no converter, same seed and data; pairs that are
 compared run one after the other on the same GPU (two GPUs: two lanes in parallel, each with
 its own pairs). ``dual`` runs the two-GPU cases (FSDP NaN stop, deepseek_v3 EP=2 + FSDP).
 Every run uses fresh Inductor/Triton cache directories, so compile times are cold and every
-kernel compile goes through Triton. It prints a table of ratios and writes ``summary.json``,
+kernel compile goes through Triton. ``throughput`` runs each variant of a model twice in mirrored
+order (A B C ... C B A) with one shared compile cache and reports pooled medians and per-pass
+ratios; ``llama3_1b`` and ``qwen3_1.7b`` are GPU-bound sizes (``benchmarks/bench_flavors.py``),
+the debug models are host-bound on an H200 and too noisy for a 1% ratio. ``fp8`` runs the FP8
+debug config stock vs rocm. It prints a table of ratios and writes ``summary.json``,
 ``summary.md`` and ``logs.tar.gz`` to ``--out``.
 """
 
@@ -101,13 +108,17 @@ def single_suite(steps: int) -> tuple[list[Run], list[Run]]:
 
 # Throughput: every variant of a model runs twice, in mirrored order (A B C ... C B A), so a
 # linear drift of the machine hits every variant alike; medians pool both runs' intervals.
+GUARD_VARIANTS = [
+    ("rocm_on_guard_off", [*ROCM_ON, "--rocm.divergence_guard", "off"]),
+    ("rocm_on_every_step", [*ROCM_ON, "--rocm.divergence_check", "every_step"]),
+]
 THROUGHPUT_VARIANTS: dict[str, list[tuple[str, list[str]]]] = {
+    # Debug models: host-bound on an H200 (see benchmarks/bench_flavors.py).
     "llama3": [
         ("stock", STOCK),
         ("rocm", []),  # what a user gets on this GPU: auto gates decide
         ("rocm_on", ROCM_ON),  # every workaround forced on (guard in its default mode)
-        ("rocm_on_guard_off", [*ROCM_ON, "--rocm.divergence_guard", "off"]),
-        ("rocm_on_every_step", [*ROCM_ON, "--rocm.divergence_check", "every_step"]),
+        *GUARD_VARIANTS,
     ],
     "qwen3": [("stock", STOCK), ("rocm", []), ("rocm_on", ROCM_ON)],
     "deepseek_v3": [
@@ -115,6 +126,17 @@ THROUGHPUT_VARIANTS: dict[str, list[tuple[str, list[str]]]] = {
         ("rocm_on", ROCM_ON),  # mixed compile: MoE blocks eager
         ("rocm_on_stock_moe_compile", [*ROCM_ON, "--rocm.moe_eager_compile", "off"]),
     ],
+    # GPU-bound sizes: the step is GPU time, so a 1% cost is measurable.
+    "llama3_1b": [("stock", STOCK), ("rocm_on", ROCM_ON), *GUARD_VARIANTS],
+    "qwen3_1.7b": [("stock", STOCK), ("rocm_on", ROCM_ON)],
+}
+# model -> (config, flags for every variant, whether it needs benchmarks/bench_flavors.py)
+THROUGHPUT_MODELS: dict[str, tuple[str, list[str], bool]] = {
+    "llama3": ("configs/llama3_debug.toml", [], False),
+    "qwen3": ("configs/qwen3_debug.toml", [], False),
+    "deepseek_v3": ("configs/deepseek_v3_debug.toml", [], False),
+    "llama3_1b": ("configs/llama3_debug.toml", ["--model.flavor", "bench_1B"], True),
+    "qwen3_1.7b": ("configs/qwen3_debug.toml", ["--model.flavor", "1.7B"], False),
 }
 
 
@@ -123,10 +145,15 @@ def throughput_suite(steps: int, models: list[str]) -> list[Run]:
     s = ["--training.steps", str(steps), *SEED, *LOG10]
     runs = []
     for model in models:
+        config, model_flags, flavors = THROUGHPUT_MODELS[model]
         variants = THROUGHPUT_VARIANTS[model]
         for i, (variant, flags) in enumerate([*variants, *reversed(variants)]):
-            runs.append(Run(f"{model}_{variant}@{1 if i < len(variants) else 2}",
-                            f"configs/{model}_debug.toml", [*s, *flags], shared_cache=True))
+            extra = []
+            if flavors:  # one custom import: the flavors, plus titan-rocm unless stock
+                module = "benchmarks.bench_flavors" + ("" if variant == "stock" else "_rocm")
+                extra = ["--experimental.custom_import", module]
+            runs.append(Run(f"{model}_{variant}@{1 if i < len(variants) else 2}", config,
+                            [*s, *model_flags, *extra, *flags], shared_cache=True))
     return runs
 
 
@@ -287,7 +314,7 @@ def _spread(run: dict[str, Any]) -> tuple[float, float] | None:
 def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The figures issue 7 asks for."""
     out: dict[str, Any] = {}
-    for model in ("llama3", "qwen3", "deepseek_v3"):
+    for model in ("llama3", "qwen3", "deepseek_v3", "deepseek_v3_fp8"):
         stock, rocm = results.get(f"{model}_stock"), results.get(f"{model}_rocm")
         if not stock or not rocm:
             continue
@@ -358,6 +385,15 @@ def _syncs(run: dict[str, Any]) -> int | None:
     return reports[0].get("syncs") if reports else None
 
 
+def _loss_diff(run: dict[str, Any], stock: list[dict[str, Any]] | None) -> float | None:
+    """Largest relative loss difference to the first stock run, over the steps both logged."""
+    if not stock:
+        return None
+    a, b = run.get("loss") or {}, stock[0].get("loss") or {}
+    rel = [abs(a[s] - b[s]) / abs(b[s]) for s in set(a) & set(b) if b[s]]
+    return round(max(rel), 6) if rel else None
+
+
 def _variant_ratio(table: dict[str, Any], a: str, b: str) -> dict[str, Any] | None:
     """tokens/s of variant ``a`` over ``b``: pooled medians, and pass by pass."""
     if a not in table or b not in table:
@@ -374,18 +410,24 @@ def throughput(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for name, run in results.items():
         if "@" in name:
             model_variant = name.split("@", 1)[0]
-            for model in THROUGHPUT_VARIANTS:
-                if model_variant.startswith(model + "_"):
-                    variant = model_variant[len(model) + 1:]
+            for model in sorted(THROUGHPUT_VARIANTS, key=len, reverse=True):
+                variant = model_variant[len(model) + 1:]
+                if model_variant.startswith(model + "_") and variant in dict(
+                        THROUGHPUT_VARIANTS[model]):
                     passes.setdefault(model, {}).setdefault(variant, []).append(run)
+                    break
     out: dict[str, Any] = {}
     for model, variants in passes.items():
-        tokens = _tokens_per_step(f"configs/{model}_debug.toml")
+        tokens = _tokens_per_step(THROUGHPUT_MODELS[model][0])
         table: dict[str, Any] = {}
         for variant, runs in variants.items():
             pooled = [t for r in runs for t in (r.get("tps_intervals") or [])]
             median = statistics.median(pooled) if pooled else None
             table[variant] = {
+                "loss_max_rel_diff_vs_stock": _loss_diff(runs[0], variants.get("stock")),
+                # The same job twice: how far nondeterministic kernels alone move the curve.
+                "loss_max_rel_diff_run_to_run": _loss_diff(runs[-1], runs[:1])
+                if len(runs) > 1 else None,
                 "tps_median": round(median, 1) if median else None,
                 "tps_median_per_pass": [r.get("tps_median") for r in runs],
                 "intervals": len(pooled),
