@@ -129,6 +129,11 @@ THROUGHPUT_VARIANTS: dict[str, list[tuple[str, list[str]]]] = {
     # GPU-bound sizes: the step is GPU time, so a 1% cost is measurable.
     "llama3_1b": [("stock", STOCK), ("rocm_on", ROCM_ON), *GUARD_VARIANTS],
     "qwen3_1.7b": [("stock", STOCK), ("rocm_on", ROCM_ON)],
+    "deepseek_v3_4b": [
+        ("stock", STOCK),
+        ("rocm_on", ROCM_ON),
+        ("rocm_on_stock_moe_compile", [*ROCM_ON, "--rocm.moe_eager_compile", "off"]),
+    ],
 }
 # model -> (config, flags for every variant, whether it needs benchmarks/bench_flavors.py)
 THROUGHPUT_MODELS: dict[str, tuple[str, list[str], bool]] = {
@@ -137,6 +142,7 @@ THROUGHPUT_MODELS: dict[str, tuple[str, list[str], bool]] = {
     "deepseek_v3": ("configs/deepseek_v3_debug.toml", [], False),
     "llama3_1b": ("configs/llama3_debug.toml", ["--model.flavor", "bench_1B"], True),
     "qwen3_1.7b": ("configs/qwen3_debug.toml", ["--model.flavor", "1.7B"], False),
+    "deepseek_v3_4b": ("configs/deepseek_v3_debug.toml", ["--model.flavor", "bench_moe_4B"], True),
 }
 
 

@@ -72,3 +72,17 @@ def test_throughput_pools_both_passes_and_ratios_each(harness: ModuleType) -> No
     assert figures["tps_ratio_guard_default_over_off"]["pooled"] == round(100 / 101, 4)
     assert "tps_ratio_guard_every_step_over_off" in figures  # absent variant: None, not error
     assert figures["tps_ratio_guard_every_step_over_off"] is None
+
+
+def test_every_throughput_model_has_a_config_and_a_known_flavor(harness: ModuleType) -> None:
+    """A typo in a flavor name would only show up on the GPU box: check them here."""
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    import benchmarks.bench_flavors  # noqa: F401  - registers the bench_* flavors
+
+    assert set(harness.THROUGHPUT_MODELS) == set(harness.THROUGHPUT_VARIANTS)
+    for model, (config, flags, _) in harness.THROUGHPUT_MODELS.items():
+        name = tomllib.loads((REPO / config).read_text())["model"]["name"]
+        flavor = flags[flags.index("--model.flavor") + 1] if "--model.flavor" in flags else None
+        if flavor is not None:
+            assert flavor in get_train_spec(name).model_args, (model, flavor)
