@@ -402,6 +402,15 @@ def _link(blocks: list[Block], labels: dict[str, int]) -> None:
         b.successors = succ
 
 
+def _operand_text(rest: str) -> str:
+    """An instruction line after its mnemonic, without a ``;`` or ``//`` comment."""
+    for marker in (";", "//"):
+        cut = rest.find(marker)
+        if cut >= 0:
+            rest = rest[:cut]
+    return rest.strip()
+
+
 def _ends_block(mnemonic: str) -> bool:
     return mnemonic == "s_branch" or mnemonic.startswith("s_cbranch_") or mnemonic in _PATH_ENDS
 
@@ -460,15 +469,10 @@ def parse(text: str | bytes) -> Program:
                 cur_instrs = cur.instructions
                 blocks.append(cur)
                 close_block = False
-            cut = rest.find(";")
-            if cut >= 0:
-                rest = rest[:cut]
-            cut = rest.find("//")
-            if cut >= 0:
-                rest = rest[:cut]
             mnemonic = tok.lower()
             ins = Instruction(
-                mnemonic, rest.strip(), line, len(instructions), cur.index, len(cur_instrs)
+                mnemonic, _operand_text(rest), line, len(instructions), cur.index,
+                len(cur_instrs),
             )
             if not cur_instrs and not cur.labels:
                 cur.line = line
@@ -576,13 +580,7 @@ class TextView:
         tok, colon, rest = m.groups()
         if colon or not _MNEMONIC_RE.match(tok):
             return None
-        cut = rest.find(";")
-        if cut >= 0:
-            rest = rest[:cut]
-        cut = rest.find("//")
-        if cut >= 0:
-            rest = rest[:cut]
-        return Instruction(tok.lower(), rest.strip(), 0, -1)
+        return Instruction(tok.lower(), _operand_text(rest), 0, -1)
 
     def label_offset(self, name: str) -> int | None:
         """Offset of the first code line defining label ``name``. Needs :attr:`simple`."""
