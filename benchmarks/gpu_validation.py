@@ -112,37 +112,48 @@ GUARD_VARIANTS = [
     ("rocm_on_guard_off", [*ROCM_ON, "--rocm.divergence_guard", "off"]),
     ("rocm_on_every_step", [*ROCM_ON, "--rocm.divergence_check", "every_step"]),
 ]
-THROUGHPUT_VARIANTS: dict[str, list[tuple[str, list[str]]]] = {
+STOCK_MOE_COMPILE = [*ROCM_ON, "--rocm.moe_eager_compile", "off"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ThroughputModel:
+    """One model of the throughput suite: its config and the variants compared on it."""
+
+    config: str
+    variants: list[tuple[str, list[str]]]
+    """(name, flags) pairs; "stock" is the baseline every ratio divides by."""
+    flags: list[str] = dataclasses.field(default_factory=list)
+    """Flags every variant gets (e.g. the flavor)."""
+    bench_flavors: bool = False
+    """Needs ``benchmarks/bench_flavors.py`` (a flavor TorchTitan 0.2.2 does not ship)."""
+
+
+THROUGHPUT: dict[str, ThroughputModel] = {
     # Debug models: host-bound on an H200 (see benchmarks/bench_flavors.py).
-    "llama3": [
+    "llama3": ThroughputModel("configs/llama3_debug.toml", [
         ("stock", STOCK),
         ("rocm", []),  # what a user gets on this GPU: auto gates decide
         ("rocm_on", ROCM_ON),  # every workaround forced on (guard in its default mode)
         *GUARD_VARIANTS,
-    ],
-    "qwen3": [("stock", STOCK), ("rocm", []), ("rocm_on", ROCM_ON)],
-    "deepseek_v3": [
+    ]),
+    "qwen3": ThroughputModel("configs/qwen3_debug.toml",
+                             [("stock", STOCK), ("rocm", []), ("rocm_on", ROCM_ON)]),
+    "deepseek_v3": ThroughputModel("configs/deepseek_v3_debug.toml", [
         ("stock", STOCK),
         ("rocm_on", ROCM_ON),  # mixed compile: MoE blocks eager
-        ("rocm_on_stock_moe_compile", [*ROCM_ON, "--rocm.moe_eager_compile", "off"]),
-    ],
+        ("rocm_on_stock_moe_compile", STOCK_MOE_COMPILE),
+    ]),
     # GPU-bound sizes: the step is GPU time, so a 1% cost is measurable.
-    "llama3_1b": [("stock", STOCK), ("rocm_on", ROCM_ON), *GUARD_VARIANTS],
-    "qwen3_1.7b": [("stock", STOCK), ("rocm_on", ROCM_ON)],
-    "deepseek_v3_4b": [
-        ("stock", STOCK),
-        ("rocm_on", ROCM_ON),
-        ("rocm_on_stock_moe_compile", [*ROCM_ON, "--rocm.moe_eager_compile", "off"]),
-    ],
-}
-# model -> (config, flags for every variant, whether it needs benchmarks/bench_flavors.py)
-THROUGHPUT_MODELS: dict[str, tuple[str, list[str], bool]] = {
-    "llama3": ("configs/llama3_debug.toml", [], False),
-    "qwen3": ("configs/qwen3_debug.toml", [], False),
-    "deepseek_v3": ("configs/deepseek_v3_debug.toml", [], False),
-    "llama3_1b": ("configs/llama3_debug.toml", ["--model.flavor", "bench_1B"], True),
-    "qwen3_1.7b": ("configs/qwen3_debug.toml", ["--model.flavor", "1.7B"], False),
-    "deepseek_v3_4b": ("configs/deepseek_v3_debug.toml", ["--model.flavor", "bench_moe_4B"], True),
+    "llama3_1b": ThroughputModel(
+        "configs/llama3_debug.toml", [("stock", STOCK), ("rocm_on", ROCM_ON), *GUARD_VARIANTS],
+        ["--model.flavor", "bench_1B"], bench_flavors=True),
+    "qwen3_1.7b": ThroughputModel("configs/qwen3_debug.toml",
+                                  [("stock", STOCK), ("rocm_on", ROCM_ON)],
+                                  ["--model.flavor", "1.7B"]),
+    "deepseek_v3_4b": ThroughputModel(
+        "configs/deepseek_v3_debug.toml",
+        [("stock", STOCK), ("rocm_on", ROCM_ON), ("rocm_on_stock_moe_compile", STOCK_MOE_COMPILE)],
+        ["--model.flavor", "bench_moe_4B"], bench_flavors=True),
 }
 
 
@@ -151,15 +162,15 @@ def throughput_suite(steps: int, models: list[str]) -> list[Run]:
     s = ["--training.steps", str(steps), *SEED, *LOG10]
     runs = []
     for model in models:
-        config, model_flags, flavors = THROUGHPUT_MODELS[model]
-        variants = THROUGHPUT_VARIANTS[model]
+        spec = THROUGHPUT[model]
+        variants = spec.variants
         for i, (variant, flags) in enumerate([*variants, *reversed(variants)]):
             extra = []
-            if flavors:  # one custom import: the flavors, plus titan-rocm unless stock
+            if spec.bench_flavors:  # one custom import: the flavors, plus titan-rocm unless stock
                 module = "benchmarks.bench_flavors" + ("" if variant == "stock" else "_rocm")
                 extra = ["--experimental.custom_import", module]
-            runs.append(Run(f"{model}_{variant}@{1 if i < len(variants) else 2}", config,
-                            [*s, *model_flags, *extra, *flags], shared_cache=True))
+            runs.append(Run(f"{model}_{variant}@{1 if i < len(variants) else 2}", spec.config,
+                            [*s, *spec.flags, *extra, *flags], shared_cache=True))
     return runs
 
 
@@ -341,7 +352,7 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         }
     r = results
     if "llama3_rocm" in r and "llama3_rocm_guard_off" in r:
-        syncs = {k: (r[k]["reports"][0].get("syncs") if r[k]["reports"] else None)
+        syncs = {k: _syncs(r[k])
                  for k in ("llama3_rocm_guard_off", "llama3_rocm", "llama3_rocm_every_step")
                  if k in r}
         out["divergence_guard"] = {
@@ -400,6 +411,14 @@ def _loss_diff(run: dict[str, Any], stock: list[dict[str, Any]] | None) -> float
     return round(max(rel), 6) if rel else None
 
 
+def figures_of(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Every figure a result set supports: the paired runs', and the throughput suite's."""
+    figures = compare(results)
+    if any("@" in name for name in results):
+        figures["throughput"] = throughput(results)
+    return figures
+
+
 def _variant_ratio(table: dict[str, Any], a: str, b: str) -> dict[str, Any] | None:
     """tokens/s of variant ``a`` over ``b``: pooled medians, and pass by pass."""
     if a not in table or b not in table:
@@ -416,15 +435,15 @@ def throughput(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for name, run in results.items():
         if "@" in name:
             model_variant = name.split("@", 1)[0]
-            for model in sorted(THROUGHPUT_VARIANTS, key=len, reverse=True):
+            for model in sorted(THROUGHPUT, key=len, reverse=True):
                 variant = model_variant[len(model) + 1:]
                 if model_variant.startswith(model + "_") and variant in dict(
-                        THROUGHPUT_VARIANTS[model]):
+                        THROUGHPUT[model].variants):
                     passes.setdefault(model, {}).setdefault(variant, []).append(run)
                     break
     out: dict[str, Any] = {}
     for model, variants in passes.items():
-        tokens = _tokens_per_step(THROUGHPUT_MODELS[model][0])
+        tokens = _tokens_per_step(THROUGHPUT[model].config)
         table: dict[str, Any] = {}
         for variant, runs in variants.items():
             pooled = [t for r in runs for t in (r.get("tps_intervals") or [])]
@@ -467,9 +486,7 @@ def write_results(out: Path, logs: Path, environment: dict[str, Any],
                   results: dict[str, Any]) -> dict[str, Any]:
     """Write summary.json and logs.tar.gz (after every run: a timeout keeps what finished)."""
     with _WRITE_LOCK:
-        figures = compare(results)
-        if any("@" in name for name in results):
-            figures["throughput"] = throughput(results)
+        figures = figures_of(results)
         summary = {"environment": environment, "figures": figures, "runs": results}
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
         with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
@@ -499,10 +516,7 @@ def reanalyse(directory: Path) -> dict[str, Any]:
                                    "triton_war_stats")}
         raw["log"] = str(tmp / "logs" / f"{name}.log")
         results[name] = analyse(raw)
-    figures = compare(results)
-    if any("@" in name for name in results):
-        figures["throughput"] = throughput(results)
-    return {"environment": stored["environment"], "figures": figures,
+    return {"environment": stored["environment"], "figures": figures_of(results),
             "runs": {n: {k: r[k] for k in ("exit", "tps_median", "to_step1_s", "memory_gib",
                                              "reports", "guard_lines")}
                      for n, r in results.items()}}
@@ -513,7 +527,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", choices=["single", "dual", "throughput", "fp8"])
     parser.add_argument("--models", default="llama3,qwen3",
-                        help=f"throughput suite: comma-separated, of {sorted(THROUGHPUT_VARIANTS)}")
+                        help=f"throughput suite: comma-separated, of {sorted(THROUGHPUT)}")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--reanalyse", type=Path, metavar="DIR",
                         help="recompute the figures of a stored result directory (no GPU)")
@@ -563,10 +577,10 @@ def main() -> int:
             runs = fp8_suite(args.steps)
         else:
             models = [m.strip() for m in args.models.split(",") if m.strip()]
-            unknown = [m for m in models if m not in THROUGHPUT_VARIANTS]
+            unknown = [m for m in models if m not in THROUGHPUT]
             if unknown:
                 parser.error(f"--models: {unknown} not known; accepted: "
-                             f"{', '.join(sorted(THROUGHPUT_VARIANTS))}")
+                             f"{', '.join(sorted(THROUGHPUT))}")
             runs = throughput_suite(args.steps, models)
         _lane([r for r in runs if keep is None or r.name in keep], 0, args.out, logs,
               environment, results)

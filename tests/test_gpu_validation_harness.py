@@ -80,9 +80,10 @@ def test_every_throughput_model_has_a_config_and_a_known_flavor(harness: ModuleT
 
     import benchmarks.bench_flavors  # noqa: F401  - registers the bench_* flavors
 
-    assert set(harness.THROUGHPUT_MODELS) == set(harness.THROUGHPUT_VARIANTS)
-    for model, (config, flags, _) in harness.THROUGHPUT_MODELS.items():
-        name = tomllib.loads((REPO / config).read_text())["model"]["name"]
+    for model, spec in harness.THROUGHPUT.items():
+        assert [v for v, _ in spec.variants][0] == "stock", model  # the ratios' baseline
+        name = tomllib.loads((REPO / spec.config).read_text())["model"]["name"]
+        flags = spec.flags
         flavor = flags[flags.index("--model.flavor") + 1] if "--model.flavor" in flags else None
         if flavor is not None:
             assert flavor in get_train_spec(name).model_args, (model, flavor)
