@@ -362,17 +362,20 @@ def test_snapshot_read_waits_only_for_a_copy_still_in_flight() -> None:
     assert in_flight.event.waited_on == 1
 
 
-def test_monitor_counts_waits_and_ignores_a_snapshot_of_another_step() -> None:
+def test_monitor_reads_afresh_when_the_snapshot_is_of_another_step() -> None:
+    """A snapshot taken at step 1's ``should_log`` must not answer for step 2's log."""
     monitor = Monitor()
-    record_loss = torch.tensor(NAN)
-    monitor.record.observe_loss(record_loss)
-    monitor.on_step_end()  # step 1 bad
-    monitor.on_should_log(1)
+    monitor.record.observe_loss(torch.tensor(2.0))
+    monitor.on_step_end()  # step 1: clean
+    monitor.on_should_log(1)  # the rows' copy: clean
     assert monitor.pending is not None and monitor.pending.step == 1
-    monitor.pending.step = 5  # as if taken for another step: must not be trusted
-    with pytest.raises(DivergenceError):
-        monitor.on_log(1, 2.0, 1.0)
+    monitor.record.observe_loss(torch.tensor(NAN))
+    monitor.on_step_end()  # step 2: bad, after the copy was taken
+    with pytest.raises(DivergenceError) as err:
+        monitor.on_log(2, 2.0, 1.0)  # trusting the stale, clean copy would let this pass
+    assert err.value.verdict.step == 2
     assert monitor.checks == 1 and monitor.pending is None
+    assert monitor.waits == 0  # CPU: nothing to wait for
 
 
 def test_real_trainer_every_step_mode_stops_at_the_bad_step(

@@ -104,9 +104,10 @@ class Monitor:
         self.checks = 0
         """Check points run."""
         self.waits = 0
-        """Check points whose read made the host wait for the device (a synchronisation the
-        trainer did not already make): every check in ``every_step`` mode, checkpoint saves
-        and the end of training; none at log steps of TorchTitan 0.2.2's trainer."""
+        """Check points whose read found the copy still in flight and waited for the device (a
+        synchronisation the trainer did not already make). Checks in ``every_step`` mode,
+        checkpoint saves and the end of training can wait (when the device is behind the
+        host); log steps of TorchTitan 0.2.2's trainer never do."""
         self.pending: Snapshot | None = None
         """The rows' copy enqueued at the current log step's ``should_log``."""
         self.verdict: Verdict | None = None

@@ -2,9 +2,8 @@
 
 At a check point every rank contributes its record row to one all-gather
 (:mod:`.snapshot`), so every rank reaches the same verdict from the same data and stops
-together: none is left waiting in
-a later collective. The first bad step wins (lowest rank on ties); rank 0 logs the full
-message, naming the rank that saw it.
+together: none is left waiting in a later collective. The first bad step wins (lowest rank
+on ties); rank 0 logs the full message, naming the rank that saw it.
 """
 
 from __future__ import annotations
