@@ -47,6 +47,9 @@ EAGER_ATTR = "_titan_rocm_eager_layer"
 EAGER_FORWARD_CALLS: Counter[str] = Counter()
 """How many times each MoE block's eager forward ran, by layer id (all models in the process)."""
 
+_made_eager: set[str] = set()
+# Layer ids of the MoE blocks made eager in this process (the grouped-MM binding reads it).
+
 
 def wrapper_chain(block: nn.Module) -> list[nn.Module]:
     """``block`` and the modules inside its compile (``OptimizedModule``) and AC
@@ -116,6 +119,7 @@ def make_eager(block: nn.Module, layer_id: str) -> bool:
     if eager_layer_id(block) is not None:
         return False
     block.__dict__[EAGER_ATTR] = layer_id
+    _made_eager.add(layer_id)
     # Instance attribute: nn.Module.__call__ calls self.forward.
     block.forward = types.MethodType(_eager_forward, block)
     return True
@@ -194,6 +198,16 @@ def restore_apply_compile(parallelize_fn: Callable[..., Any]) -> bool:
         return False
     module_globals["apply_compile"] = getattr(current, PATCHED_ATTR)
     return True
+
+
+def blocks_made_eager() -> int:
+    """How many MoE blocks (distinct layer ids) this process made eager."""
+    return len(_made_eager)
+
+
+def forget_eager_blocks() -> None:
+    """Forget which blocks were made eager (tests building several models in one process)."""
+    _made_eager.clear()
 
 
 def eager_forward_calls() -> dict[str, int]:

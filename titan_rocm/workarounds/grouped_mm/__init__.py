@@ -9,7 +9,8 @@ therefore finds the model's ``GroupedExperts`` instances and writes into
 
 The bound function is called ``_run_experts_grouped_mm_dynamic``: stock llama4
 ``apply_compile`` checks that name (its "already patched" test) and then leaves it alone
-instead of wrapping it in ``torch.compile``.
+instead of wrapping it in ``torch.compile``. Where stock would have compiled its own function,
+the bound one compiles a traceable backend itself (:mod:`.experts_compile`).
 
 gpt_oss is NOT covered: ``GptOssGroupedExperts`` has its own ``_run_experts_grouped_mm`` with
 biases and a clamped SwiGLU, a different signature; its layers are reported as not covered.
@@ -31,16 +32,25 @@ from titan_rocm.workarounds.grouped_mm.backends import (
     ExpertsFn,
     backend_names,
     get_backend,
+    is_compilable,
     primus_turbo_status,
     register_backend,
     reset_calls,
     resolve,
     validate_name,
 )
+from titan_rocm.workarounds.grouped_mm.experts_compile import (
+    NOT_COMPILED,
+    CompileRequest,
+    ExpertsRunner,
+    static_reason,
+)
 
 __all__ = [
     "GroupedMMBinding",
     "register_backend",
+    "is_compilable",
+    "CompileRequest",
     "backend_names",
     "call_counts",
     "reset_calls",
@@ -57,6 +67,8 @@ BOUND_NAME = "_run_experts_grouped_mm_dynamic"
 ``__qualname__`` contains it."""
 BACKEND_ATTR = "titan_rocm_backend"
 """Attribute of a bound function: the backend name."""
+RUNNER_ATTR = "titan_rocm_runner"
+"""Attribute of a bound function: its :class:`ExpertsRunner` (eager or compiled, and why)."""
 
 QUANTIZED_EXPERTS_CONVERTERS = ("quantize.grouped_mm.float8", "quantize.grouped_mm.mx")
 """TorchTitan converters that quantize the experts by swapping their weights for torchao
@@ -100,13 +112,17 @@ def find_gpt_oss_experts(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if _GPT_OSS_CLASS in _class_names(m)]
 
 
-def make_bound(backend: str) -> Callable[..., torch.Tensor]:
-    """The function bound in place of ``_run_experts_grouped_mm``: counts, then calls ``backend``.
+def make_bound(
+    backend: str, request: CompileRequest = NOT_COMPILED
+) -> Callable[..., torch.Tensor]:
+    """The function bound in place of ``_run_experts_grouped_mm``: counts, then calls ``backend``
+    (compiled at the first call when ``request`` and the blocks allow it, see
+    :mod:`.experts_compile`).
 
     Raises:
         ValueError: ``backend`` is not registered.
     """
-    fn: ExpertsFn = get_backend(backend)
+    fn: ExpertsFn = ExpertsRunner(backend, get_backend(backend), request)
 
     def _run_experts_grouped_mm_dynamic(
         w1: torch.Tensor,
@@ -119,6 +135,7 @@ def make_bound(backend: str) -> Callable[..., torch.Tensor]:
         return fn(w1, w2, w3, x, num_tokens_per_expert)
 
     setattr(_run_experts_grouped_mm_dynamic, BACKEND_ATTR, backend)
+    setattr(_run_experts_grouped_mm_dynamic, RUNNER_ATTR, fn)
     return _run_experts_grouped_mm_dynamic
 
 
@@ -132,12 +149,13 @@ def _unique_globals(model: nn.Module) -> Iterator[dict[str, Any]]:
             yield forward_globals
 
 
-def bind(model: nn.Module, backend: str) -> list[str]:
+def bind(model: nn.Module, backend: str, request: CompileRequest = NOT_COMPILED) -> list[str]:
     """Bind every ``GroupedExperts`` of ``model`` to ``backend``; return the patched modules.
 
+    ``request``: how TorchTitan compiles the model; the default keeps the experts eager.
     Idempotent: binding again replaces the bound function, it never wraps it.
     """
-    bound = make_bound(backend)
+    bound = make_bound(backend, request)
     patched = []
     for forward_globals in _unique_globals(model):
         current = forward_globals[TARGET]
@@ -161,6 +179,14 @@ def bound_backend(module: nn.Module) -> str | None:
     if forward_globals is None:
         return None
     return getattr(forward_globals[TARGET], BACKEND_ATTR, None)
+
+
+def bound_runner(module: nn.Module) -> ExpertsRunner | None:
+    """The runner of the function ``module``'s forward would call now, or None (not bound)."""
+    forward_globals = experts_globals(module)
+    if forward_globals is None:
+        return None
+    return getattr(forward_globals[TARGET], RUNNER_ATTR, None)
 
 
 def layer_backends(model: nn.Module) -> dict[str, str]:
@@ -207,6 +233,9 @@ class GroupedMMBinding(Workaround):
             self._choose_for_quantized(quantized)
         self._patched: list[str] = []
         self._logged_counts = False
+        self.compile_request = CompileRequest.from_job(
+            ctx.job_config, ctx.parallel_dims, ctx.compile_enabled
+        )
 
     def _choose_for_quantized(self, quantized: list[str]) -> None:
         names = ", ".join(quantized)
@@ -249,7 +278,7 @@ class GroupedMMBinding(Workaround):
         return self._backend_missing()
 
     def apply(self, model: nn.Module) -> None:
-        self._patched = bind(model, self.backend)
+        self._patched = bind(model, self.backend, self.compile_request)
         logger.info(
             f"titan-rocm: MoE grouped MM bound to backend {self.backend!r} ({self.why}) in "
             f"{', '.join(self._patched)}"
@@ -269,6 +298,32 @@ class GroupedMMBinding(Workaround):
             "primus_turbo": primus_turbo_status() or "available",
             "accepted": backend_names(),
             "bound_in": list(self._patched),
+            "experts_compile": self._experts_compile(model),
             "layers": layer_backends(model),
         }
 
+    def _experts_compile(self, model: nn.Module) -> str:
+        """For the plan: whether the experts function will run compiled, and why."""
+        reason = static_reason(self.backend, self.compile_request)
+        if reason is not None:
+            return f"eager: {reason}"
+        if self._mixed_compile_expected(model):
+            return "eager: rocm.moe_eager_compile keeps the MoE blocks eager, experts included"
+        return (
+            f"compiled with fullgraph (backend {self.compile_request.backend!r}) at the first "
+            "call, as stock apply_compile compiles TorchTitan's own"
+        )
+
+    def _mixed_compile_expected(self, model: nn.Module) -> bool:
+        """A converter of this job runs rocm.moe_eager_compile, and its gate holds."""
+        from titan_rocm.converters import converter_classes
+        from titan_rocm.workarounds import workaround_class
+
+        classes = converter_classes()
+        listed = getattr(self.ctx.job_config.model, "converters", None) or []
+        runs = any(
+            "moe_eager_compile" in classes[name].workaround_names
+            for name in listed
+            if name in classes
+        )
+        return runs and workaround_class("moe_eager_compile")(self.ctx).gate(model) is None

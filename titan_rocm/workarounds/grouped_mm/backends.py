@@ -63,8 +63,8 @@ def loop_grouped_mm(
     """One ordinary matmul per expert, in ``x``'s dtype: runs on every device and dtype.
 
     Reads the counts on the host (one device-to-host sync per call), like TorchTitan's own
-    for-loop path. Not traceable by ``torch.compile(fullgraph=True)``; titan-rocm never asks
-    for that (its bound function is named so stock ``apply_compile`` leaves it alone).
+    for-loop path. Not traceable by ``torch.compile(fullgraph=True)``, so it always runs
+    eager (its bound function is named so stock ``apply_compile`` leaves it alone).
     """
     counts = [int(c) for c in num_tokens_per_expert.tolist()]
     used = sum(counts)
@@ -135,16 +135,24 @@ BUILTIN: dict[str, ExpertsFn] = {
 _registry: dict[str, ExpertsFn] = dict(BUILTIN)
 _lock = threading.Lock()
 
+_compilable: set[str] = {"torch"}
+"""Backends traceable by ``torch.compile(fullgraph=True)``. Not ``loop`` (host sync), not
+``primus_turbo`` (an opaque extension kernel)."""
+
 CALLS: Counter[str] = Counter()
 """Calls of each backend through the bound function since start (or :func:`reset_calls`)."""
 
 
-def register_backend(name: str, fn: ExpertsFn, *, replace: bool = False) -> None:
+def register_backend(
+    name: str, fn: ExpertsFn, *, replace: bool = False, compilable: bool = False
+) -> None:
     """Make ``fn`` available as ``[rocm] grouped_mm_backend = "<name>"``.
 
     Call it before TorchTitan builds the converters, e.g. at import of the module named in
     ``[experimental] custom_import``. ``fn`` takes ``(w1, w2, w3, x, num_tokens_per_expert)``
     and returns the experts' output for every row of ``x`` (see this module's docstring).
+    ``compilable=True`` says ``torch.compile(fn, fullgraph=True)`` traces it: it is then
+    compiled wherever TorchTitan would compile its own experts function.
 
     Raises:
         ValueError: ``name`` is empty, is ``auto``, or is taken (and ``replace`` is False).
@@ -163,6 +171,15 @@ def register_backend(name: str, fn: ExpertsFn, *, replace: bool = False) -> None
                 "replace it"
             )
         _registry[name] = fn
+        if compilable:
+            _compilable.add(name)
+        else:
+            _compilable.discard(name)
+
+
+def is_compilable(name: str) -> bool:
+    """Backend ``name`` may be compiled with ``fullgraph=True``."""
+    return name in _compilable
 
 
 def backend_names() -> list[str]:
