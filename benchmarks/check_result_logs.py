@@ -33,7 +33,13 @@ def main() -> int:
                         help="bench-summary warm-up steps (default 10: the first interval)")
     args = parser.parse_args()
     bad = 0
-    print(f"{'result/log':<62} {'check-log':<10} {'bench-summary':<14} median tps   memory")
+    width = 62
+    for directory in args.dirs:  # one column wide enough for the longest name
+        if (directory / "logs.tar.gz").is_file():
+            with tarfile.open(directory / "logs.tar.gz") as tar:
+                names = [Path(n).name for n in tar.getnames() if n.endswith(".log")]
+            width = max([width, *(len(directory.name) + 1 + len(n) for n in names)])
+    print(f"{'result/log':<{width}} {'check-log':<10} {'bench-summary':<14} median tps   memory")
     for directory in args.dirs:
         archive = directory / "logs.tar.gz"
         if not archive.is_file():
@@ -51,7 +57,7 @@ def main() -> int:
                     check.exit_code == 0 and summary.valid)
                 bad += not ok
                 memory = summary.memory_peak_gib
-                print(f"{directory.name + '/' + log.name:<62} {check.status:<10} "
+                print(f"{directory.name + '/' + log.name:<{width}} {check.status:<10} "
                       f"{'valid' if summary.valid else 'invalid':<14} "
                       f"{f'{tps.median:,.0f}' if tps else '-':>10}   "
                       f"{f'{memory:.2f} GiB' if memory is not None else '-'}"
