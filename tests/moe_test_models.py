@@ -88,7 +88,6 @@ def clean_patches() -> Iterator[None]:
         grouped_mm.unbind_all()
         grouped_mm.reset_calls()
         moe_compile.EAGER_FORWARD_CALLS.clear()
-        moe_compile.forget_eager_blocks()
         torch._dynamo.config.capture_scalar_outputs = saved_capture
 
 

@@ -47,9 +47,6 @@ EAGER_ATTR = "_titan_rocm_eager_layer"
 EAGER_FORWARD_CALLS: Counter[str] = Counter()
 """How many times each MoE block's eager forward ran, by layer id (all models in the process)."""
 
-_made_eager: set[str] = set()
-# Layer ids of the MoE blocks made eager in this process (the grouped-MM binding reads it).
-
 
 def wrapper_chain(block: nn.Module) -> list[nn.Module]:
     """``block`` and the modules inside its compile (``OptimizedModule``) and AC
@@ -96,6 +93,7 @@ def has_moe_blocks(model: nn.Module) -> bool:
 @torch.compiler.disable
 def _eager_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """The forward of an MoE block made eager: counted, then the class's own forward."""
+    # Counted before the block runs: code inside it (the experts) can see it is in one.
     EAGER_FORWARD_CALLS[self.__dict__[EAGER_ATTR]] += 1
     return type(self).forward(self, *args, **kwargs)
 
@@ -119,7 +117,6 @@ def make_eager(block: nn.Module, layer_id: str) -> bool:
     if eager_layer_id(block) is not None:
         return False
     block.__dict__[EAGER_ATTR] = layer_id
-    _made_eager.add(layer_id)
     # Instance attribute: nn.Module.__call__ calls self.forward.
     block.forward = types.MethodType(_eager_forward, block)
     return True
@@ -198,16 +195,6 @@ def restore_apply_compile(parallelize_fn: Callable[..., Any]) -> bool:
         return False
     module_globals["apply_compile"] = getattr(current, PATCHED_ATTR)
     return True
-
-
-def blocks_made_eager() -> int:
-    """How many MoE blocks (distinct layer ids) this process made eager."""
-    return len(_made_eager)
-
-
-def forget_eager_blocks() -> None:
-    """Forget which blocks were made eager (tests building several models in one process)."""
-    _made_eager.clear()
 
 
 def eager_forward_calls() -> dict[str, int]:

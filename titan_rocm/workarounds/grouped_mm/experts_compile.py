@@ -77,15 +77,18 @@ class ExpertsRunner:
         self._run: ExpertsFn | None = None
 
     def decide(self) -> tuple[bool, str]:
-        """Whether to compile now, and why (reads which MoE blocks were made eager)."""
+        """Whether to compile now, and why.
+
+        Under the mixed strategy every MoE block is eager, and an eager block counts its
+        forward before running it: at the experts' first call the count is already there.
+        """
         reason = static_reason(self.backend, self.request)
         if reason is not None:
             return False, reason
-        eager = moe_compile.blocks_made_eager()
-        if eager:
+        if moe_compile.eager_forward_calls():
             return False, (
-                f"{eager} MoE block(s) run eager (rocm.moe_eager_compile); their experts stay "
-                "eager with them"
+                "MoE blocks run eager (rocm.moe_eager_compile); their experts stay eager with "
+                "them"
             )
         return True, (
             f"compiled with fullgraph (backend {self.request.backend!r}), as stock "
