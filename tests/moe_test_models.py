@@ -42,13 +42,50 @@ def model_args(job_config: Any, use_grouped_mm: bool | None = None) -> Any:
     return args
 
 
-def build_meta(job_config: Any, use_grouped_mm: bool | None = None) -> nn.Module:
-    """The job's model on the meta device, as train.py builds it."""
+def build_meta(
+    job_config: Any, use_grouped_mm: bool | None = None, args: Any = None
+) -> nn.Module:
+    """The job's model on the meta device, as train.py builds it (from ``args`` if given)."""
     from torchtitan.protocols.train_spec import get_train_spec
 
     spec = get_train_spec(job_config.model.name)
     with torch.device("meta"):
-        return spec.model_cls(model_args(job_config, use_grouped_mm))
+        return spec.model_cls(args if args is not None else model_args(job_config, use_grouped_mm))
+
+
+def two_block_deepseek_args(job_config: Any) -> Any:
+    """deepseek_v3 debug model args cut to one dense and one MoE block, grouped-MM path on."""
+    args = model_args(job_config, use_grouped_mm=True)
+    args.n_layers, args.n_dense_layers, args.n_heads, args.vocab_size = 2, 1, 2, 512
+    return args
+
+
+def materialize(model: nn.Module, seed: int, device: str) -> None:
+    """Allocate a meta model on ``device`` and initialise it as TorchTitan does, seeded."""
+    model.to_empty(device=device)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device(device))
+
+
+def random_batch(vocab_size: int, batch: int, seq_len: int, device: str) -> tuple[Any, Any]:
+    """Tokens and labels, the same on every call (seed 1)."""
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, vocab_size, (batch, seq_len), generator=gen).to(device)
+    labels = torch.randint(0, vocab_size, (batch, seq_len), generator=gen).to(device)
+    return tokens, labels
+
+
+def loss_and_grads(model: nn.Module, tokens: Any, labels: Any) -> tuple[Any, dict[str, Any]]:
+    """One forward and backward: the loss, and each gradient by its unwrapped name."""
+    logits = model(tokens)
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
+    loss.backward()
+    grads = {
+        name.replace("._orig_mod", "").replace("._checkpoint_wrapped_module", ""): p.grad
+        for name, p in model.named_parameters()
+    }
+    return loss.detach(), grads
 
 
 def world_of_one() -> Any:

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from moe_test_models import (
+    build_meta,
     clean_patches,
     convert,
     cpu_histc,
     cpu_permute_indices,
     decisions,
-    model_args,
+    loss_and_grads,
+    materialize,
     parse,
+    random_batch,
+    two_block_deepseek_args,
     world_of_one,
 )
 
@@ -36,32 +39,6 @@ SEQ_LEN, BATCH = 16, 2
 def _clean():
     with clean_patches():
         yield
-
-
-def _build(job, args, seed: int) -> torch.nn.Module:
-    from torchtitan.protocols.train_spec import get_train_spec
-
-    spec = get_train_spec(job.model.name)
-    with torch.device("meta"):
-        return spec.model_cls(args)
-
-
-def _materialize(model: torch.nn.Module, seed: int, device: str) -> None:
-    model.to_empty(device=device)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        model.init_weights(buffer_device=torch.device(device))
-
-
-def _loss_and_grads(model, tokens, labels):
-    logits = model(tokens)
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten())
-    loss.backward()
-    grads = {
-        name.replace("._orig_mod", "").replace("._checkpoint_wrapped_module", ""): p.grad
-        for name, p in model.named_parameters()
-    }
-    return loss.detach(), grads
 
 
 @pytest.mark.slow
@@ -94,37 +71,34 @@ def _compare_compiled_with_eager(device: str, backend: str) -> None:
         "--rocm.grouped_mm", "on", "--rocm.grouped_mm_backend", backend,
         "--rocm.moe_eager_compile", "on",
     )  # fmt: skip
-    args = model_args(job, use_grouped_mm=True)
-    args.n_layers, args.n_dense_layers, args.n_heads, args.vocab_size = 2, 1, 2, 512
+    args = two_block_deepseek_args(job)
 
-    model = _build(job, args, seed=0)
+    model = build_meta(job, args=args)
     made = decisions(convert(job, model))
     assert made["grouped_mm"].applied and made["moe_eager_compile"].applied
     assert made["moe_eager_compile"].details["blocks"] == {"0": "fullgraph", "1": "eager (MoE)"}
     get_train_spec("deepseek_v3").parallelize_fn(model, world_of_one(), job)
     assert isinstance(model.layers["0"], OptimizedModule)
-    _materialize(model, seed=0, device=device)
+    materialize(model, seed=0, device=device)
 
-    eager = _build(job, args, seed=0)
-    _materialize(eager, seed=0, device=device)
+    eager = build_meta(job, args=args)
+    materialize(eager, seed=0, device=device)
     for (n1, p1), (n2, p2) in zip(
         eager.named_parameters(), model.named_parameters(), strict=True
     ):
         assert n1 == n2.replace("._orig_mod", "")
         torch.testing.assert_close(p1, p2, rtol=0, atol=0)
 
-    gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, args.vocab_size, (BATCH, SEQ_LEN), generator=gen).to(device)
-    labels = torch.randint(0, args.vocab_size, (BATCH, SEQ_LEN), generator=gen).to(device)
+    tokens, labels = random_batch(args.vocab_size, BATCH, SEQ_LEN, device)
 
     counters.clear()
-    loss_c, grads_c = _loss_and_grads(model, tokens, labels)
+    loss_c, grads_c = loss_and_grads(model, tokens, labels)
     assert counters["stats"]["unique_graphs"] >= 1  # block 0 really went through Dynamo
     assert not counters["graph_break"]  # fullgraph: one graph, no breaks
     assert moe_compile.eager_forward_calls() == {"1": 1}  # the MoE block ran, eagerly
     assert grouped_mm.call_counts() == {backend: 1}  # through the bound backend
 
-    loss_e, grads_e = _loss_and_grads(eager, tokens, labels)
+    loss_e, grads_e = loss_and_grads(eager, tokens, labels)
     assert torch.isfinite(loss_c)
     torch.testing.assert_close(loss_c, loss_e, rtol=RTOL, atol=ATOL)
     assert grads_c.keys() == grads_e.keys()

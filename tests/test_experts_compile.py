@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from moe_test_models import (
+    build_meta,
     clean_patches,
     convert,
     cpu_histc,
     cpu_permute_indices,
     decisions,
-    model_args,
+    loss_and_grads,
+    materialize,
     parse,
+    random_batch,
+    two_block_deepseek_args,
     world_of_one,
 )
 
@@ -68,32 +71,6 @@ def _job(backend: str, mixed: bool):
     )  # fmt: skip
 
 
-def _model(job, args) -> torch.nn.Module:
-    from torchtitan.protocols.train_spec import get_train_spec
-
-    with torch.device("meta"):
-        model = get_train_spec("deepseek_v3").model_cls(args)
-    return model
-
-
-def _init(model: torch.nn.Module) -> None:
-    model.to_empty(device="cpu")
-    torch.manual_seed(0)
-    with torch.no_grad():
-        model.init_weights(buffer_device=torch.device("cpu"))
-
-
-def _loss_and_grads(model: torch.nn.Module, vocab: int) -> tuple[torch.Tensor, dict]:
-    gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, vocab, (2, 16), generator=gen)
-    labels = torch.randint(0, vocab, (2, 16), generator=gen)
-    loss = F.cross_entropy(model(tokens).flatten(0, 1).float(), labels.flatten())
-    loss.backward()
-    return loss.detach(), {
-        n.replace("._orig_mod", ""): p.grad for n, p in model.named_parameters()
-    }
-
-
 @pytest.mark.parametrize("mixed", [False, True], ids=["stock_moe_compile", "mixed_compile"])
 def test_experts_compiled_only_where_stock_compiles_them(monkeypatch, mixed):
     import torchtitan.models.moe.moe as moe_module
@@ -102,24 +79,24 @@ def test_experts_compiled_only_where_stock_compiles_them(monkeypatch, mixed):
     cpu_permute_indices(monkeypatch, moe_module)  # TorchTitan's padding kernel is Triton
     cpu_histc(monkeypatch)  # TorchTitan's router counts int64 with histc (GPU only)
     job = _job("torch", mixed)
-    args = model_args(job, use_grouped_mm=True)
-    args.n_layers, args.n_dense_layers, args.n_heads, args.vocab_size = 2, 1, 2, 512
+    args = two_block_deepseek_args(job)
+    batch = random_batch(args.vocab_size, batch=2, seq_len=16, device="cpu")
 
     # Reference first: eager, before anything is bound.
-    reference = _model(job, args)
-    _init(reference)
-    loss_e, grads_e = _loss_and_grads(reference, args.vocab_size)
+    reference = build_meta(job, args=args)
+    materialize(reference, seed=0, device="cpu")
+    loss_e, grads_e = loss_and_grads(reference, *batch)
 
-    model = _model(job, args)
+    model = build_meta(job, args=args)
     made = decisions(convert(job, model))
     assert made["grouped_mm"].applied
     assert made["moe_eager_compile"].applied is mixed
     planned = made["grouped_mm"].details["experts_compile"]  # what titan-rocm plan prints
     assert planned.startswith("eager: rocm.moe_eager_compile" if mixed else "compiled"), planned
     get_train_spec("deepseek_v3").parallelize_fn(model, world_of_one(), job)
-    _init(model)
+    materialize(model, seed=0, device="cpu")
     GRAPHS.clear()
-    loss_c, grads_c = _loss_and_grads(model, args.vocab_size)
+    loss_c, grads_c = loss_and_grads(model, *batch)
 
     runner = grouped_mm.bound_runner(model.layers["1"].moe.experts)
     assert runner is not None and runner.compiled is (not mixed), runner.why
@@ -137,7 +114,7 @@ def test_experts_compiled_only_where_stock_compiles_them(monkeypatch, mixed):
 
 def test_loop_backend_stays_eager_and_says_why():
     job = _job("loop", mixed=False)
-    made = decisions(convert(job, _model(job, model_args(job, use_grouped_mm=True))))
+    made = decisions(convert(job, build_meta(job, use_grouped_mm=True)))
     why = made["grouped_mm"].details["experts_compile"]
     assert why.startswith("eager: backend 'loop' is not traceable"), why
 
@@ -145,7 +122,7 @@ def test_loop_backend_stays_eager_and_says_why():
 def test_no_compile_keeps_experts_eager():
     job = parse("--model.name", "deepseek_v3", "--model.flavor", "debugmodel",
                 "--model.converters", "rocm.grouped_mm", "--rocm.grouped_mm", "on")
-    made = decisions(convert(job, _model(job, model_args(job, use_grouped_mm=True))))
+    made = decisions(convert(job, build_meta(job, use_grouped_mm=True)))
     assert made["grouped_mm"].details["experts_compile"] == (
         "eager: TorchTitan does not compile the model"
     )
