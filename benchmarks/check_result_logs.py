@@ -33,18 +33,13 @@ def main() -> int:
                         help="bench-summary warm-up steps (default 10: the first interval)")
     args = parser.parse_args()
     bad = 0
-    width = 62
-    for directory in args.dirs:  # one column wide enough for the longest name
-        if (directory / "logs.tar.gz").is_file():
-            with tarfile.open(directory / "logs.tar.gz") as tar:
-                names = [Path(n).name for n in tar.getnames() if n.endswith(".log")]
-            width = max([width, *(len(directory.name) + 1 + len(n) for n in names)])
-    print(f"{'result/log':<{width}} {'check-log':<10} {'bench-summary':<14} median tps   memory")
+    rows: list[tuple[str, str]] = []  # (result/log, the rest): printed once all are known
+    missing = None
     for directory in args.dirs:
         archive = directory / "logs.tar.gz"
         if not archive.is_file():
-            print(f"{directory}: no logs.tar.gz", file=sys.stderr)
-            return 2
+            missing = directory
+            break
         with tempfile.TemporaryDirectory() as tmp:
             with tarfile.open(archive) as tar:
                 tar.extractall(tmp, filter="data")
@@ -57,12 +52,20 @@ def main() -> int:
                     check.exit_code == 0 and summary.valid)
                 bad += not ok
                 memory = summary.memory_peak_gib
-                print(f"{directory.name + '/' + log.name:<{width}} {check.status:<10} "
-                      f"{'valid' if summary.valid else 'invalid':<14} "
-                      f"{f'{tps.median:,.0f}' if tps else '-':>10}   "
-                      f"{f'{memory:.2f} GiB' if memory is not None else '-'}"
-                      f"{'   (meant to diverge: ok)' if diverge and ok else ''}"
-                      f"{'   UNEXPECTED' if not ok else ''}")
+                rows.append((directory.name + "/" + log.name,
+                             f"{check.status:<10} "
+                             f"{'valid' if summary.valid else 'invalid':<14} "
+                             f"{f'{tps.median:,.0f}' if tps else '-':>10}   "
+                             f"{f'{memory:.2f} GiB' if memory is not None else '-'}"
+                             f"{'   (meant to diverge: ok)' if diverge and ok else ''}"
+                             f"{'   UNEXPECTED' if not ok else ''}"))
+    width = max([62, *(len(name) for name, _ in rows)])  # fits the longest name
+    print(f"{'result/log':<{width}} {'check-log':<10} {'bench-summary':<14} median tps   memory")
+    for name, rest in rows:
+        print(f"{name:<{width}} {rest}")
+    if missing is not None:
+        print(f"{missing}: no logs.tar.gz", file=sys.stderr)
+        return 2
     return 1 if bad else 0
 
 
