@@ -26,6 +26,7 @@ from torch.overrides import TorchFunctionMode
 
 from titan_rocm.config import RocmSettings
 from titan_rocm.converters.base import Context
+from titan_rocm.guard_message import message
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.workarounds.divergence_guard import (
     INJECT_RANK_ENV,
@@ -37,7 +38,7 @@ from titan_rocm.workarounds.divergence_guard import (
     hooks,
 )
 from titan_rocm.workarounds.divergence_guard.record import NonFiniteRecord, Row
-from titan_rocm.workarounds.divergence_guard.verdict import decide, message
+from titan_rocm.workarounds.divergence_guard.verdict import decide
 
 GUARD_DIR = str(Path(hooks.__file__).parent)
 REPO = Path(__file__).resolve().parents[1]
@@ -171,7 +172,7 @@ def test_host_values_at_a_log_step_stop_even_when_nothing_was_observed() -> None
     monitor.on_log(1, 2.0, 1.0)  # clean
     with pytest.raises(DivergenceError) as err:
         monitor.on_log(2, NAN, 1.0)
-    assert err.value.verdict.step == 2 and math.isnan(err.value.verdict.loss)
+    assert err.value.divergence.step == 2 and math.isnan(err.value.divergence.loss)
 
 
 # -- the converter ----------------------------------------------------------------------------
@@ -288,7 +289,7 @@ def test_real_trainer_nan_at_step_7_reported_at_log_step_10_without_syncs(
     assert monitor is not None
     with _SyncWatch() as watch, pytest.raises(DivergenceError) as err:
         _run(trainer)
-    v = err.value.verdict
+    v = err.value.divergence
     assert (v.step, v.checked_at) == (7, "log step 10")
     assert math.isnan(v.loss) and math.isnan(v.grad_norm)  # multiplied: grads went NaN too
     assert trainer.step == 10  # stopped at the log step, before step 11
@@ -373,7 +374,7 @@ def test_monitor_reads_afresh_when_the_snapshot_is_of_another_step() -> None:
     monitor.on_step_end()  # step 2: bad, after the copy was taken
     with pytest.raises(DivergenceError) as err:
         monitor.on_log(2, 2.0, 1.0)  # trusting the stale, clean copy would let this pass
-    assert err.value.verdict.step == 2
+    assert err.value.divergence.step == 2
     assert monitor.checks == 1 and monitor.pending is None
     assert monitor.waits == 0  # CPU: nothing to wait for
 
@@ -385,7 +386,7 @@ def test_real_trainer_every_step_mode_stops_at_the_bad_step(
     trainer = _trainer(monkeypatch, GUARD + ["--rocm.divergence_check", "every_step"])
     with pytest.raises(DivergenceError) as err:
         _run(trainer)
-    assert err.value.verdict.step == 7 and "end of step 7" in err.value.verdict.checked_at
+    assert err.value.divergence.step == 7 and "end of step 7" in err.value.divergence.checked_at
     assert trainer.step == 7
     # One read per step; log step 1 reads nothing more (its step was read at its end).
     assert hooks.active().checks == 7
@@ -397,7 +398,7 @@ def test_real_trainer_clean_run_completes_and_checks_the_tail(
     trainer = _trainer(monkeypatch, GUARD)
     _run(trainer)
     monitor = hooks.active()
-    assert trainer.step == 12 and monitor.verdict is None
+    assert trainer.step == 12 and monitor.divergence is None
     assert monitor.checks == 3  # log steps 1 and 10, then steps 11-12 at the end of training
 
 
@@ -411,8 +412,8 @@ def test_real_trainer_never_saves_a_checkpoint_from_a_bad_step(
     ])
     with pytest.raises(DivergenceError) as err:
         _run(trainer)
-    assert err.value.verdict.step == 7
-    assert err.value.verdict.checked_at == "the checkpoint save at step 8"
+    assert err.value.divergence.step == 7
+    assert err.value.divergence.checked_at == "the checkpoint save at step 8"
     saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert saved == ["step-4"]  # the last good checkpoint; step 8 was never written
 
@@ -425,8 +426,8 @@ def test_real_trainer_run_out_of_data_is_checked_at_close(
     trainer = _trainer(monkeypatch, GUARD, data_batches=9)  # step 10 has no data
     with pytest.raises(DivergenceError) as err:
         _run(trainer)
-    assert err.value.verdict.step == 8
-    assert err.value.verdict.checked_at == "the end of training"
+    assert err.value.divergence.step == 8
+    assert err.value.divergence.checked_at == "the end of training"
 
 
 def test_real_trainer_without_guard_diverges_silently(monkeypatch: pytest.MonkeyPatch) -> None:

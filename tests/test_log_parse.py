@@ -248,3 +248,25 @@ def _never_raise(text: str) -> None:
         summary = summarize([log], warmup=1)
         json.dumps(summary.to_json(), allow_nan=False)
         summary.lines()
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+@pytest.mark.parametrize(
+    "loss, grad_norm", [(float("nan"), 1.5), (2.25, float("inf")), (None, float("-inf"))]
+)
+def test_guard_messages_round_trip_through_the_parser(world_size, loss, grad_norm) -> None:
+    """What the guard writes (both messages) is what the log tools recognise: one owner."""
+    from titan_rocm.guard_message import Divergence, message, short_message
+
+    d = Divergence(step=7, rank=world_size - 1, loss=loss, grad_norm=grad_norm,
+                   checked_at="log step 10", world_size=world_size,
+                   ranks_bad=tuple(range(world_size)))
+    for text in (message(d), short_message(d)):
+        (r,) = parse_text(text).records
+        assert (r.kind, r.step, r.guard_stop) == ("guard", 7, True)
+        assert r.rank == (d.rank if world_size > 1 else None)
+        assert (r.loss is None) == (loss is None)
+        if loss is not None:
+            assert str(r.loss) == str(loss)
+        assert str(r.grad_norm) == str(grad_norm)
+        assert not r.finite

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from titan_rocm.logs.parse import ParsedLog, Record, fmt_value, json_value, parse_file
+from titan_rocm.guard_message import fmt_value
+from titan_rocm.logs.parse import ParsedLog, Record, json_value, parse_file
 
 EXIT_OK = 0
 EXIT_NONFINITE = 1

@@ -34,6 +34,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from titan_rocm.guard_message import NUMBER, fmt_value
+from titan_rocm.guard_message import PATTERN as GUARD_PATTERN
+
 FORMATS: tuple[str, ...] = ("auto", "torchtitan", "megatron")
 TORCHTITAN = "torchtitan"
 MEGATRON = "megatron"
@@ -47,9 +50,8 @@ _RANK_PREFIX = re.compile(r"\[(?:rank|default)(\d{1,6})\]:")
 # srun --label: "3: " at the start of a line.
 _SRUN_LABEL = re.compile(r"^\s*(\d{1,6}): ")
 
-# A number as Python, C printf or Java print it. Digits are bounded so int()/float() never
-# see thousands of digits (int() refuses strings over 4300 digits).
-_NUM = r"[-+]?(?:nan|inf(?:inity)?|(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40})(?:[eE][-+]?\d{1,4})?)"
+# A number as Python, C printf or Java print it (bounded digits; see guard_message.NUMBER).
+_NUM = NUMBER
 # The same, allowing thousands separators (TorchTitan prints ``tps: 1,234``).
 _NUM_GROUPED = (
     r"[-+]?(?:nan|inf(?:inity)?|(?:\d{1,3}(?:,\d{3}){1,12}|\d{1,40})(?:\.\d{0,40})?"
@@ -71,31 +73,12 @@ _MG_VALIDATION = re.compile(
     r"\b(?:validation|test) loss at iteration\s+(?P<step>\d{1,18})(?!\d)[^|]*\|"
 )
 _MG_MEMORY = re.compile(r"memory \((?P<unit>MB|GB)\)\s*\|")
-# The runtime guard's own stop message (rocm.divergence_guard), e.g. after a NaN between log
-# steps that no metric line shows.
-_GUARD = re.compile(
-    rf"titan-rocm divergence guard: training diverged at step (?P<step>\d{{1,18}})(?!\d)"
-    rf"(?: on rank (?P<rank>\d{{1,6}}) of \d{{1,6}}| \(first seen on rank (?P<seen>\d{{1,6}})\))?"
-    rf"(?:[^:]*:\s*loss = (?P<loss>{_NUM})?[^,]*,\s*grad_norm = (?P<gn>{_NUM})?)?",
-    re.IGNORECASE,
-)
 _FIRST_NUM = re.compile(rf"(?<![\w.])(?P<v>{_NUM})(?![\w.])", re.IGNORECASE)
 
 
 def to_float(text: str) -> float:
     """Parse a number matched by the patterns above (``1,234``, ``-nan``, ``Infinity``)."""
     return float(text.replace(",", ""))
-
-
-def fmt_value(value: float | None) -> str:
-    """A metric value for messages: ``nan``, ``inf``, ``-inf`` or a short number."""
-    if value is None:
-        return "n/a"
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return f"{value:.6g}"
 
 
 def json_value(value: float | None) -> float | str | None:
@@ -256,7 +239,7 @@ def _torchtitan(text: str, rank: int | None, line_no: int, log: ParsedLog) -> No
 
 
 def _guard(text: str, rank: int | None, line_no: int, log: ParsedLog) -> None:
-    for m in _GUARD.finditer(text):
+    for m in GUARD_PATTERN.finditer(text):
         losses = (("loss", to_float(m.group("loss"))),) if m.group("loss") else ()
         # The rank that saw it first is named in the message (rank 0 prints it).
         named = m.group("rank") or m.group("seen")

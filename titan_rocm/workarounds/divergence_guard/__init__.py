@@ -17,6 +17,7 @@ from typing import Any
 import torch.nn as nn
 
 from titan_rocm.converters.base import Workaround
+from titan_rocm.guard_message import DOCS_PAGE, Divergence
 from titan_rocm.workarounds.divergence_guard import hooks
 from titan_rocm.workarounds.divergence_guard.monitor import (
     INJECT_RANK_ENV,
@@ -24,17 +25,17 @@ from titan_rocm.workarounds.divergence_guard.monitor import (
     Injection,
     Monitor,
 )
-from titan_rocm.workarounds.divergence_guard.verdict import DOCS_PAGE, DivergenceError, Verdict
+from titan_rocm.workarounds.divergence_guard.verdict import DivergenceError
 
 __all__ = [
     "DOCS_PAGE",
     "INJECT_RANK_ENV",
     "INJECT_STEP_ENV",
+    "Divergence",
     "DivergenceError",
     "DivergenceGuard",
     "Injection",
     "Monitor",
-    "Verdict",
 ]
 
 

@@ -30,15 +30,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from titan_rocm.guard_message import Divergence, message, short_message
 from titan_rocm.workarounds.divergence_guard.record import NonFiniteRecord, Row
 from titan_rocm.workarounds.divergence_guard.snapshot import Snapshot
-from titan_rocm.workarounds.divergence_guard.verdict import (
-    DivergenceError,
-    Verdict,
-    decide,
-    message,
-    short_message,
-)
+from titan_rocm.workarounds.divergence_guard.verdict import DivergenceError, decide
 
 log = logging.getLogger("titan_rocm")
 
@@ -110,7 +105,7 @@ class Monitor:
         host); log steps of TorchTitan 0.2.2's trainer never do."""
         self.pending: Snapshot | None = None
         """The rows' copy enqueued at the current log step's ``should_log``."""
-        self.verdict: Verdict | None = None
+        self.divergence: Divergence | None = None
         self._warned: set[str] = set()
 
     # -- step numbers ------------------------------------------------------------------------
@@ -129,7 +124,7 @@ class Monitor:
     # -- observations (device ops only) ------------------------------------------------------
     def on_loss(self, loss: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
         """A training micro-batch's summed loss; returns it (NaN at the injected step)."""
-        if not torch.is_grad_enabled() or self.verdict is not None:
+        if not torch.is_grad_enabled() or self.divergence is not None:
             return loss  # validation runs under no_grad: not a training step
         inj = self.injection
         if inj is not None and inj.step == self.current_step() and inj.rank in (None, rank()):
@@ -145,12 +140,12 @@ class Monitor:
 
     def on_grad_norm(self, grad_norm: torch.Tensor) -> None:
         """The step's total grad norm from ``clip_grad_norm_``."""
-        if self.verdict is None:
+        if self.divergence is None:
             self.record.observe_grad_norm(grad_norm)
 
     def on_step_end(self) -> None:
         """End of an optimizer step: fold it into the record; check in ``every_step`` mode."""
-        if self.verdict is not None:
+        if self.divergence is not None:
             return
         if not self.record.saw_grad_norm:
             self._warn_once(
@@ -166,14 +161,14 @@ class Monitor:
     # -- check points (host reads: only where TorchTitan synchronises anyway) ---------------
     def on_should_log(self, step: int) -> None:
         """This step will be logged: enqueue the rows' copy before TorchTitan's ``.item()``."""
-        if self.verdict is not None or self.check_mode == "every_step":
+        if self.divergence is not None or self.check_mode == "every_step":
             return  # every_step: this step was read at its end already
         device = _collective_device(self.record.device)
         self.pending = Snapshot.take(self.record, step, device)
 
     def on_log(self, step: int, loss: float, grad_norm: float) -> None:
         """``MetricsProcessor.log`` ran (host already synchronised for these values)."""
-        if self.verdict is not None:
+        if self.divergence is not None:
             return
         host = None
         if not (_finite(loss) and _finite(grad_norm)):
@@ -191,12 +186,12 @@ class Monitor:
 
     def on_save(self, step: int) -> None:
         """A checkpoint is about to be written: never save one from a non-finite step."""
-        if self.verdict is None:
+        if self.divergence is None:
             self.check(f"the checkpoint save at step {step}")
 
     def on_close(self) -> None:
         """Training ended normally: check steps after the last check point."""
-        if self.verdict is not None or sys.exc_info()[0] is not None:
+        if self.divergence is not None or sys.exc_info()[0] is not None:
             return  # another error is on its way out; a collective now could hang
         if self.record.steps_ended > self.checked_through:
             self.check("the end of training")
@@ -233,13 +228,13 @@ class Monitor:
         self._decide(rows, where)
 
     def _decide(self, rows: list[Row], where: str) -> None:
-        verdict = decide(rows, where)
-        if verdict is None:
+        divergence = decide(rows, where)
+        if divergence is None:
             return
-        self.verdict = verdict
+        self.divergence = divergence
         if rank() == 0:
-            log.error(message(verdict))
-        raise DivergenceError(short_message(verdict), verdict)
+            log.error(message(divergence))
+        raise DivergenceError(short_message(divergence), divergence)
 
 
 def _host_row(host: tuple[int, float, float]) -> Row:
