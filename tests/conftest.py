@@ -1,14 +1,8 @@
-"""Shared fixtures: TorchTitan reference configs, CPU/GPU markers."""
+"""CPU/GPU markers."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-REFERENCE_CONFIGS = SHARED / "reference" / "torchtitan-v0.2.2" / "train_configs"
 
 
 def _has_gpu() -> bool:
@@ -35,11 +29,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs a CUDA or ROCm GPU; none here"))
         if "rocm" in item.keywords and not rocm:
             item.add_marker(pytest.mark.skip(reason="needs a ROCm build of torch on an AMD GPU"))
-
-
-@pytest.fixture
-def reference_configs() -> Path:
-    """TorchTitan v0.2.2's own TOML configs (from ../shared)."""
-    if not REFERENCE_CONFIGS.is_dir():
-        pytest.skip(f"TorchTitan reference configs not found at {REFERENCE_CONFIGS}")
-    return REFERENCE_CONFIGS

@@ -38,9 +38,26 @@ def _parser_for(name: str) -> argparse.ArgumentParser:
     return parser
 
 
+INTERRUPTED = 130
+"""Exit code after Ctrl-C (128 + SIGINT), as shells report it."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``titan-rocm`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    """Run ``titan-rocm`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code.
+
+    Ctrl-C anywhere prints one line and returns 130 (a command that must say what it left
+    behind, such as ``gemm-tables``, says so itself first).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        name = argv[0] if argv and argv[0] in SUBCOMMANDS else ""
+        print(f"titan-rocm{' ' + name if name else ''}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         lines = ["usage: titan-rocm <command> [options]", "", "commands:"]
         lines += [f"  {name:<14} {_HELP[name]}" for name in SUBCOMMANDS]

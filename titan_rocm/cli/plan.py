@@ -1,4 +1,9 @@
-"""``titan-rocm plan``: check a TorchTitan job on a login node before it waits in a queue."""
+"""``titan-rocm plan``: check a TorchTitan job on a login node before it waits in a queue.
+
+Exit codes: 0 planned (the job passes every start-up check that needs no GPU), 2 bad
+input or a job that would stop at start-up (one line says why), 130 interrupted.
+Docs: docs/plan.md.
+"""
 
 from __future__ import annotations
 
@@ -7,35 +12,94 @@ import json
 import sys
 
 HELP = (
-    "Read a TorchTitan job exactly as TorchTitan would, build its model on the meta device, "
-    "apply titan-rocm's converters and print what a run would do: which workarounds apply "
-    "or skip and why, how each block compiles, which grouped-MM backend MoE layers call, "
-    "and the settings in force. Any TorchTitan or --rocm.* flag may follow."
+    "Check a TorchTitan job the way TorchTitan 0.2.2 starts it (config, imports, converter "
+    "names, parallel degrees against the world size) and, if it would start, build its model "
+    "on the meta device, apply titan-rocm's converters and print what a run would do: which "
+    "workarounds apply or skip and why, how each block compiles, which grouped-MM backend "
+    "MoE layers call, and the settings in force. Exit 0 planned, 2 bad input or a job that "
+    "would fail at start-up."
 )
 
+EPILOG = (
+    "Every other option is TorchTitan's and is passed on as on the training command line "
+    "(--model.converters rocm, --parallelism.tensor_parallel_degree 2, --compile.enable, "
+    "--rocm.triton_war off, ...); `titan-rocm plan --help-torchtitan` lists them all, "
+    "[rocm]'s included. Boolean flags are bare: --rocm.triton_war_strict (true), "
+    "--rocm.no-triton_war_strict (false)."
+)
 
 PASSTHROUGH = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``titan-rocm plan``; unknown options are TorchTitan's."""
+    from titan_rocm.preflight import DEFAULT_LAUNCHER, LAUNCHERS
+
+    parser.epilog = EPILOG
+    parser.allow_abbrev = False  # a TorchTitan flag must never be taken for a prefix of ours
+    parser.add_argument(
+        "--job.config_file", "--job.config-file", dest="config_file", metavar="FILE",
+        help="the job's TOML file (TorchTitan's flag, passed on to it)",
+    )
     parser.add_argument(
         "--arch",
         help="simulate a ROCm machine with this GPU target (gfx942, gfx950, gfx90a, ...)",
     )
     parser.add_argument(
-        "--world-size", type=int, help="number of ranks (default: product of explicit degrees)"
+        "--launcher", choices=LAUNCHERS, default=DEFAULT_LAUNCHER,
+        help="how the job starts: torchtitan = `torchrun -m torchtitan.train` (default: the "
+        "TOML must carry custom_import / custom_config_module itself), titan-rocm = "
+        "`torchrun -m titan_rocm.train` or titan-rocm-train (adds both)",
+    )
+    parser.add_argument(
+        "--world-size", type=int, metavar="N",
+        help="number of ranks of the run (default: the smallest the degrees fit, said so)",
+    )
+    parser.add_argument(
+        "--nnodes", type=int, metavar="N",
+        help="as on the job's torchrun line: nodes (world size = nnodes x nproc-per-node)",
+    )
+    parser.add_argument(
+        "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=int, metavar="N",
+        help="as on the job's torchrun line: processes (GPUs) per node",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument(
+        "--help-torchtitan", action="store_true",
+        help="list every TorchTitan and --rocm.* flag (TorchTitan's own help) and exit",
+    )
+
+
+def _torchtitan_help() -> int:
+    from torchtitan.config import ConfigManager
+
+    from titan_rocm.config import CONFIG_MODULE
+    from titan_rocm.preflight import prog_name
+
+    with prog_name("titan-rocm plan"):
+        try:
+            ConfigManager().parse_args(["--job.custom_config_module", CONFIG_MODULE, "--help"])
+        except SystemExit as exc:
+            return int(exc.code or 0)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the plan; 0 on success, 2 on a bad job, flag or architecture."""
-    from titan_rocm.plan import PlanError, format_plan, make_plan
+    """Print the plan; 0 on success, 2 on a bad job, flag, architecture or start-up failure."""
+    if args.help_torchtitan:
+        return _torchtitan_help()
+    from titan_rocm.plan import format_plan, make_plan
+    from titan_rocm.preflight import StartupError
 
+    passthrough = list(args.passthrough)
+    if args.config_file is not None:
+        passthrough = ["--job.config_file", args.config_file, *passthrough]
     try:
-        plan = make_plan(args.passthrough, arch=args.arch, world_size=args.world_size)
-    except PlanError as exc:
+        plan = make_plan(
+            passthrough, arch=args.arch, world_size=args.world_size, nnodes=args.nnodes,
+            nproc_per_node=args.nproc_per_node, launcher=args.launcher,
+        )
+    except StartupError as exc:
         print(f"titan-rocm plan: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(plan, indent=2, default=str) if args.json else format_plan(plan))
