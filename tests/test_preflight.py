@@ -509,3 +509,15 @@ def test_plan_prints_the_world_size_and_its_source(capsys: pytest.CaptureFixture
     assert plan["world_size"]["size"] == 16
     assert plan["world_size"]["source"] == "--nnodes x --nproc-per-node"
     assert plan["launcher"] == "torchtitan"
+
+
+def test_mixed_quantization_types_fail_as_torchtitans_converters_would(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    fp8 = str(CONFIGS / "deepseek_v3_debug_fp8.toml")
+    assert plan_cli(capsys, "--job.config_file", fp8)[0] == 0
+    code, _, err = plan_cli(capsys, "--job.config_file", fp8, "--model.converters",
+                            "rocm,quantize.linear.float8,quantize.grouped_mm.mx")
+    assert code == 2
+    assert "Cannot combine model converters with different quantization types: 'mx' and " \
+           "'float8'" in error_line(err)

@@ -16,7 +16,8 @@ start-up that needs no GPU, in TorchTitan's order where it matters:
    ``--world-size`` or ``--nnodes``/``--nproc-per-node``, else derived and said so).
 4. The train spec, pipelining support, and the batch-size arithmetic.
 5. ``build_model_converters``: each ``[model] converters`` name against TorchTitan's real
-   registry, where titan-rocm's names count only when the job would import ``titan_rocm``.
+   registry, where titan-rocm's names count only when the job would import ``titan_rocm``;
+   TorchTitan's quantization converters' own first check (one quantization type per job).
 
 Model construction and titan-rocm's own converters run afterwards in :mod:`titan_rocm.plan`,
 inside :func:`startup_step`.
@@ -651,6 +652,25 @@ def check_converters(job_config: Any, registered: Sequence[str]) -> None:
         )
 
 
+def check_quantization(job_config: Any) -> None:
+    """The GPU-free check every TorchTitan quantization converter makes first: one
+    quantization type (float8 or mx) for the whole job. (Building them needs a GPU: they
+    ask for its compute capability.)
+
+    Raises:
+        StartupError: with TorchTitan's reason.
+    """
+    if not any("quantize" in c for c in job_config.model.converters):
+        return
+    from torchtitan.components.quantization import QuantizationConverter
+
+    try:
+        QuantizationConverter._validate(job_config)
+    except AssertionError as exc:
+        raise StartupError(f"{_one_line(exc).removeprefix('AssertionError: ')} "
+                           "(TorchTitan 0.2.2)") from None
+
+
 def titan_rocm_converters() -> set[str]:
     """Names of titan-rocm's converters (registered in this process, whatever the job does)."""
     from torchtitan.protocols.model_converter import _registry_model_converter_cls as registry
@@ -689,6 +709,7 @@ def check_job(
     check_training(job_config, parallel_dims)
     registered = registered_converters(job_config, launcher)
     check_converters(job_config, registered)
+    check_quantization(job_config)
     return Preflight(job_config, launcher, world, parallel_dims, registered)
 
 
