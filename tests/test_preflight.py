@@ -32,6 +32,15 @@ CONFIGS = REPO / "configs"
 ORACLE = REPO / "tests" / "startup_oracle.py"
 
 
+@pytest.fixture(autouse=True)
+def job_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's own environment. Whether a job imports titan_rocm depends on it (a
+    ``sitecustomize`` may), and tests that apply rocm.triton_war for real leave its
+    bootstrap on PYTHONPATH with TITAN_ROCM_TRITON_WAR=1."""
+    for name in [n for n in os.environ if n.startswith("TITAN_ROCM_")] + ["PYTHONPATH"]:
+        monkeypatch.delenv(name, raising=False)
+
+
 def plan_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(["plan", *args])
     out, err = capsys.readouterr()
@@ -201,6 +210,12 @@ def test_registry_counts_titan_rocm_only_when_the_job_imports_it(
     code, _, err = plan_cli(capsys, "--job.config_file", str(bare),
                             "--experimental.custom_import", "without_tr")
     assert code == 2 and "KeyError: 'rocm'" in error_line(err)
+    # So does the environment itself (a sitecustomize, as rocm.triton_war's bootstrap is).
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import titan_rocm  # noqa\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    assert plan_cli(capsys, "--job.config_file", str(bare))[0] == 0
 
 
 # --- imports and the launcher -----------------------------------------------------------------
@@ -314,7 +329,8 @@ def test_right_types_pass_and_unknown_keys_are_named() -> None:
         preflight.check_toml_types(cls, {"model": {"nmae": "llama3"}})
     with pytest.raises(StartupError, match=r"\[model\] must be a table of settings, got a string"):
         preflight.check_toml_types(cls, {"model": "llama3"})
-    with pytest.raises(StartupError, match=r"letter by letter \(r, o, c, m\); write converters"):
+    with pytest.raises(StartupError, match=r"letter by letter \(r, o, c, m\) and stop with "
+                       r"KeyError: 'r' \(no converter has that name\); write converters"):
         preflight.check_toml_types(cls, {"model": {"converters": "rocm"}})
     with pytest.raises(StartupError, match=r"converters = \[3\]: 3 is an integer"):
         preflight.check_toml_types(cls, {"model": {"converters": [3]}})

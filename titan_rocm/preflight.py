@@ -577,12 +577,11 @@ def check_training(job_config: Any, parallel_dims: Any) -> None:
 
 
 def _modules_register_titan_rocm(modules: Sequence[str]) -> bool:
-    """Whether importing ``modules`` (in a fresh interpreter) imports titan_rocm, which
-    registers its converters with TorchTitan."""
+    """Whether a fresh interpreter of this environment imports titan_rocm once ``modules``
+    are imported, which registers its converters with TorchTitan (a ``sitecustomize`` of
+    the environment counts too, as it would in the job)."""
     if any(m.split(".")[0] == "titan_rocm" for m in modules):
         return True
-    if not modules:
-        return False
     code = ("import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
             "print('titan_rocm' in sys.modules)")
     try:
