@@ -75,49 +75,54 @@ def without_rocm_section(text: str) -> str:
 
 # --- plan agrees with TorchTitan's real start-up, per class of failure -------------------------
 
-# (id, launcher, world size, args builder) -- args may name files made in tmp_path.
+def on(config: str, *flags: str) -> Any:
+    """Arguments for a shipped config plus flags."""
+    return lambda _tmp: ["--job.config_file", str(CONFIGS / config), *flags]
+
+
+def on_edited(make: Any) -> Any:
+    """Arguments for a config file ``make(tmp_path)`` writes."""
+    return lambda tmp: ["--job.config_file", str(make(tmp))]
+
+
+def _no_config_module(tmp: Path) -> Path:
+    return edited(tmp, "llama3_debug.toml", drop=("custom_config_module",))
+
+
+# (id, launcher, world size, arguments of tmp_path): one job per class of start-up failure.
 CASES: list[tuple[str, str, int, Any]] = [
-    ("clean", "torchtitan", 1, lambda t: ["--job.config_file", str(CONFIGS / "llama3_debug.toml")]),
-    ("clean-ep-tp", "torchtitan", 4, lambda t: [
-        "--job.config_file", str(CONFIGS / "deepseek_v3_debug.toml"),
-        "--parallelism.expert_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2"]),
-    ("converter-typo", "torchtitan", 1, lambda t: [
-        "--job.config_file", str(CONFIGS / "llama3_debug.toml"),
-        "--model.converters", "rocm.precision_cast"]),
-    ("converter-space", "torchtitan", 1, lambda t: [
-        "--job.config_file", str(CONFIGS / "llama3_debug.toml"),
-        "--model.converters", "rocm, quantize.linear.float8"]),
-    ("converters-string", "torchtitan", 1, lambda t: [
-        "--job.config_file",
-        str(edited(t, "llama3_debug.toml", replace=('s = ["rocm"]', 's = "rocm"')))]),
-    ("degree-string", "torchtitan", 1, lambda t: [
-        "--job.config_file", str(edited(t, "llama3_debug.toml", replace=(
-            "tensor_parallel_degree = 1", 'tensor_parallel_degree = "two"')))]),
-    ("custom-import-missing", "torchtitan", 1, lambda t: [
-        "--job.config_file", str(CONFIGS / "llama3_debug.toml"),
-        "--experimental.custom_import", "no_such_module"]),
-    ("config-module-missing", "torchtitan", 1, lambda t: [
-        "--job.config_file", str(CONFIGS / "llama3_debug.toml"),
-        "--job.custom_config_module", "no_such_module"]),
-    ("rocm-without-config-module", "torchtitan", 1, lambda t: [
-        "--job.config_file", str(edited(t, "llama3_debug.toml", drop=("custom_config_module",)))]),
-    ("rocm-without-config-module", "titan-rocm", 1, lambda t: [
-        "--job.config_file", str(edited(t, "llama3_debug.toml", drop=("custom_config_module",)))]),
-    ("rocm-without-import", "torchtitan", 1, lambda t: [
-        "--job.config_file", str(_no_titan_rocm_lines(t))]),
-    ("rocm-without-import", "titan-rocm", 1, lambda t: [
-        "--job.config_file", str(_no_titan_rocm_lines(t))]),
-    ("experts-do-not-fit", "torchtitan", 2, lambda t: [
-        "--job.config_file", str(CONFIGS / "deepseek_v3_debug.toml"),
-        "--parallelism.expert_parallel_degree", "8"]),
-    ("batch-not-divisible", "torchtitan", 2, lambda t: [
-        "--job.config_file", str(CONFIGS / "llama3_debug.toml"),
-        "--training.global_batch_size", "12"]),
-    ("pipelining-unsupported", "torchtitan", 2, lambda t: [
-        "--job.config_file", str(CONFIGS / "qwen3_debug.toml"),
-        "--parallelism.pipeline_parallel_degree", "2"]),
-    ("bool-flag-with-value", "torchtitan", 1, lambda t: [
-        "--job.config_file", str(CONFIGS / "llama3_debug.toml"), "--compile.enable", "true"]),
+    ("clean", "torchtitan", 1, on("llama3_debug.toml")),
+    ("clean-ep-tp", "torchtitan", 4, on("deepseek_v3_debug.toml",
+                                        "--parallelism.expert_parallel_degree", "2",
+                                        "--parallelism.tensor_parallel_degree", "2")),
+    ("converter-typo", "torchtitan", 1, on("llama3_debug.toml", "--model.converters",
+                                           "rocm.precision_cast")),
+    ("converter-space", "torchtitan", 1, on("llama3_debug.toml", "--model.converters",
+                                            "rocm, quantize.linear.float8")),
+    ("converters-string", "torchtitan", 1, on_edited(lambda t: edited(
+        t, "llama3_debug.toml", replace=('s = ["rocm"]', 's = "rocm"')))),
+    ("degree-string", "torchtitan", 1, on_edited(lambda t: edited(
+        t, "llama3_debug.toml",
+        replace=("tensor_parallel_degree = 1", 'tensor_parallel_degree = "two"')))),
+    ("custom-import-missing", "torchtitan", 1, on("llama3_debug.toml",
+                                                  "--experimental.custom_import",
+                                                  "no_such_module")),
+    ("config-module-missing", "torchtitan", 1, on("llama3_debug.toml",
+                                                  "--job.custom_config_module",
+                                                  "no_such_module")),
+    ("rocm-without-config-module", "torchtitan", 1, on_edited(_no_config_module)),
+    ("rocm-without-config-module", "titan-rocm", 1, on_edited(_no_config_module)),
+    ("rocm-without-import", "torchtitan", 1, on_edited(lambda t: _no_titan_rocm_lines(t))),
+    ("rocm-without-import", "titan-rocm", 1, on_edited(lambda t: _no_titan_rocm_lines(t))),
+    ("experts-do-not-fit", "torchtitan", 2, on("deepseek_v3_debug.toml",
+                                               "--parallelism.expert_parallel_degree", "8")),
+    ("batch-not-divisible", "torchtitan", 2, on("llama3_debug.toml",
+                                                "--training.global_batch_size", "12")),
+    ("pipelining-unsupported", "torchtitan", 2, on("qwen3_debug.toml",
+                                                   "--parallelism.pipeline_parallel_degree",
+                                                   "2")),
+    ("bool-flag-with-value", "torchtitan", 1, on("llama3_debug.toml", "--compile.enable",
+                                                 "true")),
 ]
 
 
