@@ -1,20 +1,25 @@
 """Apply a job's titan-rocm settings that change how code compiles, in the tuner's processes.
 
 The minesweeper must compile the same kernels training will: the workarounds that act on
-Inductor or Triton process-wide (not on the model) are applied there too, through their own
-gates, from the ``[rocm]`` settings recorded by ``tune collect``.
+Inductor or Triton process-wide (not on the model) are decided and applied there too, through
+their own gates (:class:`~titan_rocm.workarounds.base.JobWorkarounds`), from the ``[rocm]``
+settings ``tune collect`` recorded. Here the tuner acts as an adapter: it builds the Context.
 """
 
 from __future__ import annotations
 
-import logging
-from types import SimpleNamespace
 from typing import Any
 
+import torch.nn as nn
+
 from titan_rocm.log import log
+from titan_rocm.settings import check_section
+from titan_rocm.workarounds.base import CompileSettings, Context, JobWorkarounds
 
 CODEGEN_WORKAROUNDS: tuple[str, ...] = ("precision_casts", "triton_war")
 """Workarounds that change compiled code for the whole process, with no model needed."""
+
+FRAMEWORK = "titan-rocm tune"
 
 
 def apply_codegen_settings(settings: dict[str, Any]) -> list[str]:
@@ -23,24 +28,16 @@ def apply_codegen_settings(settings: dict[str, Any]) -> list[str]:
     Raises:
         ValueError: a ``[rocm]`` value is not valid, or a workaround set ``on`` cannot apply.
     """
-    from titan_rocm import platform
-    from titan_rocm.config import RocmSettings, check_section
-    from titan_rocm.converters.base import Context
-    from titan_rocm.workarounds import workaround_class
-
-    known = {k: v for k, v in settings.items() if k in RocmSettings.__dataclass_fields__}
-    check_section(known)
-    job = SimpleNamespace(compile=SimpleNamespace(enable=True, components=["model"]))
-    ctx = Context(job, None, RocmSettings(**known), platform.current())
+    ctx = Context(settings=check_section(dict(settings)),
+                  compile=CompileSettings(enable=True, components=("model",)),
+                  framework=FRAMEWORK)
+    job = JobWorkarounds(ctx, CODEGEN_WORKAROUNDS)
+    job.require()
+    model = nn.Module()  # these workarounds act on the process, not on a model
     applied = []
     for name in CODEGEN_WORKAROUNDS:
-        workaround = workaround_class(name)(ctx)
-        if workaround.mode == "on":
-            workaround.require()
-        reason = workaround.gate(None)  # type: ignore[arg-type]
-        if reason is None:
-            workaround.apply(None)  # type: ignore[arg-type]
+        decision = job.apply(name, model, FRAMEWORK)
+        log.info("%s", decision.line)
+        if decision.applied:
             applied.append(name)
-        else:
-            log.log(logging.INFO, "titan-rocm: tune: %s not applied: %s", name, reason)
     return applied
