@@ -169,16 +169,18 @@ class GemmChoices(InductorChoices):
         """The candidates to return for this call."""
         raise NotImplementedError
 
-    def lowering_done(self, name: str, choices: list[Any], layout: Any) -> list[Any]:
+    def lowering_done(self, name: str, choices: list[Any], input_nodes: Any,
+                      layout: Any) -> list[Any]:
         """Called by the selector hook with the lowering's ChoiceCallers; returns those to use."""
         lowering, self._lowering = self._lowering, Lowering()
         if not lowering.calls or name != lowering.op:
             return choices
         problem = Problem(lowering.op, tuple(lowering.calls), layout_spec(layout),
                           dict(lowering.scalars))
-        return self.finish(lowering, problem, choices)
+        return self.finish(lowering, problem, choices, input_nodes, layout)
 
-    def finish(self, lowering: Lowering, problem: Problem, choices: list[Any]) -> list[Any]:
+    def finish(self, lowering: Lowering, problem: Problem, choices: list[Any],
+               input_nodes: Any, layout: Any) -> list[Any]:
         """Settle the lowering's choices."""
         return choices
 
@@ -211,7 +213,7 @@ class RecordingChoices(GemmChoices):
                kwarg_overrides):  # noqa: D102
         return self.first_fallback(lowering, template_choices, templates)
 
-    def finish(self, lowering, problem, choices):  # noqa: D102
+    def finish(self, lowering, problem, choices, input_nodes, layout):  # noqa: D102
         self.sink(problem)
         return choices
 
@@ -219,7 +221,7 @@ class RecordingChoices(GemmChoices):
 class EnumeratingChoices(GemmChoices):
     """The minesweeper: every candidate, stock; the lowering reported with its choices."""
 
-    def __init__(self, sink: Callable[[Problem, list[Any]], list[Any]]) -> None:
+    def __init__(self, sink: Callable[[Problem, list[Any], Any, Any], list[Any]]) -> None:
         super().__init__()
         self.sink = sink
 
@@ -231,8 +233,8 @@ class EnumeratingChoices(GemmChoices):
         return list(InductorChoices._finalize_template_configs(
             self, template_choices, kernel_inputs, templates, op_name, kwarg_overrides))
 
-    def finish(self, lowering, problem, choices):  # noqa: D102
-        return self.sink(problem, choices)
+    def finish(self, lowering, problem, choices, input_nodes, layout):  # noqa: D102
+        return self.sink(problem, choices, input_nodes, layout)
 
 
 class LookupStats:
@@ -306,7 +308,8 @@ class TableChoices(GemmChoices):
             if entry.get("template_hash") and src_hash and entry["template_hash"] != src_hash:
                 log_once(f"gemm_lookup-stale:{template.uid}", logging.WARNING,
                          "titan-rocm: gemm_lookup: the table's %s entries were tuned against "
-                         "another version of the template's source; they are not used", template.uid)
+                         "another version of the template's source; they are not used",
+                         template.uid)
                 continue
             base = next(iter(self.get_ktc(kernel_inputs, template, op_name)), None)
             if base is None:
@@ -318,7 +321,7 @@ class TableChoices(GemmChoices):
         lowering.hit = lowering.hit or bool(chosen)
         return chosen[:1]
 
-    def finish(self, lowering, problem, choices):  # noqa: D102
+    def finish(self, lowering, problem, choices, input_nodes, layout):  # noqa: D102
         picked = [c for c in choices if any(ktc_of(c) is k for k in lowering.chosen)]
         self.stats.count(problem.key, lowering.hit)
         if not lowering.hit:
@@ -355,7 +358,7 @@ def install_lowering_hook() -> None:
     def __call__(self, name, choices, input_nodes, layout, *args, **kwargs):  # noqa: ANN001
         done = getattr(V.choices, "lowering_done", None)
         if done is not None:
-            choices = done(name, list(choices), layout)
+            choices = done(name, list(choices), input_nodes, layout)
         return original(self, name, choices, input_nodes, layout, *args, **kwargs)
 
     __call__._titan_rocm_hook = True  # type: ignore[attr-defined]

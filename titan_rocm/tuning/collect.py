@@ -84,8 +84,9 @@ def collect(args: Sequence[str], output: Path, trainer: str = "torchtitan.train:
     except JobArgsError as exc:
         raise CollectError(str(exc)) from None
     sys.argv = ["titan-rocm-tune-collect", *prepared]  # TorchTitan's main() parses sys.argv
-    import titan_rocm  # noqa: F401 - registers the converters
     from torchtitan.config import ConfigManager
+
+    import titan_rocm  # noqa: F401 - registers the converters
 
     try:
         job = ConfigManager().parse_args(prepared)

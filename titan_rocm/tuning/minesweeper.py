@@ -131,6 +131,8 @@ def _runner(choice: Any, inputs: list[Any], out: Any) -> tuple[Any, Any]:
     fn = bmreq.make_run_fn(*args, out=dest)
 
     def run() -> None:
+        # ``fn`` may hold raw pointers (CPP kernels): keep the tensors alive while it runs.
+        keep = (args, dest)  # noqa: F841
         fn()
         if dest is not out:
             out.copy_(post(dest) if post is not None else dest)
@@ -212,7 +214,8 @@ class Target:
     candidates: dict[int, Candidate] = field(default_factory=dict)
     seen: bool = False
 
-    def on_lowering(self, problem: Problem, choices: list[Any]) -> list[Any]:
+    def on_lowering(self, problem: Problem, choices: list[Any], input_nodes: Any,
+                    layout: Any) -> list[Any]:
         """EnumeratingChoices' sink: the first lowering with our key is the one tuned."""
         if self.seen or problem.key != self.problem.key:
             return choices
@@ -230,6 +233,11 @@ class Target:
         self.candidates = {id(c.choice): c for c in cands}
         self.conn.send(("tasks", self.problem.key, list(problem.keys),
                         [c.record(self.problem) for c in cands]))
+        if len(choices) == 1:  # Inductor does not benchmark a lone choice: check it here
+            from torch._inductor.select_algorithm import AlgorithmSelectorCache
+
+            self.validate(choices, AlgorithmSelectorCache.get_inputs(
+                choices, input_nodes, layout, None))
         return choices
 
     def validate(self, choices: list[Any], autotune_args: Any) -> dict[Any, float]:

@@ -340,12 +340,12 @@ class Main:
     def dispatch(self, pending: list[int]) -> None:
         for i, slot in enumerate(self.slots):
             if slot.problem is None and pending:
+                if slot.process is None or not slot.process.is_alive():
+                    self.start_worker(i)
                 slot.problem = pending.pop(0)
                 problem = self.problems.problems[slot.problem]
                 slot.orders.put(("problem", slot.problem, problem.to_dict(),
                                  sorted(self.skip_for(problem.key))))
-                if slot.process is None or not slot.process.is_alive():
-                    self.start_worker(i)
 
     def handle(self, message: tuple[Any, ...], pending: list[int]) -> None:
         kind, slot = message[0], message[1]

@@ -117,8 +117,8 @@ def _decide(key: str, problem: dict[str, Any], results: list[dict[str, Any]],
                        f"ATen's speed (> {min_speedup})")
     else:
         made.winner = best_aten
-        made.reason = ("no validated template beats ATen by more than "
-                       f"{min_speedup}x" if best is not None else "no template passed")
+        made.reason = (f"no validated template beats ATen by more than {min_speedup}x"
+                       if best is not None else "no template that a table can hold passed")
     return made
 
 
