@@ -104,7 +104,7 @@ def collect(args: Sequence[str], output: Path, trainer: str = "torchtitan.train:
 
     from titan_rocm.config import settings_from
     from titan_rocm.tuning.choices import ChoicesFactory, RecordingChoices, install
-    from titan_rocm.tuning.minesweeper import environment
+    from titan_rocm.tuning.env import environment
 
     found: list[Problem] = []
     inductor_config.fx_graph_cache = False  # a cached graph is never lowered: nothing recorded

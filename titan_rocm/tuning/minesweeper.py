@@ -24,6 +24,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from titan_rocm.tuning.env import environment
 from titan_rocm.tuning.problems import Problem, TensorSpec
 from titan_rocm.tuning.records import task_id
 
@@ -35,26 +36,6 @@ DEFAULT_ATOL: dict[str, float] = {
     "torch.float64": 1e-12, "torch.int32": 0.0,
 }
 """Absolute tolerance per output dtype, per unit of the reference's largest magnitude."""
-
-
-def environment() -> dict[str, Any]:
-    """This process's device and software (the ``env`` of records and table meta)."""
-    import torch
-
-    env: dict[str, Any] = {"device": "cpu", "device_key": None, "torch": torch.__version__,
-                           "hip": torch.version.hip, "cuda": torch.version.cuda,
-                           "fp32_precision": torch.get_float32_matmul_precision()}
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        env["device"] = props.name
-        env["device_key"] = getattr(props, "gcnArchName", None) or props.name
-    return env
 
 
 def _sync() -> None:

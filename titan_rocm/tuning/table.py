@@ -222,3 +222,25 @@ def coverage(table: TableFile, problem_keys: list[list[str]]) -> dict[str, Any]:
                if any(full_key(device_key, k) in table.table or k in table.table for k in keys)]
     missing = [keys[0] for keys in problem_keys if keys not in covered]
     return {"problems": len(problem_keys), "covered": len(covered), "missing": missing}
+
+
+def problems_coverage(table_path: str | Path, problems_path: str | Path,
+                      model: str | None = None, flavor: str | None = None) -> dict[str, Any]:
+    """How many of a job's collected problems a table answers (``titan-rocm plan``).
+
+    Raises:
+        TableError: the table cannot be read.
+        ProblemsError: the problems file cannot be read, or comes from another model/flavor.
+    """
+    from titan_rocm.tuning import problems as problems_module
+
+    found = problems_module.read(problems_path)
+    job = found.job
+    for name, want in (("model", model), ("flavor", flavor)):
+        if want is not None and job.get(name) not in (None, want):
+            raise problems_module.ProblemsError(
+                f"{problems_path} was collected from {name} {job.get(name)!r}, this job has "
+                f"{want!r}: collect it from this job")
+    result = coverage(read(table_path), [list(p.keys) for p in found.problems])
+    result["problems_file"] = str(problems_path)
+    return result
