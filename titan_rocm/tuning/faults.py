@@ -24,6 +24,7 @@ from typing import Any
 
 ENV_FAULTS = "TITAN_ROCM_TUNE_FAULTS"
 ENV_WRONG_MM = "TITAN_ROCM_TUNE_WRONG_MM"
+ENV_MAX_MM_CONFIGS = "TITAN_ROCM_TUNE_MAX_MM_CONFIGS"
 
 FAULTS: dict[str, str] = {
     "wrong": "runs the kernel, then adds 1 to its output",
@@ -173,7 +174,14 @@ def patch_wrong_mm(blocks: tuple[int, int, int]) -> None:
 
 
 def install_from_env() -> list[Fault]:
-    """Apply ``TITAN_ROCM_TUNE_WRONG_MM`` now; return ``TITAN_ROCM_TUNE_FAULTS``' faults."""
+    """Apply ``TITAN_ROCM_TUNE_WRONG_MM`` and ``TITAN_ROCM_TUNE_MAX_MM_CONFIGS`` (Inductor's
+    ``test_configs.max_mm_configs``: candidates per template, to keep a benchmark short) now;
+    return ``TITAN_ROCM_TUNE_FAULTS``' faults."""
+    cap = os.environ.get(ENV_MAX_MM_CONFIGS)
+    if cap:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.test_configs.max_mm_configs = int(cap)
     blocks = os.environ.get(ENV_WRONG_MM)
     if blocks:
         parts = tuple(int(x) for x in blocks.split(","))
