@@ -352,3 +352,39 @@ def test_kill_9_then_resume_runs_nothing_finished_again(problems_file: Path,
     assert len({r["task"] for r in _results(out)}) == 5
     assert table.build(records.load_state(out)).table == \
         table.build(records.load_state(whole)).table
+
+
+# -- tune collect: TorchTitan 0.2.2's own train loop, one step, on CPU ----------------------
+
+COLLECT = ["--trainer", "tune_trainer:CompiledCpuTrainer", "--job.custom_config_module",
+           "titan_rocm.config", "--model.name", "llama3", "--model.flavor", "debugmodel",
+           "--training.local_batch_size", "2", "--training.seq_len", "32",
+           "--lr_scheduler.warmup_steps", "1", "--metrics.log_freq", "10"]
+
+
+def _collect(tmp_path: Path, out: Path, *flags: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "titan_rocm.cli", "tune", "collect", "-o", str(out),
+           *COLLECT, "--job.dump_folder", str(tmp_path / "dump"), *flags]
+    return subprocess.run(cmd, env=_env(tmp_path), capture_output=True, text=True,
+                          timeout=600, cwd=tmp_path)
+
+
+@pytest.mark.slow
+def test_collect_records_forward_and_backward_gemms(tmp_path: Path) -> None:
+    out = tmp_path / "problems.jsonl"
+    done = _collect(tmp_path, out, "--compile.enable")
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = problems.read(out)
+    assert found.job["model"] == "llama3" and found.job["flavor"] == "debugmodel"
+    assert found.settings["gemm_lookup"] == "off"  # the step never uses a table
+    assert {p.op for p in found.problems} == {"mm"}
+    # A linear's forward, its input gradient and its weight gradient are three problems.
+    assert len(found.problems) >= 6 and sum(p.count for p in found.problems) >= 3 * 6
+    assert all(t.uid == "aten::mm" for p in found.problems for c in p.calls for t in c.templates)
+
+
+@pytest.mark.slow
+def test_collect_refuses_a_job_that_compiles_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "problems.jsonl"
+    done = _collect(tmp_path, out, "--compile.no-enable")
+    assert done.returncode == 2 and "nothing to tune" in done.stderr and not out.exists()

@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 import tarfile
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from benchmark_loader import load_benchmark
 
 from titan_rocm.tuning.records import Appender
 
-REPO = Path(__file__).resolve().parents[1]
 WRONG = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64}
 
 
 @pytest.fixture(scope="module")
 def harness() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "validated_tuning", REPO / "benchmarks" / "validated_tuning.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("validated_tuning")
 
 
 def _log(path: Path, start: int, tps: int, loss: float, report: dict, picks: str = "") -> None:
