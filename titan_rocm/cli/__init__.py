@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, str] = {
     "check-log": "titan_rocm.cli.check_log",
     "bench-summary": "titan_rocm.cli.bench_summary",
     "gemm-tables": "titan_rocm.cli.gemm_tables",
+    "tune": "titan_rocm.cli.tune",
 }
 
 _HELP: dict[str, str] = {
@@ -27,6 +28,7 @@ _HELP: dict[str, str] = {
     "check-log": "require every logged loss and grad norm of a training log to be finite",
     "bench-summary": "throughput summary of a training log; invalid if it diverged",
     "gemm-tables": "make aiter's tuned GEMM tables safe for HIP-graph capture",
+    "tune": "validated GEMM tuning: collect, run (checked, crash-isolated), table",
 }
 
 
