@@ -27,6 +27,8 @@ from titan_rocm.logs.compare import (
 )
 
 DPI = 100
+MARGIN_LEFT = 110
+"""Pixels left of the axes: two-line y labels and tick labels such as ``-1.5`` or ``12.5``."""
 BASE_COLOUR = "black"
 REPEAT_COLOUR = "#9a9a9a"
 REPEAT_REL_COLOUR = "#6e6e6e"  # darker: it lies on the band it makes
@@ -163,7 +165,8 @@ def figure_bytes(c: Comparison, fmt: str, size: tuple[int, int] = (1200, 1100),
         if log_y:
             ax_loss.set_yscale("log")
         ax_loss.set_ylabel("training loss" + (" (log scale)" if log_y else ""))
-        ax_loss.set_title(_wrapped(_title(c), size[0]), fontsize=11)
+        title = _wrapped(_title(c), size[0])
+        ax_loss.set_title(title, fontsize=11)
         ax_loss.legend(fontsize=9, loc="upper right")
         ax_gn.set_ylabel("grad norm")
         ax_rel.set_ylabel("loss difference to\nthe baseline (%)")
@@ -171,7 +174,11 @@ def figure_bytes(c: Comparison, fmt: str, size: tuple[int, int] = (1200, 1100),
         for ax in (ax_loss, ax_gn, ax_rel):
             ax.grid(True, color="#eeeeee", linewidth=0.8)
         fig.align_ylabels((ax_loss, ax_gn, ax_rel))
-        fig.tight_layout()
+        # Fixed margins (in pixels), not tight_layout: the axes sit in the same place whatever
+        # the data, so two pictures of one comparison line up.
+        top = 20 + 17 * (title.count("\n") + 1)
+        fig.subplots_adjust(left=MARGIN_LEFT / size[0], right=1 - 20 / size[0],
+                            bottom=55 / size[1], top=1 - top / size[1], hspace=0.15)
         buffer = io.BytesIO()
         # No metadata: the same logs give the same bytes (the docs' pictures are committed).
         metadata: dict[str, Any] = {"Software": None} if fmt == "png" else {"Date": None}
