@@ -4,6 +4,7 @@ picture, and bad input."""
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -259,3 +260,34 @@ def test_compare_api_on_runs(logs) -> None:
     assert c.exit_code == 0 and c.runs[0].verdict == "within noise" and c.plot_rank is None
     with pytest.raises(ValueError, match="accepted: a percentage >= 0"):
         compare(base, [], [], tolerance_pct=float("nan"))
+
+
+def test_the_picture_draws_each_curve_in_its_units(logs) -> None:
+    """What each panel draws (no matplotlib needed): loss and grad norm as logged, the
+    difference panel in percent for the runs and the repeats, the non-finite marker."""
+    from titan_rocm.logs.plot import bands, curves
+
+    base = load_run(logs("base", BASE), "base")
+    offset = {s: v * (1.02 if s >= 30 else 1) for s, v in BASE.items()}
+    bad = {s: (v if s < 90 else "nan") for s, v in BASE.items()}
+    rep = load_run(logs("rep", noisy(3, 0.01)), "rep")
+    c = compare(base, [load_run(logs("off", offset), "off"), load_run(logs("bad", bad), "bad")],
+                [rep])
+    drawn = {(k.panel, k.name): k for k in curves(c)}
+    assert set(drawn) == {(p, n) for p in ("loss", "grad_norm", "difference")
+                          for n in ("rep", "off", "bad")} | {("loss", "base"),
+                                                             ("grad_norm", "base")}
+    diff = drawn[("difference", "off")]
+    assert dict(zip(diff.steps, diff.values, strict=True))[50] == pytest.approx(2.0, rel=1e-4)
+    rep_diff = dict(zip(drawn[("difference", "rep")].steps, drawn[("difference", "rep")].values,
+                        strict=True))
+    logged = relative(base.series(None).loss, rep.series(None).loss)
+    assert rep_diff == pytest.approx({s: 100 * d for s, d in logged.items()})
+    assert max(map(abs, rep_diff.values())) > 0.2  # percent, not a fraction
+    assert drawn[("loss", "bad")].first_nonfinite == 90
+    assert math.isnan(dict(zip(drawn[("loss", "bad")].steps, drawn[("loss", "bad")].values,
+                               strict=True))[90])
+    assert drawn[("loss", "off")].label == "off: differs from step 30"
+    steps, low, high = bands(c)["difference"]
+    assert high == [-x for x in low]
+    assert max(high) == pytest.approx(max(map(abs, rep_diff.values())))

@@ -459,6 +459,11 @@ def compare(
 # -- the report -----------------------------------------------------------------------------
 
 
+def plural(n: int, noun: str) -> str:
+    """``1 repeat run``, ``2 repeat runs``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def pct(value: float, digits: int = 3) -> str:
     """A relative difference in percent with a sign and ``digits`` significant digits:
     ``+1.23 %``, ``-0.0012 %``."""
@@ -518,7 +523,7 @@ def report_lines(c: Comparison) -> list[str]:
         k = len(used)
         names = ", ".join(r.label for r in used)
         out.append(
-            f"noise band: from {k} repeat run(s) of the baseline ({names}): at each step, "
+            f"noise band: from {plural(k, 'repeat run')} of the baseline ({names}): at each step, "
             "the largest relative difference any repeat showed at that step or "
             f"before, at least {pct(c.tolerance)[1:]}. A further run of the same job lands "
             f"outside such a band at about 1 step in {k + 1}"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import math
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,8 @@ from titan_rocm.gemm_tables.capture_safe import write_atomic
 from titan_rocm.logs.compare import (
     CompareError,
     Comparison,
-    Run,
-    Series,
     pct,
+    plural,
     relative,
     repeat_series,
 )
@@ -54,37 +54,108 @@ def require_matplotlib() -> None:
     matplotlib.use("Agg", force=True)
 
 
-def _xy(values: dict[int, float]) -> tuple[list[int], list[float]]:
-    steps = sorted(values)
-    return steps, [v if math.isfinite(v) else math.nan for v in (values[s] for s in steps)]
+PANELS: tuple[str, ...] = ("loss", "grad_norm", "difference")
 
 
-def _label(run: Run, verdict: str) -> str:
-    return f"{run.label}: {verdict}"
+@dataclass(frozen=True)
+class Curve:
+    """One line of the picture, in the units it is drawn in (difference: percent)."""
+
+    panel: str
+    """One of :data:`PANELS`."""
+    role: str
+    """``baseline``, ``repeat`` or ``run``."""
+    name: str
+    """The run's label (for the marker at its first non-finite step)."""
+    label: str
+    """Its legend entry (all repeats share one)."""
+    colour: str
+    steps: tuple[int, ...]
+    values: tuple[float, ...]
+    """Non-finite values are NaN: a gap in the line."""
+    first_nonfinite: int | None = None
+    """Marked on the panel: the run's first step with a non-finite loss or grad norm."""
 
 
-def _shade_band(ax: Any, base: dict[int, float], band: dict[int, float] | None,
-                label: str | None) -> None:
-    if not band:
-        return
-    steps = [s for s in sorted(base) if s in band and math.isfinite(base[s])]
-    if not steps:
-        return
-    lo = [base[s] - abs(base[s]) * band[s] for s in steps]
-    hi = [base[s] + abs(base[s]) * band[s] for s in steps]
-    ax.fill_between(steps, lo, hi, color=BAND_COLOUR, linewidth=0, label=label, zorder=0)
+def _curve(panel: str, role: str, name: str, label: str, colour: str,
+           values: dict[int, float], first_nonfinite: int | None = None) -> Curve:
+    steps = tuple(sorted(values))
+    return Curve(panel, role, name, label, colour, steps,
+                 tuple(v if math.isfinite(v) else math.nan for v in (values[s] for s in steps)),
+                 first_nonfinite)
 
 
-def _mark_nonfinite(ax: Any, series: Series, colour: str, label: str) -> None:
-    step = series.first_nonfinite()
+def curves(c: Comparison) -> list[Curve]:
+    """Every line the picture of ``c`` draws, repeats first (underneath), then the baseline,
+    then each run, on the baseline rank :attr:`Comparison.plot_rank`."""
+    rank = c.plot_rank
+    base = c.baseline.series(rank)
+    out: list[Curve] = []
+    for r in c.repeats:
+        s = repeat_series(r, rank) if r.valid else None
+        if s is None:
+            continue
+        label = "repeat of the baseline"
+        out.append(_curve("loss", "repeat", r.label, label, REPEAT_COLOUR, s.loss))
+        out.append(_curve("grad_norm", "repeat", r.label, label, REPEAT_COLOUR, s.grad_norm))
+        rel = relative(base.loss, s.loss)
+        out.append(_curve("difference", "repeat", r.label, label, REPEAT_REL_COLOUR,
+                          {t: 100 * v for t, v in rel.items()}))
+    name, label = c.baseline.label, f"{c.baseline.label} (baseline)"
+    bad = base.first_nonfinite()
+    out.append(_curve("loss", "baseline", name, label, BASE_COLOUR, base.loss, bad))
+    out.append(_curve("grad_norm", "baseline", name, label, BASE_COLOUR, base.grad_norm, bad))
+    for i, rc in enumerate(c.runs):
+        colour = RUN_COLOURS[i % len(RUN_COLOURS)]
+        run_rank = next((r.rank for r in rc.ranks if r.base_rank == rank), None)
+        series = rc.run.series(run_rank if rc.ranks else rank)
+        name, label = rc.run.label, f"{rc.run.label}: {rc.verdict}"
+        bad = series.first_nonfinite()
+        out.append(_curve("loss", "run", name, label, colour, series.loss, bad))
+        out.append(_curve("grad_norm", "run", name, label, colour, series.grad_norm, bad))
+        rel = relative(base.loss, series.loss)
+        out.append(_curve("difference", "run", name, label, colour,
+                          {t: 100 * v for t, v in rel.items()}))
+    return out
+
+
+def bands(c: Comparison) -> dict[str, tuple[list[int], list[float], list[float]]]:
+    """The shaded noise band of each panel: (steps, low, high) in the panel's units."""
+    base = c.baseline.series(c.plot_rank)
+    out = {}
+    for panel, metric in (("loss", "loss"), ("grad_norm", "grad_norm")):
+        band, values = c.bands.get(metric), base.values(metric)
+        steps = [s for s in sorted(values) if band and s in band and math.isfinite(values[s])]
+        if band and steps:
+            out[panel] = (steps, [values[s] - abs(values[s]) * band[s] for s in steps],
+                          [values[s] + abs(values[s]) * band[s] for s in steps])
+    band = c.bands.get("loss")
+    if band:
+        steps = sorted(band)
+        out["difference"] = (steps, [-100 * band[s] for s in steps],
+                             [100 * band[s] for s in steps])
+    return out
+
+
+def _draw(ax: Any, curve: Curve, legend: bool) -> None:
+    """Draw one curve (in the legend if ``legend``) and the marker at its first non-finite
+    step."""
+    style: dict[str, Any] = (
+        {"linewidth": 1, "linestyle": "--", "zorder": 2} if curve.role == "repeat"
+        else {"linewidth": 1.6 if curve.role == "baseline" else 1.4, "marker": "o",
+              "markersize": 3, "zorder": 3}
+    )
+    ax.plot(curve.steps, curve.values, color=curve.colour,
+            label=curve.label if legend else None, **style)
+    step = curve.first_nonfinite
     if step is None:
         return
-    ax.axvline(step, color=colour, linestyle=":", linewidth=1.2)
+    ax.axvline(step, color=curve.colour, linestyle=":", linewidth=1.2)
     ax.plot([step], [0.97], transform=ax.get_xaxis_transform(), marker="X", markersize=10,
-            color=colour, clip_on=False, zorder=5)
-    ax.annotate(f"{label}: first non-finite\nvalue at step {step}", (step, 0.97),
+            color=curve.colour, clip_on=False, zorder=5)
+    ax.annotate(f"{curve.name}: first non-finite\nvalue at step {step}", (step, 0.97),
                 xycoords=("data", "axes fraction"), xytext=(6, -4),
-                textcoords="offset points", va="top", fontsize=8, color=colour)
+                textcoords="offset points", va="top", fontsize=8, color=curve.colour)
 
 
 def _title(c: Comparison) -> str:
@@ -93,7 +164,7 @@ def _title(c: Comparison) -> str:
     rank = "" if c.plot_rank is None else f", rank {c.plot_rank}"
     if used:
         k = len(used)
-        noise = (f"grey band: run-to-run noise from {k} repeat run(s) of the baseline "
+        noise = (f"grey band: run-to-run noise from {plural(k, 'repeat run')} of the baseline "
                  f"(at least {pct(c.tolerance)[1:]})")
         if k < 3:
             noise += f"; a weak band: a rerun of the same job leaves it at ~1 step in {k + 1}"
@@ -115,53 +186,22 @@ def figure_bytes(c: Comparison, fmt: str, size: tuple[int, int] = (1200, 1100),
     require_matplotlib()
     import matplotlib.pyplot as plt
 
-    rank = c.plot_rank
-    base = c.baseline.series(rank)
-    fig, (ax_loss, ax_gn, ax_rel) = plt.subplots(
+    fig, axes = plt.subplots(
         3, 1, sharex=True, figsize=(size[0] / DPI, size[1] / DPI), dpi=DPI,
         gridspec_kw={"height_ratios": [3, 2, 2]},
     )
+    ax_loss, ax_gn, ax_rel = axes
+    by_panel = dict(zip(PANELS, axes, strict=True))
     try:
-        used = [r for r in c.repeats if r.valid]
-        repeats = [s for r in used if (s := repeat_series(r, rank)) is not None]
-        band_label = "noise band" if used else None
-        _shade_band(ax_loss, base.loss, c.bands.get("loss"), band_label)
-        _shade_band(ax_gn, base.grad_norm, c.bands.get("grad_norm"), band_label)
-        for i, s in enumerate(repeats):
-            label = "repeat of the baseline" if i == 0 else None
-            for ax, metric in ((ax_loss, "loss"), (ax_gn, "grad_norm")):
-                ax.plot(*_xy(s.values(metric)), color=REPEAT_COLOUR, linewidth=1,
-                        linestyle="--", label=label if ax is ax_loss else None)
-            ax_rel.plot(*_xy(relative(base.loss, s.loss)), color=REPEAT_REL_COLOUR, linewidth=1,
-                        linestyle="--", zorder=2)
-        base_label = f"{c.baseline.label} (baseline)"
-        ax_loss.plot(*_xy(base.loss), color=BASE_COLOUR, linewidth=1.6, marker="o",
-                     markersize=3, label=base_label)
-        ax_gn.plot(*_xy(base.grad_norm), color=BASE_COLOUR, linewidth=1.6, marker="o",
-                   markersize=3)
-        _mark_nonfinite(ax_loss, base, BASE_COLOUR, c.baseline.label)
-        band = c.bands.get("loss")
-        if band:
-            steps = sorted(band)
-            ax_rel.fill_between(steps, [-100 * band[s] for s in steps],
-                                [100 * band[s] for s in steps], color=BAND_COLOUR, linewidth=0,
-                                zorder=0)
+        for panel, (steps, low, high) in bands(c).items():
+            by_panel[panel].fill_between(steps, low, high, color=BAND_COLOUR, linewidth=0,
+                                         zorder=0, label="noise band" if panel == "loss" else None)
         ax_rel.axhline(0, color=BASE_COLOUR, linewidth=1)
-        for i, rc in enumerate(c.runs):
-            colour = RUN_COLOURS[i % len(RUN_COLOURS)]
-            run_rank = next((r.rank for r in rc.ranks if r.base_rank == rank), None)
-            series = rc.run.series(run_rank if rc.ranks else rank)
-            label = _label(rc.run, rc.verdict)
-            ax_loss.plot(*_xy(series.loss), color=colour, linewidth=1.4, marker="o",
-                         markersize=3, label=label)
-            ax_gn.plot(*_xy(series.grad_norm), color=colour, linewidth=1.4, marker="o",
-                       markersize=3)
-            rel = relative(base.loss, series.loss)
-            steps = sorted(rel)
-            ax_rel.plot(steps, [100 * rel[s] for s in steps], color=colour, linewidth=1.4,
-                        marker="o", markersize=3)
-            _mark_nonfinite(ax_loss, series, colour, rc.run.label)
-            _mark_nonfinite(ax_gn, series, colour, rc.run.label)
+        labelled: set[str] = set()
+        for curve in curves(c):
+            legend = curve.panel == "loss" and curve.label not in labelled  # legend: loss panel
+            labelled.add(curve.label)
+            _draw(by_panel[curve.panel], curve, legend)
         if log_y:
             ax_loss.set_yscale("log")
         ax_loss.set_ylabel("training loss" + (" (log scale)" if log_y else ""))
