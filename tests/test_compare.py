@@ -177,7 +177,7 @@ def test_text_report(capsys, logs) -> None:
                  *repeats(logs, 1)])
     out = capsys.readouterr().out
     assert code == 1
-    assert "noise band: from 1 repeat run(s) of the baseline" in out
+    assert "noise band: from 1 repeat run of the baseline" in out
     assert "so a 'differs' verdict from it is weak; give more repeats." in out
     assert "other.log (" in out and "): differs from step 30 (loss +5 % against a band of" in out
     assert out.rstrip().endswith("verdict: other.log: differs from step 30.")
