@@ -101,7 +101,7 @@ def curves(c: Comparison) -> list[Curve]:
         rel = relative(base.loss, s.loss)
         out.append(_curve("difference", "repeat", r.label, label, REPEAT_REL_COLOUR,
                           {t: 100 * v for t, v in rel.items()}))
-    name, label = c.baseline.label, f"{c.baseline.label} (baseline)"
+    name, label = c.baseline.label, f"baseline: {c.baseline.label}"
     bad = base.first_nonfinite()
     out.append(_curve("loss", "baseline", name, label, BASE_COLOUR, base.loss, bad))
     out.append(_curve("grad_norm", "baseline", name, label, BASE_COLOUR, base.grad_norm, bad))
