@@ -90,7 +90,7 @@ class CheckResult:
             return out
         steps = len({(r.kind, r.step) for r in self.bad})
         out = [
-            f"{self.path}: DIVERGED: {v.reason} {len(self.bad)} non-finite metric line(s) "
+            f"{self.path}: DIVERGED: {v.reason} {len(self.bad)} line(s) with a non-finite value "
             f"over {steps} step(s); {self._found()}."
         ]
         per_rank = first_bad_per_rank(self.bad)
