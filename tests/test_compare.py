@@ -251,6 +251,7 @@ def test_compare_never_raises(tmp_path_factory, capsys, a: list[str], b: list[st
         out = capsys.readouterr().out
         assert code in (0, 1, 2)
         if extra == ["--json"] and code != 2:
+            assert "NaN" not in out and "Infinity" not in out
             json.loads(out)
 
 
