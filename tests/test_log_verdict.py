@@ -136,6 +136,10 @@ def test_a_traceback_is_named_by_its_exception_line() -> None:
                                 "[rank0]: Traceback (most recent call last):", "ValueError: x"]))
     assert log.crash is not None and log.crash.text == "KeyError: ''"
     assert log.crash.line == 4 and log.crash.rank == 0
+    # a traceback cut short: an exception line far below belongs to something else
+    cut = parse_text("\n".join([*STEPS, "Traceback (most recent call last):",
+                                 *["noise"] * 500, "ValueError: unrelated"]))
+    assert cut.crash is not None and cut.crash.text == "Traceback (most recent call last):"
 
 
 def test_startup_failure_of_the_stored_stock_logs() -> None:

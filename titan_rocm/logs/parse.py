@@ -462,15 +462,14 @@ class _Parser:
 
     def _line(self, line_no: int, line: str) -> None:
         log = self.log
+        if self._crash_line and line_no - self._crash_line > _EXCEPTION_LOOKAHEAD:
+            self._crash_line = 0  # no exception line came: the marker line stays the text
         metric = (
             "step:" in line or "iteration" in line or "memory (" in line
             or "diverged at step" in line
         )
         crash = _CRASH.search(line)
-        awaiting = (
-            log.crash is not None and log.crash.kind == "Python traceback"
-            and self._crash_line and line_no - self._crash_line <= _EXCEPTION_LOOKAHEAD
-        )
+        awaiting = bool(self._crash_line)  # a traceback's exception line may come now
         if not (metric or crash or awaiting or _COMPLETED.search(line)):
             return  # fast path: most lines of a log say nothing the tools need
         trained = len(log.records)
