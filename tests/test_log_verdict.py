@@ -315,13 +315,21 @@ FIXTURE_OK = [HealthCheck.function_scoped_fixture]  # each example writes its ow
     tt(1).encode(), tt(2, "nan").encode(), b"\r\n", b"\n", b"\r", b"\x85", "\u2028".encode(),
     b"\xe2\x82", b"\xff", b"\x1b[31m", b"[rank1]:", b"Traceback (most recent call last):\n",
     b"KeyError: ''", b"Training completed", b"Killed\n", "é".encode(), b"\x00",
-]), max_size=30).map(b"".join))
-def test_streamed_file_equals_the_text_parser(tmp_path_factory, data: bytes) -> None:
+]), max_size=30).map(b"".join), st.sampled_from([7, 64, 1 << 18]))
+def test_streamed_file_equals_the_text_parser(tmp_path_factory, data: bytes,
+                                              block_bytes: int) -> None:
     """Reading a file line by line finds exactly what parsing its whole text finds."""
+    from titan_rocm.logs import parse
+
     path = tmp_path_factory.mktemp("s") / "x.log"
     path.write_bytes(data)
-    streamed = parse_file(path)
     whole = parse_text(data.decode("utf-8", errors="replace"), source=str(path))
+    block = parse._BLOCK_BYTES
+    try:
+        parse._BLOCK_BYTES = block_bytes  # small blocks: lines and markers across blocks
+        streamed = parse_file(path)
+    finally:
+        parse._BLOCK_BYTES = block
     # repr: a NaN loss is not == itself
     assert repr((streamed.records, streamed.lines, streamed.crash, streamed.completed_line,
                  streamed.truncated)) == repr((whole.records, whole.lines, whole.crash,

@@ -237,6 +237,16 @@ _EXCEPTION_LOOKAHEAD = 400
 _COMPLETED = re.compile(r"\bTraining completed\b|\[after training is done\]")
 _TEXT_MAX = 160
 
+# Words without which a line can be neither a metric line nor a crash marker nor the end of
+# training: the parser looks closer only at lines that hold one (each pattern above and
+# below contains one of them; a test checks every crash sample).
+_METRIC_HINTS: tuple[str, ...] = ("step:", "iteration", "memory (", "diverged at step")
+_END_HINTS: tuple[str, ...] = (
+    "rror", "Traceback", "of memory", "illegal memory", "Segmentation fault", "access fault",
+    "Killed", "SIG", "Signal", "terminate called", "dumped", "Watchdog", "Training completed",
+    "after training is done",
+)
+
 
 def _shorten(text: str) -> str:
     text = " ".join(text.split())
@@ -261,7 +271,8 @@ class ParsedLog:
     crash: Crash | None = None
     """The first crash marker after the last training step (None: none, or steps follow)."""
     completed_line: int | None = None
-    """The last ``Training completed`` / ``[after training is done]`` line."""
+    """The last ``Training completed`` / ``[after training is done]`` line after the last
+    training step (None: none, or steps follow)."""
     binary: str | None = None
     """What the file's first bytes look like when they are not text (``gzip-compressed
     data``, ``binary data``); None for text."""
@@ -456,32 +467,43 @@ class _Parser:
 
     def feed(self, chunk: str) -> None:
         """One or more whole lines (line ends optional)."""
-        for line in _ANSI.sub("", chunk).splitlines():
-            self.log.lines += 1
-            self._line(self.log.lines, line)
-
-    def _line(self, line_no: int, line: str) -> None:
+        if "\x1b" in chunk:
+            chunk = _ANSI.sub("", chunk)
         log = self.log
+        first = log.lines + 1
+        lines = chunk.splitlines()
+        log.lines += len(lines)
+        # 1. Metric lines. Only the hints this chunk holds are tested line by line.
+        hints = [h for h in _METRIC_HINTS if h in chunk]
+        last_train = -1
+        for i, line in enumerate(lines):
+            if hints and any(h in line for h in hints):
+                count = len(log.records)
+                self._metrics(first + i, line)
+                if any(r.kind == "train" for r in log.records[count:]):
+                    last_train = i
+        # 2. How the log ends: only lines after the chunk's last training step can hold it
+        # (a crash marker followed by a step was a warning the run survived).
+        if last_train >= 0:
+            log.crash, log.completed_line, self._crash_line = None, None, 0
+        for i in range(last_train + 1, len(lines)):
+            line = lines[i]
+            if self._crash_line or any(h in line for h in _END_HINTS):
+                self._end_line(first + i, line)
+
+    def _metrics(self, line_no: int, line: str) -> None:
+        log = self.log
+        for rank, segment in _segments(line):
+            if "diverged at step" in segment:
+                _guard(segment, rank, line_no, log)
+            _torchtitan(segment, rank, line_no, log)
+            _megatron(segment, rank, line_no, log)
+
+    def _end_line(self, line_no: int, line: str) -> None:
         if self._crash_line and line_no - self._crash_line > _EXCEPTION_LOOKAHEAD:
             self._crash_line = 0  # no exception line came: the marker line stays the text
-        metric = (
-            "step:" in line or "iteration" in line or "memory (" in line
-            or "diverged at step" in line
-        )
-        crash = _CRASH.search(line)
-        awaiting = bool(self._crash_line)  # a traceback's exception line may come now
-        if not (metric or crash or awaiting or _COMPLETED.search(line)):
-            return  # fast path: most lines of a log say nothing the tools need
-        trained = len(log.records)
         for rank, segment in _segments(line):
-            if metric:
-                if "diverged at step" in segment:
-                    _guard(segment, rank, line_no, log)
-                _torchtitan(segment, rank, line_no, log)
-                _megatron(segment, rank, line_no, log)
             self._ending(segment, rank, line_no)
-        if any(r.kind == "train" for r in log.records[trained:]):
-            log.crash, self._crash_line = None, 0  # the run went on: what came before survived
 
     def _ending(self, segment: str, rank: int | None, line_no: int) -> None:
         log = self.log
@@ -600,24 +622,34 @@ def _open_regular(path: str | Path) -> int:
     return fd
 
 
-def _physical_lines(handle: Any, name: str) -> Iterator[str]:
-    """The file's lines decoded one at a time; a line past MAX_LINE_BYTES is cut there.
+_BLOCK_BYTES = 1 << 18
 
-    Decoding line by line gives the text whole-file decoding would: a newline byte never
-    sits inside a UTF-8 sequence.
+
+def _blocks(handle: Any, name: str) -> Iterator[str]:
+    """The file's text in blocks of about a MiB that end at a line end, so that memory does
+    not grow with the file. Cut at newline bytes (never inside a UTF-8 sequence, never between
+    ``\r`` and ``\n``), a block decodes to exactly the text whole-file decoding gives. A line
+    still unfinished after MAX_LINE_BYTES is cut there and the rest of it skipped.
     """
+    carry = b""
+    skipping = False  # inside the rest of a line already cut
     try:
-        while True:
-            raw = handle.readline(MAX_LINE_BYTES)
-            if not raw:
-                return
-            if len(raw) == MAX_LINE_BYTES and not raw.endswith(b"\n"):
-                while True:  # skip the rest of an overlong line without keeping it
-                    rest = handle.readline(MAX_LINE_BYTES)
-                    if not rest or rest.endswith(b"\n"):
-                        break
-                raw += b"\n"
-            yield raw.decode("utf-8", errors="replace")
+        while data := handle.read(_BLOCK_BYTES):
+            if skipping:
+                newline = data.find(b"\n")
+                if newline < 0:
+                    continue
+                data, skipping = data[newline + 1:], False
+            data = carry + data
+            end = data.rfind(b"\n") + 1
+            carry = data[end:]
+            if end:
+                yield data[:end].decode("utf-8", errors="replace")
+            if len(carry) >= MAX_LINE_BYTES:
+                yield carry[:MAX_LINE_BYTES].decode("utf-8", errors="replace") + "\n"
+                carry, skipping = b"", True
+        if carry:
+            yield carry.decode("utf-8", errors="replace")
     except OSError as exc:
         raise UnreadableLog(name, str(exc.strerror or exc)) from exc
 
@@ -638,6 +670,6 @@ def parse_file(path: str | Path, fmt: str = "auto") -> ParsedLog:
             parser.log.binary = sniff_binary(handle.peek(1 << 16)[: 1 << 16])
         except OSError as exc:
             raise UnreadableLog(path, str(exc.strerror or exc)) from exc
-        for line in _physical_lines(handle, str(path)):
-            parser.feed(line)
+        for block in _blocks(handle, str(path)):
+            parser.feed(block)
     return parser.log
