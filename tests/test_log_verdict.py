@@ -12,7 +12,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from titan_rocm.cli import main
@@ -316,6 +316,8 @@ FIXTURE_OK = [HealthCheck.function_scoped_fixture]  # each example writes its ow
     b"\xe2\x82", b"\xff", b"\x1b[31m", b"[rank1]:", b"Traceback (most recent call last):\n",
     b"KeyError: ''", b"Training completed", b"Killed\n", "é".encode(), b"\x00",
 ]), max_size=30).map(b"".join), st.sampled_from([7, 64, 1 << 18]))
+@example(data=b"Training completed\n" + tt(1).encode(), block_bytes=1 << 18)  # a step after
+@example(data=b"Killed\n" + tt(2, "nan").encode() + b"\r\nKilled", block_bytes=7)
 def test_streamed_file_equals_the_text_parser(tmp_path_factory, data: bytes,
                                               block_bytes: int) -> None:
     """Reading a file line by line finds exactly what parsing its whole text finds."""
