@@ -275,7 +275,7 @@ def test_the_file_reader_never_holds_the_whole_log(tmp_path) -> None:
 
 @pytest.mark.slow
 def test_a_generator_of_lines_is_read_lazily() -> None:
-    """parse_lines holds one line at a time: a 20 MB log made line by line by a generator
+    """parse_lines holds one chunk at a time: a 20 MB log made line by line by a generator
     parses in a few MB (a reader that joined or listed the lines would hold all 20 MB)."""
     noise = NOISE + "\n"
     total = 0
@@ -320,7 +320,7 @@ FIXTURE_OK = [HealthCheck.function_scoped_fixture]  # each example writes its ow
 @example(data=b"Killed\n" + tt(2, "nan").encode() + b"\r\nKilled", block_bytes=7)
 def test_streamed_file_equals_the_text_parser(tmp_path_factory, data: bytes,
                                               block_bytes: int) -> None:
-    """Reading a file line by line finds exactly what parsing its whole text finds."""
+    """Reading a file block by block finds exactly what parsing its whole text finds."""
     from titan_rocm.logs import parse
 
     path = tmp_path_factory.mktemp("s") / "x.log"

@@ -29,7 +29,7 @@ Beside the metric lines the parser notes how a log ends: the first crash marker 
 traceback, torchrun's ``ChildFailedError``, out of memory, a segmentation fault, ``Killed``,
 an NCCL/RCCL or GPU error) after the last training step, and TorchTitan's ``Training
 completed`` / Megatron's ``[after training is done]``. :mod:`titan_rocm.logs.verdict` turns
-that into the run's verdict. :func:`parse_file` streams a file line by line (memory does not
+that into the run's verdict. :func:`parse_file` streams a file in blocks (memory does not
 grow with the file) and refuses what is not a regular file before opening it.
 """
 
@@ -655,7 +655,8 @@ def _blocks(handle: Any, name: str) -> Iterator[str]:
 
 
 def parse_file(path: str | Path, fmt: str = "auto") -> ParsedLog:
-    """:func:`parse_lines` of a file, streamed line by line (``-`` is not special).
+    """:func:`parse_lines` of a file, streamed in blocks of 256 KiB that end at line ends
+    (``-`` is not special).
 
     Undecodable bytes become U+FFFD; a file whose first bytes are not text is still parsed,
     and :attr:`ParsedLog.binary` says what it looks like.
