@@ -3,8 +3,9 @@ shaded, grad norms below, the relative loss difference to the baseline below tha
 marker at each run's first non-finite step.
 
 matplotlib is an optional extra (``pip install 'titan-rocm[plot]'``), imported only here and
-only when a picture is asked for; it draws headless (Agg), and the file is written through a
-temporary file and a rename, so an interrupted run never leaves half a picture.
+only when a picture is asked for; it draws headless (a bare Figure rendered by Agg or SVG, no
+pyplot), and the file is written through a temporary file and a rename, so an interrupted run
+never leaves half a picture.
 """
 
 from __future__ import annotations
@@ -43,15 +44,14 @@ class MissingMatplotlib(CompareError):
 
 
 def require_matplotlib() -> None:
-    """Import matplotlib with the headless Agg backend, or raise :class:`MissingMatplotlib`."""
+    """Raise :class:`MissingMatplotlib` when matplotlib cannot be imported."""
     try:
-        import matplotlib
+        import matplotlib  # noqa: F401
     except ImportError as exc:
         raise MissingMatplotlib(
             "--plot needs matplotlib, which is not installed; install it with: "
             "pip install 'titan-rocm[plot]' (or pip install matplotlib)."
         ) from exc
-    matplotlib.use("Agg", force=True)
 
 
 PANELS: tuple[str, ...] = ("loss", "grad_norm", "difference")
@@ -184,48 +184,45 @@ def figure_bytes(c: Comparison, fmt: str, size: tuple[int, int] = (1200, 1100),
                  log_y: bool = False) -> bytes:
     """The picture of ``c`` as ``png`` or ``svg`` bytes, ``size`` pixels (at 100 dpi)."""
     require_matplotlib()
-    import matplotlib.pyplot as plt
+    # A bare Figure, not pyplot: no GUI backend, no global state, nothing to close; savefig
+    # picks the Agg (png) or SVG renderer by format.
+    from matplotlib.figure import Figure
 
-    fig, axes = plt.subplots(
-        3, 1, sharex=True, figsize=(size[0] / DPI, size[1] / DPI), dpi=DPI,
-        gridspec_kw={"height_ratios": [3, 2, 2]},
-    )
+    fig = Figure(figsize=(size[0] / DPI, size[1] / DPI), dpi=DPI)
+    axes = fig.subplots(3, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2, 2]})
     ax_loss, ax_gn, ax_rel = axes
     by_panel = dict(zip(PANELS, axes, strict=True))
-    try:
-        for panel, (steps, low, high) in bands(c).items():
-            by_panel[panel].fill_between(steps, low, high, color=BAND_COLOUR, linewidth=0,
-                                         zorder=0, label="noise band" if panel == "loss" else None)
-        ax_rel.axhline(0, color=BASE_COLOUR, linewidth=1)
-        labelled: set[str] = set()
-        for curve in curves(c):
-            legend = curve.panel == "loss" and curve.label not in labelled  # legend: loss panel
-            labelled.add(curve.label)
-            _draw(by_panel[curve.panel], curve, legend)
-        if log_y:
-            ax_loss.set_yscale("log")
-        ax_loss.set_ylabel("training loss" + (" (log scale)" if log_y else ""))
-        title = _wrapped(_title(c), size[0])
-        ax_loss.set_title(title, fontsize=11)
-        ax_loss.legend(fontsize=9, loc="upper right")
-        ax_gn.set_ylabel("grad norm")
-        ax_rel.set_ylabel("loss difference to\nthe baseline (%)")
-        ax_rel.set_xlabel("training step")
-        for ax in (ax_loss, ax_gn, ax_rel):
-            ax.grid(True, color="#eeeeee", linewidth=0.8)
-        fig.align_ylabels((ax_loss, ax_gn, ax_rel))
-        # Fixed margins (in pixels), not tight_layout: the axes sit in the same place whatever
-        # the data, so two pictures of one comparison line up.
-        top = 20 + 17 * (title.count("\n") + 1)
-        fig.subplots_adjust(left=MARGIN_LEFT / size[0], right=1 - 20 / size[0],
-                            bottom=55 / size[1], top=1 - top / size[1], hspace=0.15)
-        buffer = io.BytesIO()
-        # No metadata: the same logs give the same bytes (the docs' pictures are committed).
-        metadata: dict[str, Any] = {"Software": None} if fmt == "png" else {"Date": None}
-        fig.savefig(buffer, format=fmt, dpi=DPI, metadata=metadata)
-        return buffer.getvalue()
-    finally:
-        plt.close(fig)
+    for panel, (steps, low, high) in bands(c).items():
+        by_panel[panel].fill_between(steps, low, high, color=BAND_COLOUR, linewidth=0,
+                                     zorder=0, label="noise band" if panel == "loss" else None)
+    ax_rel.axhline(0, color=BASE_COLOUR, linewidth=1)
+    labelled: set[str] = set()
+    for curve in curves(c):
+        legend = curve.panel == "loss" and curve.label not in labelled  # legend: loss panel
+        labelled.add(curve.label)
+        _draw(by_panel[curve.panel], curve, legend)
+    if log_y:
+        ax_loss.set_yscale("log")
+    ax_loss.set_ylabel("training loss" + (" (log scale)" if log_y else ""))
+    title = _wrapped(_title(c), size[0])
+    ax_loss.set_title(title, fontsize=11)
+    ax_loss.legend(fontsize=9, loc="upper right")
+    ax_gn.set_ylabel("grad norm")
+    ax_rel.set_ylabel("loss difference to\nthe baseline (%)")
+    ax_rel.set_xlabel("training step")
+    for ax in (ax_loss, ax_gn, ax_rel):
+        ax.grid(True, color="#eeeeee", linewidth=0.8)
+    fig.align_ylabels((ax_loss, ax_gn, ax_rel))
+    # Fixed margins (in pixels), not tight_layout: the axes sit in the same place whatever
+    # the data, so two pictures of one comparison line up.
+    top = 20 + 17 * (title.count("\n") + 1)
+    fig.subplots_adjust(left=MARGIN_LEFT / size[0], right=1 - 20 / size[0],
+                        bottom=55 / size[1], top=1 - top / size[1], hspace=0.15)
+    buffer = io.BytesIO()
+    # No metadata: the same logs give the same bytes (the docs' pictures are committed).
+    metadata: dict[str, Any] = {"Software": None} if fmt == "png" else {"Date": None}
+    fig.savefig(buffer, format=fmt, dpi=DPI, metadata=metadata)
+    return buffer.getvalue()
 
 
 def plot(c: Comparison, path: str | Path, size: tuple[int, int] = (1200, 1100),
