@@ -378,17 +378,146 @@ def test_monitor_reads_afresh_when_the_snapshot_is_of_another_step() -> None:
     assert monitor.waits == 0  # CPU: nothing to wait for
 
 
-def test_real_trainer_every_step_mode_stops_at_the_bad_step(
+def test_real_trainer_every_step_exact_mode_stops_at_the_bad_step(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(INJECT_STEP_ENV, "7")
-    trainer = _trainer(monkeypatch, GUARD + ["--rocm.divergence_check", "every_step"])
+    trainer = _trainer(monkeypatch, GUARD + ["--rocm.divergence_check", "every_step_exact"])
     with pytest.raises(DivergenceError) as err:
         _run(trainer)
     assert err.value.divergence.step == 7 and "end of step 7" in err.value.divergence.checked_at
     assert trainer.step == 7
     # One read per step; log step 1 reads nothing more (its step was read at its end).
     assert hooks.active().checks == 7
+
+
+EVERY_STEP = GUARD + ["--rocm.divergence_check", "every_step"]
+
+
+def test_real_trainer_every_step_names_step_7_at_the_end_of_step_8_without_syncs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One step late, still exact: step 7's record is read at the end of step 8."""
+    monkeypatch.setenv(INJECT_STEP_ENV, "7")
+    trainer = _trainer(monkeypatch, EVERY_STEP)  # log_freq 10, 12 steps
+    monitor = hooks.active()
+    with _SyncWatch() as watch, pytest.raises(DivergenceError) as err:
+        _run(trainer)
+    v = err.value.divergence
+    assert v.step == 7 and v.checked_at.startswith("the end of step 8 ("), v.checked_at
+    assert math.isnan(v.loss) and math.isnan(v.grad_norm)
+    assert trainer.step == 8  # stopped at the end of step 8, before step 9
+    # Log step 1 read step 1's copy (TorchTitan's .item() had waited for it), so the end of
+    # step 2 had nothing to read; the ends of steps 3-8 read steps 2-7.
+    assert monitor.checks == 7
+    assert watch.outside_check == []  # no host read by the guard between check points
+    assert watch.inside_check >= 7  # positive control
+    assert sum("training diverged at step 7" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_real_trainer_every_step_catches_a_nan_at_the_last_step(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last step has no next step: its copy is read before the end-of-training save."""
+    monkeypatch.setenv(INJECT_STEP_ENV, "12")
+    trainer = _trainer(monkeypatch, EVERY_STEP)  # 12 steps
+    with pytest.raises(DivergenceError) as err:
+        _run(trainer)
+    assert err.value.divergence.step == 12
+    assert err.value.divergence.checked_at == "the checkpoint save at step 12"  # last step
+    assert trainer.step == 12
+
+
+def test_real_trainer_every_step_run_out_of_data_is_checked_at_close(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A loop that stops early (no last-step save): close() reads the last step's copy."""
+    monkeypatch.setenv(INJECT_STEP_ENV, "9")
+    trainer = _trainer(monkeypatch, EVERY_STEP, data_batches=9)  # step 10 has no data
+    with pytest.raises(DivergenceError) as err:
+        _run(trainer)
+    assert err.value.divergence.step == 9
+    assert err.value.divergence.checked_at == "the end of training"
+
+
+def test_real_trainer_every_step_never_saves_a_checkpoint_right_after_the_bad_step(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """NaN at step 8, a save due at step 8: step 8's copy is read before the save, not at
+    the end of step 9 (which would be one checkpoint too late)."""
+    monkeypatch.setenv(INJECT_STEP_ENV, "8")
+    trainer = _trainer(monkeypatch, EVERY_STEP + [
+        "--checkpoint.enable", "--checkpoint.interval", "4",
+        "--job.dump_folder", str(tmp_path), "--checkpoint.folder", "ckpt",
+    ])
+    with pytest.raises(DivergenceError) as err:
+        _run(trainer)
+    assert err.value.divergence.step == 8
+    assert err.value.divergence.checked_at == "the checkpoint save at step 8"
+    saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert saved == ["step-4"]  # the last good checkpoint; step 8 was never written
+
+
+class _Device:
+    """A stand-in device that runs ``behind`` host steps behind the host, for the guard's own
+    wait counter (CPU has no streams): a copy enqueued at host step N has landed once the
+    host reaches step N + ``behind``."""
+
+    def __init__(self, behind: int) -> None:
+        self.behind = behind
+        self.host_step = 0
+        self.waited_for: list[int] = []
+
+    def event(self, enqueued_at: int) -> Any:
+        device = self
+
+        class Event:
+            def query(self) -> bool:
+                return device.host_step >= enqueued_at + device.behind
+
+            def synchronize(self) -> None:
+                device.waited_for.append(enqueued_at)
+
+        return Event()
+
+
+def _steady_state(monkeypatch: pytest.MonkeyPatch, mode: str, behind: int, steps: int = 20):
+    """Run ``steps`` steps of the Monitor alone (no trainer), every snapshot on ``_Device``."""
+    from titan_rocm.workarounds.divergence_guard.snapshot import Snapshot
+
+    device = _Device(behind)
+    take = Snapshot.take.__func__
+
+    def take_on_device(cls: type, record: NonFiniteRecord, step: int, where: Any) -> Snapshot:
+        snapshot = take(cls, record, step, where)
+        snapshot.event = device.event(device.host_step)
+        return snapshot
+
+    monkeypatch.setattr(Snapshot, "take", classmethod(take_on_device))
+    monitor = Monitor(mode)
+    for step in range(1, steps + 1):
+        device.host_step = step
+        monitor.record.observe_loss(torch.tensor(2.0))
+        monitor.record.observe_grad_norm(torch.tensor(1.0))
+        monitor.on_step_end()
+    return monitor, device
+
+
+def test_every_step_waits_for_nothing_in_steady_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device one step behind the host: every_step's reads find their copy landed, while
+    every_step_exact waits at every step (the 10 % it costs on a GPU-bound model)."""
+    lagged, device = _steady_state(monkeypatch, "every_step", behind=1)
+    assert lagged.checks == 19 and lagged.waits == 0 and device.waited_for == []
+    assert lagged.checked_through == 19  # the end of step 20 read step 19's record
+    exact, device = _steady_state(monkeypatch, "every_step_exact", behind=1)
+    assert exact.checks == 20 and exact.waits == 20  # positive control: the counter counts
+
+
+def test_every_step_never_waits_for_its_own_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device two steps behind: the read at the end of step N+1 waits, for step N's copy,
+    while step N+1's work is already queued behind it; never for step N+1's own."""
+    monitor, device = _steady_state(monkeypatch, "every_step", behind=2, steps=6)
+    assert monitor.waits == 5 and device.waited_for == [1, 2, 3, 4, 5]
 
 
 def test_real_trainer_clean_run_completes_and_checks_the_tail(
