@@ -197,6 +197,11 @@ def test_guard_applies_by_default_off_rocm_and_can_be_turned_off() -> None:
 def test_plan_names_the_check_points() -> None:
     guard = DivergenceGuard(_ctx(divergence_check="every_step"))
     assert guard.plan(torch.nn.Linear(2, 2))["check"] == "every_step"
+    said = {mode: DivergenceGuard(_ctx(divergence_check=mode)).plan(torch.nn.Linear(2, 2))[
+        "checked_at"] for mode in ("log_steps", "every_step", "every_step_exact")}
+    assert "one step late" in said["every_step"] and "no wait" in said["every_step"]
+    assert "one device sync per step" in said["every_step_exact"]
+    assert "no extra sync" in said["log_steps"]
 
 
 def test_bad_injection_env_fails_at_converter_init(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -569,13 +574,18 @@ def test_real_trainer_without_guard_diverges_silently(monkeypatch: pytest.Monkey
 
 
 @pytest.mark.slow
-def test_two_ranks_both_stop_and_rank_0_reports_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode,found_at", [
+    ("log_steps", "(found at log step 10)"),
+    ("every_step", "(found at the end of step 8 "),  # every rank gathers at every step end
+])
+def test_two_ranks_both_stop_and_rank_0_reports_once(tmp_path: Path, mode: str,
+                                                      found_at: str) -> None:
     """torchrun, 2 processes over gloo, NaN on rank 1 only: no rank hangs."""
     env = dict(os.environ, **{INJECT_STEP_ENV: "7", INJECT_RANK_ENV: "1"})
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--tee", "3",
-           "--master_port", str(29_000 + os.getpid() % 1000),
-           str(REPO / "tests" / "cpu_trainer.py"), *GUARD]
+           "--master_port", str(29_000 + os.getpid() % 1000 + (mode == "every_step")),
+           str(REPO / "tests" / "cpu_trainer.py"), *GUARD, "--rocm.divergence_check", mode]
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240,
                           cwd=tmp_path)
@@ -585,6 +595,7 @@ def test_two_ranks_both_stop_and_rank_0_reports_once(tmp_path: Path) -> None:
     errors = [ln for ln in out.splitlines() if "ERROR - titan-rocm divergence guard" in ln]
     assert len(errors) == 1 and errors[0].startswith("[default0]:"), errors
     assert "diverged at step 7 on rank 1 of 2" in errors[0]
+    assert found_at in errors[0], errors[0]
     for rank in (0, 1):
         assert f"[default{rank}]:[rank{rank}]: titan_rocm.workarounds.divergence_guard" \
                f".verdict.DivergenceError" in out
