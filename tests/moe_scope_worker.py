@@ -5,8 +5,9 @@ Run by ``tests/test_moe_scope_inspection.py``::
 
     torchrun --nproc_per_node 2 tests/moe_scope_worker.py OUT_DIR
 
-For each case (``moe_eager_scope`` ``moe`` without and with full activation checkpointing,
-``block``, and TorchTitan's stock MoE compile as the detector's positive control), each rank:
+For each case (no compile, the numerics' baseline; ``moe_eager_scope`` ``moe`` without and
+with full activation checkpointing; ``block``; TorchTitan's stock MoE compile as the audit's
+positive control), each rank:
 
 1. builds the model on meta and converts it with ``rocm.grouped_mm`` (backend ``torch``) and
    ``rocm.moe_eager_compile`` as ``train.py`` does, then runs deepseek_v3's own
@@ -14,7 +15,8 @@ For each case (``moe_eager_scope`` ``moe`` without and with full activation chec
    dispatch/combine on the experts, FSDP (``fully_shard``) per block and on the experts;
 2. loads the weights of an unsharded reference (seed 0), runs one forward and backward on its
    own batch, and compares its loss and every gradient (summed over ranks: TorchTitan turns
-   FSDP's gradient division off) with the reference run eagerly on both ranks' batches;
+   FSDP's gradient division off) with the same model run without compile, and with the
+   unsharded reference run eagerly on both ranks' batches;
 3. writes ``OUT_DIR/rank<r>.json``: per case, every recorded graph's
    :func:`~titan_rocm.workarounds.moe_eager_compile.graph_audit.audit`, the model parameters
    each graph reads (matched by identity when Dynamo hands the graph over, when FSDP has
