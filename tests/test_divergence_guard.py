@@ -284,22 +284,35 @@ def _run(trainer: Any) -> None:
 GUARD = ["--model.converters", "rocm.divergence_guard"]
 
 
-def test_real_trainer_nan_at_step_7_reported_at_log_step_10_without_syncs(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+LAGGED_AT_8 = ("the end of step 8 (divergence_check = every_step reads each step's record "
+               "at the end of the next)")
+
+
+@pytest.mark.parametrize("mode,found_at,stop_step,checks", [
+    # Log steps 1 and 10: no other check point was hit.
+    ("log_steps", "log step 10", 10, 2),
+    # One step late, still exact. Log step 1 read step 1's copy (TorchTitan's .item() had
+    # waited for it), so the end of step 2 had nothing to read; the ends of steps 3-8 read
+    # steps 2-7.
+    ("every_step", LAGGED_AT_8, 8, 7),
+])
+def test_real_trainer_nan_at_step_7_named_without_syncs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, mode: str,
+    found_at: str, stop_step: int, checks: int,
 ) -> None:
     monkeypatch.setenv(INJECT_STEP_ENV, "7")
-    trainer = _trainer(monkeypatch, GUARD)  # log_freq 10, 12 steps
+    trainer = _trainer(monkeypatch, GUARD + ["--rocm.divergence_check", mode])  # log_freq 10
     monitor = hooks.active()
     assert monitor is not None
     with _SyncWatch() as watch, pytest.raises(DivergenceError) as err:
         _run(trainer)
     v = err.value.divergence
-    assert (v.step, v.checked_at) == (7, "log step 10")
+    assert (v.step, v.checked_at) == (7, found_at)
     assert math.isnan(v.loss) and math.isnan(v.grad_norm)  # multiplied: grads went NaN too
-    assert trainer.step == 10  # stopped at the log step, before step 11
-    assert monitor.checks == 2  # log steps 1 and 10: no other check point was hit
+    assert trainer.step == stop_step  # stopped at the check point, before the next step
+    assert monitor.checks == checks
     assert watch.outside_check == []  # no host read by the guard between check points
-    assert watch.inside_check >= 2  # positive control: the detector sees the checks' reads
+    assert watch.inside_check >= checks  # positive control: the detector sees the checks' reads
     assert sum("training diverged at step 7" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -399,27 +412,6 @@ def test_real_trainer_every_step_exact_mode_stops_at_the_bad_step(
 EVERY_STEP = GUARD + ["--rocm.divergence_check", "every_step"]
 
 
-def test_real_trainer_every_step_names_step_7_at_the_end_of_step_8_without_syncs(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    """One step late, still exact: step 7's record is read at the end of step 8."""
-    monkeypatch.setenv(INJECT_STEP_ENV, "7")
-    trainer = _trainer(monkeypatch, EVERY_STEP)  # log_freq 10, 12 steps
-    monitor = hooks.active()
-    with _SyncWatch() as watch, pytest.raises(DivergenceError) as err:
-        _run(trainer)
-    v = err.value.divergence
-    assert v.step == 7 and v.checked_at.startswith("the end of step 8 ("), v.checked_at
-    assert math.isnan(v.loss) and math.isnan(v.grad_norm)
-    assert trainer.step == 8  # stopped at the end of step 8, before step 9
-    # Log step 1 read step 1's copy (TorchTitan's .item() had waited for it), so the end of
-    # step 2 had nothing to read; the ends of steps 3-8 read steps 2-7.
-    assert monitor.checks == 7
-    assert watch.outside_check == []  # no host read by the guard between check points
-    assert watch.inside_check >= 7  # positive control
-    assert sum("training diverged at step 7" in r.getMessage() for r in caplog.records) == 1
-
-
 def test_real_trainer_every_step_catches_a_nan_at_the_last_step(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -431,36 +423,6 @@ def test_real_trainer_every_step_catches_a_nan_at_the_last_step(
     assert err.value.divergence.step == 12
     assert err.value.divergence.checked_at == "the checkpoint save at step 12"  # last step
     assert trainer.step == 12
-
-
-def test_real_trainer_every_step_run_out_of_data_is_checked_at_close(
-    monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A loop that stops early (no last-step save): close() reads the last step's copy."""
-    monkeypatch.setenv(INJECT_STEP_ENV, "9")
-    trainer = _trainer(monkeypatch, EVERY_STEP, data_batches=9)  # step 10 has no data
-    with pytest.raises(DivergenceError) as err:
-        _run(trainer)
-    assert err.value.divergence.step == 9
-    assert err.value.divergence.checked_at == "the end of training"
-
-
-def test_real_trainer_every_step_never_saves_a_checkpoint_right_after_the_bad_step(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    """NaN at step 8, a save due at step 8: step 8's copy is read before the save, not at
-    the end of step 9 (which would be one checkpoint too late)."""
-    monkeypatch.setenv(INJECT_STEP_ENV, "8")
-    trainer = _trainer(monkeypatch, EVERY_STEP + [
-        "--checkpoint.enable", "--checkpoint.interval", "4",
-        "--job.dump_folder", str(tmp_path), "--checkpoint.folder", "ckpt",
-    ])
-    with pytest.raises(DivergenceError) as err:
-        _run(trainer)
-    assert err.value.divergence.step == 8
-    assert err.value.divergence.checked_at == "the checkpoint save at step 8"
-    saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    assert saved == ["step-4"]  # the last good checkpoint; step 8 was never written
 
 
 class _Device:
@@ -535,31 +497,40 @@ def test_real_trainer_clean_run_completes_and_checks_the_tail(
     assert monitor.checks == 3  # log steps 1 and 10, then steps 11-12 at the end of training
 
 
+@pytest.mark.parametrize("mode,bad_step", [
+    ("log_steps", 7),
+    # every_step, NaN at step 8 with a save due at step 8: step 8's copy is read before the
+    # save, not at the end of step 9 (which would be one checkpoint too late).
+    ("every_step", 8),
+])
 def test_real_trainer_never_saves_a_checkpoint_from_a_bad_step(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mode: str, bad_step: int
 ) -> None:
-    monkeypatch.setenv(INJECT_STEP_ENV, "7")
+    monkeypatch.setenv(INJECT_STEP_ENV, str(bad_step))
     trainer = _trainer(monkeypatch, GUARD + [
-        "--checkpoint.enable", "--checkpoint.interval", "4",
+        "--checkpoint.enable", "--checkpoint.interval", "4", "--rocm.divergence_check", mode,
         "--job.dump_folder", str(tmp_path), "--checkpoint.folder", "ckpt",
     ])
     with pytest.raises(DivergenceError) as err:
         _run(trainer)
-    assert err.value.divergence.step == 7
+    assert err.value.divergence.step == bad_step
     assert err.value.divergence.checked_at == "the checkpoint save at step 8"
     saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert saved == ["step-4"]  # the last good checkpoint; step 8 was never written
 
 
+@pytest.mark.parametrize("mode,bad_step", [("log_steps", 8), ("every_step", 9)])
 def test_real_trainer_run_out_of_data_is_checked_at_close(
-    monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch, mode: str, bad_step: int
 ) -> None:
-    """The loop can end without a log step or a last-step save; close() still checks."""
-    monkeypatch.setenv(INJECT_STEP_ENV, "8")
-    trainer = _trainer(monkeypatch, GUARD, data_batches=9)  # step 10 has no data
+    """The loop can end without a log step or a last-step save; close() still checks (under
+    every_step: it reads the last step's copy, which no next step will)."""
+    monkeypatch.setenv(INJECT_STEP_ENV, str(bad_step))
+    trainer = _trainer(monkeypatch, GUARD + ["--rocm.divergence_check", mode],
+                       data_batches=9)  # step 10 has no data
     with pytest.raises(DivergenceError) as err:
         _run(trainer)
-    assert err.value.divergence.step == 8
+    assert err.value.divergence.step == bad_step
     assert err.value.divergence.checked_at == "the end of training"
 
 
