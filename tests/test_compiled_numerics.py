@@ -39,6 +39,7 @@ SEQ_LEN, BATCH = 16, 2
 
 @pytest.fixture(autouse=True)
 def _clean():
+    torch._dynamo.reset()  # each case counts its own graphs (no cache hits from the last)
     with clean_patches():
         yield
 
@@ -50,9 +51,10 @@ def test_mixed_compile_matches_eager_forward_and_backward(monkeypatch, scope):
 
     cpu_permute_indices(monkeypatch, moe_module)  # TorchTitan's padding kernel is Triton
     cpu_histc(monkeypatch)  # TorchTitan's router counts int64 with histc (GPU only)
-    # On two cores a pool of compile workers costs more than it saves.
-    monkeypatch.setattr(torch._inductor.config, "compile_threads", 1)
-    _compare_compiled_with_eager("cpu", "loop", scope)
+    # On two cores a pool of compile workers costs more than it saves. (Inductor's own patch:
+    # monkeypatch's undo deletes this config attribute, failing the next parameter.)
+    with torch._inductor.config.patch(compile_threads=1):
+        _compare_compiled_with_eager("cpu", "loop", scope)
 
 
 @pytest.mark.gpu
