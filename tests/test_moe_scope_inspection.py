@@ -100,3 +100,47 @@ def test_the_audit_sees_what_stock_moe_compile_and_a_collective_put_in_graphs(ra
         control = rank["control_collective"]["graphs"]
         assert len(control) == 1 and not control[0]["clean"]
         assert "_c10d_functional.all_gather_into_tensor" in control[0]["collectives"]
+
+
+# -- the audit on its own (one process, fast) -------------------------------------------------
+
+
+def _graphs_of(fn: Any, *args: Any) -> list[Any]:
+    import torch
+
+    graphs: list[Any] = []
+
+    def keep(gm: Any, example_inputs: Any) -> Any:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=keep, fullgraph=True)(*args)
+    return graphs
+
+
+def test_audit_reads_ops_and_the_bodies_of_higher_order_ops() -> None:
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    from titan_rocm.workarounds.moe_eager_compile.graph_audit import audit
+
+    x = torch.randn(4, 8, requires_grad=True)
+    [plain] = _graphs_of(lambda t: sum(torch.broadcast_tensors(t, t[:1])).relu(), x)
+    assert audit(plain).clean  # broadcasting is arithmetic, not a collective
+
+    def routed(t: torch.Tensor) -> torch.Tensor:
+        return torch.topk(t, 2).values.sum() + torch.argsort(t[0]).sum()
+
+    [router] = _graphs_of(routed, x)
+    assert {"torch._VariableFunctionsClass.topk",
+            "torch._VariableFunctionsClass.argsort"} <= set(audit(router).moe)
+
+    # Inside a checkpointed region Dynamo puts the body in a subgraph: read it too.
+    def hidden(t: torch.Tensor) -> torch.Tensor:
+        return checkpoint(lambda u: torch.topk(u, 2).values.tanh(), t, use_reentrant=False)
+
+    [outer] = _graphs_of(hidden, x)
+    result = audit(outer)
+    assert not result.clean and "torch._VariableFunctionsClass.topk" in result.moe
+    assert result.to_dict()["clean"] is False

@@ -8,7 +8,8 @@ as in TorchTitan 0.2.2). :func:`audit` reads one such ``torch.fx.GraphModule`` a
 what it must not contain:
 
 - ``collectives``: any communication op (functional collectives, ``all_to_all``,
-  ``all_gather``, ``reduce_scatter``, ``all_reduce``, ``broadcast``, ``wait_tensor``, ...) or
+  ``all_gather``, ``reduce_scatter``, ``all_reduce``, ``wait_tensor``, any ``c10d`` or
+  ``torch.distributed`` call, DTensor's included) or
   a frame of EP's dispatch/combine (``torchtitan/distributed/expert_parallel.py``);
 - ``fsdp``: an FSDP op, an FSDP-managed module, or a frame of FSDP's hooks;
 - ``moe``: the MoE module's token routing and expert compute: the router's ``topk`` and
@@ -31,8 +32,10 @@ from typing import Any
 import torch
 
 COLLECTIVE_OPS = re.compile(
+    # Not "broadcast" alone: torch.broadcast_tensors is arithmetic. c10d's broadcast matches
+    # "c10d", torch.distributed.broadcast "torch.distributed".
     r"c10d|all_to_all|alltoall|all_gather|allgather|reduce_scatter|all_reduce|allreduce"
-    r"|broadcast|wait_tensor|functional_collectives|torch\.distributed",
+    r"|wait_tensor|functional_collectives|torch\.distributed",
     re.IGNORECASE,
 )
 MOE_OPS = re.compile(r"grouped_mm|histc|argsort|topk|bincount|scatter_add|permute_indices",
