@@ -21,7 +21,9 @@ ARGS = {
     "scan": ["tests/corpus/amdgcn"],
     "check-log": ["tests/fixtures/logs/tt_cpu_clean.log"],
     "bench-summary": ["tests/fixtures/logs/tt_cpu_clean.log"],
+    "compare": ["tests/fixtures/logs/tt_cpu_clean.log", "tests/fixtures/logs/tt_cpu_clean.log"],
     "gemm-tables": ["capture-safe", "x.csv", "--check"],
+    "tune": ["table", "results.jsonl", "--check"],
 }
 
 

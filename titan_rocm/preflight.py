@@ -38,7 +38,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from titan_rocm.config import CONFIG_MODULE, check_section
+from titan_rocm.config import CONFIG_MODULE
 from titan_rocm.job_args import (
     CONFIG_MODULE_FLAGS,
     JobArgsError,
@@ -46,6 +46,7 @@ from titan_rocm.job_args import (
     load_toml,
     prepare,
 )
+from titan_rocm.settings import check_section
 
 LAUNCHERS: tuple[str, ...] = ("torchtitan", "titan-rocm")
 """How the job starts: ``torchrun ... -m torchtitan.train`` (the documented way, default)
