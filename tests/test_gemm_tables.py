@@ -563,7 +563,7 @@ def test_a_fifo_as_table_is_refused_without_blocking(tmp_path):
     os.mkfifo(fifo)
     out = subprocess.run([sys.executable, "-m", "titan_rocm.cli", "gemm-tables", "capture-safe",
                           str(fifo), "--check"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "is a FIFO (named pipe), not a regular file" in out.stderr
+    assert out.returncode == 2 and "is a named pipe (FIFO), not a regular file" in out.stderr
 
 
 def test_module_does_not_import_torch():

@@ -412,7 +412,7 @@ def test_a_fifo_as_config_file_is_refused_without_blocking(tmp_path: Path) -> No
     os.mkfifo(fifo)
     out = subprocess.run([sys.executable, "-m", "titan_rocm.cli", "plan", "--job.config_file",
                           str(fifo)], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "is a FIFO (named pipe), not a regular file" in out.stderr
+    assert out.returncode == 2 and "is a named pipe (FIFO), not a regular file" in out.stderr
 
 
 # --- world size -------------------------------------------------------------------------------

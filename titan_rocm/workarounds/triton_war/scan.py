@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from titan_rocm.archs import ARCHS, normalize_arch
-from titan_rocm.files import read_regular
+from titan_rocm.files import describe_mode, read_regular
 from titan_rocm.workarounds.triton_war.amdgcn import Program, TextView, parse
 from titan_rocm.workarounds.triton_war.hazards import (
     Finding,
@@ -459,7 +459,8 @@ def find_amdgcn_files(
                 search.skipped.append(f"{f}: cannot read ({exc.strerror or exc}): skipped")
                 continue
             if not stat.S_ISREG(f_st.st_mode):
-                search.skipped.append(f"{f}: not a regular file (a FIFO or device): skipped")
+                search.skipped.append(
+                    f"{f}: {describe_mode(f_st.st_mode)}, not a regular file: skipped")
             elif search.take(f_st):
                 found.append(f)
     yield from sorted(found)
