@@ -86,15 +86,19 @@ def cpu_patches(set_attr: Any = setattr) -> None:
 
 
 def init_process_group() -> None:
-    """gloo group from torchrun's env, or a one-rank group."""
+    """gloo group from torchrun's env, or a one-rank group.
+
+    The one-rank group gets its own store and leaves ``os.environ`` alone: a test process
+    that kept torchrun's variables (and the port this group listens on) would hand them to
+    every job it starts as a subprocess.
+    """
     if dist.is_initialized():
         return
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29_500 + os.getpid() % 10_000))
-    dist.init_process_group("gloo")
+    if "RANK" in os.environ:
+        dist.init_process_group("gloo")
+        return
+    store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
 
 
 def _trainer_base() -> type:
