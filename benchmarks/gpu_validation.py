@@ -261,7 +261,8 @@ def dual_suite(steps: int) -> list[Run]:
 
 
 _SHARED_CACHE = Path(tempfile.mkdtemp(prefix="titan-rocm-cache-"))
-_PORT = [29500]
+# Two suites may share a machine (one per GPU): each takes its own port range.
+_PORT = [int(os.environ.get("TITAN_ROCM_BENCH_PORT", "29500"))]
 _PORT_LOCK = threading.Lock()
 
 
@@ -277,8 +278,12 @@ def launch(run: Run, out: Path, gpu_ids: list[int]) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f"{run.name}-"))
     cache = _SHARED_CACHE if run.shared_cache else tmp
     env = dict(os.environ)
+    # Lane GPU ids count within the GPUs this process was given (a suite pinned to GPU 1
+    # of a two-GPU machine with CUDA_VISIBLE_DEVICES=1 runs there, not on GPU 0).
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = given.split(",") if given else [str(i) for i in range(max(gpu_ids) + 1)]
     env.update(
-        CUDA_VISIBLE_DEVICES=",".join(map(str, gpu_ids)),
+        CUDA_VISIBLE_DEVICES=",".join(visible[i] for i in gpu_ids),
         TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
         TRITON_CACHE_DIR=str(cache / "triton"),
         TITAN_ROCM_TRITON_WAR_STATS_DIR=str(tmp / "war-stats"),
