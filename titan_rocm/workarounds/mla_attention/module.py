@@ -21,6 +21,7 @@ torch.compile that is logged once per shape.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -28,12 +29,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from titan_rocm.log import log
+from titan_rocm.log import log_once
 from titan_rocm.workarounds.mla_attention import op
 from titan_rocm.workarounds.mla_attention.documents import DocumentSpans
 from titan_rocm.workarounds.mla_attention.routing import DTYPES
-
-_fallbacks_logged: set[tuple] = set()
 
 _DEFAULT_SDPA_BACKENDS = [
     SDPBackend.CUDNN_ATTENTION,
@@ -200,10 +199,9 @@ def _refuse_flex_extras(module: nn.Module, score_mod: Any, return_lse: bool) -> 
 
 def _log_fallback(q: Tensor, v: Tensor, reason: str, runs: str = "PyTorch SDPA") -> None:
     key = (tuple(q.shape), tuple(v.shape), q.dtype, reason, runs)
-    if key in _fallbacks_logged:
-        return
-    _fallbacks_logged.add(key)
-    log.warning(
+    log_once(
+        f"mla_fallback:{key!r}",
+        logging.WARNING,
         "titan-rocm: mla_ck_backward: q %s, v %s (%s) runs %s, not aiter: %s",
         tuple(q.shape),
         tuple(v.shape),

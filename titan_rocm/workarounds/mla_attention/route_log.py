@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import threading
+import logging
 
-from titan_rocm.log import log
+from titan_rocm import log as titan_log
 from titan_rocm.workarounds.mla_attention.routing import AttentionCall, Route, arch_label
 
-_lock = threading.Lock()
-_logged: set[tuple[str, str, AttentionCall]] = set()
+KEY_PREFIX = "mla_route:"
 
 
 def log_route_once(caller: str, direction: str, call: AttentionCall, route: Route) -> bool:
     """Log ``route`` for ``call`` the first time this caller sees it; True if it logged."""
-    key = (caller, direction, call)
-    with _lock:
-        if key in _logged:
-            return False
-        _logged.add(key)
-    log.info(
+    return titan_log.log_once(
+        f"{KEY_PREFIX}{caller}:{direction}:{call!r}",
+        logging.INFO,
         "titan-rocm: mla_ck_backward [%s] %s %s, %s%s%s%s%s: %s -> %s, runs %s (%s)",
         caller,
         arch_label(call.arch),
@@ -33,10 +29,8 @@ def log_route_once(caller: str, direction: str, call: AttentionCall, route: Rout
         route.kernel,
         route.reason,
     )
-    return True
 
 
 def forget() -> None:
     """Forget what was logged (tests)."""
-    with _lock:
-        _logged.clear()
+    titan_log.forget(KEY_PREFIX)
