@@ -61,8 +61,6 @@ class DocumentSpans(BlockMask):
         spans.cu_seqlens = cu_seqlens.to(torch.int32)
         spans.max_seqlen = int(max_seqlen)
         spans.batch, spans.seqlen = int(batch), int(seqlen)
-        # The number of documents changes every batch: compile for any, once.
-        torch._dynamo.maybe_mark_dynamic(spans.cu_seqlens, 0)
         return spans
 
     def document_ids(self) -> Tensor:
