@@ -315,6 +315,10 @@ class MLACKBackward(Workaround):
         dtype = expected_attention_dtype(self.ctx)
         rows = [self._plan_row(facts, kind, qk, v, dtype, n)
                 for (kind, qk, v), n in groups.items()]
+        if not facts.aiter_spec_found:  # no release to reason about: no routes to show
+            for row in rows:
+                for key in [k for k in row if k.startswith(("forward", "backward"))]:
+                    del row[key]
         details: dict[str, Any] = {"arch": arch_label(facts.gfx_arch),
                                    "aiter": aiter_summary(facts)}
         details.update(rows[0] if rows else {"modules": 0})
@@ -324,8 +328,9 @@ class MLACKBackward(Workaround):
         if VARLEN in kinds.values():
             details["document_masks"] = (
                 "get_attention_masks returns DocumentSpans: cu_seqlens from TorchTitan's "
-                "create_varlen_metadata_for_document (one host sync per forward, as TorchTitan's "
-                "varlen attention)"
+                "create_varlen_metadata_for_document, once per batch outside the compiled model "
+                "(host syncs: one per sample and one for the longest document, as TorchTitan's "
+                "own varlen attention)"
             )
         if self._replaced is not None:
             details["replaced"] = self._replaced
