@@ -74,6 +74,8 @@ class Run:
     timeout: int = 420
     shared_cache: bool = False
     """Use the suite's Inductor/Triton cache (steady-state timing) instead of a cold one."""
+    runner: str = "torchtitan_runner.py"
+    """The module under benchmarks/ that runs TorchTitan's trainer."""
 
 
 def single_suite(steps: int) -> tuple[list[Run], list[Run]]:
@@ -241,7 +243,7 @@ def launch(run: Run, out: Path, gpu_ids: list[int]) -> dict[str, Any]:
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={run.gpus}",
         f"--master_port={_port()}", "--local-ranks-filter", ",".join(map(str, range(run.gpus))),
         "--role", "rank", "--tee", "3",
-        str(REPO / "benchmarks" / "torchtitan_runner.py"),
+        str(REPO / "benchmarks" / run.runner),
         "--job.config_file", config, "--job.dump_folder", str(tmp / "dump"), *flags,
     ]
     start = time.monotonic()

@@ -4,7 +4,8 @@ and aiter's wrapper shapes (``torch_compile_guard``, ``compile_ops``).
 The wrapper shapes follow aiter's ``aiter/jit/utils/torch_guard.py`` and ``aiter/jit/core.py``
 (0.1.7.post2 and main e4048607): a decorated function becomes a ``(*args, **kwargs)`` wrapper
 that calls ``torch.ops.aiter.<name>``, an op defined from the function's signature (all tensor
-arguments marked as mutated unless ``mutates_args`` names them) and implemented for CPU. So a
+arguments marked as mutated unless ``mutates_args`` names them) and implemented for CPU and
+CUDA. So a
 caller sees no Python signature and must read the op's schema, as with the real aiter. The ops
 live in one ``torch.library.Library``; :func:`destroy` removes them, so that the other generation
 can define the same names with its own parameter lists.
@@ -113,7 +114,8 @@ def torch_compile_guard(mutates_args: Any = "unknown", device: str = "cpu",
             _LIBRARY = torch.library.Library("aiter", "FRAGMENT")
         if not hasattr(torch.ops.aiter, name):
             _LIBRARY.define(name + schema_of(target, mutates_args))
-            _LIBRARY.impl(name, impl, "CPU")
+            for key in ("CPU", "CUDA"):  # as aiter registers them
+                _LIBRARY.impl(name, impl, key)
             if gen_fake is not None:
                 _LIBRARY._register_fake(name, gen_fake)
 

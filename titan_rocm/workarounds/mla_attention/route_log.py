@@ -15,7 +15,7 @@ def log_route_once(caller: str, direction: str, call: AttentionCall, route: Rout
     return titan_log.log_once(
         f"{KEY_PREFIX}{caller}:{direction}:{call!r}",
         logging.INFO,
-        "titan-rocm: mla_ck_backward [%s] %s %s, %s%s%s%s%s: %s -> %s, runs %s (%s)",
+        "titan-rocm: mla_ck_backward [%s] %s %s, %s%s%s%s%s: %s -> %s, runs %s; why: %s",
         caller,
         arch_label(call.arch),
         call.shape,
