@@ -47,7 +47,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.gpu_validation import Run, analyse, launch  # noqa: E402
+from benchmarks.gpu_validation import Run, analyse, launch, stored_runs  # noqa: E402
 
 CONFIG = "configs/deepseek_v3_debug.toml"
 RUNS = ("stock_a", "stock_b", "varlen", "dropped")
@@ -153,16 +153,8 @@ def write_results(out: Path, logs: Path, environment: dict[str, Any],
 
 def reanalyse(directory: Path, tolerance: float | None = None) -> dict[str, Any]:
     """Recompute every figure from a stored result (summary.json + logs.tar.gz), on any machine."""
-    stored = json.loads((directory / "summary.json").read_text())
-    tmp = Path(tempfile.mkdtemp(prefix="titan-rocm-reanalyse-"))
-    with tarfile.open(directory / "logs.tar.gz") as tar:
-        tar.extractall(tmp, filter="data")
-    results = {}
-    for name, run in stored["runs"].items():
-        raw = {k: run[k] for k in ("name", "exit", "wall_s", "expect_failure",
-                                   "triton_war_stats")}
-        raw["log"] = str(tmp / "logs" / f"{name}.log")
-        results[name] = analyse_run(raw)
+    stored, raws = stored_runs(directory)
+    results = {name: analyse_run(raw) for name, raw in raws.items()}
     chosen = stored["figures"]["tolerance"] if tolerance is None else tolerance
     return {"environment": stored["environment"], "figures": figures_of(results, chosen)}
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import sys
 import types
 import typing
 from typing import Any
@@ -139,6 +140,72 @@ def compile_ops(kernel: Any, gen_fake: Any = None):
         return torch_compile_guard(calling_func_=declaration, gen_fake=gen_fake)(run)
 
     return decorator
+
+
+# ---- dispatch pieces both releases share (aiter/ops/mha.py, 0.1.7.post2 and e4048607) ----
+
+
+def get_gfx() -> str:
+    """The imported generation's (cached) ``get_gfx()``."""
+    return sys.modules["aiter.jit.utils.chip_info"].get_gfx()
+
+
+def maybe_contiguous(x):
+    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
+
+
+def sliding_window(left: int, right: int) -> bool:
+    return left > 0 or right > 0
+
+
+def can_impl_fmha_v3_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dk: torch.Tensor | None,
+    dv: torch.Tensor | None,
+    dbias: torch.Tensor | None,
+    dropout_p: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    bias: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
+    deterministic: bool,
+    is_v3_atomic_fp32: bool | None = True,
+) -> bool:
+    _, seqlen_q, nhead_q, hdim_q = q.shape
+    _, seqlen_k, nhead_k, hdim_v = v.shape
+    left = -1 if window_size_left >= seqlen_k else window_size_left
+    right = -1 if window_size_right >= seqlen_k else window_size_right
+    swa = sliding_window(left, right)
+    mask = causal and left == -1
+    nmask = not causal and left == -1 and right == -1
+    square = seqlen_q == seqlen_k and seqlen_k % 64 == 0
+    np_case = (hdim_q == 128 or (hdim_q == 64 and not is_v3_atomic_fp32)) and square
+    pssk = hdim_q == 64 and bool(is_v3_atomic_fp32) and not swa
+    pddv = not is_v3_atomic_fp32 and 64 < hdim_q < 128 and square and not swa
+    psskddv = (bool(is_v3_atomic_fp32) and 64 < hdim_q <= 192
+               and (nmask or mask or (swa and hdim_q <= 128)))
+    return bool(
+        get_gfx() == "gfx942" and alibi_slopes is None and bias is None and dbias is None
+        and dropout_p == 0.0 and not deterministic and hdim_q == hdim_v
+        and nhead_q % nhead_k == 0 and 64 <= hdim_q <= 192 and hdim_q % 8 == 0
+        and ((np_case and not swa) or pssk or pddv or psskddv)
+    )
+
+
+def varlen_v3_backward(q, v, dropout_p: float, deterministic: bool, alibi_slopes, left: int,
+                       right: int, is_v3_atomic_fp32) -> bool:
+    """``_flash_attn_varlen_backward``'s two gates (gfx942, gfx950): equal head dims on both."""
+    nhead_q, hdim_q = q.shape[-2], q.shape[-1]
+    nhead_k, hdim_v = v.shape[-2], v.shape[-1]
+    common = (alibi_slopes is None and dropout_p == 0.0 and not deterministic
+              and hdim_q == hdim_v and nhead_q % nhead_k == 0 and hdim_q % 8 == 0
+              and not sliding_window(left, right))
+    gfx942 = get_gfx() == "gfx942" and common and 64 <= hdim_q <= 192 and bool(is_v3_atomic_fp32)
+    return gfx942 or (get_gfx() == "gfx950" and common and 64 < hdim_q <= 128)
 
 
 # ---- kernel tables: which fmha_v3 ASM kernels exist, by generation and real arch ------------

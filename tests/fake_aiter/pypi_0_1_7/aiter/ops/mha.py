@@ -17,12 +17,22 @@ functions. Gates (read in that file):
   ``seqlen_q > 16``; else CK ``mha_bwd``.
 - ``_flash_attn_varlen_forward``: the forward gate without a seqlen threshold (and no padded
   ``cu_seqlens``); ``_flash_attn_varlen_backward``: ``hdim_q == hdim_v`` on gfx942 and gfx950.
+
+``can_impl_fmha_v3_bwd`` and the varlen backward's gates are the same in both releases and live
+in ``fake_aiter_support``; this module imports them under aiter's names.
 """
 
 from __future__ import annotations
 
 import torch
-from fake_aiter_support import compile_ops, make_kernel
+from fake_aiter_support import (
+    can_impl_fmha_v3_bwd,
+    compile_ops,
+    make_kernel,
+    maybe_contiguous,
+    sliding_window,
+    varlen_v3_backward,
+)
 from torch import Generator, Tensor
 
 from aiter.jit.utils.chip_info import get_gfx
@@ -241,14 +251,6 @@ def fmha_v3_varlen_bwd(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]: ...
 
 
-def maybe_contiguous(x):
-    return x.contiguous() if x is not None and x.stride(-1) != 1 else x
-
-
-def _swa(left: int, right: int) -> bool:
-    return left > 0 or right > 0
-
-
 def _v3_forward_ok(q, v, dropout_p, bias, alibi_slopes, swa) -> bool:
     hdim_q, hdim_v = q.shape[-1], v.shape[-1]
     return (alibi_slopes is None and bias is None and dropout_p == 0.0 and hdim_v == 128
@@ -276,7 +278,7 @@ def _flash_attn_forward(
     seqlen_q, seqlen_k = q.shape[1], v.shape[1]
     left = -1 if window_size_left >= seqlen_k else window_size_left
     right = -1 if window_size_right >= seqlen_k else window_size_right
-    v3 = (_v3_forward_ok(q, v, dropout_p, bias, alibi_slopes, _swa(left, right))
+    v3 = (_v3_forward_ok(q, v, dropout_p, bias, alibi_slopes, sliding_window(left, right))
           and cu_seqlens_q is None and cu_seqlens_kv is None)
     q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
     if v3 and seqlen_q > 128:  # aiter: prefer CK for decode cases
@@ -284,44 +286,6 @@ def _flash_attn_forward(
                            return_softmax, how_v3_bf16_cvt, None, bias, alibi_slopes, None)
     return mha_fwd(q, k, v, dropout_p, softmax_scale, causal, left, right, return_lse,
                    return_softmax, cu_seqlens_q, cu_seqlens_kv, None, bias, alibi_slopes, None)
-
-
-def can_impl_fmha_v3_bwd(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    dk: Tensor | None,
-    dv: Tensor | None,
-    dbias: Tensor | None,
-    dropout_p: float,
-    causal: bool,
-    window_size_left: int,
-    window_size_right: int,
-    bias: Tensor | None,
-    alibi_slopes: Tensor | None,
-    deterministic: bool,
-    is_v3_atomic_fp32: bool | None = True,
-) -> bool:
-    _, seqlen_q, nhead_q, hdim_q = q.shape
-    _, seqlen_k, nhead_k, hdim_v = v.shape
-    left = -1 if window_size_left >= seqlen_k else window_size_left
-    right = -1 if window_size_right >= seqlen_k else window_size_right
-    swa = _swa(left, right)
-    mask = causal and left == -1
-    nmask = not causal and left == -1 and right == -1
-    square = seqlen_q == seqlen_k and seqlen_k % 64 == 0
-    np_case = (hdim_q == 128 or (hdim_q == 64 and not is_v3_atomic_fp32)) and square
-    pssk = hdim_q == 64 and bool(is_v3_atomic_fp32) and not swa
-    pddv = not is_v3_atomic_fp32 and 64 < hdim_q < 128 and square and not swa
-    psskddv = (bool(is_v3_atomic_fp32) and 64 < hdim_q <= 192
-               and (nmask or mask or (swa and hdim_q <= 128)))
-    return bool(
-        get_gfx() == "gfx942" and alibi_slopes is None and bias is None and dbias is None
-        and dropout_p == 0.0 and not deterministic and hdim_q == hdim_v
-        and nhead_q % nhead_k == 0 and 64 <= hdim_q <= 192 and hdim_q % 8 == 0
-        and ((np_case and not swa) or pssk or pddv or psskddv)
-    )
 
 
 def _flash_attn_backward_fake(dout: Tensor, q: Tensor, *args, **kwargs) -> Tensor:
@@ -360,7 +324,7 @@ def _flash_attn_backward(
     _, seqlen_q, nhead_q, hdim_q = q.shape
     _, seqlen_k, nhead_k, hdim_v = v.shape
     nmask = not causal and window_size_left == -1 and window_size_right == -1
-    swa = _swa(window_size_left, window_size_right)
+    swa = sliding_window(window_size_left, window_size_right)
     one_block = get_gfx() == "gfx950" and seqlen_k <= 256 and 64 < hdim_q <= 128 and not swa
     gfx950 = (
         get_gfx() == "gfx950" and alibi_slopes is None and bias is None and dbias is None
@@ -456,7 +420,7 @@ def _flash_attn_varlen_forward(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     left = -1 if window_size_left >= max_seqlen_k else window_size_left
     right = -1 if window_size_right >= max_seqlen_k else window_size_right
-    v3 = (_v3_forward_ok(q, v, dropout_p, bias, alibi_slopes, _swa(left, right))
+    v3 = (_v3_forward_ok(q, v, dropout_p, bias, alibi_slopes, sliding_window(left, right))
           and cu_seqlens_q_padded is None and cu_seqlens_k_padded is None)
     q, k, v = [maybe_contiguous(x) for x in (q, k, v)]
     if v3:
@@ -500,18 +464,13 @@ def _flash_attn_varlen_backward(
     cu_seqlens_q_padded: Tensor | None = None,
     cu_seqlens_k_padded: Tensor | None = None,
 ) -> Tensor:
-    nhead_q, hdim_q = q.shape[-2], q.shape[-1]
-    nhead_k, hdim_v = v.shape[-2], v.shape[-1]
     left = -1 if window_size_left >= max_seqlen_k else window_size_left
     right = -1 if window_size_right >= max_seqlen_k else window_size_right
-    common = (alibi_slopes is None and dropout_p == 0.0 and not deterministic
-              and hdim_q == hdim_v and nhead_q % nhead_k == 0 and hdim_q % 8 == 0
-              and not _swa(left, right))
-    gfx942 = (get_gfx() == "gfx942" and common and 64 <= hdim_q <= 192 and bool(is_v3_atomic_fp32))
-    gfx950 = get_gfx() == "gfx950" and common and 64 < hdim_q <= 128
+    v3 = varlen_v3_backward(q, v, dropout_p, deterministic, alibi_slopes, left, right,
+                            is_v3_atomic_fp32)
     dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
-    kernel = fmha_v3_varlen_bwd if gfx942 or gfx950 else mha_varlen_bwd
-    extra = (is_v3_atomic_fp32, how_v3_bf16_cvt) if gfx942 or gfx950 else ()
+    kernel = fmha_v3_varlen_bwd if v3 else mha_varlen_bwd
+    extra = (is_v3_atomic_fp32, how_v3_bf16_cvt) if v3 else ()
     _, _, _, softmax_d = kernel(
         dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         dropout_p, softmax_scale, zero_tensors, causal, left, right, deterministic, *extra, dq,
