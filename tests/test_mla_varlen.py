@@ -248,11 +248,17 @@ def test_op_sac_saves_the_varlen_forward(fake_aiter, save, forward_calls):
     assert fake_aiter.names().count("mha_varlen_bwd") == 1
 
 
-def test_fallbacks_keep_the_documents(fake_aiter, caplog):
+def test_fallbacks_keep_the_documents(fake_aiter, caplog, monkeypatch):
     """float32 runs SDPA under the per-document mask; a plain BlockMask (what PP's microbatch
-    split makes) runs TorchTitan's flex attention with it. Each logged once."""
-    from torch.nn.attention.flex_attention import and_masks, create_block_mask
-    from torchtitan.models.attention import get_causal_mask_mod, get_document_mask_mod
+    split makes) runs TorchTitan's flex attention with it (here uncompiled). Each logged once."""
+    from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
+    from torchtitan.models.attention import (
+        FlexAttentionWrapper,
+        get_causal_mask_mod,
+        get_document_mask_mod,
+    )
+
+    monkeypatch.setattr(FlexAttentionWrapper, "_compiled_flex_attn", flex_attention)
 
     tokens = _tokens([[4, 11]])
     spans = document_spans(tokens, EOS)
