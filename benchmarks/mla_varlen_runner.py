@@ -35,8 +35,16 @@ REPO = Path(__file__).resolve().parent.parent
 FAKE_AITER = REPO / "tests" / "fake_aiter"
 
 
-def _causal_window(is_causal: bool) -> tuple[int, int]:
-    return (-1, 0) if is_causal else (-1, -1)
+def _causal(is_causal: bool) -> dict[str, Any]:
+    """varlen_attn's causal argument: ``window_size=(-1, 0)`` (torch 2.11 on, what TorchTitan
+    0.2.2 passes) or ``is_causal`` (torch 2.10)."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    if "window_size" in inspect.signature(varlen_attn).parameters:
+        return {"window_size": (-1, 0) if is_causal else (-1, -1)}
+    return {"is_causal": is_causal}
 
 
 def _padded(v: Any, width: int) -> Any:
@@ -59,7 +67,7 @@ def flash_varlen_forward(name: str, q: Any, k: Any, v: Any, cu_seqlens_q: Any, c
     fake_aiter_support.record(name)
     result = varlen_attn(q, k, _padded(v, q.shape[-1]), cu_seqlens_q, cu_seqlens_k,
                          max_seqlen_q, max_seqlen_q, scale=softmax_scale,
-                         window_size=_causal_window(is_causal))[..., : v.shape[-1]].contiguous()
+                         **_causal(is_causal))[..., : v.shape[-1]].contiguous()
     if out is not None:
         out.copy_(result)
         result = out
@@ -85,8 +93,7 @@ def flash_varlen_backward(name: str, dout: Any, q: Any, k: Any, v: Any, out: Any
     with torch.enable_grad():
         qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, _padded(v, width)))
         recomputed = varlen_attn(qq, kk, vv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                 max_seqlen_q, scale=softmax_scale,
-                                 window_size=_causal_window(is_causal))
+                                 max_seqlen_q, scale=softmax_scale, **_causal(is_causal))
         grads = torch.autograd.grad(recomputed, (qq, kk, vv), _padded(dout, width))
     results = []
     for given, grad, like in zip((dq, dk, dv), grads, (q, k, v), strict=True):

@@ -846,3 +846,18 @@ def test_debug_model_step_with_op_sac_and_compile(fake_aiter):
     grads = {n: p.grad for n, p in model.named_parameters()}
     assert all(g is not None and torch.isfinite(g.float()).all() for g in grads.values())
     assert any("attention.wq" in n and g.abs().sum() > 0 for n, g in grads.items())
+
+
+def test_a_misdetected_arch_is_said_once_at_apply(monkeypatch, caplog):
+    monkeypatch.setenv("GPU_ARCHS", "gfx942;gfx950")
+    with platform.override(PlatformFacts.simulated_rocm("gfx942", aiter="main")), \
+            caplog.at_level(logging.WARNING, logger="titan_rocm"):
+        for _ in range(2):
+            job = _job()
+            assert decisions(convert(job, build_meta(job)))["mla_ck_backward"].applied
+    said = [r.getMessage() for r in caplog.records if "get_gfx() answers" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith("titan-rocm: mla_ck_backward: aiter's get_gfx() answers gfx950 "
+                              "(simulated; last entry of GPU_ARCHS='gfx942;gfx950') but the "
+                              "device is gfx942")
+    assert "set GPU_ARCHS=gfx942 to make aiter agree" in said[0]
