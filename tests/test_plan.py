@@ -156,3 +156,17 @@ def test_plan_aiter_needs_arch_and_a_known_choice(capsys):
         capsys.readouterr().err)
     assert main(["plan", "--arch", "gfx942", "--aiter", "0.2", "--job.config_file", cfg]) == 2
     assert "invalid choice: '0.2'" in capsys.readouterr().err
+
+
+def test_docs_show_the_current_16b_plan() -> None:
+    """docs/mla-ck-backward.md carries the plan's mla_ck_backward entry for the 16B config
+    (--arch gfx942 --aiter 0.1.7) verbatim."""
+    from titan_rocm.plan import format_plan
+
+    cfg = str(REPO / "configs" / "deepseek_v3_16b_bf16.toml")
+    text = format_plan(make_plan(["--job.config_file", cfg], arch="gfx942", aiter="0.1.7"))
+    lines = text.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("  rocm.mla_ck_backward "))
+    end = next(i for i, x in enumerate(lines) if "guard_not_covered:" in x)
+    entry = "\n".join(lines[start:end + 1])
+    assert entry in (REPO / "docs" / "mla-ck-backward.md").read_text()

@@ -329,8 +329,8 @@ class MLACKBackward(Workaround):
             details["document_masks"] = (
                 "get_attention_masks returns DocumentSpans: cu_seqlens from TorchTitan's "
                 "create_varlen_metadata_for_document, once per batch outside the compiled model "
-                "(host syncs: one per sample and one for the longest document, as TorchTitan's "
-                "own varlen attention)"
+                "(host syncs: a few per sample and one for the longest document, as "
+                "TorchTitan's own varlen attention)"
             )
         if self._replaced is not None:
             details["replaced"] = self._replaced
