@@ -16,6 +16,12 @@ WORKAROUNDS = {"precision_casts", "triton_war", "grouped_mm", "moe_eager_compile
                "mla_ck_backward", "divergence_guard"}
 
 
+@pytest.fixture(autouse=True)
+def _no_gpu_archs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A simulated aiter reads GPU_ARCHS as the real one would: plans here assume it unset."""
+    monkeypatch.delenv("GPU_ARCHS", raising=False)
+
+
 def _by_name(plan: dict) -> dict[str, dict]:
     return {d["workaround"]: d for d in plan["workarounds"]}
 
