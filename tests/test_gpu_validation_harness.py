@@ -5,12 +5,11 @@ The GPU runs themselves are in benchmarks/results/; these tests keep the analysi
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from benchmark_loader import load_benchmark
 
 try:
     import tomllib
@@ -22,13 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def harness() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "gpu_validation", REPO / "benchmarks" / "gpu_validation.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being built
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gpu_validation")
 
 
 def test_stock_config_drops_titan_rocm_and_keeps_float8(harness: ModuleType,

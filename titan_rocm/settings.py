@@ -61,9 +61,18 @@ class RocmSettings:
     divergence_check: DivergenceCheck = "log_steps"
     """When the guard reads its device-side record: at TorchTitan's log steps and the end
     of training (no extra host sync), or every step (one sync per step)."""
+    gemm_lookup: Mode = "auto"
+    """Compile GEMMs with the validated kernels of ``gemm_lookup_table`` (auto: when a table
+    is named), ATen on a miss; never autotune at start-up."""
+    gemm_lookup_table: str = ""
+    """Path of a table written by ``titan-rocm tune table`` (empty: none)."""
 
     def __post_init__(self) -> None:
         validate(self)
+
+
+MAY_BE_EMPTY: tuple[str, ...] = ("gemm_lookup_table",)
+"""String settings whose empty value means "none"."""
 
 
 def choices(annotation: Any) -> tuple[str, ...] | None:
@@ -98,7 +107,7 @@ def validate(settings: RocmSettings) -> None:
                     f"[rocm] {f.name} = {value!r} is not valid; accepted: true, false"
                 )
         elif f.type is str:
-            if not isinstance(value, str) or not value:
+            if not isinstance(value, str) or not (value or f.name in MAY_BE_EMPTY):
                 raise ValueError(
                     f"[rocm] {f.name} = {value!r} is not valid; accepted: a non-empty string"
                 )
