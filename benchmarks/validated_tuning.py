@@ -110,7 +110,7 @@ def _sh(cmd: list[str], log: Path, env: dict[str, str], timeout: float) -> dict[
 
 def _torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
-            "--master_port=29611", *args]
+            f"--master_port={os.environ.get('TITAN_ROCM_BENCH_PORT', '29611')}", *args]
 
 
 def tune(out: Path, logs: Path, cap: int) -> dict[str, Any]:

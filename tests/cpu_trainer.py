@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -85,6 +86,13 @@ def cpu_patches(set_attr: Any = setattr) -> None:
     set_attr(dist_utils, "set_pg_timeouts", lambda *args, **kwargs: None)
 
 
+def free_port() -> int:
+    """A TCP port nobody listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def init_process_group() -> None:
     """gloo group from torchrun's env, or a one-rank group."""
     if dist.is_initialized():
@@ -93,7 +101,8 @@ def init_process_group() -> None:
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29_500 + os.getpid() % 10_000))
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(free_port())
     dist.init_process_group("gloo")
 
 

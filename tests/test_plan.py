@@ -176,3 +176,18 @@ def test_docs_show_the_current_16b_plan() -> None:
     end = next(i for i, x in enumerate(lines) if "guard_not_covered:" in x)
     entry = "\n".join(lines[start:end + 1])
     assert entry in (REPO / "docs" / "mla-ck-backward.md").read_text()
+
+
+def test_plan_shows_the_moe_scope_per_block(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = str(Path(__file__).resolve().parents[1] / "configs" / "deepseek_v3_debug.toml")
+    assert main(["plan", "--arch", "gfx942", "--job.config_file", cfg,
+                 "--rocm.moe_eager_scope", "moe"]) == 0
+    text = capsys.readouterr().out
+    assert "layers.0: fullgraph" in text
+    assert "layers.5: attention, attention_norm, ffn_norm fullgraph; moe eager" in text
+    assert "      scope: moe" in text
+    assert "keeps each MoE module eager" in text  # the experts runner's line agrees
+    assert main(["plan", "--arch", "gfx942", "--job.config_file", cfg,
+                 "--rocm.moe_eager_scope", "layer"]) == 2
+    err = capsys.readouterr().err
+    assert "moe-eager-scope" in err and "'block', 'moe'" in err, err  # tyro names both
