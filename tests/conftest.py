@@ -1,10 +1,11 @@
-"""Shared fixtures: TorchTitan reference configs, the GPU marker."""
+"""Shared fixtures: TorchTitan reference configs, the GPU marker, the fake aiter (MLA tests)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from mla_test_support import clean_mla_state, fake_aiter, fake_aiter_path  # noqa: F401
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared"

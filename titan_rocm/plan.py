@@ -156,7 +156,11 @@ def _stock_compile_blocks(per_block: dict[str, str]) -> dict[str, str]:
 
 
 def make_plan(
-    args: Sequence[str], *, arch: str | None = None, world_size: int | None = None
+    args: Sequence[str],
+    *,
+    arch: str | None = None,
+    world_size: int | None = None,
+    aiter: str | None = None,
 ) -> dict[str, Any]:
     """Work out what the job in ``args`` (TorchTitan flags) would get from titan-rocm.
 
@@ -164,17 +168,22 @@ def make_plan(
         args: TorchTitan arguments, e.g. ``["--job.config_file", "x.toml"]``.
         arch: simulate a ROCm machine with this ``gfx`` target (default: this machine).
         world_size: number of ranks (default: the product of the explicit degrees).
+        aiter: with ``arch``, the aiter that machine has (``0.1.7``, ``main``, ``absent``;
+            default ``0.1.7``, what ``pip install amd-aiter`` installs).
 
     Raises:
-        PlanError: bad arguments, config, ``[rocm]`` value or architecture.
+        PlanError: bad arguments, config, ``[rocm]`` value, architecture or aiter choice.
     """
     register_converters()
     job_config = parse_job(args)
+    simulate = {"aiter": aiter} if aiter is not None else {}
     if arch is not None:
         try:
-            facts = PlatformFacts.simulated_rocm(arch)
+            facts = PlatformFacts.simulated_rocm(arch, **simulate)
         except ValueError as exc:
             raise PlanError(str(exc)) from None
+    elif simulate:
+        raise PlanError(f"--aiter {aiter} describes a simulated machine; give --arch too")
     else:
         facts = platform.current()
 

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from titan_rocm.platform import AITER_CHOICES
+
 HELP = (
     "Read a TorchTitan job exactly as TorchTitan would, build its model on the meta device, "
     "apply titan-rocm's converters and print what a run would do: which workarounds apply "
@@ -24,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="simulate a ROCm machine with this GPU target (gfx942, gfx950, gfx90a, ...)",
     )
     parser.add_argument(
+        "--aiter",
+        choices=AITER_CHOICES,
+        help="with --arch: the aiter the simulated machine has (default 0.1.7, the PyPI wheel)",
+    )
+    parser.add_argument(
         "--world-size", type=int, help="number of ranks (default: product of explicit degrees)"
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -39,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from titan_rocm.plan import PlanError, format_plan, make_plan
 
     try:
-        plan = make_plan(args.passthrough, arch=args.arch, world_size=args.world_size)
+        plan = make_plan(args.passthrough, arch=args.arch, world_size=args.world_size,
+                         aiter=args.aiter)
     except PlanError as exc:
         print(f"titan-rocm plan: {exc}", file=sys.stderr)
         return 2
