@@ -39,3 +39,17 @@ deepseekv3_args.setdefault("bench_moe_4B", DeepSeekV3ModelArgs(
     q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
     v_head_dim=128, mscale=0.70,
 ))
+
+# DeepSeek-V3 16B's attention exactly (MLA: dim 2048, 16 heads, kv_lora_rank 512, q/k 128+64,
+# v 128, mscale 0.70, flex attention with block_causal document masks) on a two-block model
+# (one dense, one MoE block of 8 small experts) and the 2048-entry debug vocab, so the shipped
+# tokenizer and dataset drive it and a run takes about a minute on one H200
+# (benchmarks/mla_varlen_packing.py).
+deepseekv3_args.setdefault("bench_mla_varlen", DeepSeekV3ModelArgs(
+    vocab_size=2048, dim=2048, inter_dim=5472, moe_inter_dim=1408, n_layers=2,
+    n_dense_layers=1, n_heads=16,
+    moe_args=MoEArgs(num_experts=8, num_shared_experts=2, top_k=2, score_func="softmax",
+                     route_norm=False, score_before_experts=False),
+    q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+    v_head_dim=128, mscale=0.70, attn_type="flex", attn_mask_type="block_causal",
+))

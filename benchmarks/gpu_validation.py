@@ -85,6 +85,8 @@ class Run:
     timeout: int = 420
     shared_cache: bool = False
     """Use the suite's Inductor/Triton cache (steady-state timing) instead of a cold one."""
+    runner: str = "torchtitan_runner.py"
+    """The module under benchmarks/ that runs TorchTitan's trainer."""
 
 
 def single_suite(steps: int) -> tuple[list[Run], list[Run]]:
@@ -261,7 +263,8 @@ def dual_suite(steps: int) -> list[Run]:
 
 
 _SHARED_CACHE = Path(tempfile.mkdtemp(prefix="titan-rocm-cache-"))
-_PORT = [29500]
+# Two suites may share a machine (one per GPU): each takes its own port range.
+_PORT = [int(os.environ.get("TITAN_ROCM_BENCH_PORT", "29500"))]
 _PORT_LOCK = threading.Lock()
 
 
@@ -277,8 +280,12 @@ def launch(run: Run, out: Path, gpu_ids: list[int]) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f"{run.name}-"))
     cache = _SHARED_CACHE if run.shared_cache else tmp
     env = dict(os.environ)
+    # Lane GPU ids count within the GPUs this process was given (a suite pinned to GPU 1
+    # of a two-GPU machine with CUDA_VISIBLE_DEVICES=1 runs there, not on GPU 0).
+    given = os.environ.get("CUDA_VISIBLE_DEVICES")
+    visible = given.split(",") if given else [str(i) for i in range(max(gpu_ids) + 1)]
     env.update(
-        CUDA_VISIBLE_DEVICES=",".join(map(str, gpu_ids)),
+        CUDA_VISIBLE_DEVICES=",".join(visible[i] for i in gpu_ids),
         TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
         TRITON_CACHE_DIR=str(cache / "triton"),
         TITAN_ROCM_TRITON_WAR_STATS_DIR=str(tmp / "war-stats"),
@@ -294,7 +301,7 @@ def launch(run: Run, out: Path, gpu_ids: list[int]) -> dict[str, Any]:
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={run.gpus}",
         f"--master_port={_port()}", "--local-ranks-filter", ",".join(map(str, range(run.gpus))),
         "--role", "rank", "--tee", "3",
-        str(REPO / "benchmarks" / "torchtitan_runner.py"),
+        str(REPO / "benchmarks" / run.runner),
         "--job.config_file", config, "--job.dump_folder", str(tmp / "dump"), *flags,
     ]
     start = time.monotonic()
@@ -699,18 +706,26 @@ def _lane(runs: list[Run], gpu: int, out: Path, logs: Path, environment: dict[st
         print(f"[{run.name}] exit={raw['exit']} wall={raw['wall_s']}s", flush=True)
 
 
-def reanalyse(directory: Path) -> dict[str, Any]:
-    """Recompute the figures from a stored result (summary.json + logs.tar.gz), on any machine."""
+def stored_runs(directory: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """A stored result's summary, and per run the raw record :func:`analyse` takes (its log
+    unpacked from logs.tar.gz into a temporary directory)."""
     stored = json.loads((directory / "summary.json").read_text())
     tmp = Path(tempfile.mkdtemp(prefix="titan-rocm-reanalyse-"))
     with tarfile.open(directory / "logs.tar.gz") as tar:
         tar.extractall(tmp, filter="data")
-    results = {}
+    raws = {}
     for name, run in stored["runs"].items():
         raw = {k: run[k] for k in ("name", "exit", "wall_s", "expect_failure",
                                    "triton_war_stats")}
         raw["log"] = str(tmp / "logs" / f"{name}.log")
-        results[name] = analyse(raw)
+        raws[name] = raw
+    return stored, raws
+
+
+def reanalyse(directory: Path) -> dict[str, Any]:
+    """Recompute the figures from a stored result (summary.json + logs.tar.gz), on any machine."""
+    stored, raws = stored_runs(directory)
+    results = {name: analyse(raw) for name, raw in raws.items()}
     return {"environment": stored["environment"], "figures": figures_of(results),
             "runs": {n: {k: r[k] for k in ("exit", "tps_median", "to_step1_s", "memory_gib",
                                              "reports", "guard_lines")}

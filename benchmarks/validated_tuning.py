@@ -8,8 +8,9 @@ One command on one GPU, from the repository root (titan-rocm and TorchTitan 0.2.
 On llama3 ``bench_1B`` (benchmarks/bench_flavors.py), bf16, one GPU, it runs:
 
 1. ``tune collect`` (one step), ``tune run`` with faults injected -- a wrong-but-fast Triton mm
-   config (``TITAN_ROCM_TUNE_WRONG_MM``: configs with blocks 128/128/64 skip 3/4 of K in every
-   process of the proof), an illegal memory access and a SIGSEGV on two other candidates --
+   config (``TITAN_ROCM_TUNE_WRONG_MM``: configs with blocks 64/64/16, the largest tile of the
+   capped candidate list, skip 15/16 of K in every process of the proof, so it is the fastest
+   candidate and wrong), an illegal memory access and a SIGSEGV on two other candidates --
    killed with SIGKILL after a few results and resumed, then ``tune table``;
 2. training, fresh Inductor/Triton caches per run, FX-graph and AOT caches off, in mirrored
    order: ``default`` (ATen GEMMs), ``max_autotune`` (max-autotune-gemm at job start, ATEN,TRITON)
@@ -43,7 +44,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-WRONG_BLOCKS = "128,128,64"
+WRONG_BLOCKS = "64,64,16"
+"""BLOCK_M,BLOCK_N,BLOCK_K of the injected wrong config: it must be among the first
+``--max-mm-configs`` of Inductor's mm configs, or no process ever offers it."""
+LEGACY_WRONG_BLOCKS = "128,128,64"
+"""What results stored before ``environment.wrong_blocks`` existed injected (2026-11-30-h200-d:
+outside the 6-config cap, so it was never a candidate)."""
 FAULTS = "ima:triton::mm#1@0,crash:triton::mm#2@0"
 CONFIG = "configs/llama3_debug.toml"
 BASE = ["--job.config_file", CONFIG, "--model.flavor", "bench_1B", "--debug.seed", "42",
@@ -110,7 +116,7 @@ def _sh(cmd: list[str], log: Path, env: dict[str, str], timeout: float) -> dict[
 
 def _torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
-            "--master_port=29611", *args]
+            f"--master_port={os.environ.get('TITAN_ROCM_BENCH_PORT', '29611')}", *args]
 
 
 def tune(out: Path, logs: Path, cap: int) -> dict[str, Any]:
@@ -247,11 +253,12 @@ def figures(directory: Path, logs: Path) -> dict[str, Any]:
     if by.get("max_autotune") and by.get("default"):
         out["loss_rel_diff_max_autotune_vs_aten"] = _rel(by["max_autotune"][0]["loss"],
                                                          by["default"][0]["loss"])
-        wrong = "BLOCK_K=64, BLOCK_M=128, BLOCK_N=128"
+    wrong_params = _wrong_params(directory)
+    if by.get("max_autotune") and by.get("default"):
+        wrong = ", ".join(f"{k}={wrong_params[k]}" for k in ("BLOCK_K", "BLOCK_M", "BLOCK_N"))
         picks = [p for r in by["max_autotune"] for p in r["autotune_picks"]]
         out["max_autotune_picked_wrong_config"] = sum(wrong in p for p in picks)
     state = records.load_state(directory / "results.jsonl")
-    wrong_params = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64}
     wrong_results = [r for r in state.results.values() if r["template_id"] == "triton::mm"
                      and all(r["params"].get(k) == v for k, v in wrong_params.items())]
     out["tune"] = {"statuses": dict(state.counts()), "garbled_lines": state.garbled,
@@ -298,6 +305,17 @@ def reanalyse(directory: Path) -> dict[str, Any]:
             "figures": figures(directory, tmp / "logs")}
 
 
+def _wrong_params(directory: Path) -> dict[str, int]:
+    """The injected wrong config's blocks, as the run that wrote ``directory`` injected them."""
+    summary = directory / "summary.json"
+    env = json.loads(summary.read_text()).get("environment", {}) if summary.exists() else {}
+    m, n, k = (int(x) for x in env.get("wrong_blocks", LEGACY_WRONG_BLOCKS).split(","))
+    return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}
+
+
+VARIANTS = ("default", "max_autotune", "table", "table_bs4")
+
+
 def main() -> int:
     """Run the proof (or ``--reanalyse``)."""
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
@@ -309,7 +327,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-mm-configs", type=int, default=6)
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"training variants to run after the tune (of {', '.join(VARIANTS)})")
     args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(unknown)}; accepted: {', '.join(VARIANTS)}")
     if args.reanalyse:
         print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
         return 0
@@ -323,13 +347,14 @@ def main() -> int:
         "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "torch": torch.__version__, "triton": __import__("triton").__version__,
         "command": " ".join(sys.argv), "steps": args.steps, "repeats": args.repeats,
-        "max_mm_configs": args.max_mm_configs}}
+        "max_mm_configs": args.max_mm_configs, "wrong_blocks": WRONG_BLOCKS,
+        "variants": variants}}
     summary["phases"] = tune(args.out, logs, args.max_mm_configs)
     _store(args.out, logs, summary)
-    order = ["default", "max_autotune", "table"]
+    order = [v for v in VARIANTS[:3] if v in variants]
     names = [f"{v}@{i}" for i in range(args.repeats)
              for v in (order if i % 2 == 0 else order[::-1])]
-    for name in [*names, "table_bs4@0"]:
+    for name in [*names, *(["table_bs4@0"] if "table_bs4" in variants else [])]:
         extra = ["--training.local_batch_size", "4"] if "bs4" in name else []
         summary["phases"][name] = train(name, args.out, logs, args.max_mm_configs, args.steps,
                                         extra)

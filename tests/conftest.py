@@ -1,8 +1,9 @@
-"""The GPU marker."""
+"""Shared fixtures: the GPU marker, the fake aiter (MLA tests)."""
 
 from __future__ import annotations
 
 import pytest
+from mla_test_support import clean_mla_state, fake_aiter, fake_aiter_path  # noqa: F401
 
 
 def _has_gpu() -> bool:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -85,20 +86,24 @@ def cpu_patches(set_attr: Any = setattr) -> None:
     set_attr(dist_utils, "set_pg_timeouts", lambda *args, **kwargs: None)
 
 
-def init_process_group() -> None:
-    """gloo group from torchrun's env, or a one-rank group.
+def free_port() -> int:
+    """A TCP port nobody listens on now (the OS picks it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
-    The one-rank group gets its own store and leaves ``os.environ`` alone: a test process
-    that kept torchrun's variables (and the port this group listens on) would hand them to
-    every job it starts as a subprocess.
-    """
+
+def init_process_group() -> None:
+    """gloo group from torchrun's env, or a one-rank group."""
     if dist.is_initialized():
         return
-    if "RANK" in os.environ:
-        dist.init_process_group("gloo")
-        return
-    store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        os.environ["MASTER_PORT"] = str(free_port())
+    dist.init_process_group("gloo")
 
 
 def _trainer_base() -> type:

@@ -1,25 +1,30 @@
-"""rocm.mla_ck_backward on CPU: custom ops, module, guard and converter against a fake aiter.
+"""rocm.mla_ck_backward on CPU: dense custom ops, module, guard, aiter_api and converter, against
+the fake aiter in both generations (PyPI 0.1.7.post2 and main).
 
-The real aiter needs ROCm; these tests put ``tests/fake_aiter`` on ``sys.path`` (fixture
-``fake_aiter_path``) and simulate the ROCm arch with ``platform.override``. The fake records
-which aiter kernel each call reached and computes it with an fp32 reference attention.
+The real aiter needs ROCm; the fixtures in ``mla_test_support`` put one fake generation on
+``sys.path`` (each test that takes ``fake_aiter`` runs once per generation) and simulate the ROCm
+arch with ``platform.override``. The fakes define aiter's kernels and ``_flash_attn_backward`` as
+``torch.ops.aiter`` ops behind ``(*args, **kwargs)`` wrappers, as the real aiter does, so
+titan-rocm reads their parameters from the op schemas; they record which kernel each call
+reached and compute it with an fp32 reference attention. Varlen (document masks): see
+test_mla_varlen.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import importlib
 import inspect
 import json
 import logging
 import sys
-from pathlib import Path
+import types
 
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from mla_test_support import assert_matches, cpu_facts, on_rocm, qkv, reference
 from moe_test_models import build_meta, convert, decisions, model_args, parse, world_of_one
 
 from titan_rocm import platform
@@ -27,91 +32,22 @@ from titan_rocm.converters.context import job_context
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.settings import RocmSettings
 from titan_rocm.workarounds.base import Context, Parallelism, planning
-from titan_rocm.workarounds.mla_attention import aiter_api, guard, op, route_log
-from titan_rocm.workarounds.mla_attention.module import MLAFlexInnerAttention, MLAInnerAttention
+from titan_rocm.workarounds.mla_attention import aiter_api, guard, op
+from titan_rocm.workarounds.mla_attention.module import (
+    MLAFlexInnerAttention,
+    MLAInnerAttention,
+    MLAVarlenInnerAttention,
+)
 from titan_rocm.workarounds.mla_attention.workaround import (
     DEEPSEEK_PARALLELIZE,
     MLACKBackward,
     expected_attention_dtype,
 )
 
-FAKE_AITER = Path(__file__).resolve().parent / "fake_aiter"
+pytestmark = pytest.mark.usefixtures("clean_mla_state")
+
 INNER = "attention.inner_attention"
 CONVERTER = ("--model.converters", "rocm.mla_ck_backward")
-
-
-# -- fixtures ------------------------------------------------------------------------------
-
-
-def _drop_aiter_modules() -> None:
-    for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
-        del sys.modules[name]
-
-
-@pytest.fixture(autouse=True)
-def _clean_process_state(monkeypatch):
-    """Each test starts and ends without aiter loaded, guard hooks, logged routes or SAC ops."""
-    monkeypatch.delenv("GPU_ARCHS", raising=False)
-    _drop_aiter_modules()
-    yield
-    guard.uninstall()
-    _drop_aiter_modules()
-    route_log.forget()
-    save_list = importlib.import_module(DEEPSEEK_PARALLELIZE)._op_sac_save_list
-    save_list.discard(op.FORWARD_OP)
-
-
-@pytest.fixture
-def fake_aiter_path(monkeypatch):
-    """The fake aiter importable (nothing imported yet)."""
-    monkeypatch.syspath_prepend(str(FAKE_AITER))
-    importlib.invalidate_caches()
-
-
-@pytest.fixture
-def fake_aiter(fake_aiter_path):
-    """The fake aiter imported; its control module (device arch gfx942, no calls yet)."""
-    fake = importlib.import_module("aiter._fake")
-    fake.reset("gfx942")
-    return fake
-
-
-@contextlib.contextmanager
-def on_rocm(arch: str, fake=None):
-    """Simulated ROCm facts for ``arch`` (and the fake aiter's device, when given)."""
-    if fake is not None:
-        fake.reset(arch)
-    with platform.override(PlatformFacts.simulated_rocm(arch)):
-        yield
-
-
-def _cpu_facts(**changes) -> PlatformFacts:
-    facts = PlatformFacts("2.13", None, None, 0, None, None, None, "3.9.0", False)
-    return dataclasses.replace(facts, **changes)
-
-
-# -- reference -----------------------------------------------------------------------------
-
-
-def _qkv(batch=2, seqlen=32, heads=4, qk=192, v=128, dtype=torch.bfloat16, seed=0):
-    """bshd q, k, v (aiter's layout) as leaf tensors needing grad."""
-    gen = torch.Generator().manual_seed(seed)
-    shapes = ((batch, seqlen, heads, qk), (batch, seqlen, heads, qk), (batch, seqlen, heads, v))
-    return [torch.randn(s, generator=gen).to(dtype).requires_grad_() for s in shapes]
-
-
-def _reference(q, k, v, scale, dout):
-    """fp32 SDPA (causal) of bshd inputs: (out, dq, dk, dv)."""
-    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
-    out = F.scaled_dot_product_attention(
-        qf.transpose(1, 2), kf.transpose(1, 2), vf.transpose(1, 2), scale=scale, is_causal=True
-    ).transpose(1, 2)
-    out.backward(dout.float())
-    return out.detach(), qf.grad, kf.grad, vf.grad
-
-
-def _assert_matches(got, want, tol=2e-2):
-    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
 def _aiter_backward(mha, q, k, v):
@@ -122,66 +58,95 @@ def _aiter_backward(mha, q, k, v):
     out.backward(torch.ones_like(out))
 
 
+def _assert_aiter_backward_grads(q, k, v):
+    """q's and v's gradients from :func:`_aiter_backward` are the reference attention's."""
+    _, dq, _, dv = reference(q, k, v, 0.1, torch.ones(*q.shape[:3], v.shape[-1]))
+    assert_matches(q.grad, dq)
+    assert_matches(v.grad, dv)
+
+
 # -- the custom ops ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("arch", "backward_kernel"),
-    [("gfx942", "mha_bwd"), ("gfx90a", "mha_bwd"), ("gfx950", "fmha_v3_bwd")],
-)
-def test_gradients_through_the_op_match_reference_attention(fake_aiter, arch, backward_kernel):
-    q, k, v = _qkv()
+# What each generation's own dispatch runs for the causal bf16 MLA backward (seqlen_q > 16).
+GFX950_BACKWARD = {"0.1.7": "mha_bwd", "main": "fmha_v3_bwd"}  # 0.1.7: gfx950 gate needs nmask
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx90a", "gfx950"])
+def test_gradients_through_the_op_match_reference_attention(fake_aiter, arch):
+    q, k, v = qkv()
     with on_rocm(arch, fake_aiter):
         out = op.mla_flash_attention(q, k, v, softmax_scale=0.1, causal=True)
         dout = torch.randn_like(out)
         out.backward(dout)
-    ref_out, dq, dk, dv = _reference(q, k, v, 0.1, dout)
-    _assert_matches(out, ref_out)
-    _assert_matches(q.grad, dq)
-    _assert_matches(k.grad, dk)
-    _assert_matches(v.grad, dv)
-    assert fake_aiter.names() == ["mha_fwd", backward_kernel]
+    ref_out, dq, dk, dv = reference(q, k, v, 0.1, dout)
+    assert_matches(out, ref_out)
+    assert_matches(q.grad, dq)
+    assert_matches(k.grad, dk)
+    assert_matches(v.grad, dv)
+    backward = GFX950_BACKWARD[fake_aiter.GENERATION] if arch == "gfx950" else "mha_bwd"
+    assert fake_aiter.names() == ["mha_fwd", backward]
     details = fake_aiter.CALLS[-1][1]
     assert details["v_shape"][-1] == 128 and details["dout_shape"][-1] == 128  # never padded
     assert details["q_shape"][-1] == 192 and details["causal"] is True
 
 
-def test_long_sequences_take_aiters_fast_forward(fake_aiter):
-    q, k, v = _qkv(batch=1, seqlen=160, heads=2)
+# gfx942, seqlen_q > 128: PyPI 0.1.7 has no q/k 192 fmha_v3 forward there (CK); main has one.
+LONG_FORWARD = {"0.1.7": "mha_fwd", "main": "fmha_v3_fwd"}
+
+
+def test_long_sequences_take_the_forward_aiter_has_for_the_release(fake_aiter):
+    q, k, v = qkv(batch=1, seqlen=160, heads=2)
     with on_rocm("gfx942", fake_aiter):
         op.mla_flash_attention(q, k, v, softmax_scale=0.1).sum().backward()
-    assert fake_aiter.names() == ["fmha_v3_fwd", "mha_bwd"]
+    assert fake_aiter.names() == [LONG_FORWARD[fake_aiter.GENERATION], "mha_bwd"]
 
 
-def test_misdetected_arch_still_routes_by_the_device(fake_aiter, monkeypatch):
-    """GPU_ARCHS="gfx942;gfx950" fools aiter's get_gfx(), not titan-rocm's routing."""
+# aiter alone, GPU_ARCHS="gfx942;gfx950" on an MI300X, causal q/k 192, v 128, seqlen 160:
+# 0.1.7 sends the forward to fmha_v3_fwd (no gfx942 kernel: "invalid argument for fmha_fwd");
+# main's forward has gfx942 kernels but its gfx950 backward gate sends the backward to
+# fmha_v3_bwd, which gfx942 lacks.
+ALONE_FAILS = {"0.1.7": "invalid argument for fmha_fwd",
+               "main": "invalid argument for fmha_v3_bwd"}
+ROUTED = {"0.1.7": ["mha_fwd", "mha_bwd"], "main": ["fmha_v3_fwd", "mha_bwd"]}
+
+
+def test_misdetected_arch_routes_both_directions_by_the_device(fake_aiter, monkeypatch):
     monkeypatch.setenv("GPU_ARCHS", "gfx942;gfx950")
     mha = sys.modules["aiter.ops.mha"]
-    with on_rocm("gfx942", fake_aiter):
-        q, k, v = _qkv()
-        with pytest.raises(RuntimeError, match="invalid argument for fmha_v3_bwd"):
-            _aiter_backward(mha, q, k, v)  # aiter alone: the failure this workaround is for
-        q, k, v = _qkv()
-        op.mla_flash_attention(q, k, v, softmax_scale=0.1).sum().backward()
-    assert fake_aiter.names()[-2:] == ["mha_fwd", "mha_bwd"]
-    assert q.grad is not None and torch.isfinite(q.grad.float()).all()
+    generation = fake_aiter.GENERATION
+    with on_rocm("gfx942", fake_aiter) as facts:
+        assert facts.aiter.gfx == "gfx950" and facts.aiter.mismatch("gfx942")
+        with pytest.raises(RuntimeError, match=ALONE_FAILS[generation]):
+            _aiter_backward(mha, *qkv(batch=1, seqlen=160, heads=2))  # aiter alone
+        fake_aiter.reset("gfx942")
+        q, k, v = qkv(batch=1, seqlen=160, heads=2)
+        out = op.mla_flash_attention(q, k, v, softmax_scale=0.1)
+        dout = torch.randn_like(out)
+        out.backward(dout)
+    assert fake_aiter.names() == ROUTED[generation]
+    _, dq, dk, dv = reference(q, k, v, 0.1, dout)
+    assert_matches(q.grad, dq)
+    assert_matches(v.grad, dv)
 
 
-def test_route_logged_once_per_shape(fake_aiter, caplog):
+def test_route_logged_once_per_shape_and_direction(fake_aiter, caplog):
     with on_rocm("gfx942", fake_aiter), caplog.at_level(logging.INFO, logger="titan_rocm"):
         for _ in range(2):
-            q, k, v = _qkv()
+            q, k, v = qkv()
             op.mla_flash_attention(q, k, v, softmax_scale=0.1).sum().backward()
-        q, k, v = _qkv(qk=128)
+        q, k, v = qkv(qk=128)
         op.mla_flash_attention(q, k, v, softmax_scale=0.1).sum().backward()
     lines = [r.getMessage() for r in caplog.records if "mla_ck_backward [op]" in r.getMessage()]
-    assert len(lines) == 2
-    assert "gfx942 q/k 192, v 128, bfloat16: backward -> ck (mha_bwd)" in lines[0]
-    assert "q/k 128, v 128, bfloat16: backward -> aiter (_flash_attn_backward)" in lines[1]
+    assert len(lines) == 4, lines
+    assert ("gfx942 q/k 192, v 128, bfloat16: backward -> ck (mha_bwd), runs CK mha_bwd"
+            in lines[1])
+    assert "q/k 192, v 128, bfloat16: forward -> aiter (_flash_attn_forward)" in lines[0]
+    assert "q/k 128, v 128, bfloat16: backward -> aiter (_flash_attn_backward)" in lines[3]
 
 
 def test_opcheck_schema_fake_and_autograd_registration(fake_aiter):
-    q, k, v = _qkv(batch=1, seqlen=24, heads=2)
+    q, k, v = qkv(batch=1, seqlen=24, heads=2)
     with on_rocm("gfx942", fake_aiter):
         torch.library.opcheck(op.FORWARD_OP, (q, k, v, 0.0, 0.1, True, False))
         with torch.no_grad():
@@ -199,7 +164,7 @@ def test_torch_compile_fullgraph_matches_eager(fake_aiter):
     grads = []
     with on_rocm("gfx942", fake_aiter):
         for fn in (module, compiled):
-            q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in _qkv(seed=1))
+            q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in qkv(seed=1))
             out = fn(q, k, v, scale=0.1)
             out.backward(torch.ones_like(out))
             grads.append((out.detach(), q.grad, k.grad, v.grad))
@@ -223,7 +188,7 @@ def test_op_sac_saves_the_forward_instead_of_recomputing(fake_aiter, save, forwa
 
     save_list = {op.FORWARD_OP} if save else set()
     block = _apply_op_sac(Block(), ActivationCheckpoint(), op_sac_save_list=save_list)
-    q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in _qkv())
+    q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in qkv())
     with on_rocm("gfx942", fake_aiter):
         block(q, k, v).sum().backward()
     assert fake_aiter.names().count("mha_fwd") == forward_calls
@@ -257,7 +222,7 @@ def test_deepseek_attention_with_the_module_matches_sdpa(fake_aiter):
             y.float().square().sum().backward()
             outs.append((y.detach(), {n: p.grad for n, p in model.named_parameters()}))
     (y_stock, g_stock), (y_swapped, g_swapped) = outs
-    _assert_matches(y_swapped, y_stock)
+    assert_matches(y_swapped, y_stock)
     for name, grad in g_stock.items():
         rel = (g_swapped[name].float() - grad.float()).norm() / grad.float().norm()
         assert rel < 3e-2, (name, float(rel))
@@ -266,7 +231,7 @@ def test_deepseek_attention_with_the_module_matches_sdpa(fake_aiter):
 
 def test_inputs_aiter_cannot_take_fall_back_to_sdpa_and_log_once(fake_aiter, caplog):
     module = MLAInnerAttention()
-    q, k, v = (t.transpose(1, 2) for t in _qkv(dtype=torch.float32))
+    q, k, v = (t.transpose(1, 2) for t in qkv(dtype=torch.float32))
     with on_rocm("gfx942", fake_aiter), caplog.at_level(logging.WARNING, logger="titan_rocm"):
         out = module(q, k, v, scale=0.1)
         module(q, k, v, scale=0.1)
@@ -280,7 +245,8 @@ def test_inputs_aiter_cannot_take_fall_back_to_sdpa_and_log_once(fake_aiter, cap
 @pytest.mark.parametrize(
     ("ours", "theirs"),
     [(MLAInnerAttention, "ScaledDotProductAttentionWrapper"),
-     (MLAFlexInnerAttention, "FlexAttentionWrapper")],
+     (MLAFlexInnerAttention, "FlexAttentionWrapper"),
+     (MLAVarlenInnerAttention, "FlexAttentionWrapper")],
 )
 def test_module_call_signature_matches_the_replaced_wrapper(ours, theirs):
     from torchtitan.models import attention
@@ -298,17 +264,17 @@ def test_flex_replacement_runs_causal_attention_and_refuses_score_mod(fake_aiter
 
     mask = create_block_mask(lambda b, h, q, kv: q >= kv, 1, None, 32, 32, device="cpu")
     module = MLAFlexInnerAttention()
-    q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in _qkv())
+    q, k, v = (t.transpose(1, 2).detach().requires_grad_() for t in qkv())
     with on_rocm("gfx942", fake_aiter):
         out = module(q, k, v, block_mask=mask, scale=0.1)
         out.backward(torch.ones_like(out))
         with pytest.raises(NotImplementedError, match="score_mod"):
             module(q, k, v, block_mask=mask, score_mod=lambda s, *_: s)
-    ref, dq, _, dv = _reference(*(t.transpose(1, 2) for t in (q, k, v)), 0.1,
+    ref, dq, _, dv = reference(*(t.transpose(1, 2) for t in (q, k, v)), 0.1,
                                 torch.ones(2, 32, 4, 128))
-    _assert_matches(out.transpose(1, 2), ref)
-    _assert_matches(q.grad.transpose(1, 2), dq)
-    _assert_matches(v.grad.transpose(1, 2), dv)
+    assert_matches(out.transpose(1, 2), ref)
+    assert_matches(q.grad.transpose(1, 2), dq)
+    assert_matches(v.grad.transpose(1, 2), dv)
     assert fake_aiter.names() == ["mha_fwd", "mha_bwd"]
 
 
@@ -336,58 +302,117 @@ def test_guard_patches_a_loaded_aiter_once_and_unpatches(fake_aiter):
     assert mha._flash_attn_backward is original
 
 
-def test_guard_sends_padded_v_on_gfx942_to_ck(fake_aiter):
-    """A caller that pads v to 192 (the failing path) gets CK once the guard is in."""
+def test_guard_leaves_padded_v_to_aiter_whose_gfx942_kernels_take_it(fake_aiter):
+    """q/k 192, v 192 on gfx942: both releases pick fmha_v3_bwd's bwd_hd192_*_psskddv
+    kernels, which gfx942 has; the guard does not route it (issue 14, finding 3)."""
+    mha = sys.modules["aiter.ops.mha"]
+    guard.install()
+    with on_rocm("gfx942", fake_aiter):
+        q, k, v = qkv(v=192)
+        _aiter_backward(mha, q, k, v)
+    assert fake_aiter.names() == ["mha_fwd", "fmha_v3_bwd"]
+    _assert_aiter_backward_grads(q, k, v)
+
+
+def test_guard_sends_mla_under_a_misdetected_arch_to_ck(fake_aiter, monkeypatch):
+    """GPU_ARCHS ending in gfx950 on gfx942, causal q/k 192, v 128: aiter main's own backward
+    reaches fmha_v3_bwd and fails; the guard sends it to CK. (0.1.7's gfx950 gate needs a
+    mask-free call, so it picks CK itself; the guard's CK call changes nothing there.)"""
+    monkeypatch.setenv("GPU_ARCHS", "gfx942;gfx950")
     mha = sys.modules["aiter.ops.mha"]
     with on_rocm("gfx942", fake_aiter):
-        with pytest.raises(RuntimeError, match="invalid argument for fmha_v3_bwd"):
-            _aiter_backward(mha, *_qkv(v=192))
+        if fake_aiter.GENERATION == "main":
+            with pytest.raises(RuntimeError, match="invalid argument for fmha_v3_bwd"):
+                _aiter_backward(mha, *qkv())
         guard.install()
         fake_aiter.reset("gfx942")
-        q, k, v = _qkv(v=192)
+        q, k, v = qkv()
         _aiter_backward(mha, q, k, v)
     assert fake_aiter.names() == ["mha_fwd", "mha_bwd"]
-    _, dq, dk, dv = _reference(q, k, v, 0.1, torch.ones(2, 32, 4, 192))
-    _assert_matches(q.grad, dq)
-    _assert_matches(v.grad, dv)
+    _assert_aiter_backward_grads(q, k, v)
 
 
 def test_guard_leaves_other_shapes_and_archs_to_aiter(fake_aiter, caplog):
     mha = sys.modules["aiter.ops.mha"]
     guard.install()
     with on_rocm("gfx942", fake_aiter), caplog.at_level(logging.INFO, logger="titan_rocm"):
-        _aiter_backward(mha, *_qkv(qk=128))
-        _aiter_backward(mha, *_qkv(qk=128))
+        _aiter_backward(mha, *qkv(qk=128))
+        _aiter_backward(mha, *qkv(qk=128))
     assert fake_aiter.names() == ["mha_fwd", "fmha_v3_bwd"] * 2  # aiter's own choice
     guard_lines = [r for r in caplog.records if "mla_ck_backward [guard]" in r.getMessage()]
     assert len(guard_lines) == 1 and "aiter (_flash_attn_backward)" in guard_lines[0].getMessage()
-    with on_rocm("gfx950", fake_aiter):
-        _aiter_backward(mha, *_qkv())
-    assert fake_aiter.names() == ["mha_fwd", "fmha_v3_bwd"]
 
 
-def test_guard_accepts_keyword_calls_and_fills_the_callers_buffers(fake_aiter):
+def test_guard_leaves_gfx950_to_aiter(fake_aiter):
     mha = sys.modules["aiter.ops.mha"]
     guard.install()
-    q, k, v = (t.detach() for t in _qkv())
+    with on_rocm("gfx950", fake_aiter):
+        _aiter_backward(mha, *qkv())
+    assert fake_aiter.names() == ["mha_fwd", GFX950_BACKWARD[fake_aiter.GENERATION]]
+
+
+def _forward_args(generation, q, k, v):
+    # _flash_attn_forward's positional parameters up to return_softmax, per release.
+    if generation == "0.1.7":
+        return (q, k, v, 0.0, 0.1, True, -1, -1, None, None, True, False)
+    return (q, k, v, 0.0, 0.1, True, -1, -1, 0, None, None, None, None, None, True, False)
+
+
+def test_guard_accepts_keyword_calls_and_fills_the_callers_buffers(fake_aiter, monkeypatch):
+    monkeypatch.setenv("GPU_ARCHS", "gfx950")  # so that the guard, not aiter, picks CK
+    mha = sys.modules["aiter.ops.mha"]
+    guard.install()
+    q, k, v = (t.detach() for t in qkv())
     with on_rocm("gfx942", fake_aiter):
-        out, lse, _, rng = mha._flash_attn_forward(
-            q, k, v, 0.0, 0.1, True, -1, -1, 0, None, None, None, None, None, True, False
-        )
+        out, lse, _, rng = mha._flash_attn_forward(*_forward_args(fake_aiter.GENERATION, q, k, v))
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dout = torch.ones_like(out)
         softmax_d = mha._flash_attn_backward(
             dout=dout, q=q, k=k, v=v, out=out, softmax_lse=lse, dq=dq, dk=dk, dv=dv,
-            dbias=None, dropout_p=0.0, softmax_scale=0.1, causal=True, window_size_left=-1,
+            dbias=None, dropout_p=0.0, softmax_scale=0.1, causal=False, window_size_left=-1,
             window_size_right=-1, bias=None, alibi_slopes=None, deterministic=False,
             rng_state=rng,
         )
     assert fake_aiter.names()[-1] == "mha_bwd"
     assert softmax_d.shape == (2, 4, 32)
-    _, rq, rk, rv = _reference(q, k, v, 0.1, dout)
-    _assert_matches(dq, rq)
-    _assert_matches(dk, rk)
-    _assert_matches(dv, rv)
+    qf, kf, vf = (t.float().transpose(1, 2).requires_grad_() for t in (q, k, v))
+    F.scaled_dot_product_attention(qf, kf, vf, scale=0.1).backward(dout.float().transpose(1, 2))
+    assert_matches(dq, qf.grad.transpose(1, 2))
+    assert_matches(dk, kf.grad.transpose(1, 2))
+    assert_matches(dv, vf.grad.transpose(1, 2))
+
+
+def _primus_like_module(mha) -> types.ModuleType:
+    """A module that did ``from aiter.ops.mha import _flash_attn_backward`` at its import, as
+    Primus-Turbo's attention_aiter_impl does, and calls it at backward time."""
+    module = types.ModuleType("primus_like_attention")
+    module._flash_attn_backward = mha._flash_attn_backward
+    exec(  # a module-level function: it reads the module global when called
+        "def backward(*args, **kwargs):\n    return _flash_attn_backward(*args, **kwargs)\n",
+        module.__dict__,
+    )
+    return module
+
+
+def test_guard_rebinds_the_name_in_modules_that_imported_it_first(fake_aiter, monkeypatch):
+    mha = sys.modules["aiter.ops.mha"]
+    primus = _primus_like_module(mha)
+    monkeypatch.setitem(sys.modules, primus.__name__, primus)
+    original = primus._flash_attn_backward
+    status = guard.install()
+    assert status == "patched; re-bound in primus_like_attention._flash_attn_backward"
+    assert guard.is_guarded(primus._flash_attn_backward)
+    assert guard.rebound() == ["primus_like_attention._flash_attn_backward"]
+    monkeypatch.setenv("GPU_ARCHS", "gfx950")
+    q, k, v = (t.detach() for t in qkv())
+    with on_rocm("gfx942", fake_aiter):
+        out, lse, _, rng = mha._flash_attn_forward(*_forward_args(fake_aiter.GENERATION, q, k, v))
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        primus.backward(torch.ones_like(out), q, k, v, out, lse, dq, dk, dv, None, 0.0, 0.1,
+                        False, -1, -1, None, None, False, rng)
+    assert fake_aiter.names()[-1] == "mha_bwd"  # routed: the by-name import is covered
+    guard.uninstall()
+    assert primus._flash_attn_backward is original and guard.rebound() == []
 
 
 # -- aiter_api -----------------------------------------------------------------------------
@@ -415,6 +440,12 @@ def test_calls_adapt_to_older_aiter_signatures():
     with pytest.raises(aiter_api.AiterUnavailable, match="requires parameter 'brand_new'"):
         aiter_api.call_with_known(future, "future", {"q": 1})
 
+    def unreadable(*args, **kwargs):
+        raise AssertionError("must not be called")
+
+    with pytest.raises(aiter_api.AiterUnavailable, match="cannot read the parameters"):
+        aiter_api.call_with_known(unreadable, "_no_such_op", {"q": 1})
+
 
 def test_hidden_signatures_are_read_from_the_torch_ops_aiter_schema():
     """aiter's torch_compile_guard returns ``(*args, **kwargs)`` wrappers around
@@ -434,8 +465,31 @@ def test_hidden_signatures_are_read_from_the_torch_ops_aiter_schema():
         lib._destroy()
 
 
+# Parameters only one generation has, read through the kernels' op schemas.
+ONLY_IN = {
+    "0.1.7": {"mha_fwd": set(), "mha_bwd": set()},
+    "main": {"mha_fwd": {"sink_size", "q_descale", "k_descale", "v_descale", "sink_ptr"},
+             "mha_bwd": {"sink", "d_sink"}},
+}
+
+
+@pytest.mark.parametrize("kernel", ["mha_fwd", "mha_bwd", "mha_varlen_fwd", "mha_varlen_bwd"])
+def test_kernels_are_wrappers_read_through_their_schema(fake_aiter, kernel):
+    """As in the real aiter, every kernel is a ``(*args, **kwargs)`` wrapper: titan-rocm's
+    calls go through the ``torch.ops.aiter`` schema path, per release."""
+    fn = getattr(sys.modules["aiter.ops.mha"], kernel)
+    assert str(inspect.signature(fn)) == "(*args, **kwargs)"
+    names = {name for name, _ in aiter_api.parameters(fn, kernel)}
+    assert {"q", "k", "v", "dropout_p", "softmax_scale", "is_causal"} <= names
+    main_only = {"sink_size", "q_descale", "sink_ptr", "sink", "d_sink"}
+    if fake_aiter.GENERATION == "0.1.7":
+        assert not names & main_only
+    else:
+        assert ONLY_IN["main"].get(kernel, set()) <= names
+
+
 def test_load_mha_off_rocm_names_what_is_missing(fake_aiter_path):
-    with platform.override(_cpu_facts()):
+    with platform.override(cpu_facts()):
         with pytest.raises(aiter_api.AiterUnavailable, match="needs a ROCm build of torch"):
             aiter_api.load_mha()
     assert "aiter" not in sys.modules
@@ -481,7 +535,8 @@ def test_converter_swaps_exactly_the_deepseek_attention_modules(caplog):
     assert changed == {f"layers.{i}.{INNER}" for i in range(6)}
     assert all(after[fqn] is MLAInnerAttention for fqn in changed)
     assert "titan-rocm: rocm.mla_ck_backward applied" in caplog.text
-    assert op.FORWARD_OP in importlib.import_module(DEEPSEEK_PARALLELIZE)._op_sac_save_list
+    save_list = importlib.import_module(DEEPSEEK_PARALLELIZE)._op_sac_save_list
+    assert set(op.FORWARD_OPS) <= save_list
     assert guard.hook_pending() and "aiter" not in sys.modules  # guard waits; aiter not imported
     details = decision.details
     json.dumps(details)
@@ -489,28 +544,48 @@ def test_converter_swaps_exactly_the_deepseek_attention_modules(caplog):
         "arch": "gfx942", "shape": {"qk": 192, "v": 128}, "backward": "ck (mha_bwd)",
         "modules": 6,
     }
-    assert details["replaced"] == 6 and details["dtype"] == "bfloat16"
+    assert details["replaced"] == {"sdpa": 6} and details["dtype"] == "bfloat16"
+    assert details["attention"] == "sdpa (causal): aiter dense attention"
     assert details["op_sac_save_list"] == f"{DEEPSEEK_PARALLELIZE}._op_sac_save_list"
 
 
 @pytest.mark.parametrize(
-    ("arch", "backward"),
-    [("gfx942", "ck (mha_bwd)"), ("gfx950", "aiter (_flash_attn_backward)"),
-     ("gfx90a", "ck (mha_bwd)")],
+    ("arch", "aiter", "forward_runs", "backward"),
+    [("gfx942", "0.1.7", "CK mha_fwd", "ck (mha_bwd)"),
+     ("gfx942", "main", "fmha_v3_fwd (ASM) for seqlen_q > 128, else CK mha_fwd", "ck (mha_bwd)"),
+     ("gfx950", "0.1.7", "fmha_v3_fwd (ASM) for seqlen_q > 128, else CK mha_fwd",
+      "aiter (_flash_attn_backward)"),
+     ("gfx90a", "main", "CK mha_fwd", "ck (mha_bwd)")],
 )
-def test_plan_with_simulated_arch_imports_no_aiter_and_installs_nothing(arch, backward):
+def test_plan_with_simulated_platform_imports_no_aiter_and_installs_nothing(
+    arch, aiter, forward_runs, backward
+):
     job = _job()
     model = build_meta(job)
-    with platform.override(PlatformFacts.simulated_rocm(arch)), planning():
+    with platform.override(PlatformFacts.simulated_rocm(arch, aiter=aiter)), planning():
         ctx = job_context(job, world_of_one())
         w = MLACKBackward(ctx)
         assert w.gate(model) is None
         w.apply(model)
         plan = w.plan(model)
     assert plan["arch"] == arch and plan["backward"] == backward and plan["modules"] == 6
-    assert plan["forward"] == "aiter flash attention (_flash_attn_forward)"
+    assert plan["forward"] == "aiter (_flash_attn_forward)"
+    assert plan["forward_runs"] == forward_runs
+    assert plan["aiter"]["api"] == aiter and plan["aiter"]["get_gfx_matches_device"]
     assert plan["guard"] == "not installed (plan)" and not guard.hook_pending()
     assert "aiter" not in sys.modules
+
+
+def test_plan_shows_a_misdetected_arch_and_the_routes_it_causes(monkeypatch):
+    monkeypatch.setenv("GPU_ARCHS", "gfx942;gfx950")
+    job = _job()
+    model = build_meta(job)
+    with platform.override(PlatformFacts.simulated_rocm("gfx942", aiter="0.1.7")), planning():
+        plan = MLACKBackward(job_context(job, world_of_one())).plan(model)
+    assert plan["aiter"]["get_gfx"] == "gfx950" and not plan["aiter"]["get_gfx_matches_device"]
+    assert plan["forward"] == "ck (mha_fwd)"
+    assert "told gfx950 by get_gfx()" in plan["forward_reason"]
+    assert plan["backward"] == "ck (mha_bwd)"
 
 
 def test_plan_of_an_unconverted_model_still_shows_the_route():
@@ -519,13 +594,14 @@ def test_plan_of_an_unconverted_model_still_shows_the_route():
     with platform.override(PlatformFacts.simulated_rocm("gfx942")):
         plan = MLACKBackward(job_context(job, world_of_one())).plan(model)
     assert plan["backward"] == "ck (mha_bwd)" and "replaced" not in plan
+    assert plan["guard_not_covered"] == guard.NOT_COVERED
 
 
 def test_auto_off_rocm_skips_with_one_line_and_touches_nothing(caplog):
     job = _job()
     model = build_meta(job)
     before = _types(model)
-    with platform.override(_cpu_facts()), caplog.at_level(logging.INFO):
+    with platform.override(cpu_facts()), caplog.at_level(logging.INFO):
         decision = decisions(convert(job, model))["mla_ck_backward"]
     assert not decision.applied
     assert decision.reason == "not a ROCm build (torch.version.hip is None)"
@@ -542,7 +618,7 @@ def test_auto_off_rocm_skips_with_one_line_and_touches_nothing(caplog):
         ("no_aiter", "aiter not usable: missing the aiter package"),
         ("no_gpu", "aiter not usable: missing a visible AMD GPU"),
         ("llama3", "model has no DeepSeek V3 MLA attention"),
-        ("flex", "attention is FlexAttention with 'block_causal' (per-document) masks"),
+        ("pp", "block_causal (per-document) masks under pipeline parallelism"),
         ("cp", "context parallelism is on"),
     ],
 )
@@ -556,8 +632,9 @@ def test_auto_skips_with_the_reason(case, reason):
         facts = dataclasses.replace(facts, device_count=0)
     elif case == "llama3":
         job = _job(name="llama3")
-    elif case == "flex":
+    elif case == "pp":
         job = _job(flavor="debugmodel_flex_attn")
+        parallel_dims = Parallelism(world_size=2, pp=2)
     elif case == "cp":
         parallel_dims = Parallelism(world_size=2, cp=2)
     model = build_meta(job)
@@ -576,20 +653,35 @@ def test_flex_flavor_with_a_causal_mask_is_converted_in_auto():
     with platform.override(PlatformFacts.simulated_rocm("gfx942")):
         decision = decisions(convert(job, model))["mla_ck_backward"]
     assert decision.applied, decision.reason
-    assert decision.details["attention"] == "flex (causal mask)"
+    assert decision.details["attention"] == "flex (causal mask): aiter dense attention"
     assert all(type(b.attention.inner_attention) is MLAFlexInnerAttention
                for b in model.layers.values())
 
 
-def test_on_alone_keeps_document_masks(caplog):
-    job = _job("--rocm.mla_ck_backward", "on", flavor="debugmodel_flex_attn")
+@pytest.mark.parametrize("mode", ["auto", "on"])
+def test_block_causal_flavor_gets_varlen_attention_per_document(mode):
+    from titan_rocm.workarounds.mla_attention import documents
+
+    job = _job("--rocm.mla_ck_backward", mode, flavor="debugmodel_flex_attn")
     model = build_meta(job)
     before = _types(model)
-    with platform.override(PlatformFacts.simulated_rocm("gfx942")):
+    with platform.override(PlatformFacts.simulated_rocm("gfx942", aiter="0.1.7")):
         decision = decisions(convert(job, model))["mla_ck_backward"]
-    assert not decision.applied
-    assert 'mla_document_masks = "drop"' in decision.reason
-    assert _types(model) == before
+    assert decision.applied, decision.reason
+    after = _types(model)
+    assert {f for f in before if before[f] is not after[f]} == {
+        f"layers.{i}.{INNER}" for i in range(6)
+    }
+    assert {after[f"layers.{i}.{INNER}"] for i in range(6)} == {MLAVarlenInnerAttention}
+    assert documents.installed(model)
+    details = decision.details
+    assert details["attention"].startswith("varlen (block_causal mask)")
+    assert (details["forward"], details["forward_runs"]) == (
+        "aiter (_flash_attn_varlen_forward)", "CK mha_varlen_fwd")
+    assert (details["backward"], details["backward_runs"]) == (
+        "ck (mha_varlen_bwd)", "CK mha_varlen_bwd")
+    assert details["replaced"] == {"varlen": 6}
+    assert "create_varlen_metadata_for_document" in details["document_masks"]
 
 
 def test_drop_document_masks_runs_block_causal_flex_causal_with_a_warning(caplog):
@@ -610,14 +702,14 @@ def test_drop_document_masks_runs_block_causal_flex_causal_with_a_warning(caplog
     assert "now run plain causal attention: tokens attend across document boundaries" in (
         caplog.text
     )
-    assert decision.details["attention"] == "flex (block_causal mask)"
+    assert decision.details["attention"].startswith("flex (block_causal mask dropped)")
 
 
 def test_on_without_aiter_fails_at_startup_naming_what_is_missing():
     from torchtitan.protocols.model_converter import build_model_converters
 
     job = _job("--rocm.mla_ck_backward", "on")
-    with platform.override(_cpu_facts()), pytest.raises(ValueError) as info:
+    with platform.override(cpu_facts()), pytest.raises(ValueError) as info:
         build_model_converters(job, world_of_one())
     message = str(info.value)
     assert 'mla_ck_backward = "on" cannot apply: aiter not usable: missing' in message
@@ -754,3 +846,18 @@ def test_debug_model_step_with_op_sac_and_compile(fake_aiter):
     grads = {n: p.grad for n, p in model.named_parameters()}
     assert all(g is not None and torch.isfinite(g.float()).all() for g in grads.values())
     assert any("attention.wq" in n and g.abs().sum() > 0 for n, g in grads.items())
+
+
+def test_a_misdetected_arch_is_said_once_at_apply(monkeypatch, caplog):
+    monkeypatch.setenv("GPU_ARCHS", "gfx942;gfx950")
+    with platform.override(PlatformFacts.simulated_rocm("gfx942", aiter="main")), \
+            caplog.at_level(logging.WARNING, logger="titan_rocm"):
+        for _ in range(2):
+            job = _job()
+            assert decisions(convert(job, build_meta(job)))["mla_ck_backward"].applied
+    said = [r.getMessage() for r in caplog.records if "get_gfx() answers" in r.getMessage()]
+    assert len(said) == 1, said
+    assert said[0].startswith("titan-rocm: mla_ck_backward: aiter's get_gfx() answers gfx950 "
+                              "(simulated; last entry of GPU_ARCHS='gfx942;gfx950') but the "
+                              "device is gfx942")
+    assert "set GPU_ARCHS=gfx942 to make aiter agree" in said[0]

@@ -16,6 +16,12 @@ WORKAROUNDS = {"precision_casts", "triton_war", "gemm_lookup", "grouped_mm",
                "moe_eager_compile", "mla_ck_backward", "divergence_guard"}
 
 
+@pytest.fixture(autouse=True)
+def _no_gpu_archs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A simulated aiter reads GPU_ARCHS as the real one would: plans here assume it unset."""
+    monkeypatch.delenv("GPU_ARCHS", raising=False)
+
+
 def _by_name(plan: dict) -> dict[str, dict]:
     return {d["workaround"]: d for d in plan["workarounds"]}
 
@@ -49,9 +55,10 @@ def test_plan_every_shipped_config_on_gfx942(config: Path) -> None:
     if plan["model"]["name"] != "deepseek_v3":
         assert not mla["applied"] and "DeepSeek" in mla["reason"]
     elif "16b" in config.stem:
-        # TorchTitan's 16B flavor uses FlexAttention with block_causal (document) masks,
-        # which aiter's dense kernel cannot express: skipped, and said so.
-        assert not mla["applied"] and "FlexAttention" in mla["reason"]
+        # TorchTitan's 16B flavor uses FlexAttention with block_causal (document) masks:
+        # aiter's varlen attention within each document.
+        assert mla["applied"] and mla["details"]["attention"].startswith("varlen")
+        assert mla["details"]["backward"] == "ck (mha_varlen_bwd)"
     else:
         assert mla["applied"]
 
@@ -148,6 +155,53 @@ def test_plan_rejects_unknown_flavor(tmp_path: Path) -> None:
     with pytest.raises(PlanError, match="no flavor 'huge'; accepted: "):
         make_plan(["--job.config_file", str(stock_job(tmp_path, "llama3 debug")),
                    "--model.flavor", "huge"])
+
+
+@pytest.mark.parametrize(
+    ("aiter", "forward_runs"),
+    [("0.1.7", "CK mha_varlen_fwd"), ("main", "fmha_v3_varlen_fwd (ASM)"), (None, None)],
+)
+def test_plan_16b_shows_the_routes_a_user_of_each_aiter_gets(aiter, forward_runs, capsys):
+    cfg = str(REPO / "configs" / "deepseek_v3_16b_bf16.toml")
+    flags = ["--aiter", aiter] if aiter else []
+    assert main(["plan", "--arch", "gfx942", *flags, "--job.config_file", cfg, "--json"]) == 0
+    mla = _by_name(json.loads(capsys.readouterr().out))["mla_ck_backward"]
+    details = mla["details"]
+    assert mla["applied"] and details["modules"] == 27
+    assert details["forward_runs"] == (forward_runs or "CK mha_varlen_fwd")  # default: PyPI
+    assert details["backward"] == "ck (mha_varlen_bwd)"
+    assert details["aiter"]["api"] == (aiter or "0.1.7")
+
+
+def test_plan_without_aiter_skips_mla_and_shows_no_routes(capsys):
+    cfg = str(REPO / "configs" / "deepseek_v3_16b_bf16.toml")
+    assert main(["plan", "--arch", "gfx942", "--aiter", "absent", "--job.config_file", cfg]) == 0
+    out = capsys.readouterr().out
+    assert "rocm.mla_ck_backward    skipped: aiter not usable: missing the aiter package" in out
+    assert "aiter: absent" in out and "backward_runs" not in out
+
+
+def test_plan_aiter_needs_arch_and_a_known_choice(capsys):
+    cfg = str(REPO / "configs" / "deepseek_v3_debug.toml")
+    assert main(["plan", "--aiter", "main", "--job.config_file", cfg]) == 2
+    assert "--aiter main describes a simulated machine; give --arch too" in (
+        capsys.readouterr().err)
+    assert main(["plan", "--arch", "gfx942", "--aiter", "0.2", "--job.config_file", cfg]) == 2
+    assert "invalid choice: '0.2'" in capsys.readouterr().err
+
+
+def test_docs_show_the_current_16b_plan() -> None:
+    """docs/mla-ck-backward.md carries the plan's mla_ck_backward entry for the 16B config
+    (--arch gfx942 --aiter 0.1.7) verbatim."""
+    from titan_rocm.plan import format_plan
+
+    cfg = str(REPO / "configs" / "deepseek_v3_16b_bf16.toml")
+    text = format_plan(make_plan(["--job.config_file", cfg], arch="gfx942", aiter="0.1.7"))
+    lines = text.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("  rocm.mla_ck_backward "))
+    end = next(i for i, x in enumerate(lines) if "guard_not_covered:" in x)
+    entry = "\n".join(lines[start:end + 1])
+    assert entry in (REPO / "docs" / "mla-ck-backward.md").read_text()
 
 
 def test_plan_shows_the_moe_scope_per_block(capsys: pytest.CaptureFixture[str]) -> None:

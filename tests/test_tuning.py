@@ -35,6 +35,11 @@ def _env(tmp: Path, **extra: str) -> dict[str, str]:
     env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp.parent / "inductor-cache"),
                PYTHONPATH=f"{REPO}:{REPO / 'tests'}", **extra)
     env.pop("TITAN_ROCM_TUNE_FAULTS", None)
+    # A child starts its own process group: never the rendezvous an earlier in-process
+    # trainer test left in os.environ (its store still listens on that port).
+    for key in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+                "LOCAL_WORLD_SIZE"):
+        env.pop(key, None)
     env.update(extra)
     return env
 

@@ -107,6 +107,7 @@ def make_plan(
     nnodes: int | None = None,
     nproc_per_node: int | None = None,
     launcher: str = DEFAULT_LAUNCHER,
+    aiter: str | None = None,
 ) -> dict[str, Any]:
     """Work out what the job in ``args`` (TorchTitan flags) would get from titan-rocm.
 
@@ -116,20 +117,25 @@ def make_plan(
         world_size, nnodes, nproc_per_node: number of ranks (default: the smallest the
             degrees fit; see :func:`titan_rocm.preflight.world_size`).
         launcher: ``torchtitan`` or ``titan-rocm`` (:data:`titan_rocm.preflight.LAUNCHERS`).
+        aiter: with ``arch``, the aiter that machine has (``0.1.7``, ``main``, ``absent``;
+            default ``0.1.7``, what ``pip install amd-aiter`` installs).
 
     Raises:
         titan_rocm.preflight.StartupError: the job would stop at start-up (the reason), or
-            (PlanError) the architecture or model flavor is unknown.
+            (PlanError) the architecture, aiter choice or model flavor is unknown.
     """
     register_converters()
     pre = check_job(args, launcher=launcher, world_size_flag=world_size, nnodes=nnodes,
                     nproc_per_node=nproc_per_node)
     job_config = pre.job_config
+    simulate = {"aiter": aiter} if aiter is not None else {}
     if arch is not None:
         try:
-            facts = PlatformFacts.simulated_rocm(arch)
+            facts = PlatformFacts.simulated_rocm(arch, **simulate)
         except ValueError as exc:
             raise PlanError(str(exc)) from None
+    elif simulate:
+        raise PlanError(f"--aiter {aiter} describes a simulated machine; give --arch too")
     else:
         facts = platform.current()
 

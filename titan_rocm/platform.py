@@ -1,19 +1,156 @@
-"""Platform facts: which torch build, which GPU architecture, which Triton, is aiter there.
+"""Platform facts: which torch build, which GPU architecture, which Triton, which aiter.
 
 Everything in titan-rocm that depends on the machine asks :func:`current`. The answer
 is detected once and cached; tests and ``titan-rocm plan --arch`` replace it with
 :func:`override` (a context manager) instead of patching torch.
+
+aiter is probed without importing it (:func:`probe_aiter`): its installed version, and the
+arch its ``get_gfx()`` answers. ``get_gfx()`` (``aiter/jit/utils/chip_info.py``, 0.1.7.post2
+and main e4048607) returns the *last* entry of ``GPU_ARCHS`` and asks ``rocminfo`` only when
+``GPU_ARCHS`` is unset or ``native``; its kernels, though, run by the device's real arch. So
+``GPU_ARCHS="gfx942;gfx950"`` on an MI300X makes aiter's Python dispatch plan for gfx950.
+Once aiter is imported, :func:`reprobe_aiter` asks its ``get_gfx()`` itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
-from collections.abc import Iterator
+import os
+import re
+import sys
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from importlib import metadata
 
 from titan_rocm.archs import ArchFacts, arch_facts, normalize_arch
+
+AITER_DISTRIBUTIONS: tuple[str, ...] = ("amd-aiter", "aiter")
+"""Distribution names aiter installs under (PyPI wheel, source build)."""
+AITER_CHOICES: tuple[str, ...] = ("0.1.7", "main", "absent")
+"""What ``titan-rocm plan --aiter`` can simulate: the PyPI release, aiter main, no aiter."""
+SIMULATED_AITER_VERSIONS: dict[str, str] = {"0.1.7": "0.1.7.post2.dev18", "main": "main"}
+"""The version string a simulated aiter reports (PyPI's current wheel; ``main``)."""
+DEFAULT_SIMULATED_AITER = "0.1.7"
+"""``pip install amd-aiter`` installs 0.1.7.post2.dev18 (the newest wheel on PyPI)."""
+API_GENERATIONS: tuple[str, ...] = ("0.1.7", "main")
+"""aiter's Python API generations: ``0.1.7`` (``_flash_attn_forward`` without ``sink_size`` and
+fp8 descales) and ``main`` (0.1.8 and later, which added them; ``sink``/``d_sink`` in the
+backwards from 0.1.12)."""
+
+_VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_version(version: str) -> tuple[int, int, int] | None:
+    """``(major, minor, patch)`` of a version string; ``main`` sorts after every release;
+    None if the string does not start with a version number."""
+    if version.strip().lower().startswith("main"):
+        return (10**6, 0, 0)
+    match = _VERSION.match(version)
+    if match is None:
+        return None
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch or 0)
+
+
+def api_generation(version: str | None) -> str | None:
+    """The aiter API generation of ``version`` (see :data:`API_GENERATIONS`); None if unknown."""
+    parsed = parse_version(version) if version else None
+    if parsed is None:
+        return None
+    return "0.1.7" if parsed < (0, 1, 8) else "main"
+
+
+@dataclass(frozen=True)
+class AiterFacts:
+    """The installed aiter: its version, and the arch its ``get_gfx()`` answers."""
+
+    version: str | None
+    """Distribution version (``0.1.7.post2.dev18``, ``main`` when simulated); None unknown."""
+    gfx: str | None
+    """What aiter's ``get_gfx()`` answers (asked, or predicted from ``GPU_ARCHS``)."""
+    gfx_source: str
+    """How :attr:`gfx` was found, for messages."""
+
+    @property
+    def generation(self) -> str | None:
+        """The API generation (``0.1.7`` or ``main``); None when the version is unknown."""
+        return api_generation(self.version)
+
+    def mismatch(self, device_arch: str | None) -> bool:
+        """aiter's ``get_gfx()`` names another arch than the device's."""
+        return device_arch is not None and self.gfx is not None and self.gfx != device_arch
+
+    def describe(self) -> str:
+        """E.g. ``aiter 0.1.7.post2.dev18 (API 0.1.7), get_gfx() gfx950 (GPU_ARCHS ...)``."""
+        generation = self.generation or "unknown"
+        return (
+            f"aiter {self.version or 'version unknown'} (API {generation}), "
+            f"get_gfx() {self.gfx or 'unknown'} ({self.gfx_source})"
+        )
+
+
+def predicted_aiter_gfx(
+    device_arch: str | None, env: Mapping[str, str] | None = None
+) -> tuple[str | None, str]:
+    """What aiter's ``get_gfx()`` will answer here, and why: the last ``GPU_ARCHS`` entry,
+    else (unset or ``native``) the GPU rocminfo lists first, taken to be the device."""
+    env = os.environ if env is None else env
+    value = env.get("GPU_ARCHS", "native")
+    if value == "native":
+        return device_arch, "GPU_ARCHS unset: aiter asks rocminfo"
+    last = value.split(";")[-1].strip()
+    return (normalize_arch(last) if last else None), f"last entry of GPU_ARCHS={value!r}"
+
+
+def _installed_aiter_version() -> str | None:
+    for dist in AITER_DISTRIBUTIONS:
+        version = _dist_version(dist)
+        if version:
+            return version
+    # Not installed as a distribution (a source tree on sys.path): an imported aiter still
+    # knows its version (aiter/_version.py).
+    version = getattr(sys.modules.get("aiter"), "__version__", None)
+    return str(version) if version else None
+
+
+def probe_aiter(
+    device_arch: str | None, env: Mapping[str, str] | None = None
+) -> AiterFacts | None:
+    """The installed aiter's facts, without importing aiter; None if aiter is not installed.
+
+    When aiter is already imported, its own ``get_gfx()`` is asked (cached by aiter).
+    """
+    if importlib.util.find_spec("aiter") is None:
+        return None
+    gfx, source = predicted_aiter_gfx(device_arch, env)
+    chip_info = sys.modules.get("aiter.jit.utils.chip_info")
+    get_gfx = getattr(chip_info, "get_gfx", None)
+    if get_gfx is not None:
+        try:
+            gfx, source = normalize_arch(str(get_gfx())), "aiter's get_gfx()"
+        except Exception:  # aiter's rocminfo probe can fail; the prediction stands
+            pass
+    return AiterFacts(_installed_aiter_version(), gfx, source)
+
+
+def simulated_aiter(
+    choice: str, device_arch: str, env: Mapping[str, str] | None = None
+) -> AiterFacts | None:
+    """A pretend aiter for ``titan-rocm plan --aiter`` (None for ``absent``); its ``get_gfx()``
+    is predicted from this shell's ``GPU_ARCHS``, as the real one would read it.
+
+    Raises:
+        ValueError: ``choice`` is not one of :data:`AITER_CHOICES`.
+    """
+    if choice not in AITER_CHOICES:
+        raise ValueError(
+            f"aiter = {choice!r} is not valid; accepted: {', '.join(AITER_CHOICES)}"
+        )
+    if choice == "absent":
+        return None
+    gfx, source = predicted_aiter_gfx(device_arch, env)
+    return AiterFacts(SIMULATED_AITER_VERSIONS[choice], gfx, f"simulated; {source}")
 
 
 @dataclass(frozen=True)
@@ -35,6 +172,8 @@ class PlatformFacts:
     aiter raises RuntimeError/AssertionError at import without ROCm."""
     simulated: bool = False
     """True when these facts were made up (``plan --arch``, tests), not detected."""
+    aiter: AiterFacts | None = None
+    """The installed aiter's version and ``get_gfx()`` answer (:func:`probe_aiter`)."""
 
     @property
     def is_rocm(self) -> bool:
@@ -70,21 +209,34 @@ class PlatformFacts:
         else:
             where = "CPU-only torch build"
         sim = " (simulated)" if self.simulated else ""
+        if self.aiter is not None:
+            aiter = self.aiter.describe()
+        else:
+            aiter = f"aiter {'installed' if self.aiter_spec_found else 'absent'}"
         return (
             f"torch {self.torch_version}, {where}, triton {self.triton_version or 'absent'}, "
-            f"aiter {'installed' if self.aiter_spec_found else 'absent'}{sim}"
+            f"{aiter}{sim}"
         )
 
     @classmethod
-    def simulated_rocm(cls, arch: str, base: PlatformFacts | None = None) -> PlatformFacts:
-        """Facts of a pretend ROCm machine with one ``arch`` device and aiter installed.
+    def simulated_rocm(
+        cls,
+        arch: str,
+        base: PlatformFacts | None = None,
+        *,
+        aiter: str = DEFAULT_SIMULATED_AITER,
+    ) -> PlatformFacts:
+        """Facts of a pretend ROCm machine with one ``arch`` device.
 
-        Used by ``titan-rocm plan --arch`` on a login node and by tests.
+        Used by ``titan-rocm plan --arch`` on a login node and by tests. Each keyword simulates
+        one more part of the machine: ``aiter`` is one of :data:`AITER_CHOICES`.
 
         Raises:
-            ValueError: ``arch`` is not an architecture titan-rocm knows.
+            ValueError: ``arch`` is not an architecture titan-rocm knows, or a keyword's value
+                is not accepted.
         """
         facts = arch_facts(arch)
+        pretend_aiter = simulated_aiter(aiter, facts.name)
         base = base or detect()
         return replace(
             base,
@@ -93,7 +245,8 @@ class PlatformFacts:
             gcn_arch_name=facts.name,
             device_capability=None,
             device_name=facts.products[0],
-            aiter_spec_found=True,
+            aiter_spec_found=pretend_aiter is not None,
+            aiter=pretend_aiter,
             simulated=True,
         )
 
@@ -148,6 +301,7 @@ def detect() -> PlatformFacts:
         device_name=name,
         triton_version=_triton_version(),
         aiter_spec_found=importlib.util.find_spec("aiter") is not None,
+        aiter=probe_aiter(normalize_arch(gcn) if gcn else None) if hip else None,
     )
 
 
@@ -162,6 +316,19 @@ def current() -> PlatformFacts:
         return _overrides[-1]
     if _current is None:
         _current = detect()
+    return _current
+
+
+def reprobe_aiter() -> PlatformFacts:
+    """Probe aiter again (its own ``get_gfx()`` once it is imported) into the cached facts.
+
+    Simulated or overridden facts are returned unchanged: a test or a plan decides them.
+    """
+    global _current
+    facts = current()
+    if _overrides or facts.simulated or not facts.is_rocm:
+        return facts
+    _current = replace(facts, aiter=probe_aiter(facts.gfx_arch))
     return _current
 
 

@@ -56,10 +56,11 @@ class RocmSettings:
     triton_war_strict: bool = False
     """Raise instead of logging an error when a hazardous kernel cannot be fixed."""
     mla_ck_backward: Mode = "auto"
-    """DeepSeek MLA attention on aiter; backward for q/k 192, v 128 to CK on gfx942."""
+    """DeepSeek MLA attention on aiter, routed by the real arch (backward for q/k 192, v 128
+    to CK on gfx942)."""
     mla_document_masks: DocumentMasks = "keep"
-    """FlexAttention flavors with per-document (block_causal) masks: keep them (the model's
-    attention is then not replaced) or drop them (aiter's plain causal kernel: tokens attend
+    """FlexAttention flavors with per-document (block_causal) masks: keep them (aiter's varlen
+    attention within each document) or drop them (aiter's plain causal kernel: tokens attend
     across document boundaries)."""
     divergence_guard: Mode = "auto"
     """Stop training at the first non-finite loss or grad norm (auto = every platform)."""

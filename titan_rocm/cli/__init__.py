@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 SUBCOMMANDS: dict[str, str] = {
     "plan": "titan_rocm.cli.plan",
@@ -59,6 +61,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         name = argv[0] if argv and argv[0] in SUBCOMMANDS else ""
         print(f"titan-rocm{' ' + name if name else ''}: interrupted", file=sys.stderr)
         return INTERRUPTED
+
+
+def console_main() -> NoReturn:
+    """The ``titan-rocm`` executable (and ``python -m titan_rocm.cli``): :func:`main`, then exit.
+
+    After Ctrl-C the process ends at once with 130: a KeyboardInterrupt that landed while a
+    C extension was being imported can otherwise make Python kill itself with SIGINT at exit,
+    after the one line was printed.
+    """
+    code = main()
+    if code == INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(INTERRUPTED)
+    sys.exit(code)
 
 
 def _main(argv: list[str]) -> int:

@@ -11,6 +11,8 @@ import argparse
 import json
 import sys
 
+from titan_rocm.platform import AITER_CHOICES
+
 HELP = (
     "Check a TorchTitan job the way TorchTitan 0.2.2 starts it (config, imports, converter "
     "names, parallel degrees against the world size) and, if it would start, build its model "
@@ -44,6 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--arch",
         help="simulate a ROCm machine with this GPU target (gfx942, gfx950, gfx90a, ...)",
+    )
+    parser.add_argument(
+        "--aiter",
+        choices=AITER_CHOICES,
+        help="with --arch: the aiter the simulated machine has (default 0.1.7, the PyPI wheel)",
     )
     parser.add_argument(
         "--launcher", choices=LAUNCHERS, default=DEFAULT_LAUNCHER,
@@ -102,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         plan = make_plan(
             passthrough, arch=args.arch, world_size=args.world_size, nnodes=args.nnodes,
-            nproc_per_node=args.nproc_per_node, launcher=args.launcher,
+            nproc_per_node=args.nproc_per_node, launcher=args.launcher, aiter=args.aiter,
         )
     except StartupError as exc:
         print(f"titan-rocm plan: {exc}", file=sys.stderr)

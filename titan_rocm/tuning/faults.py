@@ -9,7 +9,7 @@ everything else through to the real request), so the real kernel still compiles.
 
 ``TITAN_ROCM_TUNE_WRONG_MM=BLOCK_M,BLOCK_N,BLOCK_K`` patches Inductor's Triton ``mm``
 template (in the process that calls :func:`install_from_env`) so that configs with those
-block sizes skip three quarters of the K loop: a real kernel that is wrong and fast, for
+block sizes skip 15/16 of the K loop: a real kernel that is wrong and fast, for
 the GPU proof that stock max-autotune picks it and the tuner rejects it.
 """
 
@@ -153,7 +153,8 @@ def inject(choice: Any, fault: str) -> bool:
 
 
 def patch_wrong_mm(blocks: tuple[int, int, int]) -> None:
-    """Make Inductor's Triton ``mm`` template skip 3/4 of K for configs with these blocks."""
+    """Make Inductor's Triton ``mm`` template skip 15/16 of K for configs with these blocks:
+    a real kernel that is wrong and, doing a sixteenth of the work, faster than any other."""
     import torch._inductor.kernel.mm as mm
     from torch._inductor.select_algorithm import TritonTemplate
 
@@ -165,7 +166,7 @@ def patch_wrong_mm(blocks: tuple[int, int, int]) -> None:
                            "cannot inject a wrong config")
     m, n, k = blocks
     cond = f"(BLOCK_M == {m} and BLOCK_N == {n} and BLOCK_K == {k})"
-    text = text.replace(loop, f"for k_idx in range(0, tl.cdiv(K, BLOCK_K) // (4 if {cond} "
+    text = text.replace(loop, f"for k_idx in range(0, tl.cdiv(K, BLOCK_K) // (16 if {cond} "
                               "else 1)):")
     TritonTemplate.all_templates.pop("mm", None)  # the name must be free to register again
     mm.mm_template = TritonTemplate(name="mm", grid=mm.mm_grid, source=text,

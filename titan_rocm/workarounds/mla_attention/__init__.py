@@ -1,14 +1,19 @@
-"""DeepSeek MLA attention on aiter, with the backward for q/k 192, v 128 routed to CK on gfx942.
+"""DeepSeek MLA attention on aiter, each call routed by the device's real arch and the installed
+aiter release; per-document (block_causal) masks through aiter's varlen kernels.
 
 The converter ``rocm.mla_ck_backward`` replaces each DeepSeek V3 block's
-``attention.inner_attention`` with :class:`~.module.MLAInnerAttention`: aiter's flash
-attention forward, and a backward chosen per call by :func:`~.routing.route_backward`.
-On an architecture whose aiter fmha_v3 ASM backward lacks the q/k 192 / v 128 shape
-(gfx942, see :mod:`titan_rocm.archs`), that shape goes straight to aiter's generic CK
-``mha_bwd``; v is never padded. :mod:`~.guard` routes other callers of aiter's
-``_flash_attn_backward`` the same way. Docs: docs/mla-ck-backward.md.
+``attention.inner_attention``: :class:`~.module.MLAInnerAttention` (causal) or
+:class:`~.module.MLAVarlenInnerAttention` (per document, reading the
+:class:`~.documents.DocumentSpans` the model's ``get_attention_masks`` now returns). Both
+directions are chosen per call by :func:`~.routing.route_forward` /
+:func:`~.routing.route_backward`: aiter's own dispatch, or its CK kernel called directly where
+aiter would mis-dispatch q/k 192, v 128 (gfx942's backward; a forward whose fmha_v3 kernel the
+device lacks when aiter's ``get_gfx()`` names another arch). v is never padded. :mod:`~.guard`
+routes other callers of aiter's ``_flash_attn_backward`` the same way. Docs:
+docs/mla-ck-backward.md.
 
-Modules: ``routing`` (the pure decision), ``aiter_api`` (lazy aiter access), ``op`` (the
-torch.library custom ops), ``module`` (the replacement inner attention), ``guard`` (the
-patch of aiter's own backward), ``workaround`` (the gated converter step).
+Modules: ``aiter_releases`` (the per-release facts), ``routing`` (the pure decision),
+``aiter_api`` (lazy aiter access), ``op`` (the torch.library custom ops), ``documents`` (the
+per-document spans), ``module`` (the replacement inner attentions), ``guard`` (the patch of
+aiter's own backward), ``route_log``, ``workaround`` (the gated converter step).
 """

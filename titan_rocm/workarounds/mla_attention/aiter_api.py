@@ -5,12 +5,15 @@ ROCm with RuntimeError/AssertionError from its JIT setup (not ImportError), so
 :func:`load_mha` checks the platform first and turns any exception into
 :class:`AiterUnavailable`.
 
-aiter's signatures grow between releases (``bias``/``dbias``, then ``sink_size``, fp8
-descales, ``sink``/``d_sink``), and ``torch_compile_guard`` hides some of them behind a
-``(*args, **kwargs)`` wrapper. Calls here therefore pass keywords, filtered to the
-parameters the installed function declares (read from its signature, else from its
-``torch.ops.aiter`` schema); a required parameter titan-rocm does not know is an error that
-names it.
+aiter's signatures grow between releases: PyPI 0.1.7.post2's ``_flash_attn_forward``,
+``mha_fwd`` and ``mha_varlen_fwd`` have no ``sink_size``, fp8 descales or ``sink_ptr``; main's
+(from v0.1.8) require ``sink_size`` positionally, and its backwards take ``sink``/``d_sink``
+(from v0.1.12). Every kernel (``@compile_ops``) and ``_flash_attn_backward``
+(``@torch_compile_guard``) is a ``(*args, **kwargs)`` wrapper around ``torch.ops.aiter.<name>``
+in both (``aiter/jit/core.py``, ``aiter/jit/utils/torch_guard.py``), so their parameters are read
+from the op schema; the plain Python dispatchers (``_flash_attn_forward``, the varlen ones) from
+their signatures. Calls pass keywords filtered to what the installed function declares; a
+required parameter titan-rocm does not know is an error that names it.
 """
 
 from __future__ import annotations
@@ -40,31 +43,29 @@ _NEUTRAL: dict[str, Any] = {
     "v_descale": None,
     "sink": None,
     "d_sink": None,
+    "sink_ptr": None,
     "gen": None,
+    "out": None,
+    "cu_seqlens_q": None,
+    "cu_seqlens_kv": None,
+    "cu_seqlens_q_padded": None,
+    "cu_seqlens_k_padded": None,
+    "block_table": None,
+    "min_seqlen_q": 0,
+    "logits_soft_cap": 0.0,
+    "zero_tensors": False,
+    "return_softmax": False,
 }
 
-
-# Parameter lists of aiter's functions (2025-2026 releases), used when neither a function's
-# Python signature nor its torch.ops schema can be read: the required parameters of
-# ``_flash_attn_forward``, and the parameters of the two backwards that titan-rocm fills.
-CANONICAL_PARAMETERS: dict[str, tuple[str, ...]] = {
-    "_flash_attn_forward": (
-        "q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size_left",
-        "window_size_right", "sink_size", "bias", "alibi_slopes", "q_descale", "k_descale",
-        "v_descale", "return_lse", "return_softmax",
-    ),
-    "_flash_attn_backward": (
-        "dout", "q", "k", "v", "out", "softmax_lse", "dq", "dk", "dv", "dbias", "dropout_p",
-        "softmax_scale", "causal", "window_size_left", "window_size_right", "bias",
-        "alibi_slopes", "deterministic", "rng_state", "is_v3_atomic_fp32", "how_v3_bf16_cvt",
-        "sink", "d_sink",
-    ),
-    "mha_bwd": (
-        "dout", "q", "k", "v", "out", "softmax_lse", "dropout_p", "softmax_scale", "is_causal",
-        "window_size_left", "window_size_right", "deterministic", "dq", "dk", "dv", "dbias",
-        "bias", "alibi_slopes", "rng_state", "gen",
-    ),
+CK_KERNELS: frozenset[str] = frozenset({"mha_fwd", "mha_varlen_fwd", "mha_bwd", "mha_varlen_bwd"})
+"""aiter's generic CK kernels, which titan-rocm calls directly where the routing says so."""
+# The CK kernels name three parameters differently from aiter's Python dispatchers.
+_KERNEL_NAMES = {
+    "causal": "is_causal",
+    "return_lse": "return_softmax_lse",
+    "return_softmax": "return_dropout_randval",
 }
+_DISPATCH_ONLY = ("is_v3_atomic_fp32", "how_v3_bf16_cvt")
 
 
 class AiterUnavailable(RuntimeError):
@@ -126,8 +127,9 @@ def load_mha(facts: PlatformFacts | None = None) -> Any:
 def parameters(fn: Callable[..., Any], op_name: str) -> list[tuple[str, bool]] | None:
     """``(name, required)`` for each parameter of aiter function ``fn``, or None if unknown.
 
-    Uses the Python signature; for a ``torch_compile_guard`` wrapper (``*args, **kwargs``)
-    the schema of ``torch.ops.aiter.<op_name>`` (without its leading dummy tensor).
+    Uses the Python signature; for a ``torch_compile_guard`` or ``compile_ops`` wrapper
+    (``*args, **kwargs``) the schema of ``torch.ops.aiter.<op_name>`` (without its leading dummy
+    tensor), which is how titan-rocm reads every aiter kernel in practice.
     """
     try:
         sig = inspect.signature(fn)
@@ -154,21 +156,21 @@ def parameters(fn: Callable[..., Any], op_name: str) -> list[tuple[str, bool]] |
     return [(a.name, not a.has_default_value()) for a in args]
 
 
-def call_with_known(
-    fn: Callable[..., Any], op_name: str, values: dict[str, Any]
-) -> Any:
+def call_with_known(fn: Callable[..., Any], op_name: str, values: dict[str, Any]) -> Any:
     """Call ``fn`` with the keywords from ``values`` (plus neutral defaults) it declares.
 
     Raises:
-        AiterUnavailable: ``fn`` requires a parameter titan-rocm has no value for.
+        AiterUnavailable: ``fn``'s parameters cannot be read, or it requires a parameter
+            titan-rocm has no value for.
     """
     params = parameters(fn, op_name)
-    merged = {**_NEUTRAL, **values}
     if params is None:
-        canonical = CANONICAL_PARAMETERS.get(op_name)
-        if canonical is None:
-            return fn(**values)
-        return fn(**{name: merged[name] for name in canonical if name in merged})
+        raise AiterUnavailable(
+            f"cannot read the parameters of aiter's {op_name} (no Python signature and no "
+            f"torch.ops.aiter.{op_name} schema); this aiter version is not supported by "
+            "rocm.mla_ck_backward"
+        )
+    merged = {**_NEUTRAL, **values}
     kwargs: dict[str, Any] = {}
     for name, required in params:
         if name in merged:
@@ -186,53 +188,47 @@ def _contiguous_last(x: Any) -> Any:
     return x.contiguous() if x is not None and x.stride(-1) != 1 else x
 
 
-def flash_forward(
-    q: Any, k: Any, v: Any, dropout_p: float, softmax_scale: float, causal: bool
-) -> tuple[Any, Any, Any]:
-    """aiter's flash attention forward on ``bshd`` tensors: ``(out, softmax_lse, rng_state)``.
-
-    ``aiter.ops.mha._flash_attn_forward`` is the dispatch that picks aiter's fastest kernel
-    (the fmha_v3 ASM forward for q/k 192, v 128 bf16 on gfx942/gfx950), as
-    ``aiter.flash_attn_func`` does.
-    """
+def call(function: str, values: dict[str, Any]) -> Any:
+    """Call ``aiter.ops.mha.<function>`` with ``values`` named as aiter's Python dispatchers
+    name them (``causal``, ``return_lse``); renamed for a CK kernel (``is_causal``, ...)."""
     mha = load_mha()
-    q, k, v = (_contiguous_last(t) for t in (q, k, v))
-    result = call_with_known(
-        mha._flash_attn_forward,
-        "_flash_attn_forward",
-        {
-            "q": q,
-            "k": k,
-            "v": v,
-            "dropout_p": float(dropout_p),
-            "softmax_scale": float(softmax_scale),
-            "causal": bool(causal),
-            "return_lse": True,
-            "return_softmax": False,
-        },
+    named = dict(values)
+    for name in ("dout", "q", "k", "v", "out"):
+        if name in named:
+            named[name] = _contiguous_last(named[name])
+    if function in CK_KERNELS:
+        for ours, kernels in _KERNEL_NAMES.items():
+            if ours in named:
+                named[kernels] = named.pop(ours)
+        named.setdefault("return_dropout_randval", False)
+        for dispatch_only in _DISPATCH_ONLY:
+            named.pop(dispatch_only, None)
+    return call_with_known(getattr(mha, function), function, named)
+
+
+def forward(function: str, values: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """An aiter forward (dispatcher or CK kernel): ``(out, softmax_lse, rng_state)``.
+
+    ``values``: ``q``, ``k``, ``v`` (``bshd``, or ``thd`` with ``cu_seqlens_*`` and
+    ``max_seqlen_*``), ``dropout_p``, ``softmax_scale``, ``causal``.
+    """
+    out, softmax_lse, _s_dmask, rng_state = call(
+        function, {**values, "return_lse": True, "return_softmax": False}
     )
-    out, softmax_lse, _s_dmask, rng_state = result
     if rng_state is None:
         import torch
 
-        rng_state = torch.zeros(2, dtype=torch.int64, device=q.device)
+        rng_state = torch.zeros(2, dtype=torch.int64, device=values["q"].device)
     return out, softmax_lse, rng_state
 
 
-def ck_backward(values: dict[str, Any]) -> Any:
-    """aiter's generic CK backward ``mha_bwd``, writing into ``dq``/``dk``/``dv``.
-
-    ``values`` uses ``_flash_attn_backward``'s parameter names (``causal``, not
-    ``is_causal``). Returns ``softmax_d`` as ``_flash_attn_backward`` does.
-    """
-    mha = load_mha()
-    v = dict(values)
-    for name in ("dout", "q", "k", "v", "out"):
-        v[name] = _contiguous_last(v[name])
-    v["is_causal"] = bool(v.pop("causal"))
-    for aiter_only in ("is_v3_atomic_fp32", "how_v3_bf16_cvt"):
-        v.pop(aiter_only, None)
-    dq, dk, dv, softmax_d = call_with_known(mha.mha_bwd, "mha_bwd", v)
+def backward(function: str, values: dict[str, Any]) -> Any:
+    """An aiter backward (dispatcher or CK kernel) writing into ``dq``/``dk``/``dv``; returns
+    ``softmax_d`` as aiter's dispatchers do."""
+    result = call(function, values)
+    if function not in CK_KERNELS:
+        return result
+    dq, dk, dv, softmax_d = result
     for name, got in (("dq", dq), ("dk", dk), ("dv", dv)):
         given = values.get(name)
         # torch hands back the caller's Python object for a tensor written in place; a
@@ -240,9 +236,3 @@ def ck_backward(values: dict[str, Any]) -> Any:
         if given is not None and got is not given:
             given.copy_(got)
     return softmax_d
-
-
-def aiter_backward(values: dict[str, Any]) -> Any:
-    """aiter's own backward dispatch ``_flash_attn_backward`` (writes ``dq``/``dk``/``dv``)."""
-    mha = load_mha()
-    return call_with_known(mha._flash_attn_backward, "_flash_attn_backward", values)

@@ -4,13 +4,21 @@ Code that uses aiter's flash attention directly (``aiter.flash_attn_func``, Prim
 aiter backend) reaches ``aiter.ops.mha._flash_attn_backward``, which ``FlashAttnFunc``
 looks up as a module global at backward time. :func:`install` replaces that global with a
 wrapper taking the same parameters: for calls that :func:`~.routing.route_backward` sends
-to CK it calls ``mha_bwd`` itself (into the caller's ``dq``/``dk``/``dv``, returning
-``softmax_d`` as aiter does); every other call goes to aiter's original unchanged.
+to CK (q/k 192, v 128 where the arch's fmha_v3 backward lacks it) it calls ``mha_bwd`` itself
+(into the caller's ``dq``/``dk``/``dv``, returning ``softmax_d`` as aiter does); every other
+call, v padded to 192 included, goes to aiter's original unchanged.
+
+Primus-Turbo binds the name at its own import time
+(``from aiter.ops.mha import _flash_attn_backward, _flash_attn_forward`` in
+``primus_turbo/pytorch/kernels/attention/attention_aiter_impl.py``, AMD-AGI/Primus-Turbo
+03513570), so a module global of aiter's alone would miss it when Primus-Turbo was imported
+first. :func:`patch` therefore also re-binds, in every already-imported module, each global
+that holds aiter's original (as the grouped-MM binding writes into the MoE module's globals).
 
 aiter is never imported here: if ``aiter.ops.mha`` is already loaded it is patched now,
 otherwise a one-shot import hook patches it right after it first loads, before anyone can
-``from aiter.ops.mha import _flash_attn_backward``. Callers that bound the name earlier, or
-that call ``torch.ops.aiter._flash_attn_backward`` directly, are not covered.
+bind the name. Not covered: ``torch.ops.aiter._flash_attn_backward`` called directly, and the
+original held anywhere but a module global (a closure, an attribute, a default argument).
 """
 
 from __future__ import annotations
@@ -23,17 +31,23 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from titan_rocm import platform
 from titan_rocm._after_import import AfterImport
-from titan_rocm.workarounds.mla_attention import aiter_api
+from titan_rocm.workarounds.mla_attention import aiter_api, op
 from titan_rocm.workarounds.mla_attention.route_log import log_route_once
-from titan_rocm.workarounds.mla_attention.routing import CK, BackwardCall, route_backward
+from titan_rocm.workarounds.mla_attention.routing import BACKWARD, CK, route_backward
 
 TARGET_MODULE = aiter_api.MHA_MODULE
 TARGET_ATTR = "_flash_attn_backward"
 ORIGINAL_ATTR = "__titan_rocm_original__"
+NOT_COVERED = (
+    "torch.ops.aiter._flash_attn_backward called directly; aiter's original held anywhere but "
+    "a module global (closure, attribute, default argument)"
+)
+"""What the guard cannot reach, for plans and logs."""
 
 _lock = threading.Lock()
+# (module namespace, attribute, aiter's original) for every global re-bound outside aiter.
+_rebound: list[tuple[dict[str, Any], str, Any]] = []
 
 
 def is_guarded(fn: Any) -> bool:
@@ -42,30 +56,24 @@ def is_guarded(fn: Any) -> bool:
 
 
 def guarded_backward(original: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap aiter's ``_flash_attn_backward`` so this shape on gfx942 goes to CK."""
+    """Wrap aiter's ``_flash_attn_backward`` so q/k 192, v 128 where the arch lacks an
+    fmha_v3 kernel for it goes to CK."""
     params = aiter_api.parameters(original, TARGET_ATTR)
-    if params:
-        names = [name for name, _ in params]
-    else:
-        names = list(aiter_api.CANONICAL_PARAMETERS[TARGET_ATTR])
+    names = [name for name, _ in params or ()]
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
-        if len(args) > len(names):
+        if not names or len(args) > len(names):  # parameters unknown: aiter decides
             return original(*args, **kwargs)
         values = dict(zip(names, args, strict=False))  # fewer args: defaults
         values.update(kwargs)
         try:
             q, k, v = values["q"], values["k"], values["v"]
-            call = BackwardCall(
-                arch=platform.current().gfx_arch,
-                hdim_q=int(q.shape[-1]),
-                hdim_k=int(k.shape[-1]),
-                hdim_v=int(v.shape[-1]),
+            call = op.attention_call(
+                q, k, v, "bshd",
                 dropout_p=float(values.get("dropout_p", 0.0)),
                 has_bias=values.get("bias") is not None,
                 has_alibi=values.get("alibi_slopes") is not None,
-                layout="bshd",
-                dtype=str(q.dtype),
+                causal=bool(values.get("causal", True)),
                 deterministic=bool(values.get("deterministic", False)),
             )
         except (KeyError, ValueError, AttributeError, TypeError):
@@ -73,10 +81,10 @@ def guarded_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(*args, **kwargs)
         route = route_backward(call)
         if not _tracing_with_dynamo():
-            log_route_once("guard", call, route)
+            log_route_once("guard", BACKWARD, call, route)
         if route.backend != CK:
             return original(*args, **kwargs)
-        return aiter_api.ck_backward(values)
+        return aiter_api.backward(route.function, values)
 
     functools.update_wrapper(guarded, original)
     try:
@@ -98,7 +106,8 @@ def _tracing_with_dynamo() -> bool:
 
 
 def patch(module: ModuleType) -> bool:
-    """Replace ``module._flash_attn_backward`` with the guard; False if already guarded."""
+    """Replace ``module._flash_attn_backward`` with the guard, and re-bind aiter's original
+    wherever an imported module holds it as a global; False if already guarded."""
     with _lock:
         current = getattr(module, TARGET_ATTR, None)
         if current is None:
@@ -108,13 +117,36 @@ def patch(module: ModuleType) -> bool:
             )
         if is_guarded(current):
             return False
-        setattr(module, TARGET_ATTR, guarded_backward(current))
+        guarded = guarded_backward(current)
+        setattr(module, TARGET_ATTR, guarded)
+        _rebind_importers(current, guarded, module)
         return True
 
 
+def _rebind_importers(original: Any, guarded: Any, aiter_module: ModuleType) -> None:
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if module is aiter_module or not isinstance(namespace, dict):
+            continue
+        for attr, value in list(namespace.items()):
+            if value is original:
+                namespace[attr] = guarded
+                _rebound.append((namespace, attr, original))
+
+
+def rebound() -> list[str]:
+    """``module.attribute`` of every global outside aiter the guard re-bound."""
+    return [f"{namespace.get('__name__', '?')}.{attr}" for namespace, attr, _ in _rebound]
+
+
 def unpatch(module: ModuleType) -> bool:
-    """Put aiter's original back; False if it was not guarded."""
+    """Put aiter's original back, in aiter and wherever it was re-bound; False if it was not
+    guarded."""
     with _lock:
+        while _rebound:
+            namespace, attr, original = _rebound.pop()
+            if is_guarded(namespace.get(attr)):
+                namespace[attr] = original
         current = getattr(module, TARGET_ATTR, None)
         if not is_guarded(current):
             return False
@@ -128,11 +160,15 @@ _hook = AfterImport(TARGET_MODULE, patch)
 def install() -> str:
     """Guard aiter's backward now if aiter.ops.mha is loaded, else when it loads.
 
-    Returns ``"patched"``, ``"already patched"`` or ``"deferred until aiter.ops.mha loads"``.
+    Returns ``"patched"`` (plus the globals re-bound outside aiter), ``"already patched"`` or
+    ``"deferred until aiter.ops.mha loads"``.
     """
     module = sys.modules.get(TARGET_MODULE)
     if module is not None:
-        return "patched" if patch(module) else "already patched"
+        if not patch(module):
+            return "already patched"
+        elsewhere = rebound()
+        return "patched" + (f"; re-bound in {', '.join(elsewhere)}" if elsewhere else "")
     _hook.arm()
     return f"deferred until {TARGET_MODULE} loads"
 

@@ -2,18 +2,21 @@
 
 :class:`MLAInnerAttention` takes the call of TorchTitan 0.2.2's
 ``ScaledDotProductAttentionWrapper`` (``attn_type = "sdpa"``):
-``forward(q, k, v, *, scale=None, enable_gqa=False, is_causal=True)``.
-:class:`MLAFlexInnerAttention` takes the call of ``FlexAttentionWrapper``
-(``attn_type = "flex"``): ``forward(q, k, v, *, score_mod=None, block_mask=None, scale=None,
-return_lse=False, enable_gqa=False)``; it runs plain causal attention and ignores
-``block_mask`` (the converter uses it only where that is what the mask says, or where the
-user accepted it). Tensors are ``bhsd`` (batch, heads, seqlen, head dim) in and out. Both
-keep the attribute name ``inner_attention``, which TorchTitan's tensor-parallel plan
+``forward(q, k, v, *, scale=None, enable_gqa=False, is_causal=True)``. The other two take the
+call of ``FlexAttentionWrapper`` (``attn_type = "flex"``): ``forward(q, k, v, *, score_mod=None,
+block_mask=None, scale=None, return_lse=False, enable_gqa=False)``.
+:class:`MLAVarlenInnerAttention` (``block_causal`` masks) runs aiter's varlen attention within
+each document, reading the :class:`~.documents.DocumentSpans` the model now passes as
+``block_mask``. :class:`MLAFlexInnerAttention` runs plain causal attention and ignores
+``block_mask``: for ``causal`` masks, and for ``block_causal`` ones only when the user chose
+``mla_document_masks = "drop"``. Tensors are ``bhsd`` (batch, heads, seqlen, head dim) in and
+out. All keep the attribute name ``inner_attention``, which TorchTitan's tensor-parallel plan
 (``attention.inner_attention``) addresses.
 
 Inputs aiter cannot take (float32, a head dim not a multiple of 8, q heads not a multiple of
 k heads) go to the attention the original wrapper ran (SDPA, or flex attention with its
-block mask); outside torch.compile that is logged once per shape.
+block mask; with document spans, SDPA with the dense per-document mask); outside
+torch.compile that is logged once per shape.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from titan_rocm.log import log_once
 from titan_rocm.workarounds.mla_attention import op
+from titan_rocm.workarounds.mla_attention.documents import DocumentSpans
 from titan_rocm.workarounds.mla_attention.routing import DTYPES
 
 _DEFAULT_SDPA_BACKENDS = [
@@ -97,6 +101,16 @@ class MLAInnerAttention(nn.Module):
         return out.transpose(1, 2)
 
 
+def _flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask: Any, scale: float | None,
+                    enable_gqa: bool) -> Tensor:
+    """What TorchTitan's ``FlexAttentionWrapper`` would have computed."""
+    from torchtitan.models.attention import FlexAttentionWrapper
+
+    return FlexAttentionWrapper._compiled_flex_attn(
+        q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa
+    )
+
+
 class MLAFlexInnerAttention(MLAInnerAttention):
     """Replaces ``FlexAttentionWrapper``: aiter causal flash attention, ``block_mask`` unused."""
 
@@ -113,21 +127,74 @@ class MLAFlexInnerAttention(MLAInnerAttention):
         enable_gqa: bool = False,
     ) -> Tensor:
         """Causal attention over ``bhsd`` q/k/v (DeepSeek passes ``block_mask`` and ``scale``)."""
-        if score_mod is not None or return_lse:
-            raise NotImplementedError(
-                "MLAFlexInnerAttention (rocm.mla_ck_backward) supports neither score_mod nor "
-                "return_lse; TorchTitan's DeepSeek V3 uses neither"
-            )
+        _refuse_flex_extras(self, score_mod, return_lse)
         reason = unsupported_reason(q, k, v)
         if reason is not None:
-            from torchtitan.models.attention import FlexAttentionWrapper
-
             if not torch.compiler.is_dynamo_compiling():
                 _log_fallback(q, v, reason, "flex attention")
-            return FlexAttentionWrapper._compiled_flex_attn(
-                q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa
-            )
+            return _flex_attention(q, k, v, block_mask, scale, enable_gqa)
         return super().forward(q, k, v, scale=scale, enable_gqa=enable_gqa, is_causal=True)
+
+
+class MLAVarlenInnerAttention(MLAFlexInnerAttention):
+    """Replaces ``FlexAttentionWrapper`` under ``block_causal`` masks: aiter varlen attention,
+    causal within each document of :class:`~.documents.DocumentSpans`."""
+
+    def forward(  # type: ignore[override]
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        score_mod: Any = None,
+        block_mask: Any = None,
+        scale: float | None = None,
+        return_lse: bool = False,
+        enable_gqa: bool = False,
+    ) -> Tensor:
+        """Per-document causal attention over ``bhsd`` q/k/v; ``block_mask`` must be the
+        model's :class:`~.documents.DocumentSpans` (a real ``BlockMask``, e.g. one pipeline
+        parallelism re-split, runs TorchTitan's flex attention with it)."""
+        _refuse_flex_extras(self, score_mod, return_lse)
+        if not isinstance(block_mask, DocumentSpans):
+            if not torch.compiler.is_dynamo_compiling():
+                _log_fallback(q, v, f"block_mask is a {type(block_mask).__name__}, not "
+                              "titan-rocm's DocumentSpans", "flex attention")
+            return _flex_attention(q, k, v, block_mask, scale, enable_gqa)
+        reason = unsupported_reason(q, k, v)
+        if reason is None and q.shape[1] != k.shape[1] and not enable_gqa:
+            reason = "q and k/v head counts differ and enable_gqa is False"
+        if reason is not None:
+            if not torch.compiler.is_dynamo_compiling():
+                _log_fallback(q, v, reason, "PyTorch SDPA with the per-document mask")
+            with sdpa_kernel(self.sdpa_backends, set_priority=True):
+                return F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=block_mask.dense_mask(), scale=scale,
+                    enable_gqa=enable_gqa,
+                )
+        batch, heads, seqlen, _ = q.shape
+        if (batch, seqlen) != (block_mask.batch, block_mask.seqlen):
+            raise ValueError(
+                f"document spans are for batch {block_mask.batch} x seqlen {block_mask.seqlen}, "
+                f"attention got {batch} x {seqlen}"
+            )
+
+        def packed(t: Tensor) -> Tensor:  # bhsd -> (batch * seqlen, heads, dim), thd
+            return t.transpose(1, 2).reshape(batch * seqlen, t.shape[1], t.shape[-1])
+
+        out = op.mla_varlen_attention(
+            packed(q), packed(k), packed(v), block_mask.cu_seqlens, block_mask.max_seqlen,
+            softmax_scale=q.shape[-1] ** -0.5 if scale is None else scale,
+        )
+        return out.view(batch, seqlen, heads, -1).transpose(1, 2)
+
+
+def _refuse_flex_extras(module: nn.Module, score_mod: Any, return_lse: bool) -> None:
+    if score_mod is not None or return_lse:
+        raise NotImplementedError(
+            f"{type(module).__name__} (rocm.mla_ck_backward) supports neither score_mod nor "
+            "return_lse; TorchTitan's DeepSeek V3 uses neither"
+        )
 
 
 def _log_fallback(q: Tensor, v: Tensor, reason: str, runs: str = "PyTorch SDPA") -> None:

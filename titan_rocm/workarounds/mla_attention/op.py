@@ -1,13 +1,15 @@
-"""The MLA flash attention as two ``torch.library`` custom ops with autograd.
+"""The MLA flash attention as ``torch.library`` custom ops with autograd, dense and varlen.
 
-``titan_rocm::mla_flash_attn_fwd`` runs aiter's flash attention forward;
-``titan_rocm::mla_flash_attn_bwd`` runs the backward that :func:`~.routing.route_backward`
-picks for each call: aiter's CK ``mha_bwd`` directly (v never padded) or aiter's own
-``_flash_attn_backward``. Being custom ops with fake (meta) implementations, both are opaque
-nodes to torch.compile, and selective activation checkpointing can name the forward op
-(:data:`FORWARD_OP`) to save its outputs instead of recomputing it.
+Dense (``bshd``: batch, seqlen, heads, head dim, aiter's layout):
+``titan_rocm::mla_flash_attn_fwd`` / ``titan_rocm::mla_flash_attn_bwd``. Varlen (``thd``: the
+batch's tokens packed, with ``cu_seqlens`` marking where each sequence starts):
+``titan_rocm::mla_varlen_attn_fwd`` / ``titan_rocm::mla_varlen_attn_bwd``. Each direction calls
+the aiter function :func:`~.routing.route_forward` / :func:`~.routing.route_backward` picks for
+the call: aiter's own dispatch, or its CK kernel directly (v is never padded).
 
-Tensors are ``bshd`` (batch, seqlen, heads, head dim), aiter's layout.
+Being custom ops with fake (meta) implementations, all are opaque nodes to torch.compile, and
+selective activation checkpointing can name the forward ops (:data:`FORWARD_OPS`) to save
+their outputs instead of recomputing them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,40 @@ from torch import Tensor
 from titan_rocm import platform
 from titan_rocm.workarounds.mla_attention import aiter_api
 from titan_rocm.workarounds.mla_attention.route_log import log_route_once
-from titan_rocm.workarounds.mla_attention.routing import CK, BackwardCall, route_backward
+from titan_rocm.workarounds.mla_attention.routing import (
+    BACKWARD,
+    FORWARD,
+    AttentionCall,
+    Route,
+    route_backward,
+    route_forward,
+)
+
+
+def attention_call(q: Tensor, k: Tensor, v: Tensor, layout: str, **flags: object) -> AttentionCall:
+    """The routing input for these tensors on this platform (real arch, aiter's answer)."""
+    facts = platform.current()
+    aiter = facts.aiter
+    return AttentionCall(
+        arch=facts.gfx_arch,
+        hdim_q=int(q.shape[-1]),
+        hdim_k=int(k.shape[-1]),
+        hdim_v=int(v.shape[-1]),
+        layout=layout,
+        dtype=str(q.dtype),
+        aiter_gfx=aiter.gfx if aiter is not None else None,
+        aiter_version=aiter.version if aiter is not None else None,
+        **flags,  # type: ignore[arg-type]
+    )
+
+
+def _routed(direction: str, call: AttentionCall) -> Route:
+    route = route_forward(call) if direction == FORWARD else route_backward(call)
+    log_route_once("op", direction, call, route)
+    return route
+
+
+# ---- dense ---------------------------------------------------------------------------------
 
 
 @torch.library.custom_op("titan_rocm::mla_flash_attn_fwd", mutates_args=())
@@ -31,12 +66,17 @@ def mla_flash_attn_fwd(
     causal: bool,
     deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """aiter flash attention forward: ``(out, softmax_lse, rng_state)``.
+    """Routed flash attention forward: ``(out, softmax_lse, rng_state)``.
 
     ``deterministic`` is only recorded for the backward (the forward is deterministic).
     """
-    del deterministic
-    return aiter_api.flash_forward(q, k, v, dropout_p, softmax_scale, causal)
+    call = attention_call(q, k, v, "bshd", dropout_p=float(dropout_p), causal=bool(causal),
+                          deterministic=bool(deterministic))
+    route = _routed(FORWARD, call)
+    return aiter_api.forward(route.function, {
+        "q": q, "k": k, "v": v, "dropout_p": float(dropout_p),
+        "softmax_scale": float(softmax_scale), "causal": bool(causal),
+    })
 
 
 @mla_flash_attn_fwd.register_fake
@@ -44,21 +84,17 @@ def _fwd_fake(q, k, v, dropout_p, softmax_scale, causal, deterministic):
     batch, seqlen_q, heads, _ = q.shape
     out = q.new_empty((batch, seqlen_q, heads, v.shape[-1]))
     lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
-    rng_state = q.new_empty((2,), dtype=torch.int64)
-    return out, lse, rng_state
+    return out, lse, q.new_empty((2,), dtype=torch.int64)
 
 
-def backward_call(q: Tensor, k: Tensor, v: Tensor, **flags: object) -> BackwardCall:
-    """The routing input for a batch-mode (``bshd``) backward of these tensors."""
-    return BackwardCall(
-        arch=platform.current().gfx_arch,
-        hdim_q=int(q.shape[-1]),
-        hdim_k=int(k.shape[-1]),
-        hdim_v=int(v.shape[-1]),
-        layout="bshd",
-        dtype=str(q.dtype),
-        **flags,  # type: ignore[arg-type]
-    )
+def _backward_values(dout, q, k, v, out, softmax_lse, rng_state, dropout_p, softmax_scale, causal,
+                     deterministic):
+    return {
+        "dout": dout, "q": q, "k": k, "v": v, "out": out, "softmax_lse": softmax_lse,
+        "dq": torch.empty_like(q), "dk": torch.empty_like(k), "dv": torch.empty_like(v),
+        "dropout_p": float(dropout_p), "softmax_scale": float(softmax_scale),
+        "causal": bool(causal), "deterministic": bool(deterministic), "rng_state": rng_state,
+    }
 
 
 @torch.library.custom_op("titan_rocm::mla_flash_attn_bwd", mutates_args=())
@@ -76,31 +112,13 @@ def mla_flash_attn_bwd(
     deterministic: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """The routed backward: ``(dq, dk, dv)`` with the shapes of ``q``, ``k``, ``v``."""
-    call = backward_call(q, k, v, dropout_p=float(dropout_p), deterministic=bool(deterministic))
-    route = route_backward(call)
-    log_route_once("op", call, route)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    values = {
-        "dout": dout,
-        "q": q,
-        "k": k,
-        "v": v,
-        "out": out,
-        "softmax_lse": softmax_lse,
-        "dq": dq,
-        "dk": dk,
-        "dv": dv,
-        "dropout_p": float(dropout_p),
-        "softmax_scale": float(softmax_scale),
-        "causal": bool(causal),
-        "deterministic": bool(deterministic),
-        "rng_state": rng_state,
-    }
-    if route.backend == CK:
-        aiter_api.ck_backward(values)
-    else:
-        aiter_api.aiter_backward(values)
-    return dq, dk, dv
+    call = attention_call(q, k, v, "bshd", dropout_p=float(dropout_p), causal=bool(causal),
+                          deterministic=bool(deterministic))
+    route = _routed(BACKWARD, call)
+    values = _backward_values(dout, q, k, v, out, softmax_lse, rng_state, dropout_p,
+                              softmax_scale, causal, deterministic)
+    aiter_api.backward(route.function, values)
+    return values["dq"], values["dk"], values["dv"]
 
 
 @mla_flash_attn_bwd.register_fake
@@ -113,35 +131,116 @@ def _setup_context(ctx, inputs, output) -> None:
     q, k, v, dropout_p, softmax_scale, causal, deterministic = inputs
     out, softmax_lse, rng_state = output
     ctx.save_for_backward(q, k, v, out, softmax_lse, rng_state)
-    ctx.dropout_p = dropout_p
-    ctx.softmax_scale = softmax_scale
-    ctx.causal = causal
-    ctx.deterministic = deterministic
+    ctx.flags = (dropout_p, softmax_scale, causal, deterministic)
 
 
 def _backward(ctx, dout, _dlse, _drng):
     q, k, v, out, softmax_lse, rng_state = ctx.saved_tensors
-    dq, dk, dv = mla_flash_attn_bwd(
-        dout,
-        q,
-        k,
-        v,
-        out,
-        softmax_lse,
-        rng_state,
-        ctx.dropout_p,
-        ctx.softmax_scale,
-        ctx.causal,
-        ctx.deterministic,
-    )
+    dq, dk, dv = mla_flash_attn_bwd(dout, q, k, v, out, softmax_lse, rng_state, *ctx.flags)
     return dq, dk, dv, None, None, None, None
 
 
 mla_flash_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
 
+
+# ---- varlen --------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("titan_rocm::mla_varlen_attn_fwd", mutates_args=())
+def mla_varlen_attn_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Routed varlen forward over ``thd`` tensors: ``(out, softmax_lse (heads, total), rng)``."""
+    call = attention_call(q, k, v, "thd", dropout_p=float(dropout_p), causal=bool(causal),
+                          deterministic=bool(deterministic))
+    route = _routed(FORWARD, call)
+    return aiter_api.forward(route.function, {
+        "q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
+        "max_seqlen_q": int(max_seqlen_q), "max_seqlen_k": int(max_seqlen_k),
+        "dropout_p": float(dropout_p), "softmax_scale": float(softmax_scale),
+        "causal": bool(causal),
+    })
+
+
+@mla_varlen_attn_fwd.register_fake
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                     softmax_scale, causal, deterministic):
+    total, heads, _ = q.shape
+    out = q.new_empty((total, heads, v.shape[-1]))
+    lse = q.new_empty((heads, total), dtype=torch.float32)
+    return out, lse, q.new_empty((2,), dtype=torch.int64)
+
+
+@torch.library.custom_op("titan_rocm::mla_varlen_attn_bwd", mutates_args=())
+def mla_varlen_attn_bwd(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    softmax_lse: Tensor,
+    rng_state: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The routed varlen backward: ``(dq, dk, dv)`` with the shapes of ``q``, ``k``, ``v``."""
+    call = attention_call(q, k, v, "thd", dropout_p=float(dropout_p), causal=bool(causal),
+                          deterministic=bool(deterministic))
+    route = _routed(BACKWARD, call)
+    values = _backward_values(dout, q, k, v, out, softmax_lse, rng_state, dropout_p,
+                              softmax_scale, causal, deterministic)
+    values.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                  max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k))
+    aiter_api.backward(route.function, values)
+    return values["dq"], values["dk"], values["dv"]
+
+
+@mla_varlen_attn_bwd.register_fake
+def _varlen_bwd_fake(dout, q, k, v, out, softmax_lse, rng_state, cu_seqlens_q, cu_seqlens_k,
+                     max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, deterministic):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _varlen_setup_context(ctx, inputs, output) -> None:
+    q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal, deterministic = inputs
+    out, softmax_lse, rng_state = output
+    ctx.save_for_backward(q, k, v, out, softmax_lse, rng_state, cu_q, cu_k)
+    ctx.flags = (max_q, max_k, dropout_p, softmax_scale, causal, deterministic)
+
+
+def _varlen_backward(ctx, dout, _dlse, _drng):
+    q, k, v, out, softmax_lse, rng_state, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = mla_varlen_attn_bwd(dout, q, k, v, out, softmax_lse, rng_state, cu_q, cu_k,
+                                     *ctx.flags)
+    return (dq, dk, dv) + (None,) * 8
+
+
+mla_varlen_attn_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+
 FORWARD_OP = torch.ops.titan_rocm.mla_flash_attn_fwd.default
-"""The forward OpOverload, for op-level SAC save lists."""
+"""The dense forward OpOverload."""
 BACKWARD_OP = torch.ops.titan_rocm.mla_flash_attn_bwd.default
+VARLEN_FORWARD_OP = torch.ops.titan_rocm.mla_varlen_attn_fwd.default
+"""The varlen forward OpOverload."""
+VARLEN_BACKWARD_OP = torch.ops.titan_rocm.mla_varlen_attn_bwd.default
+FORWARD_OPS = (FORWARD_OP, VARLEN_FORWARD_OP)
+"""The forward OpOverloads, for op-level SAC save lists."""
 
 
 def mla_flash_attention(
@@ -152,14 +251,28 @@ def mla_flash_attention(
     causal: bool = True,
     dropout_p: float = 0.0,
 ) -> Tensor:
-    """Flash attention over ``bshd`` tensors with the routed backward; returns ``out``."""
+    """Flash attention over ``bshd`` tensors, both directions routed; returns ``out``."""
     out, _lse, _rng = torch.ops.titan_rocm.mla_flash_attn_fwd(
-        q,
-        k,
-        v,
-        float(dropout_p),
-        float(softmax_scale),
-        bool(causal),
+        q, k, v, float(dropout_p), float(softmax_scale), bool(causal),
         torch.are_deterministic_algorithms_enabled(),
+    )
+    return out
+
+
+def mla_varlen_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens: Tensor,
+    max_seqlen: int,
+    softmax_scale: float,
+    causal: bool = True,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """Attention within each packed sequence of ``thd`` tensors (``cu_seqlens``: int32 starts,
+    then the total); both directions routed; returns ``out`` (total, heads, v head dim)."""
+    out, _lse, _rng = torch.ops.titan_rocm.mla_varlen_attn_fwd(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, float(dropout_p),
+        float(softmax_scale), bool(causal), torch.are_deterministic_algorithms_enabled(),
     )
     return out

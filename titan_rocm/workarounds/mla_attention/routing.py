@@ -1,15 +1,24 @@
-"""Which backward an attention call gets: aiter's own dispatch, or aiter's generic CK kernel.
+"""Which aiter function each MLA attention call gets, forward and backward: a pure decision.
 
-A pure function of the call (architecture, head dims, dropout, bias/alibi, layout, dtype,
-deterministic); no torch, no aiter. The one architecture-dependent fact it reads,
-``aiter_fmha_v3_bwd_qk192_v128``, lives in :mod:`titan_rocm.archs`.
+A pure function of the call: the device's real arch, what aiter's ``get_gfx()`` answers, the
+installed aiter version, head dims, dropout, bias/alibi, layout (dense or varlen), dtype,
+causal, deterministic. No torch, no aiter. It reads two tables: the per-arch fact
+``aiter_fmha_v3_bwd_qk192_v128`` in :mod:`titan_rocm.archs`, and the per-release facts in
+:mod:`.aiter_releases` (where each fact was read in aiter's sources).
 
-Why: aiter's ``_flash_attn_backward`` picks its hand-written fmha_v3 ASM backward when its
-own checks pass. On gfx942 that kernel has no q/k 192 / v 128 (DeepSeek MLA) variant; a
-caller that pads v to 192, or an arch misdetection (``GPU_ARCHS="gfx942;gfx950"`` makes
-aiter's ``get_gfx()`` answer gfx950), reaches an ASM kernel that fails ("invalid argument
-for fmha_v3_bwd") or worse. aiter's generic CK ``mha_bwd`` handles every such call, so on
-those architectures titan-rocm calls it directly and never pads v.
+What titan-rocm routes, and why (docs/mla-ck-backward.md):
+
+- The backward of q/k 192, v 128 (DeepSeek MLA) on an arch without an fmha_v3 backward kernel
+  for that shape (gfx942, gfx90a, an arch titan-rocm does not know) calls aiter's CK ``mha_bwd``
+  (dense) or ``mha_varlen_bwd`` (varlen) directly. aiter's own gates choose the same CK kernel
+  when ``get_gfx()`` answers the real arch; calling it directly keeps a mis-detected arch
+  (``GPU_ARCHS`` ending in gfx950 on an MI300X) from sending it to ``fmha_v3_bwd``.
+- The forward of q/k 192, v 128 calls CK ``mha_fwd`` / ``mha_varlen_fwd`` directly exactly where
+  the installed release's forward gate, told ``get_gfx()``'s answer, would pick an fmha_v3 ASM
+  forward that the real arch does not have in that release.
+- Everything else goes to aiter's own dispatch: other shapes (v padded to 192 among them:
+  gfx942's fmha_v3 backward has q/k 192 = v 192 kernels in 0.1.7 and on main), and the gfx950
+  backward, whose fmha_v3 table has q/k 192, v 128.
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from titan_rocm.archs import ARCHS, normalize_arch
+from titan_rocm.workarounds.mla_attention.aiter_releases import AiterRelease, release_for
 
 MLA_QK_HEAD_DIM = 192
 """q/k head dim of DeepSeek V3 MLA: qk_nope 128 + qk_rope 64."""
@@ -32,16 +42,26 @@ DTYPES: tuple[str, ...] = ("bfloat16", "float16")
 
 CK = "ck"
 AITER = "aiter"
-BACKEND_LABELS: dict[str, str] = {
-    CK: "ck (mha_bwd)",
-    AITER: "aiter (_flash_attn_backward)",
+FORWARD = "forward"
+BACKWARD = "backward"
+FUNCTIONS: dict[tuple[str, str, bool], str] = {
+    (AITER, FORWARD, False): "_flash_attn_forward",
+    (AITER, FORWARD, True): "_flash_attn_varlen_forward",
+    (AITER, BACKWARD, False): "_flash_attn_backward",
+    (AITER, BACKWARD, True): "_flash_attn_varlen_backward",
+    (CK, FORWARD, False): "mha_fwd",
+    (CK, FORWARD, True): "mha_varlen_fwd",
+    (CK, BACKWARD, False): "mha_bwd",
+    (CK, BACKWARD, True): "mha_varlen_bwd",
 }
-"""How each backend is shown in ``titan-rocm plan`` and logs."""
+"""The aiter function titan-rocm calls, by (backend, direction, varlen)."""
+AITERS_CHOICE = "aiter's choice"
+"""The kernel of a call titan-rocm does not reason about."""
 
 
 @dataclass(frozen=True)
-class BackwardCall:
-    """What the routing looks at for one attention backward.
+class AttentionCall:
+    """What the routing looks at for one attention call (either direction).
 
     Raises:
         ValueError: a field has a value the routing cannot reason about (names it and
@@ -59,7 +79,12 @@ class BackwardCall:
     layout: str = "bshd"
     dtype: str = "bfloat16"
     """``bfloat16``/``float16`` (a ``torch.`` prefix is accepted)."""
+    causal: bool = True
     deterministic: bool = False
+    aiter_gfx: str | None = None
+    """What aiter's ``get_gfx()`` answers; None: not known, taken to be :attr:`arch`."""
+    aiter_version: str | None = None
+    """The installed aiter's version; None: not known."""
 
     def __post_init__(self) -> None:
         for name in ("hdim_q", "hdim_k", "hdim_v"):
@@ -84,70 +109,176 @@ class BackwardCall:
                 f"accepted: {', '.join(DTYPES)}"
             )
         object.__setattr__(self, "dtype", dtype)
-        if self.arch is not None:
-            object.__setattr__(self, "arch", normalize_arch(self.arch))
+        for name in ("arch", "aiter_gfx"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, normalize_arch(value))
+
+    @property
+    def varlen(self) -> bool:
+        """Packed variable-length (``thd``) tensors with ``cu_seqlens``."""
+        return self.layout == "thd"
+
+    @property
+    def mla(self) -> bool:
+        """DeepSeek MLA's q/k 192, v 128."""
+        return self.hdim_q == MLA_QK_HEAD_DIM and self.hdim_v == MLA_V_HEAD_DIM
+
+    @property
+    def dispatch_gfx(self) -> str | None:
+        """The arch aiter's Python gates reason about: its ``get_gfx()`` answer."""
+        return self.aiter_gfx or self.arch
+
+    @property
+    def release(self) -> AiterRelease | None:
+        """The per-release facts of the installed aiter; None when its version is unknown."""
+        return release_for(self.aiter_version)
+
+    @property
+    def shape(self) -> str:
+        """``q/k 192, v 128``."""
+        return f"q/k {self.hdim_q}, v {self.hdim_v}"
 
 
 @dataclass(frozen=True)
 class Route:
-    """The decision: ``backend`` is ``"ck"`` or ``"aiter"``; ``reason`` says why."""
+    """The decision: ``backend`` (``ck`` or ``aiter``), the aiter ``function`` titan-rocm
+    calls, the ``kernel`` that runs in the end, and ``reason``: why."""
 
     backend: str
+    function: str
+    kernel: str
     reason: str
 
     @property
     def label(self) -> str:
-        """``ck (mha_bwd)`` or ``aiter (_flash_attn_backward)``."""
-        return BACKEND_LABELS[self.backend]
+        """E.g. ``ck (mha_bwd)`` or ``aiter (_flash_attn_forward)``."""
+        return f"{self.backend} ({self.function})"
 
 
-def _shape(call: BackwardCall) -> str:
-    return f"q/k {call.hdim_q}, v {call.hdim_v}"
+def _route(call: AttentionCall, direction: str, backend: str, kernel: str, why: str) -> Route:
+    return Route(backend, FUNCTIONS[(backend, direction, call.varlen)], kernel, why)
 
 
-def route_backward(call: BackwardCall) -> Route:
-    """Route one attention backward to CK (``mha_bwd``) or to aiter's own dispatch.
+def _ck(call: AttentionCall, direction: str) -> str:
+    return FUNCTIONS[(CK, direction, call.varlen)]
 
-    CK is chosen where aiter's fmha_v3 ASM backward must not run: the MLA shape q/k 192 with
-    v 128, or v padded to 192, on an architecture whose ``aiter_fmha_v3_bwd_qk192_v128``
-    fact is False (gfx942, gfx90a) or unknown. Dropout, bias, alibi and deterministic do not
-    change that choice: CK's ``mha_bwd`` implements all of them.
-    """
+
+def _unrouted(call: AttentionCall, direction: str) -> Route | None:
     if call.arch is None:
-        return Route(AITER, "not an AMD GPU (no gfx arch): nothing to route")
-    mla_shape = call.hdim_q == MLA_QK_HEAD_DIM and call.hdim_v in (
-        MLA_V_HEAD_DIM,
-        MLA_QK_HEAD_DIM,
-    )
-    if not mla_shape:
-        return Route(
-            AITER,
-            f"{_shape(call)} is not DeepSeek MLA's shape; aiter's own dispatch handles it",
-        )
-    if call.layout == "thd":
-        return Route(
-            AITER,
-            "varlen (thd) backward goes through aiter's mha_varlen_bwd path; "
-            "titan-rocm routes only the batch-mode backward",
-        )
-    facts = ARCHS.get(call.arch)
-    padded = call.hdim_v == MLA_QK_HEAD_DIM
+        return _route(call, direction, AITER, AITERS_CHOICE,
+                      "not an AMD GPU (no gfx arch): nothing to route")
+    if not call.mla:
+        return _route(call, direction, AITER, AITERS_CHOICE,
+                      f"{call.shape} is not DeepSeek MLA's q/k 192, v 128; aiter's own "
+                      "dispatch handles it")
+    return None
+
+
+def _v3_flags_ok(call: AttentionCall) -> bool:
+    # Every fmha_v3 gate read (0.1.7, main) requires these; CK implements all of them.
+    return call.dropout_p == 0.0 and not call.has_bias and not call.has_alibi
+
+
+def route_backward(call: AttentionCall) -> Route:
+    """Route one attention backward to aiter's CK kernel or to aiter's own dispatch."""
+    unrouted = _unrouted(call, BACKWARD)
+    if unrouted is not None:
+        return unrouted
+    facts = ARCHS.get(call.arch or "")
     if facts is not None and facts.aiter_fmha_v3_bwd_qk192_v128:
-        return Route(
-            AITER,
-            f"{call.arch}'s aiter fmha_v3 backward supports q/k 192 with v 128; "
-            f"aiter's own dispatch chooses for {_shape(call)}",
-        )
+        kernel, why = _aiter_backward_choice(call)
+        return _route(call, BACKWARD, AITER, kernel, why)
+    ck = _ck(call, BACKWARD)
     if facts is None:
-        why = f"{call.arch} is not an architecture titan-rocm knows; CK is aiter's generic path"
-    elif padded:
-        why = (
-            f"q/k 192 with v 192 is MLA with v padded; aiter's fmha_v3 ASM backward must not "
-            f"take it on {call.arch}; CK computes it (titan-rocm itself never pads v)"
-        )
+        where = f"{call.arch} is not an architecture titan-rocm knows; CK is aiter's generic path"
     else:
-        why = f"aiter's fmha_v3 ASM backward has no q/k 192, v 128 kernel on {call.arch}"
-    return Route(CK, why)
+        where = f"aiter has no fmha_v3 backward kernel for q/k 192, v 128 on {call.arch}"
+    return _route(call, BACKWARD, CK, f"CK {ck}", f"{where}; {_aiters_own_backward(call)}")
+
+
+def _aiters_own_backward(call: AttentionCall) -> str:
+    """What aiter's own backward dispatch would do with this call (arch without the kernel)."""
+    ck = _ck(call, BACKWARD)
+    if call.varlen:
+        return (f"aiter's varlen gate needs equal q/k and v head dims on every arch, so it runs "
+                f"CK {ck} too")
+    gfx, release = call.dispatch_gfx, call.release
+    if gfx != "gfx950":
+        return (f"aiter's own gates pick CK {ck} too when get_gfx() answers {gfx}; calling it "
+                "directly keeps a mis-detected get_gfx() from sending it to fmha_v3_bwd")
+    told = f"aiter's get_gfx() answers gfx950 on this {call.arch}"
+    if release is None:
+        return f"{told}: its gfx950 gate may send this call to fmha_v3_bwd, which {call.arch} lacks"
+    if call.causal and not release.bwd_v3_qk192_v128_causal_on_gfx950:
+        return (f"{told}, but aiter {release.name}'s gfx950 gate takes this shape only without "
+                f"a causal mask, so it would run CK {ck} as well")
+    return (f"{told}: aiter {release.name} would send this call to fmha_v3_bwd, which {call.arch} "
+            "lacks ('invalid argument for fmha_v3_bwd')")
+
+
+def _aiter_backward_choice(call: AttentionCall) -> tuple[str, str]:
+    """(kernel, reason) of aiter's own backward on an arch with the q/k 192, v 128 kernel."""
+    ck = _ck(call, BACKWARD)
+    gfx, release = call.dispatch_gfx, call.release
+    if call.varlen:
+        return (f"CK {ck}", f"{call.arch}'s fmha_v3 varlen backward has no q/k 192, v 128 kernel "
+                f"and aiter's varlen gate needs equal head dims: aiter runs CK {ck} itself")
+    if gfx != call.arch:
+        return (f"CK {ck}", f"aiter's get_gfx() answers {gfx} on this {call.arch}: its gates pick "
+                f"CK {ck} (slower than {call.arch}'s fmha_v3 kernel, still correct)")
+    if release is None:
+        return (AITERS_CHOICE, f"{call.arch}'s fmha_v3 backward has q/k 192, v 128 kernels; "
+                "aiter's own dispatch chooses (installed aiter version unknown)")
+    if not _v3_flags_ok(call) or call.deterministic:
+        return (f"CK {ck}", "aiter's fmha_v3 backward gate refuses dropout, bias, alibi and "
+                f"deterministic: aiter runs CK {ck}")
+    if call.causal and not release.bwd_v3_qk192_v128_causal_on_gfx950:
+        return (f"CK {ck}", f"aiter {release.name}'s {call.arch} gate takes q/k 192, v 128 only "
+                f"without a causal mask: aiter runs CK {ck} for this causal call")
+    return ("fmha_v3_bwd (ASM) for seqlen_q > 16, else CK mha_bwd",
+            f"{call.arch}'s fmha_v3 backward has q/k 192, v 128 kernels and aiter "
+            f"{release.name}'s gate takes this call")
+
+
+def route_forward(call: AttentionCall) -> Route:
+    """Route one attention forward to aiter's CK kernel or to aiter's own dispatch."""
+    unrouted = _unrouted(call, FORWARD)
+    if unrouted is not None:
+        return unrouted
+    ck = _ck(call, FORWARD)
+    v3 = "fmha_v3_varlen_fwd" if call.varlen else "fmha_v3_fwd"
+    when = "" if call.varlen else " for seqlen_q > 128"
+    gfx, release = call.dispatch_gfx, call.release
+    if release is None:
+        if gfx != call.arch:
+            return _route(call, FORWARD, CK, f"CK {ck}", (
+                f"aiter's get_gfx() answers {gfx} on this {call.arch} and the installed aiter "
+                f"version is unknown: its forward gate might pick a {v3} kernel {call.arch} "
+                f"lacks; CK {ck} runs on every arch"))
+        return _route(call, FORWARD, AITER, AITERS_CHOICE,
+                      "aiter's own dispatch chooses (installed aiter version unknown)")
+    gate = release.fwd_v3_qk192_gate
+    admits = _v3_flags_ok(call) and call.dtype == "bfloat16" and (gate is None or gfx in gate)
+    has_kernel = call.arch in release.fwd_v3_qk192_kernels
+    if admits and not has_kernel:
+        return _route(call, FORWARD, CK, f"CK {ck}", (
+            f"aiter {release.name}'s forward gate, told {gfx} by get_gfx(), would pick {v3}{when}, "
+            f"which has no q/k 192, v 128 kernel for {call.arch} in that release ('invalid "
+            f"argument'); CK {ck} computes it"))
+    if admits:
+        kernel = f"{v3} (ASM){when}" + ("" if call.varlen else f", else CK {ck}")
+        why = f"{call.arch} has q/k 192, v 128 {v3} kernels in aiter {release.name}"
+        if gfx != call.arch:
+            why += f" (get_gfx() answers {gfx}; the kernel runs by the real arch)"
+        return _route(call, FORWARD, AITER, kernel, why)
+    if not (_v3_flags_ok(call) and call.dtype == "bfloat16"):
+        why = f"aiter's fmha_v3 forward needs bf16 without dropout, bias or alibi: it runs CK {ck}"
+    else:
+        told = ", ".join(sorted(gate or ()))
+        why = (f"aiter {release.name}'s forward gate takes q/k 192 only when get_gfx() answers "
+               f"{told}: it runs CK {ck}")
+    return _route(call, FORWARD, AITER, f"CK {ck}", why)
 
 
 @dataclass(frozen=True)
@@ -159,13 +290,16 @@ class Flags:
     has_alibi: bool = False
     layout: str = "bshd"
     dtype: str = "bfloat16"
+    causal: bool = True
     deterministic: bool = False
 
 
-DEFAULT_TABLE_ARCHS: tuple[str | None, ...] = ("gfx942", "gfx950", "gfx90a", None)
-"""Architectures of the documented route table (None: a CUDA machine)."""
-DEFAULT_TABLE_SHAPES: tuple[tuple[int, int], ...] = ((192, 128), (128, 128), (192, 192))
-"""(q/k, v) head dims of the documented route table: MLA, plain MHA, MLA with v padded."""
+DEFAULT_TABLE_ARCHS: tuple[str | None, ...] = ("gfx942", "gfx950")
+"""Architectures of the documented route table."""
+DEFAULT_TABLE_VERSIONS: tuple[str, ...] = ("0.1.7.post2.dev18", "main")
+"""aiter versions of the documented route table: the PyPI wheel and aiter main."""
+DEFAULT_TABLE_FLAGS: tuple[Flags, ...] = (Flags(), Flags(layout="thd"))
+"""Dense (``bshd``) and varlen (``thd``) causal bf16 calls."""
 
 
 def arch_label(arch: str | None) -> str:
@@ -173,41 +307,55 @@ def arch_label(arch: str | None) -> str:
     return "cuda" if arch is None else normalize_arch(arch)
 
 
+def route_row(call: AttentionCall) -> dict[str, Any]:
+    """One JSON-able route-table row: both directions of ``call``."""
+    forward, backward = route_forward(call), route_backward(call)
+    release = call.release
+    return {
+        "aiter": call.aiter_version or "unknown",
+        "aiter_release": release.name if release else None,
+        "arch": arch_label(call.arch),
+        "aiter_gfx": call.dispatch_gfx,
+        "shape": {"qk": call.hdim_q, "v": call.hdim_v},
+        "layout": call.layout,
+        "forward": forward.label,
+        "forward_kernel": forward.kernel,
+        "forward_reason": forward.reason,
+        "backward": backward.label,
+        "backward_kernel": backward.kernel,
+        "backward_reason": backward.reason,
+    }
+
+
 def route_table(
     archs: Iterable[str | None] = DEFAULT_TABLE_ARCHS,
-    shapes: Iterable[tuple[int, int]] = DEFAULT_TABLE_SHAPES,
-    flags: Sequence[Flags] = (Flags(),),
+    shapes: Iterable[tuple[int, int]] = ((MLA_QK_HEAD_DIM, MLA_V_HEAD_DIM),),
+    flags: Sequence[Flags] = DEFAULT_TABLE_FLAGS,
+    versions: Sequence[str | None] = DEFAULT_TABLE_VERSIONS,
+    aiter_gfx: str | None = None,
 ) -> list[dict[str, Any]]:
-    """One row per (arch, shape, flags): what :func:`route_backward` decides.
-
-    Rows are JSON-able: ``{"arch", "shape": {"qk", "v"}, "flags", "backward", "reason"}``.
-    """
+    """One :func:`route_row` per (aiter version, arch, shape, flags)."""
     rows: list[dict[str, Any]] = []
-    for arch in archs:
-        for qk, v in shapes:
-            for f in flags:
-                route = route_backward(BackwardCall(arch, qk, qk, v, **asdict(f)))
-                rows.append(
-                    {
-                        "arch": arch_label(arch),
-                        "shape": {"qk": qk, "v": v},
-                        "flags": asdict(f),
-                        "backward": route.label,
-                        "reason": route.reason,
-                    }
-                )
+    for version in versions:
+        for arch in archs:
+            for qk, v in shapes:
+                for f in flags:
+                    call = AttentionCall(arch, qk, qk, v, **asdict(f), aiter_gfx=aiter_gfx,
+                                         aiter_version=version)
+                    rows.append(route_row(call))
     return rows
 
 
 def format_route_table(rows: Sequence[dict[str, Any]]) -> str:
-    """A Markdown table of :func:`route_table` rows (default flags: arch, shape, route)."""
+    """A Markdown table of :func:`route_table` rows."""
     lines = [
-        "| arch | q/k head dim | v head dim | backward | why |",
-        "|---|---|---|---|---|",
+        "| aiter | arch | attention | forward | forward runs | backward | backward runs |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
+        attention = "varlen" if row["layout"] == "thd" else "dense"
         lines.append(
-            f"| {row['arch']} | {row['shape']['qk']} | {row['shape']['v']} | "
-            f"{row['backward']} | {row['reason']} |"
+            f"| {row['aiter']} | {row['arch']} | {attention} | {row['forward']} | "
+            f"{row['forward_kernel']} | {row['backward']} | {row['backward_kernel']} |"
         )
     return "\n".join(lines)

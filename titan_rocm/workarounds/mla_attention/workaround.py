@@ -1,43 +1,64 @@
-"""``rocm.mla_ck_backward``: DeepSeek MLA attention on aiter, CK backward where it must be.
+"""``rocm.mla_ck_backward``: DeepSeek MLA attention on aiter, each direction routed by the
+device's real arch and the installed aiter release.
 
-Gate (``auto``): a ROCm build with a GPU and aiter installed, a model with TorchTitan's
-DeepSeek V3 attention whose mask is plain causal (``attn_type = "sdpa"``, or ``"flex"`` with
-``attn_mask_type = "causal"``), no context parallelism, and (on a real machine)
-``aiter.ops.mha`` importing cleanly. Otherwise one line says why and the model is left
-untouched; nothing imports aiter. ``on`` fails at start-up, naming what is missing. Flex
-flavors with ``block_causal`` (per-document) masks are converted only with
-``[rocm] mla_document_masks = "drop"``: they then run plain causal attention, as the aiter
-path used in practice does (warned at apply).
+Gate (``auto``): a ROCm build with a GPU and aiter installed, ``aiter.ops.mha`` importing
+cleanly (on a real machine), no context parallelism (CP shards SDPA ops, not aiter's; TorchTitan
+0.2.2 refuses flex attention with CP anyway), and a model with TorchTitan's DeepSeek V3
+attention. Otherwise one line says why and the model is left untouched; nothing imports
+aiter. ``on`` fails at start-up, naming what is missing.
 
-Apply: each DeepSeek V3 ``Attention.inner_attention`` becomes
-:class:`~.module.MLAInnerAttention` (or :class:`~.module.MLAFlexInnerAttention` for flex);
-the forward op joins the op-level SAC save list of the
-model's parallelize module (``_op_sac_save_list``) so it is saved, not recomputed; and
-aiter's own ``_flash_attn_backward`` is guarded (:mod:`~.guard`).
+What each DeepSeek ``Attention.inner_attention`` becomes:
+
+- SDPA (``attn_type = "sdpa"``): :class:`~.module.MLAInnerAttention`, aiter dense attention;
+- flex with ``causal`` masks: :class:`~.module.MLAFlexInnerAttention`, the same;
+- flex with ``block_causal`` (per-document) masks, TorchTitan 0.2.2's 16B/236B/671B flavors:
+  :class:`~.module.MLAVarlenInnerAttention`, aiter's varlen attention within each document, and
+  the model's ``get_attention_masks`` returns :class:`~.documents.DocumentSpans` (the document
+  boundaries TorchTitan computes). Not under pipeline parallelism, which re-splits the masks
+  per microbatch. With ``[rocm] mla_document_masks = "drop"`` these run plain causal
+  attention instead (tokens attend across documents; warned at apply).
+
+Also: the forward ops join the op-level SAC save list of the model's parallelize module
+(``_op_sac_save_list``), so they are saved, not recomputed; aiter's own ``_flash_attn_backward``
+is guarded (:mod:`~.guard`); and a ``get_gfx()`` that names another arch than the device is
+logged once.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 from collections import Counter
 from typing import Any
 
 import torch.nn as nn
 
-from titan_rocm.log import log
+from titan_rocm import platform
+from titan_rocm.log import log, log_once
+from titan_rocm.platform import PlatformFacts
 from titan_rocm.workarounds.base import Context, Workaround
 from titan_rocm.workarounds.mla_attention import aiter_api
+from titan_rocm.workarounds.mla_attention.aiter_releases import release_for
 from titan_rocm.workarounds.mla_attention.routing import (
     DTYPES,
-    BackwardCall,
+    AttentionCall,
     arch_label,
     route_backward,
+    route_forward,
 )
 
 DEEPSEEK_PARALLELIZE = "torchtitan.models.deepseek_v3.infra.parallelize"
 SAC_LIST_NAME = "_op_sac_save_list"
-FORWARD_LABEL = "aiter flash attention (_flash_attn_forward)"
 SDPA_LABEL = "PyTorch SDPA (fallback)"
+
+DENSE, FLEX_CAUSAL, VARLEN, DROPPED = "sdpa", "flex", "varlen", "dropped"
+ATTENTION_LABELS = {
+    DENSE: "sdpa (causal): aiter dense attention",
+    FLEX_CAUSAL: "flex (causal mask): aiter dense attention",
+    VARLEN: "varlen (block_causal mask): aiter varlen attention within each document",
+    DROPPED: "flex (block_causal mask dropped): aiter dense causal attention across documents",
+}
+"""How each attention kind shows in plans."""
 
 
 def deepseek_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -47,43 +68,44 @@ def deepseek_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, Attention)]
 
 
-def replacement_for(attention: nn.Module) -> type[nn.Module] | None:
-    """The module class that replaces ``attention.inner_attention``; None if none does
-    (an unknown attention kind, or already replaced)."""
+def mask_type(model: nn.Module) -> str:
+    """The model's ``attn_mask_type`` (``causal`` or ``block_causal``); ``causal`` if unset."""
+    return str(getattr(getattr(model, "model_args", None), "attn_mask_type", "causal"))
+
+
+def attention_kind(attention: nn.Module, masks: str, drop_documents: bool) -> str | None:
+    """Which of :data:`ATTENTION_LABELS` ``attention`` gets (it may already have it); None
+    for an inner attention titan-rocm does not replace."""
     from torchtitan.models.attention import FlexAttentionWrapper, ScaledDotProductAttentionWrapper
 
     from titan_rocm.workarounds.mla_attention.module import (
         MLAFlexInnerAttention,
         MLAInnerAttention,
+        MLAVarlenInnerAttention,
     )
 
     inner = attention.inner_attention
-    if isinstance(inner, MLAInnerAttention):
-        return None
-    if isinstance(inner, ScaledDotProductAttentionWrapper):
-        return MLAInnerAttention
-    if isinstance(inner, FlexAttentionWrapper):
-        return MLAFlexInnerAttention
+    if isinstance(inner, MLAVarlenInnerAttention):
+        return VARLEN
+    if isinstance(inner, (FlexAttentionWrapper, MLAFlexInnerAttention)):
+        if masks == "causal":
+            return FLEX_CAUSAL
+        return DROPPED if drop_documents else VARLEN
+    if isinstance(inner, (ScaledDotProductAttentionWrapper, MLAInnerAttention)):
+        return DENSE
     return None
 
 
-def _is_ours(attention: nn.Module) -> bool:
-    from titan_rocm.workarounds.mla_attention.module import MLAInnerAttention
+def replacement(kind: str) -> type[nn.Module]:
+    """The inner-attention class of ``kind``."""
+    from titan_rocm.workarounds.mla_attention.module import (
+        MLAFlexInnerAttention,
+        MLAInnerAttention,
+        MLAVarlenInnerAttention,
+    )
 
-    return isinstance(attention.inner_attention, MLAInnerAttention)
-
-
-def _is_flex(attention: nn.Module) -> bool:
-    from torchtitan.models.attention import FlexAttentionWrapper
-
-    from titan_rocm.workarounds.mla_attention.module import MLAFlexInnerAttention
-
-    return isinstance(attention.inner_attention, (FlexAttentionWrapper, MLAFlexInnerAttention))
-
-
-def mask_type(model: nn.Module) -> str:
-    """The model's ``attn_mask_type`` (``causal`` or ``block_causal``); ``causal`` if unset."""
-    return str(getattr(getattr(model, "model_args", None), "attn_mask_type", "causal"))
+    return {DENSE: MLAInnerAttention, FLEX_CAUSAL: MLAFlexInnerAttention,
+            VARLEN: MLAVarlenInnerAttention, DROPPED: MLAFlexInnerAttention}[kind]
 
 
 def expected_attention_dtype(ctx: Context) -> str:
@@ -101,16 +123,37 @@ def expected_attention_dtype(ctx: Context) -> str:
     return "float32"
 
 
+def aiter_summary(facts: PlatformFacts) -> dict[str, Any] | str:
+    """The installed aiter as plans show it (``absent`` without one)."""
+    aiter = facts.aiter
+    if aiter is None:
+        return "absent" if not facts.aiter_spec_found else "installed (not probed)"
+    release = release_for(aiter.version)
+    return {
+        "version": aiter.version or "unknown",
+        "api": aiter.generation or "unknown",
+        "release_facts": release.name if release else "unknown",
+        "get_gfx": aiter.gfx,
+        "get_gfx_source": aiter.gfx_source,
+        "get_gfx_matches_device": not aiter.mismatch(facts.gfx_arch),
+    }
+
+
 class MLACKBackward(Workaround):
-    """Swap DeepSeek V3 inner attention for aiter flash attention with a routed backward."""
+    """Swap DeepSeek V3 inner attention for aiter flash attention, routed per call."""
 
     name = "mla_ck_backward"
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self._swapped: int | None = None
+        self._replaced: dict[str, int] | None = None
         self._sac_list: str | None = None
         self._guard: str | None = None
+        self._facts: PlatformFacts | None = None
+
+    @property
+    def _drop_documents(self) -> bool:
+        return self.ctx.settings.mla_document_masks == "drop"
 
     # -- gate ----------------------------------------------------------------------------
 
@@ -121,52 +164,65 @@ class MLACKBackward(Workaround):
         if self.ctx.parallel.cp_enabled:
             return (
                 "context parallelism is on (context_parallel_degree > 1): CP shards SDPA ops, "
-                "not the aiter op"
+                "not the aiter ops"
             )
         reason = aiter_api.unavailable_reason(self.ctx.platform, try_import=True)
         if reason:
             return f"aiter not usable: {reason}"
         return None
 
+    def _kinds(self, model: nn.Module) -> dict[str, str | None]:
+        masks = mask_type(model)
+        return {fqn: attention_kind(m, masks, self._drop_documents)
+                for fqn, m in deepseek_attention_modules(model)}
+
     def check(self, model: nn.Module) -> str | None:
-        modules = deepseek_attention_modules(model)
-        if not modules:
+        kinds = self._kinds(model)
+        if not kinds:
             return "model has no DeepSeek V3 MLA attention (torchtitan deepseek_v3 Attention)"
-        if not any(replacement_for(m) or _is_ours(m) for _, m in modules):
-            kinds = sorted({type(m.inner_attention).__name__ for _, m in modules})
+        if not any(kinds.values()):
+            attentions = dict(deepseek_attention_modules(model))
+            names = sorted({type(attentions[f].inner_attention).__name__ for f in kinds})
             return (
-                f"attention runs {', '.join(kinds)}; rocm.mla_ck_backward replaces only "
+                f"attention runs {', '.join(names)}; rocm.mla_ck_backward replaces only "
                 "TorchTitan's SDPA and flex attention wrappers"
             )
-        mask = mask_type(model)
-        drops_masks = self.ctx.settings.mla_document_masks == "drop"
-        if any(_is_flex(m) for _, m in modules) and mask != "causal" and not drops_masks:
-            return (
-                f"attention is FlexAttention with {mask!r} (per-document) masks; aiter's kernel is "
-                "plain causal and would attend across documents; set [rocm] "
-                'mla_document_masks = "drop" to run it causal anyway'
-            )
+        if VARLEN in kinds.values():
+            if self.ctx.parallel.pp_enabled:
+                return (
+                    "block_causal (per-document) masks under pipeline parallelism: PP splits "
+                    "the masks per microbatch into plain BlockMasks, without titan-rocm's "
+                    'document spans; turn PP off, or set [rocm] mla_document_masks = "drop" '
+                    "(causal attention across documents)"
+                )
+            if not callable(getattr(model, "get_attention_masks", None)):
+                return "block_causal masks, but the model has no get_attention_masks to replace"
         return None
 
     # -- apply ---------------------------------------------------------------------------
 
     def apply(self, model: nn.Module) -> None:
-        swapped = flex = 0
-        for _fqn, attention in deepseek_attention_modules(model):
-            cls = replacement_for(attention)
-            if cls is None:
+        from titan_rocm.workarounds.mla_attention import documents
+
+        replaced: Counter[str] = Counter()
+        attentions = dict(deepseek_attention_modules(model))
+        for fqn, kind in self._kinds(model).items():
+            attention = attentions[fqn]
+            cls = replacement(kind) if kind else None
+            if cls is None or type(attention.inner_attention) is cls:
                 continue
             inner = attention.inner_attention
             attention.inner_attention = cls(getattr(inner, "sdpa_backends", None))
-            swapped += 1
-            flex += _is_flex(attention)
-        self._swapped = swapped
-        if flex and mask_type(model) != "causal":
+            replaced[kind] += 1
+        self._replaced = dict(replaced)
+        if VARLEN in self._kinds(model).values():
+            documents.install(model)
+        if replaced[DROPPED]:
             log.warning(
                 "titan-rocm: mla_ck_backward (mla_document_masks = drop): %d flex attention "
-                "modules with %r masks now "
-                "run plain causal attention: tokens attend across document boundaries",
-                flex,
+                "modules with %r masks now run plain causal attention: tokens attend across "
+                "document boundaries",
+                replaced[DROPPED],
                 mask_type(model),
             )
         self._sac_list = self._save_forward_in_op_sac()
@@ -176,25 +232,45 @@ class MLACKBackward(Workaround):
             from titan_rocm.workarounds.mla_attention import guard
 
             self._guard = guard.install()
-        dtype = self._dtype()
+        self._facts = platform.reprobe_aiter() if not self.ctx.planning else None
+        self._say_gfx_mismatch(self._facts or self.ctx.platform)
         log.info(
-            "titan-rocm: mla_ck_backward replaced %d DeepSeek inner_attention modules; "
+            "titan-rocm: mla_ck_backward replaced %s DeepSeek inner_attention modules; "
             "op SAC save list: %s; aiter backward guard: %s",
-            swapped,
+            ", ".join(f"{n} {kind}" for kind, n in replaced.items()) or "no",
             self._sac_list or "none found",
             self._guard,
         )
+        dtype = expected_attention_dtype(self.ctx)
         if dtype not in DTYPES:
             log.warning(
                 "titan-rocm: mla_ck_backward: attention will run in %s, which aiter does not "
-                "take; it falls back to PyTorch SDPA (train in bfloat16 or use FSDP mixed "
-                "precision)",
+                "take; it falls back to PyTorch (train in bfloat16 or use FSDP mixed precision)",
                 dtype,
             )
 
+    def _say_gfx_mismatch(self, facts: PlatformFacts) -> None:
+        aiter = facts.aiter
+        if aiter is None or not aiter.mismatch(facts.gfx_arch):
+            return
+        log_once(
+            "mla_gfx_mismatch",
+            logging.WARNING,
+            "titan-rocm: mla_ck_backward: aiter's get_gfx() answers %s (%s) but the device is "
+            "%s; aiter's Python dispatch plans for %s while its kernels run on %s. titan-rocm "
+            "routes MLA attention, forward and backward, by the device's arch (routes in "
+            "titan-rocm plan and in the route log lines); set GPU_ARCHS=%s to make aiter agree",
+            aiter.gfx,
+            aiter.gfx_source,
+            facts.gfx_arch,
+            aiter.gfx,
+            facts.gfx_arch,
+            facts.gfx_arch,
+        )
+
     def _save_forward_in_op_sac(self) -> str | None:
-        """Add the forward op to ``_op_sac_save_list`` of the parallelize module(s) found."""
-        from titan_rocm.workarounds.mla_attention.op import FORWARD_OP
+        """Add the forward ops to ``_op_sac_save_list`` of the parallelize module(s) found."""
+        from titan_rocm.workarounds.mla_attention.op import FORWARD_OPS
 
         found: list[str] = []
         for module_name in self._parallelize_modules():
@@ -204,7 +280,7 @@ class MLACKBackward(Workaround):
                 continue
             save_list = getattr(module, SAC_LIST_NAME, None)
             if isinstance(save_list, set):
-                save_list.add(FORWARD_OP)
+                save_list.update(FORWARD_OPS)
                 found.append(f"{module_name}.{SAC_LIST_NAME}")
         return ", ".join(found) or None
 
@@ -218,45 +294,72 @@ class MLACKBackward(Workaround):
 
     # -- plan ----------------------------------------------------------------------------
 
-    def _dtype(self) -> str:
-        return expected_attention_dtype(self.ctx)
-
     def plan(self, model: nn.Module) -> dict[str, Any]:
-        """Per model shape: the arch, the forward, and the backward route (no aiter import).
+        """Per attention kind and shape: the routes a run gets (no aiter import).
 
-        E.g. ``{"arch": "gfx942", "shape": {"qk": 192, "v": 128}, "backward": "ck (mha_bwd)",
-        "modules": 26, ...}``; more shapes (not seen in DeepSeek) go under ``other_shapes``.
+        E.g. ``{"arch": "gfx942", "aiter": {...}, "attention": "varlen (...)", "shape":
+        {"qk": 192, "v": 128}, "forward": "aiter (_flash_attn_varlen_forward)",
+        "forward_runs": "CK mha_varlen_fwd", "backward": "ck (mha_varlen_bwd)", ...,
+        "modules": 27}``; further kinds or shapes go under ``other_attention``.
         """
-        facts = self.ctx.platform
-        modules = deepseek_attention_modules(model)
-        shapes = Counter(
-            (int(m.qk_nope_head_dim + m.qk_rope_head_dim), int(m.v_head_dim)) for _, m in modules
+        from titan_rocm.workarounds.mla_attention.guard import NOT_COVERED
+
+        facts = self._facts or self.ctx.platform
+        kinds = self._kinds(model)
+        attentions = dict(deepseek_attention_modules(model))
+        groups = Counter(
+            (kind, int(m.qk_nope_head_dim + m.qk_rope_head_dim), int(m.v_head_dim))
+            for fqn, kind in kinds.items() if kind
+            for m in (attentions[fqn],)
         )
-        dtype = self._dtype()
-        rows = [self._plan_row(facts.gfx_arch, qk, v, dtype, n) for (qk, v), n in shapes.items()]
-        flex = any(_is_flex(m) for _, m in modules)
-        details: dict[str, Any] = rows[0] if rows else {"arch": arch_label(facts.gfx_arch),
-                                                        "modules": 0}
+        dtype = expected_attention_dtype(self.ctx)
+        rows = [self._plan_row(facts, kind, qk, v, dtype, n)
+                for (kind, qk, v), n in groups.items()]
+        if not facts.aiter_spec_found:  # no release to reason about: no routes to show
+            for row in rows:
+                for key in [k for k in row if k.startswith(("forward", "backward"))]:
+                    del row[key]
+        details: dict[str, Any] = {"arch": arch_label(facts.gfx_arch),
+                                   "aiter": aiter_summary(facts)}
+        details.update(rows[0] if rows else {"modules": 0})
         if len(rows) > 1:
-            details["other_shapes"] = rows[1:]
+            details["other_attention"] = rows[1:]
         details["dtype"] = dtype
-        if modules:
-            details["attention"] = f"flex ({mask_type(model)} mask)" if flex else "sdpa (causal)"
-        if self._swapped is not None:
-            details["replaced"] = self._swapped
+        if VARLEN in kinds.values():
+            details["document_masks"] = (
+                "get_attention_masks returns DocumentSpans: cu_seqlens from TorchTitan's "
+                "create_varlen_metadata_for_document, once per batch outside the compiled model "
+                "(host syncs: a few per sample and one for the longest document, as "
+                "TorchTitan's own varlen attention)"
+            )
+        if self._replaced is not None:
+            details["replaced"] = self._replaced
             details["op_sac_save_list"] = self._sac_list
             details["guard"] = self._guard
+        details["guard_not_covered"] = NOT_COVERED
         return details
 
-    def _plan_row(self, arch: str | None, qk: int, v: int, dtype: str, n: int) -> dict[str, Any]:
-        row: dict[str, Any] = {"arch": arch_label(arch), "shape": {"qk": qk, "v": v}}
+    def _plan_row(self, facts: PlatformFacts, kind: str, qk: int, v: int, dtype: str,
+                  n: int) -> dict[str, Any]:
+        row: dict[str, Any] = {"attention": ATTENTION_LABELS[kind], "shape": {"qk": qk, "v": v}}
         if dtype not in DTYPES:
-            row.update(forward=SDPA_LABEL, backward=SDPA_LABEL,
-                       reason=f"{dtype} is not an aiter dtype ({', '.join(DTYPES)})")
+            why = f"{dtype} is not an aiter dtype ({', '.join(DTYPES)})"
+            row.update(forward=SDPA_LABEL, backward=SDPA_LABEL, forward_reason=why,
+                       backward_reason=why)
         else:
-            route = route_backward(
-                BackwardCall(arch, qk, qk, v, dtype=dtype, deterministic=self.ctx.deterministic)
+            aiter = facts.aiter
+            call = AttentionCall(
+                facts.gfx_arch, qk, qk, v, layout="thd" if kind == VARLEN else "bshd",
+                dtype=dtype, deterministic=self.ctx.deterministic,
+                aiter_gfx=aiter.gfx if aiter else None,
+                aiter_version=aiter.version if aiter else None,
             )
-            row.update(forward=FORWARD_LABEL, backward=route.label, reason=route.reason)
+            forward, backward = route_forward(call), route_backward(call)
+            row.update(
+                forward=forward.label, forward_runs=forward.kernel,
+                forward_reason=forward.reason,
+                backward=backward.label, backward_runs=backward.kernel,
+                backward_reason=backward.reason,
+            )
         row["modules"] = n
         return row

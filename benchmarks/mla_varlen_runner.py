@@ -1,0 +1,193 @@
+"""Trainer side of benchmarks/mla_varlen_packing.py: titan-rocm's varlen MLA on an NVIDIA GPU.
+
+aiter cannot run on an H200. This runner, before TorchTitan's trainer starts:
+
+1. puts the test fake aiter of aiter main (``tests/fake_aiter/main``: aiter's names, wrappers
+   and dispatch gates) on ``sys.path``;
+2. replaces the fake's fp32 CPU reference kernels with PyTorch's own: varlen with its flash
+   varlen attention (``torch.nn.attention.varlen.varlen_attn``, the kernel TorchTitan's
+   ``varlen`` attention uses; flash needs equal head dims, so v (128) is zero-padded to q/k's
+   192 and the output cut back: exact, the zero columns add nothing and their gradients are
+   dropped), dense (the ``drop`` control run) with ``scaled_dot_product_attention``. Each
+   backward recomputes its forward under autograd (PyTorch's own backward kernels);
+3. pretends the machine is an MI300X (gfx942) with aiter main (``platform.override``), so
+   titan-rocm's converter, routing, custom ops, document spans and guard all run as there;
+4. runs ``benchmarks/torchtitan_runner.py`` (TorchTitan's trainer, unchanged), and at exit
+   prints ``TITAN_ROCM_MLA_CALLS {json}``: how often each fake aiter kernel ran.
+
+What this exercises for real: the packing of (batch, heads, seqlen, dim) into (tokens, heads,
+dim) and back, cu_seqlens from TorchTitan's document boundaries, the BlockMask-shaped carrier
+through DeepSeek's attention, torch.compile and selective op checkpointing. Not aiter's
+kernels, not ROCm.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+FAKE_AITER = REPO / "tests" / "fake_aiter"
+
+
+def _causal(is_causal: bool) -> dict[str, Any]:
+    """varlen_attn's causal argument: ``window_size=(-1, 0)`` (torch 2.11 on, what TorchTitan
+    0.2.2 passes) or ``is_causal`` (torch 2.10)."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+
+    if "window_size" in inspect.signature(varlen_attn).parameters:
+        return {"window_size": (-1, 0) if is_causal else (-1, -1)}
+    return {"is_causal": is_causal}
+
+
+def _padded(v: Any, width: int) -> Any:
+    import torch.nn.functional as F
+
+    return F.pad(v, (0, width - v.shape[-1])) if v.shape[-1] < width else v
+
+
+def flash_varlen_forward(name: str, q: Any, k: Any, v: Any, cu_seqlens_q: Any, cu_seqlens_k: Any,
+                         dropout_p: float, softmax_scale: float, is_causal: bool, out: Any = None,
+                         bias: Any = None, alibi_slopes: Any = None, return_lse: bool = True,
+                         max_seqlen_q: int = 0, **details: Any) -> tuple[Any, Any, Any, Any]:
+    """The fake's varlen forward kernel, computed by PyTorch's flash varlen attention."""
+    import fake_aiter_support
+    import torch
+    from torch.nn.attention.varlen import varlen_attn
+
+    if dropout_p or bias is not None or alibi_slopes is not None:
+        raise NotImplementedError("flash replacement: no dropout, bias or alibi")
+    fake_aiter_support.record(name)
+    result = varlen_attn(q, k, _padded(v, q.shape[-1]), cu_seqlens_q, cu_seqlens_k,
+                         max_seqlen_q, max_seqlen_q, scale=softmax_scale,
+                         **_causal(is_causal))[..., : v.shape[-1]].contiguous()
+    if out is not None:
+        out.copy_(result)
+        result = out
+    # The lse layout aiter's varlen forward returns; the replacement backward recomputes
+    # instead of reading it.
+    lse = torch.zeros((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    return result, lse, torch.empty(0, device=q.device), torch.zeros(2, dtype=torch.int64,
+                                                                      device=q.device)
+
+
+def flash_varlen_backward(name: str, dout: Any, q: Any, k: Any, v: Any, out: Any,
+                          cu_seqlens_q: Any, cu_seqlens_k: Any, softmax_scale: float,
+                          is_causal: bool, dropout_p: float, dq: Any = None, dk: Any = None,
+                          dv: Any = None, alibi_slopes: Any = None, max_seqlen_q: int = 0,
+                          **details: Any) -> tuple[Any, Any, Any, Any]:
+    """The fake's varlen backward kernel: PyTorch's flash varlen attention's own backward."""
+    import fake_aiter_support
+    import torch
+    from torch.nn.attention.varlen import varlen_attn
+
+    fake_aiter_support.record(name)
+    width = q.shape[-1]
+    with torch.enable_grad():
+        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, _padded(v, width)))
+        recomputed = varlen_attn(qq, kk, vv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                 max_seqlen_q, scale=softmax_scale, **_causal(is_causal))
+        grads = torch.autograd.grad(recomputed, (qq, kk, vv), _padded(dout, width))
+    results = []
+    for given, grad, like in zip((dq, dk, dv), grads, (q, k, v), strict=True):
+        grad = grad[..., : like.shape[-1]]
+        if given is None:
+            results.append(grad.to(like.dtype))
+        else:
+            given.copy_(grad)
+            results.append(given)
+    return (*results, torch.empty(0, device=q.device))
+
+
+def _sdpa_bshd(q: Any, k: Any, v: Any, softmax_scale: float, is_causal: bool) -> Any:
+    import torch.nn.functional as F
+
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         scale=softmax_scale, is_causal=is_causal)
+    return out.transpose(1, 2)
+
+
+def sdpa_forward(name: str, q: Any, k: Any, v: Any, dropout_p: float, softmax_scale: float,
+                 is_causal: bool, out: Any = None, bias: Any = None, alibi_slopes: Any = None,
+                 return_lse: bool = True, **details: Any) -> tuple[Any, Any, Any, Any]:
+    """The fake's dense forward kernel (bshd), computed by PyTorch SDPA."""
+    import fake_aiter_support
+    import torch
+
+    if dropout_p or bias is not None or alibi_slopes is not None:
+        raise NotImplementedError("SDPA replacement: no dropout, bias or alibi")
+    fake_aiter_support.record(name)
+    result = _sdpa_bshd(q, k, v, softmax_scale, is_causal).contiguous()
+    if out is not None:
+        out.copy_(result)
+        result = out
+    lse = torch.zeros((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32,
+                      device=q.device)  # unread: the backward recomputes
+    return result, lse, torch.empty(0, device=q.device), torch.zeros(2, dtype=torch.int64,
+                                                                      device=q.device)
+
+
+def sdpa_backward(name: str, dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_scale: float,
+                  is_causal: bool, dropout_p: float, dq: Any = None, dk: Any = None,
+                  dv: Any = None, bias: Any = None, alibi_slopes: Any = None,
+                  **details: Any) -> tuple[Any, Any, Any, Any]:
+    """The fake's dense backward kernel: SDPA's own backward."""
+    import fake_aiter_support
+    import torch
+
+    fake_aiter_support.record(name)
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        grads = torch.autograd.grad(_sdpa_bshd(*leaves, softmax_scale, is_causal), leaves, dout)
+    for given, grad in zip((dq, dk, dv), grads, strict=True):
+        if given is not None:
+            given.copy_(grad)
+    return (*(g if g is not None else r for g, r in zip((dq, dk, dv), grads, strict=True)),
+            torch.empty(0, device=q.device))
+
+
+def install(aiter: str = "main", arch: str = "gfx942") -> contextlib.ExitStack:
+    """Fake aiter with flash varlen kernels on sys.path, and the simulated platform in force
+    (until the returned stack closes: never, in a trainer process)."""
+    sys.path[:0] = [str(FAKE_AITER / aiter), str(FAKE_AITER)]
+    import fake_aiter_support
+
+    from titan_rocm import platform
+    from titan_rocm.platform import PlatformFacts
+
+    fake_aiter_support.varlen_forward_kernel = flash_varlen_forward
+    fake_aiter_support.varlen_backward_kernel = flash_varlen_backward
+    fake_aiter_support.forward_kernel = sdpa_forward
+    fake_aiter_support.backward_kernel = sdpa_backward
+    fake_aiter_support.reset(arch)
+    stack = contextlib.ExitStack()
+    stack.enter_context(platform.override(PlatformFacts.simulated_rocm(arch, aiter=aiter)))
+    return stack
+
+
+def _report() -> None:
+    import fake_aiter_support
+
+    counts = collections.Counter(fake_aiter_support.names())
+    print("TITAN_ROCM_MLA_CALLS " + json.dumps(dict(sorted(counts.items()))), flush=True)
+
+
+def main() -> None:
+    """Set up, then run TorchTitan's trainer with this process's arguments."""
+    sys.path.insert(0, str(REPO))
+    install()
+    atexit.register(_report)
+    from benchmarks import torchtitan_runner
+
+    torchtitan_runner.main()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,8 @@
+"""Fake aiter, aiter main (e4048607, 2026-08-22) generation (see tests/fake_aiter/README.md)."""
+
+import logging
+
+logger = logging.getLogger("aiter")
+
+from ._version import __version__  # noqa: E402,F401
+from .ops.mha import *  # noqa: E402,F401,F403  (as the real aiter/__init__.py does)

@@ -1,0 +1,1 @@
+__version__ = "0.1.7.post2.dev18"

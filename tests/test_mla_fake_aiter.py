@@ -1,0 +1,102 @@
+"""The two fake aiter generations against titan-rocm's per-release table: what each fake's own
+dispatch (its gates copied from that release's aiter/ops/mha.py) does with q/k 192, v 128 is
+what the routing predicts, for every real arch x get_gfx() answer x layout x mask.
+
+This ties the hand-written facts in aiter_releases.py and archs.py to the fakes' gates and
+kernel tables; the fakes' docstrings cite where those were read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import pytest
+import torch
+
+from titan_rocm.workarounds.mla_attention.routing import (
+    AITER,
+    AttentionCall,
+    route_backward,
+    route_forward,
+)
+
+pytestmark = pytest.mark.usefixtures("clean_mla_state")
+
+VERSIONS = {"0.1.7": "0.1.7.post2.dev18", "main": "main"}
+SEQLEN = 160  # above the dense forward's 128 and the backward's 16
+
+
+def _inputs(varlen: bool):
+    gen = torch.Generator().manual_seed(0)
+    shape = (SEQLEN,) if varlen else (1, SEQLEN)
+    q, k = (torch.randn(*shape, 2, 192, generator=gen).to(torch.bfloat16) for _ in range(2))
+    v = torch.randn(*shape, 2, 128, generator=gen).to(torch.bfloat16)
+    return q, k, v
+
+
+def _run_aiters_own(mha, direction: str, varlen: bool, causal: bool) -> str:
+    """The kernel aiter's own dispatch reaches (its name, or ``failed: <message>``)."""
+    fake = sys.modules["aiter._fake"]
+    q, k, v = _inputs(varlen)
+    cu = torch.tensor([0, 100, SEQLEN], dtype=torch.int32)
+    if varlen:
+        out, lse, _, rng = mha._flash_attn_varlen_forward(
+            q, k, v, cu, cu, None, None, 100, 100, 0, 0.0, 0.1, causal, return_lse=True)
+    elif fake.GENERATION == "0.1.7":
+        out, lse, _, rng = mha._flash_attn_forward(q, k, v, 0.0, 0.1, causal, -1, -1, None,
+                                                   None, True, False)
+    else:
+        out, lse, _, rng = mha._flash_attn_forward(q, k, v, 0.0, 0.1, causal, -1, -1, 0, None,
+                                                   None, None, None, None, True, False)
+    if direction == "forward":
+        return fake.names()[-1]
+    fake.CALLS.clear()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dout = torch.ones_like(out)
+    if varlen:
+        mha._flash_attn_varlen_backward(dout, q, k, v, out, lse, dq, dk, dv, cu, cu, 100, 100,
+                                        0.0, 0.1, causal, -1, -1, None, False, rng)
+    else:
+        mha._flash_attn_backward(dout, q, k, v, out, lse, dq, dk, dv, None, 0.0, 0.1, causal,
+                                 -1, -1, None, None, False, rng)
+    return fake.names()[-1]
+
+
+def _kernel_name(route_kernel: str) -> str:
+    """``fmha_v3_fwd (ASM) for seqlen_q > 128, else CK mha_fwd`` -> ``fmha_v3_fwd`` (at this
+    seqlen); ``CK mha_bwd (...)`` -> ``mha_bwd``."""
+    first = route_kernel.removeprefix("CK ").split(" ")[0]
+    return first
+
+
+def test_fake_gates_do_what_the_release_table_predicts(fake_aiter, monkeypatch):
+    mha = sys.modules["aiter.ops.mha"]
+    chip_info = sys.modules["aiter.jit.utils.chip_info"]
+    generation = fake_aiter.GENERATION
+    checked = 0
+    for arch, aiter_gfx, varlen, causal, direction in itertools.product(
+        ("gfx942", "gfx950"), ("gfx942", "gfx950"), (False, True), (True, False),
+        ("forward", "backward"),
+    ):
+        case = (generation, arch, aiter_gfx, "varlen" if varlen else "dense",
+                "causal" if causal else "no mask", direction)
+        monkeypatch.setenv("GPU_ARCHS", aiter_gfx)
+        chip_info.get_gfx.cache_clear()  # a new process, as far as aiter's cache goes
+        fake_aiter.reset(arch)
+        call = AttentionCall(arch, 192, 192, 128, layout="thd" if varlen else "bshd",
+                             causal=causal, aiter_gfx=aiter_gfx,
+                             aiter_version=VERSIONS[generation])
+        route = route_forward(call) if direction == "forward" else route_backward(call)
+        try:
+            reached = _run_aiters_own(mha, direction, varlen, causal)
+        except RuntimeError as exc:
+            reached = f"failed: {exc}"
+        if route.backend == AITER:
+            assert reached == _kernel_name(route.kernel), (case, route, reached)
+        elif direction == "forward":
+            assert reached.startswith("failed: invalid argument"), (case, route, reached)
+        else:  # CK backward: aiter reaches the same CK kernel, or fails where titan-rocm routes
+            assert reached in (route.function, ) or reached.startswith("failed"), (case, reached)
+        checked += 1
+    assert checked == 32

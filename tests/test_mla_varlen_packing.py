@@ -1,0 +1,162 @@
+"""benchmarks/mla_varlen_packing.py's CPU parts: its figures and --reanalyse on stored logs, and
+the runner's replacement kernels (v padded for flash) against the fake's fp32 reference."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from mla_test_support import FAKE_AITER, assert_matches
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks import mla_varlen_packing as bench  # noqa: E402
+from benchmarks import mla_varlen_runner as runner  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("clean_mla_state")
+
+
+def _log(name: str, losses: list[float], routes: tuple[str, ...] = ()) -> str:
+    lines = [f"$ torchrun ... {name}", "[rank0]: Training starts at step 1"]
+    lines += [f"[rank0]: titan-rocm: mla_ck_backward [op] {r}; why: (a reason)" for r in routes]
+    lines += [f"[rank0]: step: {i + 1}  loss: {loss:8.5f}  grad_norm:  1.0000  "
+              f"memory: 1.00GiB(1.00%)  tps: 1,000" for i, loss in enumerate(losses)]
+    if routes:
+        lines.append('[rank0]: TITAN_ROCM_MLA_CALLS {"fmha_v3_varlen_fwd": 60}')
+    return "\n".join(lines) + "\n"
+
+
+def _store(tmp_path: Path, curves: dict[str, list[float]], exits: dict[str, int] | None = None
+           ) -> Path:
+    out, logs = tmp_path / "result", tmp_path / "logs"
+    out.mkdir()
+    logs.mkdir()
+    runs = {}
+    for name, losses in curves.items():
+        routes = ("gfx942 q/k 192, v 128, bfloat16, varlen: backward -> ck (mha_varlen_bwd), "
+                  "runs CK mha_varlen_bwd",) if name == "varlen" else ()
+        (logs / f"{name}.log").write_text(_log(name, losses, routes))
+        runs[name] = {"name": name, "exit": (exits or {}).get(name, 0), "wall_s": 60.0,
+                      "expect_failure": False, "triton_war_stats": None, "loss": {}}
+    summary = {"environment": {"gpu": "test"}, "figures": {"tolerance": 0.02}, "runs": runs}
+    (out / "summary.json").write_text(json.dumps(summary))
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+        tar.add(logs, arcname="logs")
+    return out
+
+
+STOCK = [7.5, 7.1, 6.8, 6.4, 6.0]
+
+
+def _curves(varlen_shift: float, dropped_shift: float = 0.3) -> dict[str, list[float]]:
+    """Differences that grow over the steps, to ``*_shift`` at the last one."""
+    def grown(shift: float) -> list[float]:
+        return [x + shift * (i + 1) / len(STOCK) for i, x in enumerate(STOCK)]
+
+    return {"stock_a": STOCK, "stock_b": grown(0.001), "varlen": grown(varlen_shift),
+            "dropped": grown(dropped_shift)}
+
+
+def test_reanalyse_recomputes_every_figure_from_the_logs(tmp_path):
+    figures = bench.reanalyse(_store(tmp_path, _curves(0.005)))["figures"]
+    assert figures["verdict"] == "pass"
+    diffs = figures["diffs_vs_stock_a"]
+    assert diffs["stock_b"]["max_abs_loss_diff"] == pytest.approx(0.001)
+    assert diffs["varlen"]["max_abs_loss_diff"] == pytest.approx(0.005)
+    assert diffs["dropped"]["first_step_loss_diff"] == pytest.approx(0.06)
+    assert figures["band"] == pytest.approx(0.02)  # the tolerance floor beats 3 x 0.001
+    assert figures["routes"]["varlen"] == [
+        "gfx942 q/k 192, v 128, bfloat16, varlen: backward -> ck (mha_varlen_bwd), runs CK "
+        "mha_varlen_bwd"]
+    assert figures["kernel_calls"]["varlen"] == {"fmha_v3_varlen_fwd": 60}
+
+
+@pytest.mark.parametrize(
+    ("curves", "exits", "tolerance", "verdict"),
+    [
+        (_curves(0.05), None, None, "fail"),  # outside the band: a boundary or packing bug
+        (_curves(0.005, dropped_shift=0.01), None, None, "inconclusive"),  # control too close
+        (_curves(0.005), {"dropped": 1}, None, "inconclusive"),  # a run did not finish
+        (_curves(0.05), None, 0.1, "pass"),  # a wider band asked for on re-analysis
+    ],
+)
+def test_verdicts(tmp_path, curves, exits, tolerance, verdict):
+    figures = bench.reanalyse(_store(tmp_path, curves, exits), tolerance)["figures"]
+    assert figures["verdict"] == verdict, figures
+
+
+def test_run_list_compares_identical_jobs_and_a_negative_control():
+    runs = {r.name: r for r in bench.runs(30)}
+    assert list(runs) == ["stock_a", "varlen", "stock_b", "dropped"]
+    assert runs["stock_a"].flags == runs["stock_b"].flags and "--stock" in runs["stock_a"].flags
+    assert runs["varlen"].runner == runs["dropped"].runner == "mla_varlen_runner.py"
+    assert runs["dropped"].flags[-2:] == ["--rocm.mla_document_masks", "drop"]
+    assert sum(r.timeout for r in runs.values()) < 600  # the device tool's limit per command
+
+
+# -- the runner's kernels on CPU -----------------------------------------------------------------
+
+
+def _cpu_varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+    """A CPU stand-in for torch's flash varlen_attn (CUDA only): SDPA per segment, autograd."""
+    outs = []
+    bounds = cu_q.tolist()
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        seg = [t[start:end].transpose(0, 1) for t in (q, k, v)]
+        outs.append(F.scaled_dot_product_attention(*seg, scale=scale,
+                                                   is_causal=window_size == (-1, 0))
+                    .transpose(0, 1))
+    return torch.cat(outs)
+
+
+def test_runner_kernels_pad_v_exactly(monkeypatch):
+    """v 128 padded to 192 for flash, output and dv cut back: the fake's fp32 reference."""
+    import torch.nn.attention.varlen as varlen
+
+    monkeypatch.syspath_prepend(str(FAKE_AITER))
+    import fake_aiter_support as support
+
+    support.reset()
+    monkeypatch.setattr(varlen, "varlen_attn", _cpu_varlen_attn)
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(40, 2, 192, generator=gen) for _ in range(2))
+    v = torch.randn(40, 2, 128, generator=gen)
+    dout = torch.randn(40, 2, 128, generator=gen)
+    cu = torch.tensor([0, 7, 30, 40], dtype=torch.int32)
+    args = {"dropout_p": 0.0, "softmax_scale": 0.1, "is_causal": True}
+    out, lse, _, _ = runner.flash_varlen_forward("fmha_v3_varlen_fwd", q, k, v, cu, cu,
+                                                 max_seqlen_q=23, **args)
+    ref, _, _, _ = support.varlen_forward_kernel("ref", q, k, v, cu, cu, **args)
+    assert out.shape == (40, 2, 128) and out.is_contiguous() and lse.shape == (2, 40)
+    assert_matches(out, ref, tol=1e-5)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    runner.flash_varlen_backward("mha_varlen_bwd", dout, q, k, v, out, cu, cu, 0.1, True, 0.0,
+                                 dq, dk, dv, max_seqlen_q=23)
+    rq, rk, rv, _ = support.varlen_backward_kernel("ref", dout, q, k, v, ref, cu, cu, 0.1, True,
+                                                   0.0)
+    for got, want in ((dq, rq), (dk, rk), (dv, rv)):
+        assert_matches(got, want, tol=1e-4)
+    assert support.names() == ["fmha_v3_varlen_fwd", "ref", "mha_varlen_bwd", "ref"]
+
+
+def test_runner_dense_kernels_match_the_reference(monkeypatch):
+    monkeypatch.syspath_prepend(str(FAKE_AITER))
+    import fake_aiter_support as support
+
+    gen = torch.Generator().manual_seed(1)
+    q, k = (torch.randn(2, 24, 2, 192, generator=gen) for _ in range(2))
+    v = torch.randn(2, 24, 2, 128, generator=gen)
+    dout = torch.randn(2, 24, 2, 128, generator=gen)
+    out, _, _, _ = runner.sdpa_forward("fmha_v3_fwd", q, k, v, 0.0, 0.1, True)
+    ref, _, _, _ = support.forward_kernel("ref", q, k, v, 0.0, 0.1, True)
+    assert_matches(out, ref, tol=1e-5)
+    grads = runner.sdpa_backward("mha_bwd", dout, q, k, v, out, 0.1, True, 0.0)[:3]
+    want = support.backward_kernel("ref", dout, q, k, v, ref, 0.1, True, 0.0)[:3]
+    for got, ref_grad in zip(grads, want, strict=True):
+        assert_matches(got, ref_grad, tol=1e-4)

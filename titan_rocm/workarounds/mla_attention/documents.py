@@ -1,0 +1,120 @@
+"""Per-document (``block_causal``) attention as varlen spans: what the model hands its attention.
+
+TorchTitan 0.2.2's DeepSeek V3 builds, for ``attn_mask_type = "block_causal"``, a FlexAttention
+``BlockMask`` from ``get_causal_mask_mod()`` and ``get_document_mask_mod(input_batch, eos_id)``
+(``torchtitan/models/attention.py``, ``models/deepseek_v3/model/model.py``): a token attends to
+earlier tokens of its own document, a document ends with (and includes) its EOS token, and the
+end of each sample closes a document too. That is causal attention within each document, which
+is varlen attention over ``cu_seqlens`` made of the same boundaries. TorchTitan computes exactly
+those in ``create_varlen_metadata_for_document(input_batch, eos_id)``: per sample, offsets
+concatenated over the batch, ``max_seqlen`` by one ``.item()`` per forward (its one host sync);
+titan-rocm uses that function, so the boundaries are TorchTitan's own.
+
+:func:`install` gives the model a ``get_attention_masks`` (an instance attribute, which FSDP's
+class swap and pipeline splitting's deepcopy keep) that returns :class:`DocumentSpans` instead.
+TorchTitan's trainer and validator call it once per batch, outside torch.compile. DeepSeek's
+``Attention.forward`` checks ``isinstance(attention_masks, BlockMask)`` before handing the mask
+to its inner attention, so :class:`DocumentSpans` subclasses ``BlockMask``; its block tensors are
+placeholders (no block at all): it is not a usable FlexAttention mask, and only
+:class:`~.module.MLAVarlenInnerAttention` reads it (:meth:`DocumentSpans.dense_mask` is the real
+mask, for fallbacks).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask
+
+MARK = "_titan_rocm_document_spans"
+"""Attribute set on the replacement ``get_attention_masks``."""
+
+
+class DocumentSpans(BlockMask):
+    """The documents of a packed batch as varlen metadata, passed where a ``BlockMask`` goes.
+
+    ``cu_seqlens``: int32 offsets of every document in the flattened ``(batch * seqlen)``
+    tokens, then the total; ``max_seqlen``: the longest document.
+    """
+
+    cu_seqlens: Tensor
+    max_seqlen: int
+    batch: int
+    seqlen: int
+
+    @classmethod
+    def of(cls, cu_seqlens: Tensor, max_seqlen: int, batch: int, seqlen: int) -> DocumentSpans:
+        """Spans of ``batch`` samples of ``seqlen`` tokens.
+
+        Raises:
+            ValueError: ``cu_seqlens`` does not start at 0 and end at ``batch * seqlen``.
+        """
+        bounds = cu_seqlens.detach()
+        if bounds.dim() != 1 or bounds.numel() < 2:
+            raise ValueError(f"cu_seqlens of shape {tuple(bounds.shape)} is not valid; "
+                             "accepted: a 1-d tensor of at least 2 offsets")
+        none = torch.zeros((batch, 1, 1), dtype=torch.int32, device=cu_seqlens.device)
+        spans = cls.from_kv_blocks(none, none.unsqueeze(-1), seq_lengths=(seqlen, seqlen))
+        spans.cu_seqlens = cu_seqlens.to(torch.int32)
+        spans.max_seqlen = int(max_seqlen)
+        spans.batch, spans.seqlen = int(batch), int(seqlen)
+        return spans
+
+    def document_ids(self) -> Tensor:
+        """``(batch, seqlen)``: the index of each token's document (no host sync)."""
+        tokens = torch.arange(self.batch * self.seqlen, device=self.cu_seqlens.device)
+        ids = torch.searchsorted(self.cu_seqlens[1:], tokens, right=True)
+        return ids.view(self.batch, self.seqlen)
+
+    def dense_mask(self) -> Tensor:
+        """``(batch, 1, seqlen, seqlen)`` bool: True where a query may attend to a key."""
+        ids = self.document_ids()
+        same = ids[:, :, None] == ids[:, None, :]
+        causal = torch.ones(self.seqlen, self.seqlen, dtype=torch.bool,
+                            device=ids.device).tril()
+        return (same & causal)[:, None]
+
+    def __repr__(self) -> str:
+        return (f"DocumentSpans(batch={self.batch}, seqlen={self.seqlen}, "
+                f"documents={self.cu_seqlens.numel() - 1}, max_seqlen={self.max_seqlen})")
+
+
+def document_spans(input_batch: Tensor, eos_id: int) -> DocumentSpans:
+    """The documents of ``input_batch`` (``(batch, seqlen)`` token ids), split as TorchTitan's
+    document mask splits them."""
+    from torchtitan.models.attention import create_varlen_metadata_for_document
+
+    batch, seqlen = input_batch.shape
+    meta = create_varlen_metadata_for_document(input_batch, eos_id)
+    return DocumentSpans.of(meta.cu_seq_q, int(meta.max_q), batch, seqlen)
+
+
+def get_attention_masks(
+    input_batch: Tensor, tokenizer: Any, extra_inputs: dict[str, Tensor] | None = None
+) -> DocumentSpans:
+    """Replacement for DeepSeek V3's ``get_attention_masks`` under ``block_causal`` masks."""
+    eos_id = getattr(tokenizer, "eos_id", None)
+    if eos_id is None:
+        raise ValueError("block_causal attention needs the tokenizer's eos_id; this tokenizer "
+                         "has none (TorchTitan's own mask asserts the same)")
+    return document_spans(input_batch, eos_id)
+
+
+setattr(get_attention_masks, MARK, True)
+
+
+def install(model: nn.Module) -> bool:
+    """Make ``model.get_attention_masks`` return :class:`DocumentSpans`; False if it already
+    does."""
+    if installed(model):
+        return False
+    model.get_attention_masks = get_attention_masks  # type: ignore[method-assign]
+    return True
+
+
+def installed(model: nn.Module) -> bool:
+    """``model``'s attention masks are titan-rocm's document spans."""
+    return bool(getattr(getattr(model, "get_attention_masks", None), MARK, False))
