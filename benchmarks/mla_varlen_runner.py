@@ -179,10 +179,15 @@ def _report() -> None:
     print("TITAN_ROCM_MLA_CALLS " + json.dumps(dict(sorted(counts.items()))), flush=True)
 
 
+_INSTALLED: list[contextlib.ExitStack] = []
+"""Keeps the simulation in force: an unreferenced stack's override generator is finalised
+by the garbage collector, which takes the simulated platform away again."""
+
+
 def main() -> None:
     """Set up, then run TorchTitan's trainer with this process's arguments."""
     sys.path.insert(0, str(REPO))
-    install()
+    _INSTALLED.append(install())
     atexit.register(_report)
     from benchmarks import torchtitan_runner
 
