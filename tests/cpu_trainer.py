@@ -21,8 +21,6 @@ Run as a program, it is ``torchtitan.train.main(CpuTrainer)``: the exit code is 
 from __future__ import annotations
 
 import contextlib
-import os
-import resource
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -30,23 +28,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from cpu_support import CpuMemoryMonitor, default_rank_env
 
 TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 256}
-
-
-class CpuMemoryMonitor:
-    """Stand-in for TorchTitan's CUDA ``DeviceMemoryMonitor``: peak RSS of this process."""
-
-    device_name = "CPU (titan-rocm test harness)"
-
-    def get_peak_stats(self) -> Any:
-        from torchtitan.components.metrics import DeviceMemStats
-
-        gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KiB -> GiB
-        return DeviceMemStats(gib, 0.0, gib, 0.0, 0, 0)
-
-    def reset_peak_stats(self) -> None:
-        """Peak RSS cannot be reset; nothing to do."""
 
 
 class SyntheticLoader:
@@ -89,11 +73,7 @@ def init_process_group() -> None:
     """gloo group from torchrun's env, or a one-rank group."""
     if dist.is_initialized():
         return
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(29_500 + os.getpid() % 10_000))
+    default_rank_env()
     dist.init_process_group("gloo")
 
 
