@@ -55,7 +55,7 @@ def _report() -> None:
     except Exception as exc:  # the report must never hide the run's own outcome
         report["error"] = repr(exc)
     for name, target in (
-        ("eager_moe_forwards", "titan_rocm.workarounds.moe_compile:eager_forward_calls"),
+        ("eager_moe_forwards", "titan_rocm.workarounds.moe_blocks:eager_forward_calls"),
         ("grouped_mm_calls", "titan_rocm.workarounds.grouped_mm:call_counts"),
     ):
         module_name, _, func = target.partition(":")

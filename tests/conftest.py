@@ -1,4 +1,4 @@
-"""Shared fixtures: TorchTitan reference configs, CPU/GPU markers, the two TorchTitan suites.
+"""Shared fixtures: TorchTitan reference configs, the GPU marker, the two TorchTitan suites.
 
 Two suites share this tree: ``tests/tt030/`` is the TorchTitan 0.3.0 suite (marker
 ``torchtitan030``), everything else the TorchTitan 0.2.2 suite (marker ``torchtitan022``).
@@ -75,24 +75,14 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def _is_rocm() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return getattr(torch.version, "hip", None) is not None and torch.cuda.is_available()
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its TorchTitan suite; skip GPU- and ROCm-marked tests, with the
-    reason, where the machine lacks them."""
-    gpu, rocm = _has_gpu(), _is_rocm()
+    """Mark each test with its TorchTitan suite; skip GPU-marked tests, with the reason,
+    where the machine has no GPU."""
+    gpu = _has_gpu()
     for item in items:
         item.add_marker(getattr(pytest.mark, SUITES[suite_of(item.path)][0]))
-        if "gpu" in item.keywords and not gpu:
+        if item.get_closest_marker("gpu") is not None and not gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA or ROCm GPU; none here"))
-        if "rocm" in item.keywords and not rocm:
-            item.add_marker(pytest.mark.skip(reason="needs a ROCm build of torch on an AMD GPU"))
 
 
 @pytest.fixture

@@ -14,7 +14,8 @@ import torch
 import torch.nn as nn
 
 import titan_rocm.converters  # noqa: F401  (registers the converters with TorchTitan)
-from titan_rocm.workarounds import grouped_mm, moe_compile
+from titan_rocm.workarounds import grouped_mm, moe_blocks
+from titan_rocm.workarounds.moe_eager_compile import workaround as moe_eager_compile
 
 MODELS = ("llama3", "llama4", "qwen3", "deepseek_v3", "gpt_oss")
 
@@ -121,10 +122,10 @@ def clean_patches() -> Iterator[None]:
         yield
     finally:
         for name in MODELS:
-            moe_compile.restore_apply_compile(get_train_spec(name).parallelize_fn)
+            moe_eager_compile.restore_apply_compile(get_train_spec(name).parallelize_fn)
         grouped_mm.unbind_all()
         grouped_mm.reset_calls()
-        moe_compile.EAGER_FORWARD_CALLS.clear()
+        moe_blocks.EAGER_FORWARD_CALLS.clear()
         torch._dynamo.config.capture_scalar_outputs = saved_capture
 
 

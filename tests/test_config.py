@@ -8,8 +8,9 @@ import pytest
 from torchtitan.config import ConfigManager
 
 import titan_rocm
-from titan_rocm.config import MODES, RocmSettings, check_section, mode_fields, settings_from
+from titan_rocm.config import settings_from
 from titan_rocm.job_args import JobArgsError, prepare
+from titan_rocm.settings import MODES, RocmSettings, check_section, mode_fields
 
 
 def _write(tmp_path: Path, text: str) -> str:

@@ -120,7 +120,7 @@ def test_the_expected_configs_ship() -> None:
 
 @pytest.mark.parametrize("name", all_configs())
 def test_config_parses_with_torchtitans_config_manager(name: str) -> None:
-    from titan_rocm.config import RocmSettings
+    from titan_rocm.settings import RocmSettings
 
     job_config = parse(name)
     assert job_config.job.custom_config_module == "titan_rocm.config"
@@ -135,7 +135,7 @@ def test_config_parses_with_torchtitans_config_manager(name: str) -> None:
 
 @pytest.mark.parametrize("name", all_configs())
 def test_rocm_section_lists_every_setting_at_its_default(name: str) -> None:
-    from titan_rocm.config import RocmSettings
+    from titan_rocm.settings import RocmSettings
 
     expected = {**asdict(RocmSettings()), **ROCM_OVERRIDES.get(name, {})}
     assert raw(name)["rocm"] == expected, (

@@ -14,10 +14,11 @@ from torchtitan.protocols.model_converter import build_model_converters
 
 import titan_rocm
 from titan_rocm import platform
-from titan_rocm.converters import converter_classes
-from titan_rocm.converters.base import APPLIED_ATTR, RocmConverter, Workaround
+from titan_rocm.converters import RocmConverter, converter_classes
+from titan_rocm.converters.converter import JOB_ATTR
 from titan_rocm.platform import PlatformFacts
-from titan_rocm.workarounds import WORKAROUNDS, workaround_class
+from titan_rocm.workarounds.base import Workaround
+from titan_rocm.workarounds.registry import WORKAROUNDS, workaround_class
 
 CPU = PlatformFacts(
     torch_version="2.13.0", hip_version=None, cuda_version=None, device_count=0,
@@ -48,8 +49,8 @@ class Recorder(Workaround):
 class Needy(Recorder):
     name = "mla_ck_backward"
 
-    def require(self) -> None:
-        raise ValueError("rocm.mla_ck_backward = on needs aiter; aiter is not installed")
+    def unmet(self) -> str | None:
+        return "needs aiter; aiter is not installed"
 
 
 def _converter(name: str, classes: list[type[Workaround]]) -> type[RocmConverter]:
@@ -130,15 +131,21 @@ def test_umbrella_and_single_apply_once(caplog: pytest.LogCaptureFixture) -> Non
         umbrella.post_optimizer_hook(model)
         single.post_optimizer_hook(model)
     assert Recorder.calls == ["apply", "hook:1"]
-    assert getattr(model, APPLIED_ATTR) == {"grouped_mm": "rocm"}
+    assert getattr(model, JOB_ATTR).applied_by == {"grouped_mm": "rocm"}
     assert "skipped: already applied by converter 'rocm'" in caplog.text
 
 
 def test_on_mode_requirements_fail_at_start_up() -> None:
-    with pytest.raises(ValueError, match="needs aiter"):
+    with pytest.raises(
+        ValueError, match='mla_ck_backward = "on" cannot apply: needs aiter; aiter is not'
+    ):
         _converter("rocm.test", [Needy])(_job("--rocm.mla_ck_backward", "on"), None)
-    # auto never raises for missing requirements: it skips with a reason instead.
-    _converter("rocm.test", [Needy])(_job(), None)
+    # auto never raises for missing requirements: it skips with the same sentence instead.
+    with platform.override(PlatformFacts.simulated_rocm("gfx942")):
+        conv = _converter("rocm.test", [Needy])(_job(), None)
+        conv.convert(WithLayers())
+    assert conv.decisions[0].reason == "needs aiter; aiter is not installed"
+    assert Recorder.calls == []
 
 
 def test_unknown_workaround_name() -> None:

@@ -24,21 +24,21 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from titan_rocm.config import RocmSettings
-from titan_rocm.converters.base import Context
 from titan_rocm.guard_message import message
 from titan_rocm.platform import PlatformFacts
+from titan_rocm.settings import RocmSettings
+from titan_rocm.workarounds.base import Context
 from titan_rocm.workarounds.divergence_guard import (
     INJECT_RANK_ENV,
     INJECT_STEP_ENV,
     DivergenceError,
-    DivergenceGuard,
     Injection,
     Monitor,
     hooks,
 )
 from titan_rocm.workarounds.divergence_guard.record import NonFiniteRecord, Row
 from titan_rocm.workarounds.divergence_guard.verdict import decide
+from titan_rocm.workarounds.divergence_guard.workaround import DivergenceGuard
 
 GUARD_DIR = str(Path(hooks.__file__).parent)
 REPO = Path(__file__).resolve().parents[1]
@@ -184,8 +184,7 @@ def _ctx(**settings: Any) -> Context:
         gcn_arch_name=None, device_capability=None, device_name=None, triton_version=None,
         aiter_spec_found=False,
     )
-    return Context(job_config=None, parallel_dims=None, settings=RocmSettings(**settings),
-                   platform=facts)
+    return Context(settings=RocmSettings(**settings), platform=facts)
 
 
 def test_guard_applies_by_default_off_rocm_and_can_be_turned_off() -> None:

@@ -27,7 +27,7 @@ from moe_test_models import (
     world_of_one,
 )
 
-from titan_rocm.workarounds import grouped_mm, moe_compile
+from titan_rocm.workarounds import grouped_mm, moe_blocks
 from titan_rocm.workarounds.grouped_mm import backends
 from titan_rocm.workarounds.grouped_mm.experts_compile import CompileRequest, ExpertsRunner
 
@@ -103,7 +103,7 @@ def test_experts_compiled_only_where_stock_compiles_them(monkeypatch, mixed):
     assert grouped_mm.call_counts() == {"torch": 1}
     if mixed:
         assert "rocm.moe_eager_compile" in runner.why
-        assert moe_compile.eager_forward_calls() == {"1": 1}
+        assert moe_blocks.eager_forward_calls() == {"1": 1}
         assert not _grouped_mm_graphs()  # the whole MoE block, experts included, ran eager
     else:
         assert len(_grouped_mm_graphs()) == 1  # the experts function, as stock compiles it

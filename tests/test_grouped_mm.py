@@ -23,6 +23,7 @@ from titan_rocm import platform
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.workarounds import grouped_mm
 from titan_rocm.workarounds.grouped_mm import backends
+from titan_rocm.workarounds.grouped_mm.workaround import GroupedMMBinding
 
 ON = ("--model.converters", "rocm.grouped_mm", "--rocm.grouped_mm", "on")
 
@@ -302,12 +303,11 @@ def test_registered_backend_is_called_by_the_model(monkeypatch):
     assert len(seen) == 1 and grouped_mm.call_counts() == {"mine": 1}
 
 
-def _binding(*argv: str) -> grouped_mm.GroupedMMBinding:
-    from titan_rocm.config import settings_from
-    from titan_rocm.converters.base import Context
+def _binding(*argv: str) -> GroupedMMBinding:
+    from titan_rocm.converters.context import job_context
 
-    job = parse(*argv)
-    return grouped_mm.GroupedMMBinding(Context(job, None, settings_from(job), platform.current()))
+
+    return GroupedMMBinding(job_context(parse(*argv), None))
 
 
 def test_float8_experts_keep_the_torch_path():

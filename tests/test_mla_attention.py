@@ -15,7 +15,6 @@ import json
 import logging
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -24,9 +23,10 @@ import torch.nn.functional as F
 from moe_test_models import build_meta, convert, decisions, model_args, parse, world_of_one
 
 from titan_rocm import platform
-from titan_rocm.config import RocmSettings
-from titan_rocm.converters.base import Context
+from titan_rocm.converters.context import job_context
 from titan_rocm.platform import PlatformFacts
+from titan_rocm.settings import RocmSettings
+from titan_rocm.workarounds.base import Context, Parallelism, planning
 from titan_rocm.workarounds.mla_attention import aiter_api, guard, op, route_log
 from titan_rocm.workarounds.mla_attention.module import MLAFlexInnerAttention, MLAInnerAttention
 from titan_rocm.workarounds.mla_attention.workaround import (
@@ -450,8 +450,10 @@ def test_broken_aiter_import_is_reported_not_raised(tmp_path, monkeypatch):
     facts = dataclasses.replace(PlatformFacts.simulated_rocm("gfx942"), simulated=False)
     reason = aiter_api.unavailable_reason(facts, try_import=True)
     assert reason == "import aiter.ops.mha failed: RuntimeError: no ROCm: JIT setup failed"
-    ctx = Context(SimpleNamespace(), None, RocmSettings(mla_ck_backward="on"), facts)
-    with platform.override(facts), pytest.raises(ValueError, match="cannot use aiter: import"):
+    ctx = Context(settings=RocmSettings(mla_ck_backward="on"), platform=facts)
+    with platform.override(facts), pytest.raises(
+        ValueError, match="cannot apply: aiter not usable: import aiter.ops.mha failed"
+    ):
         MLACKBackward(ctx).require()
 
 
@@ -497,13 +499,10 @@ def test_converter_swaps_exactly_the_deepseek_attention_modules(caplog):
      ("gfx90a", "ck (mha_bwd)")],
 )
 def test_plan_with_simulated_arch_imports_no_aiter_and_installs_nothing(arch, backward):
-    class PlanningContext(Context):
-        planning = True
-
     job = _job()
     model = build_meta(job)
-    with platform.override(PlatformFacts.simulated_rocm(arch)):
-        ctx = PlanningContext.from_job(job, world_of_one())
+    with platform.override(PlatformFacts.simulated_rocm(arch)), planning():
+        ctx = job_context(job, world_of_one())
         w = MLACKBackward(ctx)
         assert w.gate(model) is None
         w.apply(model)
@@ -518,7 +517,7 @@ def test_plan_of_an_unconverted_model_still_shows_the_route():
     job = _job()
     model = build_meta(job)
     with platform.override(PlatformFacts.simulated_rocm("gfx942")):
-        plan = MLACKBackward(Context.from_job(job, world_of_one())).plan(model)
+        plan = MLACKBackward(job_context(job, world_of_one())).plan(model)
     assert plan["backward"] == "ck (mha_bwd)" and "replaced" not in plan
 
 
@@ -560,11 +559,11 @@ def test_auto_skips_with_the_reason(case, reason):
     elif case == "flex":
         job = _job(flavor="debugmodel_flex_attn")
     elif case == "cp":
-        parallel_dims = SimpleNamespace(cp_enabled=True)
+        parallel_dims = Parallelism(world_size=2, cp=2)
     model = build_meta(job)
     before = _types(model)
     with platform.override(facts):
-        w = MLACKBackward(Context.from_job(job, parallel_dims))
+        w = MLACKBackward(job_context(job, parallel_dims))
         got = w.gate(model)
     assert got is not None and got.startswith(reason), got
     assert _types(model) == before
@@ -621,15 +620,15 @@ def test_on_without_aiter_fails_at_startup_naming_what_is_missing():
     with platform.override(_cpu_facts()), pytest.raises(ValueError) as info:
         build_model_converters(job, world_of_one())
     message = str(info.value)
-    assert 'mla_ck_backward = "on" needs aiter on a ROCm GPU' in message
+    assert 'mla_ck_backward = "on" cannot apply: aiter not usable: missing' in message
     assert "a ROCm build of torch" in message and "the aiter package" in message
 
 
 def test_on_with_context_parallel_fails_at_startup():
     job = _job("--rocm.mla_ck_backward", "on")
     with platform.override(PlatformFacts.simulated_rocm("gfx942")):
-        w = MLACKBackward(Context.from_job(job, SimpleNamespace(cp_enabled=True)))
-        with pytest.raises(ValueError, match="does not work with context parallelism"):
+        w = MLACKBackward(job_context(job, Parallelism(world_size=2, cp=2)))
+        with pytest.raises(ValueError, match="cannot apply: context parallelism is on"):
             w.require()
 
 
@@ -651,10 +650,10 @@ def test_off_leaves_the_model_alone():
     ],
 )
 def test_expected_attention_dtype_follows_torchtitan(training_dtype, fsdp, tp, expected):
-    job = SimpleNamespace(training=SimpleNamespace(dtype=training_dtype,
-                                                   mixed_precision_param="bfloat16"))
-    dims = SimpleNamespace(fsdp_enabled=fsdp, tp_enabled=tp, pp_enabled=False)
-    assert expected_attention_dtype(job, dims) == expected
+    parallel = Parallelism(world_size=4, dp_shard=2 if fsdp else 1, tp=2 if tp else 1)
+    ctx = Context(training_dtype=training_dtype, mixed_precision_param="bfloat16",
+                  parallel=parallel)
+    assert expected_attention_dtype(ctx) == expected
 
 
 # -- with TorchTitan's float8 converter ------------------------------------------------------

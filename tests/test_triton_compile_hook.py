@@ -26,7 +26,7 @@ from triton_war_hook_kernels import (  # noqa: E402
     stores,
 )
 
-from titan_rocm.workarounds.triton_war import compile_hook, stats  # noqa: E402
+from titan_rocm.workarounds.triton_war import buffer_ops, compile_hook, compile_lock, stats  # noqa: E402
 from titan_rocm.workarounds.triton_war.amdgcn import Program  # noqa: E402
 from titan_rocm.workarounds.triton_war.hazards import (  # noqa: E402
     Finding,
@@ -287,15 +287,14 @@ def test_stale_env_vars_from_the_caller_are_recomputed(isolated):
     assert "buffer_store_dwordx4" in stores(kernel)
 
 
-def test_describe_reports_the_knob_of_this_triton():
-    compile_hook.install()
-    described = compile_hook.describe()
-    knob = described["buffer_ops_knob"]
+def test_the_knob_of_this_triton_and_the_bound_sites():
+    hook = compile_hook.install()
+    knob = hook.knob.to_dict()
     assert knob["env_var"] == "AMDGCN_USE_BUFFER_OPS"
     assert knob["knob"] == "triton.knobs.amd.use_buffer_ops"
     assert knob["default"] is True  # Triton 3.9 (3.6+): buffer ops on by default
     assert knob["in_cache_key"] is True
-    assert all(described["bound"].values())
+    assert all(compile_hook.bound_sites().values())
 
 
 def test_knob_found_by_env_var_when_renamed():
@@ -307,15 +306,15 @@ def test_knob_found_by_env_var_when_renamed():
         enable_buffer_operations = Env("AMDGCN_USE_BUFFER_OPS", False)
         other = Env("SOMETHING_ELSE", True)
 
-    attr, desc = compile_hook._knob_descriptor(AmdKnobs())
+    attr, desc = buffer_ops._knob_descriptor(AmdKnobs())
     assert attr == "enable_buffer_operations" and desc.default is False
 
 
 def test_env_only_flip_for_triton_without_knobs(monkeypatch):
-    knob = compile_hook.BufferOpsKnob("3.3.0", "AMDGCN_USE_BUFFER_OPS", None, None,
+    knob = buffer_ops.BufferOpsKnob("3.3.0", "AMDGCN_USE_BUFFER_OPS", None, None,
                                       None, None, True)
     monkeypatch.setenv("AMDGCN_USE_BUFFER_OPS", "1")
-    with compile_hook.buffer_ops_off(knob):
+    with buffer_ops.buffer_ops_off(knob):
         assert os.environ["AMDGCN_USE_BUFFER_OPS"] == "0"
     assert os.environ["AMDGCN_USE_BUFFER_OPS"] == "1"
 
@@ -357,7 +356,7 @@ def test_concurrent_compiles_never_cross_contaminated(isolated):
 
 
 def test_compile_lock_writer_waits_for_readers_and_blocks_new_ones():
-    lock = compile_hook.CompileLock()
+    lock = compile_lock.CompileLock()
     order: list[str] = []
     reader_in = threading.Event()
     release_reader = threading.Event()
@@ -387,7 +386,7 @@ def test_compile_lock_writer_waits_for_readers_and_blocks_new_ones():
 
 
 def test_compile_lock_exclusive_inside_shared_raises_instead_of_deadlocking():
-    lock = compile_hook.CompileLock()
+    lock = compile_lock.CompileLock()
     with lock.shared(), pytest.raises(RuntimeError, match="deadlock"):
         with lock.exclusive():
             pass

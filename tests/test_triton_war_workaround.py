@@ -6,16 +6,16 @@ import json
 import logging
 import os
 import sys
-from types import ModuleType, SimpleNamespace
+from types import ModuleType
 
 import pytest
 
 pytest.importorskip("torchtitan")
 torch = pytest.importorskip("torch")
 
-from titan_rocm.config import RocmSettings  # noqa: E402
-from titan_rocm.converters.base import Context  # noqa: E402
 from titan_rocm.platform import PlatformFacts  # noqa: E402
+from titan_rocm.settings import RocmSettings  # noqa: E402
+from titan_rocm.workarounds.base import Context, planning  # noqa: E402
 from titan_rocm.workarounds.triton_war import (  # noqa: E402
     bootstrap,
     cache_tag,
@@ -23,10 +23,10 @@ from titan_rocm.workarounds.triton_war import (  # noqa: E402
     stats,
     workaround,
 )
+from titan_rocm.workarounds.triton_war.names import WORKER_ENV  # noqa: E402
 from titan_rocm.workarounds.triton_war.workaround import TritonWar  # noqa: E402
 
-_ENV_KEYS = ("PYTHONPATH", "TORCH_CUSTOM_PYTHONPATH", cache_tag.ENV_VAR, bootstrap.ENV_ENABLE,
-             bootstrap.ENV_RULE, bootstrap.ENV_STRICT, bootstrap.ENV_STATS_DIR)
+_ENV_KEYS = ("PYTHONPATH", "TORCH_CUSTOM_PYTHONPATH", cache_tag.CACHE_KEY_TAG_ENV, *WORKER_ENV)
 
 
 @pytest.fixture(autouse=True)
@@ -51,12 +51,12 @@ def restore_process_state(tmp_path, monkeypatch):
             os.environ[key] = value
 
 
-def make(arch: str | None = "gfx942", mode: str = "auto", cls: type = Context, **settings):
+def make(arch: str | None = "gfx942", mode: str = "auto", **settings):
     if arch is None:
         facts = PlatformFacts(None, None, None, 0, None, None, None, "3.9.0", False)
     else:
         facts = PlatformFacts.simulated_rocm(arch)
-    ctx = cls(SimpleNamespace(), None, RocmSettings(triton_war=mode, **settings), facts)
+    ctx = Context(settings=RocmSettings(triton_war=mode, **settings), platform=facts)
     return TritonWar(ctx)
 
 
@@ -69,8 +69,8 @@ def test_check_auto_applies_only_on_archs_with_the_hazard():
 
 def test_check_and_require_without_triton(monkeypatch):
     monkeypatch.setattr(workaround, "_triton_missing", lambda: True)
-    assert "Triton is not installed" in make("gfx942").check(None)
-    with pytest.raises(ValueError, match='triton_war = "on" needs Triton'):
+    assert "Triton is not installed" in make("gfx942").gate(None)
+    with pytest.raises(ValueError, match='triton_war = "on" cannot apply: Triton is not installed'):
         make("gfx942", mode="on").require()
 
 
@@ -90,7 +90,7 @@ def test_apply_installs_wrapper_exports_env_and_tags_caches(tmp_path):
     assert os.environ["PYTHONPATH"].split(os.pathsep)[0] == bootstrap.boot_dir()
     expected_tag = "user-tag+titan-rocm-triton-war-v1-conservative"
     assert compiler_config.cache_key_tag == expected_tag
-    assert os.environ[cache_tag.ENV_VAR] == expected_tag
+    assert os.environ[cache_tag.CACHE_KEY_TAG_ENV] == expected_tag
     plan = w.plan(None)
     json.dumps(plan)  # JSON-able
     assert plan["rule"] == "conservative"
@@ -113,12 +113,10 @@ def test_apply_restarts_a_running_compile_worker_pool(monkeypatch):
 
 
 def test_plan_dry_run_changes_nothing():
-    class PlanningContext(Context):
-        planning = True
-
     before = dict(os.environ)
-    w = make("gfx942", cls=PlanningContext)
-    w.apply(None)
+    w = make("gfx942")
+    with planning():
+        w.apply(None)
     assert compile_hook.installed() is None
     assert dict(os.environ) == before
     plan = w.plan(None)
@@ -167,6 +165,6 @@ def test_cache_tag_changes_inductor_fx_graph_cache_key():
     untagged = key()
     precise = cache_tag.apply("precise")
     precise_key = key()
-    assert cache_tag.current() == precise == os.environ[cache_tag.ENV_VAR]
+    assert compiler_config.cache_key_tag == precise == os.environ[cache_tag.CACHE_KEY_TAG_ENV]
     cache_tag.apply("conservative")
     assert len({untagged, precise_key, key()}) == 3

@@ -1,4 +1,4 @@
-"""Register titan-rocm's converters with TorchTitan, now or as soon as TorchTitan loads.
+"""Register titan-rocm's converters with TorchTitan 0.2.2, now or as soon as TorchTitan loads.
 
 TorchTitan costs seconds to import. ``import titan_rocm`` must not pay that in processes
 that never train (Inductor compile workers, ``titan-rocm scan``), yet it must register the
@@ -9,14 +9,13 @@ right after that module executes.
 
 from __future__ import annotations
 
-import sys
 import threading
 
 from titan_rocm import torchtitan_version
 from titan_rocm._after_import import AfterImport
 
 _TRIGGER = "torchtitan.protocols.model_converter"
-_lock = threading.RLock()  # re-entered when importing the converters fires the hook
+_lock = threading.RLock()  # register_all may import TorchTitan, which fires the hook
 _registered = False
 
 
@@ -31,11 +30,6 @@ def register_converters() -> None:
     torchtitan_version.require("0.2", "titan_rocm.register_converters (the rocm converters)")
     with _lock:
         if _registered:
-            return
-        partial = sys.modules.get("titan_rocm.converters")
-        if partial is not None and not hasattr(partial, "register_all"):
-            # titan_rocm.converters is being imported (it imports TorchTitan, which fired
-            # the hook); it registers itself once its body has run.
             return
         from titan_rocm.converters import register_all
 

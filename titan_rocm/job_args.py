@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from titan_rocm.config import CONFIG_MODULE, check_section
+from titan_rocm.config import CONFIG_MODULE
+from titan_rocm.settings import check_section
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -20,11 +20,11 @@ import torch.nn as nn
 
 from titan_rocm import platform, register_converters
 from titan_rocm.config import settings_from
-from titan_rocm.converters import converter_classes
-from titan_rocm.converters.base import Decision, RocmConverter, planning
+from titan_rocm.converters import RocmConverter, converter_classes
 from titan_rocm.job_args import JobArgsError, prepare
 from titan_rocm.platform import PlatformFacts
-from titan_rocm.workarounds.moe_compile import EAGER_MOE, plan_blocks
+from titan_rocm.workarounds.base import Decision, planning
+from titan_rocm.workarounds.moe_blocks import EAGER_MOE, plan_blocks
 
 
 class PlanError(ValueError):
@@ -150,7 +150,7 @@ _STOCK_MOE_COMPILE = "stock MoE compile (children fullgraph except experts)"
 
 def _stock_compile_blocks(per_block: dict[str, str]) -> dict[str, str]:
     """What TorchTitan 0.2.2's own apply_compile does per block (no titan-rocm patch), from
-    :func:`~titan_rocm.workarounds.moe_compile.plan_blocks`' dense/MoE split."""
+    :func:`~titan_rocm.workarounds.moe_blocks.plan_blocks`' dense/MoE split."""
     return {name: _STOCK_MOE_COMPILE if how == EAGER_MOE else how
             for name, how in per_block.items()}
 
@@ -228,7 +228,7 @@ def make_plan(
         "other_converters": others,
         "titan_rocm_listed": any(name in ours for name in job_config.model.converters),
         "settings": dataclasses.asdict(settings_from(job_config)),
-        "workarounds": [dataclasses.asdict(d) for d in decisions],
+        "workarounds": [d.to_dict() for d in decisions],
         "compile": {"enabled": compile_enabled, "blocks": blocks},
     }
 

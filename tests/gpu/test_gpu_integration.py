@@ -45,7 +45,8 @@ def test_mixed_compile_on_gpu_dense_compiled_moe_eager() -> None:
     from torchtitan.config import ConfigManager
     from torchtitan.protocols.train_spec import get_train_spec
 
-    from titan_rocm.workarounds import moe_compile
+    from titan_rocm.workarounds import moe_blocks
+    from titan_rocm.workarounds.moe_eager_compile import workaround as moe_eager_compile
 
     job = ConfigManager().parse_args(["--compile.enable", "--model.name", "deepseek_v3",
                                       "--training.seq_len", "128"])
@@ -57,18 +58,18 @@ def test_mixed_compile_on_gpu_dense_compiled_moe_eager() -> None:
     model.to_empty(device="cuda")
     with torch.no_grad():
         model.init_weights()
-    moe_compile.compile_blocks(model, backend="inductor")
-    decisions = moe_compile.plan_blocks(model)
+    moe_eager_compile.compile_blocks(model, backend="inductor")
+    decisions = moe_blocks.plan_blocks(model)
     assert list(decisions.values()).count("fullgraph") >= 1
     counters.clear()
-    before = sum(moe_compile.eager_forward_calls().values())
+    before = sum(moe_blocks.eager_forward_calls().values())
     tokens = torch.randint(0, args.vocab_size, (2, 128), device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16):
         out = model(tokens)
     out.float().mean().backward()
     torch.cuda.synchronize()
-    moe_blocks = sum(1 for d in decisions.values() if d.startswith("eager"))
-    assert sum(moe_compile.eager_forward_calls().values()) - before == moe_blocks
+    n_moe = sum(1 for d in decisions.values() if d.startswith("eager"))
+    assert sum(moe_blocks.eager_forward_calls().values()) - before == n_moe
     assert counters["stats"]["unique_graphs"] >= 1  # the dense block(s) compiled
     assert sum(counters["graph_break"].values()) == 0
 

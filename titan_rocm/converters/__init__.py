@@ -1,16 +1,16 @@
-"""TorchTitan converters: ``rocm`` (every workaround) and ``rocm.<workaround>`` (one each)."""
+"""TorchTitan 0.2.2's adapter: the converters ``rocm`` (every workaround) and ``rocm.<name>``
+(one each), and their registration.
+
+Importing this package does not import TorchTitan; :func:`register_all` does, and is called
+once TorchTitan's converter registry is loaded (see ``titan_rocm._registration``).
+"""
 
 from __future__ import annotations
 
-from torchtitan.protocols.model_converter import (
-    _registry_model_converter_cls,
-    register_model_converter,
-)
+from titan_rocm.converters.converter import UMBRELLA, RocmConverter, workarounds_of
+from titan_rocm.workarounds.registry import WORKAROUNDS
 
-from titan_rocm.converters.base import RocmConverter
-from titan_rocm.workarounds import WORKAROUNDS
-
-UMBRELLA = "rocm"
+__all__ = ["UMBRELLA", "RocmConverter", "converter_classes", "register_all", "workarounds_of"]
 
 
 def converter_classes() -> dict[str, type[RocmConverter]]:
@@ -41,13 +41,12 @@ def converter_classes() -> dict[str, type[RocmConverter]]:
 
 
 def register_all() -> None:
-    """Register the converters with TorchTitan (names already taken are left as they are)."""
+    """Register the converters with TorchTitan 0.2.2 (names already taken are left as they are)."""
+    from torchtitan.protocols.model_converter import (
+        _registry_model_converter_cls,
+        register_model_converter,
+    )
+
     for name, cls in converter_classes().items():
         if name not in _registry_model_converter_cls:
             register_model_converter(cls, name)
-
-
-# Importing this module means TorchTitan is loaded: register now (idempotent).
-from titan_rocm._registration import register_converters  # noqa: E402
-
-register_converters()

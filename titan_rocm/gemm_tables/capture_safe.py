@@ -19,7 +19,7 @@ from titan_rocm.archs import ARCHS, ArchFacts, normalize_arch
 from titan_rocm.gemm_tables.policy import POLICIES, ArchError, judge, row_arch
 from titan_rocm.gemm_tables.table import Table, TableError, read_table
 
-ENV_VAR = "AITER_CONFIG_GEMM_BF16"
+AITER_GEMM_CONFIG_ENV = "AITER_CONFIG_GEMM_BF16"
 """aiter's list of tuned BF16 GEMM tables, joined by ``:``."""
 
 
@@ -100,7 +100,7 @@ class Result:
     def env_line(self) -> str | None:
         """``AITER_CONFIG_GEMM_BF16=...`` for the written files (``None`` when nothing written)."""
         outputs = [str(f.output) for f in self.files if f.output is not None]
-        return f"{ENV_VAR}={':'.join(outputs)}" if outputs else None
+        return f"{AITER_GEMM_CONFIG_ENV}={':'.join(outputs)}" if outputs else None
 
 
 def _label(fields: Mapping[str, str]) -> str:
@@ -206,7 +206,8 @@ def plan_outputs(inputs: Sequence[Path], outdir: Path) -> list[Path]:
         output = Path(os.path.abspath(outdir / path.name))
         if ":" in str(output):
             raise CaptureSafeError(
-                f"output path {output} contains ':', which {ENV_VAR} uses to separate paths"
+                f"output path {output} contains ':', which {AITER_GEMM_CONFIG_ENV} uses to "
+                "separate paths"
             )
         for other in inputs:
             if _same_file(output, other):

@@ -14,18 +14,19 @@ from typing import Any
 
 import torch._inductor.config as inductor_config
 import torch.nn as nn
-from torchtitan.tools.logging import logger
 
-from titan_rocm.converters.base import Workaround
+from titan_rocm.log import log
+from titan_rocm.workarounds.base import Workaround
 
-ENV_VAR = "TORCHINDUCTOR_EMULATE_PRECISION_CASTS"
+EMULATE_ENV = "TORCHINDUCTOR_EMULATE_PRECISION_CASTS"
+"""Inductor's variable for the same setting (read when its config module is first imported)."""
 
 
 def user_disabled() -> str | None:
     """Where the user explicitly turned emulate_precision_casts off, or None."""
-    env = os.environ.get(ENV_VAR)
+    env = os.environ.get(EMULATE_ENV)
     if env is not None and env != "1":
-        return f"{ENV_VAR}={env}"
+        return f"{EMULATE_ENV}={env}"
     is_default = getattr(inductor_config, "_is_default", None)
     if (
         is_default is not None
@@ -42,7 +43,7 @@ class PrecisionCasts(Workaround):
     name = "precision_casts"
 
     def check(self, model: nn.Module) -> str | None:
-        if not self.ctx.job_config.compile.enable:
+        if not self.ctx.compile.enable:
             return "compile disabled ([compile] enable = false): nothing for Inductor to compile"
         explicit = user_disabled()
         if explicit:
@@ -52,7 +53,7 @@ class PrecisionCasts(Workaround):
     def apply(self, model: nn.Module) -> None:
         if not inductor_config.emulate_precision_casts:
             inductor_config.emulate_precision_casts = True
-            logger.info("titan-rocm: set torch._inductor.config.emulate_precision_casts = True")
+            log.info("titan-rocm: set torch._inductor.config.emulate_precision_casts = True")
 
     def plan(self, model: nn.Module) -> dict[str, Any]:
         return {"emulate_precision_casts": bool(inductor_config.emulate_precision_casts)}

@@ -7,16 +7,9 @@ read it (they synchronise anyway), so a NaN at step 7 with ``log_freq = 10`` sto
 as "step 7" at step 10 at the latest. ``[rocm] divergence_check = "every_step"`` reads it
 after every optimizer step instead (one sync per step). Every rank takes part in each check
 (one all-gather), so every rank stops; rank 0 logs the message. See
-``docs/divergence-detection.md``.
+``docs/divergence-detection.md``. The workaround is :mod:`.workaround`.
 """
 
-from __future__ import annotations
-
-from typing import Any
-
-import torch.nn as nn
-
-from titan_rocm.converters.base import Workaround
 from titan_rocm.guard_message import DOCS_PAGE, Divergence
 from titan_rocm.workarounds.divergence_guard import hooks
 from titan_rocm.workarounds.divergence_guard.monitor import (
@@ -33,49 +26,7 @@ __all__ = [
     "INJECT_STEP_ENV",
     "Divergence",
     "DivergenceError",
-    "DivergenceGuard",
     "Injection",
     "Monitor",
+    "hooks",
 ]
-
-
-class DivergenceGuard(Workaround):
-    """Stops training at the first non-finite loss or grad norm, on every rank."""
-
-    name = "divergence_guard"
-    needs_rocm = False
-
-    def __init__(self, ctx: Any) -> None:
-        super().__init__(ctx)
-        # Read (and validate) the test hook at converter init, so a typo fails at start-up.
-        self.injection = Injection.from_env()
-        self.monitor: Monitor | None = None
-
-    def apply(self, model: nn.Module) -> None:
-        self.monitor = Monitor(self.ctx.settings.divergence_check, self.injection)
-        hooks.install(self.monitor)
-
-    def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
-        if self.monitor is not None:
-            self.monitor.on_step_end()
-
-    def plan(self, model: nn.Module) -> dict[str, Any]:
-        check = self.ctx.settings.divergence_check
-        details: dict[str, Any] = {
-            "check": check,
-            "checked_at": (
-                "every optimizer step (one device sync per step)"
-                if check == "every_step"
-                else "log steps, checkpoint saves and the end of training (no extra sync)"
-            ),
-            "observes": [
-                "torchtitan.components.loss.cross_entropy_loss (each micro-batch's loss)",
-                "torchtitan.distributed.utils.clip_grad_norm_ (the step's grad norm)",
-            ],
-        }
-        if self.injection is not None:
-            details["test_hook"] = {
-                INJECT_STEP_ENV: self.injection.step,
-                INJECT_RANK_ENV: self.injection.rank,
-            }
-        return details

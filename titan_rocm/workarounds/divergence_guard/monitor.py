@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import sys
+import typing
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,15 +32,15 @@ import torch
 import torch.distributed as dist
 
 from titan_rocm.guard_message import Divergence, message, short_message
+from titan_rocm.log import log, log_once
+from titan_rocm.settings import DivergenceCheck
 from titan_rocm.workarounds.divergence_guard.record import NonFiniteRecord, Row
 from titan_rocm.workarounds.divergence_guard.snapshot import Snapshot
 from titan_rocm.workarounds.divergence_guard.verdict import DivergenceError, decide
 
-log = logging.getLogger("titan_rocm")
-
 INJECT_STEP_ENV = "TITAN_ROCM_DEBUG_INJECT_NAN_STEP"
 INJECT_RANK_ENV = "TITAN_ROCM_DEBUG_INJECT_NAN_RANK"
-CHECK_MODES: tuple[str, ...] = ("log_steps", "every_step")
+CHECK_MODES: tuple[str, ...] = typing.get_args(DivergenceCheck)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,6 @@ class Monitor:
         self.pending: Snapshot | None = None
         """The rows' copy enqueued at the current log step's ``should_log``."""
         self.divergence: Divergence | None = None
-        self._warned: set[str] = set()
 
     # -- step numbers ------------------------------------------------------------------------
     def current_step(self) -> int:
@@ -117,9 +117,9 @@ class Monitor:
         return self.record.steps_ended + 1
 
     def _warn_once(self, key: str, text: str) -> None:
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(text)
+        # Once per monitor (one per training run), not once per process: tests and
+        # notebooks run several.
+        log_once(f"divergence_guard:{id(self)}:{key}", logging.WARNING, "%s", text)
 
     # -- observations (device ops only) ------------------------------------------------------
     def on_loss(self, loss: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:

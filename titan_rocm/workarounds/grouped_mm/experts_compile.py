@@ -8,26 +8,27 @@ experts' SwiGLU would then run eager whenever the binding is on: on an H200, wit
 MoE compile, taking the binding out made a GPU-bound deepseek_v3 run 2.85 % faster
 (docs/performance.md).
 
-So the bound function runs its backend through an :class:`ExpertsRunner`, which decides once,
-at its first call (``parallelize_fn`` has run by then), whether to compile it:
+So the bound function runs its backend through an :class:`ExpertsRunner`, which compiles it
+when
 
 - TorchTitan compiles the model (``[compile] enable``, ``"model"`` in ``components``);
 - the backend is traceable with ``fullgraph=True`` (``torch``, or registered as such);
-- no MoE block was made eager by ``rocm.moe_eager_compile``: those blocks stay wholly eager,
+- the job does not run ``rocm.moe_eager_compile`` (asked of the job's decisions,
+  :meth:`~titan_rocm.workarounds.base.Context.will_apply`): its MoE blocks stay wholly eager,
   experts included, which is the point of the mixed strategy.
 
-The decision, and why, is logged once.
+The runner acts at its first call (``parallelize_fn`` has run by then) and logs once what it
+does, and why.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
-from torchtitan.tools.logging import logger
 
-from titan_rocm.workarounds import moe_compile
+from titan_rocm.log import log
+from titan_rocm.workarounds.base import Context
 from titan_rocm.workarounds.grouped_mm.backends import ExpertsFn, is_compilable
 
 
@@ -41,19 +42,25 @@ class CompileRequest:
     """``[compile] backend``."""
     ep_enabled: bool = False
     """Expert parallelism: token counts per rank vary, so the token dimension is dynamic."""
+    blocks_eager: bool = False
+    """The job runs ``rocm.moe_eager_compile``: every MoE block, experts included, is eager."""
 
     @classmethod
-    def from_job(cls, job_config: Any, parallel_dims: Any, enabled: bool) -> CompileRequest:
-        """Read ``[compile] backend`` and the EP degree from TorchTitan's objects."""
-        backend = getattr(getattr(job_config, "compile", None), "backend", None) or "inductor"
-        return cls(enabled, backend, bool(getattr(parallel_dims, "ep_enabled", False)))
+    def from_context(cls, ctx: Context) -> CompileRequest:
+        """From the job's compile settings, EP degree and decisions."""
+        return cls(
+            enabled=ctx.compile.model,
+            backend=ctx.compile.backend or "inductor",
+            ep_enabled=ctx.parallel.ep_enabled,
+            blocks_eager=ctx.will_apply("moe_eager_compile"),
+        )
 
 
 NOT_COMPILED = CompileRequest(enabled=False)
 
 
 def static_reason(backend: str, request: CompileRequest) -> str | None:
-    """Why the experts stay eager whatever the blocks do, or None when that depends on them."""
+    """Why the experts function stays eager, or None when it runs compiled."""
     if not request.enabled:
         return "TorchTitan does not compile the model"
     if not is_compilable(backend):
@@ -61,6 +68,8 @@ def static_reason(backend: str, request: CompileRequest) -> str | None:
             f"backend {backend!r} is not traceable with fullgraph (a registered backend opts "
             "in with register_backend(..., compilable=True))"
         )
+    if request.blocks_eager:
+        return "rocm.moe_eager_compile keeps the MoE blocks eager, experts included"
     return None
 
 
@@ -77,19 +86,10 @@ class ExpertsRunner:
         self._run: ExpertsFn | None = None
 
     def decide(self) -> tuple[bool, str]:
-        """Whether to compile now, and why.
-
-        Under the mixed strategy every MoE block is eager, and an eager block counts its
-        forward before running it: at the experts' first call the count is already there.
-        """
+        """Whether to compile, and why."""
         reason = static_reason(self.backend, self.request)
         if reason is not None:
             return False, reason
-        if moe_compile.eager_forward_calls():
-            return False, (
-                "MoE blocks run eager (rocm.moe_eager_compile); their experts stay eager with "
-                "them"
-            )
         return True, (
             f"compiled with fullgraph (backend {self.request.backend!r}), as stock "
             "apply_compile compiles TorchTitan's own"
@@ -108,10 +108,9 @@ class ExpertsRunner:
                     return compiled(w1, w2, w3, x, num_tokens_per_expert)
             else:
                 run = compiled
-        state = "compiled" if self.compiled else "eager"
-        logger.info(
-            f"titan-rocm: grouped-MM experts function (backend {self.backend!r}) runs "
-            f"{state}: {self.why}"
+        log.info(
+            "titan-rocm: grouped-MM experts function (backend %r) runs %s: %s",
+            self.backend, "compiled" if self.compiled else "eager", self.why,
         )
         return run
 

@@ -26,12 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from titan_rocm.log import log_once
 from titan_rocm.workarounds.mla_attention import op
 from titan_rocm.workarounds.mla_attention.routing import DTYPES
-
-log = logging.getLogger("titan_rocm")
-
-_fallbacks_logged: set[tuple] = set()
 
 _DEFAULT_SDPA_BACKENDS = [
     SDPBackend.CUDNN_ATTENTION,
@@ -135,10 +132,9 @@ class MLAFlexInnerAttention(MLAInnerAttention):
 
 def _log_fallback(q: Tensor, v: Tensor, reason: str, runs: str = "PyTorch SDPA") -> None:
     key = (tuple(q.shape), tuple(v.shape), q.dtype, reason, runs)
-    if key in _fallbacks_logged:
-        return
-    _fallbacks_logged.add(key)
-    log.warning(
+    log_once(
+        f"mla_fallback:{key!r}",
+        logging.WARNING,
         "titan-rocm: mla_ck_backward: q %s, v %s (%s) runs %s, not aiter: %s",
         tuple(q.shape),
         tuple(v.shape),

@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import logging
-import threading
 
+from titan_rocm import log as titan_log
 from titan_rocm.workarounds.mla_attention.routing import BackwardCall, Route, arch_label
 
-log = logging.getLogger("titan_rocm")
-
-_lock = threading.Lock()
-_logged: set[tuple[str, BackwardCall]] = set()
+KEY_PREFIX = "mla_route:"
 
 
 def log_route_once(caller: str, call: BackwardCall, route: Route) -> bool:
     """Log ``route`` for ``call`` the first time this caller sees it; True if it logged."""
-    key = (caller, call)
-    with _lock:
-        if key in _logged:
-            return False
-        _logged.add(key)
-    log.info(
+    return titan_log.log_once(
+        f"{KEY_PREFIX}{caller}:{call!r}",
+        logging.INFO,
         "titan-rocm: mla_ck_backward [%s] %s q/k %d, v %d, %s%s%s%s: backward -> %s (%s)",
         caller,
         arch_label(call.arch),
@@ -33,10 +27,8 @@ def log_route_once(caller: str, call: BackwardCall, route: Route) -> bool:
         route.label,
         route.reason,
     )
-    return True
 
 
 def forget() -> None:
     """Forget what was logged (tests)."""
-    with _lock:
-        _logged.clear()
+    titan_log.forget(KEY_PREFIX)

@@ -23,9 +23,9 @@ from collections import Counter
 from typing import Any
 
 import torch.nn as nn
-from torchtitan.tools.logging import logger
 
-from titan_rocm.converters.base import Workaround
+from titan_rocm.log import log
+from titan_rocm.workarounds.base import Context, Workaround
 from titan_rocm.workarounds.mla_attention import aiter_api
 from titan_rocm.workarounds.mla_attention.routing import (
     DTYPES,
@@ -86,22 +86,19 @@ def mask_type(model: nn.Module) -> str:
     return str(getattr(getattr(model, "model_args", None), "attn_mask_type", "causal"))
 
 
-def expected_attention_dtype(job_config: Any, parallel_dims: Any) -> str:
+def expected_attention_dtype(ctx: Context) -> str:
     """The dtype DeepSeek's q/k/v will have in training, as TorchTitan 0.2.2 sets it up.
 
     ``training.dtype = "bfloat16"`` keeps everything bf16; otherwise mixed precision
     (``mixed_precision_param``) applies through FSDP, or through autocast when neither TP
     nor PP is on, and float32 remains under TP/PP without FSDP.
     """
-    training = getattr(job_config, "training", None)
-    if getattr(training, "dtype", "float32") == "bfloat16":
+    if ctx.training_dtype == "bfloat16":
         return "bfloat16"
-    mixed = getattr(training, "mixed_precision_param", "bfloat16")
-    if parallel_dims is None or getattr(parallel_dims, "fsdp_enabled", False):
-        return mixed
-    if getattr(parallel_dims, "tp_enabled", False) or getattr(parallel_dims, "pp_enabled", False):
-        return "float32"
-    return mixed
+    parallel = ctx.parallel
+    if parallel.fsdp_enabled or not (parallel.tp_enabled or parallel.pp_enabled):
+        return ctx.mixed_precision_param
+    return "float32"
 
 
 class MLACKBackward(Workaround):
@@ -109,7 +106,7 @@ class MLACKBackward(Workaround):
 
     name = "mla_ck_backward"
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._swapped: int | None = None
         self._sac_list: str | None = None
@@ -117,27 +114,21 @@ class MLACKBackward(Workaround):
 
     # -- gate ----------------------------------------------------------------------------
 
-    def require(self) -> None:
-        missing = aiter_api.missing_requirements(self.ctx.platform)
-        if missing:
-            raise ValueError(
-                f"[rocm] {self.name} = \"on\" needs aiter on a ROCm GPU; missing: "
-                + "; ".join(missing)
-            )
-        if self._cp_enabled():
-            raise ValueError(
-                f"[rocm] {self.name} = \"on\" does not work with context parallelism "
-                "(context_parallel_degree > 1): CP shards SDPA, not the aiter op; "
-                f"set {self.name} = \"off\" or turn CP off"
-            )
-        reason = aiter_api.unavailable_reason(self.ctx.platform, try_import=True)
-        if reason:
-            raise ValueError(f"[rocm] {self.name} = \"on\" cannot use aiter: {reason}")
-
-    def check(self, model: nn.Module) -> str | None:
+    def unmet(self) -> str | None:
         missing = aiter_api.missing_requirements(self.ctx.platform)
         if missing:
             return "aiter not usable: missing " + "; ".join(missing)
+        if self.ctx.parallel.cp_enabled:
+            return (
+                "context parallelism is on (context_parallel_degree > 1): CP shards SDPA ops, "
+                "not the aiter op"
+            )
+        reason = aiter_api.unavailable_reason(self.ctx.platform, try_import=True)
+        if reason:
+            return f"aiter not usable: {reason}"
+        return None
+
+    def check(self, model: nn.Module) -> str | None:
         modules = deepseek_attention_modules(model)
         if not modules:
             return "model has no DeepSeek V3 MLA attention (torchtitan deepseek_v3 Attention)"
@@ -155,15 +146,7 @@ class MLACKBackward(Workaround):
                 "plain causal and would attend across documents; set [rocm] "
                 'mla_document_masks = "drop" to run it causal anyway'
             )
-        if self._cp_enabled():
-            return "context parallelism is on: CP shards SDPA ops, not the aiter op"
-        reason = aiter_api.unavailable_reason(self.ctx.platform, try_import=True)
-        if reason:
-            return f"aiter not usable: {reason}"
         return None
-
-    def _cp_enabled(self) -> bool:
-        return bool(getattr(self.ctx.parallel_dims, "cp_enabled", False))
 
     # -- apply ---------------------------------------------------------------------------
 
@@ -179,7 +162,7 @@ class MLACKBackward(Workaround):
             flex += _is_flex(attention)
         self._swapped = swapped
         if flex and mask_type(model) != "causal":
-            logger.warning(
+            log.warning(
                 "titan-rocm: mla_ck_backward (mla_document_masks = drop): %d flex attention "
                 "modules with %r masks now "
                 "run plain causal attention: tokens attend across document boundaries",
@@ -187,14 +170,14 @@ class MLACKBackward(Workaround):
                 mask_type(model),
             )
         self._sac_list = self._save_forward_in_op_sac()
-        if getattr(self.ctx, "planning", False):
+        if self.ctx.planning:
             self._guard = "not installed (plan)"
         else:
             from titan_rocm.workarounds.mla_attention import guard
 
             self._guard = guard.install()
         dtype = self._dtype()
-        logger.info(
+        log.info(
             "titan-rocm: mla_ck_backward replaced %d DeepSeek inner_attention modules; "
             "op SAC save list: %s; aiter backward guard: %s",
             swapped,
@@ -202,7 +185,7 @@ class MLACKBackward(Workaround):
             self._guard,
         )
         if dtype not in DTYPES:
-            logger.warning(
+            log.warning(
                 "titan-rocm: mla_ck_backward: attention will run in %s, which aiter does not "
                 "take; it falls back to PyTorch SDPA (train in bfloat16 or use FSDP mixed "
                 "precision)",
@@ -227,14 +210,8 @@ class MLACKBackward(Workaround):
 
     def _parallelize_modules(self) -> list[str]:
         names: list[str] = []
-        model_name = getattr(getattr(self.ctx.job_config, "model", None), "name", None)
-        if model_name:
-            try:
-                from torchtitan.protocols.train_spec import get_train_spec
-
-                names.append(get_train_spec(model_name).parallelize_fn.__module__)
-            except Exception:  # unknown model name: fall back to DeepSeek's
-                pass
+        if self.ctx.parallelize_fn is not None:
+            names.append(self.ctx.parallelize_fn.__module__)
         if DEEPSEEK_PARALLELIZE not in names:
             names.append(DEEPSEEK_PARALLELIZE)
         return names
@@ -242,11 +219,7 @@ class MLACKBackward(Workaround):
     # -- plan ----------------------------------------------------------------------------
 
     def _dtype(self) -> str:
-        return expected_attention_dtype(self.ctx.job_config, self.ctx.parallel_dims)
-
-    def _deterministic(self) -> bool:
-        debug = getattr(self.ctx.job_config, "debug", None)
-        return bool(getattr(debug, "deterministic", False))
+        return expected_attention_dtype(self.ctx)
 
     def plan(self, model: nn.Module) -> dict[str, Any]:
         """Per model shape: the arch, the forward, and the backward route (no aiter import).
@@ -282,7 +255,7 @@ class MLACKBackward(Workaround):
                        reason=f"{dtype} is not an aiter dtype ({', '.join(DTYPES)})")
         else:
             route = route_backward(
-                BackwardCall(arch, qk, qk, v, dtype=dtype, deterministic=self._deterministic())
+                BackwardCall(arch, qk, qk, v, dtype=dtype, deterministic=self.ctx.deterministic)
             )
             row.update(forward=FORWARD_LABEL, backward=route.label, reason=route.reason)
         row["modules"] = n

@@ -26,17 +26,15 @@ import sys
 from collections.abc import Mapping, MutableMapping
 
 from titan_rocm._after_import import AfterImport
+from titan_rocm.workarounds.triton_war.names import (
+    ENV_ENABLE,
+    ENV_RULE,
+    ENV_STATS_DIR,
+    ENV_STRICT,
+    RULE_NAMES,
+    WORKER_ENV,
+)
 
-ENV_ENABLE = "TITAN_ROCM_TRITON_WAR"
-"""``1``: install the compile wrapper in this interpreter when Triton is imported."""
-ENV_RULE = "TITAN_ROCM_TRITON_WAR_RULE"
-"""Hazard rule for workers: ``precise`` (default) or ``conservative``."""
-ENV_STRICT = "TITAN_ROCM_TRITON_WAR_STRICT"
-"""``1``: raise in the compile when a hazardous kernel cannot be fixed."""
-ENV_STATS_DIR = "TITAN_ROCM_TRITON_WAR_STATS_DIR"
-"""Directory where every process appends its per-compile stats (``<host>-<pid>.jsonl``)."""
-
-_RULES = ("precise", "conservative")
 _TRIGGER = "triton"
 
 
@@ -53,8 +51,8 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, bo
     """
     env = os.environ if environ is None else environ
     rule = env.get(ENV_RULE, "precise")
-    if rule not in _RULES:
-        raise ValueError(f"{ENV_RULE}={rule!r} is not valid; accepted: {', '.join(_RULES)}")
+    if rule not in RULE_NAMES:
+        raise ValueError(f"{ENV_RULE}={rule!r} is not valid; accepted: {', '.join(RULE_NAMES)}")
     strict_text = env.get(ENV_STRICT, "0")
     if strict_text not in ("0", "1"):
         raise ValueError(f"{ENV_STRICT}={strict_text!r} is not valid; accepted: 0, 1")
@@ -108,7 +106,7 @@ def unexport(
     """Undo :func:`export` (tests, and turning the workaround off in-process)."""
     env = os.environ if environ is None else environ
     sys_path = sys.path if path is None else path
-    for key in (ENV_ENABLE, ENV_RULE, ENV_STRICT, ENV_STATS_DIR):
+    for key in WORKER_ENV:
         env.pop(key, None)
     here = boot_dir()
     while here in sys_path:
@@ -146,11 +144,3 @@ def boot() -> None:
     if os.environ.get(ENV_ENABLE) != "1":
         return
     _hook.arm()
-
-
-def booted() -> bool:
-    """The after-triton hook is waiting, or the wrapper is installed in this process."""
-    if _hook.waiting:
-        return True
-    mod = sys.modules.get("titan_rocm.workarounds.triton_war.compile_hook")
-    return bool(mod is not None and mod.installed() is not None)

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import os
 
-ENV_VAR = "TORCH_COMPILE_CACHE_KEY_TAG"
+CACHE_KEY_TAG_ENV = "TORCH_COMPILE_CACHE_KEY_TAG"
+"""torch's variable for the tag, read in child processes when their torch.compiler.config loads."""
 VERSION = 1
 PREFIX = "titan-rocm-triton-war"
 SEPARATOR = "+"
@@ -53,13 +54,5 @@ def apply(rule: str) -> str:
         )
     tag = combine(compiler_config.cache_key_tag or "", rule)
     compiler_config.cache_key_tag = tag
-    os.environ[ENV_VAR] = tag
+    os.environ[CACHE_KEY_TAG_ENV] = tag
     return tag
-
-
-def current() -> str | None:
-    """The tag in force in this process (None when torch.compiler.config is not loaded)."""
-    import sys
-
-    config = sys.modules.get("torch.compiler.config")
-    return getattr(config, "cache_key_tag", None) if config is not None else None

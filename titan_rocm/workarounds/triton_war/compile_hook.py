@@ -18,29 +18,30 @@ first launch) and ``triton.compiler.compiler.compile``. For every kernel the wra
    entry, or still hazardous -> keep the original, log an error naming the kernel
    ("residual"), raise :class:`HazardousKernelError` when ``strict``.
 
-Counts go to :mod:`titan_rocm.workarounds.triton_war.stats`. Docs:
-docs/triton-buffer-store-hazard.md, "How titan-rocm recompiles (wrapper)".
+The lock is :mod:`.compile_lock`, the knob :mod:`.buffer_ops`; counts go to :mod:`.stats`.
+Docs: docs/triton-buffer-store-hazard.md, "How titan-rocm recompiles (wrapper)".
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-import logging
-import os
 import threading
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from titan_rocm.log import log
 from titan_rocm.workarounds.triton_war import stats
+from titan_rocm.workarounds.triton_war.buffer_ops import (
+    BufferOpsKnob,
+    buffer_ops_knob,
+    buffer_ops_off,
+    cache_env_fn,
+)
+from titan_rocm.workarounds.triton_war.compile_lock import COMPILE_LOCK
+from titan_rocm.workarounds.triton_war.names import BUFFER_OPS_ENV, RULE_NAMES
 
-log = logging.getLogger("titan_rocm")
-
-RULES: tuple[str, ...] = ("precise", "conservative")
-BUFFER_OPS_ENV = "AMDGCN_USE_BUFFER_OPS"
-"""Triton's environment variable for the AMD buffer-ops knob (every version so far)."""
 _MARK = "__titan_rocm_triton_war__"
 # Where Triton and Inductor look ``compile`` up: (module name, attribute).
 _BIND_SITES: tuple[tuple[str, str], ...] = (
@@ -62,224 +63,6 @@ def scan_amdgcn(text: str, arch: str | None, rule: str) -> Any:
     from titan_rocm.workarounds.triton_war.scan import scan_text
 
     return scan_text(text, arch=arch, rule=rule)
-
-
-# --------------------------------------------------------------------------- the lock
-
-
-class CompileLock:
-    """Shared for ordinary compiles, exclusive for the buffer-ops flip; writers first.
-
-    Reentrant per thread for the shared side. Taking the exclusive side while this thread
-    holds the shared side would deadlock, so it raises RuntimeError instead.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._readers = 0
-        self._writer: int | None = None
-        self._writers_waiting = 0
-        self._tls = threading.local()
-
-    @contextlib.contextmanager
-    def shared(self) -> Iterator[None]:
-        """Hold the lock shared (many compiles at once; never during a flip)."""
-        me = threading.get_ident()
-        depth = getattr(self._tls, "depth", 0)
-        if depth or self._writer == me:
-            self._tls.depth = depth + 1
-            try:
-                yield
-            finally:
-                self._tls.depth = depth
-            return
-        with self._cond:
-            while self._writer is not None or self._writers_waiting:
-                self._cond.wait()
-            self._readers += 1
-        self._tls.depth = 1
-        try:
-            yield
-        finally:
-            self._tls.depth = 0
-            with self._cond:
-                self._readers -= 1
-                if not self._readers:
-                    self._cond.notify_all()
-
-    @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Hold the lock alone (no compile through the wrapper runs meanwhile)."""
-        me = threading.get_ident()
-        if self._writer == me:
-            yield
-            return
-        if getattr(self._tls, "depth", 0):
-            raise RuntimeError("buffer-ops flip requested from inside a compile (would deadlock)")
-        with self._cond:
-            self._writers_waiting += 1
-            try:
-                while self._writer is not None or self._readers:
-                    self._cond.wait()
-            finally:
-                self._writers_waiting -= 1
-            self._writer = me
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writer = None
-                self._cond.notify_all()
-
-
-COMPILE_LOCK = CompileLock()
-"""The process-wide lock around Triton compiles made through the wrapper."""
-
-
-# --------------------------------------------------------------------------- the knob
-
-
-@dataclass(frozen=True)
-class BufferOpsKnob:
-    """How the installed Triton turns AMD buffer ops off, and what it does by default."""
-
-    triton_version: str
-    env_var: str
-    """Environment variable of the knob (``AMDGCN_USE_BUFFER_OPS``)."""
-    knob: str | None
-    """``triton.knobs.amd.<attr>`` (Triton >= 3.4), None where only the variable exists."""
-    default: bool | None
-    """Buffer ops on when the variable is unset (None: this Triton does not say)."""
-    env_value: str | None
-    """The variable's value in this process now (None: unset)."""
-    effective: bool | None
-    """Buffer ops on for compiles now (knob value; None where unknown)."""
-    in_cache_key: bool
-    """The variable is one of Triton's cache-invalidating variables (must be True, or the
-    recompile would be a cache hit on the hazardous binary)."""
-
-    @property
-    def attr(self) -> str | None:
-        """The knob attribute on ``triton.knobs.amd``."""
-        return self.knob.rsplit(".", 1)[1] if self.knob else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (plan)."""
-        return asdict(self)
-
-
-def _knob_descriptor(amd: Any) -> tuple[str, Any] | None:
-    """(attribute, descriptor) of the buffer-ops knob on ``triton.knobs.amd``; found by its
-    environment variable so a renamed attribute is still found."""
-    fallback = None
-    for klass in type(amd).__mro__:
-        for attr, desc in vars(klass).items():
-            if getattr(desc, "key", None) == BUFFER_OPS_ENV:
-                return attr, desc
-            if attr == "use_buffer_ops" and fallback is None:
-                fallback = (attr, desc)
-    return fallback
-
-
-def _cache_env_fn() -> Callable[[], dict[str, str]] | None:
-    """Triton's "environment variables in the cache key" function, wherever this version
-    keeps it (None if it has none)."""
-    import importlib
-
-    for module_name in ("triton.compiler.compiler", "triton._C.libtriton", "triton.runtime.cache"):
-        try:
-            fn = getattr(importlib.import_module(module_name), "get_cache_invalidating_env_vars",
-                         None)
-        except ImportError:
-            continue
-        if fn is not None:
-            return fn
-    return None
-
-
-def buffer_ops_knob() -> BufferOpsKnob:
-    """Inspect the installed Triton's buffer-ops knob (imports triton)."""
-    import triton
-
-    try:
-        from triton import knobs
-    except ImportError:  # Triton < 3.4: no knobs module, only the environment variable
-        knobs = None
-    found = _knob_descriptor(knobs.amd) if knobs is not None and hasattr(knobs, "amd") else None
-    env_var, knob, default, effective = BUFFER_OPS_ENV, None, None, None
-    if found is not None:
-        attr, desc = found
-        env_var = getattr(desc, "key", BUFFER_OPS_ENV)
-        knob = f"triton.knobs.amd.{attr}"
-        default = getattr(desc, "default", None)
-        effective = bool(getattr(knobs.amd, attr))
-    with COMPILE_LOCK.exclusive():
-        in_key = _env_in_cache_key(env_var)
-    return BufferOpsKnob(
-        triton_version=getattr(triton, "__version__", "unknown"),
-        env_var=env_var,
-        knob=knob,
-        default=default,
-        env_value=os.environ.get(env_var),
-        effective=effective,
-        in_cache_key=in_key,
-    )
-
-
-def _env_in_cache_key(env_var: str) -> bool:
-    """Set the variable briefly and see if Triton's cache key would include it (caller holds
-    the lock exclusive)."""
-    fn = _cache_env_fn()
-    if fn is None:
-        return False
-    saved = os.environ.get(env_var)
-    os.environ[env_var] = "0"
-    try:
-        return env_var in fn()
-    finally:
-        if saved is None:
-            del os.environ[env_var]
-        else:
-            os.environ[env_var] = saved
-
-
-@contextlib.contextmanager
-def buffer_ops_off(knob: BufferOpsKnob) -> Iterator[None]:
-    """Compiles inside see buffer ops off, in the knob AND in ``os.environ`` (the cache key).
-
-    Holds :data:`COMPILE_LOCK` exclusive; restores knob, environment and
-    ``knobs.propagate_env`` on exit.
-    """
-    with COMPILE_LOCK.exclusive():
-        if knob.attr is None:
-            saved = os.environ.get(knob.env_var)
-            os.environ[knob.env_var] = "0"
-            try:
-                yield
-            finally:
-                if saved is None:
-                    os.environ.pop(knob.env_var, None)
-                else:
-                    os.environ[knob.env_var] = saved
-            return
-        from triton import knobs
-
-        saved_propagate = knobs.propagate_env
-        knobs.propagate_env = True  # setting the knob then also writes os.environ
-        try:
-            with knobs.amd.scope():
-                setattr(knobs.amd, knob.attr, False)
-                if os.environ.get(knob.env_var) not in ("0", "false", "False"):
-                    raise RuntimeError(
-                        f"setting {knob.knob} = False left {knob.env_var}="
-                        f"{os.environ.get(knob.env_var)!r}: the cache key would not change"
-                    )
-                yield
-        finally:
-            knobs.propagate_env = saved_propagate
-
-
-# --------------------------------------------------------------------------- the hook
 
 
 @dataclass
@@ -329,7 +112,7 @@ class CompileHook:
         buffer-ops-off while the compiler, now, has them on."""
         bound = self.signature.bind_partial(*args, **kwargs)
         given = bound.arguments.get("_env_vars")
-        fn = _cache_env_fn()
+        fn = cache_env_fn()
         if given is None or fn is None:
             return args, kwargs
         env_var = BUFFER_OPS_ENV if self._knob is None else self._knob.env_var
@@ -430,7 +213,6 @@ def _describe_hazard(report: Any) -> str:
             f"state(s), {getattr(h, 'required', '?')} needed")
 
 
-# --------------------------------------------------------------------------- install
 
 
 _install_lock = threading.Lock()
@@ -452,11 +234,13 @@ def install(
     re-binds any site that was reset). Returns the active hook.
 
     Raises:
-        ValueError: ``rule`` is not one of :data:`RULES`.
+        ValueError: ``rule`` is not one of :data:`~.names.RULE_NAMES`.
         ImportError: Triton is not installed.
     """
-    if rule not in RULES:
-        raise ValueError(f"triton_war rule {rule!r} is not valid; accepted: {', '.join(RULES)}")
+    if rule not in RULE_NAMES:
+        raise ValueError(
+            f"triton_war rule {rule!r} is not valid; accepted: {', '.join(RULE_NAMES)}"
+        )
     global _hook
     with _install_lock:
         modules = _modules()
@@ -528,16 +312,3 @@ def bound_sites() -> dict[str, bool]:
     for module_name, module in _modules().items():
         out[f"{module_name}.compile"] = hook is not None and module.compile is hook.wrapper
     return out
-
-
-def describe() -> dict[str, Any]:
-    """JSON-able state of the wrapper in this process (``titan-rocm plan``)."""
-    hook = _hook
-    return {
-        "installed": hook is not None,
-        "rule": hook.config.rule if hook else None,
-        "strict": hook.config.strict if hook else None,
-        "bound": bound_sites(),
-        "buffer_ops_knob": (hook.knob if hook else buffer_ops_knob()).to_dict(),
-        "recompile_passes_env_vars_none": hook.accepts_env_vars if hook else None,
-    }

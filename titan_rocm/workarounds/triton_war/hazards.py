@@ -32,6 +32,7 @@ from titan_rocm.workarounds.triton_war.amdgcn import (
     TextView,
     parse_register,
 )
+from titan_rocm.workarounds.triton_war.names import RULE_NAMES
 
 __all__ = [
     "StoreSite",
@@ -397,7 +398,7 @@ NAIVE = StoreDataRule(
 
 RULES: dict[str, Rule] = {r.name: r for r in (PRECISE, CONSERVATIVE, NAIVE)}
 """Every rule by name."""
-CLI_RULES: tuple[str, ...] = ("precise", "conservative")
+CLI_RULES: tuple[str, ...] = RULE_NAMES
 """Rules offered to users (``naive`` is a benchmark baseline, not a choice)."""
 
 

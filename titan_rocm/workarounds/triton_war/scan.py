@@ -154,11 +154,6 @@ class ScanReport:
         """True when at least one hazardous store was found."""
         return bool(self.hazards)
 
-    @property
-    def kernel_names(self) -> list[str]:
-        """Distinct kernels with a hazard, in order."""
-        return list(dict.fromkeys(h.kernel or "?" for h in self.hazards))
-
 
 def _arch_status(arch: str | None) -> tuple[str, str | None]:
     if arch is None:

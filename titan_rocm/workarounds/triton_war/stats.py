@@ -12,6 +12,7 @@ Light: imports neither torch nor triton.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import sys
@@ -20,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from titan_rocm.workarounds.triton_war.bootstrap import ENV_STATS_DIR
+from titan_rocm.log import log_once
+from titan_rocm.workarounds.triton_war.names import ENV_STATS_DIR
 
-__all__ = ["ENV_STATS_DIR", "Stats", "collect", "local", "record"]
+__all__ = ["Stats", "collect", "local", "record"]
 
 # Outcomes of one compile, each counted once.
 CLEAN = "clean"
@@ -149,16 +151,8 @@ def record(outcome: str, kernel: str, **details: Any) -> None:
                 f.write(line + "\n")
         except OSError as e:
             # Stats must never break a compile; say once per process that they are incomplete.
-            _warn_once(f"titan-rocm: cannot write triton_war stats to {directory!r}: {e}")
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
-        print(message, file=sys.stderr)
+            log_once(f"triton_war-stats:{directory}", logging.WARNING,
+                     "titan-rocm: cannot write triton_war stats to %r: %s", directory, e)
 
 
 def read_file(path: str | os.PathLike[str]) -> Stats:

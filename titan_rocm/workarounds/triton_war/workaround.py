@@ -17,14 +17,15 @@ import time
 from typing import Any
 
 import torch.nn as nn
-from torchtitan.tools.logging import logger
 
-from titan_rocm.converters.base import Workaround
+from titan_rocm.log import log
+from titan_rocm.workarounds.base import Context, Workaround
 from titan_rocm.workarounds.triton_war import bootstrap, cache_tag, stats
+from titan_rocm.workarounds.triton_war.names import ENV_ENABLE, ENV_STATS_DIR
 
 WORKER_REACH = (
     "sitecustomize: titan-rocm's _boot directory first on sys.path/PYTHONPATH, gated by "
-    f"{bootstrap.ENV_ENABLE}=1; installs the wrapper when a child imports triton"
+    f"{ENV_ENABLE}=1; installs the wrapper when a child imports triton"
 )
 STATS_EVERY_S = 60.0
 """post_optimizer_hook reads the workers' stats at most this often."""
@@ -49,7 +50,7 @@ class TritonWar(Workaround):
 
     name = "triton_war"
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self.exported: dict[str, str] = {}
         self.tag: str | None = None
@@ -69,16 +70,15 @@ class TritonWar(Workaround):
         """``[rocm] triton_war_strict``."""
         return bool(self.ctx.settings.triton_war_strict)
 
-    def require(self) -> None:
+    def unmet(self) -> str | None:
         if _triton_missing():
-            raise ValueError(
-                '[rocm] triton_war = "on" needs Triton, and "import triton" finds no module '
-                "(install pytorch-triton-rocm on ROCm, or triton)"
+            return (
+                'Triton is not installed ("import triton" finds no module; install '
+                "pytorch-triton-rocm on ROCm, or triton): no Triton kernels to scan"
             )
+        return None
 
     def check(self, model: nn.Module) -> str | None:
-        if _triton_missing():
-            return "Triton is not installed: no Triton kernels to scan"
         if self.mode == "auto":
             platform = self.ctx.platform
             arch = platform.arch
@@ -90,13 +90,13 @@ class TritonWar(Workaround):
         return None
 
     def apply(self, model: nn.Module) -> None:
-        if getattr(self.ctx, "planning", False):
+        if self.ctx.planning:
             self.dry_run = True  # plan: no wrapper, no environment, no stats directory
             return
         from titan_rocm.workarounds.triton_war import compile_hook
 
         compile_hook.install(rule=self.rule, strict=self.strict)
-        stats_dir = os.environ.get(bootstrap.ENV_STATS_DIR)
+        stats_dir = os.environ.get(ENV_STATS_DIR)
         if stats_dir:
             os.makedirs(stats_dir, exist_ok=True)
         else:
@@ -106,12 +106,12 @@ class TritonWar(Workaround):
             self.tag = cache_tag.apply(self.rule)
         except RuntimeError as e:
             self.tag_error = str(e)
-            logger.error(f"titan-rocm: {e}")
+            log.error("titan-rocm: %s", e)
         self.workers_restarted = restart_compile_workers()
-        logger.info(
-            f"titan-rocm: triton_war wrapper installed (rule {self.rule}, strict {self.strict}); "
-            f"compile workers install it via sitecustomize; stats in {stats_dir}"
-            + ("; restarted the running compile-worker pool" if self.workers_restarted else "")
+        log.info(
+            "titan-rocm: triton_war wrapper installed (rule %s, strict %s); compile workers "
+            "install it via sitecustomize; stats in %s%s", self.rule, self.strict, stats_dir,
+            "; restarted the running compile-worker pool" if self.workers_restarted else "",
         )
 
     def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
@@ -125,20 +125,20 @@ class TritonWar(Workaround):
         try:
             merged = stats.collect()
         except OSError as e:
-            logger.error(f"titan-rocm: cannot read triton_war stats: {e}")
+            log.error("titan-rocm: cannot read triton_war stats: %s", e)
             return
         new = [k for k in merged.names.get(stats.RESIDUAL, []) if k not in self._reported_residual]
         if new:
             self._reported_residual.update(new)
-            logger.error(
+            log.error(
                 "titan-rocm: Triton kernel(s) keep the buffer-store data hazard (outputs may be "
-                f"corrupt): {', '.join(new)}; see the compile-worker logs for details"
+                "corrupt): %s; see the compile-worker logs for details", ", ".join(new),
             )
         if first:
-            logger.info(
-                f"titan-rocm: triton_war after the first step: {merged.compiled} compiles in "
-                f"{merged.processes} process(es), {merged.scanned} scanned, {merged.patched} "
-                f"patched, {merged.residual} residual"
+            log.info(
+                "titan-rocm: triton_war after the first step: %d compiles in %d process(es), "
+                "%d scanned, %d patched, %d residual", merged.compiled, merged.processes,
+                merged.scanned, merged.patched, merged.residual,
             )
 
     def plan(self, model: nn.Module) -> dict[str, Any]:
@@ -149,10 +149,10 @@ class TritonWar(Workaround):
         }
         if _triton_missing():
             return details
-        from titan_rocm.workarounds.triton_war import compile_hook
+        from titan_rocm.workarounds.triton_war import buffer_ops, compile_hook
 
         try:
-            details["buffer_ops_knob"] = compile_hook.buffer_ops_knob().to_dict()
+            details["buffer_ops_knob"] = buffer_ops.buffer_ops_knob().to_dict()
         except Exception as e:  # plan must still print; say what failed
             details["buffer_ops_knob"] = f"cannot inspect Triton: {e!r}"
         if self.dry_run:

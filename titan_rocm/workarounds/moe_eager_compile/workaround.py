@@ -13,113 +13,38 @@ that:
 - compiles each dense block whole, ``torch.compile(block, backend=<[compile] backend>,
   fullgraph=True)`` (an activation-checkpoint wrapper is compiled with its block, as stock);
 - leaves each block with ``moe_enabled`` fully eager: its ``forward`` is wrapped in
-  ``torch.compiler.disable`` so nothing traces it, and counted (:data:`EAGER_FORWARD_CALLS`);
+  ``torch.compiler.disable`` so nothing traces it, and counted
+  (:data:`~titan_rocm.workarounds.moe_blocks.EAGER_FORWARD_CALLS`);
 - is idempotent: pipeline parallelism calls it once per stage, and a block already compiled
   or already made eager is left alone.
 
-:func:`block_decision` decides per block; both the compile and ``titan-rocm plan`` use it.
+:func:`~titan_rocm.workarounds.moe_blocks.block_decision` decides per block; both the
+compile and ``titan-rocm plan`` use it.
 """
 
 from __future__ import annotations
 
 import inspect
-import types
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn as nn
-from torch._dynamo.eval_frame import OptimizedModule
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-from torchtitan.tools.logging import logger
 
-from titan_rocm.converters.base import Context, Workaround
-
-FULLGRAPH = "fullgraph"
-EAGER_MOE = "eager (MoE)"
+from titan_rocm.log import log
+from titan_rocm.workarounds.base import Context, Workaround
+from titan_rocm.workarounds.moe_blocks import (
+    FULLGRAPH,
+    block_decision,
+    eager_forward_calls,
+    has_moe_blocks,
+    is_compiled,
+    make_eager,
+    plan_blocks,
+)
 
 PATCHED_ATTR = "titan_rocm_mixed_compile"
 """Set on the replacement ``apply_compile``; its value is the function it replaced."""
-EAGER_ATTR = "_titan_rocm_eager_layer"
-"""Set on an MoE block made eager (the module itself): its layer id."""
-
-EAGER_FORWARD_CALLS: Counter[str] = Counter()
-"""How many times each MoE block's eager forward ran, by layer id (all models in the process)."""
-
-
-def wrapper_chain(block: nn.Module) -> list[nn.Module]:
-    """``block`` and the modules inside its compile (``OptimizedModule``) and AC
-    (``CheckpointWrapper``) wrappers, outermost first; the last is the TransformerBlock."""
-    chain = [block]
-    while True:
-        if isinstance(block, OptimizedModule):
-            block = block._orig_mod
-        elif isinstance(block, CheckpointWrapper):
-            block = block._checkpoint_wrapped_module
-        else:
-            return chain
-        chain.append(block)
-
-
-def unwrap_block(block: nn.Module) -> nn.Module:
-    """The TransformerBlock inside compile and AC wrappers."""
-    return wrapper_chain(block)[-1]
-
-
-def is_compiled(block: nn.Module) -> bool:
-    """``block`` is, or wraps, a ``torch.compile``d module."""
-    return any(isinstance(m, OptimizedModule) for m in wrapper_chain(block))
-
-
-def block_decision(block: nn.Module) -> str:
-    """``"fullgraph"`` for a dense block, ``"eager (MoE)"`` for a block with ``moe_enabled``."""
-    return EAGER_MOE if getattr(unwrap_block(block), "moe_enabled", False) else FULLGRAPH
-
-
-def plan_blocks(model: nn.Module) -> dict[str, str]:
-    """:func:`block_decision` of every block in ``model.layers``, by layer id."""
-    layers = getattr(model, "layers", None)
-    if layers is None:
-        return {}
-    return {layer_id: block_decision(block) for layer_id, block in layers.named_children()}
-
-
-def has_moe_blocks(model: nn.Module) -> bool:
-    """Some block of ``model.layers`` has ``moe_enabled``."""
-    return EAGER_MOE in plan_blocks(model).values()
-
-
-@torch.compiler.disable
-def _eager_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """The forward of an MoE block made eager: counted, then the class's own forward."""
-    # Counted before the block runs: code inside it (the experts) can see it is in one.
-    EAGER_FORWARD_CALLS[self.__dict__[EAGER_ATTR]] += 1
-    return type(self).forward(self, *args, **kwargs)
-
-
-def eager_layer_id(block: nn.Module) -> str | None:
-    """The layer id of ``block`` (or a module in its wrapper chain) made eager, else None."""
-    for module in wrapper_chain(block):
-        layer_id = module.__dict__.get(EAGER_ATTR)
-        if layer_id is not None:
-            return layer_id
-    return None
-
-
-def make_eager(block: nn.Module, layer_id: str) -> bool:
-    """Keep ``block`` out of every trace and count its forwards; False if already done.
-
-    Wraps the outermost module (the AC wrapper, when there is one) so the checkpointed
-    region stays eager as a whole; FSDP's hooks still run, they live in ``__call__``. The
-    instance's ``forward`` is a bound method, so ``copy.deepcopy`` rebinds it to the copy.
-    """
-    if eager_layer_id(block) is not None:
-        return False
-    block.__dict__[EAGER_ATTR] = layer_id
-    # Instance attribute: nn.Module.__call__ calls self.forward.
-    block.forward = types.MethodType(_eager_forward, block)
-    return True
 
 
 def compile_blocks(model: nn.Module, backend: str) -> dict[str, str]:
@@ -159,9 +84,9 @@ def make_mixed_apply_compile(original: Callable[..., Any]) -> Callable[..., None
             torch._dynamo.config.capture_scalar_outputs = True
         done = compile_blocks(model, compile_config.backend)
         dense = sum(1 for d in done.values() if d.startswith(FULLGRAPH))
-        logger.info(
-            f"titan-rocm: compiled {dense} dense TransformerBlocks with fullgraph "
-            f"(backend {compile_config.backend!r}); {len(done) - dense} MoE blocks stay eager"
+        log.info(
+            "titan-rocm: compiled %d dense TransformerBlocks with fullgraph (backend %r); "
+            "%d MoE blocks stay eager", dense, compile_config.backend, len(done) - dense,
         )
 
     setattr(apply_compile, PATCHED_ATTR, original)
@@ -197,11 +122,6 @@ def restore_apply_compile(parallelize_fn: Callable[..., Any]) -> bool:
     return True
 
 
-def eager_forward_calls() -> dict[str, int]:
-    """:data:`EAGER_FORWARD_CALLS` as a plain dict (layer id -> eager forwards)."""
-    return dict(EAGER_FORWARD_CALLS)
-
-
 class MoEEagerCompile(Workaround):
     """Replaces the model's ``apply_compile``: dense blocks fullgraph, MoE blocks eager."""
 
@@ -212,13 +132,8 @@ class MoEEagerCompile(Workaround):
         self._patched: str | None = None
         self._logged_counts = False
 
-    def _parallelize_fn(self) -> Callable[..., Any]:
-        from torchtitan.protocols.train_spec import get_train_spec
-
-        return get_train_spec(self.ctx.job_config.model.name).parallelize_fn
-
     def check(self, model: nn.Module) -> str | None:
-        if not self.ctx.compile_enabled:
+        if not self.ctx.compile.model:
             return (
                 "compile disabled ([compile] enable = false or \"model\" not in "
                 "[compile] components)"
@@ -227,10 +142,9 @@ class MoEEagerCompile(Workaround):
             return "model has no .layers of TransformerBlocks"
         if not has_moe_blocks(model):
             return "model has no MoE blocks"
-        try:
-            parallelize_fn = self._parallelize_fn()
-        except ValueError as exc:
-            return f"no TorchTitan train spec for this model: {exc}"
+        parallelize_fn = self.ctx.parallelize_fn
+        if parallelize_fn is None:
+            return f"{self.ctx.framework} gives no parallelize function for this model"
         if "apply_compile" not in parallelize_fn.__globals__:
             return (
                 f"{parallelize_fn.__module__} has no apply_compile to replace "
@@ -239,16 +153,16 @@ class MoEEagerCompile(Workaround):
         return None
 
     def apply(self, model: nn.Module) -> None:
-        self._patched = patch_apply_compile(self._parallelize_fn())
-        logger.info(f"titan-rocm: replaced {self._patched} (dense fullgraph, MoE eager)")
+        assert self.ctx.parallelize_fn is not None  # check() made sure
+        self._patched = patch_apply_compile(self.ctx.parallelize_fn)
+        log.info("titan-rocm: replaced %s (dense fullgraph, MoE eager)", self._patched)
 
     def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
         # One line after the first step proves from the run log that MoE blocks ran eager.
         if not self._logged_counts:
             self._logged_counts = True
-            logger.info(
-                f"titan-rocm: eager MoE block forwards after step 1: {eager_forward_calls()}"
-            )
+            log.info("titan-rocm: eager MoE block forwards after step 1: %s",
+                     eager_forward_calls())
 
     def plan(self, model: nn.Module) -> dict[str, Any]:
         if self._patched is None:

@@ -12,8 +12,9 @@ from torch._dynamo.eval_frame import OptimizedModule
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torchtitan.protocols.train_spec import get_train_spec
 
-from titan_rocm.workarounds import moe_compile
-from titan_rocm.workarounds.moe_compile import EAGER_MOE, FULLGRAPH
+from titan_rocm.workarounds import moe_blocks
+from titan_rocm.workarounds.moe_blocks import EAGER_MOE, FULLGRAPH
+from titan_rocm.workarounds.moe_eager_compile import workaround as moe_eager_compile
 
 ON = ("--model.converters", "rocm.moe_eager_compile", "--rocm.moe_eager_compile", "on")
 COMPILE = ("--compile.enable",)
@@ -45,10 +46,10 @@ def _assert_mixed(model: nn.Module, expected: dict[str, str], ac: bool) -> None:
             inner = block._orig_mod
             assert isinstance(inner, CheckpointWrapper) is ac, layer_id
         else:
-            assert not moe_compile.is_compiled(block), layer_id
+            assert not moe_blocks.is_compiled(block), layer_id
             assert isinstance(block, CheckpointWrapper) is ac, layer_id
-            assert moe_compile.eager_layer_id(block) == layer_id
-            assert moe_compile.unwrap_block(block).moe_enabled
+            assert moe_blocks.eager_layer_id(block) == layer_id
+            assert moe_blocks.unwrap_block(block).moe_enabled
 
 
 def test_llama3_is_skipped_no_moe_blocks():
@@ -58,7 +59,7 @@ def test_llama3_is_skipped_no_moe_blocks():
     assert not decision.applied
     assert decision.reason == "model has no MoE blocks"
     stock = get_train_spec("llama3").parallelize_fn.__globals__["apply_compile"]
-    assert not hasattr(stock, moe_compile.PATCHED_ATTR)
+    assert not hasattr(stock, moe_eager_compile.PATCHED_ATTR)
 
 
 def test_skipped_when_compile_disabled():
@@ -101,7 +102,7 @@ def test_parallelize_compiles_dense_fullgraph_and_leaves_moe_eager(name, flavor,
     _parallelize(job, model)
     _assert_mixed(model, expected, ac)
     # The plan reads through the wrappers: same decisions after compile and AC.
-    assert moe_compile.plan_blocks(model) == expected
+    assert moe_blocks.plan_blocks(model) == expected
 
 
 def test_deepseek_plan_shows_first_block_dense():
@@ -123,7 +124,7 @@ def test_second_apply_compile_call_changes_nothing():
     after = dict(model.layers.named_children())
     assert all(after[k] is before[k] for k in before)
     assert all(after[k].forward is forwards[k] for k in before)
-    done = moe_compile.compile_blocks(model, "inductor")
+    done = moe_eager_compile.compile_blocks(model, "inductor")
     assert all(d.endswith("(already)") for d in done.values())
 
 
@@ -136,8 +137,8 @@ def test_converting_twice_patches_once():
     convert(job, build_meta(job))
     second = parallelize_fn.__globals__["apply_compile"]
     assert second is first
-    assert getattr(second, moe_compile.PATCHED_ATTR) is stock
-    assert moe_compile.restore_apply_compile(parallelize_fn)
+    assert getattr(second, moe_eager_compile.PATCHED_ATTR) is stock
+    assert moe_eager_compile.restore_apply_compile(parallelize_fn)
     assert parallelize_fn.__globals__["apply_compile"] is stock
 
 
@@ -147,27 +148,27 @@ def test_patch_reaches_modules_that_import_apply_compile_by_name():
         job = _job(name, flavor, *COMPILE, *ON)
         convert(job, build_meta(job))
         patched = get_train_spec(name).parallelize_fn.__globals__["apply_compile"]
-        assert hasattr(patched, moe_compile.PATCHED_ATTR), name
+        assert hasattr(patched, moe_eager_compile.PATCHED_ATTR), name
     llama4_globals = get_train_spec("llama4").parallelize_fn.__globals__
-    assert not hasattr(llama4_globals["apply_compile"], moe_compile.PATCHED_ATTR)
+    assert not hasattr(llama4_globals["apply_compile"], moe_eager_compile.PATCHED_ATTR)
 
 
 def test_both_signatures_and_capture_scalar_outputs():
     llama3 = get_train_spec("llama3").parallelize_fn
     llama4 = get_train_spec("llama4").parallelize_fn
-    moe_compile.patch_apply_compile(llama3)
-    moe_compile.patch_apply_compile(llama4)
+    moe_eager_compile.patch_apply_compile(llama3)
+    moe_eager_compile.patch_apply_compile(llama4)
     job = _job("llama4", "debugmodel", *COMPILE, *NO_AC)
 
     torch._dynamo.config.capture_scalar_outputs = False
     model = build_meta(job)
     llama3.__globals__["apply_compile"](model, job.compile)  # llama3: (model, compile_config)
-    _assert_mixed(model, moe_compile.plan_blocks(model), ac=False)
+    _assert_mixed(model, moe_blocks.plan_blocks(model), ac=False)
     assert torch._dynamo.config.capture_scalar_outputs is False
 
     model = build_meta(job)
     llama4.__globals__["apply_compile"](model, job.compile, True)  # + ep_enabled
-    _assert_mixed(model, moe_compile.plan_blocks(model), ac=False)
+    _assert_mixed(model, moe_blocks.plan_blocks(model), ac=False)
     assert torch._dynamo.config.capture_scalar_outputs is True
 
 
@@ -181,11 +182,11 @@ def test_block_decision_sees_through_wrappers():
         def forward(self, x):
             return self.lin(x)
 
-    assert moe_compile.block_decision(Block(False)) == FULLGRAPH
-    assert moe_compile.block_decision(CheckpointWrapper(Block(True))) == EAGER_MOE
+    assert moe_blocks.block_decision(Block(False)) == FULLGRAPH
+    assert moe_blocks.block_decision(CheckpointWrapper(Block(True))) == EAGER_MOE
     wrapped = torch.compile(CheckpointWrapper(Block(True)), backend="eager")
-    assert moe_compile.block_decision(wrapped) == EAGER_MOE
-    assert moe_compile.block_decision(nn.Linear(2, 2)) == FULLGRAPH  # no moe_enabled: dense
+    assert moe_blocks.block_decision(wrapped) == EAGER_MOE
+    assert moe_blocks.block_decision(nn.Linear(2, 2)) == FULLGRAPH  # no moe_enabled: dense
 
 
 def test_eager_block_is_never_traced_and_is_counted():
@@ -202,8 +203,8 @@ def test_eager_block_is_never_traced_and_is_counted():
             return self.lin(x)
 
     block = Block()
-    assert moe_compile.make_eager(block, "7")
-    assert not moe_compile.make_eager(block, "7")  # idempotent
+    assert moe_blocks.make_eager(block, "7")
+    assert not moe_blocks.make_eager(block, "7")  # idempotent
 
     @torch.compile(backend="eager")
     def outer(x):
@@ -213,7 +214,7 @@ def test_eager_block_is_never_traced_and_is_counted():
     for _ in range(3):
         torch.testing.assert_close(outer(x), block.lin(x * 2) + 1)
     assert block.compiling == [False] * 3
-    assert moe_compile.eager_forward_calls() == {"7": 3}
+    assert moe_blocks.eager_forward_calls() == {"7": 3}
 
     # A deep copy runs its own weights, still eager and counted.
     twin = copy.deepcopy(block)
@@ -221,7 +222,7 @@ def test_eager_block_is_never_traced_and_is_counted():
         twin.lin.weight.zero_()
         twin.lin.bias.fill_(1.0)
     torch.testing.assert_close(twin(x), torch.ones(3, 4))
-    assert moe_compile.eager_forward_calls() == {"7": 4}
+    assert moe_blocks.eager_forward_calls() == {"7": 4}
 
 
 def test_gpt_oss_parallelize_has_no_apply_compile():

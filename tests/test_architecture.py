@@ -1,0 +1,150 @@
+"""The import graph keeps the shape docs/architecture.md draws: no circles, adapters above
+workarounds, workarounds on their own base, tools beside them.
+
+Read from the source with ``ast`` (nothing is imported), every import statement counted,
+those inside functions too; only ``if TYPE_CHECKING:`` blocks are left out.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "titan_rocm"
+
+# The floors, lowest first. A module may import its own floor and those below.
+FACTS = ("titan_rocm.archs", "titan_rocm.platform", "titan_rocm.settings", "titan_rocm.log",
+         "titan_rocm.guard_message", "titan_rocm._after_import")
+WORKAROUNDS = "titan_rocm.workarounds"
+SHARED_WORKAROUND_MODULES = {
+    f"{WORKAROUNDS}.base", f"{WORKAROUNDS}.registry", f"{WORKAROUNDS}.moe_blocks",
+}
+TOOLS = ("titan_rocm.logs", "titan_rocm.gemm_tables")
+FORBIDDEN_IN_WORKAROUNDS = ("torchtitan.config", "titan_rocm.converters", "titan_rocm.config",
+                            "titan_rocm.plan", "titan_rocm.cli", "titan_rocm.logs",
+                            "titan_rocm.job_args", "titan_rocm.train")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(name: str) -> set[str]:
+    """Every module ``name`` imports (titan_rocm modules resolved, others as written)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if candidate in MODULES else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    found.discard(name)
+    return found
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+
+
+def internal(name: str) -> set[str]:
+    return {m for m in GRAPH[name] if m in MODULES}
+
+
+def workaround_of(name: str) -> str | None:
+    """The workaround package (or module) ``name`` belongs to; None for shared modules."""
+    if not name.startswith(WORKAROUNDS + ".") or name in SHARED_WORKAROUND_MODULES:
+        return None
+    return ".".join(name.split(".")[:3])
+
+
+def test_the_graph_was_read() -> None:
+    assert "titan_rocm.workarounds.base" in GRAPH["titan_rocm.converters.converter"]
+    assert len(MODULES) > 40
+
+
+def test_no_import_circle() -> None:
+    # Tarjan's strongly connected components over titan_rocm's own modules.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(internal(v)):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            connect(v)
+    assert circles == []
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if m.startswith(WORKAROUNDS)])
+def test_workarounds_stand_on_their_own_base(name: str) -> None:
+    bad = sorted(m for m in GRAPH[name]
+                 for f in FORBIDDEN_IN_WORKAROUNDS if m == f or m.startswith(f + "."))
+    assert bad == [], f"{name} imports {bad}"
+    mine = workaround_of(name)
+    others = sorted(m for m in internal(name)
+                    if workaround_of(m) is not None and workaround_of(m) != mine)
+    assert others == [], f"{name} reads another workaround's internals: {others}"
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if m in FACTS])
+def test_platform_facts_import_nothing_above_them(name: str) -> None:
+    assert sorted(m for m in internal(name) if m not in FACTS) == []
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if m.startswith(TOOLS)])
+def test_tools_do_not_reach_into_workarounds_or_adapters(name: str) -> None:
+    above = sorted(m for m in internal(name)
+                   if m.startswith((WORKAROUNDS, "titan_rocm.converters", "titan_rocm.plan")))
+    assert above == [], f"{name} imports {above}"

@@ -1,0 +1,137 @@
+"""titan-rocm's settings: the ``[rocm]`` section, the same for every TorchTitan version.
+
+:class:`RocmSettings` is a plain dataclass. TorchTitan 0.2.2 parses it as the ``[rocm]``
+TOML section and the ``--rocm.<field>`` flags (:mod:`titan_rocm.config` merges it into its
+``JobConfig``); other front ends fill it their own way. Every accepted value of a field is
+written once, in its ``Literal`` annotation: validation, the docs' choices and the workers'
+environment checks all derive from it (:func:`choices`).
+"""
+
+import typing
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+Mode = Literal["auto", "on", "off"]
+"""A workaround's mode: ``on`` requires it (start-up fails, naming what is missing), ``auto``
+applies it where its preconditions hold and otherwise logs once why not, ``off`` does nothing."""
+HazardRule = Literal["precise", "conservative"]
+"""The buffer-store hazard rule offered to users (docs/triton-buffer-store-hazard.md)."""
+DivergenceCheck = Literal["log_steps", "every_step"]
+"""When the divergence guard reads its device-side record."""
+DocumentMasks = Literal["keep", "drop"]
+"""What MLA on aiter does with per-document (``block_causal``) attention masks."""
+
+MODES: tuple[str, ...] = typing.get_args(Mode)
+
+
+@dataclass
+class RocmSettings:
+    """titan-rocm settings (the ``[rocm]`` TOML section). Every default does the right thing.
+
+    Each workaround has a mode: ``auto`` applies it on ROCm when its preconditions hold,
+    ``on`` applies it on any platform (for testing on CUDA/CPU), ``off`` never applies it.
+    """
+
+    precision_casts: Mode = "auto"
+    """Set Inductor's emulate_precision_casts before anything compiles."""
+    moe_eager_compile: Mode = "auto"
+    """Compile dense TransformerBlocks whole (fullgraph); leave MoE blocks eager."""
+    grouped_mm: Mode = "auto"
+    """Bind the MoE grouped-MM function of the live model to ``grouped_mm_backend``."""
+    grouped_mm_backend: str = "auto"
+    """Grouped-MM backend: auto, torch, loop, primus_turbo, or a name registered with
+    ``titan_rocm.workarounds.grouped_mm.register_backend``."""
+    triton_war: Mode = "auto"
+    """Scan each HIP kernel for the buffer-store data hazard (a write-after-read, "WAR",
+    hazard on the store's data registers); recompile hazardous ones with buffer ops off."""
+    triton_war_rule: HazardRule = "precise"
+    """Hazard rule: precise (LLVM's wait-state window) or conservative (2 wait states
+    for every soffset)."""
+    triton_war_strict: bool = False
+    """Raise instead of logging an error when a hazardous kernel cannot be fixed."""
+    mla_ck_backward: Mode = "auto"
+    """DeepSeek MLA attention on aiter; backward for q/k 192, v 128 to CK on gfx942."""
+    mla_document_masks: DocumentMasks = "keep"
+    """FlexAttention flavors with per-document (block_causal) masks: keep them (the model's
+    attention is then not replaced) or drop them (aiter's plain causal kernel: tokens attend
+    across document boundaries)."""
+    divergence_guard: Mode = "auto"
+    """Stop training at the first non-finite loss or grad norm (auto = every platform)."""
+    divergence_check: DivergenceCheck = "log_steps"
+    """When the guard reads its device-side record: at TorchTitan's log steps and the end
+    of training (no extra host sync), or every step (one sync per step)."""
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+def choices(annotation: Any) -> tuple[str, ...] | None:
+    """The accepted values of a ``Literal`` annotation (None for any other type)."""
+    if typing.get_origin(annotation) is Literal:
+        return tuple(typing.get_args(annotation))
+    return None
+
+
+def mode_fields() -> tuple[str, ...]:
+    """Names of the per-workaround mode fields, in declaration order."""
+    return tuple(f.name for f in fields(RocmSettings) if f.type is Mode)
+
+
+def validate(settings: RocmSettings) -> None:
+    """Check every ``[rocm]`` value.
+
+    Raises:
+        ValueError: naming the key, the bad value and the accepted values.
+    """
+    for f in fields(settings):
+        value = getattr(settings, f.name)
+        accepted = choices(f.type)
+        if accepted is not None:
+            if value not in accepted:
+                raise ValueError(
+                    f"[rocm] {f.name} = {value!r} is not valid; accepted: {', '.join(accepted)}"
+                )
+        elif f.type is bool:
+            if not isinstance(value, bool):
+                raise ValueError(
+                    f"[rocm] {f.name} = {value!r} is not valid; accepted: true, false"
+                )
+        elif f.type is str:
+            if not isinstance(value, str) or not value:
+                raise ValueError(
+                    f"[rocm] {f.name} = {value!r} is not valid; accepted: a non-empty string"
+                )
+
+
+def check_section(section: Any) -> RocmSettings:
+    """Validate a raw ``[rocm]`` table from a TOML file (unknown keys included).
+
+    TorchTitan reports unknown keys without listing the accepted ones; titan-rocm's own
+    entry points call this first for a clearer message.
+
+    Raises:
+        ValueError: naming the key or value and what is accepted.
+    """
+    if not isinstance(section, dict):
+        raise ValueError(f"[rocm] must be a table of settings, got {section!r}")
+    known = [f.name for f in fields(RocmSettings)]
+    for key in section:
+        if key not in known:
+            raise ValueError(f"[rocm] has unknown key {key!r}; accepted keys: {', '.join(known)}")
+    return RocmSettings(**section)
+
+
+def coerce(settings: Any) -> RocmSettings:
+    """``RocmSettings`` from what a front end parsed: the dataclass itself (validated), a
+    dict (a raw ``[rocm]`` table), or None (defaults); any other object is read field by
+    field (a dataclass of another extension that also defines these fields)."""
+    if settings is None:
+        return RocmSettings()
+    if isinstance(settings, RocmSettings):
+        validate(settings)
+        return settings
+    if isinstance(settings, dict):
+        return check_section(settings)
+    values = {f.name: getattr(settings, f.name) for f in fields(RocmSettings)
+              if hasattr(settings, f.name)}
+    return RocmSettings(**values)

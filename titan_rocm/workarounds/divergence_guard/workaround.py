@@ -1,0 +1,59 @@
+"""The ``rocm.divergence_guard`` workaround: install the guard's TorchTitan 0.2.2 hooks around
+one :class:`~.monitor.Monitor`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn as nn
+
+from titan_rocm.workarounds.base import Context, Workaround
+from titan_rocm.workarounds.divergence_guard import hooks
+from titan_rocm.workarounds.divergence_guard.monitor import (
+    INJECT_RANK_ENV,
+    INJECT_STEP_ENV,
+    Injection,
+    Monitor,
+)
+
+
+class DivergenceGuard(Workaround):
+    """Stops training at the first non-finite loss or grad norm, on every rank."""
+
+    name = "divergence_guard"
+    needs_rocm = False
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        # Read (and validate) the test hook at converter init, so a typo fails at start-up.
+        self.injection = Injection.from_env()
+        self.monitor: Monitor | None = None
+
+    def apply(self, model: nn.Module) -> None:
+        self.monitor = Monitor(self.ctx.settings.divergence_check, self.injection)
+        hooks.install(self.monitor)
+
+    def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
+        if self.monitor is not None:
+            self.monitor.on_step_end()
+
+    def plan(self, model: nn.Module) -> dict[str, Any]:
+        check = self.ctx.settings.divergence_check
+        details: dict[str, Any] = {
+            "check": check,
+            "checked_at": (
+                "every optimizer step (one device sync per step)"
+                if check == "every_step"
+                else "log steps, checkpoint saves and the end of training (no extra sync)"
+            ),
+            "observes": [
+                "torchtitan.components.loss.cross_entropy_loss (each micro-batch's loss)",
+                "torchtitan.distributed.utils.clip_grad_norm_ (the step's grad norm)",
+            ],
+        }
+        if self.injection is not None:
+            details["test_hook"] = {
+                INJECT_STEP_ENV: self.injection.step,
+                INJECT_RANK_ENV: self.injection.rank,
+            }
+        return details

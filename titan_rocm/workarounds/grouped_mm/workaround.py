@@ -1,0 +1,126 @@
+"""``rocm.grouped_mm``: point the live model's MoE experts at a chosen grouped-MM backend.
+
+The binding machinery is :mod:`.binding`; the backends and their registry :mod:`.backends`;
+whether the bound function runs compiled :mod:`.experts_compile`. Docs: docs/grouped-mm.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch.nn as nn
+
+from titan_rocm.log import log
+from titan_rocm.workarounds.base import Context, Workaround
+from titan_rocm.workarounds.grouped_mm.backends import (
+    AUTO,
+    backend_names,
+    primus_turbo_status,
+    resolve,
+    validate_name,
+)
+from titan_rocm.workarounds.grouped_mm.binding import (
+    bind,
+    call_counts,
+    find_gpt_oss_experts,
+    find_grouped_experts,
+    layer_backends,
+)
+from titan_rocm.workarounds.grouped_mm.experts_compile import CompileRequest, static_reason
+
+QUANTIZED_EXPERTS_CONVERTERS = ("quantize.grouped_mm.float8", "quantize.grouped_mm.mx")
+"""TorchTitan converters that quantize the experts by swapping their weights for torchao
+tensors that intercept ``torch._grouped_mm``: only the ``torch`` backend goes through it."""
+
+
+def quantized_experts_converters(converters: Sequence[str]) -> list[str]:
+    """Those of the job's ``converters`` that quantize the MoE experts."""
+    return [name for name in converters if name in QUANTIZED_EXPERTS_CONVERTERS]
+
+
+class GroupedMMBinding(Workaround):
+    """Binds the MoE experts' ``_run_experts_grouped_mm`` to ``[rocm] grouped_mm_backend``."""
+
+    name = "grouped_mm"
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self.requested = ctx.settings.grouped_mm_backend
+        validate_name(self.requested)  # ValueError names the value and accepted names
+        self.backend, self.why = resolve(self.requested, ctx.platform.is_rocm)
+        quantized = quantized_experts_converters(ctx.converters)
+        if quantized and self.requested != "torch" and self.mode != "off":
+            self._choose_for_quantized(quantized)
+        self._patched: list[str] = []
+        self._logged_counts = False
+
+    def _choose_for_quantized(self, quantized: list[str]) -> None:
+        names = ", ".join(quantized)
+        if self.requested == AUTO:
+            self.backend, self.why = "torch", f"auto: {names} quantizes through torch._grouped_mm"
+        elif self.requested in ("loop", "primus_turbo"):
+            raise ValueError(
+                f"[rocm] grouped_mm_backend = {self.requested!r} would bypass {names}, which "
+                "quantizes the experts through torch._grouped_mm; accepted with it: torch, auto"
+            )
+        else:
+            log.warning(
+                "titan-rocm: grouped-MM backend %r receives the experts' weights as %s made "
+                "them (torchao tensors); it must handle them itself", self.requested, names,
+            )
+
+    def unmet(self) -> str | None:
+        if self.backend == "primus_turbo":
+            missing = primus_turbo_status()
+            if missing:
+                return f"[rocm] grouped_mm_backend = \"primus_turbo\" cannot be used: {missing}"
+        return None
+
+    def check(self, model: nn.Module) -> str | None:
+        experts = find_grouped_experts(model)
+        if not experts:
+            if find_gpt_oss_experts(model):
+                return "gpt_oss experts have their own grouped-MM function (not covered)"
+            return "model has no MoE blocks"
+        if not any(m.use_grouped_mm for _, m in experts):
+            return (
+                "MoE experts use TorchTitan's for-loop path (moe_args.use_grouped_mm = false; "
+                "TorchTitan sets it on devices below CUDA capability 9.0)"
+            )
+        return None
+
+    def compile_request(self) -> CompileRequest:
+        """How the experts function should run, from the job (after its decisions)."""
+        return CompileRequest.from_context(self.ctx)
+
+    def apply(self, model: nn.Module) -> None:
+        self._patched = bind(model, self.backend, self.compile_request())
+        log.info(
+            "titan-rocm: MoE grouped MM bound to backend %r (%s) in %s",
+            self.backend, self.why, ", ".join(self._patched),
+        )
+
+    def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
+        # One line after the first step proves from the run log which backend really ran.
+        if not self._logged_counts:
+            self._logged_counts = True
+            log.info("titan-rocm: grouped-MM backend calls after step 1: %s", call_counts())
+
+    def plan(self, model: nn.Module) -> dict[str, Any]:
+        request = self.compile_request()
+        reason = static_reason(self.backend, request)
+        return {
+            "requested": self.requested,
+            "backend": self.backend,
+            "why": self.why,
+            "primus_turbo": primus_turbo_status() or "available",
+            "accepted": backend_names(),
+            "bound_in": list(self._patched),
+            "experts_compile": (
+                f"eager: {reason}" if reason is not None else
+                f"compiled with fullgraph (backend {request.backend!r}) at the first call, as "
+                "stock apply_compile compiles TorchTitan's own"
+            ),
+            "layers": layer_backends(model),
+        }
