@@ -67,3 +67,15 @@ def test_launcher_on_the_wrong_torchtitan_exits_2_with_the_sentence(monkeypatch,
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("titan-rocm: python -m titan_rocm.train is for TorchTitan 0.2.x")
+
+
+def test_the_0_3_adapter_on_0_2_raises_the_sentence_at_import():
+    import subprocess
+
+    code = "import titan_rocm.torchtitan"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 1
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("titan_rocm.torchtitan_version.TorchTitanVersionError: "
+                           "titan_rocm.torchtitan (the TorchTitan 0.3.0 adapter) is for "
+                           "TorchTitan 0.3.x, but torchtitan 0.2.2 is installed")

@@ -47,9 +47,15 @@ def unwrap_block(block: nn.Module) -> nn.Module:
     return wrapper_chain(block)[-1]
 
 
+def compiled_in_place(module: nn.Module) -> bool:
+    """``module.compile()`` was called on ``module`` (TorchTitan 0.3.0 compiles blocks so:
+    the module stays itself, ``nn.Module.__call__`` goes through ``_compiled_call_impl``)."""
+    return getattr(module, "_compiled_call_impl", None) is not None
+
+
 def is_compiled(block: nn.Module) -> bool:
-    """``block`` is, or wraps, a ``torch.compile``d module."""
-    return any(isinstance(m, OptimizedModule) for m in wrapper_chain(block))
+    """``block`` is, or wraps, a ``torch.compile``d module (wrapped, or compiled in place)."""
+    return any(isinstance(m, OptimizedModule) or compiled_in_place(m) for m in wrapper_chain(block))
 
 
 def block_decision(block: nn.Module) -> str:
@@ -100,6 +106,51 @@ def make_eager(block: nn.Module, layer_id: str) -> bool:
     # Instance attribute: nn.Module.__call__ calls self.forward.
     block.forward = types.MethodType(_eager_forward, block)
     return True
+
+
+KEEP_EAGER_ATTR = "_titan_rocm_keep_eager"
+"""Set on a TransformerBlock that must run eager whatever compiles it: why (the workaround)."""
+
+
+def mark_eager(block: nn.Module, why: str) -> None:
+    """Ask that ``block`` run eager once its framework has compiled the model.
+
+    For frameworks that compile blocks in place inside the model's parallelize function
+    (TorchTitan 0.3.0): a workaround marks blocks before it runs, the adapter calls
+    :func:`realize_eager_marks` after it. The first reason given is kept.
+    """
+    unwrap_block(block).__dict__.setdefault(KEEP_EAGER_ATTR, why)
+
+
+def eager_mark(block: nn.Module) -> str | None:
+    """Why ``block`` (or the TransformerBlock inside its wrappers) was marked eager, or None."""
+    return unwrap_block(block).__dict__.get(KEEP_EAGER_ATTR)
+
+
+def realize_eager_marks(model: nn.Module) -> dict[str, str]:
+    """Take every marked block of ``model.layers`` out of its compile and make it eager.
+
+    Clears ``_compiled_call_impl`` on every module of the block's wrapper chain (the AC
+    wrapper is what a compile of ``model.layers`` children reaches), then
+    :func:`make_eager` on the outermost. Idempotent (pipeline parallelism parallelizes once
+    per stage).
+
+    Returns:
+        Per marked layer id: why, with ``" (already)"`` when an earlier call did it.
+    """
+    done: dict[str, str] = {}
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        return done
+    for layer_id, block in layers.named_children():
+        why = eager_mark(block)
+        if why is None:
+            continue
+        for module in wrapper_chain(block):
+            if compiled_in_place(module):
+                module._compiled_call_impl = None
+        done[layer_id] = why if make_eager(block, layer_id) else f"{why} (already)"
+    return done
 
 
 def eager_forward_calls() -> dict[str, int]:

@@ -25,7 +25,7 @@ from typing import Any
 import torch.nn as nn
 
 from titan_rocm.log import log
-from titan_rocm.workarounds.base import Context, Workaround
+from titan_rocm.workarounds.base import TORCHTITAN_030, Context, Workaround
 from titan_rocm.workarounds.mla_attention import aiter_api
 from titan_rocm.workarounds.mla_attention.routing import (
     DTYPES,
@@ -37,6 +37,11 @@ from titan_rocm.workarounds.mla_attention.routing import (
 DEEPSEEK_PARALLELIZE = "torchtitan.models.deepseek_v3.infra.parallelize"
 SAC_LIST_NAME = "_op_sac_save_list"
 FORWARD_LABEL = "aiter flash attention (_flash_attn_forward)"
+NOT_ON_030 = (
+    "not wired for TorchTitan 0.3.0 yet: its language models always run per-document masks "
+    "(Flex or Varlen inner_attention configs), and the aiter varlen path that serves them "
+    "(docs/mla-ck-backward.md) is built for 0.2.2 first"
+)
 SDPA_LABEL = "PyTorch SDPA (fallback)"
 
 
@@ -129,6 +134,8 @@ class MLACKBackward(Workaround):
         return None
 
     def check(self, model: nn.Module) -> str | None:
+        if self.ctx.framework == TORCHTITAN_030:
+            return NOT_ON_030
         modules = deepseek_attention_modules(model)
         if not modules:
             return "model has no DeepSeek V3 MLA attention (torchtitan deepseek_v3 Attention)"
@@ -227,6 +234,8 @@ class MLACKBackward(Workaround):
         E.g. ``{"arch": "gfx942", "shape": {"qk": 192, "v": 128}, "backward": "ck (mha_bwd)",
         "modules": 26, ...}``; more shapes (not seen in DeepSeek) go under ``other_shapes``.
         """
+        if self.ctx.framework == TORCHTITAN_030:
+            return {"torchtitan 0.3.0": NOT_ON_030}
         facts = self.ctx.platform
         modules = deepseek_attention_modules(model)
         shapes = Counter(

@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 
 from titan_rocm.log import log
-from titan_rocm.workarounds.base import Context, Workaround
+from titan_rocm.workarounds.base import TORCHTITAN_030, Context, Workaround
 from titan_rocm.workarounds.moe_blocks import (
     FULLGRAPH,
     block_decision,
@@ -42,6 +42,7 @@ from titan_rocm.workarounds.moe_blocks import (
     make_eager,
     plan_blocks,
 )
+from titan_rocm.workarounds.moe_eager_compile import tt030
 
 PATCHED_ATTR = "titan_rocm_mixed_compile"
 """Set on the replacement ``apply_compile``; its value is the function it replaced."""
@@ -154,6 +155,12 @@ class MoEEagerCompile(Workaround):
 
     def apply(self, model: nn.Module) -> None:
         assert self.ctx.parallelize_fn is not None  # check() made sure
+        if self.ctx.framework == TORCHTITAN_030:
+            marked = tt030.mark_moe_blocks(model)
+            self._patched = tt030.SEAM
+            log.info("titan-rocm: MoE blocks %s will run eager (%s)", ", ".join(marked),
+                     tt030.SEAM)
+            return
         self._patched = patch_apply_compile(self.ctx.parallelize_fn)
         log.info("titan-rocm: replaced %s (dense fullgraph, MoE eager)", self._patched)
 
