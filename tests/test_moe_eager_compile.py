@@ -230,3 +230,31 @@ def test_gpt_oss_parallelize_has_no_apply_compile():
     decision = decisions(convert(job, build_meta(job)))["moe_eager_compile"]
     assert not decision.applied
     assert "has no apply_compile" in decision.reason
+
+
+def test_eager_marks_take_in_place_compiled_blocks_out_of_their_compile():
+    """TorchTitan 0.3.0 compiles ``model.layers`` children in place (``nn.Module.compile``),
+    after activation checkpointing: a marked MoE block comes out of it, wrapper included."""
+    class Block(nn.Module):
+        def __init__(self, moe: bool) -> None:
+            super().__init__()
+            self.moe_enabled = moe
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    model = nn.Module()
+    model.layers = nn.ModuleDict({"0": Block(False), "1": Block(True)})
+    moe_blocks.mark_eager(model.layers["1"], "test")
+    model.layers["1"] = CheckpointWrapper(model.layers["1"])  # AC wraps after the mark
+    for block in model.layers.values():
+        block.compile(backend="eager", fullgraph=True)
+    assert moe_blocks.realize_eager_marks(model) == {"1": "test"}
+    assert moe_blocks.realize_eager_marks(model) == {"1": "test (already)"}
+    assert model.layers["0"]._compiled_call_impl is not None
+    assert model.layers["1"]._compiled_call_impl is None
+    assert moe_blocks.is_compiled(model.layers["0"])
+    before = moe_blocks.eager_forward_calls().get("1", 0)
+    model.layers["1"](torch.randn(2, 4))
+    assert moe_blocks.eager_forward_calls()["1"] == before + 1
