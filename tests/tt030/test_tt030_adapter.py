@@ -166,3 +166,35 @@ def test_nan_injection_stops_with_the_first_bad_step_not_the_log_step(cpu_harnes
     assert math.isnan(divergence.grad_norm)  # the injection reached the gradients
     assert isinstance(info.value.__context__, RuntimeError)  # TorchTitan's own error, replaced
     assert "Loss is not finite" in str(info.value.__context__)
+
+
+@pytest.mark.slow
+def test_override_entry_attaches_the_same_workarounds_to_a_stock_trainer(cpu_harness,
+                                                                          monkeypatch):
+    from titan_rocm.workarounds.divergence_guard import DivergenceError, hooks
+    from titan_rocm.workarounds.grouped_mm.backends import reset_calls
+    from titan_rocm.workarounds.grouped_mm.binding import call_counts
+
+    reset_calls()
+    monkeypatch.setenv("TITAN_ROCM_DEBUG_INJECT_NAN_STEP", "2")
+    config = cpu_harness.config(_deepseek(), steps=3)
+    config.metrics.log_freq = 3
+    config.override.imports = [("titan_rocm.torchtitan.override.rocm", {
+        "grouped_mm": "on", "grouped_mm_backend": "loop", "divergence_guard": "on",
+    })]
+    trainer = cpu_harness.build(config)
+    assert type(trainer).__name__ == "Trainer"  # stock class: the seams are on the instance
+    try:
+        with pytest.raises(DivergenceError) as info:
+            cpu_harness.train(trainer)
+    finally:
+        hooks.uninstall()
+    assert info.value.divergence.step == 2
+    assert call_counts()["loop"] >= 2
+
+
+def test_override_entry_rejects_a_bad_setting_when_the_trainer_is_built(cpu_harness):
+    config = cpu_harness.config(_llama3(), steps=1)
+    config.override.imports = [("titan_rocm.torchtitan.override.rocm", {"grouped_mm": "yes"})]
+    with pytest.raises(ValueError, match="grouped_mm = 'yes' is not valid"):
+        cpu_harness.build(config)

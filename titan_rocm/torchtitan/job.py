@@ -37,6 +37,15 @@ from titan_rocm.workarounds.registry import WORKAROUNDS
 
 BY = "rocm (torchtitan 0.3.0)"
 """Who applied the workarounds, in decisions (0.2.2 names the converter)."""
+WRAPPED_ATTR = "titan_rocm_job"
+"""Set on a wrapped parallelize/pipelining function: the :class:`RocmJob` that wrapped it."""
+
+
+def unwrapped(fn: Any) -> Any:
+    """``fn`` without a titan-rocm wrapper (a config reused for a second trainer)."""
+    while getattr(fn, WRAPPED_ATTR, None) is not None:
+        fn = fn.__wrapped__
+    return fn
 
 
 class RocmJob:
@@ -59,6 +68,7 @@ class RocmJob:
         Raises:
             ValueError: a setting is not accepted, or an ``on`` workaround cannot apply.
         """
+        parallelize_fn = unwrapped(parallelize_fn or config.model_spec.parallelize_fn)
         self.ctx = job_context(config, parallel_dims, self.settings, parallelize_fn)
         self.workarounds = JobWorkarounds(self.ctx, self.names)
         self.workarounds.require()
@@ -67,6 +77,8 @@ class RocmJob:
     def wrap_parallelize(self, parallelize_fn: Callable[..., Any]) -> Callable[..., Any]:
         """``parallelize_fn`` with the workarounds applied before, and eager marks realized
         after (pipeline parallelism calls it once per stage)."""
+
+        parallelize_fn = unwrapped(parallelize_fn)
 
         @functools.wraps(parallelize_fn)
         def parallelize(model: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
@@ -79,16 +91,20 @@ class RocmJob:
                          getattr(parallelize_fn, "__name__", "parallelize_fn"), eager)
             return result
 
+        setattr(parallelize, WRAPPED_ATTR, self)
         return parallelize
 
     def wrap_pipelining(self, pipelining_fn: Callable[..., Any]) -> Callable[..., Any]:
         """``pipelining_fn`` with the workarounds applied to the whole model first."""
+
+        pipelining_fn = unwrapped(pipelining_fn)
 
         @functools.wraps(pipelining_fn)
         def pipelining(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
             self.apply(model)
             return pipelining_fn(model, *args, **kwargs)
 
+        setattr(pipelining, WRAPPED_ATTR, self)
         return pipelining
 
     def apply(self, model: nn.Module) -> list[Decision]:
