@@ -520,18 +520,26 @@ def _lane(runs: list[Run], gpu: int, out: Path, logs: Path, environment: dict[st
         print(f"[{run.name}] exit={raw['exit']} wall={raw['wall_s']}s", flush=True)
 
 
-def reanalyse(directory: Path) -> dict[str, Any]:
-    """Recompute the figures from a stored result (summary.json + logs.tar.gz), on any machine."""
+def stored_runs(directory: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """A stored result's summary, and each run's raw result with its log extracted again
+    (runs without a log, such as skipped ones, are left out of the second)."""
     stored = json.loads((directory / "summary.json").read_text())
     tmp = Path(tempfile.mkdtemp(prefix="titan-rocm-reanalyse-"))
     with tarfile.open(directory / "logs.tar.gz") as tar:
         tar.extractall(tmp, filter="data")
-    results = {}
+    raws = {}
     for name, run in stored["runs"].items():
-        raw = {k: run[k] for k in ("name", "exit", "wall_s", "expect_failure",
-                                   "triton_war_stats")}
-        raw["log"] = str(tmp / "logs" / f"{name}.log")
-        results[name] = analyse(raw)
+        if "log" in run:
+            raws[name] = {k: run.get(k) for k in ("name", "exit", "wall_s", "expect_failure",
+                                                  "triton_war_stats")}
+            raws[name]["log"] = str(tmp / "logs" / f"{name}.log")
+    return stored, raws
+
+
+def reanalyse(directory: Path) -> dict[str, Any]:
+    """Recompute the figures from a stored result (summary.json + logs.tar.gz), on any machine."""
+    stored, raws = stored_runs(directory)
+    results = {name: analyse(raw) for name, raw in raws.items()}
     return {"environment": stored["environment"], "figures": figures_of(results),
             "runs": {n: {k: r[k] for k in ("exit", "tps_median", "to_step1_s", "memory_gib",
                                              "reports", "guard_lines")}

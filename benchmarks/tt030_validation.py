@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from gpu_validation import _ratio, analyse  # noqa: E402
+from gpu_validation import _ratio, analyse, stored_runs  # noqa: E402
 
 COMMON = [
     "--dataloader.dataset_path", "./titan_rocm/assets/dataset",
@@ -353,19 +353,9 @@ def write(out: Path, logs: Path, environment: dict[str, Any], probe_result: Any,
 
 def reanalyse(directory: Path) -> dict[str, Any]:
     """Recompute every figure from a stored result, on any machine."""
-    stored = json.loads((directory / "summary.json").read_text())
-    tmp = Path(tempfile.mkdtemp(prefix="titan-rocm-tt030-"))
-    with tarfile.open(directory / "logs.tar.gz") as tar:
-        tar.extractall(tmp, filter="data")
-    results = {}
-    for name, run in stored["runs"].items():
-        if "log" not in run:
-            results[name] = run  # skipped (time budget): nothing to analyse
-            continue
-        raw = {k: run.get(k) for k in ("name", "exit", "wall_s", "expect_failure",
-                                       "triton_war_stats")}
-        raw["log"] = str(tmp / "logs" / f"{name}.log")
-        results[name] = analyse_run(raw)
+    stored, raws = stored_runs(directory)
+    results = {name: analyse_run(raws[name]) if name in raws else run  # skipped: as stored
+               for name, run in stored["runs"].items()}
     return {"environment": stored["environment"],
             "figures": figures(results, stored.get("probe"))}
 

@@ -172,16 +172,19 @@ def test_both_signatures_and_capture_scalar_outputs():
     assert torch._dynamo.config.capture_scalar_outputs is True
 
 
+class Block(nn.Module):
+    """A TransformerBlock stand-in: ``moe_enabled`` and one linear layer."""
+
+    def __init__(self, moe: bool) -> None:
+        super().__init__()
+        self.moe_enabled = moe
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
 def test_block_decision_sees_through_wrappers():
-    class Block(nn.Module):
-        def __init__(self, moe: bool) -> None:
-            super().__init__()
-            self.moe_enabled = moe
-            self.lin = nn.Linear(2, 2)
-
-        def forward(self, x):
-            return self.lin(x)
-
     assert moe_blocks.block_decision(Block(False)) == FULLGRAPH
     assert moe_blocks.block_decision(CheckpointWrapper(Block(True))) == EAGER_MOE
     wrapped = torch.compile(CheckpointWrapper(Block(True)), backend="eager")
@@ -235,15 +238,6 @@ def test_gpt_oss_parallelize_has_no_apply_compile():
 def test_eager_marks_take_in_place_compiled_blocks_out_of_their_compile():
     """TorchTitan 0.3.0 compiles ``model.layers`` children in place (``nn.Module.compile``),
     after activation checkpointing: a marked MoE block comes out of it, wrapper included."""
-    class Block(nn.Module):
-        def __init__(self, moe: bool) -> None:
-            super().__init__()
-            self.moe_enabled = moe
-            self.lin = nn.Linear(4, 4)
-
-        def forward(self, x):
-            return self.lin(x)
-
     model = nn.Module()
     model.layers = nn.ModuleDict({"0": Block(False), "1": Block(True)})
     moe_blocks.mark_eager(model.layers["1"], "test")
@@ -256,5 +250,5 @@ def test_eager_marks_take_in_place_compiled_blocks_out_of_their_compile():
     assert model.layers["1"]._compiled_call_impl is None
     assert moe_blocks.is_compiled(model.layers["0"])
     before = moe_blocks.eager_forward_calls().get("1", 0)
-    model.layers["1"](torch.randn(2, 4))
+    model.layers["1"](torch.randn(3, 2))
     assert moe_blocks.eager_forward_calls()["1"] == before + 1
