@@ -1,7 +1,8 @@
 """rocm.divergence_guard on a GPU: overhead side by side, NaN injection, and no-sync proof.
 
 Runs, in one call, TorchTitan 0.2.2 (``python -m titan_rocm.train``) on ``--config`` with the
-guard off, in ``log_steps`` mode and in ``every_step`` mode (the same job otherwise), then
+guard off, in ``log_steps``, ``every_step`` and ``every_step_exact`` mode (the same job
+otherwise), then
 prints each run's median tokens/s after warm-up (``titan-rocm bench-summary``) and the
 ratios to the guard-off run. Then a run with the test hook ``TITAN_ROCM_DEBUG_INJECT_NAN_STEP``
 (NaN at step 7, ``log_freq`` 10) must stop non-zero, naming step 7, found at log step 10, and
@@ -13,6 +14,8 @@ raises.
     python benchmarks/divergence_guard_overhead.py --ngpu 2 --out /tmp/guard2   # FSDP
 
 Run from the repository root (the debug configs' tokenizer and dataset paths are relative).
+The GPU-bound figures (llama3 1.5B, mirrored, ``--reanalyse``) come from
+``benchmarks/gpu_validation.py --suite throughput --models llama3_1b_guard``.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ VARIANTS: dict[str, list[str]] = {
     "guard off": ["--rocm.divergence_guard", "off"],
     "log_steps": ["--rocm.divergence_check", "log_steps"],
     "every_step": ["--rocm.divergence_check", "every_step"],
+    "every_step_exact": ["--rocm.divergence_check", "every_step_exact"],
 }
 
 

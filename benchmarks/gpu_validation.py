@@ -7,6 +7,17 @@ One command on a GPU box (run from the repository root, titan-rocm importable):
     python benchmarks/gpu_validation.py --suite throughput --models llama3_1b,qwen3_1.7b \
         --steps 60 --out results/                                        # 1 GPU, ratios
     python benchmarks/gpu_validation.py --suite fp8 --steps 30 --out results/   # torchao 0.16
+    python benchmarks/gpu_validation.py --suite throughput --models deepseek_v3_4b \
+        --steps 30 --out results/                     # 1 GPU: MoE scopes side by side
+    python benchmarks/gpu_validation.py --suite throughput --models llama3_1b_guard \
+        --steps 40 --out results/                     # 1 GPU: divergence guard modes
+    python benchmarks/gpu_validation.py --suite moe_graphs --steps 20 --out results/
+                                                      # 2 GPUs: FSDP + EP=2, graphs audited
+
+``moe_graphs`` runs deepseek_v3 with FSDP 2 x EP 2 under each MoE compile (``moe`` scope,
+``block`` scope, stock MoE compile) with ``TITAN_ROCM_RECORD_GRAPHS=1``: the trainer compiles
+through a backend that audits every graph Dynamo makes before Inductor compiles it, and the
+figures say, per rank, whether any graph held a collective, an FSDP op or MoE routing.
 
 ``single`` runs the debug configs with ``converters = ["rocm"]`` (workarounds forced ``on``
 where ``auto`` would skip on CUDA) and with no converter, same seed and data; pairs that are
@@ -113,6 +124,15 @@ GUARD_VARIANTS = [
     ("rocm_on_every_step", [*ROCM_ON, "--rocm.divergence_check", "every_step"]),
 ]
 STOCK_MOE_COMPILE = [*ROCM_ON, "--rocm.moe_eager_compile", "off"]
+MOE_SCOPE = [*ROCM_ON, "--rocm.moe_eager_scope", "moe"]
+MOE_SCOPE_TARGET = 0.98
+"""Issue 16's target for ``moe_eager_scope = "moe"``: tokens/s at least this fraction of stock."""
+EVERY_STEP_VARIANTS = [
+    ("rocm_on_every_step", [*ROCM_ON, "--rocm.divergence_check", "every_step"]),
+    ("rocm_on_every_step_exact", [*ROCM_ON, "--rocm.divergence_check", "every_step_exact"]),
+]
+GUARD_TARGET = 0.99
+"""Issue 16's target for ``divergence_check = "every_step"``: tokens/s over guard off."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +141,8 @@ class ThroughputModel:
 
     config: str
     variants: list[tuple[str, list[str]]]
-    """(name, flags) pairs; "stock" is the baseline every ratio divides by."""
+    """(name, flags) pairs, the baseline first: "stock", which every ``*_over_stock`` ratio
+    divides by, or (a model without a stock run) its :attr:`also_over` variant."""
     flags: list[str] = dataclasses.field(default_factory=list)
     """Flags every variant gets (e.g. the flavor)."""
     bench_flavors: bool = False
@@ -154,8 +175,18 @@ THROUGHPUT: dict[str, ThroughputModel] = {
                                   ["--model.flavor", "1.7B"]),
     "deepseek_v3_4b": ThroughputModel(
         "configs/deepseek_v3_debug.toml",
-        [("stock", STOCK), ("rocm_on", ROCM_ON), ("rocm_on_stock_moe_compile", STOCK_MOE_COMPILE)],
+        [("stock", STOCK),
+         ("rocm_on", ROCM_ON),  # moe_eager_scope = "block": the whole MoE block eager
+         ("rocm_on_moe_scope", MOE_SCOPE),  # attention and norms compiled, MoE module eager
+         ("rocm_on_stock_moe_compile", STOCK_MOE_COMPILE)],
         ["--model.flavor", "bench_moe_4B"], bench_flavors=True),
+    # The divergence guard's modes side by side with the guard off, their baseline (no stock
+    # run: 8 runs of a GPU-bound 1.5B fit in one 9-minute call).
+    "llama3_1b_guard": ThroughputModel(
+        "configs/llama3_debug.toml",
+        [("rocm_on_guard_off", [*ROCM_ON, "--rocm.divergence_guard", "off"]),
+         ("rocm_on", ROCM_ON), *EVERY_STEP_VARIANTS],
+        ["--model.flavor", "bench_1B"], bench_flavors=True, also_over="rocm_on_guard_off"),
     # Where rocm_on_stock_moe_compile's cost against stock goes: each forced-on workaround
     # taken out of it in turn (triton_war is left in: on CUDA it only wraps compiles).
     "deepseek_v3_4b_parts": ThroughputModel(
@@ -192,6 +223,28 @@ def fp8_suite(steps: int) -> list[Run]:
     config = "configs/deepseek_v3_debug_fp8.toml"
     return [Run("deepseek_v3_fp8_stock", config, [*s, *STOCK]),
             Run("deepseek_v3_fp8_rocm", config, [*s, *ROCM_ON])]
+
+
+RECORD = {"TITAN_ROCM_RECORD_GRAPHS": "1"}
+RECORD_BACKEND = ["--compile.backend", "titan_rocm_record_inductor"]  # torchtitan_runner.py
+EP2_FSDP2 = ["--parallelism.expert_parallel_degree", "2",
+             "--parallelism.data_parallel_shard_degree", "2"]
+GRAPH_RUNS = {
+    # name: (flags, whether the audit must find every graph clean)
+    "deepseek_v3_ep2_fsdp2_moe_scope_graphs": (MOE_SCOPE, True),
+    "deepseek_v3_ep2_fsdp2_block_scope_graphs": (ROCM_ON, True),
+    # Positive control: stock MoE compile puts the router, permutation and grouped GEMM in
+    # graphs, so an audit that sees nothing there is blind.
+    "deepseek_v3_ep2_fsdp2_stock_moe_compile_graphs": (STOCK_MOE_COMPILE, False),
+}
+
+
+def moe_graphs_suite(steps: int) -> list[Run]:
+    """Two GPUs, FSDP 2 x EP 2, deepseek_v3 debug: every compiled graph audited, per scope."""
+    s = ["--training.steps", str(steps), *SEED, *LOG10]
+    return [Run(name, "configs/deepseek_v3_debug.toml", [*s, *flags, *EP2_FSDP2, *RECORD_BACKEND],
+                gpus=2, env=dict(RECORD), timeout=300)
+            for name, (flags, _) in GRAPH_RUNS.items()]
 
 
 def dual_suite(steps: int) -> list[Run]:
@@ -292,6 +345,8 @@ def stock_config(path: Path, tmp: Path) -> Path:
 
 
 _TS = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
+_GUARD_LINE = re.compile(r"divergence guard: (\d+) check\(s\), (\d+) of them waited")
+"""The guard's end-of-run line (titan_rocm/workarounds/divergence_guard/monitor.py)."""
 
 
 def _stamp(line: str) -> float | None:
@@ -326,6 +381,8 @@ def analyse(raw: dict[str, Any]) -> dict[str, Any]:
         "reports": reports,
         "guard_lines": [x.strip()[:400] for x in text.splitlines()
                         if "divergence guard" in x and "diverged" in x][:4],
+        "guard_counts": [{"checks": int(m.group(1)), "waited": int(m.group(2))}
+                         for m in map(_GUARD_LINE.search, text.splitlines()) if m],
         "titan_rocm_lines": [x.split("titan-rocm:", 1)[1].strip() for x in text.splitlines()
                              if "titan-rocm: rocm." in x][:12],
     }
@@ -424,10 +481,13 @@ def _loss_diff(run: dict[str, Any], stock: list[dict[str, Any]] | None) -> float
 
 
 def figures_of(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Every figure a result set supports: the paired runs', and the throughput suite's."""
+    """Every figure a result set supports: the paired runs', the throughput suite's, and the
+    graph audits'."""
     figures = compare(results)
     if any("@" in name for name in results):
         figures["throughput"] = throughput(results)
+    if any(name in results for name in GRAPH_RUNS):
+        figures["moe_graph_inspection"] = graph_inspection(results)
     return figures
 
 
@@ -470,13 +530,15 @@ def throughput(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "intervals": len(pooled),
                 "step_ms_median": round(1000 * tokens / median, 2) if tokens and median else None,
                 "peak_memory_gib": [r.get("memory_gib") for r in runs],
+                "to_step1_s": [_round(r.get("to_step1_s")) for r in runs],
                 "host_syncs": [_syncs(r) for r in runs],
+                "guard_checks": [_guard_checks(r) for r in runs],
                 "exit": [r.get("exit") for r in runs],
             }
 
         figures: dict[str, Any] = {"variants": table, "tokens_per_step": tokens}
         for variant in table:
-            if variant != "stock":
+            if variant != "stock" and "stock" in table:
                 figures[f"tps_ratio_{variant}_over_stock"] = _variant_ratio(
                     table, variant, "stock")
         if "rocm_on_guard_off" in table:
@@ -491,7 +553,124 @@ def throughput(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if "rocm_on" in table and "rocm_on_stock_moe_compile" in table:
             figures["tps_ratio_mixed_over_stock_moe_compile"] = _variant_ratio(
                 table, "rocm_on", "rocm_on_stock_moe_compile")
+        if "rocm_on_moe_scope" in table:
+            figures.update(moe_scope_figures(table))
+        if "rocm_on_every_step_exact" in table and "rocm_on_guard_off" in table:
+            figures.update(guard_figures(table))
         out[model] = figures
+    return out
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return round(value, digits) if isinstance(value, (int, float)) else None
+
+
+def _side_by_side(table: dict[str, Any], rows: list[tuple[str, str]], base: str
+                  ) -> list[dict[str, Any]]:
+    """One row per variant: throughput and its ratio over ``base``, time to step 1, memory."""
+    out = []
+    for variant, label in rows:
+        if variant not in table:
+            continue
+        row = table[variant]
+        ratio = _variant_ratio(table, variant, base) if variant != base else None
+        out.append({
+            "variant": variant, "what": label, "tps_median": row["tps_median"],
+            f"ratio_over_{base}": ratio["pooled"] if ratio else None,
+            f"ratio_over_{base}_per_pass": ratio["per_pass"] if ratio else None,
+            "step_ms_median": row["step_ms_median"],
+            "to_step1_s": row["to_step1_s"], "peak_memory_gib": row["peak_memory_gib"],
+            "host_syncs": row["host_syncs"], "guard_checks": row["guard_checks"],
+        })
+    return out
+
+
+def _target(table: dict[str, Any], variant: str, base: str, target: float) -> dict[str, Any]:
+    """``variant``'s pooled tokens/s over ``base`` against ``target`` (a benchmark's bar)."""
+    ratio = _variant_ratio(table, variant, base)
+    pooled = ratio["pooled"] if ratio else None
+    return {f"target_over_{base}": target, "pooled": pooled,
+            "met": bool(pooled and pooled >= target)}
+
+
+def moe_scope_figures(table: dict[str, Any]) -> dict[str, Any]:
+    """Issue 16, part A: the MoE compile scopes side by side on one GPU."""
+    return {
+        "moe_scope_side_by_side": _side_by_side(table, [
+            ("stock", "stock TorchTitan"),
+            ("rocm_on", "rocm_on, moe_eager_scope = block (whole MoE block eager)"),
+            ("rocm_on_moe_scope", "rocm_on, moe_eager_scope = moe (MoE module eager)"),
+            ("rocm_on_stock_moe_compile", "rocm_on, moe_eager_compile = off (stock MoE compile)"),
+        ], "stock"),
+        "tps_ratio_moe_scope_over_block": _variant_ratio(table, "rocm_on_moe_scope", "rocm_on"),
+        "tps_ratio_moe_scope_over_stock_moe_compile": _variant_ratio(
+            table, "rocm_on_moe_scope", "rocm_on_stock_moe_compile"),
+        "moe_scope_target": _target(table, "rocm_on_moe_scope", "stock", MOE_SCOPE_TARGET),
+    }
+
+
+def guard_figures(table: dict[str, Any]) -> dict[str, Any]:
+    """Issue 16, part B: the divergence guard's modes side by side with the guard off."""
+    return {
+        "guard_side_by_side": _side_by_side(table, [
+            ("rocm_on_guard_off", "guard off"),
+            ("rocm_on", "divergence_check = log_steps (default)"),
+            ("rocm_on_every_step", "divergence_check = every_step (one step late)"),
+            ("rocm_on_every_step_exact", "divergence_check = every_step_exact"),
+        ], "rocm_on_guard_off"),
+        "tps_ratio_guard_every_step_exact_over_off": _variant_ratio(
+            table, "rocm_on_every_step_exact", "rocm_on_guard_off"),
+        "every_step_target": _target(table, "rocm_on_every_step", "rocm_on_guard_off",
+                                     GUARD_TARGET),
+    }
+
+
+
+def _guard_checks(run: dict[str, Any]) -> dict[str, int] | None:
+    """The guard's own end-of-run count (rank 0): checks made, and how many waited."""
+    counts = run.get("guard_counts")
+    return counts[0] if counts else None
+
+
+def graph_inspection(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The ``moe_graphs`` suite: per run and rank, what the audited graphs held."""
+    out: dict[str, Any] = {}
+    for name, (_, must_be_clean) in GRAPH_RUNS.items():
+        run = results.get(name)
+        if run is None:
+            continue
+        ranks = []
+        for report in run.get("reports") or []:
+            graphs = report.get("graphs")
+            if graphs is None:
+                continue
+            flagged = sorted({f for g in graphs for key in ("collectives", "fsdp", "moe")
+                              for f in g.get(key, [])})
+            ranks.append({
+                "rank": report.get("rank"), "graphs": len(graphs),
+                "clean": sum(1 for g in graphs if g.get("clean")), "flagged": flagged,
+                "collectives_or_fsdp": sorted({f for g in graphs for key in ("collectives", "fsdp")
+                                               for f in g.get(key, [])}),
+                "eager_moe_forwards": report.get("eager_moe_forwards"),
+            })
+        losses = run.get("loss") or {}
+        all_clean = bool(ranks) and all(r["clean"] == r["graphs"] for r in ranks)
+        out[name] = {
+            "exit": run.get("exit"), "ranks": ranks,
+            "every_graph_clean": all_clean,
+            "expected": "every graph clean" if must_be_clean else
+            "MoE routing flagged (positive control)",
+            "as_expected": run.get("exit") == 0 and len(ranks) == 2 and (
+                all_clean if must_be_clean else any(r["flagged"] for r in ranks)),
+            "losses_finite": bool(losses) and all(
+                isinstance(v, float) and v == v and abs(v) != float("inf")
+                for v in losses.values()),
+            "loss_last": losses[max(losses)] if losses else None,
+        }
+    a = results.get("deepseek_v3_ep2_fsdp2_moe_scope_graphs")
+    b = results.get("deepseek_v3_ep2_fsdp2_block_scope_graphs")
+    if a and b:
+        out["loss_max_rel_diff_moe_vs_block"] = _loss_diff(a, [b])
     return out
 
 
@@ -549,7 +728,7 @@ def reanalyse(directory: Path) -> dict[str, Any]:
 def main() -> int:
     """Run a suite and print/write its figures."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=["single", "dual", "throughput", "fp8"])
+    parser.add_argument("--suite", choices=["single", "dual", "throughput", "fp8", "moe_graphs"])
     parser.add_argument("--models", default="llama3,qwen3",
                         help=f"throughput suite: comma-separated, of {sorted(THROUGHPUT)}")
     parser.add_argument("--out", type=Path)
@@ -610,9 +789,10 @@ def main() -> int:
               environment, results)
     else:
         if n_gpu < 2:
-            print("the dual suite needs 2 GPUs", file=sys.stderr)
+            print(f"the {args.suite} suite needs 2 GPUs", file=sys.stderr)
             return 2
-        _lane([r for r in dual_suite(args.steps) if keep is None or r.name in keep], 0,
+        suite = dual_suite if args.suite == "dual" else moe_graphs_suite
+        _lane([r for r in suite(args.steps) if keep is None or r.name in keep], 0,
               args.out, logs, environment, results)
     figures = write_results(args.out, logs, environment, results)
     print(json.dumps({"environment": environment, "figures": figures}, indent=2, default=str))

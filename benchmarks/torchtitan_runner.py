@@ -5,7 +5,11 @@ only observes, and at exit prints one line ``TITAN_ROCM_RUN_REPORT {json}`` with
 - host syncs counted by ``torch.cuda.set_sync_debug_mode("warn")`` (env ``COUNT_SYNCS=1``),
 - Dynamo's counters (frames compiled, graph breaks),
 - titan-rocm's counters: eager MoE block forwards, grouped-MM backend calls,
-- Inductor's ``emulate_precision_casts`` value in force, and peak GPU memory.
+- Inductor's ``emulate_precision_casts`` value in force, and peak GPU memory;
+- with ``TITAN_ROCM_RECORD_GRAPHS=1`` and ``--compile.backend titan_rocm_record_inductor``:
+  every graph Dynamo compiled, audited
+  (:func:`titan_rocm.workarounds.moe_eager_compile.graph_audit.audit`: collectives, FSDP ops,
+  MoE routing / permutation / grouped GEMM), then compiled by Inductor as usual.
 
 TorchTitan 0.3.0 runs (``benchmarks/tt030_validation.py``) pass ``--module``/``--config``
 instead of ``--job.config_file``, and may ask for the one shim :func:`apply_shims` offers.
@@ -21,6 +25,26 @@ import sys
 import warnings
 
 _syncs = {"count": 0}
+RECORD_ENV = "TITAN_ROCM_RECORD_GRAPHS"
+RECORD_BACKEND = "titan_rocm_record_inductor"
+"""Pass ``--compile.backend titan_rocm_record_inductor`` with ``TITAN_ROCM_RECORD_GRAPHS=1``."""
+_graphs: list[dict[str, object]] = []
+
+
+def _register_recording_backend(inner: str = "inductor") -> None:
+    """A Dynamo backend that audits each graph, then hands it to ``inner`` unchanged."""
+    import torch
+    from torch._dynamo.backends.registry import lookup_backend
+
+    from titan_rocm.workarounds.moe_eager_compile.graph_audit import audit
+
+    compiler = lookup_backend(inner)
+
+    def record_inductor(gm, example_inputs):  # noqa: ANN001, ANN202
+        _graphs.append(audit(gm).to_dict())
+        return compiler(gm, example_inputs)
+
+    torch._dynamo.register_backend(name=RECORD_BACKEND)(record_inductor)
 
 
 def _count_sync_warnings() -> None:
@@ -55,6 +79,8 @@ def _report() -> None:
         report["emulate_precision_casts"] = bool(inductor_config.emulate_precision_casts)
         if torch.cuda.is_available():
             report["peak_memory_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 3)
+        if os.environ.get(RECORD_ENV) == "1":
+            report["graphs"] = _graphs
     except Exception as exc:  # the report must never hide the run's own outcome
         report["error"] = repr(exc)
     for name, target in (
@@ -98,6 +124,8 @@ def main() -> None:
             print(f"TITAN_ROCM_SHIM {shim}", flush=True)
     if os.environ.get("COUNT_SYNCS") == "1":
         _count_sync_warnings()
+    if os.environ.get(RECORD_ENV) == "1":
+        _register_recording_backend()
     atexit.register(_report)
     sys.argv = ["torchtitan.train", *sys.argv[1:]]
     runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)

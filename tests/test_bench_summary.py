@@ -50,7 +50,8 @@ def test_warmup_moves_the_window(capsys) -> None:
 )
 def test_a_diverged_run_never_gets_a_throughput_figure(capsys, name: str) -> None:
     code, data = run_json(capsys, FIXTURES / name)
-    assert code == 1 and data["valid"] is False and "non-finite" in data["reason"]
+    assert code == 1 and data["valid"] is False and "the run diverged at step" in data["reason"]
+    assert data["verdict"]["status"] == "diverged"
     assert all(data[k] is None for k in ("tps", "tflops", "mfu", "iteration_ms"))
     assert data["memory_peak_gib"] is None and data["first_bad"] is not None
 
@@ -70,6 +71,7 @@ def test_nothing_parsed_is_invalid(capsys, tmp_path: Path) -> None:
     assert code == 2 and data["valid"] is False and "no TorchTitan" in data["reason"]
     code, data = run_json(capsys, tmp_path / "missing.log")
     assert code == 2 and "cannot read" in data["reason"]
+    assert data["files"] == [str(tmp_path / "missing.log")]
 
 
 def test_per_rank_files_are_pooled(capsys, tmp_path: Path) -> None:
@@ -85,10 +87,11 @@ def test_per_rank_files_are_pooled(capsys, tmp_path: Path) -> None:
 def test_text_report(capsys) -> None:
     assert main(["bench-summary", str(FIXTURES / "tt_cpu_clean.log")]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("valid: true") and "tokens/s per device: median" in out
+    assert out.startswith("valid: true\nverdict: ok\n") and "tokens/s per device: median" in out
     assert main(["bench-summary", str(FIXTURES / "tt_cpu_diverged_no_guard.log")]) == 1
     out = capsys.readouterr().out
-    assert out.startswith("valid: false\nreason: non-finite value at train step 3")
+    assert out.startswith(
+        "valid: false\nverdict: diverged at step 3\nreason: the run diverged at step 3 (line 11)")
     assert "tokens/s" not in out
 
 
@@ -98,3 +101,39 @@ def test_bad_warmup(capsys, bad: str) -> None:
     assert "accepted: an integer >= 0" in capsys.readouterr().err
     with pytest.raises(ValueError, match="accepted"):
         summarize([], warmup=-1)
+
+
+@pytest.mark.parametrize("field", ["tps", "tflops", "mfu", "memory"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-5"])
+def test_a_non_finite_or_negative_figure_is_never_published(capsys, tmp_path, field, value):
+    """Any throughput or memory figure that is not a finite number >= 0, at any step."""
+    fields = {"tps": "tps: 1,000", "tflops": "tflops: 10.0", "mfu": "mfu: 5.0%",
+              "memory": "memory: 3.0GiB(2.0%)"}
+    lines = []
+    for step in (1, 10, 20):
+        figures = dict(fields)
+        if step == 10:
+            unit = {"memory": "GiB(2.0%)", "mfu": "%"}.get(field, "")
+            figures[field] = f"{field}: {value}{unit}"
+        lines.append(f"step: {step}  loss: 5.0  grad_norm: 1.0  " + "  ".join(figures.values()))
+    log = tmp_path / "x.log"
+    log.write_text("\n".join(lines) + "\n")
+    code = main(["bench-summary", "--json", str(log)])
+    out = capsys.readouterr().out
+    data = json.loads(out)  # strict JSON: the parse fails on NaN / Infinity literals
+    assert "NaN" not in out and "Infinity" not in out
+    name = "memory_gib" if field == "memory" else field
+    assert code == 1 and data["valid"] is False and data["verdict"]["status"] == "ok"
+    assert data["reason"].startswith(f"{name} is {value} at train step 10 (line 2)")
+    assert all(data[k] is None for k in ("tps", "tflops", "mfu", "iteration_ms"))
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-3"])
+def test_megatron_non_finite_iteration_time_or_memory(capsys, tmp_path, value) -> None:
+    text = (FIXTURES / "megatron_clean.log").read_text()
+    for old in ("elapsed time per iteration (ms): 1210.8", "max reserved: 61440.0"):
+        log = tmp_path / "m.log"
+        log.write_text(text.replace(old, old.split(": ")[0] + ": " + value))
+        code, data = run_json(capsys, log)
+        assert code == 1 and data["valid"] is False, old
+        assert "a non-finite or negative figure cannot be published" in data["reason"]

@@ -197,6 +197,11 @@ def test_guard_applies_by_default_off_rocm_and_can_be_turned_off() -> None:
 def test_plan_names_the_check_points() -> None:
     guard = DivergenceGuard(_ctx(divergence_check="every_step"))
     assert guard.plan(torch.nn.Linear(2, 2))["check"] == "every_step"
+    said = {mode: DivergenceGuard(_ctx(divergence_check=mode)).plan(torch.nn.Linear(2, 2))[
+        "checked_at"] for mode in ("log_steps", "every_step", "every_step_exact")}
+    assert "one step late" in said["every_step"] and "no wait" in said["every_step"]
+    assert "one device sync per step" in said["every_step_exact"]
+    assert "no extra sync" in said["log_steps"]
 
 
 def test_bad_injection_env_fails_at_converter_init(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -279,22 +284,35 @@ def _run(trainer: Any) -> None:
 GUARD = ["--model.converters", "rocm.divergence_guard"]
 
 
-def test_real_trainer_nan_at_step_7_reported_at_log_step_10_without_syncs(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+LAGGED_AT_8 = ("the end of step 8 (divergence_check = every_step reads each step's record "
+               "at the end of the next)")
+
+
+@pytest.mark.parametrize("mode,found_at,stop_step,checks", [
+    # Log steps 1 and 10: no other check point was hit.
+    ("log_steps", "log step 10", 10, 2),
+    # One step late, still exact. Log step 1 read step 1's copy (TorchTitan's .item() had
+    # waited for it), so the end of step 2 had nothing to read; the ends of steps 3-8 read
+    # steps 2-7.
+    ("every_step", LAGGED_AT_8, 8, 7),
+])
+def test_real_trainer_nan_at_step_7_named_without_syncs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, mode: str,
+    found_at: str, stop_step: int, checks: int,
 ) -> None:
     monkeypatch.setenv(INJECT_STEP_ENV, "7")
-    trainer = _trainer(monkeypatch, GUARD)  # log_freq 10, 12 steps
+    trainer = _trainer(monkeypatch, GUARD + ["--rocm.divergence_check", mode])  # log_freq 10
     monitor = hooks.active()
     assert monitor is not None
     with _SyncWatch() as watch, pytest.raises(DivergenceError) as err:
         _run(trainer)
     v = err.value.divergence
-    assert (v.step, v.checked_at) == (7, "log step 10")
+    assert (v.step, v.checked_at) == (7, found_at)
     assert math.isnan(v.loss) and math.isnan(v.grad_norm)  # multiplied: grads went NaN too
-    assert trainer.step == 10  # stopped at the log step, before step 11
-    assert monitor.checks == 2  # log steps 1 and 10: no other check point was hit
+    assert trainer.step == stop_step  # stopped at the check point, before the next step
+    assert monitor.checks == checks
     assert watch.outside_check == []  # no host read by the guard between check points
-    assert watch.inside_check >= 2  # positive control: the detector sees the checks' reads
+    assert watch.inside_check >= checks  # positive control: the detector sees the checks' reads
     assert sum("training diverged at step 7" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -378,17 +396,95 @@ def test_monitor_reads_afresh_when_the_snapshot_is_of_another_step() -> None:
     assert monitor.waits == 0  # CPU: nothing to wait for
 
 
-def test_real_trainer_every_step_mode_stops_at_the_bad_step(
+def test_real_trainer_every_step_exact_mode_stops_at_the_bad_step(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(INJECT_STEP_ENV, "7")
-    trainer = _trainer(monkeypatch, GUARD + ["--rocm.divergence_check", "every_step"])
+    trainer = _trainer(monkeypatch, GUARD + ["--rocm.divergence_check", "every_step_exact"])
     with pytest.raises(DivergenceError) as err:
         _run(trainer)
     assert err.value.divergence.step == 7 and "end of step 7" in err.value.divergence.checked_at
     assert trainer.step == 7
     # One read per step; log step 1 reads nothing more (its step was read at its end).
     assert hooks.active().checks == 7
+
+
+EVERY_STEP = GUARD + ["--rocm.divergence_check", "every_step"]
+
+
+def test_real_trainer_every_step_catches_a_nan_at_the_last_step(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last step has no next step: its copy is read before the end-of-training save."""
+    monkeypatch.setenv(INJECT_STEP_ENV, "12")
+    trainer = _trainer(monkeypatch, EVERY_STEP)  # 12 steps
+    with pytest.raises(DivergenceError) as err:
+        _run(trainer)
+    assert err.value.divergence.step == 12
+    assert err.value.divergence.checked_at == "the checkpoint save at step 12"  # last step
+    assert trainer.step == 12
+
+
+class _Device:
+    """A stand-in device that runs ``behind`` host steps behind the host, for the guard's own
+    wait counter (CPU has no streams): a copy enqueued at host step N has landed once the
+    host reaches step N + ``behind``."""
+
+    def __init__(self, behind: int) -> None:
+        self.behind = behind
+        self.host_step = 0
+        self.waited_for: list[int] = []
+
+    def event(self, enqueued_at: int) -> Any:
+        device = self
+
+        class Event:
+            def query(self) -> bool:
+                return device.host_step >= enqueued_at + device.behind
+
+            def synchronize(self) -> None:
+                device.waited_for.append(enqueued_at)
+
+        return Event()
+
+
+def _steady_state(monkeypatch: pytest.MonkeyPatch, mode: str, behind: int, steps: int = 20):
+    """Run ``steps`` steps of the Monitor alone (no trainer), every snapshot on ``_Device``."""
+    from titan_rocm.workarounds.divergence_guard.snapshot import Snapshot
+
+    device = _Device(behind)
+    take = Snapshot.take.__func__
+
+    def take_on_device(cls: type, record: NonFiniteRecord, step: int, where: Any) -> Snapshot:
+        snapshot = take(cls, record, step, where)
+        snapshot.event = device.event(device.host_step)
+        return snapshot
+
+    monkeypatch.setattr(Snapshot, "take", classmethod(take_on_device))
+    monitor = Monitor(mode)
+    for step in range(1, steps + 1):
+        device.host_step = step
+        monitor.record.observe_loss(torch.tensor(2.0))
+        monitor.record.observe_grad_norm(torch.tensor(1.0))
+        monitor.on_step_end()
+    return monitor, device
+
+
+def test_every_step_waits_for_nothing_in_steady_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device one step behind the host: every_step's reads find their copy landed, while
+    every_step_exact waits at every step (the 10 % it costs on a GPU-bound model)."""
+    lagged, device = _steady_state(monkeypatch, "every_step", behind=1)
+    assert lagged.checks == 19 and lagged.waits == 0 and device.waited_for == []
+    assert lagged.checked_through == 19  # the end of step 20 read step 19's record
+    exact, device = _steady_state(monkeypatch, "every_step_exact", behind=1)
+    assert exact.checks == 20 and exact.waits == 20  # positive control: the counter counts
+
+
+def test_every_step_never_waits_for_its_own_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device two steps behind: the read at the end of step N+1 waits, for step N's copy,
+    while step N+1's work is already queued behind it; never for step N+1's own."""
+    monitor, device = _steady_state(monkeypatch, "every_step", behind=2, steps=6)
+    assert monitor.waits == 5 and device.waited_for == [1, 2, 3, 4, 5]
 
 
 def test_real_trainer_clean_run_completes_and_checks_the_tail(
@@ -401,31 +497,40 @@ def test_real_trainer_clean_run_completes_and_checks_the_tail(
     assert monitor.checks == 3  # log steps 1 and 10, then steps 11-12 at the end of training
 
 
+@pytest.mark.parametrize("mode,bad_step", [
+    ("log_steps", 7),
+    # every_step, NaN at step 8 with a save due at step 8: step 8's copy is read before the
+    # save, not at the end of step 9 (which would be one checkpoint too late).
+    ("every_step", 8),
+])
 def test_real_trainer_never_saves_a_checkpoint_from_a_bad_step(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, mode: str, bad_step: int
 ) -> None:
-    monkeypatch.setenv(INJECT_STEP_ENV, "7")
+    monkeypatch.setenv(INJECT_STEP_ENV, str(bad_step))
     trainer = _trainer(monkeypatch, GUARD + [
-        "--checkpoint.enable", "--checkpoint.interval", "4",
+        "--checkpoint.enable", "--checkpoint.interval", "4", "--rocm.divergence_check", mode,
         "--job.dump_folder", str(tmp_path), "--checkpoint.folder", "ckpt",
     ])
     with pytest.raises(DivergenceError) as err:
         _run(trainer)
-    assert err.value.divergence.step == 7
+    assert err.value.divergence.step == bad_step
     assert err.value.divergence.checked_at == "the checkpoint save at step 8"
     saved = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
     assert saved == ["step-4"]  # the last good checkpoint; step 8 was never written
 
 
+@pytest.mark.parametrize("mode,bad_step", [("log_steps", 8), ("every_step", 9)])
 def test_real_trainer_run_out_of_data_is_checked_at_close(
-    monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch, mode: str, bad_step: int
 ) -> None:
-    """The loop can end without a log step or a last-step save; close() still checks."""
-    monkeypatch.setenv(INJECT_STEP_ENV, "8")
-    trainer = _trainer(monkeypatch, GUARD, data_batches=9)  # step 10 has no data
+    """The loop can end without a log step or a last-step save; close() still checks (under
+    every_step: it reads the last step's copy, which no next step will)."""
+    monkeypatch.setenv(INJECT_STEP_ENV, str(bad_step))
+    trainer = _trainer(monkeypatch, GUARD + ["--rocm.divergence_check", mode],
+                       data_batches=9)  # step 10 has no data
     with pytest.raises(DivergenceError) as err:
         _run(trainer)
-    assert err.value.divergence.step == 8
+    assert err.value.divergence.step == bad_step
     assert err.value.divergence.checked_at == "the end of training"
 
 
@@ -440,13 +545,18 @@ def test_real_trainer_without_guard_diverges_silently(monkeypatch: pytest.Monkey
 
 
 @pytest.mark.slow
-def test_two_ranks_both_stop_and_rank_0_reports_once(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode,found_at", [
+    ("log_steps", "(found at log step 10)"),
+    ("every_step", "(found at the end of step 8 "),  # every rank gathers at every step end
+])
+def test_two_ranks_both_stop_and_rank_0_reports_once(tmp_path: Path, mode: str,
+                                                      found_at: str) -> None:
     """torchrun, 2 processes over gloo, NaN on rank 1 only: no rank hangs."""
     env = dict(os.environ, **{INJECT_STEP_ENV: "7", INJECT_RANK_ENV: "1"})
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--tee", "3",
-           "--master_port", str(29_000 + os.getpid() % 1000),
-           str(REPO / "tests" / "cpu_trainer.py"), *GUARD]
+           "--master_port", str(29_000 + os.getpid() % 1000 + (mode == "every_step")),
+           str(REPO / "tests" / "cpu_trainer.py"), *GUARD, "--rocm.divergence_check", mode]
     start = time.monotonic()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240,
                           cwd=tmp_path)
@@ -456,6 +566,7 @@ def test_two_ranks_both_stop_and_rank_0_reports_once(tmp_path: Path) -> None:
     errors = [ln for ln in out.splitlines() if "ERROR - titan-rocm divergence guard" in ln]
     assert len(errors) == 1 and errors[0].startswith("[default0]:"), errors
     assert "diverged at step 7 on rank 1 of 2" in errors[0]
+    assert found_at in errors[0], errors[0]
     for rank in (0, 1):
         assert f"[default{rank}]:[rank{rank}]: titan_rocm.workarounds.divergence_guard" \
                f".verdict.DivergenceError" in out

@@ -60,25 +60,29 @@ def _grouped_mm_graphs() -> list[torch.fx.GraphModule]:
     return [gm for gm in GRAPHS if "_grouped_mm" in gm.code]
 
 
-def _job(backend: str, mixed: bool):
+def _job(backend: str, mixed: bool, scope: str = "block"):
     return parse(
         "--model.name", "deepseek_v3", "--model.flavor", "debugmodel",
         "--training.seq_len", "16", "--activation_checkpoint.mode", "none",
         "--compile.enable", "--compile.backend", RECORDER,
         "--model.converters", "rocm.grouped_mm,rocm.moe_eager_compile",
         "--rocm.grouped_mm", "on", "--rocm.grouped_mm_backend", backend,
-        "--rocm.moe_eager_compile", "on" if mixed else "off",
+        "--rocm.moe_eager_compile", "on" if mixed else "off", "--rocm.moe_eager_scope", scope,
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("mixed", [False, True], ids=["stock_moe_compile", "mixed_compile"])
-def test_experts_compiled_only_where_stock_compiles_them(monkeypatch, mixed):
+@pytest.mark.parametrize(
+    "mixed,scope",
+    [(False, "block"), (True, "block"), (True, "moe")],
+    ids=["stock_moe_compile", "mixed_compile", "mixed_compile_moe_scope"],
+)
+def test_experts_compiled_only_where_stock_compiles_them(monkeypatch, mixed, scope):
     import torchtitan.models.moe.moe as moe_module
     from torchtitan.protocols.train_spec import get_train_spec
 
     cpu_permute_indices(monkeypatch, moe_module)  # TorchTitan's padding kernel is Triton
     cpu_histc(monkeypatch)  # TorchTitan's router counts int64 with histc (GPU only)
-    job = _job("torch", mixed)
+    job = _job("torch", mixed, scope)
     args = two_block_deepseek_args(job)
     batch = random_batch(args.vocab_size, batch=2, seq_len=16, device="cpu")
 
@@ -103,8 +107,9 @@ def test_experts_compiled_only_where_stock_compiles_them(monkeypatch, mixed):
     assert grouped_mm.call_counts() == {"torch": 1}
     if mixed:
         assert "rocm.moe_eager_compile" in runner.why
+        assert ("moe_eager_scope" in runner.why) is (scope == "moe")  # says what is eager
         assert moe_blocks.eager_forward_calls() == {"1": 1}
-        assert not _grouped_mm_graphs()  # the whole MoE block, experts included, ran eager
+        assert not _grouped_mm_graphs()  # the MoE module, experts included, ran eager
     else:
         assert len(_grouped_mm_graphs()) == 1  # the experts function, as stock compiles it
     torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-6)

@@ -112,7 +112,7 @@ def test_windows_line_ends_and_truncated_last_line() -> None:
     text = "\r\n".join([TT, TT.replace("step: 12", "step: 13"), "step: 14  loss:"])
     log = parse_text(text)
     assert [r.step for r in log.records] == [12, 13]
-    assert log.incomplete == [3]
+    assert log.truncated == [3]
 
 
 def test_truncated_mid_number_keeps_what_is_there() -> None:
@@ -243,10 +243,10 @@ def _never_raise(text: str) -> None:
         log = parse_text(text, fmt)
         result = check_parsed(log)
         assert result.exit_code in (0, 1, 2)
-        json.dumps(result.to_json(), allow_nan=False)
+        json.dumps(result.to_dict(), allow_nan=False)
         result.lines()
         summary = summarize([log], warmup=1)
-        json.dumps(summary.to_json(), allow_nan=False)
+        json.dumps(summary.to_dict(), allow_nan=False)
         summary.lines()
 
 

@@ -13,13 +13,15 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 from torchtitan.protocols.train_spec import get_train_spec
 
 from titan_rocm.workarounds import moe_blocks
-from titan_rocm.workarounds.moe_blocks import EAGER_MOE, FULLGRAPH
+from titan_rocm.workarounds.moe_blocks import EAGER_MOE, FULLGRAPH, MOE_CHILD
 from titan_rocm.workarounds.moe_eager_compile import workaround as moe_eager_compile
 
 ON = ("--model.converters", "rocm.moe_eager_compile", "--rocm.moe_eager_compile", "on")
 COMPILE = ("--compile.enable",)
 AC_FULL = ("--activation_checkpoint.mode", "full")
 NO_AC = ("--activation_checkpoint.mode", "none")  # 0.2.2's default is "selective"
+MOE_SCOPE = ("--rocm.moe_eager_scope", "moe")
+SPLIT = "attention, attention_norm, ffn_norm fullgraph; moe eager"
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +52,27 @@ def _assert_mixed(model: nn.Module, expected: dict[str, str], ac: bool) -> None:
             assert isinstance(block, CheckpointWrapper) is ac, layer_id
             assert moe_blocks.eager_layer_id(block) == layer_id
             assert moe_blocks.unwrap_block(block).moe_enabled
+
+
+def _assert_moe_scope(model: nn.Module, ac: bool) -> None:
+    """Dense blocks compiled whole; in MoE blocks every child but ``moe`` compiled fullgraph
+    (inside the AC wrapper, where stock compiles them), ``moe`` eager and counted."""
+    for layer_id, block in model.layers.named_children():
+        inner = moe_blocks.unwrap_block(block)
+        if not inner.moe_enabled:
+            assert isinstance(block, OptimizedModule) and block.dynamo_ctx.fullgraph, layer_id
+            continue
+        assert not moe_blocks.is_compiled(block), layer_id  # the block itself runs eager
+        assert isinstance(block, CheckpointWrapper) is ac, layer_id
+        assert moe_blocks.eager_layer_id(block) is None, layer_id  # not the whole block
+        for name, child in inner.named_children():
+            if name == MOE_CHILD:
+                assert not isinstance(child, OptimizedModule), layer_id
+                assert moe_blocks.eager_layer_id(child) == layer_id
+                assert not any(isinstance(m, OptimizedModule) for m in child.modules()), layer_id
+            else:
+                assert isinstance(child, OptimizedModule), (layer_id, name)
+                assert child.dynamo_ctx.fullgraph is True, (layer_id, name)
 
 
 def test_llama3_is_skipped_no_moe_blocks():
@@ -103,6 +126,96 @@ def test_parallelize_compiles_dense_fullgraph_and_leaves_moe_eager(name, flavor,
     _assert_mixed(model, expected, ac)
     # The plan reads through the wrappers: same decisions after compile and AC.
     assert moe_blocks.plan_blocks(model) == expected
+
+
+@pytest.mark.parametrize("ac", [False, True], ids=["no_ac", "ac_full"])
+@pytest.mark.parametrize(
+    "name,flavor",
+    [("deepseek_v3", "debugmodel"), ("qwen3", "debugmodel_moe"), ("llama4", "debugmodel")],
+)
+def test_moe_scope_compiles_attention_and_norms_and_leaves_the_moe_module_eager(
+    name, flavor, ac
+):
+    job = _job(name, flavor, *COMPILE, *ON, *MOE_SCOPE, *(AC_FULL if ac else NO_AC))
+    model = build_meta(job)
+    decision = decisions(convert(job, model))["moe_eager_compile"]
+    assert decision.applied, decision.reason
+    assert decision.details["scope"] == "moe"
+    expected = {
+        layer_id: SPLIT if block.moe_enabled else FULLGRAPH
+        for layer_id, block in model.layers.named_children()
+    }
+    assert decision.details["blocks"] == expected and SPLIT in expected.values()
+
+    _parallelize(job, model)
+    _assert_moe_scope(model, ac)
+    assert moe_blocks.plan_blocks(model, "moe") == expected  # read through the wrappers
+
+
+def test_moe_scope_second_apply_compile_call_changes_nothing():
+    """Pipeline parallelism calls apply_compile once per stage: no child is wrapped twice."""
+    job = _job("deepseek_v3", "debugmodel", *COMPILE, *ON, *MOE_SCOPE, *AC_FULL)
+    model = build_meta(job)
+    convert(job, model)
+    _parallelize(job, model)
+    children = {k: dict(moe_blocks.unwrap_block(b).named_children())
+                for k, b in model.layers.named_children()}
+    forwards = {k: c[MOE_CHILD].forward for k, c in children.items() if MOE_CHILD in c}
+    patched = get_train_spec("deepseek_v3").parallelize_fn.__globals__["apply_compile"]
+    patched(model, job.compile, False)
+    for layer_id, block in model.layers.named_children():
+        now = dict(moe_blocks.unwrap_block(block).named_children())
+        assert all(now[n] is c for n, c in children[layer_id].items()), layer_id
+        if layer_id in forwards:
+            assert now[MOE_CHILD].forward is forwards[layer_id]
+    done = moe_eager_compile.compile_blocks(model, "inductor", "moe")
+    assert all(d.endswith("(already)") for d in done.values()), done
+    _assert_moe_scope(model, ac=True)
+
+
+def test_a_job_with_the_other_scope_repatches_from_the_stock_function():
+    parallelize_fn = get_train_spec("deepseek_v3").parallelize_fn
+    stock = parallelize_fn.__globals__["apply_compile"]
+    for scope in ("block", "moe", "moe", "block"):
+        job = _job("deepseek_v3", "debugmodel", *COMPILE, *ON, "--rocm.moe_eager_scope", scope)
+        convert(job, build_meta(job))
+        patched = parallelize_fn.__globals__["apply_compile"]
+        assert getattr(patched, moe_eager_compile.SCOPE_ATTR) == scope
+        assert getattr(patched, moe_eager_compile.PATCHED_ATTR) is stock
+
+
+def test_moe_scope_keeps_a_block_without_a_moe_child_eager_whole():
+    class Block(nn.Module):
+        moe_enabled = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.attention = nn.Linear(4, 4)
+            self.mixture = nn.Linear(4, 4)  # not named "moe": nothing says what to keep eager
+
+        def forward(self, x):
+            return self.mixture(self.attention(x))
+
+    model = nn.Module()
+    model.layers = nn.ModuleDict({"0": Block()})
+    done = moe_eager_compile.compile_blocks(model, "eager", "moe")
+    assert done == {"0": "eager (MoE): no 'moe' child to split"}
+    assert moe_blocks.eager_layer_id(model.layers["0"]) == "0"
+    assert not isinstance(model.layers["0"].attention, OptimizedModule)
+
+
+def test_recomputation_is_not_counted_as_an_eager_forward():
+    """The moe scope's MoE module runs inside the checkpointed block: its recomputation in the
+    backward is not a forward of the step, so both scopes count one per micro-batch."""
+    from torch.utils.checkpoint import checkpoint
+
+    moe = nn.Linear(4, 4)
+    assert moe_blocks.make_eager(moe, "3")
+    x = torch.randn(2, 4, requires_grad=True)
+    out = checkpoint(lambda t: moe(t).tanh(), x, use_reentrant=False)
+    out.sum().backward()  # recomputes moe's forward inside the autograd engine
+    assert x.grad is not None
+    assert moe_blocks.eager_forward_calls() == {"3": 1}
 
 
 def test_deepseek_plan_shows_first_block_dense():

@@ -12,8 +12,8 @@ from titan_rocm.plan import PlanError, make_plan
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((REPO / "configs").glob("*.toml"))
-WORKAROUNDS = {"precision_casts", "triton_war", "grouped_mm", "moe_eager_compile",
-               "mla_ck_backward", "divergence_guard"}
+WORKAROUNDS = {"precision_casts", "triton_war", "gemm_lookup", "grouped_mm",
+               "moe_eager_compile", "mla_ck_backward", "divergence_guard"}
 
 
 def _by_name(plan: dict) -> dict[str, dict]:
@@ -122,3 +122,18 @@ def test_plan_rejects_unknown_flavor(reference_configs: Path) -> None:
     with pytest.raises(PlanError, match="no flavor 'huge'; accepted: "):
         make_plan(["--job.config_file", str(reference_configs / "llama3__debug_model.toml"),
                    "--model.flavor", "huge"])
+
+
+def test_plan_shows_the_moe_scope_per_block(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = str(Path(__file__).resolve().parents[1] / "configs" / "deepseek_v3_debug.toml")
+    assert main(["plan", "--arch", "gfx942", "--job.config_file", cfg,
+                 "--rocm.moe_eager_scope", "moe"]) == 0
+    text = capsys.readouterr().out
+    assert "layers.0: fullgraph" in text
+    assert "layers.5: attention, attention_norm, ffn_norm fullgraph; moe eager" in text
+    assert "      scope: moe" in text
+    assert "keeps each MoE module eager" in text  # the experts runner's line agrees
+    assert main(["plan", "--arch", "gfx942", "--job.config_file", cfg,
+                 "--rocm.moe_eager_scope", "layer"]) == 2
+    err = capsys.readouterr().err
+    assert "moe-eager-scope" in err and "'block', 'moe'" in err, err  # tyro names both

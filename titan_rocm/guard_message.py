@@ -85,8 +85,9 @@ def message(d: Divergence) -> str:
         "miscompiled or hazardous kernel on ROCm (keep [rocm] triton_war on; run "
         "'titan-rocm scan' on the Triton cache; retry with [compile] enable = false to "
         "compare). Resume from the last checkpoint saved before this step.\n"
-        f"Details: {DOCS_PAGE} in titan-rocm. To check every step exactly (one device sync "
-        "per step): [rocm] divergence_check = \"every_step\"."
+        f"Details: {DOCS_PAGE} in titan-rocm. To check every step: [rocm] divergence_check "
+        "= \"every_step\" (each step's record read at the end of the next step, no wait) or "
+        "\"every_step_exact\" (at the step's own end, one device sync per step)."
     )
 
 

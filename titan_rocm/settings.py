@@ -16,8 +16,11 @@ Mode = Literal["auto", "on", "off"]
 applies it where its preconditions hold and otherwise logs once why not, ``off`` does nothing."""
 HazardRule = Literal["precise", "conservative"]
 """The buffer-store hazard rule offered to users (docs/triton-buffer-store-hazard.md)."""
-DivergenceCheck = Literal["log_steps", "every_step"]
-"""When the divergence guard reads its device-side record."""
+DivergenceCheck = Literal["log_steps", "every_step", "every_step_exact"]
+"""When the divergence guard reads its device-side record (docs/divergence-detection.md)."""
+MoEEagerScope = Literal["block", "moe"]
+"""What ``rocm.moe_eager_compile`` leaves eager in each MoE TransformerBlock: the whole block,
+or only its MoE module (attention and norms then compile; docs/moe-eager-compile.md)."""
 DocumentMasks = Literal["keep", "drop"]
 """What MLA on aiter does with per-document (``block_causal``) attention masks."""
 
@@ -36,6 +39,9 @@ class RocmSettings:
     """Set Inductor's emulate_precision_casts before anything compiles."""
     moe_eager_compile: Mode = "auto"
     """Compile dense TransformerBlocks whole (fullgraph); leave MoE blocks eager."""
+    moe_eager_scope: MoEEagerScope = "block"
+    """What stays eager in each MoE block: the whole block, or only its MoE module (router,
+    token permutation, experts, shared experts), with attention and norms compiled fullgraph."""
     grouped_mm: Mode = "auto"
     """Bind the MoE grouped-MM function of the live model to ``grouped_mm_backend``."""
     grouped_mm_backend: str = "auto"
@@ -59,10 +65,21 @@ class RocmSettings:
     """Stop training at the first non-finite loss or grad norm (auto = every platform)."""
     divergence_check: DivergenceCheck = "log_steps"
     """When the guard reads its device-side record: at TorchTitan's log steps and the end
-    of training (no extra host sync), or every step (one sync per step)."""
+    of training (no extra host sync); every step, one step late (each step's record is read
+    at the end of the next one, once it has landed: no wait in steady state); or every step
+    exactly (the step's own record at its end: one wait for the device per step)."""
+    gemm_lookup: Mode = "auto"
+    """Compile GEMMs with the validated kernels of ``gemm_lookup_table`` (auto: when a table
+    is named), ATen on a miss; never autotune at start-up."""
+    gemm_lookup_table: str = ""
+    """Path of a table written by ``titan-rocm tune table`` (empty: none)."""
 
     def __post_init__(self) -> None:
         validate(self)
+
+
+MAY_BE_EMPTY: tuple[str, ...] = ("gemm_lookup_table",)
+"""String settings whose empty value means "none"."""
 
 
 def choices(annotation: Any) -> tuple[str, ...] | None:
@@ -97,7 +114,7 @@ def validate(settings: RocmSettings) -> None:
                     f"[rocm] {f.name} = {value!r} is not valid; accepted: true, false"
                 )
         elif f.type is str:
-            if not isinstance(value, str) or not value:
+            if not isinstance(value, str) or not (value or f.name in MAY_BE_EMPTY):
                 raise ValueError(
                     f"[rocm] {f.name} = {value!r} is not valid; accepted: a non-empty string"
                 )

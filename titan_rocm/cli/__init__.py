@@ -18,7 +18,9 @@ SUBCOMMANDS: dict[str, str] = {
     "scan": "titan_rocm.cli.scan",
     "check-log": "titan_rocm.cli.check_log",
     "bench-summary": "titan_rocm.cli.bench_summary",
+    "compare": "titan_rocm.cli.compare",
     "gemm-tables": "titan_rocm.cli.gemm_tables",
+    "tune": "titan_rocm.cli.tune",
 }
 
 _HELP: dict[str, str] = {
@@ -26,7 +28,9 @@ _HELP: dict[str, str] = {
     "scan": "audit AMDGCN files (Triton caches) for the buffer-store data hazard",
     "check-log": "require every logged loss and grad norm of a training log to be finite",
     "bench-summary": "throughput summary of a training log; invalid if it diverged",
+    "compare": "training runs side by side against a baseline and its noise band",
     "gemm-tables": "make aiter's tuned GEMM tables safe for HIP-graph capture",
+    "tune": "validated GEMM tuning: collect, run (checked, crash-isolated), table",
 }
 
 

@@ -5,19 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 
-from titan_rocm.logs.parse import FORMATS, parse_file
+from titan_rocm.logs.parse import FORMATS, UnreadableLog, parse_file
 from titan_rocm.logs.summary import DEFAULT_WARMUP, summarize
 
 HELP = (
     "Throughput summary of one training run for publishing: median/min/max tokens/s, TFLOP/s, "
     "MFU (or Megatron-LM iteration time) over the steps after warm-up, memory peak, steps "
-    "parsed. A run with a non-finite loss or grad norm, or with nothing parsed, is "
-    "'valid: false' with the reason and gets no throughput figure. Several LOGs are pooled "
-    "as one run (e.g. one file per rank). Exit 0 valid, 1 diverged, 2 nothing to summarize."
+    "parsed. A run that diverged, did not finish (its log ends in a crash, or has no training "
+    "step) or logged a non-finite or negative figure is 'valid: false' with the reason and "
+    "gets no figure. Several LOGs are pooled as one run (e.g. one file per rank). Exit 0 "
+    "valid, 1 not a valid benchmark, 2 nothing to summarize."
 )
 
 
-def _warmup(text: str) -> int:
+def warmup_arg(text: str) -> int:
+    """``--warmup``: an integer >= 0 (argparse type; also used by ``compare``)."""
     try:
         value = int(text)
     except ValueError:
@@ -31,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``bench-summary``."""
     parser.add_argument("logs", nargs="+", metavar="LOG", help="log file(s) of one run")
     parser.add_argument(
-        "--warmup", type=_warmup, default=DEFAULT_WARMUP, metavar="N",
+        "--warmup", type=warmup_arg, default=DEFAULT_WARMUP, metavar="N",
         help=f"leave steps <= N out of the throughput figures (default {DEFAULT_WARMUP})",
     )
     parser.add_argument(
@@ -42,16 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Summarize the run; print it; return 0 (valid), 1 (diverged) or 2 (nothing parsed)."""
-    logs, errors = [], []
+    """Summarize the run; print it; return 0 (valid), 1 (not valid) or 2 (nothing to sum)."""
+    logs, unreadable = [], []
     for path in args.logs:
         try:
             logs.append(parse_file(path, args.format))
-        except OSError as exc:
-            errors.append(f"{path}: {exc.strerror or exc}")
-    summary = summarize(logs, args.warmup, errors)
+        except UnreadableLog as exc:
+            unreadable.append(exc)
+    summary = summarize(logs, args.warmup, unreadable)
     if args.json:
-        print(json.dumps(summary.to_json(), indent=2, allow_nan=False))
+        print(json.dumps(summary.to_dict(), indent=2, allow_nan=False))
     else:
         print("\n".join(summary.lines()))
     return summary.exit_code

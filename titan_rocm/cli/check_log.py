@@ -10,8 +10,10 @@ from titan_rocm.logs.parse import FORMATS
 
 HELP = (
     "Require every loss and grad norm logged by a TorchTitan or Megatron-LM training log to "
-    "be finite. Exit 0: at least one step parsed and all finite; 1: a non-finite value; "
-    "2: unreadable file or no metric line found (an unparseable log is not a pass)."
+    "be finite, and say whether the run finished. Exit 0: at least one training step, all "
+    "finite (a log that ends in a crash after finite steps is reported as incomplete, still "
+    "0); 1: a non-finite value or the divergence guard's stop message; 2: nothing to check "
+    "(unreadable or not a regular file, no metric line, or no training step)."
 )
 
 
@@ -34,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     code = combined_exit_code(results)
     if args.json:
         print(json.dumps(
-            {"exit_code": code, "files": [r.to_json() for r in results]},
+            {"exit_code": code, "files": [r.to_dict() for r in results]},
             indent=2, allow_nan=False,
         ))
     else:

@@ -29,6 +29,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--world-size", type=int, help="number of ranks (default: product of explicit degrees)"
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument(
+        "--tune-problems", metavar="PROBLEMS",
+        help="a problems file from `titan-rocm tune collect`: show how many of the job's GEMMs "
+        "[rocm] gemm_lookup_table covers",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,5 +52,27 @@ def run(args: argparse.Namespace) -> int:
     except errors as exc:
         print(f"titan-rocm plan: {exc}", file=sys.stderr)
         return 2
+    if args.tune_problems:
+        error = _add_coverage(plan, args.tune_problems)
+        if error:
+            print(f"titan-rocm plan: {error}", file=sys.stderr)
+            return 2
     print(json.dumps(plan, indent=2, default=str) if args.json else format_plan(plan))
     return 0
+
+
+def _add_coverage(plan: dict, problems: str) -> str | None:
+    """Put the table's coverage of ``problems`` into gemm_lookup's details; an error or None."""
+    from titan_rocm.tuning.problems import ProblemsError
+    from titan_rocm.tuning.table import TableError, problems_coverage
+
+    decision = next((d for d in plan["workarounds"] if d["workaround"] == "gemm_lookup"), None)
+    table = (decision or {}).get("details", {}).get("table")
+    if not table:
+        return "--tune-problems needs a table: set [rocm] gemm_lookup_table"
+    try:
+        decision["details"]["coverage"] = problems_coverage(  # type: ignore[index]
+            table, problems, plan["model"]["name"], plan["model"]["flavor"])
+    except (TableError, ProblemsError) as exc:
+        return str(exc)
+    return None

@@ -1,7 +1,16 @@
 """Is every logged loss and grad norm of a training log finite? (``titan-rocm check-log``).
 
-Exit codes: 0 at least one step parsed and every value finite; 1 a non-finite value;
-2 unreadable file or no metric line found (an unparseable log is not a pass).
+Exit codes (per file; several files: 1 if any diverged, else 2 if any gave 2, else 0):
+
+====  =====================================================================================
+0     at least one training step, every loss and grad norm finite (``ok``); also a run that
+      did not finish (``incomplete``: its log ends in a crash) after finite steps: the
+      report says so, but its numerics are fine as far as they go
+1     a non-finite value, or the divergence guard's stop message (``diverged``)
+2     nothing to check: unreadable or not a regular file, no metric line (``empty``), or
+      no training step (a start-up crash, only validation lines): an unchecked log is not
+      a pass
+====  =====================================================================================
 """
 
 from __future__ import annotations
@@ -10,22 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from titan_rocm.guard_message import fmt_value
-from titan_rocm.logs.parse import ParsedLog, Record, json_value, parse_file
+from titan_rocm.logs.parse import ParsedLog, Record, UnreadableLog, parse_file
+from titan_rocm.logs.verdict import DIVERGED, INCOMPLETE, OK, Verdict, first_bad, verdict_of
 
 EXIT_OK = 0
 EXIT_NONFINITE = 1
 EXIT_ERROR = 2
 
 
-def first_bad(records: list[Record]) -> Record | None:
-    """The non-finite record of the lowest step (the earliest line among equal steps)."""
-    bad = [r for r in records if not r.finite]
-    return min(bad, key=lambda r: (r.step, r.line)) if bad else None
-
-
 def first_bad_per_rank(records: list[Record]) -> dict[int | None, Record]:
-    """:func:`first_bad` of each rank (None: lines without a rank prefix)."""
+    """:func:`~titan_rocm.logs.verdict.first_bad` of each rank (None: no rank prefix)."""
     by_rank: dict[int | None, list[Record]] = {}
     for r in records:
         by_rank.setdefault(r.rank, []).append(r)
@@ -33,88 +36,87 @@ def first_bad_per_rank(records: list[Record]) -> dict[int | None, Record]:
     return {rank: r for rank, r in result.items() if r is not None}
 
 
-def describe_values(record: Record) -> str:
-    """``loss=nan grad_norm=1.23`` for messages (every checked value of the record)."""
-    values = record.checked_values()
-    if record.nan_iterations:
-        values["nan iterations"] = float(record.nan_iterations)
-    return " ".join(f"{k.replace(' ', '_')}={fmt_value(v)}" for k, v in values.items())
-
-
-def record_json(record: Record) -> dict[str, Any]:
-    """A record's position and values as strict JSON (non-finite values as strings)."""
-    return {
-        "step": record.step,
-        "rank": record.rank,
-        "line": record.line,
-        "kind": record.kind,
-        "values": {k: json_value(v) for k, v in record.checked_values().items()},
-        "bad": {k: json_value(v) for k, v in record.bad_values().items()},
-    }
+def exit_code_of(verdict: Verdict) -> int:
+    """check-log's exit code for a verdict (see the module docstring)."""
+    if verdict.status == DIVERGED:
+        return EXIT_NONFINITE
+    if verdict.status == OK or (verdict.status == INCOMPLETE and verdict.train_steps):
+        return EXIT_OK
+    return EXIT_ERROR
 
 
 @dataclass
 class CheckResult:
-    """The verdict on one log."""
+    """The verdict on one log file."""
 
     path: str
     exit_code: int
     error: str | None = None
+    """Why the file could not be checked (exit 2)."""
     log: ParsedLog | None = None
+    verdict: Verdict | None = None
     bad: list[Record] = field(default_factory=list)
 
     @property
     def status(self) -> str:
-        """``ok``, ``nonfinite`` or ``error``."""
+        """``ok``, ``nonfinite`` or ``error``: what the exit code means."""
         return {EXIT_OK: "ok", EXIT_NONFINITE: "nonfinite"}.get(self.exit_code, "error")
 
-    @property
-    def steps_parsed(self) -> int:
-        """Distinct training steps with a metric line."""
-        return len({r.step for r in self.log.train_records}) if self.log else 0
+    def _found(self) -> str:
+        assert self.log is not None and self.verdict is not None
+        steps = self.verdict.train_steps
+        if not steps:
+            return "no training-step metric line was parsed"
+        return f"{steps} training step(s) parsed ({self.log.format})"
 
     def lines(self) -> list[str]:
-        """Human-readable report lines."""
-        if self.error:
+        """Human-readable report lines, each a sentence or more."""
+        if self.log is None or self.verdict is None:
             return [f"{self.path}: error: {self.error}"]
-        assert self.log is not None
-        where = f"{self.log.format}, {self.steps_parsed} steps parsed"
-        if not self.bad:
-            return [f"{self.path}: ok: every loss and grad norm finite ({where})"]
-        first = first_bad(self.bad)
-        assert first is not None
-        rank = f"rank {first.rank}, " if first.rank is not None else ""
-        kind = "validation " if first.kind == "validation" else ""
-        said = " [the titan-rocm divergence guard's stop message]" if first.guard_stop else ""
+        v = self.verdict
+        if v.status == OK:
+            out = [f"{self.path}: ok: {v.reason[:-1]} ({self.log.format})."]
+            if v.note:
+                out.append(f"  note: {v.note}")
+            return out
+        if v.status != DIVERGED:
+            out = [f"{self.path}: {v.status}: {v.reason}"]
+            if self.exit_code == EXIT_OK:
+                out.append(
+                    f"  Every loss and grad norm logged before it is finite; {self._found()}."
+                )
+            else:
+                out.append("  No training step to check, so this log does not pass.")
+            return out
         steps = len({(r.kind, r.step) for r in self.bad})
         out = [
-            f"{self.path}: DIVERGED: first non-finite {kind}step {first.step} "
-            f"({rank}line {first.line}){said}: {describe_values(first)}; "
-            f"{len(self.bad)} non-finite metric line(s) over {steps} step(s) ({where})"
+            f"{self.path}: DIVERGED: {v.reason} {len(self.bad)} line(s) with a non-finite value "
+            f"over {steps} step(s); {self._found()}."
         ]
         per_rank = first_bad_per_rank(self.bad)
         if len(per_rank) > 1 or (per_rank and None not in per_rank):
             for r in sorted(per_rank, key=lambda k: -1 if k is None else k):
                 rec = per_rank[r]
-                label = "no rank prefix" if r is None else f"rank {r}"
+                label = "lines without a rank prefix" if r is None else f"rank {r}"
                 out.append(
                     f"  {label}: first non-finite step {rec.step} (line {rec.line}): "
-                    f"{describe_values(rec)}"
+                    f"{rec.describe()}."
                 )
         return out
 
-    def to_json(self) -> dict[str, Any]:
-        """The ``--json`` object for this log."""
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` object for this log (strict JSON: non-finite values as strings)."""
         out: dict[str, Any] = {
             "path": self.path,
             "status": self.status,
             "exit_code": self.exit_code,
             "error": self.error,
+            "verdict": self.verdict.to_dict() if self.verdict else None,
             "format": self.log.format if self.log else None,
-            "steps_parsed": self.steps_parsed,
+            "steps_parsed": self.verdict.train_steps if self.verdict else 0,
             "metric_lines": len(self.log.records) if self.log else 0,
             "ranks": self.log.ranks if self.log else [],
-            "incomplete_lines": self.log.incomplete if self.log else [],
+            "truncated_lines": self.log.truncated if self.log else [],
             "nonfinite_count": len(self.bad),
             "nonfinite_steps": sorted({r.step for r in self.bad}),
             "first_bad": None,
@@ -122,9 +124,9 @@ class CheckResult:
         }
         first = first_bad(self.bad)
         if first is not None:
-            out["first_bad"] = record_json(first)
+            out["first_bad"] = first.to_dict()
             out["first_bad_per_rank"] = {
-                "none" if rank is None else str(rank): record_json(rec)
+                "none" if rank is None else str(rank): rec.to_dict()
                 for rank, rec in first_bad_per_rank(self.bad).items()
             }
         return out
@@ -132,34 +134,26 @@ class CheckResult:
 
 def check_parsed(log: ParsedLog) -> CheckResult:
     """The verdict on an already parsed log."""
-    if not log.records:
-        found = f"{log.lines} lines read"
-        if log.incomplete:
-            found += f", {len(log.incomplete)} truncated metric line(s) without a loss value"
-        return CheckResult(
-            log.source,
-            EXIT_ERROR,
-            error=(
-                f"no TorchTitan or Megatron-LM metric line found ({found}); "
-                "an unparseable log is not a pass"
-            ),
-            log=log,
-        )
-    bad = [r for r in log.records if not r.finite]
-    return CheckResult(log.source, EXIT_NONFINITE if bad else EXIT_OK, log=log, bad=bad)
+    verdict = verdict_of([log])
+    code = exit_code_of(verdict)
+    return CheckResult(
+        log.source, code, log=log, verdict=verdict,
+        error=verdict.reason if code == EXIT_ERROR else None,
+        bad=[r for r in log.records if not r.finite],
+    )
 
 
 def check_file(path: str | Path, fmt: str = "auto") -> CheckResult:
-    """Parse and check one log file; unreadable files give an ``error`` result, not raise."""
+    """Parse and check one log file; an unreadable one gives an ``error`` result, not raise."""
     try:
         log = parse_file(path, fmt)
-    except OSError as exc:
-        return CheckResult(str(path), EXIT_ERROR, error=f"cannot read: {exc.strerror or exc}")
+    except UnreadableLog as exc:
+        return CheckResult(str(path), EXIT_ERROR, error=f"{exc}")
     return check_parsed(log)
 
 
 def combined_exit_code(results: list[CheckResult]) -> int:
-    """1 if any log diverged (a definite finding), else 2 if any failed to parse, else 0."""
+    """1 if any log diverged (a definite finding), else 2 if any was not checked, else 0."""
     codes = {r.exit_code for r in results}
     if EXIT_NONFINITE in codes:
         return EXIT_NONFINITE

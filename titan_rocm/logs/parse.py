@@ -24,15 +24,25 @@ ranks interleaved (even two ranks' output on one physical line), Windows line en
 truncated last line, and values such as ``nan``, ``NaN``, ``-nan``, ``inf``, ``-inf``,
 ``Infinity`` or ``1.0E+01`` followed by ``|`` or ``,``. :func:`parse_text` handles all of
 these and never raises on any text.
+
+Beside the metric lines the parser notes how a log ends: the first crash marker (a Python
+traceback, torchrun's ``ChildFailedError``, out of memory, a segmentation fault, ``Killed``,
+an NCCL/RCCL or GPU error) after the last training step, and TorchTitan's ``Training
+completed`` / Megatron's ``[after training is done]``. :mod:`titan_rocm.logs.verdict` turns
+that into the run's verdict. :func:`parse_file` streams a file in blocks (memory does not
+grow with the file) and refuses what is not a regular file before opening it.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
-from collections.abc import Iterator
+import stat
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from titan_rocm.guard_message import NUMBER, fmt_value
 from titan_rocm.guard_message import PATTERN as GUARD_PATTERN
@@ -41,6 +51,11 @@ FORMATS: tuple[str, ...] = ("auto", "torchtitan", "megatron")
 TORCHTITAN = "torchtitan"
 MEGATRON = "megatron"
 GUARD_FORMAT = "titan-rocm"
+FORMAT_NAMES: dict[str, str] = {TORCHTITAN: "TorchTitan", MEGATRON: "Megatron-LM"}
+
+MAX_LINE_BYTES = 1 << 20
+"""A physical line longer than this is cut to its first MAX_LINE_BYTES bytes (a metric line is
+a few hundred bytes; a log with no newline at all must not be read into memory whole)."""
 
 # ANSI escape sequences: CSI (colours, cursor moves) and the two-character forms.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -147,6 +162,96 @@ class Record:
         """Every loss and grad norm is finite (and Megatron counted no nan iteration)."""
         return not self.bad_values()
 
+    def describe(self) -> str:
+        """``loss=nan grad_norm=1.23`` for messages: every checked value the line logged."""
+        values = self.checked_values()
+        if self.nan_iterations:
+            values["nan iterations"] = float(self.nan_iterations)
+        if not values:
+            return "no loss or grad norm value logged"
+        return " ".join(f"{k.replace(' ', '_')}={fmt_value(v)}" for k, v in values.items())
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record's position and values as strict JSON (non-finite values as strings)."""
+        return {
+            "step": self.step,
+            "rank": self.rank,
+            "line": self.line,
+            "kind": self.kind,
+            "values": {k: json_value(v) for k, v in self.checked_values().items()},
+            "bad": {k: json_value(v) for k, v in self.bad_values().items()},
+        }
+
+
+@dataclass(frozen=True)
+class Crash:
+    """A line that shows the process failing: a traceback, an OOM, a signal, a collective error."""
+
+    line: int
+    rank: int | None
+    kind: str
+    """What it is, for messages: ``Python traceback``, ``out of memory``, ..."""
+    text: str
+    """The marker line (shortened); for a traceback, its exception line once seen."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"line", "rank", "kind", "text"}``."""
+        return {"line": self.line, "rank": self.rank, "kind": self.kind, "text": self.text}
+
+
+# Markers of a process failing, each with the name messages use. A marker counts only when no
+# training step follows it (TorchTitan logs some tracebacks and trains on: those are warnings).
+_CRASH_KINDS: dict[str, tuple[str, str]] = {
+    "traceback": ("Python traceback", r"Traceback \(most recent call last\):"),
+    "child": ("torchrun child failure", r"\bChildFailedError\b"),
+    "oom": ("out of memory", r"\b(?:CUDA|HIP) out of memory\b|\bOutOfMemoryError\b"),
+    "segv": ("segmentation fault", r"Segmentation fault|\bSIGSEGV\b"),
+    "abort": (
+        "fatal error",
+        r"Fatal Python error|terminate called after throwing|\(core dumped\)|\bSIGABRT\b",
+    ),
+    "killed": (
+        "killed",
+        r"^\s*Killed\s*$|^\S*: line \d+: +\d+ Killed\b|\bSignalException\b|\bSIGKILL\b",
+    ),
+    "collective": (
+        "NCCL/RCCL error",
+        r"\b[NR]CCL error\b|\b(?:nccl|rccl)(?:Internal|System|UnhandledCuda|InvalidUsage|"
+        r"InvalidArgument|Remote)Error\b|\bDistBackendError\b|"
+        r"Watchdog caught collective operation timeout",
+    ),
+    "gpu": (
+        "GPU error",
+        r"\b(?:CUDA|HIP) error\b|Memory access fault by GPU|\bhipError[A-Z]\w*|"
+        r"illegal memory access",
+    ),
+}
+_CRASH = re.compile("|".join(f"(?P<{key}>{rx})" for key, (_, rx) in _CRASH_KINDS.items()))
+# The last line of a traceback: ``KeyError: ''``, ``torch.OutOfMemoryError: HIP out of ...``.
+_EXCEPTION_LINE = re.compile(
+    r"^\s*((?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit|Failure)\b(?::.*)?)$"
+)
+_EXCEPTION_LOOKAHEAD = 400
+"""Lines after a traceback start within which its exception line is looked for."""
+# The end of a finished run: TorchTitan 0.2.2's train() and Megatron-LM's pretrain().
+_COMPLETED = re.compile(r"\bTraining completed\b|\[after training is done\]")
+_TEXT_MAX = 160
+
+# Words without which a line can be neither a metric line nor a crash marker nor the end of
+# training: the parser looks closer only at lines that hold one (each pattern above and
+# below contains one of them; a test checks every crash sample).
+_METRIC_HINTS: tuple[str, ...] = ("step:", "iteration", "memory (", "diverged at step")
+_END_HINTS: tuple[str, ...] = (
+    "rror", "Traceback", "of memory", "illegal memory", "Segmentation fault", "access fault",
+    "Killed", "SIG", "Signal", "terminate called", "dumped", "Watchdog", "Training completed",
+    "after training is done",
+)
+
+
+def _shorten(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _TEXT_MAX else text[: _TEXT_MAX - 1] + "\u2026"
+
 
 @dataclass
 class ParsedLog:
@@ -156,9 +261,28 @@ class ParsedLog:
     records: list[Record] = field(default_factory=list)
     memory_peaks_gib: list[float] = field(default_factory=list)
     """Megatron's ``memory (MB|GB)`` report lines (max reserved, else max allocated)."""
-    incomplete: list[int] = field(default_factory=list)
+    truncated: list[int] = field(default_factory=list)
     """Line numbers of metric lines without any loss value (e.g. a truncated last line)."""
     lines: int = 0
+    fmt: str = "auto"
+    """The format asked for (``auto``: both)."""
+    excluded: dict[str, int] = field(default_factory=dict)
+    """Metric lines of a format that ``fmt`` left out, per format (to name it in messages)."""
+    crash: Crash | None = None
+    """The first crash marker after the last training step (None: none, or steps follow)."""
+    completed_line: int | None = None
+    """The last ``Training completed`` / ``[after training is done]`` line after the last
+    training step (None: none, or steps follow)."""
+    binary: str | None = None
+    """What the file's first bytes look like when they are not text (``gzip-compressed
+    data``, ``binary data``); None for text."""
+
+    def add(self, record: Record) -> None:
+        """Keep ``record`` if its format was asked for; else count it in :attr:`excluded`."""
+        if self.fmt in ("auto", record.format) or record.format == GUARD_FORMAT:
+            self.records.append(record)
+        else:
+            self.excluded[record.format] = self.excluded.get(record.format, 0) + 1
 
     @property
     def formats(self) -> list[str]:
@@ -218,10 +342,10 @@ def _torchtitan(text: str, rank: int | None, line_no: int, log: ParsedLog) -> No
         if loss is None:
             # "step: N  loss:" cut short is a truncated metric line; "step: N" alone in some
             # other message is not a metric line at all.
-            if re.match(r"\s*loss:", body):
-                log.incomplete.append(line_no)
+            if re.match(r"\s*loss:", body) and log.fmt in ("auto", TORCHTITAN):
+                log.truncated.append(line_no)
             continue
-        log.records.append(
+        log.add(
             Record(
                 format=TORCHTITAN,
                 kind="validation" if m.group("validate") else "train",
@@ -243,7 +367,7 @@ def _guard(text: str, rank: int | None, line_no: int, log: ParsedLog) -> None:
         losses = (("loss", to_float(m.group("loss"))),) if m.group("loss") else ()
         # The rank that saw it first is named in the message (rank 0 prints it).
         named = m.group("rank") or m.group("seen")
-        log.records.append(
+        log.add(
             Record(
                 format=GUARD_FORMAT, kind="guard", step=int(m.group("step")),
                 rank=int(named) if named else rank, line=line_no, losses=losses,
@@ -320,60 +444,233 @@ def _megatron(text: str, rank: int | None, line_no: int, log: ParsedLog) -> None
             record = _megatron_record(
                 _megatron_fields(text[m.end():]), int(m.group("step")), rank, line_no, kind
             )
-            if record is None:
-                log.incomplete.append(line_no)
-            else:
-                log.records.append(record)
+            if record is not None:
+                log.add(record)
+            elif log.fmt in ("auto", MEGATRON):
+                log.truncated.append(line_no)
     memory = _MG_MEMORY.search(text)
-    if memory:
+    if memory and log.fmt in ("auto", MEGATRON):
         fields = _megatron_fields(text[memory.end():])
         peak = _first_number(fields.get("max reserved") or fields.get("max allocated"))
         if peak is not None:
             log.memory_peaks_gib.append(peak / 1024 if memory.group("unit") == "MB" else peak)
 
 
-def parse_text(text: str, fmt: str = "auto", source: str = "<text>") -> ParsedLog:
-    """Every metric line of ``text`` in format ``fmt`` (auto: both formats).
+class _Parser:
+    """Feeds physical lines to the metric parsers and follows how the log ends."""
+
+    def __init__(self, fmt: str, source: str) -> None:
+        if fmt not in FORMATS:
+            raise ValueError(f"log format {fmt!r} is not valid; accepted: {', '.join(FORMATS)}")
+        self.log = ParsedLog(source=source, fmt=fmt)
+        self._crash_line = 0  # where the current traceback started (its exception line follows)
+
+    def feed(self, chunk: str) -> None:
+        """One or more whole lines (line ends optional)."""
+        if "\x1b" in chunk:
+            chunk = _ANSI.sub("", chunk)
+        log = self.log
+        first = log.lines + 1
+        lines = chunk.splitlines()
+        log.lines += len(lines)
+        # 1. Metric lines. Only the hints this chunk holds are tested line by line.
+        hints = [h for h in _METRIC_HINTS if h in chunk]
+        last_train = -1
+        for i, line in enumerate(lines):
+            if hints and any(h in line for h in hints):
+                count = len(log.records)
+                self._metrics(first + i, line)
+                if any(r.kind == "train" for r in log.records[count:]):
+                    last_train = i
+        # 2. How the log ends: only lines after the chunk's last training step can hold it
+        # (a crash marker followed by a step was a warning the run survived).
+        if last_train >= 0:
+            log.crash, log.completed_line, self._crash_line = None, None, 0
+        for i in range(last_train + 1, len(lines)):
+            line = lines[i]
+            if self._crash_line or any(h in line for h in _END_HINTS):
+                self._end_line(first + i, line)
+
+    def _metrics(self, line_no: int, line: str) -> None:
+        log = self.log
+        for rank, segment in _segments(line):
+            if "diverged at step" in segment:
+                _guard(segment, rank, line_no, log)
+            _torchtitan(segment, rank, line_no, log)
+            _megatron(segment, rank, line_no, log)
+
+    def _end_line(self, line_no: int, line: str) -> None:
+        if self._crash_line and line_no - self._crash_line > _EXCEPTION_LOOKAHEAD:
+            self._crash_line = 0  # no exception line came: the marker line stays the text
+        for rank, segment in _segments(line):
+            self._ending(segment, rank, line_no)
+
+    def _ending(self, segment: str, rank: int | None, line_no: int) -> None:
+        log = self.log
+        if _COMPLETED.search(segment):
+            log.completed_line = line_no
+        if log.crash is not None and self._crash_line:
+            exception = _EXCEPTION_LINE.match(segment)
+            if exception and line_no > self._crash_line:
+                log.crash = Crash(log.crash.line, log.crash.rank, log.crash.kind,
+                                  _shorten(exception.group(1)))
+                self._crash_line = 0
+            return
+        if log.crash is not None:
+            return  # the first marker after the last step is the cause; the rest follow it
+        m = _CRASH.search(segment)
+        if m and m.lastgroup:
+            kind = _CRASH_KINDS[m.lastgroup][0]
+            log.crash = Crash(line_no, rank, kind, _shorten(segment))
+            self._crash_line = line_no if m.lastgroup == "traceback" else 0
+
+
+def parse_lines(chunks: Iterable[str], fmt: str = "auto", source: str = "<text>") -> ParsedLog:
+    """Every metric line in ``chunks`` (pieces of a log that end at line ends), in format
+    ``fmt`` (auto: both), reading one chunk at a time: memory grows with the metric lines
+    found, not with the log.
 
     Never raises on any text.
 
     Raises:
         ValueError: ``fmt`` is not one of :data:`FORMATS` (a programming error, not bad text).
     """
-    if fmt not in FORMATS:
-        raise ValueError(f"log format {fmt!r} is not valid; accepted: {', '.join(FORMATS)}")
-    log = ParsedLog(source=source)
-    lines = _ANSI.sub("", text).splitlines()
-    log.lines = len(lines)
-    for line_no, line in enumerate(lines, start=1):
-        if (
-            "step:" not in line and "iteration" not in line and "memory (" not in line
-            and "diverged at step" not in line
-        ):
-            continue  # fast path: most lines of a log are not metric lines
-        for rank, segment in _segments(line):
-            if "diverged at step" in segment:
-                _guard(segment, rank, line_no, log)
-            if fmt in ("auto", TORCHTITAN):
-                _torchtitan(segment, rank, line_no, log)
-            if fmt in ("auto", MEGATRON):
-                _megatron(segment, rank, line_no, log)
-    return log
+    parser = _Parser(fmt, source)
+    for chunk in chunks:
+        parser.feed(chunk)
+    return parser.log
 
 
-def read_log(path: str | Path) -> str:
-    """The text of a log file; undecodable bytes become U+FFFD instead of failing.
+def parse_text(text: str, fmt: str = "auto", source: str = "<text>") -> ParsedLog:
+    """:func:`parse_lines` of one string.
 
     Raises:
-        OSError: the file cannot be read (missing, a directory, no permission).
+        ValueError: ``fmt`` is not one of :data:`FORMATS`.
     """
-    return Path(path).read_bytes().decode("utf-8", errors="replace")
+    return parse_lines((text,), fmt, source)
+
+
+class UnreadableLog(Exception):
+    """A log path that cannot be read as a file: ``str()`` is one sentence for the user."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path = str(path)
+        self.reason = reason
+        """Why, without the path: ``No such file or directory``."""
+        super().__init__(f"cannot read {self.path}: {reason}.")
+
+
+_MAGIC: tuple[tuple[bytes, str], ...] = (
+    (b"\x1f\x8b", "gzip-compressed data (decompress it first, e.g. with zcat)"),
+    (b"BZh", "bzip2-compressed data (decompress it first, e.g. with bzcat)"),
+    (b"\xfd7zXZ\x00", "xz-compressed data (decompress it first, e.g. with xzcat)"),
+    (b"\x28\xb5\x2f\xfd", "zstd-compressed data (decompress it first, e.g. with zstdcat)"),
+    (b"PK\x03\x04", "a zip archive (extract the log first)"),
+    (b"\x7fELF", "an executable (ELF), not a log"),
+)
+
+
+def sniff_binary(head: bytes) -> str | None:
+    """What ``head`` (a file's first bytes) is when it is not text, else None.
+
+    Text here is what a training log holds: UTF-8 with ANSI colours and tabs. More than 10 %
+    NUL, other control bytes or undecodable bytes make it binary.
+    """
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            return what
+    if not head:
+        return None
+    text = head.decode("utf-8", errors="replace")
+    odd = sum(1 for c in text if c == "\ufffd" or (c < " " and c not in "\t\n\r\x0b\x0c\x1b"))
+    return "binary data, not text" if odd > len(text) / 10 else None
+
+
+def _describe_mode(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a named pipe (FIFO)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def _open_regular(path: str | Path) -> int:
+    """An fd of ``path`` opened for reading, refusing anything but a regular file.
+
+    ``os.stat`` first, so a FIFO is named without opening it (an open would block until a
+    writer comes); then opened non-blocking and checked again, in case the path changed.
+    """
+    name = str(path)
+    try:
+        mode = os.stat(name).st_mode
+        if not stat.S_ISREG(mode):
+            raise UnreadableLog(
+                name, f"it is {_describe_mode(mode)}; titan-rocm reads regular log files only "
+                "(copy a stream to a file first)"
+            )
+        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise UnreadableLog(name, str(exc.strerror or exc)) from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UnreadableLog(name, f"it is {_describe_mode(mode)}, not a regular file")
+    return fd
+
+
+_BLOCK_BYTES = 1 << 18
+
+
+def _blocks(handle: Any, name: str) -> Iterator[str]:
+    """The file's text in blocks of about a MiB that end at a line end, so that memory does
+    not grow with the file. Cut at newline bytes (never inside a UTF-8 sequence, never between
+    ``\r`` and ``\n``), a block decodes to exactly the text whole-file decoding gives. A line
+    still unfinished after MAX_LINE_BYTES is cut there and the rest of it skipped.
+    """
+    carry = b""
+    skipping = False  # inside the rest of a line already cut
+    try:
+        while data := handle.read(_BLOCK_BYTES):
+            if skipping:
+                newline = data.find(b"\n")
+                if newline < 0:
+                    continue
+                data, skipping = data[newline + 1:], False
+            data = carry + data
+            end = data.rfind(b"\n") + 1
+            carry = data[end:]
+            if end:
+                yield data[:end].decode("utf-8", errors="replace")
+            if len(carry) >= MAX_LINE_BYTES:
+                yield carry[:MAX_LINE_BYTES].decode("utf-8", errors="replace") + "\n"
+                carry, skipping = b"", True
+        if carry:
+            yield carry.decode("utf-8", errors="replace")
+    except OSError as exc:
+        raise UnreadableLog(name, str(exc.strerror or exc)) from exc
 
 
 def parse_file(path: str | Path, fmt: str = "auto") -> ParsedLog:
-    """:func:`parse_text` of a file (``-`` is not special).
+    """:func:`parse_lines` of a file, streamed in blocks of 256 KiB that end at line ends
+    (``-`` is not special).
+
+    Undecodable bytes become U+FFFD; a file whose first bytes are not text is still parsed,
+    and :attr:`ParsedLog.binary` says what it looks like.
 
     Raises:
-        OSError: the file cannot be read.
+        UnreadableLog: the path is missing, not a regular file, or cannot be read.
+        ValueError: ``fmt`` is not one of :data:`FORMATS`.
     """
-    return parse_text(read_log(path), fmt, source=str(path))
+    parser = _Parser(fmt, str(path))
+    with os.fdopen(_open_regular(path), "rb", buffering=1 << 16) as handle:
+        try:
+            parser.log.binary = sniff_binary(handle.peek(1 << 16)[: 1 << 16])
+        except OSError as exc:
+            raise UnreadableLog(path, str(exc.strerror or exc)) from exc
+        for block in _blocks(handle, str(path)):
+            parser.feed(block)
+    return parser.log

@@ -2,24 +2,43 @@
 
 Median, min and max of tokens/s, TFLOP/s and MFU (TorchTitan) or TFLOP/s, tokens/s and
 iteration time (Megatron-LM) over the training steps after warm-up, the memory peak and the
-number of steps parsed. A run with any non-finite loss or grad norm, or with nothing parsed,
-is ``valid: false`` with the reason and gets no throughput figure at all.
+number of steps parsed. Only a run whose verdict (:mod:`titan_rocm.logs.verdict`) is ``ok``
+and whose every throughput, timing and memory figure is finite and not negative is
+``valid: true``; any other run is ``valid: false`` with the reason and gets no figure at all.
+
+Exit codes:
+
+====  =====================================================================================
+0     valid: the figures may be published
+1     not a valid benchmark: the run diverged, did not finish (``incomplete``: a crash, or
+      no training step), or logged a non-finite or negative throughput/memory figure
+2     nothing to summarize: a file unreadable or not a regular file, no metric line at all
+      (``empty``), no training step after ``--warmup``, or no throughput figure logged
+====  =====================================================================================
 """
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from titan_rocm.logs.check import EXIT_ERROR, EXIT_NONFINITE, EXIT_OK, describe_values, record_json
-from titan_rocm.logs.check import first_bad as find_first_bad
-from titan_rocm.logs.parse import GUARD_FORMAT, ParsedLog, Record
+from titan_rocm.guard_message import fmt_value
+from titan_rocm.logs.parse import GUARD_FORMAT, ParsedLog, Record, UnreadableLog, json_value
+from titan_rocm.logs.verdict import EMPTY, OK, Verdict, verdict_of
+
+EXIT_VALID = 0
+EXIT_INVALID = 1
+EXIT_NOTHING = 2
 
 DEFAULT_WARMUP = 1
 """Steps excluded from throughput: TorchTitan's step-1 line includes start-up and compile."""
 
 THROUGHPUT_FIELDS: tuple[str, ...] = ("tps", "tflops", "mfu", "iteration_ms")
+FIGURE_FIELDS: tuple[str, ...] = (*THROUGHPUT_FIELDS, "memory_gib")
+"""Every figure bench-summary publishes from a record: each must be finite and >= 0."""
 
 
 @dataclass(frozen=True)
@@ -38,9 +57,10 @@ class Stat:
             return None
         return cls(statistics.median(values), min(values), max(values), len(values))
 
-    def to_json(self) -> dict[str, float | int]:
-        """``{"median", "min", "max", "count"}``."""
-        return {"median": self.median, "min": self.min, "max": self.max, "count": self.count}
+    def to_dict(self) -> dict[str, float | str | int | None]:
+        """``{"median", "min", "max", "count"}`` (strict JSON)."""
+        return {"median": json_value(self.median), "min": json_value(self.min),
+                "max": json_value(self.max), "count": self.count}
 
 
 @dataclass
@@ -60,8 +80,9 @@ class Summary:
     stats: dict[str, Stat | None] | None = None
     memory_peak_gib: float | None = None
     first_bad: Record | None = None
+    verdict: Verdict | None = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The ``--json`` object; throughput figures are null for an invalid run."""
         stats = self.stats or {}
         out: dict[str, Any] = {
@@ -75,23 +96,29 @@ class Summary:
             "steps_measured": self.steps_measured,
             "last_step": self.last_step,
             "ranks": list(self.ranks),
-            "memory_peak_gib": self.memory_peak_gib,
-            "first_bad": record_json(self.first_bad) if self.first_bad else None,
+            "memory_peak_gib": json_value(self.memory_peak_gib),
+            "first_bad": self.first_bad.to_dict() if self.first_bad else None,
+            "verdict": self.verdict.to_dict() if self.verdict else None,
         }
         for name in THROUGHPUT_FIELDS:
             stat = stats.get(name)
-            out[name] = stat.to_json() if stat else None
+            out[name] = stat.to_dict() if stat else None
         return out
 
     def lines(self) -> list[str]:
         """Human-readable report lines."""
         out = [f"valid: {'true' if self.valid else 'false'}"]
+        if self.verdict is not None:
+            out.append(f"verdict: {self.verdict.label}")
         if self.reason:
             out.append(f"reason: {self.reason}")
         out.append(f"files: {', '.join(self.sources)}")
         if self.format:
             out.append(f"format: {self.format}")
-        out.append(f"steps parsed: {self.steps_parsed} (last step {self.last_step})")
+        last = f" (last step {self.last_step})" if self.last_step is not None else ""
+        out.append(f"steps parsed: {self.steps_parsed}{last}")
+        if self.verdict is not None and self.verdict.note:
+            out.append(f"note: {self.verdict.note}")
         if self.valid:
             out.append(f"steps measured: {self.steps_measured} (after warm-up {self.warmup})")
             labels = {
@@ -116,66 +143,94 @@ def _invalid(sources: list[str], warmup: int, reason: str, code: int, **kw: Any)
     return Summary(sources, warmup, valid=False, reason=reason, exit_code=code, **kw)
 
 
-def summarize(logs: list[ParsedLog], warmup: int = DEFAULT_WARMUP,
-              errors: list[str] | None = None) -> Summary:
+def bad_figure(records: Sequence[Record], peaks_gib: Sequence[float] = ()) -> str | None:
+    """The first non-finite or negative throughput, timing or memory figure, as a sentence
+    (None: every figure is publishable)."""
+    for r in records:
+        for name in FIGURE_FIELDS:
+            value = getattr(r, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                rank = f" on rank {r.rank}" if r.rank is not None else ""
+                return (
+                    f"{name} is {fmt_value(value)} at {r.kind} step {r.step}{rank} "
+                    f"(line {r.line}): a non-finite or negative figure cannot be published."
+                )
+    for peak in peaks_gib:
+        if not (math.isfinite(peak) and peak >= 0):
+            return (
+                f"a Megatron-LM memory report gives {fmt_value(peak)} GiB: a non-finite or "
+                "negative figure cannot be published."
+            )
+    return None
+
+
+def measured_stats(records: Sequence[Record], warmup: int) -> dict[str, Stat | None]:
+    """Median, min and max of each throughput field over the training steps after ``warmup``:
+    the figures bench-summary publishes (and compare's throughput ratio uses)."""
+    measured = [r for r in records if r.kind == "train" and r.step > warmup]
+    return {
+        name: Stat.of([v for r in measured if (v := getattr(r, name)) is not None])
+        for name in THROUGHPUT_FIELDS
+    }
+
+
+def summarize(logs: Sequence[ParsedLog], warmup: int = DEFAULT_WARMUP,
+              unreadable: Sequence[UnreadableLog] = ()) -> Summary:
     """The summary of one run whose metric lines are spread over ``logs``.
 
     Args:
         logs: parsed logs of one run (several files are pooled, e.g. one file per rank).
         warmup: training steps ``<= warmup`` are left out of the throughput figures.
-        errors: files that could not be read (the run is then invalid).
+        unreadable: the run's files that could not be read (the run is then invalid).
 
     Raises:
         ValueError: ``warmup`` is negative.
     """
     if warmup < 0:
         raise ValueError(f"--warmup {warmup} is not valid; accepted: an integer >= 0")
-    sources = [log.source for log in logs] + list(errors or [])
-    if errors:
-        return _invalid(sources, warmup, f"cannot read: {'; '.join(errors)}", EXIT_ERROR)
+    sources = [log.source for log in logs] + [e.path for e in unreadable]
+    if unreadable:
+        return _invalid(sources, warmup, " ".join(map(str, unreadable)), EXIT_NOTHING)
     records = [r for log in logs for r in log.records]
     formats = sorted({r.format for r in records if r.format != GUARD_FORMAT})
-    train = [r for r in records if r.kind == "train"]
-    steps = sorted({r.step for r in train})
+    verdict = verdict_of(logs)
     common: dict[str, Any] = {
         "format": (formats[0] if len(formats) == 1 else "mixed") if formats else None,
-        "steps_parsed": len(steps),
-        "last_step": steps[-1] if steps else None,
+        "steps_parsed": verdict.train_steps,
+        "last_step": verdict.last_step,
         "ranks": tuple(sorted({r.rank for r in records if r.rank is not None})),
+        "verdict": verdict,
     }
-    if not train:
+    if verdict.status == EMPTY:
+        return _invalid(sources, warmup, verdict.reason, EXIT_NOTHING, **common)
+    if verdict.status != OK:
+        reason = verdict.reason
+        if verdict.first_bad is None:
+            reason += " A run that did not finish is not a valid benchmark."
         return _invalid(
-            sources, warmup,
-            "no TorchTitan or Megatron-LM training metric line found", EXIT_ERROR, **common,
+            sources, warmup, reason, EXIT_INVALID, first_bad=verdict.first_bad, **common
         )
-    bad = find_first_bad(records)
-    if bad is not None:
-        rank = f" on rank {bad.rank}" if bad.rank is not None else ""
-        return _invalid(
-            sources, warmup,
-            f"non-finite value at {bad.kind} step {bad.step}{rank}: {describe_values(bad)}",
-            EXIT_NONFINITE, first_bad=bad, **common,
-        )
-    measured = [r for r in train if r.step > warmup]
+    peaks = [p for log in logs for p in log.memory_peaks_gib]
+    figure = bad_figure(records, peaks)
+    if figure is not None:
+        return _invalid(sources, warmup, figure, EXIT_INVALID, **common)
+    stats = measured_stats(records, warmup)
+    measured = {r.step for r in records if r.kind == "train" and r.step > warmup}
     if not measured:
         return _invalid(
             sources, warmup,
-            f"no training step after warm-up (last step {steps[-1]} <= --warmup {warmup})",
-            EXIT_ERROR, **common,
+            f"no training step after warm-up: the last step is {verdict.last_step} and "
+            f"--warmup {warmup} leaves out every step up to {warmup}.",
+            EXIT_NOTHING, **common,
         )
-    stats = {
-        name: Stat.of([v for r in measured if (v := getattr(r, name)) is not None])
-        for name in THROUGHPUT_FIELDS
-    }
     if all(s is None for s in stats.values()):
         return _invalid(
-            sources, warmup, "the measured steps log no throughput or timing figure",
-            EXIT_ERROR, **common,
+            sources, warmup, "the measured steps log no throughput or timing figure.",
+            EXIT_NOTHING, **common,
         )
-    peaks = [r.memory_gib for r in records if r.memory_gib is not None]
-    peaks += [p for log in logs for p in log.memory_peaks_gib]
+    peaks += [r.memory_gib for r in records if r.memory_gib is not None]
     return Summary(
-        sources, warmup, valid=True, reason=None, exit_code=EXIT_OK,
-        steps_measured=len({r.step for r in measured}), stats=stats,
+        sources, warmup, valid=True, reason=None, exit_code=EXIT_VALID,
+        steps_measured=len(measured), stats=stats,
         memory_peak_gib=max(peaks) if peaks else None, **common,
     )

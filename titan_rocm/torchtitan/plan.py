@@ -123,10 +123,10 @@ def compile_per_block(model: torch.nn.Module, enabled: bool) -> dict[str, str]:
         return {}
     result = {}
     for layer_id, how in plan_blocks(model).items():
-        why = eager_mark(model.layers[layer_id])
+        marked = eager_mark(model.layers[layer_id])
         stock = "fullgraph, in place (stock apply_compile" + (
             ", MoE block included)" if how == EAGER_MOE else ")")
-        result[layer_id] = f"eager ({why})" if why else stock
+        result[layer_id] = marked or stock
     return result
 
 

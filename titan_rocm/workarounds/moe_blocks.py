@@ -1,10 +1,10 @@
 """Facts about a model's TransformerBlocks that several workarounds share.
 
-Which blocks are MoE blocks, what wraps a block (compile, activation checkpointing), and
-which MoE blocks were made eager (and how often each ran) are facts about the *model*: the
-mixed compile strategy makes blocks eager, the grouped-MM binding and ``titan-rocm plan``
-read the result. They live here, below every workaround, so no workaround reads another's
-internals.
+Which blocks are MoE blocks, what wraps a block (compile, activation checkpointing), which
+part of each MoE block is compiled and which is eager under each ``moe_eager_scope``, and how
+often the eager MoE part ran, are facts about the *model*: the mixed compile strategy acts on
+them, the grouped-MM binding and ``titan-rocm plan`` read the result. They live here, below
+every workaround, so no workaround reads another's internals.
 """
 
 from __future__ import annotations
@@ -20,12 +20,17 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 
 FULLGRAPH = "fullgraph"
 EAGER_MOE = "eager (MoE)"
+MOE_CHILD = "moe"
+"""The child of an MoE TransformerBlock that holds its MoE module (router, token permutation,
+experts, shared experts): ``self.moe`` in every TorchTitan 0.2.2 MoE model."""
 
 EAGER_ATTR = "_titan_rocm_eager_layer"
-"""Set on an MoE block made eager (the module itself): its layer id."""
+"""Set on a module made eager (an MoE block, or its MoE module): the block's layer id."""
 
 EAGER_FORWARD_CALLS: Counter[str] = Counter()
-"""How many times each MoE block's eager forward ran, by layer id (all models in the process)."""
+"""How many times the eager MoE part of each block ran forward, by layer id (all models in the
+process): the whole block under ``moe_eager_scope = "block"``, its MoE module under ``"moe"``;
+one per micro-batch either way, activation-checkpoint recomputation not counted."""
 
 
 def wrapper_chain(block: nn.Module) -> list[nn.Module]:
@@ -58,29 +63,69 @@ def is_compiled(block: nn.Module) -> bool:
     return any(isinstance(m, OptimizedModule) or compiled_in_place(m) for m in wrapper_chain(block))
 
 
-def block_decision(block: nn.Module) -> str:
-    """``"fullgraph"`` for a dense block, ``"eager (MoE)"`` for a block with ``moe_enabled``."""
-    return EAGER_MOE if getattr(unwrap_block(block), "moe_enabled", False) else FULLGRAPH
+def is_moe_block(block: nn.Module) -> bool:
+    """The TransformerBlock inside ``block``'s wrappers has ``moe_enabled``."""
+    return bool(getattr(unwrap_block(block), "moe_enabled", False))
 
 
-def plan_blocks(model: nn.Module) -> dict[str, str]:
+def split_children(block: nn.Module) -> tuple[list[str], list[str]] | None:
+    """For the ``moe`` scope: (children to compile, children to keep eager) of an MoE block.
+
+    Every child of the TransformerBlock is compiled except :data:`MOE_CHILD`, which stays
+    eager. None when the block has no such child (it then stays eager whole).
+    """
+    names = [name for name, _ in unwrap_block(block).named_children()]
+    if MOE_CHILD not in names:
+        return None
+    return [n for n in names if n != MOE_CHILD], [MOE_CHILD]
+
+
+def split_text(compiled: list[str], eager: list[str]) -> str:
+    """How a split MoE block runs (plan, log): ``attention, ... fullgraph; moe eager``."""
+    return f"{', '.join(compiled)} {FULLGRAPH}; {', '.join(eager)} eager"
+
+
+def block_decision(block: nn.Module, scope: str = "block") -> str:
+    """What the mixed compile does with ``block`` under ``moe_eager_scope`` ``scope``.
+
+    ``"fullgraph"`` for a dense block; for a block with ``moe_enabled``, ``"eager (MoE)"``
+    under the ``block`` scope, and under the ``moe`` scope :func:`split_text` (e.g.
+    ``"attention, attention_norm, ffn_norm fullgraph; moe eager"``), or ``"eager (MoE): no
+    'moe' child to split"`` for a block it cannot split.
+    """
+    if not is_moe_block(block):
+        return FULLGRAPH
+    if scope == "block":
+        return EAGER_MOE
+    split = split_children(block)
+    if split is None:
+        return f"{EAGER_MOE}: no {MOE_CHILD!r} child to split"
+    return split_text(*split)
+
+
+def plan_blocks(model: nn.Module, scope: str = "block") -> dict[str, str]:
     """:func:`block_decision` of every block in ``model.layers``, by layer id."""
     layers = getattr(model, "layers", None)
     if layers is None:
         return {}
-    return {layer_id: block_decision(block) for layer_id, block in layers.named_children()}
+    return {layer_id: block_decision(block, scope) for layer_id, block in layers.named_children()}
 
 
 def has_moe_blocks(model: nn.Module) -> bool:
     """Some block of ``model.layers`` has ``moe_enabled``."""
-    return EAGER_MOE in plan_blocks(model).values()
+    layers = getattr(model, "layers", None)
+    return layers is not None and any(is_moe_block(b) for b in layers.children())
 
 
 @torch.compiler.disable
 def _eager_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """The forward of an MoE block made eager: counted, then the class's own forward."""
-    # Counted before the block runs: code inside it (the experts) can see it is in one.
-    EAGER_FORWARD_CALLS[self.__dict__[EAGER_ATTR]] += 1
+    """The forward of a module made eager: counted, then the class's own forward."""
+    # Counted before the module runs: code inside it (the experts) can see it is in one.
+    # Not during backward: that is activation-checkpoint recomputation (the moe scope's MoE
+    # module sits inside the checkpointed block; the block scope wraps the checkpoint
+    # wrapper itself, whose forward recomputation never calls), so both scopes count alike.
+    if torch._C._current_graph_task_id() == -1:
+        EAGER_FORWARD_CALLS[self.__dict__[EAGER_ATTR]] += 1
     return type(self).forward(self, *args, **kwargs)
 
 
@@ -96,9 +141,11 @@ def eager_layer_id(block: nn.Module) -> str | None:
 def make_eager(block: nn.Module, layer_id: str) -> bool:
     """Keep ``block`` out of every trace and count its forwards; False if already done.
 
-    Wraps the outermost module (the AC wrapper, when there is one) so the checkpointed
-    region stays eager as a whole; FSDP's hooks still run, they live in ``__call__``. The
-    instance's ``forward`` is a bound method, so ``copy.deepcopy`` rebinds it to the copy.
+    ``block`` is an MoE block (the ``block`` scope: pass the outermost module, the AC
+    wrapper when there is one, so the checkpointed region stays eager as a whole) or the MoE
+    module of one (the ``moe`` scope). FSDP's and EP's hooks still run, they live in
+    ``__call__``. The instance's ``forward`` is a bound method, so ``copy.deepcopy`` rebinds
+    it to the copy.
     """
     if eager_layer_id(block) is not None:
         return False
@@ -109,47 +156,72 @@ def make_eager(block: nn.Module, layer_id: str) -> bool:
 
 
 KEEP_EAGER_ATTR = "_titan_rocm_keep_eager"
-"""Set on a TransformerBlock that must run eager whatever compiles it: why (the workaround)."""
+"""Set on a TransformerBlock that must run eager whatever compiles it: ``(why, backend)``;
+``backend`` None keeps the whole block eager, a backend name keeps only its MoE module eager
+and compiles its other children with it (the ``moe`` scope)."""
 
 
-def mark_eager(block: nn.Module, why: str) -> None:
+def mark_eager(block: nn.Module, why: str, split_backend: str | None = None) -> None:
     """Ask that ``block`` run eager once its framework has compiled the model.
 
     For frameworks that compile blocks in place inside the model's parallelize function
     (TorchTitan 0.3.0): a workaround marks blocks before it runs, the adapter calls
-    :func:`realize_eager_marks` after it. The first reason given is kept.
+    :func:`realize_eager_marks` after it. ``split_backend``: keep only the MoE module eager
+    and compile the block's other children (:func:`split_children`) with this backend. The
+    first mark given is kept (a whole-block mark is the stricter one).
     """
-    unwrap_block(block).__dict__.setdefault(KEEP_EAGER_ATTR, why)
+    unwrap_block(block).__dict__.setdefault(KEEP_EAGER_ATTR, (why, split_backend))
 
 
 def eager_mark(block: nn.Module) -> str | None:
-    """Why ``block`` (or the TransformerBlock inside its wrappers) was marked eager, or None."""
-    return unwrap_block(block).__dict__.get(KEEP_EAGER_ATTR)
+    """How a marked ``block`` will run, and why (e.g. ``"eager (rocm.moe_eager_compile)"``), or
+    None when it is not marked."""
+    mark = unwrap_block(block).__dict__.get(KEEP_EAGER_ATTR)
+    if mark is None:
+        return None
+    why, backend = mark
+    split = split_children(block) if backend is not None else None
+    return f"{split_text(*split)} ({why})" if split else f"eager ({why})"
 
 
 def realize_eager_marks(model: nn.Module) -> dict[str, str]:
-    """Take every marked block of ``model.layers`` out of its compile and make it eager.
+    """Take every marked block of ``model.layers`` out of its compile: eager whole, or (a split
+    mark) its children but the MoE module compiled in place and the MoE module eager.
 
     Clears ``_compiled_call_impl`` on every module of the block's wrapper chain (the AC
-    wrapper is what a compile of ``model.layers`` children reaches), then
-    :func:`make_eager` on the outermost. Idempotent (pipeline parallelism parallelizes once
-    per stage).
+    wrapper is what a compile of ``model.layers`` children reaches), then :func:`make_eager`
+    on the outermost, or on the MoE module. Idempotent (pipeline parallelism parallelizes
+    once per stage).
 
     Returns:
-        Per marked layer id: why, with ``" (already)"`` when an earlier call did it.
+        Per marked layer id: :func:`eager_mark`, with ``" (already)"`` when an earlier call
+        did it.
     """
     done: dict[str, str] = {}
     layers = getattr(model, "layers", None)
     if layers is None:
         return done
     for layer_id, block in layers.named_children():
-        why = eager_mark(block)
-        if why is None:
+        text = eager_mark(block)
+        if text is None:
             continue
         for module in wrapper_chain(block):
             if compiled_in_place(module):
                 module._compiled_call_impl = None
-        done[layer_id] = why if make_eager(block, layer_id) else f"{why} (already)"
+        backend = unwrap_block(block).__dict__[KEEP_EAGER_ATTR][1]
+        split = split_children(block) if backend is not None else None
+        if split is None:
+            fresh = make_eager(block, layer_id)
+        else:
+            inner = unwrap_block(block)
+            fresh = False
+            for name in split[0]:
+                child = getattr(inner, name)
+                if not compiled_in_place(child):
+                    child.compile(backend=backend, fullgraph=True)
+                    fresh = True
+            fresh = make_eager(getattr(inner, MOE_CHILD), layer_id) or fresh
+        done[layer_id] = text if fresh else f"{text} (already)"
     return done
 
 

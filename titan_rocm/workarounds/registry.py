@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 WORKAROUNDS: dict[str, str] = {
     "precision_casts": "titan_rocm.workarounds.precision_casts:PrecisionCasts",
     "triton_war": "titan_rocm.workarounds.triton_war.workaround:TritonWar",
+    "gemm_lookup": "titan_rocm.workarounds.gemm_lookup.workaround:GemmLookup",
     "grouped_mm": "titan_rocm.workarounds.grouped_mm.workaround:GroupedMMBinding",
     "moe_eager_compile": "titan_rocm.workarounds.moe_eager_compile.workaround:MoEEagerCompile",
     "mla_ck_backward": "titan_rocm.workarounds.mla_attention.workaround:MLACKBackward",

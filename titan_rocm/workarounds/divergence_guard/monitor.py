@@ -8,7 +8,9 @@ call                                    when (TorchTitan 0.2.2 ``Trainer.train_s
 :meth:`Monitor.on_loss`                 each micro-batch's loss (device ops only)
 :meth:`Monitor.on_grad_norm`            ``clip_grad_norm_`` result (keeps a reference)
 :meth:`Monitor.on_step_end`             ``post_optimizer_hook`` (device ops only;
-                                        checks here in ``every_step`` mode)
+                                        ``every_step``: reads the previous step's
+                                        copy and enqueues this step's;
+                                        ``every_step_exact``: checks this step)
 :meth:`Monitor.on_should_log`           ``MetricsProcessor.should_log`` returned True:
                                         enqueue the rows' copy to the host (no wait)
 :meth:`Monitor.on_log`                  ``MetricsProcessor.log``: check point (reads
@@ -41,6 +43,11 @@ from titan_rocm.workarounds.divergence_guard.verdict import DivergenceError, dec
 INJECT_STEP_ENV = "TITAN_ROCM_DEBUG_INJECT_NAN_STEP"
 INJECT_RANK_ENV = "TITAN_ROCM_DEBUG_INJECT_NAN_RANK"
 CHECK_MODES: tuple[str, ...] = typing.get_args(DivergenceCheck)
+LAGGED = "every_step"
+"""Every step, one step late: the copy enqueued at the end of step N is read at the end of
+step N+1 (or at a log step, a save or the end of training, whichever comes first)."""
+EXACT = "every_step_exact"
+"""Every step at its own end: one wait for the device per step."""
 
 
 @dataclass(frozen=True)
@@ -101,11 +108,14 @@ class Monitor:
         """Check points run."""
         self.waits = 0
         """Check points whose read found the copy still in flight and waited for the device (a
-        synchronisation the trainer did not already make). Checks in ``every_step`` mode,
-        checkpoint saves and the end of training can wait (when the device is behind the
-        host); log steps of TorchTitan 0.2.2's trainer never do."""
+        synchronisation the trainer did not already make). ``every_step_exact`` waits at
+        nearly every step on a GPU-bound run; ``every_step`` only when the device is more than
+        a step behind the host; checkpoint saves and the end of training can wait; log steps
+        of TorchTitan 0.2.2's trainer never do."""
         self.pending: Snapshot | None = None
         """The rows' copy enqueued at the current log step's ``should_log``."""
+        self.lagged: Snapshot | None = None
+        """``every_step``: the rows' copy enqueued at the end of the latest step, not read yet."""
         self.divergence: Divergence | None = None
 
     # -- step numbers ------------------------------------------------------------------------
@@ -157,7 +167,13 @@ class Monitor:
             self.record.observe_grad_norm(grad_norm)
 
     def on_step_end(self) -> None:
-        """End of an optimizer step: fold it into the record; check in ``every_step`` mode."""
+        """End of an optimizer step: fold it into the record (device ops only).
+
+        ``every_step``: read the copy enqueued at the end of the previous step (landed by now
+        on a device at most a step behind: no wait), then enqueue this step's copy. The record
+        is sticky and keeps the step number, so a NaN at step 7 is named step 7, found at the
+        end of step 8. ``every_step_exact``: read this step's record now (one wait).
+        """
         if self.divergence is not None:
             return
         if not self.record.saw_grad_norm:
@@ -168,14 +184,31 @@ class Monitor:
             )
         step = self.current_step()
         self.record.end_step(step)
-        if self.check_mode == "every_step":
-            self.check(f"the end of step {step} (divergence_check = every_step)")
+        if self.check_mode == EXACT:
+            self.check(f"the end of step {step} (divergence_check = every_step_exact)")
+        elif self.check_mode == LAGGED:
+            previous, self.lagged = self.lagged, None
+            if previous is not None:
+                # Enqueued at the end of step ``previous.step``; this step's launches went in
+                # behind it, so on a device at most a step behind the host it has landed.
+                self.check(
+                    f"the end of step {step} (divergence_check = every_step reads each step's "
+                    "record at the end of the next)", snapshot=previous,
+                )
+            self.lagged = Snapshot.take(self.record, step, _collective_device(self.record.device))
+
+    def _take_lagged(self) -> Snapshot | None:
+        """``every_step``: the latest step's copy if it covers every step ended (consumed)."""
+        snapshot, self.lagged = self.lagged, None
+        if snapshot is not None and snapshot.steps_ended == self.record.steps_ended:
+            return snapshot
+        return None
 
     # -- check points (host reads: only where TorchTitan synchronises anyway) ---------------
     def on_should_log(self, step: int) -> None:
         """This step will be logged: enqueue the rows' copy before TorchTitan's ``.item()``."""
-        if self.divergence is not None or self.check_mode == "every_step":
-            return  # every_step: this step was read at its end already
+        if self.divergence is not None or self.check_mode != "log_steps":
+            return  # every_step: the end of this step enqueued it (or read it: _exact)
         device = _collective_device(self.record.device)
         self.pending = Snapshot.take(self.record, step, device)
 
@@ -187,27 +220,34 @@ class Monitor:
         if not (_finite(loss) and _finite(grad_norm)):
             host = (step, loss, grad_norm)
         snapshot, self.pending = self.pending, None
-        if self.check_mode == "every_step":
+        if self.check_mode == EXACT:
             # The device record was read at the end of this step; only the printed values
             # are new (a loss the guard does not observe).
             if host is not None:
                 self._decide([_host_row(host)] * _world_size(), f"log step {step}")
             return
-        if snapshot is not None and snapshot.step != step:
+        if self.check_mode == LAGGED:
+            # This step's copy, enqueued at its end: TorchTitan's .item() has waited for it.
+            snapshot = self._take_lagged()
+            if snapshot is None and self.record.steps_ended == self.checked_through:
+                if host is not None:
+                    self._decide([_host_row(host)] * _world_size(), f"log step {step}")
+                return
+        elif snapshot is not None and snapshot.step != step:
             snapshot = None  # taken for another step (a trainer that skipped its log)
         self.check(f"log step {step}", host=host, snapshot=snapshot)
 
     def on_save(self, step: int) -> None:
         """A checkpoint is about to be written: never save one from a non-finite step."""
-        if self.divergence is None:
-            self.check(f"the checkpoint save at step {step}")
+        if self.divergence is None and self.record.steps_ended > self.checked_through:
+            self.check(f"the checkpoint save at step {step}", snapshot=self._take_lagged())
 
     def on_close(self) -> None:
         """Training ended normally: check steps after the last check point."""
         if self.divergence is not None or sys.exc_info()[0] is not None:
             return  # another error is on its way out; a collective now could hang
         if self.record.steps_ended > self.checked_through:
-            self.check("the end of training")
+            self.check("the end of training", snapshot=self._take_lagged())
         log.info(
             "titan-rocm: divergence guard: %d check(s), %d of them waited for the device "
             "(divergence_check = %s)", self.checks, self.waits, self.check_mode,
@@ -227,7 +267,8 @@ class Monitor:
                 all-gather and one wait for the device).
 
         Every rank must call this at the same points (they all do: log steps, checkpoint
-        saves, end of training, and every optimizer step in ``every_step`` mode).
+        saves, end of training, and the end of every optimizer step in the ``every_step``
+        modes); each skips alike when every step ended was read already.
         """
         self.checks += 1
         if snapshot is None:

@@ -16,6 +16,17 @@ from titan_rocm.workarounds.divergence_guard.monitor import (
     Monitor,
 )
 
+CHECKED_AT = {
+    "log_steps": "log steps, checkpoint saves and the end of training (no extra sync)",
+    "every_step": (
+        "every optimizer step, one step late: each step's record is read at the end of the "
+        "next step (or at a log step, a checkpoint save or the end of training, if sooner), "
+        "once it has landed (no wait in steady state); names the first bad step exactly"
+    ),
+    "every_step_exact": "every optimizer step at its own end (one device sync per step)",
+}
+"""The plan's ``checked_at`` for each ``[rocm] divergence_check``."""
+
 
 class DivergenceGuard(Workaround):
     """Stops training at the first non-finite loss or grad norm, on every rank."""
@@ -44,11 +55,7 @@ class DivergenceGuard(Workaround):
         check = self.ctx.settings.divergence_check
         details: dict[str, Any] = {
             "check": check,
-            "checked_at": (
-                "every optimizer step (one device sync per step)"
-                if check == "every_step"
-                else "log steps, checkpoint saves and the end of training (no extra sync)"
-            ),
+            "checked_at": CHECKED_AT[check],
             "observes": [
                 "Trainer.forward_backward_step's loss (each micro-batch)"
                 if self.ctx.framework == TORCHTITAN_030 else

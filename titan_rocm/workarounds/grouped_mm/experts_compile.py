@@ -14,8 +14,10 @@ when
 - TorchTitan compiles the model (``[compile] enable``, ``"model"`` in ``components``);
 - the backend is traceable with ``fullgraph=True`` (``torch``, or registered as such);
 - the job does not run ``rocm.moe_eager_compile`` (asked of the job's decisions,
-  :meth:`~titan_rocm.workarounds.base.Context.will_apply`): its MoE blocks stay wholly eager,
-  experts included, which is the point of the mixed strategy.
+  :meth:`~titan_rocm.workarounds.base.Context.will_apply`): under either of its scopes the
+  MoE module stays eager, experts included (the whole MoE block under ``moe_eager_scope =
+  "block"``, the MoE module alone under ``"moe"``), which is the point of the mixed
+  strategy.
 
 The runner acts at its first call (``parallelize_fn`` has run by then) and logs once what it
 does, and why.
@@ -42,8 +44,10 @@ class CompileRequest:
     """``[compile] backend``."""
     ep_enabled: bool = False
     """Expert parallelism: token counts per rank vary, so the token dimension is dynamic."""
-    blocks_eager: bool = False
-    """The job runs ``rocm.moe_eager_compile``: every MoE block, experts included, is eager."""
+    moe_eager: bool = False
+    """The job runs ``rocm.moe_eager_compile``: every MoE module, experts included, is eager."""
+    moe_eager_scope: str = "block"
+    """Its ``[rocm] moe_eager_scope``: the whole MoE block eager, or only the MoE module."""
 
     @classmethod
     def from_context(cls, ctx: Context) -> CompileRequest:
@@ -52,7 +56,8 @@ class CompileRequest:
             enabled=ctx.compile.model,
             backend=ctx.compile.backend or "inductor",
             ep_enabled=ctx.parallel.ep_enabled,
-            blocks_eager=ctx.will_apply("moe_eager_compile"),
+            moe_eager=ctx.will_apply("moe_eager_compile"),
+            moe_eager_scope=ctx.settings.moe_eager_scope,
         )
 
 
@@ -68,7 +73,12 @@ def static_reason(backend: str, request: CompileRequest) -> str | None:
             f"backend {backend!r} is not traceable with fullgraph (a registered backend opts "
             "in with register_backend(..., compilable=True))"
         )
-    if request.blocks_eager:
+    if request.moe_eager:
+        if request.moe_eager_scope == "moe":
+            return (
+                "rocm.moe_eager_compile keeps each MoE module eager, experts included "
+                "(moe_eager_scope = \"moe\": only attention and norms of MoE blocks compile)"
+            )
         return "rocm.moe_eager_compile keeps the MoE blocks eager, experts included"
     return None
 

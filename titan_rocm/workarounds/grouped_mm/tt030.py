@@ -40,7 +40,7 @@ from titan_rocm.workarounds.grouped_mm.backends import (
     get_backend,
     is_compilable,
 )
-from titan_rocm.workarounds.moe_blocks import EAGER_MOE, block_decision, mark_eager
+from titan_rocm.workarounds.moe_blocks import is_moe_block, mark_eager
 
 EXPERTS_CLASS = "GroupedExperts"
 BACKEND_ATTR = "_titan_rocm_backend"
@@ -183,7 +183,7 @@ def mark_untraceable_blocks(model: nn.Module, backend: str) -> list[str]:
     marked = []
     why = f"grouped-MM backend {backend!r} cannot be traced inside a fullgraph block"
     for layer_id, block in getattr(model, "layers", nn.ModuleDict()).named_children():
-        if block_decision(block) != EAGER_MOE:
+        if not is_moe_block(block):
             continue
         if any(bound_backend(m) == backend for _, m in find_experts(block)):
             mark_eager(block, why)

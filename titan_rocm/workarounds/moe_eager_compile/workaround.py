@@ -1,22 +1,32 @@
-"""Mixed compile: dense TransformerBlocks compiled whole (fullgraph), MoE blocks left eager.
+"""Mixed compile: dense TransformerBlocks compiled whole (fullgraph), MoE blocks eager (or part).
 
 TorchTitan 0.2.2 compiles per block in ``apply_compile``, called by the model's
 ``parallelize_fn`` after activation checkpointing and before FSDP. llama3's compiles every
 block with ``fullgraph=True``; llama4's (imported *by name* by qwen3 and deepseek_v3)
-compiles the children of MoE blocks except ``experts`` and wraps the grouped-MM function in
-``torch.compile``. Those compiled MoE pieces (data-dependent token counts, graph breaks
-around FSDP hooks, a compiled grouped-MM with dynamic shapes) are what titan-rocm keeps out
-of Inductor on ROCm, so this workaround replaces ``apply_compile`` in the globals of the
-current model's ``parallelize_fn`` -- the dictionary that function really reads -- with one
-that:
+compiles the children of MoE blocks, and the children of their MoE module except
+``experts``, and wraps the grouped-MM function in ``torch.compile``. Those compiled MoE
+pieces (data-dependent token counts, a compiled grouped-MM with dynamic shapes) are what
+titan-rocm keeps out of Inductor on ROCm, so this workaround replaces ``apply_compile`` in
+the globals of the current model's ``parallelize_fn`` -- the dictionary that function really
+reads -- with one that:
 
 - compiles each dense block whole, ``torch.compile(block, backend=<[compile] backend>,
   fullgraph=True)`` (an activation-checkpoint wrapper is compiled with its block, as stock);
-- leaves each block with ``moe_enabled`` fully eager: its ``forward`` is wrapped in
-  ``torch.compiler.disable`` so nothing traces it, and counted
+- in each block with ``moe_enabled``, by ``[rocm] moe_eager_scope``:
+
+  - ``block``: compiles nothing; the block's ``forward`` (its AC wrapper's, when it has one)
+    is wrapped in ``torch.compiler.disable`` so nothing traces it;
+  - ``moe``: compiles each child except the MoE module (attention and the two norms), each
+    ``fullgraph=True``, exactly where stock compiles them (inside the AC wrapper, under the
+    block's FSDP hooks); the MoE module's ``forward`` is wrapped in
+    ``torch.compiler.disable``. FSDP's hooks (on the block and, with EP, on the experts), EP's
+    dispatch/combine (on the experts), the router, token permutation and grouped GEMM are
+    then in no graph;
+
+  either way the eager part's forwards are counted
   (:data:`~titan_rocm.workarounds.moe_blocks.EAGER_FORWARD_CALLS`);
-- is idempotent: pipeline parallelism calls it once per stage, and a block already compiled
-  or already made eager is left alone.
+- is idempotent: pipeline parallelism calls it once per stage, and a block (or child)
+  already compiled, or already made eager, is left alone.
 
 :func:`~titan_rocm.workarounds.moe_blocks.block_decision` decides per block; both the
 compile and ``titan-rocm plan`` use it.
@@ -30,26 +40,36 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch._dynamo.eval_frame import OptimizedModule
 
 from titan_rocm.log import log
 from titan_rocm.workarounds.base import TORCHTITAN_030, Context, Workaround
 from titan_rocm.workarounds.moe_blocks import (
     FULLGRAPH,
+    MOE_CHILD,
     block_decision,
     eager_forward_calls,
     has_moe_blocks,
     is_compiled,
+    is_moe_block,
     make_eager,
     plan_blocks,
+    split_children,
+    unwrap_block,
 )
 from titan_rocm.workarounds.moe_eager_compile import tt030
 
 PATCHED_ATTR = "titan_rocm_mixed_compile"
 """Set on the replacement ``apply_compile``; its value is the function it replaced."""
+SCOPE_ATTR = "titan_rocm_moe_eager_scope"
+"""Set on the replacement ``apply_compile``: the ``moe_eager_scope`` it applies."""
 
 
-def compile_blocks(model: nn.Module, backend: str) -> dict[str, str]:
-    """Compile dense blocks of ``model.layers`` fullgraph, make MoE blocks eager (idempotent).
+def compile_blocks(model: nn.Module, backend: str, scope: str = "block") -> dict[str, str]:
+    """Compile dense blocks of ``model.layers`` fullgraph; MoE blocks by ``scope`` (idempotent).
+
+    ``scope`` ``"block"`` makes each MoE block eager whole; ``"moe"`` compiles its children
+    but the MoE module fullgraph and makes the MoE module eager (:func:`split_children`).
 
     Returns:
         Per layer id, what was done: the decision, or ``"<decision> (already)"`` when an
@@ -57,20 +77,44 @@ def compile_blocks(model: nn.Module, backend: str) -> dict[str, str]:
     """
     done: dict[str, str] = {}
     for layer_id, block in list(model.layers.named_children()):
-        decision = block_decision(block)
-        if decision == FULLGRAPH:
+        decision = block_decision(block, scope)
+        split = split_children(block) if scope == "moe" and is_moe_block(block) else None
+        if not is_moe_block(block):
             if is_compiled(block):
                 done[layer_id] = f"{decision} (already)"
                 continue
             compiled = torch.compile(block, backend=backend, fullgraph=True)
             model.layers.register_module(layer_id, compiled)
             done[layer_id] = decision
+        elif split is not None:
+            fresh = _split_block(unwrap_block(block), split[0], layer_id, backend)
+            done[layer_id] = decision if fresh else f"{decision} (already)"
         else:
             done[layer_id] = decision if make_eager(block, layer_id) else f"{decision} (already)"
     return done
 
 
-def make_mixed_apply_compile(original: Callable[..., Any]) -> Callable[..., None]:
+def _split_block(inner: nn.Module, compiled: list[str], layer_id: str, backend: str) -> bool:
+    """The ``moe`` scope on one TransformerBlock (inside any AC wrapper); False if done before.
+
+    The children are compiled inside the checkpointed region, where stock compiles them:
+    the AC wrapper checkpoints the whole block, and recomputation in the backward runs the
+    compiled children's forward graphs again (no retrace) around the eager MoE module.
+    """
+    fresh = False
+    for name in compiled:
+        child = getattr(inner, name)
+        if not isinstance(child, OptimizedModule):
+            inner.register_module(
+                name, torch.compile(child, backend=backend, fullgraph=True)
+            )
+            fresh = True
+    return make_eager(getattr(inner, MOE_CHILD), layer_id) or fresh
+
+
+def make_mixed_apply_compile(
+    original: Callable[..., Any], scope: str = "block"
+) -> Callable[..., None]:
     """A drop-in replacement for TorchTitan's ``apply_compile`` ``original``.
 
     Accepts both stock signatures: llama3's ``(model, compile_config)`` and llama4's
@@ -79,23 +123,35 @@ def make_mixed_apply_compile(original: Callable[..., Any]) -> Callable[..., None
     takes_ep = "ep_enabled" in inspect.signature(original).parameters
 
     def apply_compile(model: nn.Module, compile_config: Any, *args: Any, **kwargs: Any) -> None:
-        """titan-rocm mixed compile: dense blocks fullgraph, MoE blocks eager."""
+        """titan-rocm mixed compile: dense blocks fullgraph, MoE blocks eager (by scope)."""
         if takes_ep:
             # As the stock llama4 function: lets Dynamo capture .item() as unbacked symbols.
             torch._dynamo.config.capture_scalar_outputs = True
-        done = compile_blocks(model, compile_config.backend)
+        done = compile_blocks(model, compile_config.backend, scope)
         dense = sum(1 for d in done.values() if d.startswith(FULLGRAPH))
-        log.info(
-            "titan-rocm: compiled %d dense TransformerBlocks with fullgraph (backend %r); "
-            "%d MoE blocks stay eager", dense, compile_config.backend, len(done) - dense,
-        )
+        if scope == "moe":
+            log.info(
+                "titan-rocm: compiled %d dense TransformerBlocks with fullgraph (backend %r); "
+                "in %d MoE blocks only the MoE module stays eager (moe_eager_scope = \"moe\"): "
+                "%s", dense, compile_config.backend, len(done) - dense,
+                sorted({d for d in done.values() if not d.startswith(FULLGRAPH)}),
+            )
+        else:
+            log.info(
+                "titan-rocm: compiled %d dense TransformerBlocks with fullgraph (backend %r); "
+                "%d MoE blocks stay eager", dense, compile_config.backend, len(done) - dense,
+            )
 
     setattr(apply_compile, PATCHED_ATTR, original)
+    setattr(apply_compile, SCOPE_ATTR, scope)
     return apply_compile
 
 
-def patch_apply_compile(parallelize_fn: Callable[..., Any]) -> str:
+def patch_apply_compile(parallelize_fn: Callable[..., Any], scope: str = "block") -> str:
     """Replace ``apply_compile`` in ``parallelize_fn.__globals__`` (idempotent).
+
+    A replacement made for another scope (an earlier job in this process) is replaced
+    again, from the same stock function.
 
     Returns:
         ``"<module>.apply_compile"``, the name replaced.
@@ -108,8 +164,9 @@ def patch_apply_compile(parallelize_fn: Callable[..., Any]) -> str:
     current = module_globals.get("apply_compile")
     if current is None:
         raise ValueError(f"{where} does not exist: nothing to replace")
-    if not hasattr(current, PATCHED_ATTR):
-        module_globals["apply_compile"] = make_mixed_apply_compile(current)
+    if getattr(current, SCOPE_ATTR, None) != scope:
+        stock = getattr(current, PATCHED_ATTR, current)
+        module_globals["apply_compile"] = make_mixed_apply_compile(stock, scope)
     return where
 
 
@@ -124,12 +181,14 @@ def restore_apply_compile(parallelize_fn: Callable[..., Any]) -> bool:
 
 
 class MoEEagerCompile(Workaround):
-    """Replaces the model's ``apply_compile``: dense blocks fullgraph, MoE blocks eager."""
+    """Replaces the model's ``apply_compile``: dense blocks fullgraph, MoE blocks eager (by
+    ``[rocm] moe_eager_scope``: the whole block, or only its MoE module)."""
 
     name = "moe_eager_compile"
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
+        self.scope = ctx.settings.moe_eager_scope
         self._patched: str | None = None
         self._logged_counts = False
 
@@ -156,22 +215,25 @@ class MoEEagerCompile(Workaround):
     def apply(self, model: nn.Module) -> None:
         assert self.ctx.parallelize_fn is not None  # check() made sure
         if self.ctx.framework == TORCHTITAN_030:
-            marked = tt030.mark_moe_blocks(model)
+            marked = tt030.mark_moe_blocks(model, self.scope, self.ctx.compile.backend)
             self._patched = tt030.SEAM
-            log.info("titan-rocm: MoE blocks %s will run eager (%s)", ", ".join(marked),
+            log.info("titan-rocm: MoE blocks %s will run %s (%s)", ", ".join(marked),
+                     "eager" if self.scope == "block" else "with their MoE module eager",
                      tt030.SEAM)
             return
-        self._patched = patch_apply_compile(self.ctx.parallelize_fn)
-        log.info("titan-rocm: replaced %s (dense fullgraph, MoE eager)", self._patched)
+        self._patched = patch_apply_compile(self.ctx.parallelize_fn, self.scope)
+        log.info("titan-rocm: replaced %s (dense fullgraph, MoE eager; moe_eager_scope = %r)",
+                 self._patched, self.scope)
 
     def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
-        # One line after the first step proves from the run log that MoE blocks ran eager.
+        # One line after the first step proves from the run log that the MoE part ran eager.
         if not self._logged_counts:
             self._logged_counts = True
-            log.info("titan-rocm: eager MoE block forwards after step 1: %s",
-                     eager_forward_calls())
+            log.info("titan-rocm: eager MoE %s forwards after step 1: %s",
+                     "block" if self.scope == "block" else "module", eager_forward_calls())
 
     def plan(self, model: nn.Module) -> dict[str, Any]:
         if self._patched is None:
             return {}
-        return {"blocks": plan_blocks(model), "patched": self._patched}
+        return {"scope": self.scope, "blocks": plan_blocks(model, self.scope),
+                "patched": self._patched}

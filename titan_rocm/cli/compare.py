@@ -1,0 +1,152 @@
+"""``titan-rocm compare BASELINE.log OTHER.log... [--label NAME]... [--noise REPEAT.log...]
+[--plot out.png|out.svg] [--json] [--warmup N]``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+from titan_rocm.cli.bench_summary import warmup_arg
+from titan_rocm.logs.compare import (
+    DEFAULT_TOLERANCE_PCT,
+    EXIT_BAD_INPUT,
+    CompareError,
+    Run,
+    compare,
+    load_run,
+)
+from titan_rocm.logs.parse import FORMATS, UnreadableLog
+from titan_rocm.logs.summary import DEFAULT_WARMUP
+
+HELP = (
+    "Put training runs side by side: each OTHER log's loss and grad norm against the "
+    "BASELINE's, step by step, judged against the noise band that repeat runs of the baseline "
+    "job show (--noise); throughput ratio (median after warm-up, as bench-summary) and memory "
+    "peak; a picture with --plot. A run that diverged or did not finish is named, never "
+    "averaged in. Exit 0 every run within noise (without --noise: every run valid), 1 a run "
+    "differs or is invalid, 2 bad input."
+)
+
+PLOT_SUFFIXES: tuple[str, ...] = (".png", ".svg")
+DEFAULT_SIZE = (1200, 1100)
+
+
+def _size(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d{2,5})\s*[xX]\s*(\d{2,5})\s*", text)
+    if not m or not all(200 <= int(v) <= 8000 for v in m.groups()):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not valid; accepted: WIDTHxHEIGHT in pixels, each 200 to 8000 "
+            "(e.g. 1200x1100)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (0 <= value < 1e6):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not valid; accepted: a percentage >= 0 (e.g. 0.01)")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``compare``."""
+    parser.add_argument("logs", nargs="+", metavar="LOG",
+                        help="the baseline's log, then one log per run to compare with it")
+    parser.add_argument(
+        "--label", action="append", default=[], metavar="NAME",
+        help="a name for each LOG in order (repeat the flag; default: the file name)")
+    parser.add_argument(
+        "--noise", action="extend", nargs="+", default=[], metavar="REPEAT",
+        help="logs of the baseline job run again unchanged: their spread is the noise band")
+    parser.add_argument(
+        "--plot", metavar="FILE",
+        help="draw loss, grad norm and relative difference to FILE (.png or .svg; "
+             "needs matplotlib: pip install 'titan-rocm[plot]')")
+    parser.add_argument(
+        "--size", type=_size, default=DEFAULT_SIZE, metavar="WxH",
+        help=f"picture size in pixels (default {DEFAULT_SIZE[0]}x{DEFAULT_SIZE[1]})")
+    parser.add_argument("--log-y", action="store_true", help="draw the loss on a log scale")
+    parser.add_argument(
+        "--warmup", type=warmup_arg, default=DEFAULT_WARMUP, metavar="N",
+        help=f"leave steps <= N out of the throughput medians (default {DEFAULT_WARMUP})")
+    parser.add_argument(
+        "--tolerance", type=_tolerance, default=DEFAULT_TOLERANCE_PCT, metavar="PCT",
+        help="relative differences up to PCT percent are never a difference "
+             f"(default {DEFAULT_TOLERANCE_PCT})")
+    parser.add_argument(
+        "--format", choices=FORMATS, default="auto",
+        help="log format (default: auto, both TorchTitan and Megatron-LM lines)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _err(message: str) -> int:
+    print(f"titan-rocm compare: {message}", file=sys.stderr)
+    return EXIT_BAD_INPUT
+
+
+def _plot_path(text: str) -> Path:
+    path = Path(text)
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise CompareError(
+            f"--plot {text!r} is not valid: the file name must end in "
+            f"{' or '.join(PLOT_SUFFIXES)}.")
+    if not path.parent.is_dir():
+        raise CompareError(f"--plot {text!r}: the directory {str(path.parent)!r} does not exist.")
+    return path
+
+
+def _labels(args: argparse.Namespace) -> list[str]:
+    if len(args.label) > len(args.logs):
+        raise CompareError(
+            f"{len(args.label)} --label values for {len(args.logs)} LOG(s); accepted: at most "
+            "one --label per LOG, in the order of the LOGs.")
+    names = list(args.label) + [Path(p).name for p in args.logs[len(args.label):]]
+    if len(set(names)) < len(names):
+        raise CompareError(
+            f"the runs' names are not distinct ({', '.join(names)}); give each LOG its own "
+            "--label.")
+    return names
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compare the runs; print the report; return 0, 1 or 2."""
+    try:
+        if len(args.logs) < 2:
+            raise CompareError(
+                "compare needs a baseline LOG and at least one other LOG to compare with it.")
+        labels = _labels(args)
+        plot_path = _plot_path(args.plot) if args.plot else None
+        if plot_path is not None:
+            from titan_rocm.logs.plot import require_matplotlib
+
+            require_matplotlib()
+
+        def load(path: str, label: str) -> Run:
+            return load_run(path, label, args.format, args.warmup)
+
+        runs = [load(p, name) for p, name in zip(args.logs, labels, strict=True)]
+        repeats = [load(p, f"repeat {i}: {Path(p).name}") for i, p in
+                   enumerate(args.noise, start=1)]
+    except (CompareError, UnreadableLog) as exc:
+        return _err(str(exc))
+    comparison = compare(runs[0], runs[1:], repeats, args.tolerance, args.warmup)
+    if plot_path is not None:
+        from titan_rocm.logs.plot import plot
+
+        try:
+            plot(comparison, plot_path, size=args.size, log_y=args.log_y)
+        except OSError as exc:
+            return _err(f"cannot write {plot_path}: {exc.strerror or exc}.")
+    if args.json:
+        print(json.dumps(comparison.to_dict(), indent=2, allow_nan=False))
+    else:
+        print("\n".join(comparison.lines()))
+        if plot_path is not None:
+            print(f"picture: {plot_path}")
+    return comparison.exit_code

@@ -1,0 +1,571 @@
+"""Put training runs side by side: loss and grad-norm curves against a baseline, within or
+outside the noise that repeats of the baseline show (``titan-rocm compare``).
+
+Each run is one log file, read with the log parser and given the run verdict of
+:mod:`titan_rocm.logs.verdict`: a run that diverged or did not finish is named as such and
+never enters the noise band or a throughput figure.
+
+**Relative difference** of a run to the baseline at step s: ``(run(s) - baseline(s)) /
+|baseline(s)|``, at the training steps both logged with a finite value (per rank where
+both logs tag ranks).
+
+**Noise band** at step s, from repeat runs of the baseline job (``--noise``): the largest
+``|relative difference|`` any valid repeat showed at step s or before, and at least the
+tolerance. Taking the running maximum over earlier steps is deliberate: two runs of one job
+that have drifted apart by step t can be that far apart at any later step, and a step where
+their noisy curves happen to cross is no narrowing of the noise. With K repeats, a further
+run of the same job lands outside the band at a given step about once in K + 1 (the runs are
+exchangeable), so a band of one repeat gives a weak verdict; the report says so.
+
+**Verdict** per run: ``diverged at step N`` or ``incomplete`` (its run verdict), else with
+repeats ``within noise`` or ``differs from step N`` (the first step where the loss leaves its
+band), else ``unqualified`` (no repeats: the first step past the tolerance is reported, and
+judged by no one). The grad norm gets its own band and first step outside it in the report,
+but no say in the verdict: it swings by tens of percent between runs of one job, far more
+than a few repeats can bound, while the loss is what "the same run" means.
+
+**Throughput ratio**: the run's median tokens/s after warm-up over the baseline's, as
+``bench-summary`` computes it (:func:`titan_rocm.logs.summary.summarize`); a log without
+tokens/s uses TFLOP/s, then iteration time (inverted, so above 1 is faster).
+
+Exit codes: 0 every run within noise (or, without repeats, every run valid); 1 a run differs
+from the baseline, or a run (baseline, other or repeat) diverged or did not finish; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from titan_rocm.logs.parse import ParsedLog, parse_file
+from titan_rocm.logs.summary import DEFAULT_WARMUP, Summary, summarize
+from titan_rocm.logs.verdict import EMPTY, OK, Verdict, verdict_of
+
+DEFAULT_TOLERANCE_PCT = 0.01
+"""Relative differences up to this (in percent) are never called a difference: two losses
+that agree to 1e-4 relative are the same number for training (one BF16 rounding is 0.4 %)."""
+
+METRICS: tuple[str, ...] = ("loss", "grad_norm")
+METRIC_NAMES: dict[str, str] = {"loss": "loss", "grad_norm": "grad norm"}
+
+WITHIN = "within noise"
+UNQUALIFIED = "unqualified"
+BASELINE = "baseline"
+
+EXIT_SAME = 0
+EXIT_DIFFERS = 1
+EXIT_BAD_INPUT = 2
+
+
+class CompareError(Exception):
+    """Bad input for compare: ``str()`` is one sentence naming what and what is accepted."""
+
+
+@dataclass(frozen=True)
+class Series:
+    """One run's training curve on one rank: step -> value, as logged (non-finite kept)."""
+
+    loss: dict[int, float]
+    grad_norm: dict[int, float]
+
+    def values(self, metric: str) -> dict[int, float]:
+        """``loss`` or ``grad_norm``."""
+        return self.loss if metric == "loss" else self.grad_norm
+
+    def first_nonfinite(self) -> int | None:
+        """The first step whose loss or grad norm is not finite."""
+        bad = [s for m in METRICS for s, v in self.values(m).items() if not math.isfinite(v)]
+        return min(bad) if bad else None
+
+
+def series_of(log: ParsedLog, rank: int | None) -> Series:
+    """The training curve of ``rank`` (None: lines without a rank prefix); the first line of
+    a step wins where a rank logged it twice."""
+    loss: dict[int, float] = {}
+    grad_norm: dict[int, float] = {}
+    for r in log.records:
+        if r.kind != "train" or r.rank != rank:
+            continue
+        if r.loss is not None:
+            loss.setdefault(r.step, r.loss)
+        if r.grad_norm is not None:
+            grad_norm.setdefault(r.step, r.grad_norm)
+    return Series(loss, grad_norm)
+
+
+def train_ranks(log: ParsedLog) -> list[int | None]:
+    """The ranks with training-step lines, untagged (None) first."""
+    ranks = {r.rank for r in log.records if r.kind == "train"}
+    return sorted(ranks, key=lambda r: -1 if r is None else r)
+
+
+@dataclass
+class Run:
+    """One log file: its curves per rank, its run verdict and its bench-summary."""
+
+    label: str
+    path: str
+    log: ParsedLog
+    verdict: Verdict
+    summary: Summary
+
+    @property
+    def valid(self) -> bool:
+        """The run trained finitely to its end (run verdict ``ok``)."""
+        return self.verdict.status == OK
+
+    def series(self, rank: int | None) -> Series:
+        """:func:`series_of` this run's log."""
+        return series_of(self.log, rank)
+
+    def describe(self) -> str:
+        """``ok, 7 training steps (last 60)`` or the verdict's reason."""
+        if self.valid:
+            return (f"ok, {self.verdict.train_steps} training step(s), the last step "
+                    f"{self.verdict.last_step}")
+        return f"{self.verdict.label}: {self.verdict.reason}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Label, path, run verdict, throughput summary (strict JSON)."""
+        return {"label": self.label, "path": self.path, "verdict": self.verdict.to_dict(),
+                "summary": self.summary.to_dict()}
+
+
+def load_run(path: str | Path, label: str, fmt: str = "auto",
+             warmup: int = DEFAULT_WARMUP) -> Run:
+    """Parse one log into a :class:`Run`.
+
+    Raises:
+        UnreadableLog: the file cannot be read.
+        CompareError: the log holds no metric line (nothing to compare).
+    """
+    log = parse_file(path, fmt)
+    verdict = verdict_of([log])
+    if verdict.status == EMPTY:
+        raise CompareError(verdict.reason)
+    return Run(label, str(path), log, verdict, summarize([log], warmup))
+
+
+def relative(base: dict[int, float], other: dict[int, float]) -> dict[int, float]:
+    """``(other - base) / |base|`` at the steps both have finite (base non-zero)."""
+    out = {}
+    for step in sorted(base.keys() & other.keys()):
+        b, o = base[step], other[step]
+        if math.isfinite(b) and math.isfinite(o) and b != 0:
+            out[step] = (o - b) / abs(b)
+    return out
+
+
+def noise_band(
+    base: dict[int, float], repeats: Sequence[dict[int, float]], tolerance: float
+) -> dict[int, float]:
+    """At each baseline step, the largest ``|relative difference|`` of any repeat at that
+    step or before, at least ``tolerance`` (see the module docstring for why)."""
+    diffs = [relative(base, rep) for rep in repeats]
+    band: dict[int, float] = {}
+    widest = tolerance
+    for step in sorted(base):
+        for d in diffs:
+            if step in d:
+                widest = max(widest, abs(d[step]))
+        band[step] = widest
+    return band
+
+
+@dataclass(frozen=True)
+class MetricDiff:
+    """How one metric of a run differs from the baseline's on one rank."""
+
+    metric: str
+    rel: dict[int, float]
+    """Relative difference per common finite step."""
+    band: dict[int, float] | None
+    """Noise band per baseline step (None: no repeats; the tolerance alone then)."""
+    tolerance: float
+
+    def limit(self, step: int) -> float:
+        """The band at ``step`` (the tolerance without repeats)."""
+        return self.band.get(step, self.tolerance) if self.band is not None else self.tolerance
+
+    @property
+    def first_outside(self) -> int | None:
+        """The first common step where ``|rel|`` exceeds the band (or the tolerance)."""
+        return next((s for s, v in self.rel.items() if abs(v) > self.limit(s)), None)
+
+    @property
+    def largest(self) -> tuple[int, float] | None:
+        """(step, rel) of the largest ``|rel|``."""
+        return max(self.rel.items(), key=lambda kv: abs(kv[1])) if self.rel else None
+
+    @property
+    def final(self) -> tuple[int, float] | None:
+        """(step, rel) at the last common step."""
+        return max(self.rel.items()) if self.rel else None
+
+    @property
+    def first(self) -> tuple[int, float] | None:
+        """(step, rel) at the first common step (step 1 in a TorchTitan log)."""
+        return min(self.rel.items()) if self.rel else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Strict JSON; differences in percent."""
+
+        def at(item: tuple[int, float] | None) -> dict[str, Any] | None:
+            return {"step": item[0], "pct": 100 * item[1]} if item else None
+
+        return {
+            "first": at(self.first),
+            "max": at(self.largest),
+            "final": at(self.final),
+            "first_outside_band": self.first_outside,
+            "per_step": [
+                {"step": s, "pct": 100 * v, "band_pct": 100 * self.limit(s)}
+                for s, v in self.rel.items()
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class RankComparison:
+    """A run against the baseline on one rank."""
+
+    rank: int | None
+    base_rank: int | None
+    steps_in_common: tuple[int, ...]
+    diffs: dict[str, MetricDiff]
+
+    @property
+    def first_outside(self) -> int | None:
+        """The step where the loss first leaves its band (the verdict's step)."""
+        return self.diffs["loss"].first_outside
+
+    def to_dict(self) -> dict[str, Any]:
+        """Strict JSON."""
+        return {
+            "rank": self.rank,
+            "baseline_rank": self.base_rank,
+            "steps_in_common": list(self.steps_in_common),
+            **{m: d.to_dict() for m, d in self.diffs.items()},
+        }
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """The run's throughput over the baseline's, as bench-summary computes both."""
+
+    field: str | None
+    ratio: float | None
+    value: float | None
+    base_value: float | None
+    reason: str | None = None
+    """Why there is no ratio."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Strict JSON."""
+        return {"field": self.field, "ratio": self.ratio, "median": self.value,
+                "baseline_median": self.base_value, "reason": self.reason}
+
+
+_THROUGHPUT_LABELS = {"tps": "tokens/s", "tflops": "TFLOP/s", "iteration_ms": "iteration time"}
+
+
+def throughput(run: Run, base: Run) -> Throughput:
+    """Median after warm-up of ``run`` over ``base``: tokens/s, else TFLOP/s, else the
+    inverse of iteration time; None with the reason when either summary has none."""
+    for summary, who in ((base.summary, "baseline"), (run.summary, "run")):
+        if not summary.valid:
+            return Throughput(None, None, None, None,
+                              f"no publishable figure for the {who}: {summary.reason}")
+    for name in _THROUGHPUT_LABELS:
+        a = (run.summary.stats or {}).get(name)
+        b = (base.summary.stats or {}).get(name)
+        if a is not None and b is not None and a.median > 0 and b.median > 0:
+            ratio = b.median / a.median if name == "iteration_ms" else a.median / b.median
+            return Throughput(name, ratio, a.median, b.median)
+    return Throughput(None, None, None, None,
+                      "the two logs share no throughput field (tokens/s, TFLOP/s, iteration time)")
+
+
+@dataclass
+class RunComparison:
+    """One run against the baseline: per rank, its verdict, throughput and memory."""
+
+    run: Run
+    ranks: list[RankComparison]
+    throughput: Throughput
+    qualified: bool
+    """The verdict rests on a noise band (repeats given)."""
+
+    @property
+    def outside(self) -> int | None:
+        """The first step where the run's loss leaves the band, over all ranks."""
+        found = [f for rc in self.ranks if (f := rc.first_outside) is not None]
+        return min(found) if found else None
+
+    @property
+    def verdict(self) -> str:
+        """``diverged at step N``, ``incomplete``, ``within noise``, ``differs from step N``,
+        or ``unqualified`` (no repeats)."""
+        if not self.run.valid:
+            return self.run.verdict.label
+        if not any(rc.steps_in_common for rc in self.ranks):
+            return "no common step"
+        if not self.qualified:
+            return UNQUALIFIED
+        outside = self.outside
+        return f"differs from step {outside}" if outside is not None else WITHIN
+
+    @property
+    def ok(self) -> bool:
+        """Counts as the same as the baseline for the exit code."""
+        return self.verdict in (WITHIN, UNQUALIFIED)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Strict JSON."""
+        return {
+            **self.run.to_dict(),
+            "compare_verdict": self.verdict,
+            "first_outside": self.outside,
+            "ranks": [rc.to_dict() for rc in self.ranks],
+            "throughput": self.throughput.to_dict(),
+            "memory_peak_gib": self.run.summary.memory_peak_gib,
+        }
+
+
+def _rank_pairs(base: Run, run: Run) -> list[tuple[int | None, int | None]]:
+    """(run rank, baseline rank) to compare: every rank both tag, else each log's first."""
+    base_ranks, run_ranks = train_ranks(base.log), train_ranks(run.log)
+    common = [r for r in run_ranks if r in base_ranks]
+    if common:
+        return [(r, r) for r in common]
+    if base_ranks and run_ranks:
+        return [(run_ranks[0], base_ranks[0])]
+    return []
+
+
+@dataclass
+class Comparison:
+    """Every run against the baseline, with the noise band from the repeats."""
+
+    baseline: Run
+    runs: list[RunComparison]
+    repeats: list[Run]
+    tolerance: float
+    warmup: int
+    plot_rank: int | None = None
+    """The rank the picture shows (the first compared)."""
+    bands: dict[str, dict[int, float]] = field(default_factory=dict)
+    """The noise band of each metric on :attr:`plot_rank`."""
+
+    @property
+    def qualified(self) -> bool:
+        """A noise band exists (at least one valid repeat)."""
+        return any(r.valid for r in self.repeats)
+
+    @property
+    def invalid(self) -> list[Run]:
+        """Every run (baseline, others, repeats) that diverged or did not finish."""
+        return [r for r in (self.baseline, *(rc.run for rc in self.runs), *self.repeats)
+                if not r.valid]
+
+    @property
+    def exit_code(self) -> int:
+        """0 same (or unqualified and valid), 1 a run differs or is invalid."""
+        if self.invalid or not all(rc.ok for rc in self.runs):
+            return EXIT_DIFFERS
+        return EXIT_SAME
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` object (strict JSON; differences in percent)."""
+        valid_repeats = [r for r in self.repeats if r.valid]
+        return {
+            "exit_code": self.exit_code,
+            "qualified": self.qualified,
+            "tolerance_pct": 100 * self.tolerance,
+            "warmup": self.warmup,
+            "baseline": {**self.baseline.to_dict(),
+                         "memory_peak_gib": self.baseline.summary.memory_peak_gib},
+            "noise": {
+                "repeats": [r.to_dict() for r in self.repeats],
+                "used": [r.label for r in valid_repeats],
+                "excluded": [r.label for r in self.repeats if not r.valid],
+            },
+            "runs": [rc.to_dict() for rc in self.runs],
+            "plot_rank": self.plot_rank,
+        }
+
+    def lines(self) -> list[str]:
+        """The human-readable report."""
+        return report_lines(self)
+
+
+def repeat_series(repeat: Run, rank: int | None) -> Series | None:
+    """A repeat run's curve on ``rank`` (its only rank when it tags another; None if it has
+    several and not this one)."""
+    ranks = train_ranks(repeat.log)
+    if rank in ranks:
+        return repeat.series(rank)
+    return repeat.series(ranks[0]) if len(ranks) == 1 else None
+
+
+def compare(
+    baseline: Run, others: Sequence[Run], repeats: Sequence[Run] = (),
+    tolerance_pct: float = DEFAULT_TOLERANCE_PCT, warmup: int = DEFAULT_WARMUP,
+) -> Comparison:
+    """Compare each of ``others`` with ``baseline``; the band comes from the valid repeats.
+
+    Raises:
+        ValueError: ``tolerance_pct`` is negative or not finite.
+    """
+    if not (math.isfinite(tolerance_pct) and tolerance_pct >= 0):
+        raise ValueError(f"--tolerance {tolerance_pct} is not valid; accepted: a percentage >= 0")
+    tolerance = tolerance_pct / 100
+    usable = [r for r in repeats if r.valid]
+    band_cache: dict[tuple[int | None, str], dict[int, float] | None] = {}
+
+    def band(rank: int | None, metric: str) -> dict[int, float] | None:
+        if not usable:
+            return None
+        key = (rank, metric)
+        if key not in band_cache:
+            base = baseline.series(rank).values(metric)
+            reps = [s.values(metric) for r in usable if (s := repeat_series(r, rank))]
+            band_cache[key] = noise_band(base, reps, tolerance)
+        return band_cache[key]
+
+    results = []
+    for run in others:
+        ranks = []
+        for rank, base_rank in _rank_pairs(baseline, run):
+            mine, theirs = run.series(rank), baseline.series(base_rank)
+            diffs = {
+                m: MetricDiff(m, relative(theirs.values(m), mine.values(m)),
+                              band(base_rank, m), tolerance)
+                for m in METRICS
+            }
+            steps = tuple(sorted(mine.loss.keys() & theirs.loss.keys()))
+            ranks.append(RankComparison(rank, base_rank, steps, diffs))
+        results.append(RunComparison(run, ranks, throughput(run, baseline), bool(usable)))
+    plot_rank = next((rc.ranks[0].base_rank for rc in results if rc.ranks), None)
+    if plot_rank is None and train_ranks(baseline.log):
+        plot_rank = train_ranks(baseline.log)[0]
+    bands = {m: b for m in METRICS if (b := band(plot_rank, m)) is not None}
+    return Comparison(baseline, results, list(repeats), tolerance, warmup, plot_rank, bands)
+
+
+# -- the report -----------------------------------------------------------------------------
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 repeat run``, ``2 repeat runs``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def pct(value: float, digits: int = 3) -> str:
+    """A relative difference in percent with a sign and ``digits`` significant digits:
+    ``+1.23 %``, ``-0.0012 %``."""
+    return f"{100 * value:+.{digits}g} %"
+
+
+def _rank_word(rank: int | None) -> str:
+    return "lines without a rank prefix" if rank is None else f"rank {rank}"
+
+
+def _metric_line(d: MetricDiff, qualified: bool) -> str:
+    name = METRIC_NAMES[d.metric]
+    if not d.rel:
+        return f"  {name}: no step with a finite value in both logs."
+    first, largest, final = d.first, d.largest, d.final
+    assert first and largest and final
+    where = "the noise band" if qualified else f"the tolerance ({pct(d.tolerance)[1:]})"
+    outside = d.first_outside
+    said = f"first outside {where}: step {outside}" if outside else f"never outside {where}"
+    return (
+        f"  {name}: step {first[0]} {pct(first[1])}, largest {pct(largest[1])} at step "
+        f"{largest[0]}, final {pct(final[1])} at step {final[0]}; {said}."
+    )
+
+
+def _verdict_line(rc: RunComparison) -> str:
+    run = rc.run
+    head = f"{run.label} ({run.path}): {rc.verdict}"
+    if not run.valid:
+        return f"{head}. {run.verdict.reason[0].upper()}{run.verdict.reason[1:]}"
+    outside = rc.outside
+    if rc.verdict == UNQUALIFIED:
+        tail = (f"the loss first differs by more than the tolerance at step {outside}"
+                if outside is not None else "no loss difference above the tolerance")
+        return f"{head}: no repeat runs (--noise), so no noise band to judge by; {tail}."
+    if outside is not None:
+        d = next(r.diffs["loss"] for r in rc.ranks if r.first_outside == outside)
+        # Four digits: a run just outside the band must not read as equal to it.
+        return (f"{head} (loss {pct(d.rel[outside], 4)} against a band of "
+                f"{pct(d.limit(outside), 4)[1:]}).")
+    return f"{head}."
+
+
+def _same_curves(ranks: list[RankComparison]) -> bool:
+    first = ranks[0]
+    return all(
+        all(r.diffs[m].rel == first.diffs[m].rel for m in METRICS) for r in ranks[1:]
+    )
+
+
+def report_lines(c: Comparison) -> list[str]:
+    """Text report of a comparison, a sentence or a labelled figure per line."""
+    base = c.baseline
+    out = [f"baseline: {base.label} ({base.path}): {base.describe()}."]
+    used = [r for r in c.repeats if r.valid]
+    if used:
+        k = len(used)
+        names = ", ".join(r.label for r in used)
+        out.append(
+            f"noise band: from {plural(k, 'repeat run')} of the baseline ({names}): at each step, "
+            "the largest relative difference any repeat showed at that step or "
+            f"before, at least {pct(c.tolerance)[1:]}. A further run of the same job lands "
+            f"outside such a band at about 1 step in {k + 1}"
+            + (", so a 'differs' verdict from it is weak; give more repeats." if k < 3 else ".")
+        )
+    else:
+        out.append(
+            "noise band: none (no --noise repeat runs of the baseline): every verdict below is "
+            f"unqualified; differences are set against the tolerance {pct(c.tolerance)[1:]} only."
+        )
+    for r in c.repeats:
+        if not r.valid:
+            out.append(f"repeat {r.label} ({r.path}) is left out of the band: {r.verdict.label}: "
+                       f"{r.verdict.reason}")
+    for rc in c.runs:
+        out.append("")
+        out.append(_verdict_line(rc))
+        ranks = rc.ranks
+        if ranks and len(ranks) > 1 and _same_curves(ranks):
+            names = ", ".join(str(r.rank) for r in ranks)
+            out.append(f"  ranks {names}: identical differences on every rank; shown once.")
+            ranks = ranks[:1]
+        for r in ranks:
+            paired = (f"{_rank_word(r.rank)}" if r.rank == r.base_rank
+                      else f"{_rank_word(r.rank)} against the baseline's {_rank_word(r.base_rank)}")
+            span = (f" ({r.steps_in_common[0]} to {r.steps_in_common[-1]})"
+                    if r.steps_in_common else "")
+            out.append(f"  {paired}: {len(r.steps_in_common)} step(s) in common{span}.")
+            for m in METRICS:
+                out.append(_metric_line(r.diffs[m], c.qualified))
+        t = rc.throughput
+        if t.ratio is not None and t.field is not None:
+            out.append(
+                f"  throughput: {t.ratio:.4f} x the baseline (median {_THROUGHPUT_LABELS[t.field]} "
+                f"after warm-up {c.warmup}: {t.value:,.1f} against {t.base_value:,.1f})."
+            )
+        else:
+            out.append(f"  throughput: no ratio: {t.reason}")
+        mem, base_mem = rc.run.summary.memory_peak_gib, base.summary.memory_peak_gib
+        if mem is not None and base_mem is not None:
+            out.append(f"  memory peak: {mem:.2f} GiB (baseline {base_mem:.2f} GiB).")
+    out.append("")
+    verdicts = ", ".join(f"{rc.run.label}: {rc.verdict}" for rc in c.runs)
+    out.append(f"verdict: {verdicts}.")
+    return out

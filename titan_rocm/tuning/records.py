@@ -1,0 +1,161 @@
+"""The results file of ``titan-rocm tune run``: JSON lines, appended, never rewritten. Torch-free.
+
+Record types (each line one JSON object with a ``type``):
+
+- ``run``: written once when the file is created: which problems file (its sha256) and job.
+- ``env``: a minesweeper's device and versions (once per distinct environment).
+- ``problem``: a problem's candidates as enumerated on the device (task ids, in order).
+- ``started``: written (and fsync'ed) before a candidate runs.
+- ``result``: the terminal record of a task: ``status`` is one of :data:`STATUSES`.
+
+Resume is the default: a task with a ``result`` never runs again; a task with two
+``started`` records and no result is recorded ``crash`` and not run a third time.
+A line that does not parse (a write cut by a kill) is skipped and counted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+STATUSES: tuple[str, ...] = (
+    "pass", "mismatch", "nan", "cuda_error", "crash", "hang", "compile_error",
+)
+"""Terminal results of a task. Only ``pass`` ever enters a table."""
+
+ENV_FIELDS: tuple[str, ...] = ("torch", "triton", "hip", "cuda")
+"""Versions that are part of a task's identity (with the device key)."""
+
+
+class ResultsError(ValueError):
+    """A results file cannot be used; the message says why."""
+
+
+def task_id(key: str, template_id: str, params: dict[str, Any], template_hash: str | None,
+            env: dict[str, Any]) -> str:
+    """Content hash of a task: the problem key, the candidate and the software it runs on."""
+    body = [key, template_id, params, template_hash, env.get("device_key")]
+    body += [env.get(name) for name in ENV_FIELDS]
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int]:
+    """Every record of a results file, and how many lines were skipped as garbled.
+
+    A missing file reads as no records.
+
+    Raises:
+        ResultsError: the file exists but cannot be read.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return [], 0
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    records: list[dict[str, Any]] = []
+    garbled = 0
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            garbled += 1
+            continue
+        if isinstance(record, dict) and isinstance(record.get("type"), str):
+            records.append(record)
+        else:
+            garbled += 1
+    return records, garbled
+
+
+@dataclass
+class State:
+    """What a results file says has happened."""
+
+    run: dict[str, Any] | None = None
+    envs: list[dict[str, Any]] = field(default_factory=list)
+    problems: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Problem key -> its latest ``problem`` record."""
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Task id -> its terminal record (the first one written)."""
+    started: Counter[str] = field(default_factory=Counter)
+    """Task id -> number of ``started`` records."""
+    garbled: int = 0
+
+    def add(self, record: dict[str, Any]) -> None:
+        """Account for one record."""
+        kind = record.get("type")
+        if kind == "run" and self.run is None:
+            self.run = record
+        elif kind == "env" and record.get("env") not in self.envs:
+            self.envs.append(record.get("env"))
+        elif kind == "problem" and "key" in record:
+            self.problems[record["key"]] = record
+        elif kind == "started" and "task" in record:
+            self.started[record["task"]] += 1
+        elif kind == "result" and record.get("status") in STATUSES and "task" in record:
+            self.results.setdefault(record["task"], record)
+
+    def started_twice(self) -> list[str]:
+        """Tasks started at least twice without a result: they are not run a third time."""
+        return [t for t, n in self.started.items() if n >= 2 and t not in self.results]
+
+    def counts(self) -> Counter[str]:
+        """Terminal results by status."""
+        return Counter(r["status"] for r in self.results.values())
+
+
+def load_state(path: str | Path) -> State:
+    """The :class:`State` of a results file (empty when it does not exist)."""
+    records, garbled = read_records(path)
+    state = State(garbled=garbled)
+    for record in records:
+        state.add(record)
+    return state
+
+
+def load_many(paths: Iterable[str | Path]) -> State:
+    """One :class:`State` over several results files (e.g. one per node)."""
+    state = State()
+    for path in paths:
+        records, garbled = read_records(path)
+        state.garbled += garbled
+        for record in records:
+            state.add(record)
+    return state
+
+
+class Appender:
+    """Appends records to a results file: one line each, flushed and fsync'ed.
+
+    If the file ends in a partial line (a write cut by a kill), a newline is written first
+    so that the partial line stays one garbled line and the next record is whole.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._f = open(self.path, "ab")  # noqa: SIM115 - closed in close()
+        if self._f.tell() > 0:
+            with open(self.path, "rb") as f:
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    self._f.write(b"\n")
+
+    def write(self, record: dict[str, Any]) -> None:
+        """Write one record durably."""
+        self._f.write(json.dumps(record, sort_keys=True, default=str).encode() + b"\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        """Close the file."""
+        self._f.close()

@@ -1,0 +1,43 @@
+"""Apply a job's titan-rocm settings that change how code compiles, in the tuner's processes.
+
+The minesweeper must compile the same kernels training will: the workarounds that act on
+Inductor or Triton process-wide (not on the model) are decided and applied there too, through
+their own gates (:class:`~titan_rocm.workarounds.base.JobWorkarounds`), from the ``[rocm]``
+settings ``tune collect`` recorded. Here the tuner acts as an adapter: it builds the Context.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn as nn
+
+from titan_rocm.log import log
+from titan_rocm.settings import check_section
+from titan_rocm.workarounds.base import CompileSettings, Context, JobWorkarounds
+
+CODEGEN_WORKAROUNDS: tuple[str, ...] = ("precision_casts", "triton_war")
+"""Workarounds that change compiled code for the whole process, with no model needed."""
+
+FRAMEWORK = "titan-rocm tune"
+
+
+def apply_codegen_settings(settings: dict[str, Any]) -> list[str]:
+    """Apply :data:`CODEGEN_WORKAROUNDS` whose gate holds under ``settings``; return their names.
+
+    Raises:
+        ValueError: a ``[rocm]`` value is not valid, or a workaround set ``on`` cannot apply.
+    """
+    ctx = Context(settings=check_section(dict(settings)),
+                  compile=CompileSettings(enable=True, components=("model",)),
+                  framework=FRAMEWORK)
+    job = JobWorkarounds(ctx, CODEGEN_WORKAROUNDS)
+    job.require()
+    model = nn.Module()  # these workarounds act on the process, not on a model
+    applied = []
+    for name in CODEGEN_WORKAROUNDS:
+        decision = job.apply(name, model, FRAMEWORK)
+        log.info("%s", decision.line)
+        if decision.applied:
+            applied.append(name)
+    return applied

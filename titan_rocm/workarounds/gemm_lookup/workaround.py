@@ -1,0 +1,117 @@
+"""The ``rocm.gemm_lookup`` workaround: compile GEMMs with kernels ``titan-rocm tune`` validated.
+
+Stock max-autotune never checks that a candidate computes the right answer (on ROCm a
+miscompiled Triton config is often the fastest because it is wrong), costs minutes at every
+start and may pick differently on each rank. With a table from ``titan-rocm tune table``,
+each GEMM lowering gets exactly one candidate: the table's validated winner on a hit, the
+ATen kernel on a miss (logged once per key). Nothing is benchmarked at start-up.
+
+It installs :class:`~titan_rocm.tuning.choices.TableChoices` through Inductor's
+``inductor_choices_class`` (its ``uuid()`` is the table file's sha256, so the FX-graph cache
+keys on the table), with ``max_autotune_gemm`` on and backends ATEN,TRITON. A table made on
+another device or with other torch/Triton/HIP/CUDA versions is refused: ``auto`` warns once
+and does nothing, ``on`` fails start-up. Docs: docs/validated-tuning.md.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+from typing import Any
+
+import torch.nn as nn
+
+from titan_rocm.log import log, log_once
+from titan_rocm.tuning import table as table_module
+from titan_rocm.workarounds.base import Workaround
+
+
+class GemmLookup(Workaround):
+    """One validated kernel per GEMM from ``[rocm] gemm_lookup_table``; ATen on a miss."""
+
+    name = "gemm_lookup"
+    needs_rocm = False  # a table names its device; auto applies wherever one is named
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.table: table_module.TableFile | None = None
+        self.mismatches: list[str] = []
+        self.stats: Any = None
+        self.dry_run = False
+        self._steps = 0
+
+    @property
+    def path(self) -> str:
+        """``[rocm] gemm_lookup_table``."""
+        return self.ctx.settings.gemm_lookup_table
+
+    def unmet(self) -> str | None:
+        if not self.path:
+            return "no table named ([rocm] gemm_lookup_table is empty)"
+        try:
+            self.table = table_module.read(self.path)
+        except table_module.TableError as exc:
+            return str(exc)
+        if self.ctx.planning:
+            return None  # plan runs on a login node: the meta is shown, not compared
+        from titan_rocm.tuning.env import environment
+
+        self.mismatches = table_module.meta_mismatches(self.table.meta, environment())
+        if self.mismatches:
+            reason = (f"table {self.path} was tuned for another device or software: "
+                      + "; ".join(self.mismatches))
+            if self.mode == "auto":
+                log_once(f"gemm_lookup-meta:{self.path}", logging.WARNING,
+                         "titan-rocm: gemm_lookup: %s; not used", reason)
+            return reason
+        return None
+
+    def check(self, model: nn.Module) -> str | None:
+        if not self.ctx.compile.model:
+            return "compile disabled ([compile] enable = false): Inductor lowers no GEMM"
+        return None
+
+    def apply(self, model: nn.Module) -> None:
+        assert self.table is not None  # unmet() read it
+        if self.ctx.planning:
+            self.dry_run = True
+            return
+        from titan_rocm.tuning.choices import ChoicesFactory, LookupStats, TableChoices, install
+
+        table, stats = self.table, LookupStats()
+        self.stats = stats
+        install(ChoicesFactory(lambda: TableChoices(table.table, table.sha256, stats)))
+        atexit.register(self.report, "the end of training")
+        log.info("titan-rocm: gemm_lookup: %d keys from %s (sha256 %s, tuned on %s); "
+                 "max-autotune-gemm with ATEN,TRITON, one validated kernel per GEMM, ATen on "
+                 "a miss", len(table.table), self.path, table.sha256[:12],
+                 table.meta.get("device"))
+
+    def report(self, when: str) -> None:
+        """Log the hits and misses so far."""
+        if self.stats is None:
+            return
+        totals = self.stats.to_dict()
+        log.info("titan-rocm: gemm_lookup at %s: %d GEMM lowerings from the table, %d misses "
+                 "(ATen)%s", when, totals["hits"], totals["misses"],
+                 f"; missed keys: {totals['missed_keys'][:5]}" if totals["misses"] else "")
+
+    def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
+        """After the first step (every GEMM has been lowered by then): hits and misses."""
+        self._steps += 1
+        if self._steps == 1:
+            self.report("the first step")
+
+    def plan(self, model: nn.Module) -> dict[str, Any]:
+        details: dict[str, Any] = {"table": self.path or None}
+        if self.table is not None:
+            details.update(sha256=self.table.sha256, keys=len(self.table.table),
+                           meta={k: self.table.meta.get(k) for k in (
+                               "device", *table_module.META_FIELDS, "created")})
+        if self.mismatches:
+            details["meta_mismatches"] = self.mismatches
+        if self.dry_run:
+            details["dry_run"] = "choices handler not installed"
+        if self.stats is not None:
+            details["lookups"] = self.stats.to_dict()
+        return details
