@@ -357,8 +357,8 @@ def test_eager_marks_take_in_place_compiled_blocks_out_of_their_compile():
     model.layers["1"] = CheckpointWrapper(model.layers["1"])  # AC wraps after the mark
     for block in model.layers.values():
         block.compile(backend="eager", fullgraph=True)
-    assert moe_blocks.realize_eager_marks(model) == {"1": "test"}
-    assert moe_blocks.realize_eager_marks(model) == {"1": "test (already)"}
+    assert moe_blocks.realize_eager_marks(model) == {"1": "eager (test)"}
+    assert moe_blocks.realize_eager_marks(model) == {"1": "eager (test) (already)"}
     assert model.layers["0"]._compiled_call_impl is not None
     assert model.layers["1"]._compiled_call_impl is None
     assert moe_blocks.is_compiled(model.layers["0"])

@@ -110,22 +110,30 @@ def _layers(trainer):
 
 
 @pytest.mark.slow
-def test_moe_blocks_run_eager_and_dense_blocks_stay_compiled(cpu_harness):
+@pytest.mark.parametrize("scope", ["block", "moe"])
+def test_moe_blocks_run_eager_and_dense_blocks_stay_compiled(cpu_harness, scope):
     from titan_rocm.torchtitan import rocm
     from titan_rocm.workarounds.moe_blocks import EAGER_FORWARD_CALLS, eager_forward_calls
 
     EAGER_FORWARD_CALLS.clear()
     stock = cpu_harness.train(cpu_harness.config(_deepseek(), steps=2, compile=True))
     config = rocm(cpu_harness.config(_deepseek(), steps=2, compile=True),
-                  moe_eager_compile="on", grouped_mm="on", grouped_mm_backend="torch",
-                  precision_casts="off", divergence_guard="off")
+                  moe_eager_compile="on", moe_eager_scope=scope, grouped_mm="on",
+                  grouped_mm_backend="torch", precision_casts="off", divergence_guard="off")
     trainer = cpu_harness.build(config)
     layers = _layers(trainer)
     assert layers["0"]._compiled_call_impl is not None  # dense: stock fullgraph compile
     assert layers["1"]._compiled_call_impl is None  # MoE: taken out of it
+    inner = layers["1"]._checkpoint_wrapped_module  # SelectiveAC wraps every block
+    assert inner._compiled_call_impl is None
+    compiled_children = {n for n, c in inner.named_children() if c._compiled_call_impl}
+    if scope == "moe":
+        assert compiled_children == {"attention", "attention_norm", "ffn_norm"}
+    else:
+        assert compiled_children == set()
     run = cpu_harness.train(trainer)
-    assert eager_forward_calls() == {"1": 2}  # one eager forward of the MoE block per step
-    # Same seed, same data: eager MoE blocks change nothing but where kernels run.
+    assert eager_forward_calls() == {"1": 2}  # one eager forward of the MoE part per step
+    # Same seed, same data: eager MoE parts change nothing but where kernels run.
     assert run.losses == pytest.approx(stock.losses, rel=2e-3)
     decisions = {d.workaround: d.applied for d in trainer._rocm.decisions}
     assert decisions["moe_eager_compile"] and decisions["grouped_mm"]

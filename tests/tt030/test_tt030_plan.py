@@ -22,12 +22,18 @@ def test_plan_shows_moe_blocks_eager_and_the_dense_block_compiled_on_gfx942(caps
                              "moe_blocks": 26, "parallelize_fn":
                              "torchtitan.models.deepseek_v3.parallelize.parallelize_deepseekv3"}
     applied = {d["workaround"]: d["applied"] for d in plan["workarounds"]}
-    assert applied == {"precision_casts": True, "triton_war": True, "grouped_mm": True,
-                       "moe_eager_compile": True, "mla_ck_backward": False,
-                       "divergence_guard": True}
+    assert applied == {"precision_casts": True, "triton_war": True, "gemm_lookup": False,
+                       "grouped_mm": True, "moe_eager_compile": True,
+                       "mla_ck_backward": False, "divergence_guard": True}
+    reasons = {d["workaround"]: d["reason"] for d in plan["workarounds"]}
+    assert reasons["gemm_lookup"] == "no table named ([rocm] gemm_lookup_table is empty)"
     blocks = plan["compile"]["blocks"]
     assert blocks["0"].startswith("fullgraph, in place")
     assert blocks["1"] == blocks["26"] == "eager (rocm.moe_eager_compile)"
+    split = _plan(capsys, *ROCM_16B, *COMPILED, "--arch", "gfx942",
+                  "--rocm.moe_eager_scope", "moe")["compile"]["blocks"]
+    assert split["1"] == ("attention, attention_norm, ffn_norm fullgraph; moe eager "
+                          "(rocm.moe_eager_compile)")
 
 
 def test_plan_follows_rocm_flags_and_says_when_titan_rocm_is_not_attached(capsys):
