@@ -157,12 +157,15 @@ def test_loop_backend_traces_inside_a_fullgraph_moe_block(cpu_harness):
 
 
 @pytest.mark.slow
-def test_nan_injection_stops_with_the_first_bad_step_not_the_log_step(cpu_harness, monkeypatch):
+@pytest.mark.parametrize("check", ["log_steps", "every_step", "every_step_exact"])
+def test_nan_injection_stops_with_the_first_bad_step_not_the_log_step(cpu_harness, monkeypatch,
+                                                                      check):
     from titan_rocm.torchtitan import rocm
     from titan_rocm.workarounds.divergence_guard import DivergenceError, hooks
 
     monkeypatch.setenv("TITAN_ROCM_DEBUG_INJECT_NAN_STEP", "2")
-    config = rocm(cpu_harness.config(_llama3(), steps=4), divergence_guard="on")
+    config = rocm(cpu_harness.config(_llama3(), steps=4), divergence_guard="on",
+                  divergence_check=check)
     config.metrics.log_freq = 3  # TorchTitan reads the loss at steps 1 and 3
     try:
         with pytest.raises(DivergenceError) as info:
@@ -172,8 +175,11 @@ def test_nan_injection_stops_with_the_first_bad_step_not_the_log_step(cpu_harnes
     divergence = info.value.divergence
     assert divergence.step == 2  # injected at 2, found at TorchTitan's log step 3
     assert math.isnan(divergence.grad_norm)  # the injection reached the gradients
-    assert isinstance(info.value.__context__, RuntimeError)  # TorchTitan's own error, replaced
-    assert "Loss is not finite" in str(info.value.__context__)
+    if check == "log_steps":  # found where TorchTitan's own check fires, and replaces it
+        assert isinstance(info.value.__context__, RuntimeError)
+        assert "Loss is not finite" in str(info.value.__context__)
+    else:  # found at the end of step 2 (exact) or 3 (one step late), before TorchTitan looks
+        assert info.value.__context__ is None
 
 
 @pytest.mark.slow
