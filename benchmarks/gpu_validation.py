@@ -271,6 +271,22 @@ def _port() -> int:
         return _PORT[0]
 
 
+def run_logged(cmd: list[str], log: Path, env: dict[str, str], timeout: float
+               ) -> tuple[int | str, float]:
+    """Run ``cmd`` from the repository root, its output (after the command line) in ``log``;
+    its exit code (``"timeout"`` when killed) and wall seconds."""
+    start = time.monotonic()
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        try:
+            code: int | str = subprocess.run(cmd, cwd=REPO, env=env, stdout=f,
+                                             stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    return code, time.monotonic() - start
+
+
 def launch(run: Run, out: Path, gpu_ids: list[int]) -> dict[str, Any]:
     """Run ``run`` on ``gpu_ids``; return its raw result (log path, exit code, wall time)."""
     log = out / f"{run.name}.log"
@@ -297,17 +313,7 @@ def launch(run: Run, out: Path, gpu_ids: list[int]) -> dict[str, Any]:
         str(REPO / "benchmarks" / "torchtitan_runner.py"),
         "--job.config_file", config, "--job.dump_folder", str(tmp / "dump"), *flags,
     ]
-    start = time.monotonic()
-    with open(log, "w") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        try:
-            proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                  timeout=run.timeout)
-            code: int | str = proc.returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-    wall = time.monotonic() - start
+    code, wall = run_logged(cmd, log, env, run.timeout)
     stats = None
     stats_dir = tmp / "war-stats"
     if stats_dir.is_dir():

@@ -51,7 +51,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from gpu_validation import _ratio, analyse, stored_runs  # noqa: E402
+from gpu_validation import _ratio, analyse, run_logged, stored_runs  # noqa: E402
 
 COMMON = [
     "--dataloader.dataset_path", "./titan_rocm/assets/dataset",
@@ -241,17 +241,8 @@ def launch(run: Run, logs: Path, cache: Path, port: int) -> dict[str, Any]:
     env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO), str(REPO / "benchmarks"), env.get("PYTHONPATH", "")])
     cmd = command(run, tmp / "dump", port)
-    start = time.monotonic()
-    with open(log, "w") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        try:
-            code: int | str = subprocess.run(cmd, cwd=REPO, env=env, stdout=f,
-                                             stderr=subprocess.STDOUT,
-                                             timeout=run.timeout).returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-    return {"name": run.name, "exit": code, "wall_s": round(time.monotonic() - start, 1),
+    code, wall = run_logged(cmd, log, env, run.timeout)
+    return {"name": run.name, "exit": code, "wall_s": round(wall, 1),
             "log": str(log), "expect_failure": run.expect_failure, "triton_war_stats": None}
 
 
