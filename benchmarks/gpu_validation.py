@@ -707,17 +707,18 @@ def _lane(runs: list[Run], gpu: int, out: Path, logs: Path, environment: dict[st
 
 def stored_runs(directory: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """A stored result's summary, and each run's raw result with its log extracted again
-    (runs without a log, such as skipped ones, are left out of the second)."""
+    (runs never started, whose exit says ``skipped...``, are left out of the second)."""
     stored = json.loads((directory / "summary.json").read_text())
     tmp = Path(tempfile.mkdtemp(prefix="titan-rocm-reanalyse-"))
     with tarfile.open(directory / "logs.tar.gz") as tar:
         tar.extractall(tmp, filter="data")
     raws = {}
     for name, run in stored["runs"].items():
-        if "log" in run:
-            raws[name] = {k: run.get(k) for k in ("name", "exit", "wall_s", "expect_failure",
-                                                  "triton_war_stats")}
-            raws[name]["log"] = str(tmp / "logs" / f"{name}.log")
+        if str(run.get("exit")).startswith("skipped"):
+            continue
+        raws[name] = {k: run.get(k) for k in ("name", "exit", "wall_s", "expect_failure",
+                                              "triton_war_stats")}
+        raws[name]["log"] = str(tmp / "logs" / f"{name}.log")
     return stored, raws
 
 
