@@ -400,12 +400,16 @@ def main() -> int:
     def one(run: Run) -> None:
         # A run expected to take ~60 s is not started when it would end past the budget.
         if time.monotonic() - started + 60 > args.budget_s:
-            results[run.name] = {"name": run.name, "exit": "skipped: time budget",
-                                 "expect_failure": run.expect_failure}
+            with lock:
+                results[run.name] = {"name": run.name, "exit": "skipped: time budget",
+                                     "expect_failure": run.expect_failure}
             return
-        raw = launch(run, logs, cache, next(ports))
-        results[run.name] = analyse_run(raw)
         with lock:
+            port = next(ports)
+        raw = launch(run, logs, cache, port)
+        analysed = analyse_run(raw)
+        with lock:  # the other lane's write() reads results
+            results[run.name] = analysed
             write(args.out, logs, environment, probe_result, results)
         print(f"[{run.name}] exit={raw['exit']} wall={raw['wall_s']}s", flush=True)
 
