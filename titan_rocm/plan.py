@@ -265,10 +265,11 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"converters: {', '.join(plan['converters']) or '(none)'}",
     ]
     if not plan["titan_rocm_listed"]:
-        lines.append(
-            "  titan-rocm is not listed: add \"rocm\" to [model] converters "
-            "(or pass --model.converters rocm) to apply its workarounds"
-        )
+        lines.append("  " + plan.get(
+            "not_listed_advice",
+            "titan-rocm is not listed: add \"rocm\" to [model] converters "
+            "(or pass --model.converters rocm) to apply its workarounds",
+        ))
     for name in plan["other_converters"]:
         lines.append(f"  {name}: TorchTitan converter, applied by TorchTitan (not simulated here)")
     lines.append("")

@@ -16,14 +16,16 @@ import sys
 from collections.abc import Sequence
 
 from titan_rocm.job_args import JobArgsError, prepare
+from titan_rocm.torchtitan_version import TorchTitanVersionError, require
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run TorchTitan's training entry point with ``argv`` (default ``sys.argv[1:]``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
+        require("0.2", "python -m titan_rocm.train")
         args = prepare(args)
-    except JobArgsError as exc:
+    except (JobArgsError, TorchTitanVersionError) as exc:
         print(f"titan-rocm: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     if "torchtitan.config.manager" in sys.modules:

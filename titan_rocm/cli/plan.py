@@ -12,7 +12,9 @@ HELP = (
     "Read a TorchTitan job exactly as TorchTitan would, build its model on the meta device, "
     "apply titan-rocm's converters and print what a run would do: which workarounds apply "
     "or skip and why, how each block compiles, which grouped-MM backend MoE layers call, "
-    "and the settings in force. Any TorchTitan or --rocm.* flag may follow."
+    "and the settings in force. Any TorchTitan or --rocm.* flag may follow. TorchTitan 0.2.2: "
+    "--job.config_file X.toml; TorchTitan 0.3.0: --module M --config F (the installed "
+    "TorchTitan decides)."
 )
 
 
@@ -43,12 +45,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the plan; 0 on success, 2 on a bad job, flag or architecture."""
+    from titan_rocm import torchtitan_version
     from titan_rocm.plan import PlanError, format_plan, make_plan
 
+    errors: tuple[type[Exception], ...] = (PlanError,)
+    if torchtitan_version.series() == "0.3":
+        from titan_rocm.torchtitan.plan import PlanError as PlanError030
+        from titan_rocm.torchtitan.plan import make_plan as make_plan_030
+
+        make_plan, errors = make_plan_030, (PlanError030,)
     try:
         plan = make_plan(args.passthrough, arch=args.arch, world_size=args.world_size,
                          aiter=args.aiter)
-    except PlanError as exc:
+    except errors as exc:
         print(f"titan-rocm plan: {exc}", file=sys.stderr)
         return 2
     if args.tune_problems:
