@@ -274,6 +274,22 @@ def _port() -> int:
         return _PORT[0]
 
 
+def run_logged(cmd: list[str], log: Path, env: dict[str, str], timeout: float
+               ) -> tuple[int | str, float]:
+    """Run ``cmd`` from the repository root, its output (after the command line) in ``log``;
+    its exit code (``"timeout"`` when killed) and wall seconds."""
+    start = time.monotonic()
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        try:
+            code: int | str = subprocess.run(cmd, cwd=REPO, env=env, stdout=f,
+                                             stderr=subprocess.STDOUT, timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    return code, time.monotonic() - start
+
+
 def launch(run: Run, out: Path, gpu_ids: list[int]) -> dict[str, Any]:
     """Run ``run`` on ``gpu_ids``; return its raw result (log path, exit code, wall time)."""
     log = out / f"{run.name}.log"
@@ -304,17 +320,7 @@ def launch(run: Run, out: Path, gpu_ids: list[int]) -> dict[str, Any]:
         str(REPO / "benchmarks" / run.runner),
         "--job.config_file", config, "--job.dump_folder", str(tmp / "dump"), *flags,
     ]
-    start = time.monotonic()
-    with open(log, "w") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        try:
-            proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT,
-                                  timeout=run.timeout)
-            code: int | str = proc.returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-    wall = time.monotonic() - start
+    code, wall = run_logged(cmd, log, env, run.timeout)
     stats = None
     stats_dir = tmp / "war-stats"
     if stats_dir.is_dir():
@@ -707,18 +713,19 @@ def _lane(runs: list[Run], gpu: int, out: Path, logs: Path, environment: dict[st
 
 
 def stored_runs(directory: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """A stored result's summary, and per run the raw record :func:`analyse` takes (its log
-    unpacked from logs.tar.gz into a temporary directory)."""
+    """A stored result's summary, and each run's raw result with its log extracted again
+    (runs never started, whose exit says ``skipped...``, are left out of the second)."""
     stored = json.loads((directory / "summary.json").read_text())
     tmp = Path(tempfile.mkdtemp(prefix="titan-rocm-reanalyse-"))
     with tarfile.open(directory / "logs.tar.gz") as tar:
         tar.extractall(tmp, filter="data")
     raws = {}
     for name, run in stored["runs"].items():
-        raw = {k: run[k] for k in ("name", "exit", "wall_s", "expect_failure",
-                                   "triton_war_stats")}
-        raw["log"] = str(tmp / "logs" / f"{name}.log")
-        raws[name] = raw
+        if str(run.get("exit")).startswith("skipped"):
+            continue
+        raws[name] = {k: run.get(k) for k in ("name", "exit", "wall_s", "expect_failure",
+                                              "triton_war_stats")}
+        raws[name]["log"] = str(tmp / "logs" / f"{name}.log")
     return stored, raws
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import concurrent.futures
 import contextlib
 import json
 import sys
@@ -90,11 +91,26 @@ def flash_varlen_backward(name: str, dout: Any, q: Any, k: Any, v: Any, out: Any
 
     fake_aiter_support.record(name)
     width = q.shape[-1]
-    with torch.enable_grad():
-        qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, _padded(v, width)))
-        recomputed = varlen_attn(qq, kk, vv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                 max_seqlen_q, scale=softmax_scale, **_causal(is_causal))
-        grads = torch.autograd.grad(recomputed, (qq, kk, vv), _padded(dout, width))
+
+    def recompute() -> tuple[Any, ...]:
+        with torch.enable_grad():
+            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, _padded(v, width)))
+            again = varlen_attn(qq, kk, vv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                max_seqlen_q, scale=softmax_scale, **_causal(is_causal))
+            return torch.autograd.grad(again, (qq, kk, vv), _padded(dout, width))
+
+    # Called from inside a custom op, below autograd: this thread's dispatcher excludes the
+    # autograd keys, so autograd must run in a thread of its own (fresh dispatch state).
+    stream = torch.cuda.current_stream() if q.is_cuda else None
+
+    def in_thread() -> tuple[Any, ...]:
+        if stream is None:
+            return recompute()
+        with torch.cuda.stream(stream):
+            return recompute()
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        grads = pool.submit(in_thread).result()
     results = []
     for given, grad, like in zip((dq, dk, dv), grads, (q, k, v), strict=True):
         grad = grad[..., : like.shape[-1]]
@@ -179,10 +195,15 @@ def _report() -> None:
     print("TITAN_ROCM_MLA_CALLS " + json.dumps(dict(sorted(counts.items()))), flush=True)
 
 
+_INSTALLED: list[contextlib.ExitStack] = []
+"""Keeps the simulation in force: an unreferenced stack's override generator is finalised
+by the garbage collector, which takes the simulated platform away again."""
+
+
 def main() -> None:
     """Set up, then run TorchTitan's trainer with this process's arguments."""
     sys.path.insert(0, str(REPO))
-    install()
+    _INSTALLED.append(install())
     atexit.register(_report)
     from benchmarks import torchtitan_runner
 

@@ -10,6 +10,9 @@ only observes, and at exit prints one line ``TITAN_ROCM_RUN_REPORT {json}`` with
   every graph Dynamo compiled, audited
   (:func:`titan_rocm.workarounds.moe_eager_compile.graph_audit.audit`: collectives, FSDP ops,
   MoE routing / permutation / grouped GEMM), then compiled by Inductor as usual.
+
+TorchTitan 0.3.0 runs (``benchmarks/tt030_validation.py``) pass ``--module``/``--config``
+instead of ``--job.config_file``, and may ask for the one shim :func:`apply_shims` offers.
 """
 
 from __future__ import annotations
@@ -90,8 +93,35 @@ def _report() -> None:
     print("TITAN_ROCM_RUN_REPORT " + json.dumps(report, default=str), flush=True)
 
 
+SHIMS_ENV = "TITAN_ROCM_SHIMS"
+"""Comma-separated shims to apply before TorchTitan loads; only ``set_timeout`` exists."""
+
+
+def apply_shims() -> list[str]:
+    """The safe shims for this torch: a timeout setter only. Returns what was done.
+
+    TorchTitan 0.3.0's ``set_pg_timeouts`` calls ``torch.distributed.set_timeout`` (torch
+    >= 2.14) after step 1; older torch has the same operation as the private
+    ``distributed_c10d._set_pg_timeout(timeout, group)``.
+    """
+    import torch.distributed as dist
+
+    if hasattr(dist, "set_timeout"):
+        return []
+    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if setter is None:
+        return ["torch.distributed.set_timeout missing and NOT shimmed (no _set_pg_timeout "
+                "either): a run fails after step 1"]
+    dist.set_timeout = lambda timeout, group=None: setter(timeout, group)
+    return ["torch.distributed.set_timeout -> "
+            "torch.distributed.distributed_c10d._set_pg_timeout(timeout, group)"]
+
+
 def main() -> None:
     """Run ``torchtitan.train`` with this process's arguments."""
+    if "set_timeout" in os.environ.get(SHIMS_ENV, "").split(","):
+        for shim in apply_shims():
+            print(f"TITAN_ROCM_SHIM {shim}", flush=True)
     if os.environ.get("COUNT_SYNCS") == "1":
         _count_sync_warnings()
     if os.environ.get(RECORD_ENV) == "1":

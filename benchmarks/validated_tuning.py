@@ -313,7 +313,7 @@ def _wrong_params(directory: Path) -> dict[str, int]:
     return {"BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k}
 
 
-VARIANTS = ("default", "max_autotune", "table", "table_bs4")
+TRAINING_VARIANTS = ("default", "max_autotune", "table", "table_bs4")
 
 
 def main() -> int:
@@ -327,13 +327,15 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-mm-configs", type=int, default=6)
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help=f"training variants to run after the tune (of {', '.join(VARIANTS)})")
+    parser.add_argument("--variants", default=",".join(TRAINING_VARIANTS),
+                        help="training variants to run after the tune (of "
+                        f"{', '.join(TRAINING_VARIANTS)})")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
-    unknown = sorted(set(variants) - set(VARIANTS))
+    unknown = sorted(set(variants) - set(TRAINING_VARIANTS))
     if unknown:
-        parser.error(f"--variants: unknown {', '.join(unknown)}; accepted: {', '.join(VARIANTS)}")
+        parser.error(f"--variants: unknown {', '.join(unknown)}; accepted: "
+                     f"{', '.join(TRAINING_VARIANTS)}")
     if args.reanalyse:
         print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
         return 0
@@ -351,7 +353,7 @@ def main() -> int:
         "variants": variants}}
     summary["phases"] = tune(args.out, logs, args.max_mm_configs)
     _store(args.out, logs, summary)
-    order = [v for v in VARIANTS[:3] if v in variants]
+    order = [v for v in TRAINING_VARIANTS[:3] if v in variants]
     names = [f"{v}@{i}" for i in range(args.repeats)
              for v in (order if i % 2 == 0 else order[::-1])]
     for name in [*names, *(["table_bs4@0"] if "table_bs4" in variants else [])]:

@@ -21,9 +21,6 @@ Run as a program, it is ``torchtitan.train.main(CpuTrainer)``: the exit code is 
 from __future__ import annotations
 
 import contextlib
-import os
-import resource
-import socket
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -31,23 +28,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from cpu_support import CpuMemoryMonitor, default_rank_env
 
 TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 256}
-
-
-class CpuMemoryMonitor:
-    """Stand-in for TorchTitan's CUDA ``DeviceMemoryMonitor``: peak RSS of this process."""
-
-    device_name = "CPU (titan-rocm test harness)"
-
-    def get_peak_stats(self) -> Any:
-        from torchtitan.components.metrics import DeviceMemStats
-
-        gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KiB -> GiB
-        return DeviceMemStats(gib, 0.0, gib, 0.0, 0, 0)
-
-    def reset_peak_stats(self) -> None:
-        """Peak RSS cannot be reset; nothing to do."""
 
 
 class SyntheticLoader:
@@ -86,23 +69,11 @@ def cpu_patches(set_attr: Any = setattr) -> None:
     set_attr(dist_utils, "set_pg_timeouts", lambda *args, **kwargs: None)
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def init_process_group() -> None:
     """gloo group from torchrun's env, or a one-rank group."""
     if dist.is_initialized():
         return
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(free_port())
+    default_rank_env()
     dist.init_process_group("gloo")
 
 

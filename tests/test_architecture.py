@@ -16,13 +16,14 @@ PACKAGE = Path(__file__).resolve().parent.parent / "titan_rocm"
 
 # The floors, lowest first. A module may import its own floor and those below.
 FACTS = ("titan_rocm.archs", "titan_rocm.platform", "titan_rocm.settings", "titan_rocm.log",
-         "titan_rocm.guard_message", "titan_rocm._after_import")
+         "titan_rocm.guard_message", "titan_rocm._after_import", "titan_rocm.torchtitan_version")
 WORKAROUNDS = "titan_rocm.workarounds"
 SHARED_WORKAROUND_MODULES = {
     f"{WORKAROUNDS}.base", f"{WORKAROUNDS}.registry", f"{WORKAROUNDS}.moe_blocks",
 }
 TOOLS = ("titan_rocm.logs", "titan_rocm.gemm_tables")
-FORBIDDEN_IN_WORKAROUNDS = ("torchtitan.config", "titan_rocm.converters", "titan_rocm.config",
+FORBIDDEN_IN_WORKAROUNDS = ("torchtitan.config", "titan_rocm.converters", "titan_rocm.torchtitan",
+                            "titan_rocm.config",
                             "titan_rocm.plan", "titan_rocm.cli", "titan_rocm.logs",
                             "titan_rocm.job_args", "titan_rocm.train")
 

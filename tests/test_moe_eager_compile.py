@@ -285,16 +285,19 @@ def test_both_signatures_and_capture_scalar_outputs():
     assert torch._dynamo.config.capture_scalar_outputs is True
 
 
+class Block(nn.Module):
+    """A TransformerBlock stand-in: ``moe_enabled`` and one linear layer."""
+
+    def __init__(self, moe: bool) -> None:
+        super().__init__()
+        self.moe_enabled = moe
+        self.lin = nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.lin(x)
+
+
 def test_block_decision_sees_through_wrappers():
-    class Block(nn.Module):
-        def __init__(self, moe: bool) -> None:
-            super().__init__()
-            self.moe_enabled = moe
-            self.lin = nn.Linear(2, 2)
-
-        def forward(self, x):
-            return self.lin(x)
-
     assert moe_blocks.block_decision(Block(False)) == FULLGRAPH
     assert moe_blocks.block_decision(CheckpointWrapper(Block(True))) == EAGER_MOE
     wrapped = torch.compile(CheckpointWrapper(Block(True)), backend="eager")
@@ -343,3 +346,22 @@ def test_gpt_oss_parallelize_has_no_apply_compile():
     decision = decisions(convert(job, build_meta(job)))["moe_eager_compile"]
     assert not decision.applied
     assert "has no apply_compile" in decision.reason
+
+
+def test_eager_marks_take_in_place_compiled_blocks_out_of_their_compile():
+    """TorchTitan 0.3.0 compiles ``model.layers`` children in place (``nn.Module.compile``),
+    after activation checkpointing: a marked MoE block comes out of it, wrapper included."""
+    model = nn.Module()
+    model.layers = nn.ModuleDict({"0": Block(False), "1": Block(True)})
+    moe_blocks.mark_eager(model.layers["1"], "test")
+    model.layers["1"] = CheckpointWrapper(model.layers["1"])  # AC wraps after the mark
+    for block in model.layers.values():
+        block.compile(backend="eager", fullgraph=True)
+    assert moe_blocks.realize_eager_marks(model) == {"1": "eager (test)"}
+    assert moe_blocks.realize_eager_marks(model) == {"1": "eager (test) (already)"}
+    assert model.layers["0"]._compiled_call_impl is not None
+    assert model.layers["1"]._compiled_call_impl is None
+    assert moe_blocks.is_compiled(model.layers["0"])
+    before = moe_blocks.eager_forward_calls().get("1", 0)
+    model.layers["1"](torch.randn(3, 2))
+    assert moe_blocks.eager_forward_calls()["1"] == before + 1

@@ -125,7 +125,7 @@ def test_launcher_refuses_bad_input_in_one_line(
                          text=True, timeout=180, cwd=REPO, env={**_plain_env(), **env})
     assert out.returncode == 2 and "Traceback" not in out.stderr
     lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("titan-rocm-train: ") and message in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("titan-rocm: ") and message in lines[0]
 
 
 def test_ctrl_c_in_the_launcher_prints_one_line_and_exits_130() -> None:
@@ -138,5 +138,5 @@ def test_ctrl_c_in_the_launcher_prints_one_line_and_exits_130() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=180, cwd=REPO, env=_plain_env())
     assert out.returncode == 130
-    assert out.stderr.strip().splitlines()[-1] == "titan-rocm-train: interrupted"
+    assert out.stderr.strip().splitlines()[-1] == "titan-rocm: interrupted"
     assert "Traceback" not in out.stderr

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 
+from titan_rocm import torchtitan_version
 from titan_rocm._after_import import AfterImport
 
 _TRIGGER = "torchtitan.protocols.model_converter"
@@ -19,8 +20,14 @@ _registered = False
 
 
 def register_converters() -> None:
-    """Register every ``rocm*`` converter with TorchTitan's registry (idempotent)."""
+    """Register every ``rocm*`` converter with TorchTitan's registry (idempotent).
+
+    Raises:
+        TorchTitanVersionError: the installed TorchTitan is not 0.2.x (0.3.0 has no
+            converter registry; the sentence names its entry point).
+    """
     global _registered
+    torchtitan_version.require("0.2", "titan_rocm.register_converters (the rocm converters)")
     with _lock:
         if _registered:
             return
@@ -34,5 +41,10 @@ _hook = AfterImport(_TRIGGER, lambda _module: register_converters())
 
 
 def register_when_torchtitan_loads() -> None:
-    """Register now if TorchTitan's converter registry is loaded, else when it loads."""
-    _hook.arm()
+    """Register now if TorchTitan's converter registry is loaded, else when it loads.
+
+    Idle unless the installed TorchTitan is 0.2.x (read from package metadata): with 0.3.0,
+    ``import titan_rocm`` (which the 0.3.0 adapter does too) registers nothing.
+    """
+    if torchtitan_version.series() == "0.2":
+        _hook.arm()

@@ -215,16 +215,19 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"job:      {plan['config_file'] or '(no TOML; flags and defaults)'}",
         f"model:    {m['name']} {m['flavor']}: {m['blocks']} blocks, {m['moe_blocks']} MoE",
         f"platform: {plan['platform']['summary']}",
-        f"world:    {plan['world_size']['size']} rank(s), {plan['world_size']['source']}: "
-        f"{plan['world_size']['detail']}",
-        f"launcher: {plan['launcher']}",
-        f"converters: {', '.join(plan['converters']) or '(none)'}",
     ]
+    world = plan.get("world_size")  # a TorchTitan 0.3.0 plan has neither (no preflight there)
+    if world:
+        lines.append(f"world:    {world['size']} rank(s), {world['source']}: {world['detail']}")
+    if "launcher" in plan:
+        lines.append(f"launcher: {plan['launcher']}")
+    lines.append(f"converters: {', '.join(plan['converters']) or '(none)'}")
     if not plan["titan_rocm_listed"]:
-        lines.append(
-            "  titan-rocm is not listed: add \"rocm\" to [model] converters "
-            "(or pass --model.converters rocm) to apply its workarounds"
-        )
+        lines.append("  " + plan.get(
+            "not_listed_advice",
+            "titan-rocm is not listed: add \"rocm\" to [model] converters "
+            "(or pass --model.converters rocm) to apply its workarounds",
+        ))
     for name in plan["other_converters"]:
         lines.append(f"  {name}: TorchTitan converter, applied by TorchTitan (not simulated here)")
     lines.append("")

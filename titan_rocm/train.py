@@ -22,6 +22,7 @@ import sys
 from collections.abc import MutableMapping, Sequence
 
 from titan_rocm.job_args import JobArgsError, prepare
+from titan_rocm.torchtitan_version import TorchTitanVersionError, require
 
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 """What torchrun (or any launcher TorchTitan supports) sets for every worker."""
@@ -72,13 +73,22 @@ def single_process_environment(environ: MutableMapping[str, str] = os.environ) -
 
 
 def _fail(message: str) -> None:
-    print(f"titan-rocm-train: {message}", file=sys.stderr)
+    print(f"titan-rocm: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Run TorchTitan's training entry point with ``argv`` (default ``sys.argv[1:]``)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    from titan_rocm.config import JobConfig
+    from titan_rocm.preflight import StartupError, bool_flags, check_bool_flags
+
+    try:
+        require("0.2", "python -m titan_rocm.train")
+        args = prepare(args)
+        check_bool_flags(args, bool_flags(JobConfig))
+    except (JobArgsError, StartupError, TorchTitanVersionError) as exc:
+        _fail(str(exc))
     if "torchtitan.config.manager" in sys.modules:
         # ConfigManager.parse_args binds sys.argv[1:] as its default when its module is
         # first imported; after that, a new sys.argv would be ignored.
@@ -86,19 +96,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             "titan_rocm.train.main must run before torchtitan.config is imported; "
             "start it as `python -m titan_rocm.train` or `titan-rocm-train`"
         )
-    from titan_rocm.config import JobConfig
-    from titan_rocm.preflight import StartupError, bool_flags, check_bool_flags
-
     try:
-        args = prepare(args)
-        check_bool_flags(args, bool_flags(JobConfig))
         added = single_process_environment()
-    except (JobArgsError, StartupError, LaunchError) as exc:
+    except LaunchError as exc:
         _fail(str(exc))
     if added:
         shown = ", ".join(f"{k}={added[k]}" for k in ("RANK", "WORLD_SIZE", "MASTER_PORT")
                           if k in added)
-        print(f"titan-rocm-train: no torchrun environment: one process ({shown}), as "
+        print(f"titan-rocm: no torchrun environment: one process ({shown}), as "
               "torchrun --standalone --nproc_per_node=1 would start it", file=sys.stderr)
     import titan_rocm  # noqa: F401 - registers the converters when TorchTitan loads
 
@@ -106,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)
     except KeyboardInterrupt:
-        print("titan-rocm-train: interrupted", file=sys.stderr)
+        print("titan-rocm: interrupted", file=sys.stderr)
         raise SystemExit(130) from None
 
 

@@ -14,11 +14,13 @@ import sys
 from titan_rocm.platform import AITER_CHOICES
 
 HELP = (
-    "Check a TorchTitan job the way TorchTitan 0.2.2 starts it (config, imports, converter "
-    "names, parallel degrees against the world size) and, if it would start, build its model "
-    "on the meta device, apply titan-rocm's converters and print what a run would do: which "
-    "workarounds apply or skip and why, how each block compiles, which grouped-MM backend "
-    "MoE layers call, and the settings in force. Exit 0 planned, 2 bad input or a job that "
+    "Check a TorchTitan job the way TorchTitan starts it and, if it would start, build its "
+    "model on the meta device, apply titan-rocm's converters and print what a run would do: "
+    "which workarounds apply or skip and why, how each block compiles, which grouped-MM "
+    "backend MoE layers call, and the settings in force. TorchTitan 0.2.2: --job.config_file "
+    "X.toml, with every start-up check 0.2.2 makes that needs no GPU (config, imports, "
+    "converter names, parallel degrees against the world size); TorchTitan 0.3.0: --module M "
+    "--config F (the installed TorchTitan decides). Exit 0 planned, 2 bad input or a job that "
     "would fail at start-up."
 )
 
@@ -96,21 +98,52 @@ def _torchtitan_help() -> int:
     return 0
 
 
+def _torchtitan_help_030() -> int:
+    print("TorchTitan 0.3.0's flags depend on the job's config: run "
+          "`python -m torchtitan.train --module M --config F --help`")
+    return 0
+
+
+def _plan_022(args: argparse.Namespace, passthrough: list[str]) -> dict:
+    from titan_rocm.plan import make_plan
+
+    return make_plan(
+        passthrough, arch=args.arch, world_size=args.world_size, nnodes=args.nnodes,
+        nproc_per_node=args.nproc_per_node, launcher=args.launcher, aiter=args.aiter,
+    )
+
+
+def _plan_030(args: argparse.Namespace, passthrough: list[str]) -> dict:
+    """TorchTitan 0.3.0's plan (titan_rocm.torchtitan.plan); its errors as StartupError.
+    The 0.2.2 start-up checks (titan_rocm.preflight) and --launcher do not apply."""
+    from titan_rocm.preflight import StartupError, world_size
+    from titan_rocm.torchtitan.plan import PlanError, make_plan
+
+    if args.aiter is not None:
+        raise StartupError("--aiter is not offered for TorchTitan 0.3.0 plans (the 0.3.0 plan "
+                           "simulates the default aiter)")
+    size = args.world_size
+    if args.nnodes is not None or args.nproc_per_node is not None:
+        size = world_size({}, args.world_size, args.nnodes, args.nproc_per_node).size
+    try:
+        return make_plan(passthrough, arch=args.arch, world_size=size)
+    except PlanError as exc:
+        raise StartupError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the plan; 0 on success, 2 on a bad job, flag, architecture or start-up failure."""
-    if args.help_torchtitan:
-        return _torchtitan_help()
-    from titan_rocm.plan import format_plan, make_plan
+    from titan_rocm import torchtitan_version
     from titan_rocm.preflight import StartupError
 
+    tt030 = torchtitan_version.series() == "0.3"
+    if args.help_torchtitan:
+        return _torchtitan_help_030() if tt030 else _torchtitan_help()
     passthrough = list(args.passthrough)
     if args.config_file is not None:
         passthrough = ["--job.config_file", args.config_file, *passthrough]
     try:
-        plan = make_plan(
-            passthrough, arch=args.arch, world_size=args.world_size, nnodes=args.nnodes,
-            nproc_per_node=args.nproc_per_node, launcher=args.launcher, aiter=args.aiter,
-        )
+        plan = _plan_030(args, passthrough) if tt030 else _plan_022(args, passthrough)
     except StartupError as exc:
         print(f"titan-rocm plan: {exc}", file=sys.stderr)
         return 2
@@ -119,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         if error:
             print(f"titan-rocm plan: {error}", file=sys.stderr)
             return 2
+    from titan_rocm.plan import format_plan
+
     print(json.dumps(plan, indent=2, default=str) if args.json else format_plan(plan))
     return 0
 

@@ -9,9 +9,9 @@ from typing import Any
 
 from titan_rocm import platform
 from titan_rocm.config import settings_from
-from titan_rocm.workarounds.base import CompileSettings, Context, Parallelism
+from titan_rocm.workarounds.base import TORCHTITAN_022, CompileSettings, Context, Parallelism
 
-FRAMEWORK = "torchtitan 0.2.2"
+FRAMEWORK = TORCHTITAN_022
 
 
 def parallelize_fn_of(model_name: str | None) -> Callable[..., Any] | None:

@@ -31,6 +31,12 @@ from titan_rocm import platform
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.settings import RocmSettings
 
+TORCHTITAN_022 = "torchtitan 0.2.2"
+"""``Context.framework`` of a job built by the 0.2.2 converters (``titan_rocm.converters``)."""
+TORCHTITAN_030 = "torchtitan 0.3.0"
+"""``Context.framework`` of a job built by the 0.3.0 trainer adapter (``titan_rocm.torchtitan``);
+a workaround whose seam differs there picks its ``tt030`` module by this value."""
+
 _planning: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "titan_rocm_planning", default=False
 )
@@ -154,8 +160,39 @@ class Context:
         return name in self.job_decisions and self.job_decisions[name] is None
 
 
+class TrainerSeam:
+    """What a trainer adapter calls into an applied workaround at the trainer's own methods.
+
+    TorchTitan 0.3.0's adapter subclasses the trainer (``titan_rocm.torchtitan``), so a
+    workaround that must act around a step (the divergence guard) gets these calls instead of
+    patching TorchTitan's classes; 0.2.2 has no such adapter and never calls them. Every
+    method is a no-op here.
+    """
+
+    def attach(self, trainer: Any) -> None:
+        """The trainer is built (model, loss, optimizers, checkpointer, metrics)."""
+
+    def before_step(self, step: int) -> None:
+        """Step ``step`` starts (``train_step``), before any micro-batch."""
+
+    def after_forward_backward(self, loss: Any, labels: Any, global_valid_tokens: Any) -> None:
+        """One ``forward_backward_step`` returned ``loss`` (its backward has run)."""
+
+    def after_optimizer_step(self, trainer: Any) -> None:
+        """The optimizer stepped (gradients were clipped); the step's metrics are not read yet."""
+
+    def step_failed(self, error: BaseException, step: int) -> None:
+        """``train_step`` raised ``error``: raise a clearer one instead, or return to let it go."""
+
+    def close(self) -> None:
+        """The trainer closes after a normal end of training."""
+
+
 class Workaround:
     """One fix. Subclasses set :attr:`name` and override the hooks they need."""
+
+    trainer_seam: TrainerSeam | None = None
+    """Set by :meth:`apply` where the framework's trainer adapter must call back (0.3.0)."""
 
     name: ClassVar[str]
     """Short name: converter ``rocm.<name>``, ``[rocm] <name> = auto|on|off``."""

@@ -52,9 +52,15 @@ def unwrap_block(block: nn.Module) -> nn.Module:
     return wrapper_chain(block)[-1]
 
 
+def compiled_in_place(module: nn.Module) -> bool:
+    """``module.compile()`` was called on ``module`` (TorchTitan 0.3.0 compiles blocks so:
+    the module stays itself, ``nn.Module.__call__`` goes through ``_compiled_call_impl``)."""
+    return getattr(module, "_compiled_call_impl", None) is not None
+
+
 def is_compiled(block: nn.Module) -> bool:
-    """``block`` is, or wraps, a ``torch.compile``d module."""
-    return any(isinstance(m, OptimizedModule) for m in wrapper_chain(block))
+    """``block`` is, or wraps, a ``torch.compile``d module (wrapped, or compiled in place)."""
+    return any(isinstance(m, OptimizedModule) or compiled_in_place(m) for m in wrapper_chain(block))
 
 
 def is_moe_block(block: nn.Module) -> bool:
@@ -147,6 +153,76 @@ def make_eager(block: nn.Module, layer_id: str) -> bool:
     # Instance attribute: nn.Module.__call__ calls self.forward.
     block.forward = types.MethodType(_eager_forward, block)
     return True
+
+
+KEEP_EAGER_ATTR = "_titan_rocm_keep_eager"
+"""Set on a TransformerBlock that must run eager whatever compiles it: ``(why, backend)``;
+``backend`` None keeps the whole block eager, a backend name keeps only its MoE module eager
+and compiles its other children with it (the ``moe`` scope)."""
+
+
+def mark_eager(block: nn.Module, why: str, split_backend: str | None = None) -> None:
+    """Ask that ``block`` run eager once its framework has compiled the model.
+
+    For frameworks that compile blocks in place inside the model's parallelize function
+    (TorchTitan 0.3.0): a workaround marks blocks before it runs, the adapter calls
+    :func:`realize_eager_marks` after it. ``split_backend``: keep only the MoE module eager
+    and compile the block's other children (:func:`split_children`) with this backend. The
+    first mark given is kept (a whole-block mark is the stricter one).
+    """
+    unwrap_block(block).__dict__.setdefault(KEEP_EAGER_ATTR, (why, split_backend))
+
+
+def eager_mark(block: nn.Module) -> str | None:
+    """How a marked ``block`` will run, and why (e.g. ``"eager (rocm.moe_eager_compile)"``), or
+    None when it is not marked."""
+    mark = unwrap_block(block).__dict__.get(KEEP_EAGER_ATTR)
+    if mark is None:
+        return None
+    why, backend = mark
+    split = split_children(block) if backend is not None else None
+    return f"{split_text(*split)} ({why})" if split else f"eager ({why})"
+
+
+def realize_eager_marks(model: nn.Module) -> dict[str, str]:
+    """Take every marked block of ``model.layers`` out of its compile: eager whole, or (a split
+    mark) its children but the MoE module compiled in place and the MoE module eager.
+
+    Clears ``_compiled_call_impl`` on every module of the block's wrapper chain (the AC
+    wrapper is what a compile of ``model.layers`` children reaches), then :func:`make_eager`
+    on the outermost, or on the MoE module. Idempotent (pipeline parallelism parallelizes
+    once per stage).
+
+    Returns:
+        Per marked layer id: :func:`eager_mark`, with ``" (already)"`` when an earlier call
+        did it.
+    """
+    done: dict[str, str] = {}
+    layers = getattr(model, "layers", None)
+    if layers is None:
+        return done
+    for layer_id, block in layers.named_children():
+        text = eager_mark(block)
+        if text is None:
+            continue
+        for module in wrapper_chain(block):
+            if compiled_in_place(module):
+                module._compiled_call_impl = None
+        backend = unwrap_block(block).__dict__[KEEP_EAGER_ATTR][1]
+        split = split_children(block) if backend is not None else None
+        if split is None:
+            fresh = make_eager(block, layer_id)
+        else:
+            inner = unwrap_block(block)
+            fresh = False
+            for name in split[0]:
+                child = getattr(inner, name)
+                if not compiled_in_place(child):
+                    child.compile(backend=backend, fullgraph=True)
+                    fresh = True
+            fresh = make_eager(getattr(inner, MOE_CHILD), layer_id) or fresh
+        done[layer_id] = text if fresh else f"{text} (already)"
+    return done
 
 
 def eager_forward_calls() -> dict[str, int]:

@@ -150,17 +150,25 @@ def _wrap_load(original: Callable[..., Any]) -> Callable[..., Any]:
     return load
 
 
-def install(monitor: Monitor) -> None:
-    """Make ``monitor`` the active one and wrap TorchTitan's functions (idempotent)."""
+def install_grad_norm(monitor: Monitor) -> None:
+    """Make ``monitor`` the active one and wrap ``clip_grad_norm_`` only (idempotent): the
+    one seam TorchTitan 0.2.2 and 0.3.0 share (``Trainer.train_step`` calls
+    ``dist_utils.clip_grad_norm_``, looked up on the module at each call)."""
     global _active
-    import torchtitan.components.loss as loss_module
     import torchtitan.distributed.utils as dist_utils
+
+    _active = monitor
+    _patch(dist_utils, "clip_grad_norm_", _wrap_clip)
+
+
+def install(monitor: Monitor) -> None:
+    """Make ``monitor`` the active one and wrap TorchTitan 0.2.2's functions (idempotent)."""
+    import torchtitan.components.loss as loss_module
     from torchtitan.components.checkpoint import CheckpointManager
     from torchtitan.components.metrics import MetricsProcessor
 
-    _active = monitor
+    install_grad_norm(monitor)
     _patch(loss_module, "cross_entropy_loss", _wrap_loss)
-    _patch(dist_utils, "clip_grad_norm_", _wrap_clip)
     _patch(MetricsProcessor, "should_log", _wrap_should_log)
     _patch(MetricsProcessor, "log", _wrap_log)
     _patch(MetricsProcessor, "close", _wrap_close)

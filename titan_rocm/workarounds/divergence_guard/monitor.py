@@ -132,19 +132,32 @@ class Monitor:
         log_once(f"divergence_guard:{id(self)}:{key}", logging.WARNING, "%s", text)
 
     # -- observations (device ops only) ------------------------------------------------------
-    def on_loss(self, loss: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
-        """A training micro-batch's summed loss; returns it (NaN at the injected step)."""
+    def injecting(self, step: int | None = None) -> bool:
+        """The test hook makes this rank's loss NaN at ``step`` (default: the current one)."""
+        inj = self.injection
+        step = self.current_step() if step is None else step
+        return inj is not None and inj.step == step and inj.rank in (None, rank())
+
+    def note_injection(self) -> None:
+        """Say once that the test hook made the loss NaN."""
+        assert self.injection is not None
+        self._warn_once(
+            "inject", f"titan-rocm: {INJECT_STEP_ENV}: loss set to NaN at step "
+            f"{self.injection.step} on rank {rank()} (test hook; unset it for real training)",
+        )
+
+    def on_loss(self, loss: torch.Tensor, labels: torch.Tensor | None,
+                inject: bool = True) -> torch.Tensor:
+        """A training micro-batch's summed loss; returns it (NaN at the injected step unless
+        ``inject`` is False: a trainer that observes the loss after its backward injects in
+        the loss itself)."""
         if not torch.is_grad_enabled() or self.divergence is not None:
             return loss  # validation runs under no_grad: not a training step
-        inj = self.injection
-        if inj is not None and inj.step == self.current_step() and inj.rank in (None, rank()):
+        if inject and self.injecting():
             # Multiply, not add: the gradients become NaN too, as in a real divergence (adding
             # a constant would leave them finite). A device op: nothing reaches the host.
             loss = loss * float("nan")
-            self._warn_once(
-                "inject", f"titan-rocm: {INJECT_STEP_ENV}: loss set to NaN at step {inj.step} "
-                f"on rank {rank()} (test hook; unset it for real training)",
-            )
+            self.note_injection()
         self.record.observe_loss(loss, labels)
         return loss
 

@@ -1,5 +1,5 @@
-"""The ``rocm.divergence_guard`` workaround: install the guard's TorchTitan 0.2.2 hooks around
-one :class:`~.monitor.Monitor`."""
+"""The ``rocm.divergence_guard`` workaround: one :class:`~.monitor.Monitor`, fed by TorchTitan
+0.2.2's hooks (:mod:`.hooks`) or by the 0.3.0 trainer adapter's calls (:mod:`.tt030`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import torch.nn as nn
 
-from titan_rocm.workarounds.base import Context, Workaround
-from titan_rocm.workarounds.divergence_guard import hooks
+from titan_rocm.workarounds.base import TORCHTITAN_030, Context, Workaround
+from titan_rocm.workarounds.divergence_guard import hooks, tt030
 from titan_rocm.workarounds.divergence_guard.monitor import (
     INJECT_RANK_ENV,
     INJECT_STEP_ENV,
@@ -42,7 +42,10 @@ class DivergenceGuard(Workaround):
 
     def apply(self, model: nn.Module) -> None:
         self.monitor = Monitor(self.ctx.settings.divergence_check, self.injection)
-        hooks.install(self.monitor)
+        if self.ctx.framework == TORCHTITAN_030:
+            self.trainer_seam = tt030.TrainerGuard(self.monitor)
+        else:
+            hooks.install(self.monitor)
 
     def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
         if self.monitor is not None:
@@ -54,6 +57,8 @@ class DivergenceGuard(Workaround):
             "check": check,
             "checked_at": CHECKED_AT[check],
             "observes": [
+                "Trainer.forward_backward_step's loss (each micro-batch)"
+                if self.ctx.framework == TORCHTITAN_030 else
                 "torchtitan.components.loss.cross_entropy_loss (each micro-batch's loss)",
                 "torchtitan.distributed.utils.clip_grad_norm_ (the step's grad norm)",
             ],

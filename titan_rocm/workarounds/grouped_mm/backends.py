@@ -113,17 +113,44 @@ def primus_turbo_grouped_mm(
     rows past the last group (zeros) are folded into the last expert's group, without a
     host sync; their outputs are zeros and TorchTitan drops them.
     """
-    turbo = importlib.import_module(PRIMUS_TURBO_MODULE)
-    grouped_gemm = turbo.ops.grouped_gemm
-    group_lens = num_tokens_per_expert.to(torch.int64)  # a copy unless already int64
-    group_lens = group_lens.clone() if group_lens is num_tokens_per_expert else group_lens
-    group_lens[-1] += x.shape[0] - group_lens.sum()
+    offs = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int64)
     xb = x.bfloat16()
-    gate = grouped_gemm(xb, w1.bfloat16(), group_lens, trans_b=True)
-    up = grouped_gemm(xb, w3.bfloat16(), group_lens, trans_b=True)
+    gate = primus_turbo_gemm(xb, w1.bfloat16().transpose(-2, -1), offs)
+    up = primus_turbo_gemm(xb, w3.bfloat16().transpose(-2, -1), offs)
     h = F.silu(gate) * up
-    out = grouped_gemm(h, w2.bfloat16(), group_lens, trans_b=True)
+    out = primus_turbo_gemm(h, w2.bfloat16().transpose(-2, -1), offs)
     return out.type_as(x)
+
+
+GemmFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""One grouped GEMM, ``fn(A, B_t, offs) -> A[rows of g] @ B_t[g]`` per group ``g`` (``offs``:
+cumulative row ends): TorchTitan 0.3.0's ``GroupedExperts._grouped_mm`` seam, which experts
+with their own SwiGLU (gpt_oss) call."""
+
+
+def loop_gemm(A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """:func:`loop_grouped_mm`'s GEMM alone: one matmul per group, in ``A``'s dtype; rows past
+    the last group get zeros. Reads the offsets on the host, like :func:`loop_grouped_mm`."""
+    pieces, start = [], 0
+    for group, end in enumerate(int(e) for e in offs.tolist()):
+        pieces.append(A[start:end] @ B_t[group].to(A.dtype))
+        start = end
+    pieces.append(A.new_zeros((A.shape[0] - start, B_t.shape[-1])))
+    return torch.cat(pieces, dim=0)
+
+
+def primus_turbo_gemm(A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """:func:`primus_turbo_grouped_mm`'s GEMM alone (padding rows folded into the last group)."""
+    turbo = importlib.import_module(PRIMUS_TURBO_MODULE)
+    ends = offs.to(torch.int64)
+    group_lens = torch.diff(ends, prepend=ends.new_zeros(1))
+    group_lens[-1] += A.shape[0] - group_lens.sum()
+    return turbo.ops.grouped_gemm(A, B_t.transpose(-2, -1), group_lens, trans_b=True)
+
+
+GEMM_FORMS: dict[str, GemmFn] = {"loop": loop_gemm, "primus_turbo": primus_turbo_gemm}
+"""Built-in backends that also exist as one grouped GEMM (``torch`` needs none: it is the
+stock ``torch._grouped_mm``); a registered backend has only its experts form."""
 
 
 BUILTIN: dict[str, ExpertsFn] = {

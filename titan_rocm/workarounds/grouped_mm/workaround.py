@@ -12,7 +12,8 @@ from typing import Any
 import torch.nn as nn
 
 from titan_rocm.log import log
-from titan_rocm.workarounds.base import Context, Workaround
+from titan_rocm.workarounds.base import TORCHTITAN_030, Context, Workaround
+from titan_rocm.workarounds.grouped_mm import tt030
 from titan_rocm.workarounds.grouped_mm.backends import (
     AUTO,
     backend_names,
@@ -77,7 +78,13 @@ class GroupedMMBinding(Workaround):
                 return f"[rocm] grouped_mm_backend = \"primus_turbo\" cannot be used: {missing}"
         return None
 
+    @property
+    def _tt030(self) -> bool:
+        return self.ctx.framework == TORCHTITAN_030
+
     def check(self, model: nn.Module) -> str | None:
+        if self._tt030:
+            return tt030.check(model)
         experts = find_grouped_experts(model)
         if not experts:
             if find_gpt_oss_experts(model):
@@ -95,6 +102,17 @@ class GroupedMMBinding(Workaround):
         return CompileRequest.from_context(self.ctx)
 
     def apply(self, model: nn.Module) -> None:
+        if self._tt030:
+            seams = tt030.bind(model, self.backend)
+            self._patched = sorted(set(seams.values()))
+            eager = tt030.mark_untraceable_blocks(model, self.backend) if (
+                self.ctx.compile.model) else []
+            log.info(
+                "titan-rocm: MoE grouped MM bound to backend %r (%s) through the experts' "
+                "class (%s)%s", self.backend, self.why, ", ".join(self._patched),
+                f"; MoE blocks {', '.join(eager)} will run eager" if eager else "",
+            )
+            return
         self._patched = bind(model, self.backend, self.compile_request())
         log.info(
             "titan-rocm: MoE grouped MM bound to backend %r (%s) in %s",
@@ -108,19 +126,27 @@ class GroupedMMBinding(Workaround):
             log.info("titan-rocm: grouped-MM backend calls after step 1: %s", call_counts())
 
     def plan(self, model: nn.Module) -> dict[str, Any]:
-        request = self.compile_request()
-        reason = static_reason(self.backend, request)
-        return {
+        details: dict[str, Any] = {
             "requested": self.requested,
             "backend": self.backend,
             "why": self.why,
             "primus_turbo": primus_turbo_status() or "available",
             "accepted": backend_names(),
             "bound_in": list(self._patched),
-            "experts_compile": (
-                f"eager: {reason}" if reason is not None else
-                f"compiled with fullgraph (backend {request.backend!r}) at the first call, as "
-                "stock apply_compile compiles TorchTitan's own"
-            ),
-            "layers": layer_backends(model),
         }
+        if self._tt030:
+            details["experts_compile"] = (
+                "with their block (torchtitan 0.3.0 compiles whole blocks; a backend that "
+                "cannot be traced runs its blocks eager)"
+            )
+            details["layers"] = tt030.layer_backends(model)
+            return details
+        request = self.compile_request()
+        reason = static_reason(self.backend, request)
+        details["experts_compile"] = (
+            f"eager: {reason}" if reason is not None else
+            f"compiled with fullgraph (backend {request.backend!r}) at the first call, as "
+            "stock apply_compile compiles TorchTitan's own"
+        )
+        details["layers"] = layer_backends(model)
+        return details

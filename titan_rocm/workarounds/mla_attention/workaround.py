@@ -36,7 +36,7 @@ import torch.nn as nn
 from titan_rocm import platform
 from titan_rocm.log import log, log_once
 from titan_rocm.platform import PlatformFacts
-from titan_rocm.workarounds.base import Context, Workaround
+from titan_rocm.workarounds.base import TORCHTITAN_030, Context, Workaround
 from titan_rocm.workarounds.mla_attention import aiter_api
 from titan_rocm.workarounds.mla_attention.aiter_releases import release_for
 from titan_rocm.workarounds.mla_attention.routing import (
@@ -49,6 +49,11 @@ from titan_rocm.workarounds.mla_attention.routing import (
 
 DEEPSEEK_PARALLELIZE = "torchtitan.models.deepseek_v3.infra.parallelize"
 SAC_LIST_NAME = "_op_sac_save_list"
+NOT_ON_030 = (
+    "not wired for TorchTitan 0.3.0 yet: its language models always run per-document masks "
+    "(Flex or Varlen inner_attention configs), and the aiter varlen path that serves them "
+    "(docs/mla-ck-backward.md) is wired to TorchTitan 0.2.2's DeepSeek model only"
+)
 SDPA_LABEL = "PyTorch SDPA (fallback)"
 
 DENSE, FLEX_CAUSAL, VARLEN, DROPPED = "sdpa", "flex", "varlen", "dropped"
@@ -177,6 +182,8 @@ class MLACKBackward(Workaround):
                 for fqn, m in deepseek_attention_modules(model)}
 
     def check(self, model: nn.Module) -> str | None:
+        if self.ctx.framework == TORCHTITAN_030:
+            return NOT_ON_030
         kinds = self._kinds(model)
         if not kinds:
             return "model has no DeepSeek V3 MLA attention (torchtitan deepseek_v3 Attention)"
@@ -302,6 +309,8 @@ class MLACKBackward(Workaround):
         "forward_runs": "CK mha_varlen_fwd", "backward": "ck (mha_varlen_bwd)", ...,
         "modules": 27}``; further kinds or shapes go under ``other_attention``.
         """
+        if self.ctx.framework == TORCHTITAN_030:
+            return {}  # its skip reason says it all
         from titan_rocm.workarounds.mla_attention.guard import NOT_COVERED
 
         facts = self._facts or self.ctx.platform

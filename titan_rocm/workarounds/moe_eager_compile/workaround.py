@@ -43,7 +43,7 @@ import torch.nn as nn
 from torch._dynamo.eval_frame import OptimizedModule
 
 from titan_rocm.log import log
-from titan_rocm.workarounds.base import Context, Workaround
+from titan_rocm.workarounds.base import TORCHTITAN_030, Context, Workaround
 from titan_rocm.workarounds.moe_blocks import (
     FULLGRAPH,
     MOE_CHILD,
@@ -57,6 +57,7 @@ from titan_rocm.workarounds.moe_blocks import (
     split_children,
     unwrap_block,
 )
+from titan_rocm.workarounds.moe_eager_compile import tt030
 
 PATCHED_ATTR = "titan_rocm_mixed_compile"
 """Set on the replacement ``apply_compile``; its value is the function it replaced."""
@@ -213,6 +214,13 @@ class MoEEagerCompile(Workaround):
 
     def apply(self, model: nn.Module) -> None:
         assert self.ctx.parallelize_fn is not None  # check() made sure
+        if self.ctx.framework == TORCHTITAN_030:
+            marked = tt030.mark_moe_blocks(model, self.scope, self.ctx.compile.backend)
+            self._patched = tt030.SEAM
+            log.info("titan-rocm: MoE blocks %s will run %s (%s)", ", ".join(marked),
+                     "eager" if self.scope == "block" else "with their MoE module eager",
+                     tt030.SEAM)
+            return
         self._patched = patch_apply_compile(self.ctx.parallelize_fn, self.scope)
         log.info("titan-rocm: replaced %s (dense fullgraph, MoE eager; moe_eager_scope = %r)",
                  self._patched, self.scope)

@@ -1,0 +1,427 @@
+"""Validate titan-rocm's TorchTitan 0.3.0 adapter in 0.3.0's real trainer on one GPU.
+
+One command on a GPU box (repository root; TorchTitan 0.3.0 and titan-rocm importable)::
+
+    python benchmarks/tt030_validation.py --out benchmarks/results/<dir>
+    python benchmarks/tt030_validation.py --reanalyse benchmarks/results/<dir>   # any machine
+
+1. **Probe** (a subprocess): which TorchTitan and torch, and which torch APIs TorchTitan 0.3.0
+   uses that this torch lacks: every ``from torch... import x`` and every ``torch.a.b`` chain in
+   the installed ``torchtitan`` package, resolved against this torch (a name reported missing
+   is missing; one that resolves may still behave differently). Then whether the trainer's
+   import closure loads. 0.3.0 wants torch >= 2.14; ``torch.distributed.set_timeout`` (used by
+   ``set_pg_timeouts`` after step 1) is shimmed from torch's own private
+   ``distributed_c10d._set_pg_timeout`` when missing, and nothing else: the shim is named in
+   the results. Any other missing API is reported, not shimmed.
+2. If the trainer loads: the 0.2.2 validation set again on 0.3.0, stock vs ``rocm`` (workarounds
+   forced ``on`` where ``auto`` skips on CUDA), same seed and data (``titan_rocm/assets``):
+   llama3 and deepseek_v3 debug models (losses, eager MoE forwards, grouped-MM calls), the
+   ``loop`` backend, stock MoE compile, the NaN injection stop at step 7 with log steps every
+   10, then GPU-bound flavors (``benchmarks/tt030_configs.py``) stock vs ``rocm`` in mirrored
+   order (A B B A) for throughput ratios. The debug runs go two at a time on the one GPU
+   (host-bound models; their losses, counts and stops do not depend on it, their times to
+   step 1 are noisier); the throughput runs one at a time. Runs share one Inductor cache
+   (compile times are warm after a model's first run; the 0.2.2 suite's cold-cache figures
+   are not redone). A time budget (``--budget-s``) skips what would not finish, and says so.
+
+Writes ``summary.json`` and ``logs.tar.gz`` to ``--out`` after every run; ``--reanalyse``
+recomputes every figure from them (``benchmarks/gpu_validation.py``'s log analysis).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import concurrent.futures
+import dataclasses
+import importlib
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from gpu_validation import _ratio, analyse, run_logged, stored_runs  # noqa: E402
+
+COMMON = [
+    "--dataloader.dataset_path", "./titan_rocm/assets/dataset",
+    "--hf_assets_path", "./titan_rocm/assets/tokenizer",
+    "--metrics.disable_color_printing", "--debug.seed", "42", "--compile.enable",
+]
+ROCM = "titan_rocm.torchtitan.configs"
+ROCM_ON = ["--rocm.precision_casts", "on", "--rocm.triton_war", "on",
+           "--rocm.grouped_mm", "on", "--rocm.moe_eager_compile", "on"]
+INJECT_ENV = "TITAN_ROCM_DEBUG_INJECT_NAN_STEP"
+SHIM_ENV = "TITAN_ROCM_SHIMS"
+"""Shims the runner applies (comma-separated); only ``set_timeout`` exists."""
+
+
+@dataclasses.dataclass
+class Run:
+    """One training run of TorchTitan 0.3.0's trainer."""
+
+    name: str
+    module: str
+    config: str
+    flags: list[str]
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    expect_failure: bool = False
+    timeout: int = 240
+
+
+def runs(steps: int, throughput_steps: int) -> tuple[list[Run], list[Run]]:
+    """The validation set: debug-model runs (two at a time: host-bound, correctness figures),
+    then the throughput runs (one at a time, mirrored)."""
+    s = ["--training.steps", str(steps), "--metrics.log_freq", "10"]
+
+    def debug(name: str, model: str, rocm: bool, *flags: str, **kw: Any) -> Run:
+        module = ROCM if rocm else model
+        return Run(name, module, f"{model}_debugmodel", [*COMMON, *s, *flags], **kw)
+
+    t = ["--training.steps", str(throughput_steps), "--metrics.log_freq", "5"]
+    mirrored = []
+    for model in ("deepseek_v3_4b", "llama3_1b"):
+        for tag, cfg in (("a", model), ("b", f"{model}_rocm"), ("c", f"{model}_rocm"),
+                         ("d", model)):
+            variant = "rocm" if cfg.endswith("_rocm") else "stock"
+            flags = [*COMMON, *t, *(ROCM_ON if variant == "rocm" else [])]
+            mirrored.append(Run(f"{model}_{variant}@{tag}", "tt030_configs", cfg, flags,
+                                timeout=300))
+    return [
+        debug("llama3_stock", "llama3", False),
+        debug("llama3_rocm", "llama3", True, *ROCM_ON),
+        debug("llama3_nan_step7", "llama3", True, *ROCM_ON, env={INJECT_ENV: "7"},
+              expect_failure=True),
+        debug("deepseek_v3_stock", "deepseek_v3", False),
+        debug("deepseek_v3_rocm", "deepseek_v3", True, *ROCM_ON),
+        debug("deepseek_v3_rocm_loop", "deepseek_v3", True, *ROCM_ON,
+              "--rocm.grouped_mm_backend", "loop"),
+        debug("deepseek_v3_rocm_stock_moe_compile", "deepseek_v3", True, *ROCM_ON,
+              "--rocm.moe_eager_compile", "off"),
+    ], mirrored
+
+
+# -- the probe (runs in a subprocess: this process never imports TorchTitan) -------------------
+
+def _torch_names(tree: ast.AST) -> set[str]:
+    """``torch.a.b`` names a module uses: ``from torch.a import b`` and attribute chains."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and (
+                node.module == "torch" or node.module.startswith("torch.")):
+            names.update(f"{node.module}.{a.name}" for a in node.names if a.name != "*")
+        elif isinstance(node, ast.Attribute):
+            parts, value = [node.attr], node.value
+            while isinstance(value, ast.Attribute):
+                parts.append(value.attr)
+                value = value.value
+            if isinstance(value, ast.Name) and value.id == "torch":
+                names.add(".".join(["torch", *reversed(parts)]))
+    return names
+
+
+def resolves(name: str) -> bool:
+    """``name`` (``torch.a.b.c``) is a module or an attribute reachable from one."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except Exception:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+SKIP_PREFIXES = ("torch.ops.", "torch._C.", "torch.classes.")
+"""Resolved at run time (custom ops, bindings), not by attribute lookup here."""
+
+
+def missing_torch_apis(package_dir: Path, only: tuple[str, ...] = ()) -> dict[str, list[str]]:
+    """Per torch name that does not resolve on this torch: the package files that use it.
+
+    Args:
+        package_dir: the installed ``torchtitan`` directory.
+        only: relative paths (prefixes) to read; empty: every ``.py`` except experiments.
+    """
+    where: dict[str, set[str]] = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        rel = path.relative_to(package_dir).as_posix()
+        if rel.startswith("experiments/") or (only and not rel.startswith(only)):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        for name in _torch_names(tree):
+            where.setdefault(name, set()).add(rel)
+    missing = {}
+    for name in sorted(where):
+        if name.startswith(SKIP_PREFIXES) or resolves(name):
+            continue
+        # A chain under a missing name is reported once, at the shortest missing name.
+        if any(name.startswith(m + ".") for m in missing):
+            continue
+        missing[name] = sorted(where[name])
+    return missing
+
+
+TRAINER_PATHS = ("train.py", "trainer.py", "components/", "config/", "distributed/",
+                 "models/common/", "models/llama3/", "models/deepseek_v3/", "protocols/",
+                 "tools/", "hf_datasets/text_datasets.py", "observability/")
+"""The files the llama3/deepseek_v3 trainer runs (the probe's first table)."""
+
+
+def probe() -> dict[str, Any]:
+    """What this machine's torch offers TorchTitan 0.3.0 (run in a fresh interpreter)."""
+    import importlib.metadata
+    import importlib.util
+
+    import torch
+
+    result: dict[str, Any] = {"torch": torch.__version__}
+    try:
+        result["torchtitan"] = importlib.metadata.version("torchtitan")
+    except importlib.metadata.PackageNotFoundError:
+        result["torchtitan"] = None
+        return result
+    spec = importlib.util.find_spec("torchtitan")
+    package = Path(spec.origin).parent  # type: ignore[union-attr, arg-type]
+    result["missing_in_trainer_files"] = missing_torch_apis(package, TRAINER_PATHS)
+    result["missing_elsewhere"] = {
+        k: v for k, v in missing_torch_apis(package).items()
+        if k not in result["missing_in_trainer_files"]
+    }
+    from torchtitan_runner import apply_shims
+
+    result["shims"] = apply_shims()
+    errors = {}
+    for module in ("torchtitan.train", "torchtitan.models.llama3.config_registry",
+                   "torchtitan.models.deepseek_v3.config_registry",
+                   "titan_rocm.torchtitan.configs", "tt030_configs"):
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # the probe reports, it never stops
+            errors[module] = f"{type(exc).__name__}: {exc}"
+    result["import_errors"] = errors
+    result["trainer_imports"] = not errors
+    return result
+
+
+# -- running -----------------------------------------------------------------------------------
+
+def command(run: Run, dump: Path, port: int) -> list[str]:
+    """The torchrun command of ``run`` (benchmarks/torchtitan_runner.py: observes only)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
+            f"--master_port={port}", str(REPO / "benchmarks" / "torchtitan_runner.py"),
+            "--module", run.module, "--config", run.config, "--dump_folder", str(dump),
+            *run.flags]
+
+
+def launch(run: Run, logs: Path, cache: Path, port: int) -> dict[str, Any]:
+    """Run ``run``; its raw result (log path, exit code, wall time)."""
+    log = logs / f"{run.name}.log"
+    tmp = Path(tempfile.mkdtemp(prefix=f"{run.name.replace('@', '-')}-"))
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
+               TRITON_CACHE_DIR=str(cache / "triton"), PYTHONUNBUFFERED="1",
+               COUNT_SYNCS="1", **{SHIM_ENV: "set_timeout"}, **run.env)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO), str(REPO / "benchmarks"), env.get("PYTHONPATH", "")])
+    cmd = command(run, tmp / "dump", port)
+    code, wall = run_logged(cmd, log, env, run.timeout)
+    return {"name": run.name, "exit": code, "wall_s": round(wall, 1),
+            "log": str(log), "expect_failure": run.expect_failure, "triton_war_stats": None}
+
+
+# -- figures -----------------------------------------------------------------------------------
+
+def _report(run: dict[str, Any], key: str) -> Any:
+    reports = run.get("reports") or []
+    return reports[0].get(key) if reports else None
+
+
+def _loss_rel(a: dict[str, Any], b: dict[str, Any]) -> float | None:
+    common = sorted(set(a.get("loss") or {}) & set(b.get("loss") or {}))
+    rel = [abs(a["loss"][s] - b["loss"][s]) / abs(b["loss"][s]) for s in common
+           if b["loss"][s]]
+    return round(max(rel), 5) if rel else None
+
+
+def _tps_median(runs: list[dict[str, Any]]) -> float | None:
+    import statistics
+
+    pooled = [t for r in runs for t in (r.get("tps_intervals_all") or [])]
+    return round(statistics.median(pooled), 1) if pooled else None
+
+
+def figures(results: dict[str, dict[str, Any]], probe_result: dict[str, Any] | None
+            ) -> dict[str, Any]:
+    """Every figure the runs support."""
+    out: dict[str, Any] = {}
+    if probe_result is not None:
+        out["probe"] = {k: probe_result.get(k) for k in (
+            "torch", "torchtitan", "trainer_imports", "shims", "import_errors")}
+        out["probe"]["missing_torch_apis_in_trainer_files"] = sorted(
+            probe_result.get("missing_in_trainer_files") or {})
+    r = {name: run for name, run in results.items() if "log" in run}  # not the skipped
+    for model in ("llama3", "deepseek_v3"):
+        stock, rocm = r.get(f"{model}_stock"), r.get(f"{model}_rocm")
+        if stock and rocm:
+            out[model] = {
+                "exit": (stock["exit"], rocm["exit"]),
+                "loss_max_rel_diff": _loss_rel(rocm, stock),
+                "loss_step1": ((stock.get("loss") or {}).get(1), (rocm.get("loss") or {}).get(1)),
+                "to_step1_s": (stock["to_step1_s"], rocm["to_step1_s"]),
+                "eager_moe_forwards": _report(rocm, "eager_moe_forwards"),
+                "grouped_mm_calls": _report(rocm, "grouped_mm_calls"),
+                "titan_rocm_lines": rocm.get("titan_rocm_lines"),
+            }
+    if "deepseek_v3_rocm" in r and "deepseek_v3_rocm_loop" in r:
+        a, b = r["deepseek_v3_rocm"], r["deepseek_v3_rocm_loop"]
+        out["grouped_mm_loop_vs_torch"] = {"loss_max_rel_diff": _loss_rel(b, a),
+                                           "grouped_mm_calls": _report(b, "grouped_mm_calls")}
+    if "deepseek_v3_rocm_stock_moe_compile" in r:
+        run = r["deepseek_v3_rocm_stock_moe_compile"]
+        out["stock_moe_compile"] = {"exit": run["exit"],
+                                    "eager_moe_forwards": _report(run, "eager_moe_forwards")}
+    if "llama3_nan_step7" in r:
+        nan = r["llama3_nan_step7"]
+        out["nan_injection"] = {"exit": nan["exit"], "stopped_as": nan.get("guard_lines"),
+                                "last_step_logged": max(nan.get("steps_logged") or [0])}
+    for model in ("deepseek_v3_4b", "llama3_1b"):
+        passes = {v: [run for name, run in r.items() if name.startswith(f"{model}_{v}@")]
+                  for v in ("stock", "rocm")}
+        if passes["stock"] and passes["rocm"]:
+            out[f"{model}_throughput"] = {
+                "tps_ratio_rocm_over_stock": _ratio(_tps_median(passes["rocm"]),
+                                                    _tps_median(passes["stock"])),
+                "per_pass": [_ratio(b.get("tps_median"), a.get("tps_median"))
+                             for a, b in zip(passes["stock"], passes["rocm"], strict=False)],
+                "loss_max_rel_diff": _loss_rel(passes["rocm"][0], passes["stock"][0]),
+                "exits": {v: [run["exit"] for run in runs] for v, runs in passes.items()},
+            }
+    return out
+
+
+def analyse_run(raw: dict[str, Any]) -> dict[str, Any]:
+    """:func:`gpu_validation.analyse`, with every logged interval kept (throughput runs log
+    every 5 steps: intervals after step 5 count)."""
+    result = analyse(raw)
+    from titan_rocm.logs.parse import parse_file
+
+    train = [t for t in parse_file(Path(raw["log"])).train_records if t.rank in (None, 0)]
+    result["tps_intervals_all"] = [t.tps for t in train if t.step > 5 and t.tps]
+    return result
+
+
+def write(out: Path, logs: Path, environment: dict[str, Any], probe_result: Any,
+          results: dict[str, Any]) -> dict[str, Any]:
+    """summary.json and logs.tar.gz, after every run (a timeout keeps what finished)."""
+    figs = figures(results, probe_result)
+    summary = {"environment": environment, "probe": probe_result, "figures": figs,
+               "runs": results}
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, default=str))
+    tmp.replace(out / "summary.json")
+    with tarfile.open(out / "logs.tar.gz.tmp", "w:gz") as tar:
+        tar.add(logs, arcname="logs")
+    (out / "logs.tar.gz.tmp").replace(out / "logs.tar.gz")
+    return figs
+
+
+def reanalyse(directory: Path) -> dict[str, Any]:
+    """Recompute every figure from a stored result, on any machine."""
+    stored, raws = stored_runs(directory)
+    results = {name: analyse_run(raws[name]) if name in raws else run  # skipped: as stored
+               for name, run in stored["runs"].items()}
+    return {"environment": stored["environment"],
+            "figures": figures(results, stored.get("probe"))}
+
+
+def main() -> int:
+    """Probe, run what this machine can run, write and print the figures."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--reanalyse", type=Path, metavar="DIR")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--throughput-steps", type=int, default=30)
+    parser.add_argument("--budget-s", type=float, default=500.0,
+                        help="skip runs that would start after this many seconds")
+    parser.add_argument("--probe-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.probe_only:  # the subprocess
+        print("TT030_PROBE " + json.dumps(probe(), default=str), flush=True)
+        return 0
+    if args.reanalyse:
+        print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
+        return 0
+    if not args.out:
+        parser.error("--out is required (or --reanalyse DIR)")
+    started = time.monotonic()
+    args.out.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="titan-rocm-tt030-logs-"))
+    cache = Path(tempfile.mkdtemp(prefix="titan-rocm-tt030-cache-"))
+    import torch
+
+    environment = {
+        "date": datetime.now().isoformat(timespec="seconds"),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch": torch.__version__, "command": " ".join(sys.argv),
+        "compile_cache": "shared by every run (warm after a model's first run)",
+    }
+    out = subprocess.run([sys.executable, __file__, "--probe-only"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    (logs / "probe.log").write_text(out.stdout + out.stderr)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("TT030_PROBE ")), None)
+    probe_result = json.loads(line.split(" ", 1)[1]) if line else {"error": out.stderr[-2000:]}
+    results: dict[str, Any] = {}
+    write(args.out, logs, environment, probe_result, results)
+    print(json.dumps({"probe": probe_result}, indent=2, default=str), flush=True)
+    if not probe_result.get("trainer_imports"):
+        print("TorchTitan 0.3.0's trainer does not load on this machine: see the probe; "
+              "no training run was made", flush=True)
+        return 1
+    debug, mirrored = runs(args.steps, args.throughput_steps)
+    ports = iter(range(29600, 30600, 3))
+
+    def one(run: Run) -> None:
+        # A run expected to take ~60 s is not started when it would end past the budget.
+        if time.monotonic() - started + 60 > args.budget_s:
+            with lock:
+                results[run.name] = {"name": run.name, "exit": "skipped: time budget",
+                                     "expect_failure": run.expect_failure}
+            return
+        with lock:
+            port = next(ports)
+        raw = launch(run, logs, cache, port)
+        analysed = analyse_run(raw)
+        with lock:  # the other lane's write() reads results
+            results[run.name] = analysed
+            write(args.out, logs, environment, probe_result, results)
+        print(f"[{run.name}] exit={raw['exit']} wall={raw['wall_s']}s", flush=True)
+
+    lock = threading.Lock()
+    with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(one, debug))
+    for run in mirrored:
+        one(run)
+    figs = write(args.out, logs, environment, probe_result, results)
+    print(json.dumps({"environment": environment, "figures": figs}, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
