@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import collections
-import concurrent.futures
 import contextlib
 import json
 import sys
@@ -79,47 +78,64 @@ def flash_varlen_forward(name: str, q: Any, k: Any, v: Any, cu_seqlens_q: Any, c
                                                                       device=q.device)
 
 
+def attention_grads(q: Any, k: Any, v: Any, dout: Any, softmax_scale: float,
+                    is_causal: bool) -> tuple[Any, Any, Any]:
+    """dq, dk, dv of ``softmax(q k^T * scale) v`` for one sequence, worked out by hand in fp32.
+
+    ``q``, ``k``: (L, H, Dqk); ``v``, ``dout``: (L, H, Dv). No autograd: the kernels below run
+    inside a custom op, where the dispatcher has left autograd behind, and on a GPU on the
+    autograd engine's own device thread, which a nested backward would wait on forever (both
+    seen on the H200).
+    """
+    import torch
+
+    qf, kf, vf, do = (t.float().transpose(0, 1) for t in (q, k, v, dout))  # (H, L, D)
+    scores = (qf @ kf.transpose(1, 2)) * softmax_scale
+    if is_causal:
+        n = scores.shape[-1]
+        above = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(above, float("-inf"))
+    p = torch.softmax(scores, dim=-1)
+    o = p @ vf
+    dv = p.transpose(1, 2) @ do
+    dp = do @ vf.transpose(1, 2)
+    ds = p * (dp - (do * o).sum(-1, keepdim=True))
+    dq = (ds @ kf) * softmax_scale
+    dk = (ds.transpose(1, 2) @ qf) * softmax_scale
+    return dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1)
+
+
+def _give(grads: tuple[Any, ...], like: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
+    """Each gradient in its input's dtype, written into the caller's buffer where one is given."""
+    out = []
+    for grad, ref, buffer in zip(grads, like, given, strict=True):
+        if buffer is None:
+            out.append(grad.to(ref.dtype))
+        else:
+            buffer.copy_(grad)
+            out.append(buffer)
+    return out
+
+
 def flash_varlen_backward(name: str, dout: Any, q: Any, k: Any, v: Any, out: Any,
                           cu_seqlens_q: Any, cu_seqlens_k: Any, softmax_scale: float,
                           is_causal: bool, dropout_p: float, dq: Any = None, dk: Any = None,
                           dv: Any = None, alibi_slopes: Any = None, max_seqlen_q: int = 0,
                           **details: Any) -> tuple[Any, Any, Any, Any]:
-    """The fake's varlen backward kernel: PyTorch's flash varlen attention's own backward."""
+    """The fake's varlen backward kernel: :func:`attention_grads` per document."""
     import fake_aiter_support
     import torch
-    from torch.nn.attention.varlen import varlen_attn
 
     fake_aiter_support.record(name)
-    width = q.shape[-1]
-
-    def recompute() -> tuple[Any, ...]:
-        with torch.enable_grad():
-            qq, kk, vv = (t.detach().requires_grad_() for t in (q, k, _padded(v, width)))
-            again = varlen_attn(qq, kk, vv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                max_seqlen_q, scale=softmax_scale, **_causal(is_causal))
-            return torch.autograd.grad(again, (qq, kk, vv), _padded(dout, width))
-
-    # Called from inside a custom op, below autograd: this thread's dispatcher excludes the
-    # autograd keys, so autograd must run in a thread of its own (fresh dispatch state).
-    stream = torch.cuda.current_stream() if q.is_cuda else None
-
-    def in_thread() -> tuple[Any, ...]:
-        if stream is None:
-            return recompute()
-        with torch.cuda.stream(stream):
-            return recompute()
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        grads = pool.submit(in_thread).result()
-    results = []
-    for given, grad, like in zip((dq, dk, dv), grads, (q, k, v), strict=True):
-        grad = grad[..., : like.shape[-1]]
-        if given is None:
-            results.append(grad.to(like.dtype))
-        else:
-            given.copy_(grad)
-            results.append(given)
-    return (*results, torch.empty(0, device=q.device))
+    grads = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (q, k, v)]
+    bounds = cu_seqlens_q.tolist()
+    for start, end in zip(bounds, bounds[1:], strict=False):
+        if end > start:
+            parts = attention_grads(q[start:end], k[start:end], v[start:end], dout[start:end],
+                                    softmax_scale, is_causal)
+            for whole, part in zip(grads, parts, strict=True):
+                whole[start:end] = part
+    return (*_give(tuple(grads), (q, k, v), (dq, dk, dv)), torch.empty(0, device=q.device))
 
 
 def _sdpa_bshd(q: Any, k: Any, v: Any, softmax_scale: float, is_causal: bool) -> Any:
@@ -154,19 +170,15 @@ def sdpa_backward(name: str, dout: Any, q: Any, k: Any, v: Any, out: Any, softma
                   is_causal: bool, dropout_p: float, dq: Any = None, dk: Any = None,
                   dv: Any = None, bias: Any = None, alibi_slopes: Any = None,
                   **details: Any) -> tuple[Any, Any, Any, Any]:
-    """The fake's dense backward kernel: SDPA's own backward."""
+    """The fake's dense backward kernel (bshd): :func:`attention_grads` per batch element."""
     import fake_aiter_support
     import torch
 
     fake_aiter_support.record(name)
-    with torch.enable_grad():
-        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        grads = torch.autograd.grad(_sdpa_bshd(*leaves, softmax_scale, is_causal), leaves, dout)
-    for given, grad in zip((dq, dk, dv), grads, strict=True):
-        if given is not None:
-            given.copy_(grad)
-    return (*(g if g is not None else r for g, r in zip((dq, dk, dv), grads, strict=True)),
-            torch.empty(0, device=q.device))
+    per_sample = [attention_grads(q[b], k[b], v[b], dout[b], softmax_scale, is_causal)
+                  for b in range(q.shape[0])]
+    grads = tuple(torch.stack([g[i] for g in per_sample]) for i in range(3))
+    return (*_give(grads, (q, k, v), (dq, dk, dv)), torch.empty(0, device=q.device))
 
 
 def install(aiter: str = "main", arch: str = "gfx942") -> contextlib.ExitStack:
@@ -200,10 +212,15 @@ _INSTALLED: list[contextlib.ExitStack] = []
 by the garbage collector, which takes the simulated platform away again."""
 
 
-def main() -> None:
-    """Set up, then run TorchTitan's trainer with this process's arguments."""
+def prepare() -> None:
+    """The fake aiter and the simulated MI300X, in force for the rest of this process."""
     sys.path.insert(0, str(REPO))
     _INSTALLED.append(install())
+
+
+def main() -> None:
+    """Set up, then run TorchTitan's trainer with this process's arguments."""
+    prepare()
     atexit.register(_report)
     from benchmarks import torchtitan_runner
 

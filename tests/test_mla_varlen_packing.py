@@ -160,3 +160,39 @@ def test_runner_dense_kernels_match_the_reference(monkeypatch):
     want = support.backward_kernel("ref", dout, q, k, v, ref, 0.1, True, 0.0)[:3]
     for got, ref_grad in zip(grads, want, strict=True):
         assert_matches(got, ref_grad, tol=1e-4)
+
+
+def test_runner_backward_kernels_use_no_autograd(monkeypatch):
+    """They run inside a custom op (autograd left behind) and, on a GPU, on the autograd
+    engine's device thread (a nested backward would deadlock): both seen on the H200."""
+    monkeypatch.syspath_prepend(str(FAKE_AITER))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a fake kernel called autograd")
+
+    monkeypatch.setattr(torch.autograd, "grad", refuse)
+    monkeypatch.setattr(torch.Tensor, "backward", refuse)
+    gen = torch.Generator().manual_seed(2)
+    q, k = (torch.randn(12, 2, 192, generator=gen) for _ in range(2))
+    v, dout = (torch.randn(12, 2, 128, generator=gen) for _ in range(2))
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    dq, dk, dv, _ = runner.flash_varlen_backward("mha_varlen_bwd", dout, q, k, v, None, cu, cu,
+                                                 0.1, True, 0.0)
+    assert dq.shape == q.shape and dv.shape == v.shape and torch.isfinite(dq).all()
+    grads = runner.sdpa_backward("mha_bwd", dout[None], q[None], k[None], v[None], None, 0.1,
+                                 True, 0.0)
+    assert grads[0].shape == (1, *q.shape)
+
+
+def test_runner_keeps_the_simulated_platform_in_force():
+    """An override nobody holds is finalised by the garbage collector (the first H200 run then
+    refused aiter as 'not a ROCm build')."""
+    import subprocess
+
+    code = ("import gc, sys; sys.path.insert(0, '.'); from benchmarks import mla_varlen_runner "
+            "as r; r.prepare(); gc.collect(); from titan_rocm import platform; "
+            "print(platform.current().is_rocm, platform.current().gfx_arch)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-2:] == ["True", "gfx942"]

@@ -16,7 +16,9 @@ from titan_rocm.workarounds import moe_blocks
 from titan_rocm.workarounds.moe_blocks import EAGER_MOE, FULLGRAPH, MOE_CHILD
 from titan_rocm.workarounds.moe_eager_compile import workaround as moe_eager_compile
 
-ON = ("--model.converters", "rocm.moe_eager_compile", "--rocm.moe_eager_compile", "on")
+# The whole-block strategy, named (the default scope is "moe"; MOE_SCOPE after ON overrides).
+ON = ("--model.converters", "rocm.moe_eager_compile", "--rocm.moe_eager_compile", "on",
+      "--rocm.moe_eager_scope", "block")
 COMPILE = ("--compile.enable",)
 AC_FULL = ("--activation_checkpoint.mode", "full")
 NO_AC = ("--activation_checkpoint.mode", "none")  # 0.2.2's default is "selective"

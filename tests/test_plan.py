@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,9 +18,18 @@ WORKAROUNDS = {"precision_casts", "triton_war", "gemm_lookup", "grouped_mm",
 
 
 @pytest.fixture(autouse=True)
-def _no_gpu_archs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A simulated aiter reads GPU_ARCHS as the real one would: plans here assume it unset."""
+def _no_gpu_archs(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A simulated aiter reads GPU_ARCHS as the real one would: plans here assume it unset.
+
+    A plan in this process binds the grouped-MM function and replaces apply_compile in
+    TorchTitan's modules (as it would in the process it plans for): undo that afterwards, so
+    tests that compile a model later see stock TorchTitan.
+    """
+    from moe_test_models import clean_patches
+
     monkeypatch.delenv("GPU_ARCHS", raising=False)
+    with clean_patches():
+        yield
 
 
 def _by_name(plan: dict) -> dict[str, dict]:
@@ -46,7 +56,9 @@ def test_plan_every_shipped_config_on_gfx942(config: Path) -> None:
     assert len(blocks) == plan["model"]["blocks"]
     if plan["model"]["moe_blocks"]:
         assert decisions["moe_eager_compile"]["applied"]
-        assert sum(v.startswith("eager") for v in blocks.values()) == plan["model"]["moe_blocks"]
+        # The default scope ("moe"): attention and norms compiled, the MoE module eager.
+        split = "attention, attention_norm, ffn_norm fullgraph; moe eager"
+        assert sum(v == split for v in blocks.values()) == plan["model"]["moe_blocks"]
         assert decisions["grouped_mm"]["applied"]
     else:
         assert decisions["moe_eager_compile"]["reason"] == "model has no MoE blocks"
@@ -129,7 +141,7 @@ def test_plan_cli_text_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFix
     cfg = str(stock_job(tmp_path, "deepseek_v3 debug"))
     assert main(["plan", "--arch", "gfx942", "--launcher", "titan-rocm", "--job.config_file",
                  cfg, "--model.converters", "rocm", "--compile.enable", "--rocm.triton_war",
-                 "off"]) == 0
+                 "off", "--rocm.moe_eager_scope", "block"]) == 0
     captured = capsys.readouterr()
     text = captured.out
     assert "layers.1: eager (MoE)" in text and "layers.0: fullgraph" in text

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,15 @@ def mutated(draw: st.DrawFn) -> bytes:
             else:
                 del data[pos]
     return bytes(data)
+
+
+@pytest.fixture(autouse=True)
+def _stock_torchtitan_afterwards() -> Iterator[None]:
+    """A plan in this process patches TorchTitan's modules as it would in the job's."""
+    from moe_test_models import clean_patches
+
+    with clean_patches():
+        yield
 
 
 @pytest.mark.slow

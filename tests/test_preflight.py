@@ -18,6 +18,7 @@ import subprocess
 import sys
 import types
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,18 @@ ORACLE = REPO / "tests" / "startup_oracle.py"
 
 
 @pytest.fixture(autouse=True)
-def job_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def job_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A job's own environment. Whether a job imports titan_rocm depends on it (a
     ``sitecustomize`` may), and tests that apply rocm.triton_war for real leave its
-    bootstrap on PYTHONPATH with TITAN_ROCM_TRITON_WAR=1."""
+    bootstrap on PYTHONPATH with TITAN_ROCM_TRITON_WAR=1. A plan in this process patches
+    TorchTitan's modules as it would in the job's: undone afterwards (as in test_plan)."""
+    from moe_test_models import clean_patches
+
     for name in [n for n in os.environ if n.startswith("TITAN_ROCM_")] + ["PYTHONPATH"]:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("GPU_ARCHS", raising=False)
+    with clean_patches():
+        yield
 
 
 def plan_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

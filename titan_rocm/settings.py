@@ -39,9 +39,10 @@ class RocmSettings:
     """Set Inductor's emulate_precision_casts before anything compiles."""
     moe_eager_compile: Mode = "auto"
     """Compile dense TransformerBlocks whole (fullgraph); leave MoE blocks eager."""
-    moe_eager_scope: MoEEagerScope = "block"
-    """What stays eager in each MoE block: the whole block, or only its MoE module (router,
-    token permutation, experts, shared experts), with attention and norms compiled fullgraph."""
+    moe_eager_scope: MoEEagerScope = "moe"
+    """What stays eager in each MoE block: only its MoE module (router, token permutation,
+    experts, shared experts), with attention and norms compiled fullgraph (``moe``); or the
+    whole block (``block``, as AMD-AGI/Primus PR #962 validated on MI300X)."""
     grouped_mm: Mode = "auto"
     """Bind the MoE grouped-MM function of the live model to ``grouped_mm_backend``."""
     grouped_mm_backend: str = "auto"
