@@ -1,5 +1,4 @@
-"""Shared fixtures: TorchTitan reference configs, the GPU marker, the fake aiter (MLA tests),
-the two TorchTitan suites.
+"""Shared fixtures: the GPU marker, the fake aiter (MLA tests), the two TorchTitan suites.
 
 Two suites share this tree: ``tests/tt030/`` is the TorchTitan 0.3.0 suite (marker
 ``torchtitan030``), everything else the TorchTitan 0.2.2 suite (marker ``torchtitan022``).
@@ -19,9 +18,6 @@ from mla_test_support import clean_mla_state, fake_aiter, fake_aiter_path  # noq
 
 from titan_rocm import torchtitan_version
 
-REPO = Path(__file__).resolve().parent.parent
-SHARED = REPO.parent / "shared"
-REFERENCE_CONFIGS = SHARED / "reference" / "torchtitan-v0.2.2" / "train_configs"
 TT030_SUITE = Path(__file__).resolve().parent / "tt030"
 SUITES = {"0.2": ("torchtitan022", "0.2.2"), "0.3": ("torchtitan030", "0.3.0")}
 """TorchTitan release line -> (its marker, the version its suite is written for)."""
@@ -85,11 +81,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(getattr(pytest.mark, SUITES[suite_of(item.path)][0]))
         if item.get_closest_marker("gpu") is not None and not gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA or ROCm GPU; none here"))
-
-
-@pytest.fixture
-def reference_configs() -> Path:
-    """TorchTitan v0.2.2's own TOML configs (from ../shared)."""
-    if not REFERENCE_CONFIGS.is_dir():
-        pytest.skip(f"TorchTitan reference configs not found at {REFERENCE_CONFIGS}")
-    return REFERENCE_CONFIGS

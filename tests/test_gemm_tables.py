@@ -7,22 +7,34 @@ import dataclasses
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from gemm_table_maker import (  # tests/ is on sys.path
+    AITER_COMPOSITION,
+    AITER_SPLITK_ZERO,
+    HEADER,
+    Row,
+    make_batched_table,
+    make_table,
+    split_composition,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from titan_rocm import archs as archs_module
 from titan_rocm.cli import main
-from titan_rocm.gemm_tables.capture_safe import CaptureSafeError, capture_safe, write_atomic
+from titan_rocm.gemm_tables.capture_safe import (
+    CaptureSafeError,
+    PartialWrite,
+    capture_safe,
+    write_all,
+)
 from titan_rocm.gemm_tables.policy import in_splitk_range
 from titan_rocm.gemm_tables.table import split_records
-
-FIXTURES = Path(__file__).parent / "fixtures" / "gemm_tables"
-GEMM_FIXTURES = sorted(p for p in FIXTURES.glob("*.csv") if "batched" not in p.name)
-BATCHED = FIXTURES / "bf16_tuned_batched_gemm.csv"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "aiter-bf16-tuned-gemm"
 
 # The rule as the issue states it, written out independently of the package: an opus
 # row is split-K when its solidx lies in these half-open ranges of its gfx.
@@ -30,10 +42,6 @@ ISSUE_SPLITK_RANGES = {
     "gfx950": [(200, 300), (1200, 1300)],
     "gfx942": [(10200, 10300)],
 }
-HEADER = (
-    "gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,"
-    "kernelName,err_ratio,tflops,bw"
-)
 
 
 def oracle_removed(path: Path, policy: str) -> list[int]:
@@ -74,15 +82,49 @@ def write(tmp_path: Path, name: str, data: bytes) -> Path:
     return path
 
 
-# --- the exact rows removed on the real tables ---------------------------------------
+# --- tables of our own making, shaped like aiter's ------------------------------------------
+
+# Kinds of rows per table, like aiter's tables hold them: a gfx950 table with gfx1250 rows
+# (the default table), gfx942-only model tables, gfx1250 opus beside gfx950 split-K rows.
+TABLES = {
+    "bf16_like_tuned_gemm.csv": {
+        ("gfx950", "opus", "splitk"): 12, ("gfx950", "opus", "other"): 24,
+        ("gfx950", "asm", "-"): 60, ("gfx950", "torch", "-"): 40, ("gfx950", "flydsl", "-"): 50,
+        ("gfx1250", "triton", "-"): 40, ("gfx1250", "torch", "-"): 5},
+    "gfx942_model_tuned_gemm.csv": {
+        ("gfx942", "opus", "splitk"): 22, ("gfx942", "opus", "other"): 9,
+        ("gfx942", "asm", "-"): 10, ("gfx942", "torch", "-"): 14, ("gfx942", "skinny", "-"): 2},
+    "dsv3_like_tuned_gemm.csv": {
+        ("gfx942", "opus", "splitk"): 1, ("gfx942", "opus", "other"): 3,
+        ("gfx942", "torch", "-"): 100, ("gfx942", "triton", "-"): 2},
+    "gfx1250_like_tuned_gemm.csv": {
+        ("gfx1250", "opus", "safe-arch"): 111, ("gfx1250", "triton", "-"): 300,
+        ("gfx950", "opus", "splitk"): 4, ("gfx950", "triton", "-"): 30},
+}
 
 
-def test_exact_rows_removed_from_bf16_tuned_gemm(capsys, tmp_path):
-    table = FIXTURES / "bf16_tuned_gemm.csv"
+@pytest.fixture(scope="module")
+def tables(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list[Row]]]:
+    """The TABLES, written once: name -> (path, rows with what the rule must decide)."""
+    root = tmp_path_factory.mktemp("tables")
+    made = {}
+    for seed, (name, composition) in enumerate(TABLES.items()):
+        path = root / name
+        made[name] = (path, make_table(path, composition, seed=seed,
+                                       splitk_zero={"gfx942": 5}))
+    return made
+
+
+def paths(tables: dict[str, tuple[Path, list[Row]]]) -> list[Path]:
+    return [path for path, _ in tables.values()]
+
+
+def test_exact_rows_removed(capsys, tmp_path, tables):
+    table, rows = tables["bf16_like_tuned_gemm.csv"]
     code, report = run_json(capsys, str(table), "-o", str(tmp_path / "out"))
     assert code == 0
     lines = [r["line"] for r in report["files"][0]["removed_rows"]]
-    assert lines == [8, 21, 39, 56, 62, 67, 68, 70, 71, 78, 80, 85]
+    assert lines == [row.line for row in rows if row.unsafe] and len(lines) == 12
     assert {r["arch"] for r in report["files"][0]["removed_rows"]} == {"gfx950"}
     code, report = run_json(
         capsys, str(table), "-o", str(tmp_path / "blunt"), "--policy", "all-opus"
@@ -92,17 +134,30 @@ def test_exact_rows_removed_from_bf16_tuned_gemm(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("policy", ["splitk-opus", "all-opus"])
-@pytest.mark.parametrize("table", GEMM_FIXTURES, ids=lambda p: p.name)
-def test_removed_rows_match_the_issue_rule(capsys, tmp_path, table, policy):
+@pytest.mark.parametrize("name", TABLES)
+def test_removed_rows_match_the_issue_rule(capsys, tables, name, policy):
+    table, rows = tables[name]
     code, report = run_json(capsys, str(table), "--check", "--policy", policy)
     removed = [r["line"] for r in report["files"][0]["removed_rows"]]
     assert removed == oracle_removed(table, policy)
+    intended = [r.line for r in rows if (r.unsafe if policy == "splitk-opus"
+                                         else r.opus_of_unsafe_arch)]
+    assert removed == intended
     assert code == (1 if removed else 0)
     assert report["disagreements"] == 0
 
 
-def test_gfx1250_opus_rows_are_kept_under_both_policies(capsys):
-    table = FIXTURES / "kimik3_bf16_tuned_gemm.csv"
+def test_split_k_rows_are_found_whatever_their_splitk_column(capsys, tables):
+    # 5 of gfx942_model's split-K opus rows say splitK = 0: the kernel picks its split.
+    table, rows = tables["gfx942_model_tuned_gemm.csv"]
+    zero = [r.line for r in rows if r.unsafe and r.text.split(",")[12] == "0"]
+    assert len(zero) == 5
+    _, report = run_json(capsys, str(table), "--check")
+    assert set(zero) <= {r["line"] for r in report["files"][0]["removed_rows"]}
+
+
+def test_gfx1250_opus_rows_are_kept_under_both_policies(capsys, tables):
+    table, _ = tables["gfx1250_like_tuned_gemm.csv"]
     for policy in ("splitk-opus", "all-opus"):
         _, report = run_json(capsys, str(table), "--check", "--policy", policy)
         gfx1250 = [c for c in report["totals"] if c["arch"] == "gfx1250" and c["libtype"] == "opus"]
@@ -113,20 +168,21 @@ def test_gfx1250_opus_rows_are_kept_under_both_policies(capsys):
 
 
 @pytest.mark.parametrize("policy", ["splitk-opus", "all-opus"])
-def test_surviving_bytes_are_identical_and_rerun_removes_nothing(capsys, tmp_path, policy):
+def test_surviving_bytes_are_identical_and_rerun_removes_nothing(capsys, tmp_path, tables,
+                                                                  policy):
     out1, out2 = tmp_path / "once", tmp_path / "twice"
-    tables = [str(p) for p in GEMM_FIXTURES]
-    code, report = run_json(capsys, *tables, "-o", str(out1), "--policy", policy)
+    inputs = paths(tables)
+    code, report = run_json(capsys, *map(str, inputs), "-o", str(out1), "--policy", policy)
     assert code == 0 and report["unsafe_rows"] > 0
     for entry in report["files"]:
         source = Path(entry["input"]).read_bytes().splitlines(keepends=True)
         removed = {r["line"] for r in entry["removed_rows"]}
         expected = b"".join(line for n, line in enumerate(source, 1) if n not in removed)
         assert Path(entry["output"]).read_bytes() == expected
-    again = [str(out1 / p.name) for p in GEMM_FIXTURES]
+    again = [str(out1 / p.name) for p in inputs]
     code, report = run_json(capsys, *again, "-o", str(out2), "--policy", policy)
     assert code == 0 and report["unsafe_rows"] == 0
-    for p in GEMM_FIXTURES:
+    for p in inputs:
         assert (out2 / p.name).read_bytes() == (out1 / p.name).read_bytes()
     code, _, _ = run_cli(capsys, *again, "--check", "--policy", policy)
     assert code == 0
@@ -180,12 +236,14 @@ def test_split_records_joins_quoted_line_breaks():
 # --- --check ---------------------------------------------------------------------------
 
 
-def test_check_writes_nothing_and_lists_unsafe_rows(capsys, tmp_path):
-    table = FIXTURES / "dsv3_bf16_tuned_gemm.csv"
+def test_check_writes_nothing_and_lists_unsafe_rows(capsys, tmp_path, tables):
+    table, rows = tables["dsv3_like_tuned_gemm.csv"]
+    (unsafe,) = [r for r in rows if r.unsafe]
+    solidx = unsafe.text.split(",")[11]
     code, out, _ = run_cli(capsys, str(table), "--check", "-o", str(tmp_path / "out"))
     assert code == 1
     assert not (tmp_path / "out").exists()
-    assert f"{table}:60: unsafe: gfx942 cu_num=80 opus solidx=10203" in out
+    assert f"{table}:{unsafe.line}: unsafe: gfx942 cu_num=80 opus solidx={solidx}" in out
     assert "AITER_CONFIG_GEMM_BF16=" not in out
 
 
@@ -206,9 +264,9 @@ def drop_gfx(data: bytes) -> bytes:
     return b"".join(line.split(b",", 1)[1] for line in data.splitlines(keepends=True))
 
 
-def test_table_without_gfx_uses_cu_num(capsys, tmp_path):
-    # glm5's gfx942 rows (cu_num 80, which only gfx942 lists), with and without the gfx column.
-    lines = (FIXTURES / "glm5_bf16_tuned_gemm.csv").read_bytes().splitlines(keepends=True)
+def test_table_without_gfx_uses_cu_num(capsys, tmp_path, tables):
+    # gfx942 rows (cu_num 80, which only gfx942 lists), with and without the gfx column.
+    lines = tables["gfx942_model_tuned_gemm.csv"][0].read_bytes().splitlines(keepends=True)
     gfx942 = b"".join([lines[0], *(line for line in lines[1:] if line.startswith(b"gfx942,"))])
     with_gfx = write(tmp_path, "with.csv", gfx942)
     without_gfx = write(tmp_path, "without.csv", drop_gfx(gfx942))
@@ -218,12 +276,12 @@ def test_table_without_gfx_uses_cu_num(capsys, tmp_path):
     assert report["files"][0]["has_gfx_column"] is False
     assert report["files"][0]["removed_rows"] == expected["files"][0]["removed_rows"]
     assert report["totals"] == expected["totals"]
-    assert report["unsafe_rows"] == 13
+    assert report["unsafe_rows"] == 22
 
 
-def test_table_without_gfx_with_arch_option(capsys, tmp_path):
-    # bf16_tuned_gemm's gfx950 rows without the gfx column, told apart by --arch.
-    lines = (FIXTURES / "bf16_tuned_gemm.csv").read_bytes().splitlines(keepends=True)
+def test_table_without_gfx_with_arch_option(capsys, tmp_path, tables):
+    # The default-like table's gfx950 rows without the gfx column, told apart by --arch.
+    lines = tables["bf16_like_tuned_gemm.csv"][0].read_bytes().splitlines(keepends=True)
     gfx950 = b"".join([lines[0], *(line for line in lines[1:] if line.startswith(b"gfx950,"))])
     source = write(tmp_path, "t.csv", drop_gfx(gfx950))
     code, report = run_json(capsys, str(source), "-o", str(tmp_path / "out"), "--arch", "gfx950")
@@ -303,20 +361,22 @@ def test_disagreements_are_reported_and_removed(capsys, tmp_path):
 # --- output and bad input ----------------------------------------------------------------
 
 
-def test_env_line_names_written_files_in_order(capsys, tmp_path):
-    tables = [FIXTURES / "kimik2_bf16_tuned_gemm.csv", FIXTURES / "bf16_tuned_gemm.csv"]
-    code, out, _ = run_cli(capsys, *map(str, tables), "-o", str(tmp_path / "out"))
+def test_env_line_names_written_files_in_order(capsys, tmp_path, tables):
+    inputs = [tables["gfx942_model_tuned_gemm.csv"][0], tables["bf16_like_tuned_gemm.csv"][0]]
+    code, out, _ = run_cli(capsys, *map(str, inputs), "-o", str(tmp_path / "out"))
     assert code == 0
-    outs = [str((tmp_path / "out" / t.name).resolve()) for t in tables]
+    outs = [str((tmp_path / "out" / t.name).resolve()) for t in inputs]
     assert out.splitlines()[-1] == "AITER_CONFIG_GEMM_BF16=" + ":".join(outs)
-    assert "removed 34 of 359 rows in 2 table(s)" in out
-    assert "kimik2_bf16_tuned_gemm.csv  gfx942   opus        9       22" in out
+    assert "removed 34 of 288 rows in 2 table(s)" in out
+    assert re.search(r"gfx942_model_tuned_gemm.csv +gfx942 +opus +9 +22\n", out)
 
 
-def test_missing_columns_is_refused(capsys, tmp_path):
+def test_missing_columns_is_refused(capsys, tmp_path, tables):
     out_dir = tmp_path / "out"
-    good = FIXTURES / "bf16_tuned_gemm.csv"
-    code, out, err = run_cli(capsys, str(good), str(BATCHED), "-o", str(out_dir))
+    good = tables["bf16_like_tuned_gemm.csv"][0]
+    batched = tmp_path / "bf16_tuned_batched_gemm.csv"
+    make_batched_table(batched)
+    code, out, err = run_cli(capsys, str(good), str(batched), "-o", str(out_dir))
     assert code == 2 and out == ""
     assert "missing column(s) libtype, solidx" in err
     assert not out_dir.exists()  # the good table was not written either
@@ -349,8 +409,8 @@ def test_unknown_gfx_on_non_opus_row_is_kept(capsys, tmp_path):
     assert code == 0 and report["totals"][0]["arch"] == "gfx1100"
 
 
-def test_bad_options_exit_2(capsys, tmp_path):
-    table = str(FIXTURES / "bf16_tuned_gemm.csv")
+def test_bad_options_exit_2(capsys, tmp_path, tables):
+    table = str(tables["bf16_like_tuned_gemm.csv"][0])
     code, _, err = run_cli(capsys, table, "--check", "--arch", "gfx9000")
     assert code == 2 and "unknown AMD GPU architecture 'gfx9000'" in err
     code, _, err = run_cli(capsys, table)
@@ -390,11 +450,11 @@ def test_same_name_inputs_and_colon_paths_are_refused(capsys, tmp_path):
     assert not (tmp_path / "out").exists() and not (tmp_path / "x:y").exists()
 
 
-def test_existing_output_is_replaced_atomically(capsys, tmp_path):
+def test_existing_output_is_replaced_atomically(capsys, tmp_path, tables):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    (out_dir / "dsv3_bf16_tuned_gemm.csv").write_bytes(b"old")
-    table = FIXTURES / "dsv3_bf16_tuned_gemm.csv"
+    table = tables["dsv3_like_tuned_gemm.csv"][0]
+    (out_dir / table.name).write_bytes(b"old")
     assert run_cli(capsys, str(table), "-o", str(out_dir))[0] == 0
     assert len((out_dir / table.name).read_bytes()) < len(table.read_bytes())
     assert sorted(p.name for p in out_dir.iterdir()) == [table.name]  # no temp file left
@@ -411,10 +471,99 @@ def test_failed_rename_leaves_destination_and_no_temp_file(tmp_path, monkeypatch
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(OSError, match="disk full"):
-        write_atomic(dest, b"after")
+    with pytest.raises(PartialWrite) as info:
+        write_all([(dest, b"after")])
+    assert isinstance(info.value.cause, OSError) and info.value.written == []
     assert dest.read_bytes() == b"before"
     assert [p.name for p in tmp_path.iterdir()] == ["t.csv"]
+
+
+# --- stopped midway: a full disk, a failed rename, Ctrl-C --------------------------------------
+
+
+def _fail_on_call(n: int, exc: BaseException, real):
+    calls = {"n": 0}
+
+    def wrapper(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise exc
+        return real(*args, **kwargs)
+
+    return wrapper
+
+
+@pytest.mark.parametrize(
+    ("where", "exc", "code", "said"),
+    [
+        ("fsync", OSError(28, "No space left on device"), 2, "nothing written"),
+        ("fsync", KeyboardInterrupt(), 130, "interrupted; nothing written"),
+        ("replace", OSError(13, "Permission denied"), 2, "written 1 of 3 table(s): "),
+        ("replace", KeyboardInterrupt(), 130, "interrupted; written 1 of 3 table(s): "),
+        ("read", KeyboardInterrupt(), 130, "interrupted; nothing written"),
+    ],
+    ids=["disk-full-while-writing", "ctrl-c-while-writing", "rename-fails",
+         "ctrl-c-among-renames", "ctrl-c-while-reading"],
+)
+def test_stopping_midway_says_which_tables_were_written(
+    capsys, tmp_path, tables, monkeypatch, where, exc, code, said
+):
+    # The package exports a function named capture_safe: take the module itself.
+    module = sys.modules["titan_rocm.gemm_tables.capture_safe"]
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    inputs = paths(tables)[:3]
+    for t in inputs:
+        (out_dir / t.name).write_bytes(b"old")
+    real = {"fsync": os.fsync, "replace": os.replace, "read": module.read_table}[where]
+    target = module if where == "read" else os
+    name = "read_table" if where == "read" else where
+    monkeypatch.setattr(target, name, _fail_on_call(2, exc, real))
+    got, out, err = run_cli(capsys, *map(str, inputs), "-o", str(out_dir))
+    assert got == code and out == ""
+    (line,) = err.strip().splitlines()
+    assert said in line
+    written = [t for t in inputs if (out_dir / t.name).read_bytes() != b"old"]
+    if "nothing written" in said:
+        assert written == []
+    else:
+        assert written == inputs[:1]
+        assert line.endswith("not written: " + ", ".join(
+            str((out_dir / t.name).resolve()) for t in inputs[1:]))
+        assert str((out_dir / inputs[0].name).resolve()) in line
+    assert sorted(p.name for p in out_dir.iterdir()) == sorted(t.name for t in inputs)  # no temp
+
+
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_every_table_error_names_the_file_and_line(tmp_path, data):
+    source = bytearray(f"{HEADER}\n{row('gfx950', '256', 'opus', '204', 'splitk')}\n"
+                       f"{row('gfx942', '80', 'asm', '3', 'k', m=2)}\n".encode())
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(0, len(source) - 1))
+        op = data.draw(st.sampled_from(["set", "insert", "delete"]))
+        if op == "set":
+            source[pos] = data.draw(st.integers(0, 255))
+        elif op == "insert":
+            source.insert(pos, data.draw(st.sampled_from(list(b',"\n\r\x00x\xff'))))
+        elif len(source) > 1:
+            del source[pos]
+    table = tmp_path / "t.csv"
+    table.write_bytes(bytes(source))
+    try:
+        capture_safe([table], None, check=True)
+    except CaptureSafeError as exc:
+        assert re.match(rf"{re.escape(str(table))}(:\d+)?: ", str(exc)), str(exc)
+
+
+def test_a_fifo_as_table_is_refused_without_blocking(tmp_path):
+    fifo = tmp_path / "t.csv"
+    os.mkfifo(fifo)
+    out = subprocess.run([sys.executable, "-m", "titan_rocm.cli", "gemm-tables", "capture-safe",
+                          str(fifo), "--check"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "is a named pipe (FIFO), not a regular file" in out.stderr
 
 
 def test_module_does_not_import_torch():
@@ -425,13 +574,7 @@ def test_module_does_not_import_torch():
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
-# --- aiter's full tables (read from ../shared when present) --------------------------------
-
-
-def shared_tables() -> list[Path]:
-    if not SHARED.is_dir():
-        pytest.skip(f"aiter tables not present at {SHARED}")
-    return sorted(p for p in SHARED.glob("*.csv") if "batched" not in p.name)
+# --- aiter's tables: the counts docs/gemm-tables.md gives, on tables of that composition ------
 
 
 def by_arch(report: dict) -> dict[str, tuple[int, int]]:
@@ -443,28 +586,28 @@ def by_arch(report: dict) -> dict[str, tuple[int, int]]:
     return {arch: (kept, removed) for arch, (kept, removed) in totals.items()}
 
 
-def test_full_tables_counts(capsys, tmp_path):
-    tables = [str(p) for p in shared_tables()]
-    code, report = run_json(capsys, *tables, "-o", str(tmp_path / "out"))
+def test_counts_on_tables_composed_like_aiters(capsys, tmp_path):
+    parts = split_composition(AITER_COMPOSITION, 3)
+    inputs = []
+    for i, composition in enumerate(parts):
+        path = tmp_path / f"aiter_like_{i}_bf16_tuned_gemm.csv"
+        make_table(path, composition, seed=100 + i,
+                   splitk_zero={a: n // 3 for a, n in AITER_SPLITK_ZERO.items()})
+        inputs.append(str(path))
+    code, report = run_json(capsys, *inputs, "-o", str(tmp_path / "out"))
     assert code == 0
     assert (report["rows"], report["unsafe_rows"], report["disagreements"]) == (3338, 106, 0)
     assert by_arch(report) == {"gfx942": (143, 79), "gfx950": (2175, 27), "gfx1250": (914, 0)}
-    for entry in report["files"]:
-        source = Path(entry["input"]).read_bytes().splitlines(keepends=True)
-        removed = {r["line"] for r in entry["removed_rows"]}
-        expected = b"".join(line for n, line in enumerate(source, 1) if n not in removed)
-        assert Path(entry["output"]).read_bytes() == expected
-        assert removed == set(oracle_removed(Path(entry["input"]), "splitk-opus"))
-    code, report = run_json(capsys, *tables, "--check", "--policy", "all-opus")
+    code, report = run_json(capsys, *inputs, "--check", "--policy", "all-opus")
     assert code == 1
     assert report["unsafe_rows"] == 259
     assert by_arch(report) == {"gfx942": (39, 183), "gfx950": (2126, 76), "gfx1250": (914, 0)}
 
 
-def test_csv_module_reads_our_oracle_the_same_way():
-    # Guard for oracle_removed: the fixtures have no quotes, so a plain DictReader and
+def test_csv_module_reads_our_oracle_the_same_way(tables):
+    # Guard for oracle_removed: the tables have no quotes, so a plain DictReader and
     # line numbering agree with the package's record numbering.
-    for table in GEMM_FIXTURES:
+    for table in paths(tables):
         assert b'"' not in table.read_bytes()
         rows = list(csv.reader(io.StringIO(table.read_text(), newline="")))
         assert len(rows) == len(table.read_bytes().splitlines())
@@ -495,10 +638,10 @@ def test_cu_num_the_arch_does_not_list_is_noted(capsys, tmp_path):
     assert report["cu_nums_not_in_archs"] == []
 
 
-def test_unwritable_output_dir_exits_2(capsys, tmp_path):
+def test_unwritable_output_dir_exits_2(capsys, tmp_path, tables):
     blocker = tmp_path / "file"
     blocker.write_bytes(b"")
-    table = str(FIXTURES / "dsv3_bf16_tuned_gemm.csv")
+    table = str(tables["dsv3_like_tuned_gemm.csv"][0])
     code, _, err = run_cli(capsys, table, "-o", str(blocker))
     assert code == 2 and "is not a directory" in err
     code, _, err = run_cli(capsys, table, "-o", str(blocker / "sub"))

@@ -390,7 +390,7 @@ def test_messages_never_show_placeholders(capsys, tmp_path) -> None:
 
 
 def test_stat_modes_are_described() -> None:
-    from titan_rocm.logs.parse import _describe_mode
+    from titan_rocm.files import describe_mode
 
-    assert _describe_mode(stat.S_IFSOCK) == "a socket"
-    assert _describe_mode(stat.S_IFCHR) == "a device"
+    assert describe_mode(stat.S_IFSOCK) == "a socket"
+    assert describe_mode(stat.S_IFCHR) == "a device"

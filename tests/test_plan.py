@@ -1,4 +1,4 @@
-"""titan-rocm plan on the shipped configs and on TorchTitan v0.2.2's own configs."""
+"""titan-rocm plan on the shipped configs and on stock TorchTitan 0.2.2 jobs."""
 
 from __future__ import annotations
 
@@ -83,30 +83,52 @@ def test_plan_route_differs_per_arch() -> None:
     assert not mi355["mla_ck_backward"]["details"]["backward"].startswith("ck")
 
 
-REFERENCE = ["llama3__debug_model.toml", "llama3__llama3_8b.toml", "qwen3__qwen3_moe_debug.toml",
-             "qwen3__qwen3_32b.toml", "deepseek_v3__debug_model.toml",
-             "deepseek_v3__deepseek_v3_16b.toml", "llama4__debug_model.toml"]
+# Stock TorchTitan 0.2.2 jobs as a user's own TOML has them (model, flavor and the
+# parallelism of TorchTitan's train_configs/<file> at v0.2.2), with no titan-rocm line:
+# plan adds the converter on the command line, under each launcher.
+STOCK_JOBS = {
+    "llama3 debug": ("llama3", "debugmodel", {}),
+    "llama3 8B": ("llama3", "8B", {}),
+    "qwen3 MoE debug": ("qwen3", "debugmodel_moe", {}),
+    "qwen3 32B": ("qwen3", "32B", {}),
+    "deepseek_v3 debug": ("deepseek_v3", "debugmodel", {}),
+    "deepseek_v3 16B": ("deepseek_v3", "16B", {"expert_parallel_degree": 8}),
+    "llama4 debug": ("llama4", "debugmodel", {}),
+}
 
 
-@pytest.mark.parametrize("name", REFERENCE)
-def test_plan_reference_configs_with_converter_added(reference_configs: Path, name: str) -> None:
-    plan = make_plan(
-        ["--job.config_file", str(reference_configs / name), "--model.converters", "rocm",
-         "--compile.enable"],
-        arch="gfx942",
-    )
-    assert plan["titan_rocm_listed"]
+def stock_job(tmp_path: Path, job: str) -> Path:
+    name, flavor, parallelism = STOCK_JOBS[job]
+    lines = ["[model]", f'name = "{name}"', f'flavor = "{flavor}"', "[parallelism]",
+             "data_parallel_shard_degree = -1"]
+    lines += [f"{key} = {value}" for key, value in parallelism.items()]
+    path = tmp_path / f"{job.replace(' ', '_')}.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("launcher", ["torchtitan", "titan-rocm"])
+@pytest.mark.parametrize("job", STOCK_JOBS)
+def test_plan_stock_jobs_with_the_converter_added(tmp_path: Path, job: str, launcher: str) -> None:
+    args = ["--job.config_file", str(stock_job(tmp_path, job)), "--model.converters", "rocm",
+            "--compile.enable"]
+    if launcher == "torchtitan":  # the two lines the TOML would carry
+        args += ["--experimental.custom_import", "titan_rocm"]
+    plan = make_plan(args, arch="gfx942", launcher=launcher)
+    assert plan["titan_rocm_listed"] and plan["launcher"] == launcher
     assert set(_by_name(plan)) == WORKAROUNDS
+    assert plan["world_size"]["source"] == "derived"
 
 
-def test_plan_off_rocm_skips_with_reasons(reference_configs: Path) -> None:
+def test_plan_off_rocm_skips_with_reasons(tmp_path: Path) -> None:
     from titan_rocm import platform
     from titan_rocm.platform import PlatformFacts
 
     cpu = PlatformFacts("2.13.0", None, None, 0, None, None, None, "3.9.0", False)
     with platform.override(cpu):
-        plan = make_plan(["--job.config_file", str(reference_configs / "llama3__debug_model.toml"),
-                          "--model.converters", "rocm", "--compile.enable"])
+        plan = make_plan(["--job.config_file", str(stock_job(tmp_path, "llama3 debug")),
+                          "--model.converters", "rocm", "--compile.enable"],
+                         launcher="titan-rocm")
     decisions = _by_name(plan)
     for name in WORKAROUNDS - {"divergence_guard"}:
         assert not decisions[name]["applied"], name
@@ -114,12 +136,12 @@ def test_plan_off_rocm_skips_with_reasons(reference_configs: Path) -> None:
     assert decisions["divergence_guard"]["applied"]  # on every platform by default
 
 
-def test_plan_cli_text_json_and_errors(reference_configs: Path, capsys: pytest.CaptureFixture[str],
-                                       tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    cfg = str(reference_configs / "deepseek_v3__debug_model.toml")
-    assert main(["plan", "--arch", "gfx942", "--job.config_file", cfg, "--model.converters",
-                 "rocm", "--compile.enable", "--rocm.triton_war", "off",
-                 "--rocm.moe_eager_scope", "block"]) == 0
+def test_plan_cli_text_json_and_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    cfg = str(stock_job(tmp_path, "deepseek_v3 debug"))
+    assert main(["plan", "--arch", "gfx942", "--launcher", "titan-rocm", "--job.config_file",
+                 cfg, "--model.converters", "rocm", "--compile.enable", "--rocm.triton_war",
+                 "off", "--rocm.moe_eager_scope", "block"]) == 0
     captured = capsys.readouterr()
     text = captured.out
     assert "layers.1: eager (MoE)" in text and "layers.0: fullgraph" in text
@@ -133,14 +155,17 @@ def test_plan_cli_text_json_and_errors(reference_configs: Path, capsys: pytest.C
     assert "unknown AMD GPU architecture 'gfx9000'" in capsys.readouterr().err
     bad = tmp_path / "bad.toml"
     bad.write_text('[rocm]\ngrouped_mm = "sometimes"\n')
-    assert main(["plan", "--job.config_file", str(bad)]) == 2
-    err = capsys.readouterr().err
-    assert "grouped_mm" in err and "sometimes" in err and "auto, on, off" in err
+    for launcher in ("torchtitan", "titan-rocm"):
+        flags = [] if launcher == "titan-rocm" else ["--job.custom_config_module",
+                                                     "titan_rocm.config"]
+        assert main(["plan", "--launcher", launcher, "--job.config_file", str(bad), *flags]) == 2
+        err = capsys.readouterr().err
+        assert "grouped_mm" in err and "sometimes" in err and "auto, on, off" in err
 
 
-def test_plan_rejects_unknown_flavor(reference_configs: Path) -> None:
+def test_plan_rejects_unknown_flavor(tmp_path: Path) -> None:
     with pytest.raises(PlanError, match="no flavor 'huge'; accepted: "):
-        make_plan(["--job.config_file", str(reference_configs / "llama3__debug_model.toml"),
+        make_plan(["--job.config_file", str(stock_job(tmp_path, "llama3 debug")),
                    "--model.flavor", "huge"])
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from titan_rocm.config import CONFIG_MODULE
+from titan_rocm.files import read_regular
 from titan_rocm.settings import check_section
 
 if sys.version_info >= (3, 11):
@@ -22,7 +23,7 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 _CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
-_CONFIG_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
+CONFIG_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
 
 
 class JobArgsError(ValueError):
@@ -48,14 +49,17 @@ def load_toml(args: Sequence[str]) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
+        return tomllib.loads(read_regular(path).decode("utf-8"))
     except FileNotFoundError:
         raise JobArgsError(f"--job.config_file {path!r}: no such file") from None
     except OSError as exc:
         raise JobArgsError(f"--job.config_file {path!r}: cannot read ({exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise JobArgsError(f"--job.config_file {path!r}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 text; a binary file is not
+        raise JobArgsError(
+            f"--job.config_file {path!r}: not a TOML file (byte {exc.start} is not UTF-8 text)"
+        ) from None
 
 
 def prepare(args: Sequence[str]) -> list[str]:
@@ -66,7 +70,7 @@ def prepare(args: Sequence[str]) -> list[str]:
     """
     args = list(args)
     toml = load_toml(args)
-    module = flag_value(args, _CONFIG_MODULE_FLAGS)
+    module = flag_value(args, CONFIG_MODULE_FLAGS)
     if module is None:
         job = toml.get("job", {})
         module = job.get("custom_config_module") if isinstance(job, dict) else None

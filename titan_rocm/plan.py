@@ -21,70 +21,14 @@ import torch.nn as nn
 from titan_rocm import platform, register_converters
 from titan_rocm.config import settings_from
 from titan_rocm.converters import RocmConverter, converter_classes
-from titan_rocm.job_args import JobArgsError, prepare
 from titan_rocm.platform import PlatformFacts
+from titan_rocm.preflight import DEFAULT_LAUNCHER, StartupError, check_job, startup_step
 from titan_rocm.workarounds.base import Decision, planning
 from titan_rocm.workarounds.moe_blocks import EAGER_MOE, plan_blocks
 
 
-class PlanError(ValueError):
+class PlanError(StartupError):
     """The job cannot be planned; the message says why."""
-
-
-def parse_job(args: Sequence[str]) -> Any:
-    """Parse TorchTitan arguments with TorchTitan 0.2.2's own ConfigManager.
-
-    Raises:
-        PlanError: the arguments, TOML or a ``[rocm]`` value are not acceptable.
-    """
-    from torchtitan.config import ConfigManager
-
-    try:
-        prepared = prepare(args)
-    except JobArgsError as exc:
-        raise PlanError(str(exc)) from None
-    try:
-        return ConfigManager().parse_args(prepared)
-    except SystemExit as exc:  # tyro prints its own message for bad flags
-        raise PlanError(f"TorchTitan rejected the arguments (exit {exc.code})") from None
-    except (ValueError, TypeError, AssertionError) as exc:
-        raise PlanError(str(exc)) from None
-
-
-def _world_size(job_config: Any, world_size: int | None) -> int:
-    if world_size is not None:
-        return world_size
-    p = job_config.parallelism
-    degrees = (
-        p.data_parallel_replicate_degree,
-        max(p.data_parallel_shard_degree, 1),
-        p.context_parallel_degree,
-        p.tensor_parallel_degree,
-        p.pipeline_parallel_degree,
-    )
-    size = 1
-    for d in degrees:
-        size *= d
-    return size
-
-
-def _parallel_dims(job_config: Any, world_size: int) -> Any:
-    from torchtitan.distributed import ParallelDims
-
-    p = job_config.parallelism
-    try:
-        return ParallelDims(
-            dp_shard=p.data_parallel_shard_degree,
-            dp_replicate=p.data_parallel_replicate_degree,
-            cp=p.context_parallel_degree,
-            tp=p.tensor_parallel_degree,
-            pp=p.pipeline_parallel_degree,
-            ep=p.expert_parallel_degree,
-            etp=p.expert_tensor_parallel_degree,
-            world_size=world_size,
-        )
-    except AssertionError as exc:
-        raise PlanError(f"parallelism does not fit world size {world_size}: {exc}") from None
 
 
 def build_meta_model(job_config: Any, facts: PlatformFacts) -> tuple[nn.Module, Any]:
@@ -160,6 +104,9 @@ def make_plan(
     *,
     arch: str | None = None,
     world_size: int | None = None,
+    nnodes: int | None = None,
+    nproc_per_node: int | None = None,
+    launcher: str = DEFAULT_LAUNCHER,
     aiter: str | None = None,
 ) -> dict[str, Any]:
     """Work out what the job in ``args`` (TorchTitan flags) would get from titan-rocm.
@@ -167,15 +114,20 @@ def make_plan(
     Args:
         args: TorchTitan arguments, e.g. ``["--job.config_file", "x.toml"]``.
         arch: simulate a ROCm machine with this ``gfx`` target (default: this machine).
-        world_size: number of ranks (default: the product of the explicit degrees).
+        world_size, nnodes, nproc_per_node: number of ranks (default: the smallest the
+            degrees fit; see :func:`titan_rocm.preflight.world_size`).
+        launcher: ``torchtitan`` or ``titan-rocm`` (:data:`titan_rocm.preflight.LAUNCHERS`).
         aiter: with ``arch``, the aiter that machine has (``0.1.7``, ``main``, ``absent``;
             default ``0.1.7``, what ``pip install amd-aiter`` installs).
 
     Raises:
-        PlanError: bad arguments, config, ``[rocm]`` value, architecture or aiter choice.
+        titan_rocm.preflight.StartupError: the job would stop at start-up (the reason), or
+            (PlanError) the architecture, aiter choice or model flavor is unknown.
     """
     register_converters()
-    job_config = parse_job(args)
+    pre = check_job(args, launcher=launcher, world_size_flag=world_size, nnodes=nnodes,
+                    nproc_per_node=nproc_per_node)
+    job_config = pre.job_config
     simulate = {"aiter": aiter} if aiter is not None else {}
     if arch is not None:
         try:
@@ -188,8 +140,9 @@ def make_plan(
         facts = platform.current()
 
     with platform.override(facts), planning():
-        model, spec = build_meta_model(job_config, facts)
-        parallel_dims = _parallel_dims(job_config, _world_size(job_config, world_size))
+        with startup_step("TorchTitan 0.2.2 would fail building the model"):
+            model, spec = build_meta_model(job_config, facts)
+        parallel_dims = pre.parallel_dims
         ours = converter_classes()
         decisions: list[Decision] = []
         others: list[str] = []
@@ -198,11 +151,9 @@ def make_plan(
             if cls is None:
                 others.append(name)
                 continue
-            try:
+            with startup_step(f"converter {name!r} would stop the job at start-up"):
                 converter: RocmConverter = cls(job_config, parallel_dims)
-            except ValueError as exc:
-                raise PlanError(f"converter {name!r}: {exc}") from None
-            converter.convert(model)
+                converter.convert(model)
             decisions.extend(converter.decisions)
 
     compile_enabled = bool(job_config.compile.enable)
@@ -227,6 +178,8 @@ def make_plan(
             "moe_blocks": n_moe,
             "parallelize_fn": f"{spec.parallelize_fn.__module__}.{spec.parallelize_fn.__name__}",
         },
+        "launcher": pre.launcher,
+        "world_size": pre.world.to_dict(),
         "platform": {
             "summary": facts.describe(),
             "simulated": facts.simulated,
@@ -262,8 +215,13 @@ def format_plan(plan: dict[str, Any]) -> str:
         f"job:      {plan['config_file'] or '(no TOML; flags and defaults)'}",
         f"model:    {m['name']} {m['flavor']}: {m['blocks']} blocks, {m['moe_blocks']} MoE",
         f"platform: {plan['platform']['summary']}",
-        f"converters: {', '.join(plan['converters']) or '(none)'}",
     ]
+    world = plan.get("world_size")  # a TorchTitan 0.3.0 plan has neither (no preflight there)
+    if world:
+        lines.append(f"world:    {world['size']} rank(s), {world['source']}: {world['detail']}")
+    if "launcher" in plan:
+        lines.append(f"launcher: {plan['launcher']}")
+    lines.append(f"converters: {', '.join(plan['converters']) or '(none)'}")
     if not plan["titan_rocm_listed"]:
         lines.append("  " + plan.get(
             "not_listed_advice",

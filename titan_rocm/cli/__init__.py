@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 SUBCOMMANDS: dict[str, str] = {
     "plan": "titan_rocm.cli.plan",
@@ -42,9 +44,41 @@ def _parser_for(name: str) -> argparse.ArgumentParser:
     return parser
 
 
+INTERRUPTED = 130
+"""Exit code after Ctrl-C (128 + SIGINT), as shells report it."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``titan-rocm`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code."""
+    """Run ``titan-rocm`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code.
+
+    Ctrl-C anywhere prints one line and returns 130 (a command that must say what it left
+    behind, such as ``gemm-tables``, says so itself first).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        name = argv[0] if argv and argv[0] in SUBCOMMANDS else ""
+        print(f"titan-rocm{' ' + name if name else ''}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def console_main() -> NoReturn:
+    """The ``titan-rocm`` executable (and ``python -m titan_rocm.cli``): :func:`main`, then exit.
+
+    After Ctrl-C the process ends at once with 130: a KeyboardInterrupt that landed while a
+    C extension was being imported can otherwise make Python kill itself with SIGINT at exit,
+    after the one line was printed.
+    """
+    code = main()
+    if code == INTERRUPTED:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(INTERRUPTED)
+    sys.exit(code)
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         lines = ["usage: titan-rocm <command> [options]", "", "commands:"]
         lines += [f"  {name:<14} {_HELP[name]}" for name in SUBCOMMANDS]

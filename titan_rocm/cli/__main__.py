@@ -1,7 +1,5 @@
 """``python -m titan_rocm.cli``."""
 
-import sys
+from titan_rocm.cli import console_main
 
-from titan_rocm.cli import main
-
-sys.exit(main())
+console_main()

@@ -1,7 +1,9 @@
 """``titan-rocm gemm-tables``: make aiter's tuned GEMM tables safe for HIP-graph capture.
 
 Torch-free. Exit codes: 0 done (``--check``: no unsafe row), 1 ``--check`` found
-unsafe rows, 2 bad input (nothing written). Docs: docs/gemm-tables.md.
+unsafe rows, 2 bad input or output (nothing written, unless renaming the finished tables
+into place fails midway: the message names which were written), 130 interrupted (the
+message names which tables were written). Docs: docs/gemm-tables.md.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import json
 import sys
 from collections import Counter
 
+from titan_rocm.cli import INTERRUPTED
 from titan_rocm.gemm_tables.capture_safe import (
     CaptureSafeError,
+    CaptureSafeInterrupted,
     Result,
     as_dict,
     capture_safe,
@@ -29,7 +33,8 @@ HELP = (
 _CAPTURE_SAFE_HELP = (
     "Write each TABLE to OUTDIR under the same name without its capture-unsafe rows "
     "(every surviving byte unchanged) and print the AITER_CONFIG_GEMM_BF16 line to use. "
-    "Exit 0 done, 1 --check found unsafe rows, 2 bad input (nothing written)."
+    "Exit 0 done, 1 --check found unsafe rows, 2 bad input or output (nothing written), "
+    "130 interrupted (says which tables were written)."
 )
 
 
@@ -145,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
     except CaptureSafeError as exc:
         print(f"titan-rocm gemm-tables: error: {exc}", file=sys.stderr)
         return 2
+    except CaptureSafeInterrupted as exc:
+        print(f"titan-rocm gemm-tables: interrupted; {exc}", file=sys.stderr)
+        return INTERRUPTED
     if args.json:
         print(json.dumps(as_dict(result), indent=2))
     else:

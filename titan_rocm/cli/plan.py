@@ -1,4 +1,9 @@
-"""``titan-rocm plan``: check a TorchTitan job on a login node before it waits in a queue."""
+"""``titan-rocm plan``: check a TorchTitan job on a login node before it waits in a queue.
+
+Exit codes: 0 planned (the job passes every start-up check that needs no GPU), 2 bad
+input or a job that would stop at start-up (one line says why), 130 interrupted.
+Docs: docs/plan.md.
+"""
 
 from __future__ import annotations
 
@@ -9,20 +14,37 @@ import sys
 from titan_rocm.platform import AITER_CHOICES
 
 HELP = (
-    "Read a TorchTitan job exactly as TorchTitan would, build its model on the meta device, "
-    "apply titan-rocm's converters and print what a run would do: which workarounds apply "
-    "or skip and why, how each block compiles, which grouped-MM backend MoE layers call, "
-    "and the settings in force. Any TorchTitan or --rocm.* flag may follow. TorchTitan 0.2.2: "
-    "--job.config_file X.toml; TorchTitan 0.3.0: --module M --config F (the installed "
-    "TorchTitan decides)."
+    "Check a TorchTitan job the way TorchTitan starts it and, if it would start, build its "
+    "model on the meta device, apply titan-rocm's converters and print what a run would do: "
+    "which workarounds apply or skip and why, how each block compiles, which grouped-MM "
+    "backend MoE layers call, and the settings in force. TorchTitan 0.2.2: --job.config_file "
+    "X.toml, with every start-up check 0.2.2 makes that needs no GPU (config, imports, "
+    "converter names, parallel degrees against the world size); TorchTitan 0.3.0: --module M "
+    "--config F (the installed TorchTitan decides). Exit 0 planned, 2 bad input or a job that "
+    "would fail at start-up."
 )
 
+EPILOG = (
+    "Every other option is TorchTitan's and is passed on as on the training command line "
+    "(--model.converters rocm, --parallelism.tensor_parallel_degree 2, --compile.enable, "
+    "--rocm.triton_war off, ...); `titan-rocm plan --help-torchtitan` lists them all, "
+    "[rocm]'s included. Boolean flags are bare: --rocm.triton_war_strict (true), "
+    "--rocm.no-triton_war_strict (false)."
+)
 
 PASSTHROUGH = True
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``titan-rocm plan``; unknown options are TorchTitan's."""
+    from titan_rocm.preflight import DEFAULT_LAUNCHER, LAUNCHERS
+
+    parser.epilog = EPILOG
+    parser.allow_abbrev = False  # a TorchTitan flag must never be taken for a prefix of ours
+    parser.add_argument(
+        "--job.config_file", "--job.config-file", dest="config_file", metavar="FILE",
+        help="the job's TOML file (TorchTitan's flag, passed on to it)",
+    )
     parser.add_argument(
         "--arch",
         help="simulate a ROCm machine with this GPU target (gfx942, gfx950, gfx90a, ...)",
@@ -33,7 +55,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --arch: the aiter the simulated machine has (default 0.1.7, the PyPI wheel)",
     )
     parser.add_argument(
-        "--world-size", type=int, help="number of ranks (default: product of explicit degrees)"
+        "--launcher", choices=LAUNCHERS, default=DEFAULT_LAUNCHER,
+        help="how the job starts: torchtitan = `torchrun -m torchtitan.train` (default: the "
+        "TOML must carry custom_import / custom_config_module itself), titan-rocm = "
+        "`torchrun -m titan_rocm.train` or titan-rocm-train (adds both)",
+    )
+    parser.add_argument(
+        "--world-size", type=int, metavar="N",
+        help="number of ranks of the run (default: the smallest the degrees fit, said so)",
+    )
+    parser.add_argument(
+        "--nnodes", type=int, metavar="N",
+        help="as on the job's torchrun line: nodes (world size = nnodes x nproc-per-node)",
+    )
+    parser.add_argument(
+        "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=int, metavar="N",
+        help="as on the job's torchrun line: processes (GPUs) per node",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument(
@@ -41,23 +78,73 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a problems file from `titan-rocm tune collect`: show how many of the job's GEMMs "
         "[rocm] gemm_lookup_table covers",
     )
+    parser.add_argument(
+        "--help-torchtitan", action="store_true",
+        help="list every TorchTitan and --rocm.* flag (TorchTitan's own help) and exit",
+    )
+
+
+def _torchtitan_help() -> int:
+    from torchtitan.config import ConfigManager
+
+    from titan_rocm.config import CONFIG_MODULE
+    from titan_rocm.preflight import prog_name
+
+    with prog_name("titan-rocm plan"):
+        try:
+            ConfigManager().parse_args(["--job.custom_config_module", CONFIG_MODULE, "--help"])
+        except SystemExit as exc:
+            return int(exc.code or 0)
+    return 0
+
+
+def _torchtitan_help_030() -> int:
+    print("TorchTitan 0.3.0's flags depend on the job's config: run "
+          "`python -m torchtitan.train --module M --config F --help`")
+    return 0
+
+
+def _plan_022(args: argparse.Namespace, passthrough: list[str]) -> dict:
+    from titan_rocm.plan import make_plan
+
+    return make_plan(
+        passthrough, arch=args.arch, world_size=args.world_size, nnodes=args.nnodes,
+        nproc_per_node=args.nproc_per_node, launcher=args.launcher, aiter=args.aiter,
+    )
+
+
+def _plan_030(args: argparse.Namespace, passthrough: list[str]) -> dict:
+    """TorchTitan 0.3.0's plan (titan_rocm.torchtitan.plan); its errors as StartupError.
+    The 0.2.2 start-up checks (titan_rocm.preflight) and --launcher do not apply."""
+    from titan_rocm.preflight import StartupError, world_size
+    from titan_rocm.torchtitan.plan import PlanError, make_plan
+
+    if args.aiter is not None:
+        raise StartupError("--aiter is not offered for TorchTitan 0.3.0 plans (the 0.3.0 plan "
+                           "simulates the default aiter)")
+    size = args.world_size
+    if args.nnodes is not None or args.nproc_per_node is not None:
+        size = world_size({}, args.world_size, args.nnodes, args.nproc_per_node).size
+    try:
+        return make_plan(passthrough, arch=args.arch, world_size=size)
+    except PlanError as exc:
+        raise StartupError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the plan; 0 on success, 2 on a bad job, flag or architecture."""
+    """Print the plan; 0 on success, 2 on a bad job, flag, architecture or start-up failure."""
     from titan_rocm import torchtitan_version
-    from titan_rocm.plan import PlanError, format_plan, make_plan
+    from titan_rocm.preflight import StartupError
 
-    errors: tuple[type[Exception], ...] = (PlanError,)
-    if torchtitan_version.series() == "0.3":
-        from titan_rocm.torchtitan.plan import PlanError as PlanError030
-        from titan_rocm.torchtitan.plan import make_plan as make_plan_030
-
-        make_plan, errors = make_plan_030, (PlanError030,)
+    tt030 = torchtitan_version.series() == "0.3"
+    if args.help_torchtitan:
+        return _torchtitan_help_030() if tt030 else _torchtitan_help()
+    passthrough = list(args.passthrough)
+    if args.config_file is not None:
+        passthrough = ["--job.config_file", args.config_file, *passthrough]
     try:
-        plan = make_plan(args.passthrough, arch=args.arch, world_size=args.world_size,
-                         aiter=args.aiter)
-    except errors as exc:
+        plan = _plan_030(args, passthrough) if tt030 else _plan_022(args, passthrough)
+    except StartupError as exc:
         print(f"titan-rocm plan: {exc}", file=sys.stderr)
         return 2
     if args.tune_problems:
@@ -65,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         if error:
             print(f"titan-rocm plan: {error}", file=sys.stderr)
             return 2
+    from titan_rocm.plan import format_plan
+
     print(json.dumps(plan, indent=2, default=str) if args.json else format_plan(plan))
     return 0
 

@@ -2,18 +2,28 @@
 data hazard.
 
 Exit status: 0 no hazard, 1 hazards found, 2 bad input (a path that does not exist or
-cannot be read, or no AMDGCN found at all). Odd files (binary junk, truncated, empty)
-never crash it: they are reported and skipped.
+cannot be read, a path given that is not AMDGCN, or no AMDGCN found at all), 130
+interrupted. AMDGCN is recognised positively (``not_amdgcn``): anything else found in a
+directory (binary junk, a README, an empty or truncated-to-nothing file) is named on stderr
+as not scanned and skipped, and never counts as a clean scan.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+from titan_rocm.files import read_regular
 from titan_rocm.workarounds.triton_war.hazards import CLI_RULES
-from titan_rocm.workarounds.triton_war.scan import ScanReport, find_amdgcn_files, scan_text
+from titan_rocm.workarounds.triton_war.scan import (
+    ScanReport,
+    Search,
+    find_amdgcn_files,
+    not_amdgcn,
+    scan_text,
+)
 
 HELP = (
     "audit AMDGCN files (Triton caches keep <kernel>.amdgcn) for wide stores whose data "
@@ -27,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "paths",
         nargs="+",
         metavar="PATH",
-        help="an .amdgcn file, or a directory searched recursively for *.amdgcn",
+        help="an .amdgcn file, or a directory searched recursively for *.amdgcn "
+        "(directory symlinks followed, each directory and file once)",
     )
     parser.add_argument(
         "--arch",
@@ -48,38 +59,54 @@ def _err(msg: str) -> None:
     print(f"titan-rocm scan: {msg}", file=sys.stderr)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Scan every PATH; print hazards; return the exit code."""
+def _scan_paths(args: argparse.Namespace) -> tuple[list[ScanReport], int, bool]:
+    """Reports of the AMDGCN files found, files not scanned, and whether input was bad."""
     reports: list[ScanReport] = []
+    search = Search()
     bad_input = False
+    not_scanned = 0
     for path in args.paths:
+        reported_before = len(search.skipped) + len(search.notes)
         try:
-            files = list(find_amdgcn_files(path))
-        except FileNotFoundError:
-            _err(f"no such file or directory: {path!r}")
+            files = list(find_amdgcn_files(path, search))
+        except FileNotFoundError as exc:
+            _err(str(exc))
             bad_input = True
             continue
         except OSError as exc:
             _err(f"cannot read {path!r}: {exc.strerror or exc}")
             bad_input = True
             continue
-        if not files:
+        given = not os.path.isdir(path)  # a file named on the command line
+        if not files and not given and len(search.skipped) + len(search.notes) == reported_before:
             _err(f"no .amdgcn files under {path!r}")
             bad_input = True
-            continue
         for f in files:
             try:
-                data = f.read_bytes()
+                data = read_regular(f)
             except OSError as exc:
                 _err(f"cannot read {str(f)!r}: {exc.strerror or exc}")
                 bad_input = True
                 continue
+            reason = not_amdgcn(data)
+            if reason is not None:
+                _err(f"{f}: not scanned: not AMDGCN ({reason})")
+                not_scanned += 1
+                bad_input = bad_input or given  # named on the command line, yet not AMDGCN
+                continue
             reports.append(scan_text(data, arch=args.arch, rule=args.rule, file=str(f)))
+    for line in search.skipped + search.notes:
+        _err(line)
+    return reports, not_scanned + len(search.skipped), bad_input
 
+
+def run(args: argparse.Namespace) -> int:
+    """Scan every PATH; print hazards; return the exit code."""
+    reports, not_scanned, bad_input = _scan_paths(args)
     with_code = [r for r in reports if r.has_code]
     for r in reports:
         if not r.has_code:
-            _err(f"{r.file}: no AMDGCN instructions (empty, truncated or not assembly): skipped")
+            _err(f"{r.file}: not scanned: no AMDGCN instructions")
     hazards = [h for r in with_code for h in r.hazards]
     # Wide global/flat stores whose data the VALU overwrites too soon: a compiler bug that
     # recompiling with buffer ops off cannot fix, but a hazard all the same.
@@ -103,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
                 "cannot fix it (a compiler bug)"
             )
         if with_code:
-            _summary(with_code, hazards, unprotected, args.rule)
+            _summary(with_code, hazards, unprotected, args.rule,
+                     not_scanned + len(reports) - len(with_code))
     for note in sorted({n for r in with_code for n in r.notes}):
         _err(f"note: {note}")
 
@@ -115,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
     return 2 if bad_input else 0
 
 
-def _summary(reports: list[ScanReport], hazards: list, unprotected: list, rule: str) -> None:
+def _summary(reports: list[ScanReport], hazards: list, unprotected: list, rule: str,
+             not_scanned: int) -> None:
     stores = sum(r.stores_checked for r in reports)
     kernels = {(h.file, h.kernel) for h in hazards}
     info = sum(len(r.info) for r in reports)
@@ -127,4 +156,6 @@ def _summary(reports: list[ScanReport], hazards: list, unprotected: list, rule: 
         line += f"; {info} global/flat store(s) wider than 64 bits"
         if unprotected:
             line += f", {len(unprotected)} of them overwritten too soon (not fixable here)"
+    if not_scanned:
+        line += f"; {not_scanned} not scanned (named on stderr)"
     print(line)

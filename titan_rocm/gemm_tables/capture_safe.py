@@ -1,8 +1,9 @@
 """``capture-safe``: copy aiter tuned BF16 GEMM tables without the rows unsafe under capture.
 
 Every input is read and judged before anything is written, so a bad input leaves
-no output behind. Each output is written to a temporary file in the output
-directory and renamed over the destination, so no reader ever sees a partial table.
+no output behind. Every output is written to a temporary file in the output directory
+first and only then renamed over its destination (:func:`write_all`), so no reader ever
+sees a partial table and a full disk or Ctrl-C while writing changes no destination.
 Docs: docs/gemm-tables.md.
 """
 
@@ -25,6 +26,25 @@ AITER_GEMM_CONFIG_ENV = "AITER_CONFIG_GEMM_BF16"
 
 class CaptureSafeError(ValueError):
     """Bad input or output for the operation (message says what and what is accepted)."""
+
+
+class CaptureSafeInterrupted(Exception):
+    """Ctrl-C stopped the operation; ``written`` and ``not_written`` are the output paths."""
+
+    def __init__(self, written: Sequence[Path], not_written: Sequence[Path]) -> None:
+        self.written, self.not_written = list(written), list(not_written)
+        super().__init__(written_text(self.written, self.not_written))
+
+
+def written_text(written: Sequence[Path], not_written: Sequence[Path]) -> str:
+    """``written: a, b; not written: c`` (or ``nothing written``) for a message."""
+    if not written:
+        return "nothing written"
+    text = f"written {len(written)} of {len(written) + len(not_written)} table(s): "
+    text += ", ".join(str(p) for p in written)
+    if not_written:
+        text += "; not written: " + ", ".join(str(p) for p in not_written)
+    return text
 
 
 @dataclass(frozen=True)
@@ -219,11 +239,9 @@ def plan_outputs(inputs: Sequence[Path], outdir: Path) -> list[Path]:
     return outputs
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename.
-
-    The file gets the permissions a newly created file would (0666 minus the umask).
-    """
+def _stage(path: Path, data: bytes) -> str:
+    """``data`` in a temporary file beside ``path`` (synced, with the permissions a new file
+    gets: 0666 minus the umask); the temporary file's name."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -233,13 +251,63 @@ def write_atomic(path: Path, data: bytes) -> None:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        _unlink(tmp)
         raise
+    return tmp
+
+
+def _unlink(tmp: str) -> None:
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename.
+
+    Raises:
+        OSError: as the write or rename raised it; ``path`` is then as it was.
+    """
+    try:
+        write_all([(path, data)])
+    except PartialWrite as exc:
+        raise exc.cause from None
+
+
+class PartialWrite(Exception):
+    """Writing stopped (an OSError or Ctrl-C, in ``cause``) after ``written`` of the files."""
+
+    def __init__(self, written: list[Path], not_written: list[Path], cause: BaseException):
+        self.written, self.not_written, self.cause = written, not_written, cause
+        super().__init__(str(cause))
+
+
+def write_all(files: Sequence[tuple[Path, bytes]]) -> None:
+    """Write every ``(path, data)`` atomically, all of them or (nearly) none.
+
+    Every file is first written to a temporary file beside its destination; only when all
+    are on disk are they renamed into place, so a full disk or a Ctrl-C while writing
+    leaves every destination as it was. Only a failure among the renames (rare: same
+    directory) leaves some tables replaced and others not.
+
+    Raises:
+        PartialWrite: with the destinations written and not written, and the cause.
+    """
+    staged: list[tuple[str, Path]] = []
+    written: list[Path] = []
+    try:
+        for path, data in files:
+            staged.append((_stage(path, data), path))
+        for tmp, path in staged:
+            os.replace(tmp, path)
+            written.append(path)
+    except BaseException as exc:
+        for tmp, _ in staged:
+            _unlink(tmp)
+        not_written = [path for path, _ in files if path not in written]
+        raise PartialWrite(written, not_written, exc) from None
 
 
 def capture_safe(
@@ -262,7 +330,11 @@ def capture_safe(
         archs: per-arch facts (tests pass their own).
 
     Raises:
-        CaptureSafeError: any bad input, output or option; nothing has been written.
+        CaptureSafeError: any bad input, output or option; nothing has been written,
+            except when renaming the finished tables into place fails midway (the
+            message names the tables written and those not).
+        CaptureSafeInterrupted: Ctrl-C; it says which tables were written (none unless
+            it came among the final renames).
     """
     if not inputs:
         raise CaptureSafeError("no table given")
@@ -281,25 +353,33 @@ def capture_safe(
             raise CaptureSafeError("an output directory (-o OUTDIR) is required unless --check")
         outputs = list(plan_outputs(paths, Path(outdir)))
     results: list[FileResult] = []
-    for path, output in zip(paths, outputs, strict=True):
-        try:
-            table = read_table(path)
-        except TableError as exc:
-            raise CaptureSafeError(str(exc)) from None
-        file_result = judge_table(table, policy, arch_name, archs)
-        file_result.output = output
-        results.append(file_result)
+    try:
+        for path, output in zip(paths, outputs, strict=True):
+            try:
+                table = read_table(path)
+            except TableError as exc:
+                raise CaptureSafeError(str(exc)) from None
+            file_result = judge_table(table, policy, arch_name, archs)
+            file_result.output = output
+            results.append(file_result)
+    except KeyboardInterrupt:  # still reading: nothing has been written
+        raise CaptureSafeInterrupted([], [o for o in outputs if o is not None]) from None
     if not check:
-        written: list[str] = []
+        files = [(f.output, f.kept_bytes) for f in results if f.output is not None]
         try:
             Path(outdir).mkdir(parents=True, exist_ok=True)  # type: ignore[arg-type]
-            for file_result in results:
-                assert file_result.output is not None
-                write_atomic(file_result.output, file_result.kept_bytes)
-                written.append(str(file_result.output))
-        except OSError as exc:
-            done = f"; already written: {', '.join(written)}" if written else "; nothing written"
-            raise CaptureSafeError(f"cannot write to {outdir}: {exc}{done}") from None
+            write_all(files)
+        except PartialWrite as exc:
+            if isinstance(exc.cause, KeyboardInterrupt):
+                raise CaptureSafeInterrupted(exc.written, exc.not_written) from None
+            if not isinstance(exc.cause, OSError):
+                raise exc.cause from None
+            raise CaptureSafeError(
+                f"cannot write to {outdir}: {exc.cause}; "
+                f"{written_text(exc.written, exc.not_written)}"
+            ) from None
+        except OSError as exc:  # the directory itself
+            raise CaptureSafeError(f"cannot write to {outdir}: {exc}; nothing written") from None
     return Result(policy=policy, check=check, arch_override=arch_name, files=results)
 
 

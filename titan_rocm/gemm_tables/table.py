@@ -13,6 +13,8 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from titan_rocm.files import NotRegularFileError, read_regular
+
 REQUIRED_COLUMNS: tuple[str, ...] = ("cu_num", "libtype", "solidx", "kernelName")
 """Columns a tuned BF16 GEMM table must have for the capture-safety decision."""
 
@@ -57,7 +59,7 @@ class Table:
         return [r for r in self.records if r.fields is not None]
 
 
-def split_records(data: bytes) -> list[tuple[int, bytes]]:
+def split_records(data: bytes, where: str = "line ") -> list[tuple[int, bytes]]:
     """Split ``data`` into CSV records, each as (first line number, exact bytes).
 
     Physical lines keep their endings (``\\r\\n``, ``\\n``, ``\\r``, or none on the
@@ -66,7 +68,8 @@ def split_records(data: bytes) -> list[tuple[int, bytes]]:
     twice and so never unbalances).
 
     Raises:
-        TableError: if the data ends inside a quoted field.
+        TableError: if the data ends inside a quoted field (``where`` prefixes its line
+            number: ``"table.csv:"`` names the file).
     """
     records: list[tuple[int, bytes]] = []
     pending: list[bytes] = []
@@ -81,7 +84,7 @@ def split_records(data: bytes) -> list[tuple[int, bytes]]:
             records.append((start, b"".join(pending)))
             pending, quotes = [], 0
     if pending:
-        raise TableError(f"line {start}: a quoted field is never closed before the end of file")
+        raise TableError(f"{where}{start}: a quoted field is never closed before the end of file")
     return records
 
 
@@ -102,7 +105,7 @@ def parse_table(data: bytes, path: Path) -> Table:
         TableError: empty file, non-UTF-8 bytes, malformed CSV, a row whose field
             count differs from the header's, or missing required columns.
     """
-    records = split_records(data)
+    records = split_records(data, f"{path}:")
     if not records:
         raise TableError(f"{path}: empty file, expected a CSV header line")
     header_line, header_raw = records[0]
@@ -145,7 +148,9 @@ def read_table(path: str | Path) -> Table:
     """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_regular(path)
+    except NotRegularFileError as exc:
+        raise TableError(str(exc)) from None
     except OSError as exc:
         raise TableError(f"{path}: cannot read ({exc.strerror or exc})") from None
     return parse_table(data, path)

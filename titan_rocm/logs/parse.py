@@ -38,12 +38,12 @@ from __future__ import annotations
 import math
 import os
 import re
-import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from titan_rocm.files import NotRegularFileError, open_regular
 from titan_rocm.guard_message import NUMBER, fmt_value
 from titan_rocm.guard_message import PATTERN as GUARD_PATTERN
 
@@ -586,40 +586,19 @@ def sniff_binary(head: bytes) -> str | None:
     return "binary data, not text" if odd > len(text) / 10 else None
 
 
-def _describe_mode(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a named pipe (FIFO)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
-
-
 def _open_regular(path: str | Path) -> int:
-    """An fd of ``path`` opened for reading, refusing anything but a regular file.
-
-    ``os.stat`` first, so a FIFO is named without opening it (an open would block until a
-    writer comes); then opened non-blocking and checked again, in case the path changed.
-    """
+    """An fd of ``path`` opened for reading, refusing anything but a regular file (a FIFO
+    is named without being opened: an open would block until a writer comes)."""
     name = str(path)
     try:
-        mode = os.stat(name).st_mode
-        if not stat.S_ISREG(mode):
-            raise UnreadableLog(
-                name, f"it is {_describe_mode(mode)}; titan-rocm reads regular log files only "
-                "(copy a stream to a file first)"
-            )
-        fd = os.open(name, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        return open_regular(name)
+    except NotRegularFileError as exc:
+        raise UnreadableLog(
+            name, f"it is {exc.kind}; titan-rocm reads regular log files only "
+            "(copy a stream to a file first)"
+        ) from None
     except OSError as exc:
         raise UnreadableLog(name, str(exc.strerror or exc)) from exc
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        raise UnreadableLog(name, f"it is {_describe_mode(mode)}, not a regular file")
-    return fd
 
 
 _BLOCK_BYTES = 1 << 18

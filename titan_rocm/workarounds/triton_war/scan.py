@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import bisect
 import os
+import re
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from titan_rocm.archs import ARCHS, normalize_arch
+from titan_rocm.files import describe_mode, read_regular
 from titan_rocm.workarounds.triton_war.amdgcn import Program, TextView, parse
 from titan_rocm.workarounds.triton_war.hazards import (
     Finding,
@@ -36,6 +39,8 @@ __all__ = [
     "scan_program",
     "scan_path",
     "find_amdgcn_files",
+    "not_amdgcn",
+    "Search",
 ]
 
 # Arch verdicts in ScanReport.arch_status.
@@ -319,21 +324,145 @@ def _quick_report(
     return report
 
 
-def find_amdgcn_files(path: str | os.PathLike[str]) -> Iterator[Path]:
-    """``path`` itself if it is a file, else every ``*.amdgcn`` below it, sorted.
+# Positive evidence that a text is AMDGCN assembly: an AMDGPU target or kernel directive,
+# and instructions of AMDGCN's encodings (scalar, vector, memory) at the start of a line.
+_DIRECTIVE_RE = re.compile(
+    r"^[ \t]*\.(?:amdgcn_target|amdhsa_kernel|amdgpu_hsa_kernel|amdhsa_code_object_version)\b",
+    re.M,
+)
+_AMDGCN_INSTRUCTION_RE = re.compile(
+    r"^[ \t]*(?:[sv]|buffer|tbuffer|global|flat|scratch|ds|image)_[a-z][a-z0-9_]*(?=[ \t;\r]|$)",
+    re.M | re.I,
+)
+_CODE_LINE_RE = re.compile(r"^[ \t]*[A-Za-z_][\w.]*(?=[ \t;\r]|$)", re.M)
+MIN_BARE_INSTRUCTIONS = 8
+"""Recognised instructions a text without any AMDGPU directive needs to count as AMDGCN
+(most of its instruction-like lines must be such instructions, too)."""
+
+
+def not_amdgcn(data: str | bytes) -> str | None:
+    """Why ``data`` is not AMDGCN assembly text, or None when it is.
+
+    AMDGCN is recognised positively: an ELF object (a ``.hsaco``), binary data or text
+    without AMDGCN instructions is not, however many lines of it happen to parse. Text
+    counts when it has an AMDGPU directive (``.amdgcn_target``, ``.amdhsa_kernel``) and at
+    least one AMDGCN instruction (``s_*``, ``v_*``, ``buffer_*``, ``global_*``...), or, as a
+    bare listing, at least :data:`MIN_BARE_INSTRUCTIONS` of them making up most of its
+    instruction-like lines.
+    """
+    raw = data.encode("utf-8", "replace") if isinstance(data, str) else bytes(data)
+    if raw.startswith(b"\x7fELF"):
+        return "an ELF object (a .hsaco?), not assembly text: scan the .amdgcn beside it"
+    if b"\x00" in raw:
+        return "binary data (NUL bytes), not assembly text"
+    text = raw.decode("utf-8", "replace")
+    if not text.strip():
+        return "empty"
+    instructions = sum(1 for _ in _AMDGCN_INSTRUCTION_RE.finditer(text))
+    if instructions == 0:
+        return "no AMDGCN instructions"
+    if _DIRECTIVE_RE.search(text):
+        return None
+    lines = sum(1 for _ in _CODE_LINE_RE.finditer(text))
+    if instructions >= MIN_BARE_INSTRUCTIONS and 2 * instructions >= lines:
+        return None
+    return (f"no .amdgcn_target or .amdhsa_kernel directive and only {instructions} AMDGCN "
+            f"instruction(s) among {lines} instruction-like line(s)")
+
+
+@dataclass
+class Search:
+    """What a search of scan paths found: files to scan once each, and what it skipped."""
+
+    seen: set[tuple[int, int]] = field(default_factory=set)
+    """(device, inode) of every file and directory already taken."""
+    skipped: list[str] = field(default_factory=list)
+    """``"<path>: <why>"`` for each dangling link, special file or unreadable directory
+    left out: things that were not scanned."""
+    notes: list[str] = field(default_factory=list)
+    """``"<path>: <why>"`` for each path reached twice (scanned once) or directory link
+    back into the tree (not followed again): nothing left out."""
+
+    def take(self, st: os.stat_result) -> bool:
+        """True the first time this file or directory is reached."""
+        key = (st.st_dev, st.st_ino)
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+
+def find_amdgcn_files(
+    path: str | os.PathLike[str], search: Search | None = None
+) -> Iterator[Path]:
+    """``path`` itself if it is not a directory, else every ``*.amdgcn`` below it, sorted.
+
+    Directory symlinks are followed, each directory once (a link back into the tree is not
+    followed again, said in ``search.notes``); a file reached twice (given twice, or through
+    a link) is yielded once; a dangling link, a FIFO or another special file named
+    ``*.amdgcn`` inside the tree, and an unreadable directory, are skipped and said in
+    ``search.skipped``. A path given itself is yielded whatever it is: reading it says what
+    is wrong.
 
     Raises:
-        FileNotFoundError: when ``path`` does not exist.
+        FileNotFoundError: when ``path`` does not exist (or is a dangling link).
     """
+    search = search if search is not None else Search()
     p = Path(path)
-    if p.is_file():
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        target = f" (a dangling symlink to {os.readlink(p)!r})" if p.is_symlink() else ""
+        raise FileNotFoundError(f"no such file or directory: {str(p)!r}{target}") from None
+    if not search.take(st):
+        search.notes.append(f"{p}: reached before (given twice, or through a link): "
+                            "scanned once")
+        return
+    if not stat.S_ISDIR(st.st_mode):
         yield p
         return
-    if not p.exists():
-        raise FileNotFoundError(f"no such file or directory: {str(p)!r}")
     found: list[Path] = []
-    for root, _dirs, files in os.walk(p, onerror=None):
-        found.extend(Path(root, f) for f in files if f.endswith(".amdgcn"))
+
+    def unreadable(exc: OSError) -> None:
+        search.skipped.append(f"{exc.filename}: cannot read ({exc.strerror or exc}): skipped")
+
+    for root, dirs, files in os.walk(p, onerror=unreadable, followlinks=True):
+        kept = []
+        for d in sorted(dirs):
+            sub = Path(root, d)
+            try:
+                sub_st = sub.stat()
+            except OSError as exc:
+                search.skipped.append(f"{sub}: cannot read ({exc.strerror or exc}): skipped")
+                continue
+            if search.take(sub_st):
+                kept.append(d)
+            elif sub.is_symlink():
+                search.notes.append(
+                    f"{sub}: a symlink to a directory already scanned ({os.readlink(sub)}): "
+                    "not followed again"
+                )
+        dirs[:] = kept
+        for name in files:
+            if not name.endswith(".amdgcn"):
+                continue
+            f = Path(root, name)
+            try:
+                f_st = f.stat()
+            except FileNotFoundError:
+                search.skipped.append(
+                    f"{f}: a dangling symlink to {os.readlink(f)!r}: skipped"
+                    if f.is_symlink() else f"{f}: vanished while scanning: skipped"
+                )
+                continue
+            except OSError as exc:
+                search.skipped.append(f"{f}: cannot read ({exc.strerror or exc}): skipped")
+                continue
+            if not stat.S_ISREG(f_st.st_mode):
+                search.skipped.append(
+                    f"{f}: {describe_mode(f_st.st_mode)}, not a regular file: skipped")
+            elif search.take(f_st):
+                found.append(f)
     yield from sorted(found)
 
 
@@ -346,12 +475,12 @@ def scan_path(
 
     Raises:
         FileNotFoundError: ``path`` does not exist.
-        OSError: a file cannot be read.
+        OSError: a file cannot be read (or, given as ``path``, is a FIFO or device).
         ValueError: unknown ``rule``.
     """
     the_rule = get_rule(rule)
     reports = []
     for f in find_amdgcn_files(path):
-        data = f.read_bytes()
+        data = read_regular(f)
         reports.append(scan_text(data, arch=arch, rule=the_rule, file=str(f)))
     return reports
