@@ -229,3 +229,67 @@ def test_plan_shows_the_moe_scope_per_block(capsys: pytest.CaptureFixture[str]) 
                  "--rocm.moe_eager_scope", "layer"]) == 2
     err = capsys.readouterr().err
     assert "moe-eager-scope" in err and "'block', 'moe'" in err, err  # tyro names both
+
+
+# -- the plan says only what is true (issue 17, item 8) -------------------------------------------
+
+def _text(capsys: pytest.CaptureFixture[str], *flags: str) -> str:
+    assert main(["plan", "--arch", "gfx942", *flags]) == 0
+    return capsys.readouterr().out
+
+
+def _entry(text: str, workaround: str) -> str:
+    """The lines of one workaround in the text plan: its status line and its details."""
+    lines = text.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith(f"  rocm.{workaround} "))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("      ")),
+               len(lines))
+    return "\n".join(lines[start:end])
+
+
+@pytest.mark.parametrize(
+    ("config", "flags", "workaround", "absent"),
+    [
+        ("llama3_debug", (), "grouped_mm", "experts_compile:"),  # dense: nothing to bind
+        ("deepseek_v3_debug", ("--rocm.mla_ck_backward", "off"), "mla_ck_backward", "backward:"),
+        ("deepseek_v3_debug", ("--rocm.grouped_mm", "off"), "grouped_mm", "experts_compile:"),
+        ("deepseek_v3_debug", ("--rocm.moe_eager_compile", "off"), "moe_eager_compile",
+         "scope:"),
+    ],
+)
+def test_a_skipped_workaround_describes_no_effects(capsys, config, flags, workaround, absent):
+    text = _text(capsys, "--job.config_file", str(REPO / "configs" / f"{config}.toml"), *flags)
+    status, *details = _entry(text, workaround).splitlines()
+    assert "skipped:" in status and not any(absent in line for line in details), details
+
+
+def test_compile_section_follows_the_models_own_parallelize_fn(capsys):
+    cfg = str(REPO / "configs" / "llama3_debug.toml")
+    text = _text(capsys, "--job.config_file", cfg, "--model.name", "gpt_oss",
+                 "--model.flavor", "debugmodel")
+    assert "layers.0: not compiled" in text and "stock MoE compile" not in text
+    assert "summary: no block is compiled: this model's parallelize_fn compiles none" in text
+
+
+@pytest.mark.parametrize(
+    ("scope", "says"),
+    [("block", "48 MoE blocks run eager whole; nothing is compiled per block"),
+     ("moe", "48 MoE blocks: attention and norms compiled, the MoE module eager")],
+)
+def test_an_all_moe_model_gets_a_summary_with_its_cost(capsys, scope, says):
+    cfg = str(REPO / "configs" / "qwen3_moe_debug.toml")
+    text = _text(capsys, "--job.config_file", cfg, "--model.flavor", "30B-A3B",
+                 "--rocm.moe_eager_scope", scope, "--world-size", "8")
+    summary = next(x for x in text.splitlines() if x.startswith("  summary:"))
+    assert "0 of 48 blocks compiled whole" in summary and says in summary
+    assert "of stock tokens/s" in summary and "docs/performance.md" in summary
+
+
+@pytest.mark.parametrize(("given", "backend"), [("present", "primus_turbo"), ("absent", "torch")])
+def test_primus_turbo_can_be_simulated(capsys, given, backend):
+    cfg = str(REPO / "configs" / "deepseek_v3_debug.toml")
+    text = _text(capsys, "--primus-turbo", given, "--job.config_file", cfg)
+    assert f"      backend: {backend}\n" in _entry(text, "grouped_mm")
+    assert main(["plan", "--primus-turbo", given, "--job.config_file", cfg]) == 2
+    assert f"--primus-turbo {given} describes a simulated machine; give --arch too" in (
+        capsys.readouterr().err)

@@ -90,13 +90,50 @@ def _quiet_local_capability_warning(simulated: bool) -> Iterator[None]:
 
 
 _STOCK_MOE_COMPILE = "stock MoE compile (children fullgraph except experts)"
+_STOCK_WHOLE_MOE = "fullgraph (stock: the whole MoE block)"
+_NOT_COMPILED = "not compiled"
+
+SCOPE_COST = {
+    "block": "0.93 of stock tokens/s",
+    "moe": "0.966 of stock tokens/s",
+}
+"""The mixed strategy's measured cost by scope: deepseek_v3 3.9 B, GPU-bound, one H200
+(docs/performance.md, results 2026-11-30-h200-d/tp-moe-scope)."""
 
 
-def _stock_compile_blocks(per_block: dict[str, str]) -> dict[str, str]:
-    """What TorchTitan 0.2.2's own apply_compile does per block (no titan-rocm patch), from
-    :func:`~titan_rocm.workarounds.moe_blocks.plan_blocks`' dense/MoE split."""
-    return {name: _STOCK_MOE_COMPILE if how == EAGER_MOE else how
-            for name, how in per_block.items()}
+def _stock_compile_blocks(per_block: dict[str, str], parallelize_fn: Any) -> dict[str, str]:
+    """What TorchTitan 0.2.2's own ``apply_compile`` of this model does per block (no titan-rocm
+    patch), from :func:`~titan_rocm.workarounds.moe_blocks.plan_blocks`' dense/MoE split."""
+    import inspect
+
+    from titan_rocm.workarounds.moe_eager_compile.workaround import stock_apply_compile
+
+    stock = stock_apply_compile(parallelize_fn)
+    if stock is None:  # e.g. gpt_oss: its parallelize_fn compiles no blocks
+        return {name: _NOT_COMPILED for name in per_block}
+    # llama4's (imported by qwen3 and deepseek_v3) takes ep_enabled and splits MoE blocks;
+    # llama3's compiles every block whole.
+    splits_moe = "ep_enabled" in inspect.signature(stock).parameters
+    moe = _STOCK_MOE_COMPILE if splits_moe else _STOCK_WHOLE_MOE
+    return {name: moe if how == EAGER_MOE else how for name, how in per_block.items()}
+
+
+def compile_summary(blocks: dict[str, str], moe_blocks: int, scope: str | None) -> str:
+    """One sentence: how many blocks compile whole, what happens to the MoE blocks, the cost."""
+    whole = sum(how.startswith("fullgraph") for how in blocks.values())
+    if not any(how != _NOT_COMPILED for how in blocks.values()):
+        return "no block is compiled: this model's parallelize_fn compiles none"
+    text = f"{whole} of {len(blocks)} blocks compiled whole (fullgraph)"
+    if scope is None or not moe_blocks:
+        return text
+    if scope == "block":
+        what = f"{moe_blocks} MoE blocks run eager whole"
+    else:
+        what = f"{moe_blocks} MoE blocks: attention and norms compiled, the MoE module eager"
+    if whole == 0 and scope == "block":
+        what += "; nothing is compiled per block"
+    return (f"{text}; {what} (rocm.moe_eager_compile, moe_eager_scope = {scope!r}; measured "
+            f"{SCOPE_COST[scope]} on a GPU-bound 3.9 B MoE on an H200, docs/performance.md)")
 
 
 def make_plan(
@@ -108,6 +145,7 @@ def make_plan(
     nproc_per_node: int | None = None,
     launcher: str = DEFAULT_LAUNCHER,
     aiter: str | None = None,
+    primus_turbo: str | None = None,
 ) -> dict[str, Any]:
     """Work out what the job in ``args`` (TorchTitan flags) would get from titan-rocm.
 
@@ -119,6 +157,7 @@ def make_plan(
         launcher: ``torchtitan`` or ``titan-rocm`` (:data:`titan_rocm.preflight.LAUNCHERS`).
         aiter: with ``arch``, the aiter that machine has (``0.1.7``, ``main``, ``absent``;
             default ``0.1.7``, what ``pip install amd-aiter`` installs).
+        primus_turbo: with ``arch``, ``present`` or ``absent`` (default: as this machine).
 
     Raises:
         titan_rocm.preflight.StartupError: the job would stop at start-up (the reason), or
@@ -128,16 +167,10 @@ def make_plan(
     pre = check_job(args, launcher=launcher, world_size_flag=world_size, nnodes=nnodes,
                     nproc_per_node=nproc_per_node)
     job_config = pre.job_config
-    simulate = {"aiter": aiter} if aiter is not None else {}
-    if arch is not None:
-        try:
-            facts = PlatformFacts.simulated_rocm(arch, **simulate)
-        except ValueError as exc:
-            raise PlanError(str(exc)) from None
-    elif simulate:
-        raise PlanError(f"--aiter {aiter} describes a simulated machine; give --arch too")
-    else:
-        facts = platform.current()
+    try:
+        facts = platform.planned_facts(arch, aiter, primus_turbo)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
 
     with platform.override(facts), planning():
         with startup_step("TorchTitan 0.2.2 would fail building the model"):
@@ -156,19 +189,22 @@ def make_plan(
                 converter.convert(model)
             decisions.extend(converter.decisions)
 
-    compile_enabled = bool(job_config.compile.enable)
+    compile_config = job_config.compile
+    compile_enabled = bool(compile_config.enable and "model" in compile_config.components)
     moe_decision = next(
         (d for d in decisions if d.workaround == "moe_eager_compile" and d.applied), None
     )
     per_block = plan_blocks(model)
+    n_blocks = len(per_block)
+    n_moe = sum(how == EAGER_MOE for how in per_block.values())
+    scope = None
     if not compile_enabled:
         blocks: dict[str, str] = {}
     elif moe_decision is not None and "blocks" in moe_decision.details:
         blocks = dict(moe_decision.details["blocks"])
+        scope = moe_decision.details.get("scope")
     else:
-        blocks = _stock_compile_blocks(per_block)
-    n_blocks = len(per_block)
-    n_moe = sum(how == EAGER_MOE for how in per_block.values())
+        blocks = _stock_compile_blocks(per_block, spec.parallelize_fn)
     return {
         "config_file": job_config.job.config_file,
         "model": {
@@ -191,7 +227,11 @@ def make_plan(
         "titan_rocm_listed": any(name in ours for name in job_config.model.converters),
         "settings": dataclasses.asdict(settings_from(job_config)),
         "workarounds": [d.to_dict() for d in decisions],
-        "compile": {"enabled": compile_enabled, "blocks": blocks},
+        "compile": {
+            "enabled": compile_enabled,
+            "blocks": blocks,
+            "summary": compile_summary(blocks, n_moe, scope) if compile_enabled else None,
+        },
     }
 
 
@@ -239,10 +279,13 @@ def format_plan(plan: dict[str, Any]) -> str:
     lines.append("")
     comp = plan["compile"]
     if not comp["enabled"]:
-        lines.append("compile: disabled ([compile] enable = false): every block runs eager")
+        lines.append("compile: the model is not compiled ([compile] enable = false, or \"model\" "
+                     "not in [compile] components): every block runs eager")
     else:
         lines.append("compile, per TransformerBlock:")
         lines += [f"  layers.{name}: {how}" for name, how in comp["blocks"].items()]
+        if comp.get("summary"):
+            lines.append(f"  summary: {comp['summary']}")
     lines.append("")
     lines.append("settings in force ([rocm]):")
     lines += [f"  {k} = {v!r}" for k, v in plan["settings"].items()]

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from importlib import metadata
+from typing import Any
 
 from titan_rocm.archs import ArchFacts, arch_facts, normalize_arch
 
@@ -174,6 +175,9 @@ class PlatformFacts:
     """True when these facts were made up (``plan --arch``, tests), not detected."""
     aiter: AiterFacts | None = None
     """The installed aiter's version and ``get_gfx()`` answer (:func:`probe_aiter`)."""
+    primus_turbo: bool | None = None
+    """Primus-Turbo's grouped GEMM is there: None on a real machine (asked by importing it,
+    when needed); True or False on a simulated one (``titan-rocm plan --primus-turbo``)."""
 
     @property
     def is_rocm(self) -> bool:
@@ -225,11 +229,14 @@ class PlatformFacts:
         base: PlatformFacts | None = None,
         *,
         aiter: str = DEFAULT_SIMULATED_AITER,
+        primus_turbo: bool | None = None,
     ) -> PlatformFacts:
         """Facts of a pretend ROCm machine with one ``arch`` device.
 
         Used by ``titan-rocm plan --arch`` on a login node and by tests. Each keyword simulates
-        one more part of the machine: ``aiter`` is one of :data:`AITER_CHOICES`.
+        one more part of the machine: ``aiter`` is one of :data:`AITER_CHOICES`;
+        ``primus_turbo`` says whether Primus-Turbo is installed there (None: as on this
+        machine).
 
         Raises:
             ValueError: ``arch`` is not an architecture titan-rocm knows, or a keyword's value
@@ -247,8 +254,36 @@ class PlatformFacts:
             device_name=facts.products[0],
             aiter_spec_found=pretend_aiter is not None,
             aiter=pretend_aiter,
+            primus_turbo=primus_turbo,
             simulated=True,
         )
+
+
+def planned_facts(arch: str | None, aiter: str | None = None,
+                  primus_turbo: str | None = None) -> PlatformFacts:
+    """The machine ``titan-rocm plan`` plans for: this one, or with ``arch`` a simulated ROCm
+    machine with that GPU, ``aiter`` (:data:`AITER_CHOICES`) and ``primus_turbo``
+    (``present``/``absent``).
+
+    Raises:
+        ValueError: an unknown value, or ``aiter``/``primus_turbo`` without ``arch``.
+    """
+    given = [f"--aiter {aiter}"] * (aiter is not None) + \
+        [f"--primus-turbo {primus_turbo}"] * (primus_turbo is not None)
+    if arch is None:
+        if given:
+            verb = "describes" if len(given) == 1 else "describe"
+            raise ValueError(f"{' and '.join(given)} {verb} a simulated machine; give --arch too")
+        return current()
+    simulate: dict[str, Any] = {}
+    if aiter is not None:
+        simulate["aiter"] = aiter
+    if primus_turbo is not None:
+        if primus_turbo not in ("present", "absent"):
+            raise ValueError(f"--primus-turbo {primus_turbo!r} is not valid; accepted: present, "
+                             "absent")
+        simulate["primus_turbo"] = primus_turbo == "present"
+    return PlatformFacts.simulated_rocm(arch, **simulate)
 
 
 def _dist_version(name: str) -> str | None:

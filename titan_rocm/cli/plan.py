@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --arch: the aiter the simulated machine has (default 0.1.7, the PyPI wheel)",
     )
     parser.add_argument(
+        "--primus-turbo",
+        choices=("present", "absent"),
+        help="with --arch: whether the simulated machine has Primus-Turbo (default: as this "
+        "machine); decides what grouped_mm_backend = auto picks",
+    )
+    parser.add_argument(
         "--launcher", choices=LAUNCHERS, default=DEFAULT_LAUNCHER,
         help="how the job starts: torchtitan = `torchrun -m torchtitan.train` (default: the "
         "TOML must carry custom_import / custom_config_module itself), titan-rocm = "
@@ -110,6 +116,7 @@ def _plan_022(args: argparse.Namespace, passthrough: list[str]) -> dict:
     return make_plan(
         passthrough, arch=args.arch, world_size=args.world_size, nnodes=args.nnodes,
         nproc_per_node=args.nproc_per_node, launcher=args.launcher, aiter=args.aiter,
+        primus_turbo=args.primus_turbo,
     )
 
 
@@ -119,14 +126,12 @@ def _plan_030(args: argparse.Namespace, passthrough: list[str]) -> dict:
     from titan_rocm.preflight import StartupError, world_size
     from titan_rocm.torchtitan.plan import PlanError, make_plan
 
-    if args.aiter is not None:
-        raise StartupError("--aiter is not offered for TorchTitan 0.3.0 plans (the 0.3.0 plan "
-                           "simulates the default aiter)")
     size = args.world_size
     if args.nnodes is not None or args.nproc_per_node is not None:
         size = world_size({}, args.world_size, args.nnodes, args.nproc_per_node).size
     try:
-        return make_plan(passthrough, arch=args.arch, world_size=size)
+        return make_plan(passthrough, arch=args.arch, world_size=size, aiter=args.aiter,
+                         primus_turbo=args.primus_turbo)
     except PlanError as exc:
         raise StartupError(str(exc)) from None
 

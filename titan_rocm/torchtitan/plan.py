@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from titan_rocm import platform
-from titan_rocm.platform import PlatformFacts
 from titan_rocm.settings import RocmSettings, check_section
 from titan_rocm.torchtitan.job import RocmJob
 from titan_rocm.torchtitan.override import ENTRY
@@ -130,9 +129,10 @@ def compile_per_block(model: torch.nn.Module, enabled: bool) -> dict[str, str]:
     return result
 
 
-def make_plan(args: Sequence[str], *, arch: str | None = None,
-              world_size: int | None = None) -> dict[str, Any]:
-    """Work out what the TorchTitan 0.3.0 job in ``args`` would get from titan-rocm.
+def make_plan(args: Sequence[str], *, arch: str | None = None, world_size: int | None = None,
+              aiter: str | None = None, primus_turbo: str | None = None) -> dict[str, Any]:
+    """Work out what the TorchTitan 0.3.0 job in ``args`` would get from titan-rocm
+    (``arch``, ``aiter``, ``primus_turbo``: the simulated machine, as for 0.2.2's plan).
 
     Raises:
         PlanError: bad arguments, config, setting or architecture.
@@ -140,7 +140,7 @@ def make_plan(args: Sequence[str], *, arch: str | None = None,
     config = parse_job(args)
     settings, attached = settings_of(config)
     try:
-        facts = PlatformFacts.simulated_rocm(arch) if arch is not None else platform.current()
+        facts = platform.planned_facts(arch, aiter, primus_turbo)
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     with platform.override(facts), planning():

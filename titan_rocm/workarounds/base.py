@@ -228,7 +228,12 @@ class Workaround:
         """Runs after every optimizer step when the workaround was applied."""
 
     def plan(self, model: nn.Module) -> dict[str, Any]:
-        """JSON-able details for ``titan-rocm plan`` (after :meth:`apply`, or when skipped)."""
+        """JSON-able details of what the fix does, for ``titan-rocm plan`` (after :meth:`apply`)."""
+        return {}
+
+    def skipped_plan(self, model: nn.Module) -> dict[str, Any]:
+        """JSON-able facts worth showing when the fix does not apply: what runs instead, what
+        the machine has. Never the effects the fix would have had."""
         return {}
 
     def unmet_reason(self) -> str | None:
@@ -329,7 +334,9 @@ class JobWorkarounds:
             reason: str | None = f"already applied by converter {self.applied_by[name]!r}"
             return Decision(name, by, False, reason)
         reason = self.ctx.job_decisions[name]
-        if reason is None:
-            w.apply(model)
-            self.applied_by[name] = by
-        return Decision(name, by, reason is None, reason or "", w.plan(model))
+        if reason is not None:
+            # A skipped fix has no effects to describe: only what runs instead.
+            return Decision(name, by, False, reason, w.skipped_plan(model))
+        w.apply(model)
+        self.applied_by[name] = by
+        return Decision(name, by, True, "", w.plan(model))

@@ -23,6 +23,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from titan_rocm.platform import PlatformFacts
+
 ExpertsFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor
 ]
@@ -83,11 +85,16 @@ def loop_grouped_mm(
 PRIMUS_TURBO_MODULE = "primus_turbo.pytorch"
 
 
-def primus_turbo_status() -> str | None:
+def primus_turbo_status(facts: PlatformFacts | None = None) -> str | None:
     """Why Primus-Turbo's grouped GEMM cannot be used here, or None when it can.
 
-    Imports ``primus_turbo.pytorch`` (cached by Python after the first success).
+    On a simulated machine (``facts.primus_turbo`` set), what it was said to have; otherwise
+    imports ``primus_turbo.pytorch`` (cached by Python after the first success).
     """
+    if facts is not None and facts.primus_turbo is not None:
+        if facts.primus_turbo:
+            return None
+        return "primus_turbo is not installed on the simulated machine (--primus-turbo absent)"
     if importlib.util.find_spec("primus_turbo") is None:
         return "primus_turbo is not installed (Primus-Turbo, github.com/AMD-AGI/Primus-Turbo)"
     try:
@@ -235,7 +242,7 @@ def validate_name(name: str) -> None:
         get_backend(name)
 
 
-def resolve(name: str, is_rocm: bool) -> tuple[str, str]:
+def resolve(name: str, is_rocm: bool, facts: PlatformFacts | None = None) -> tuple[str, str]:
     """The backend ``name`` stands for here, and why: ``auto`` picks, others stand for themselves.
 
     Raises:
@@ -246,8 +253,10 @@ def resolve(name: str, is_rocm: bool) -> tuple[str, str]:
         return name, "requested"
     if not is_rocm:
         return "torch", "auto: not a ROCm build"
-    missing = primus_turbo_status()
+    missing = primus_turbo_status(facts)
     if missing is None:
+        if facts is not None and facts.primus_turbo is not None:
+            return "primus_turbo", "auto: Primus-Turbo is present on the simulated machine"
         return "primus_turbo", "auto: Primus-Turbo imports on this ROCm build"
     return "torch", f"auto: {missing}"
 

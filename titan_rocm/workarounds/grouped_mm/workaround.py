@@ -49,7 +49,7 @@ class GroupedMMBinding(Workaround):
         super().__init__(ctx)
         self.requested = ctx.settings.grouped_mm_backend
         validate_name(self.requested)  # ValueError names the value and accepted names
-        self.backend, self.why = resolve(self.requested, ctx.platform.is_rocm)
+        self.backend, self.why = resolve(self.requested, ctx.platform.is_rocm, ctx.platform)
         quantized = quantized_experts_converters(ctx.converters)
         if quantized and self.requested != "torch" and self.mode != "off":
             self._choose_for_quantized(quantized)
@@ -73,7 +73,7 @@ class GroupedMMBinding(Workaround):
 
     def unmet(self) -> str | None:
         if self.backend == "primus_turbo":
-            missing = primus_turbo_status()
+            missing = primus_turbo_status(self.ctx.platform)
             if missing:
                 return f"[rocm] grouped_mm_backend = \"primus_turbo\" cannot be used: {missing}"
         return None
@@ -125,12 +125,17 @@ class GroupedMMBinding(Workaround):
             self._logged_counts = True
             log.info("titan-rocm: grouped-MM backend calls after step 1: %s", call_counts())
 
+    def skipped_plan(self, model: nn.Module) -> dict[str, Any]:
+        # What each experts module calls, left as it is.
+        layers = tt030.layer_backends(model) if self._tt030 else layer_backends(model)
+        return {"layers": layers} if layers else {}
+
     def plan(self, model: nn.Module) -> dict[str, Any]:
         details: dict[str, Any] = {
             "requested": self.requested,
             "backend": self.backend,
             "why": self.why,
-            "primus_turbo": primus_turbo_status() or "available",
+            "primus_turbo": primus_turbo_status(self.ctx.platform) or "available",
             "accepted": backend_names(),
             "bound_in": list(self._patched),
         }

@@ -301,6 +301,12 @@ class MLACKBackward(Workaround):
 
     # -- plan ----------------------------------------------------------------------------
 
+    def skipped_plan(self, model: nn.Module) -> dict[str, Any]:
+        if self.ctx.framework == TORCHTITAN_030 or not deepseek_attention_modules(model):
+            return {}
+        facts = self._facts or self.ctx.platform  # what the machine has, no routes
+        return {"arch": arch_label(facts.gfx_arch), "aiter": aiter_summary(facts)}
+
     def plan(self, model: nn.Module) -> dict[str, Any]:
         """Per attention kind and shape: the routes a run gets (no aiter import).
 

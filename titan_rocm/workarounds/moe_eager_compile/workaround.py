@@ -170,6 +170,13 @@ def patch_apply_compile(parallelize_fn: Callable[..., Any], scope: str = "block"
     return where
 
 
+def stock_apply_compile(parallelize_fn: Callable[..., Any]) -> Callable[..., Any] | None:
+    """TorchTitan's own ``apply_compile`` that ``parallelize_fn`` reads (patched or not); None
+    where its module has none (its model compiles no blocks)."""
+    current = parallelize_fn.__globals__.get("apply_compile")
+    return getattr(current, PATCHED_ATTR, current)
+
+
 def restore_apply_compile(parallelize_fn: Callable[..., Any]) -> bool:
     """Undo :func:`patch_apply_compile`; False if it was not patched."""
     module_globals = parallelize_fn.__globals__
