@@ -176,16 +176,10 @@ def make_plan(
     """
     register_converters()
     job_config = parse_job(args)
-    simulate = {"aiter": aiter} if aiter is not None else {}
-    if arch is not None:
-        try:
-            facts = PlatformFacts.simulated_rocm(arch, **simulate)
-        except ValueError as exc:
-            raise PlanError(str(exc)) from None
-    elif simulate:
-        raise PlanError(f"--aiter {aiter} describes a simulated machine; give --arch too")
-    else:
-        facts = platform.current()
+    try:
+        facts = platform.plan_facts(arch, aiter)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
 
     with platform.override(facts), planning():
         model, spec = build_meta_model(job_config, facts)

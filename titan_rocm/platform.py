@@ -319,6 +319,20 @@ def current() -> PlatformFacts:
     return _current
 
 
+def plan_facts(arch: str | None, aiter: str | None = None) -> PlatformFacts:
+    """The machine ``titan-rocm plan`` describes: ``arch`` simulated with ``aiter`` (one of
+    :data:`AITER_CHOICES`, default the PyPI wheel's), else this machine.
+
+    Raises:
+        ValueError: ``arch`` or ``aiter`` is not accepted, or ``aiter`` comes without ``arch``.
+    """
+    if arch is not None:
+        return PlatformFacts.simulated_rocm(arch, **({"aiter": aiter} if aiter else {}))
+    if aiter is not None:
+        raise ValueError(f"--aiter {aiter} describes a simulated machine; give --arch too")
+    return current()
+
+
 def reprobe_aiter() -> PlatformFacts:
     """Probe aiter again (its own ``get_gfx()`` once it is imported) into the cached facts.
 

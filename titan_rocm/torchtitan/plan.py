@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from titan_rocm import platform
-from titan_rocm.platform import PlatformFacts
 from titan_rocm.settings import RocmSettings, check_section
 from titan_rocm.torchtitan.job import RocmJob
 from titan_rocm.torchtitan.override import ENTRY
@@ -130,17 +129,18 @@ def compile_per_block(model: torch.nn.Module, enabled: bool) -> dict[str, str]:
     return result
 
 
-def make_plan(args: Sequence[str], *, arch: str | None = None,
-              world_size: int | None = None) -> dict[str, Any]:
-    """Work out what the TorchTitan 0.3.0 job in ``args`` would get from titan-rocm.
+def make_plan(args: Sequence[str], *, arch: str | None = None, world_size: int | None = None,
+              aiter: str | None = None) -> dict[str, Any]:
+    """Work out what the TorchTitan 0.3.0 job in ``args`` would get from titan-rocm
+    (``arch``, ``world_size`` and ``aiter`` as in :func:`titan_rocm.plan.make_plan`).
 
     Raises:
-        PlanError: bad arguments, config, setting or architecture.
+        PlanError: bad arguments, config, setting, architecture or aiter choice.
     """
     config = parse_job(args)
     settings, attached = settings_of(config)
     try:
-        facts = PlatformFacts.simulated_rocm(arch) if arch is not None else platform.current()
+        facts = platform.plan_facts(arch, aiter)
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     with platform.override(facts), planning():
