@@ -175,6 +175,36 @@ def test_replacements_keep_the_sharding_argument_names_and_the_stock_fields(fake
     assert model.config.layers[0].attention.inner_attention.block_size == 64
 
 
+def test_compiled_varlen_attention_serves_changing_documents_with_one_graph(fake_aiter):
+    """VarlenMetadata's document count and longest document change every batch: Dynamo
+    recompiles once (automatic dynamic shapes), then one fullgraph graph serves every layout,
+    equal to eager."""
+    from torch._dynamo.utils import counters
+    from torchtitan.models.common.attention import create_varlen_metadata_for_document
+
+    from titan_rocm.workarounds.mla_attention.tt030 import MLAVarlenAttention
+
+    module = MLAVarlenAttention.Config().build()
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    gen = torch.Generator().manual_seed(5)
+    with on_rocm("gfx942", fake_aiter):
+        for starts in (([4, 11], [20]), ([7], [3, 9, 30]), ([2, 3, 30], []), ([10], [10])):
+            masks = create_varlen_metadata_for_document(_positions(starts))
+            shapes = ((2, SEQLEN, 4, 192), (2, SEQLEN, 4, 192), (2, SEQLEN, 4, 128))
+            qkv = [torch.randn(s, generator=gen).to(torch.bfloat16) for s in shapes]
+            results = []
+            for fn in (module, compiled):
+                q, k, v = (t.clone().requires_grad_() for t in qkv)
+                out = fn(q, k, v, attention_masks=masks, scale=0.1)
+                out.backward(torch.ones_like(out))
+                results.append((out.detach(), q.grad, k.grad, v.grad))
+            for eager, comp in zip(*results, strict=True):
+                torch.testing.assert_close(comp, eager)
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+
+
 @pytest.mark.parametrize(("stock", "document_masks", "kind", "inner"), [
     ("flex", "keep", "varlen", "MLAVarlenAttention"),
     ("varlen", "keep", "varlen", "MLAVarlenAttention"),

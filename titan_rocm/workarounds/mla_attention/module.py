@@ -13,6 +13,10 @@ each document, reading the :class:`~.documents.DocumentSpans` the model now pass
 out. All keep the attribute name ``inner_attention``, which TorchTitan's tensor-parallel plan
 (``attention.inner_attention``) addresses.
 
+TorchTitan 0.3.0's replacements (``tt030.py``) are TorchTitan modules built on these: they
+take 0.3.0's call (``(batch, seqlen, heads, dim)`` tensors, ``attention_masks=``) and run
+:meth:`MLAVarlenInnerAttention.within_documents` or :class:`MLAInnerAttention`'s forward.
+
 Inputs aiter cannot take (float32, a head dim not a multiple of 8, q heads not a multiple of
 k heads) go to the attention the original wrapper ran (SDPA, or flex attention with its
 block mask; with document spans, SDPA with the dense per-document mask); outside
