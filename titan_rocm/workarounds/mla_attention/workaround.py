@@ -34,6 +34,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections import Counter
+from types import ModuleType
 from typing import Any
 
 import torch.nn as nn
@@ -167,15 +168,18 @@ class MLACKBackward(Workaround):
         return self.ctx.settings.mla_document_masks == "drop"
 
     @property
-    def _tt030(self) -> bool:
-        return self.ctx.framework == TORCHTITAN_030
+    def _tt030(self) -> ModuleType | None:
+        """TorchTitan 0.3.0's seam (:mod:`.tt030`) in a 0.3.0 job, else None (imported only
+        there: it subclasses 0.3.0's classes)."""
+        if self.ctx.framework != TORCHTITAN_030:
+            return None
+        from titan_rocm.workarounds.mla_attention import tt030
+
+        return tt030
 
     def _attentions(self, model: nn.Module) -> dict[str, nn.Module]:
-        if self._tt030:
-            from titan_rocm.workarounds.mla_attention import tt030
-
-            return dict(tt030.attention_modules(model))
-        return dict(deepseek_attention_modules(model))
+        seam = self._tt030
+        return dict(seam.attention_modules(model) if seam else deepseek_attention_modules(model))
 
     # -- gate ----------------------------------------------------------------------------
 
@@ -194,11 +198,10 @@ class MLACKBackward(Workaround):
         return None
 
     def _kinds(self, model: nn.Module) -> dict[str, str | None]:
-        if self._tt030:
-            from titan_rocm.workarounds.mla_attention import tt030
-
-            return {fqn: tt030.attention_kind(m, self._drop_documents)
-                    for fqn, m in tt030.attention_modules(model)}
+        seam = self._tt030
+        if seam:
+            return {fqn: seam.attention_kind(m, self._drop_documents)
+                    for fqn, m in seam.attention_modules(model)}
         masks = mask_type(model)
         return {fqn: attention_kind(m, masks, self._drop_documents)
                 for fqn, m in deepseek_attention_modules(model)}
@@ -214,12 +217,11 @@ class MLACKBackward(Workaround):
                      "VarlenAttention" if self._tt030 else
                      "TorchTitan's SDPA and flex attention wrappers")
             return f"attention runs {', '.join(names)}; rocm.mla_ck_backward replaces only {stock}"
-        if self._tt030:
-            from titan_rocm.workarounds.mla_attention import tt030
-
+        seam = self._tt030
+        if seam:
             if VARLEN in kinds.values() and self.ctx.parallel.pp_enabled:
-                return tt030.PP_REASON
-            return tt030.check(model, kinds)
+                return seam.PP_REASON
+            return seam.check(model, kinds)
         if VARLEN in kinds.values():
             if self.ctx.parallel.pp_enabled:
                 return (
@@ -235,11 +237,10 @@ class MLACKBackward(Workaround):
     # -- apply ---------------------------------------------------------------------------
 
     def apply(self, model: nn.Module) -> None:
-        if self._tt030:
-            from titan_rocm.workarounds.mla_attention import tt030
-
-            replaced = Counter(tt030.replace(model, self._kinds(model)))
-            self._sac_list = tt030.save_forward_in_op_sac()
+        seam = self._tt030
+        if seam:
+            replaced = Counter(seam.replace(model, self._kinds(model)))
+            self._sac_list = seam.save_forward_in_op_sac()
         else:
             replaced = self._replace_022(model)
             self._sac_list = self._save_forward_in_op_sac()
@@ -250,7 +251,7 @@ class MLACKBackward(Workaround):
                 "modules with %r masks now run plain causal attention: tokens attend across "
                 "document boundaries",
                 replaced[DROPPED],
-                "block_causal" if self._tt030 else mask_type(model),
+                "block_causal" if seam else mask_type(model),
             )
         if self.ctx.planning:
             self._guard = "not installed (plan)"
@@ -294,10 +295,9 @@ class MLACKBackward(Workaround):
         return replaced
 
     def _attention_dtype(self) -> str:
-        if self._tt030:
-            from titan_rocm.workarounds.mla_attention import tt030
-
-            return tt030.attention_dtype(self.ctx.training_dtype, self.ctx.mixed_precision_param)
+        seam = self._tt030
+        if seam:
+            return seam.attention_dtype(self.ctx.training_dtype, self.ctx.mixed_precision_param)
         return expected_attention_dtype(self.ctx)
 
     def _say_gfx_mismatch(self, facts: PlatformFacts) -> None:
@@ -377,11 +377,8 @@ class MLACKBackward(Workaround):
             details["other_attention"] = rows[1:]
         details["dtype"] = dtype
         if VARLEN in kinds.values():
-            details["document_masks"] = DOCUMENT_MASKS_022
-            if self._tt030:
-                from titan_rocm.workarounds.mla_attention import tt030
-
-                details["document_masks"] = tt030.DOCUMENT_MASKS
+            seam = self._tt030
+            details["document_masks"] = seam.DOCUMENT_MASKS if seam else DOCUMENT_MASKS_022
         if self._replaced is not None:
             details["replaced"] = self._replaced
             details["op_sac_save_list"] = self._sac_list
