@@ -41,7 +41,7 @@ import copy
 import dataclasses
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch.nn as nn
 from torch import Tensor
@@ -126,6 +126,9 @@ class MLAVarlenAttention(Module, MLAVarlenInnerAttention):
 class MLASdpaAttention(Module, MLAInnerAttention):
     """In place of ``ScaledDotProductAttention``: aiter dense attention (no masks)."""
 
+    ignores_masks: ClassVar[bool] = False
+    """Masks are refused, as ``ScaledDotProductAttention`` refuses them."""
+
     @dataclass(kw_only=True, slots=True)
     class Config(ScaledDotProductAttention.Config):
         """A ``ScaledDotProductAttention.Config``: the trainer builds no masks for it."""
@@ -145,16 +148,12 @@ class MLASdpaAttention(Module, MLAInnerAttention):
         is_causal: bool = True,
         **kwargs: Any,
     ) -> Tensor:
-        """``ScaledDotProductAttention``'s call (it refuses masks as this does)."""
-        if attention_masks is not None:
+        """``ScaledDotProductAttention``'s call (``FlexAttention``'s, when masks are ignored)."""
+        if attention_masks is not None and not self.ignores_masks:
             raise ValueError(f"{type(self).__name__} takes no attention_masks")
-        return self._dense(q_BLNH, k_BLNH, v_BLNH, scale, enable_gqa, is_causal)
-
-    def _dense(self, q: Tensor, k: Tensor, v: Tensor, scale: float | None, enable_gqa: bool,
-               is_causal: bool) -> Tensor:
-        out = MLAInnerAttention.forward(self, q.transpose(1, 2), k.transpose(1, 2),
-                                        v.transpose(1, 2), scale=scale, enable_gqa=enable_gqa,
-                                        is_causal=is_causal)
+        out = MLAInnerAttention.forward(self, q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2),
+                                        v_BLNH.transpose(1, 2), scale=scale,
+                                        enable_gqa=enable_gqa, is_causal=is_causal)
         return out.transpose(1, 2)
 
 
@@ -162,24 +161,12 @@ class MLADroppedMasksAttention(MLASdpaAttention):
     """In place of ``FlexAttention``/``VarlenAttention`` under ``mla_document_masks = "drop"``:
     aiter dense causal attention across documents; the masks are ignored."""
 
+    ignores_masks = True
+
     @dataclass(kw_only=True, slots=True)
     class Config(FlexAttention.Config):
         """A ``FlexAttention.Config``: the trainer builds a ``BlockMask`` (which pipeline
         parallelism splits per microbatch), ignored here."""
-
-    def forward(  # type: ignore[override]
-        self,
-        q_BLNH: Tensor,
-        k_BLNH: Tensor,
-        v_BLNH: Tensor,
-        *,
-        attention_masks: Any = None,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-        **kwargs: Any,
-    ) -> Tensor:
-        """``FlexAttention``'s call; causal across documents."""
-        return self._dense(q_BLNH, k_BLNH, v_BLNH, scale, enable_gqa, True)
 
 
 REPLACEMENTS: dict[str, type[Module]] = {
