@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from titan_rocm import log as titan_log
-from titan_rocm import platform
+from titan_rocm import platform, torchtitan_version
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.workarounds.mla_attention import guard, op, route_log
 from titan_rocm.workarounds.mla_attention.workaround import DEEPSEEK_PARALLELIZE
@@ -44,7 +44,8 @@ def drop_aiter_modules() -> None:
 
 @pytest.fixture
 def clean_mla_state(monkeypatch) -> Iterator[None]:
-    """Each test starts and ends without aiter loaded, guard hooks, logged routes or SAC ops."""
+    """Each test starts and ends without aiter loaded, guard hooks, logged routes or SAC ops
+    (0.2.2: in DeepSeek's ``_op_sac_save_list``; 0.3.0: in ``_get_default_save_ops``)."""
     monkeypatch.delenv("GPU_ARCHS", raising=False)
     drop_aiter_modules()
     yield
@@ -52,8 +53,13 @@ def clean_mla_state(monkeypatch) -> Iterator[None]:
     drop_aiter_modules()
     route_log.forget()
     titan_log.forget("mla_")
-    save_list = importlib.import_module(DEEPSEEK_PARALLELIZE)._op_sac_save_list
-    save_list.difference_update(op.FORWARD_OPS)
+    if torchtitan_version.series() == "0.3":
+        from titan_rocm.workarounds.mla_attention import tt030
+
+        tt030.restore_op_sac()
+    else:
+        save_list = importlib.import_module(DEEPSEEK_PARALLELIZE)._op_sac_save_list
+        save_list.difference_update(op.FORWARD_OPS)
 
 
 @pytest.fixture(params=list(GENERATIONS))

@@ -13,7 +13,9 @@ they are. What stands in, and why:
 - ``dist_utils.set_pg_timeouts``: a no-op (it needs ``torch.distributed.set_timeout``, torch
   >= 2.14, and a device barrier), reached after step 1;
 - the data: :class:`SyntheticDataLoader`, random tokens with one document per sample
-  (``positions`` = 0..L-1), so per-document masks equal plain causal masks;
+  (``positions`` = 0..L-1), so per-document masks equal plain causal masks; or, with
+  ``document_starts``, several documents per sample (``positions`` reset to 0 at each start:
+  :func:`document_positions`);
 - attention: :class:`CausalSdpa`, whose config subclasses ``FlexAttention.Config`` so the
   trainer still builds its (block-causal) masks and passes them, and whose ``forward`` takes
   FlexAttention's argument names (``q_BLNH``, ``k_BLNH``, ``v_BLNH``; TorchTitan's sharding is
@@ -90,15 +92,18 @@ def _classes() -> dict[str, type]:
         class Config(BaseDataLoader.Config):
             vocab_size: int = 2048
             seed: int = 0
+            document_starts: list[int] = dataclasses.field(default_factory=list)
 
         def __init__(self, config: Any, *, dp_rank: int = 0, seq_len: int,
                      local_batch_size: int, **kwargs: Any) -> None:
             self.vocab, self.seed = config.vocab_size, config.seed * 1_000 + dp_rank
             self.seq_len, self.batch = seq_len, local_batch_size
+            self.starts = list(config.document_starts)
             self.position = 0
 
         def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-            positions = torch.arange(self.seq_len).expand(self.batch, -1).contiguous()
+            one = document_positions(self.seq_len, self.starts)
+            positions = one.expand(self.batch, -1).contiguous()
             while True:
                 g = torch.Generator().manual_seed(self.seed * 100_003 + self.position)
                 tokens = torch.randint(0, self.vocab, (self.batch, self.seq_len + 1), generator=g)
@@ -118,18 +123,29 @@ def _classes() -> dict[str, type]:
 _CLASSES: dict[str, type] = {}
 
 
+def document_positions(seq_len: int, starts: list[int] | tuple[int, ...] = ()) -> torch.Tensor:
+    """``(seq_len,)`` positions of one sample whose documents start at 0 and at each of
+    ``starts``: TorchTitan 0.3.0 reads a document start where the position is 0."""
+    positions = torch.arange(seq_len)
+    for start in sorted(starts):
+        positions[start:] = torch.arange(seq_len - start)
+    return positions
+
+
 def causal_sdpa_config() -> Any:
     """A config for :class:`CausalSdpa` (an ``inner_attention``)."""
     return _classes()["CausalSdpa"].Config()
 
 
 def cpu_config(config: Any, *, layers: int = 2, steps: int = 3, compile: bool = False,
-               seed: int = 0, dump_folder: Path | str = "outputs") -> Any:
+               seed: int = 0, dump_folder: Path | str = "outputs",
+               document_starts: tuple[int, ...] = ()) -> Any:
     """A stock TorchTitan 0.3.0 ``Trainer.Config`` cut to CPU size, in place (returned).
 
     Keeps the first ``layers`` TransformerBlocks (deepseek_v3's debug model: layer 0 dense,
-    then MoE), batch 2 x 128 tokens, ``steps`` steps logged each, no checkpoints, a fixed
-    seed, ``compile`` on the model and the loss as the stock config lists them.
+    then MoE), batch 2 x 128 tokens (documents starting at 0 and ``document_starts`` in each
+    sample), ``steps`` steps logged each, no checkpoints, a fixed seed, ``compile`` on the
+    model and the loss as the stock config lists them.
     """
     model = config.model_spec.model
     model.layers = model.layers[:layers]
@@ -138,7 +154,7 @@ def cpu_config(config: Any, *, layers: int = 2, steps: int = 3, compile: bool = 
     for block in model.layers:
         block.attention.inner_attention = causal_sdpa_config()
     config.dataloader = _classes()["SyntheticDataLoader"].Config(
-        vocab_size=model.vocab_size, seed=seed
+        vocab_size=model.vocab_size, seed=seed, document_starts=list(document_starts)
     )
     config.hf_assets_path = str(TOKENIZER)
     config.training.local_batch_size = 2

@@ -135,7 +135,7 @@ def make_plan(args: Sequence[str], *, arch: str | None = None, world_size: int |
     (``arch``, ``aiter``, ``primus_turbo``: the simulated machine, as for 0.2.2's plan).
 
     Raises:
-        PlanError: bad arguments, config, setting or architecture.
+        PlanError: bad arguments, config, setting, architecture or aiter choice.
     """
     config = parse_job(args)
     settings, attached = settings_of(config)

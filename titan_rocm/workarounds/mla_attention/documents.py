@@ -65,21 +65,31 @@ class DocumentSpans(BlockMask):
 
     def document_ids(self) -> Tensor:
         """``(batch, seqlen)``: the index of each token's document (no host sync)."""
-        tokens = torch.arange(self.batch * self.seqlen, device=self.cu_seqlens.device)
-        ids = torch.searchsorted(self.cu_seqlens[1:], tokens, right=True)
-        return ids.view(self.batch, self.seqlen)
+        return document_ids(self.cu_seqlens, self.batch, self.seqlen)
 
     def dense_mask(self) -> Tensor:
         """``(batch, 1, seqlen, seqlen)`` bool: True where a query may attend to a key."""
-        ids = self.document_ids()
-        same = ids[:, :, None] == ids[:, None, :]
-        causal = torch.ones(self.seqlen, self.seqlen, dtype=torch.bool,
-                            device=ids.device).tril()
-        return (same & causal)[:, None]
+        return dense_mask(self.cu_seqlens, self.batch, self.seqlen)
 
     def __repr__(self) -> str:
         return (f"DocumentSpans(batch={self.batch}, seqlen={self.seqlen}, "
                 f"documents={self.cu_seqlens.numel() - 1}, max_seqlen={self.max_seqlen})")
+
+
+def document_ids(cu_seqlens: Tensor, batch: int, seqlen: int) -> Tensor:
+    """``(batch, seqlen)``: the index of each token's document in the packed ``cu_seqlens``
+    (no host sync)."""
+    tokens = torch.arange(batch * seqlen, device=cu_seqlens.device)
+    return torch.searchsorted(cu_seqlens[1:], tokens, right=True).view(batch, seqlen)
+
+
+def dense_mask(cu_seqlens: Tensor, batch: int, seqlen: int) -> Tensor:
+    """``(batch, 1, seqlen, seqlen)`` bool: True where a query may attend to a key (causal
+    within its document), for fallbacks that need the mask itself."""
+    ids = document_ids(cu_seqlens, batch, seqlen)
+    same = ids[:, :, None] == ids[:, None, :]
+    causal = torch.ones(seqlen, seqlen, dtype=torch.bool, device=ids.device).tril()
+    return (same & causal)[:, None]
 
 
 def document_spans(input_batch: Tensor, eos_id: int) -> DocumentSpans:

@@ -13,6 +13,10 @@ each document, reading the :class:`~.documents.DocumentSpans` the model now pass
 out. All keep the attribute name ``inner_attention``, which TorchTitan's tensor-parallel plan
 (``attention.inner_attention``) addresses.
 
+TorchTitan 0.3.0's replacements (``tt030.py``) are TorchTitan modules built on these: they
+take 0.3.0's call (``(batch, seqlen, heads, dim)`` tensors, ``attention_masks=``) and run
+:meth:`MLAVarlenInnerAttention.within_documents` or :class:`MLAInnerAttention`'s forward.
+
 Inputs aiter cannot take (float32, a head dim not a multiple of 8, q heads not a multiple of
 k heads) go to the attention the original wrapper ran (SDPA, or flex attention with its
 block mask; with document spans, SDPA with the dense per-document mask); outside
@@ -31,7 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from titan_rocm.log import log_once
 from titan_rocm.workarounds.mla_attention import op
-from titan_rocm.workarounds.mla_attention.documents import DocumentSpans
+from titan_rocm.workarounds.mla_attention.documents import DocumentSpans, dense_mask
 from titan_rocm.workarounds.mla_attention.routing import DTYPES
 
 _DEFAULT_SDPA_BACKENDS = [
@@ -161,29 +165,43 @@ class MLAVarlenInnerAttention(MLAFlexInnerAttention):
                 _log_fallback(q, v, f"block_mask is a {type(block_mask).__name__}, not "
                               "titan-rocm's DocumentSpans", "flex attention")
             return _flex_attention(q, k, v, block_mask, scale, enable_gqa)
-        reason = unsupported_reason(q, k, v)
-        if reason is None and q.shape[1] != k.shape[1] and not enable_gqa:
-            reason = "q and k/v head counts differ and enable_gqa is False"
-        if reason is not None:
-            if not torch.compiler.is_dynamo_compiling():
-                _log_fallback(q, v, reason, "PyTorch SDPA with the per-document mask")
-            with sdpa_kernel(self.sdpa_backends, set_priority=True):
-                return F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=block_mask.dense_mask(), scale=scale,
-                    enable_gqa=enable_gqa,
-                )
-        batch, heads, seqlen, _ = q.shape
+        batch, _, seqlen, _ = q.shape
         if (batch, seqlen) != (block_mask.batch, block_mask.seqlen):
             raise ValueError(
                 f"document spans are for batch {block_mask.batch} x seqlen {block_mask.seqlen}, "
                 f"attention got {batch} x {seqlen}"
             )
+        return self.within_documents(q, k, v, block_mask.cu_seqlens, block_mask.max_seqlen,
+                                     scale=scale, enable_gqa=enable_gqa)
+
+    def within_documents(self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
+                         max_seqlen: int, *, scale: float | None = None,
+                         enable_gqa: bool = False) -> Tensor:
+        """Causal attention within each document of ``bhsd`` q/k/v: aiter's varlen attention
+        over the packed tokens, or (inputs aiter cannot take) SDPA under the per-document mask.
+
+        ``cu_seqlens``: int32 offsets of every document in the flattened ``(batch * seqlen)``
+        tokens, then the total; ``max_seqlen``: the longest document. The varlen path of both
+        TorchTitan versions (0.3.0 passes its ``VarlenMetadata``'s, ``tt030.py``).
+        """
+        reason = unsupported_reason(q, k, v)
+        if reason is None and q.shape[1] != k.shape[1] and not enable_gqa:
+            reason = "q and k/v head counts differ and enable_gqa is False"
+        batch, heads, seqlen, _ = q.shape
+        if reason is not None:
+            if not torch.compiler.is_dynamo_compiling():
+                _log_fallback(q, v, reason, "PyTorch SDPA with the per-document mask")
+            with sdpa_kernel(self.sdpa_backends, set_priority=True):
+                return F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=dense_mask(cu_seqlens, batch, seqlen), scale=scale,
+                    enable_gqa=enable_gqa,
+                )
 
         def packed(t: Tensor) -> Tensor:  # bhsd -> (batch * seqlen, heads, dim), thd
             return t.transpose(1, 2).reshape(batch * seqlen, t.shape[1], t.shape[-1])
 
         out = op.mla_varlen_attention(
-            packed(q), packed(k), packed(v), block_mask.cu_seqlens, block_mask.max_seqlen,
+            packed(q), packed(k), packed(v), cu_seqlens, max_seqlen,
             softmax_scale=q.shape[-1] ** -0.5 if scale is None else scale,
         )
         return out.view(batch, seqlen, heads, -1).transpose(1, 2)

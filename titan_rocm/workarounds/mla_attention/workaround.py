@@ -22,6 +22,11 @@ Also: the forward ops join the op-level SAC save list of the model's parallelize
 (``_op_sac_save_list``), so they are saved, not recomputed; aiter's own ``_flash_attn_backward``
 is guarded (:mod:`~.guard`); and a ``get_gfx()`` that names another arch than the device is
 logged once.
+
+TorchTitan 0.3.0 (``ctx.framework``): the same gate, kinds, routes and plan through
+:mod:`~.tt030`, whose replacements are inner-attention configs of titan-rocm's own (the
+varlen one a ``VarlenAttention.Config``, so TorchTitan's own ``get_attention_masks`` returns
+the document boundaries) running the same varlen and dense paths.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import importlib
 import logging
 from collections import Counter
+from types import ModuleType
 from typing import Any
 
 import torch.nn as nn
@@ -39,6 +45,13 @@ from titan_rocm.platform import PlatformFacts
 from titan_rocm.workarounds.base import TORCHTITAN_030, Context, Workaround
 from titan_rocm.workarounds.mla_attention import aiter_api
 from titan_rocm.workarounds.mla_attention.aiter_releases import release_for
+from titan_rocm.workarounds.mla_attention.kinds import (
+    ATTENTION_LABELS,
+    DENSE,
+    DROPPED,
+    FLEX_CAUSAL,
+    VARLEN,
+)
 from titan_rocm.workarounds.mla_attention.routing import (
     DTYPES,
     AttentionCall,
@@ -49,21 +62,15 @@ from titan_rocm.workarounds.mla_attention.routing import (
 
 DEEPSEEK_PARALLELIZE = "torchtitan.models.deepseek_v3.infra.parallelize"
 SAC_LIST_NAME = "_op_sac_save_list"
-NOT_ON_030 = (
-    "not wired for TorchTitan 0.3.0 yet: its language models always run per-document masks "
-    "(Flex or Varlen inner_attention configs), and the aiter varlen path that serves them "
-    "(docs/mla-ck-backward.md) is wired to TorchTitan 0.2.2's DeepSeek model only"
-)
 SDPA_LABEL = "PyTorch SDPA (fallback)"
+DOCUMENT_MASKS_022 = (
+    "get_attention_masks returns DocumentSpans: cu_seqlens from TorchTitan's "
+    "create_varlen_metadata_for_document, once per batch outside the compiled model "
+    "(host syncs: a few per sample and one for the longest document, as "
+    "TorchTitan's own varlen attention)"
+)
+"""How the plan says where the document boundaries come from on 0.2.2."""
 
-DENSE, FLEX_CAUSAL, VARLEN, DROPPED = "sdpa", "flex", "varlen", "dropped"
-ATTENTION_LABELS = {
-    DENSE: "sdpa (causal): aiter dense attention",
-    FLEX_CAUSAL: "flex (causal mask): aiter dense attention",
-    VARLEN: "varlen (block_causal mask): aiter varlen attention within each document",
-    DROPPED: "flex (block_causal mask dropped): aiter dense causal attention across documents",
-}
-"""How each attention kind shows in plans."""
 
 
 def deepseek_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -160,6 +167,20 @@ class MLACKBackward(Workaround):
     def _drop_documents(self) -> bool:
         return self.ctx.settings.mla_document_masks == "drop"
 
+    @property
+    def _tt030(self) -> ModuleType | None:
+        """TorchTitan 0.3.0's seam (:mod:`.tt030`) in a 0.3.0 job, else None (imported only
+        there: it subclasses 0.3.0's classes)."""
+        if self.ctx.framework != TORCHTITAN_030:
+            return None
+        from titan_rocm.workarounds.mla_attention import tt030
+
+        return tt030
+
+    def _attentions(self, model: nn.Module) -> dict[str, nn.Module]:
+        seam = self._tt030
+        return dict(seam.attention_modules(model) if seam else deepseek_attention_modules(model))
+
     # -- gate ----------------------------------------------------------------------------
 
     def unmet(self) -> str | None:
@@ -177,23 +198,30 @@ class MLACKBackward(Workaround):
         return None
 
     def _kinds(self, model: nn.Module) -> dict[str, str | None]:
+        seam = self._tt030
+        if seam:
+            return {fqn: seam.attention_kind(m, self._drop_documents)
+                    for fqn, m in seam.attention_modules(model)}
         masks = mask_type(model)
         return {fqn: attention_kind(m, masks, self._drop_documents)
                 for fqn, m in deepseek_attention_modules(model)}
 
     def check(self, model: nn.Module) -> str | None:
-        if self.ctx.framework == TORCHTITAN_030:
-            return NOT_ON_030
         kinds = self._kinds(model)
         if not kinds:
             return "model has no DeepSeek V3 MLA attention (torchtitan deepseek_v3 Attention)"
         if not any(kinds.values()):
-            attentions = dict(deepseek_attention_modules(model))
+            attentions = self._attentions(model)
             names = sorted({type(attentions[f].inner_attention).__name__ for f in kinds})
-            return (
-                f"attention runs {', '.join(names)}; rocm.mla_ck_backward replaces only "
-                "TorchTitan's SDPA and flex attention wrappers"
-            )
+            stock = ("TorchTitan's ScaledDotProductAttention, FlexAttention and causal "
+                     "VarlenAttention" if self._tt030 else
+                     "TorchTitan's SDPA and flex attention wrappers")
+            return f"attention runs {', '.join(names)}; rocm.mla_ck_backward replaces only {stock}"
+        seam = self._tt030
+        if seam:
+            if VARLEN in kinds.values() and self.ctx.parallel.pp_enabled:
+                return seam.PP_REASON
+            return seam.check(model, kinds)
         if VARLEN in kinds.values():
             if self.ctx.parallel.pp_enabled:
                 return (
@@ -209,30 +237,22 @@ class MLACKBackward(Workaround):
     # -- apply ---------------------------------------------------------------------------
 
     def apply(self, model: nn.Module) -> None:
-        from titan_rocm.workarounds.mla_attention import documents
-
-        replaced: Counter[str] = Counter()
-        attentions = dict(deepseek_attention_modules(model))
-        for fqn, kind in self._kinds(model).items():
-            attention = attentions[fqn]
-            cls = replacement(kind) if kind else None
-            if cls is None or type(attention.inner_attention) is cls:
-                continue
-            inner = attention.inner_attention
-            attention.inner_attention = cls(getattr(inner, "sdpa_backends", None))
-            replaced[kind] += 1
+        seam = self._tt030
+        if seam:
+            replaced = Counter(seam.replace(model, self._kinds(model)))
+            self._sac_list = seam.save_forward_in_op_sac()
+        else:
+            replaced = self._replace_022(model)
+            self._sac_list = self._save_forward_in_op_sac()
         self._replaced = dict(replaced)
-        if VARLEN in self._kinds(model).values():
-            documents.install(model)
         if replaced[DROPPED]:
             log.warning(
                 "titan-rocm: mla_ck_backward (mla_document_masks = drop): %d flex attention "
                 "modules with %r masks now run plain causal attention: tokens attend across "
                 "document boundaries",
                 replaced[DROPPED],
-                mask_type(model),
+                "block_causal" if seam else mask_type(model),
             )
-        self._sac_list = self._save_forward_in_op_sac()
         if self.ctx.planning:
             self._guard = "not installed (plan)"
         else:
@@ -248,13 +268,37 @@ class MLACKBackward(Workaround):
             self._sac_list or "none found",
             self._guard,
         )
-        dtype = expected_attention_dtype(self.ctx)
+        dtype = self._attention_dtype()
         if dtype not in DTYPES:
             log.warning(
                 "titan-rocm: mla_ck_backward: attention will run in %s, which aiter does not "
                 "take; it falls back to PyTorch (train in bfloat16 or use FSDP mixed precision)",
                 dtype,
             )
+
+    def _replace_022(self, model: nn.Module) -> Counter[str]:
+        """TorchTitan 0.2.2: swap the wrappers; per-document masks become DocumentSpans."""
+        from titan_rocm.workarounds.mla_attention import documents
+
+        replaced: Counter[str] = Counter()
+        attentions = dict(deepseek_attention_modules(model))
+        for fqn, kind in self._kinds(model).items():
+            attention = attentions[fqn]
+            cls = replacement(kind) if kind else None
+            if cls is None or type(attention.inner_attention) is cls:
+                continue
+            inner = attention.inner_attention
+            attention.inner_attention = cls(getattr(inner, "sdpa_backends", None))
+            replaced[kind] += 1
+        if VARLEN in self._kinds(model).values():
+            documents.install(model)
+        return replaced
+
+    def _attention_dtype(self) -> str:
+        seam = self._tt030
+        if seam:
+            return seam.attention_dtype(self.ctx.training_dtype, self.ctx.mixed_precision_param)
+        return expected_attention_dtype(self.ctx)
 
     def _say_gfx_mismatch(self, facts: PlatformFacts) -> None:
         aiter = facts.aiter
@@ -315,19 +359,17 @@ class MLACKBackward(Workaround):
         "forward_runs": "CK mha_varlen_fwd", "backward": "ck (mha_varlen_bwd)", ...,
         "modules": 27}``; further kinds or shapes go under ``other_attention``.
         """
-        if self.ctx.framework == TORCHTITAN_030:
-            return {}  # its skip reason says it all
         from titan_rocm.workarounds.mla_attention.guard import NOT_COVERED
 
         facts = self._facts or self.ctx.platform
         kinds = self._kinds(model)
-        attentions = dict(deepseek_attention_modules(model))
+        attentions = self._attentions(model)
         groups = Counter(
             (kind, int(m.qk_nope_head_dim + m.qk_rope_head_dim), int(m.v_head_dim))
             for fqn, kind in kinds.items() if kind
             for m in (attentions[fqn],)
         )
-        dtype = expected_attention_dtype(self.ctx)
+        dtype = self._attention_dtype()
         rows = [self._plan_row(facts, kind, qk, v, dtype, n)
                 for (kind, qk, v), n in groups.items()]
         if not facts.aiter_spec_found:  # no release to reason about: no routes to show
@@ -341,12 +383,8 @@ class MLACKBackward(Workaround):
             details["other_attention"] = rows[1:]
         details["dtype"] = dtype
         if VARLEN in kinds.values():
-            details["document_masks"] = (
-                "get_attention_masks returns DocumentSpans: cu_seqlens from TorchTitan's "
-                "create_varlen_metadata_for_document, once per batch outside the compiled model "
-                "(host syncs: a few per sample and one for the longest document, as "
-                "TorchTitan's own varlen attention)"
-            )
+            seam = self._tt030
+            details["document_masks"] = seam.DOCUMENT_MASKS if seam else DOCUMENT_MASKS_022
         if self._replaced is not None:
             details["replaced"] = self._replaced
             details["op_sac_save_list"] = self._sac_list
