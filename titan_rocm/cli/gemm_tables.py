@@ -18,7 +18,6 @@ from titan_rocm.gemm_tables.capture_safe import (
     CaptureSafeError,
     CaptureSafeInterrupted,
     Result,
-    as_dict,
     capture_safe,
     totals,
 )
@@ -154,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"titan-rocm gemm-tables: interrupted; {exc}", file=sys.stderr)
         return INTERRUPTED
     if args.json:
-        print(json.dumps(as_dict(result), indent=2))
+        print(json.dumps(result.to_dict(), indent=2))
     else:
         _print_text(result)
     _print_warnings(result)

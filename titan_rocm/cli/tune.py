@@ -119,7 +119,7 @@ def _table(args: argparse.Namespace) -> int:
             if not path.is_file():
                 raise ResultsError(f"{path}: no such file")
         built = table.build(load_many(args.results), args.min_speedup)
-    except (ResultsError, table.TableError) as exc:
+    except (ResultsError, table.LookupTableError) as exc:
         return _error(str(exc))
     if built.garbled:
         print(f"titan-rocm tune: skipped {built.garbled} garbled line(s) in the results",

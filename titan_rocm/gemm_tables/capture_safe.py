@@ -18,7 +18,7 @@ from pathlib import Path
 
 from titan_rocm.archs import ARCHS, ArchFacts, normalize_arch
 from titan_rocm.gemm_tables.policy import POLICIES, ArchError, judge, row_arch
-from titan_rocm.gemm_tables.table import Table, TableError, read_table
+from titan_rocm.gemm_tables.table import GemmTableError, Table, read_table
 
 AITER_GEMM_CONFIG_ENV = "AITER_CONFIG_GEMM_BF16"
 """aiter's list of tuned BF16 GEMM tables, joined by ``:``."""
@@ -59,7 +59,7 @@ class RowNote:
     kernel_name: str
     detail: str
 
-    def as_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, object]:
         """JSON-able form."""
         return {
             "line": self.line,
@@ -121,6 +121,41 @@ class Result:
         """``AITER_CONFIG_GEMM_BF16=...`` for the written files (``None`` when nothing written)."""
         outputs = [str(f.output) for f in self.files if f.output is not None]
         return f"{AITER_GEMM_CONFIG_ENV}={':'.join(outputs)}" if outputs else None
+
+    def to_dict(self) -> dict[str, object]:
+        """JSON-able report of this run (what ``--json`` prints)."""
+        unknown: Counter[tuple[str, str]] = Counter()
+        for file_result in self.files:
+            unknown.update(file_result.unknown_cu_nums)
+        total = totals(self)
+        return {
+            "policy": self.policy,
+            "check": self.check,
+            "arch_override": self.arch_override,
+            "rows": sum(total.values()),
+            "unsafe_rows": self.unsafe_rows,
+            "disagreements": self.disagreements,
+            "files": [
+                {
+                    "input": str(f.table.path),
+                    "output": None if f.output is None else str(f.output),
+                    "has_gfx_column": f.table.has_gfx,
+                    "rows": f.rows,
+                    "kept": f.rows - f.removed_rows,
+                    "removed": f.removed_rows,
+                    "counts": _count_rows(f.counts),
+                    "removed_rows": [n.to_dict() for n in f.removed],
+                    "disagreements": [n.to_dict() for n in f.disagreements],
+                }
+                for f in self.files
+            ],
+            "totals": _count_rows(total),
+            "cu_nums_not_in_archs": [
+                {"arch": arch, "cu_num": cu_num, "rows": rows}
+                for (arch, cu_num), rows in sorted(unknown.items())
+            ],
+            "env": self.env_line(),
+        }
 
 
 def _label(fields: Mapping[str, str]) -> str:
@@ -357,7 +392,7 @@ def capture_safe(
         for path, output in zip(paths, outputs, strict=True):
             try:
                 table = read_table(path)
-            except TableError as exc:
+            except GemmTableError as exc:
                 raise CaptureSafeError(str(exc)) from None
             file_result = judge_table(table, policy, arch_name, archs)
             file_result.output = output
@@ -402,39 +437,3 @@ def totals(result: Result) -> Counter[tuple[str, str, bool]]:
     for file_result in result.files:
         total.update(file_result.counts)
     return total
-
-
-def as_dict(result: Result) -> dict[str, object]:
-    """JSON-able report of ``result`` (what ``--json`` prints)."""
-    unknown: Counter[tuple[str, str]] = Counter()
-    for file_result in result.files:
-        unknown.update(file_result.unknown_cu_nums)
-    total = totals(result)
-    return {
-        "policy": result.policy,
-        "check": result.check,
-        "arch_override": result.arch_override,
-        "rows": sum(total.values()),
-        "unsafe_rows": result.unsafe_rows,
-        "disagreements": result.disagreements,
-        "files": [
-            {
-                "input": str(f.table.path),
-                "output": None if f.output is None else str(f.output),
-                "has_gfx_column": f.table.has_gfx,
-                "rows": f.rows,
-                "kept": f.rows - f.removed_rows,
-                "removed": f.removed_rows,
-                "counts": _count_rows(f.counts),
-                "removed_rows": [n.as_dict() for n in f.removed],
-                "disagreements": [n.as_dict() for n in f.disagreements],
-            }
-            for f in result.files
-        ],
-        "totals": _count_rows(total),
-        "cu_nums_not_in_archs": [
-            {"arch": arch, "cu_num": cu_num, "rows": rows}
-            for (arch, cu_num), rows in sorted(unknown.items())
-        ],
-        "env": result.env_line(),
-    }

@@ -27,7 +27,7 @@ class ArchError(ValueError):
 
 
 @dataclass(frozen=True)
-class Verdict:
+class RowJudgement:
     """The decision about one row."""
 
     unsafe: bool
@@ -120,7 +120,7 @@ def parse_solidx(text: str) -> int:
     raise ValueError(f"solidx {text!r} is not an integer")
 
 
-def judge(fields: Mapping[str, str], facts: ArchFacts, policy: str) -> Verdict:
+def judge(fields: Mapping[str, str], facts: ArchFacts, policy: str) -> RowJudgement:
     """Decide whether the row ``fields`` (of architecture ``facts``) is unsafe under ``policy``.
 
     Only ``libtype == "opus"`` rows of an architecture with capture-unsafe split-K
@@ -135,7 +135,7 @@ def judge(fields: Mapping[str, str], facts: ArchFacts, policy: str) -> Verdict:
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of: {', '.join(POLICIES)}")
     if fields["libtype"].strip().lower() != OPUS or not facts.opus_splitk_solidx_ranges:
-        return Verdict(False, "", "")
+        return RowJudgement(False, "", "")
     solidx = parse_solidx(fields["solidx"])
     by_id = in_splitk_range(solidx, facts)
     by_name = name_says_splitk(fields["kernelName"])
@@ -150,7 +150,7 @@ def judge(fields: Mapping[str, str], facts: ArchFacts, policy: str) -> Verdict:
             f"ranges {list(facts.opus_splitk_solidx_ranges)}"
         )
     if by_id or by_name:
-        return Verdict(True, f"split-K opus kernel (solidx {solidx})", disagreement)
+        return RowJudgement(True, f"split-K opus kernel (solidx {solidx})", disagreement)
     if policy == "all-opus":
-        return Verdict(True, f"opus kernel (solidx {solidx}), policy all-opus", disagreement)
-    return Verdict(False, "", disagreement)
+        return RowJudgement(True, f"opus kernel (solidx {solidx}), policy all-opus", disagreement)
+    return RowJudgement(False, "", disagreement)

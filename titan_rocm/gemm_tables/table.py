@@ -24,12 +24,12 @@ OPTIONAL_ARCH_COLUMN = "gfx"
 _BOM = b"\xef\xbb\xbf"
 
 
-class TableError(ValueError):
+class GemmTableError(ValueError):
     """The file is not a tuned GEMM table this tool can process (message says why)."""
 
 
 @dataclass(frozen=True)
-class Record:
+class TableLine:
     """One CSV record: its original bytes and, for data rows, its parsed fields."""
 
     line: int
@@ -45,16 +45,16 @@ class Table:
     """A tuned GEMM table: header bytes, column names, and records in file order."""
 
     path: Path
-    header: Record
+    header: TableLine
     columns: tuple[str, ...]
-    records: list[Record] = field(default_factory=list)
+    records: list[TableLine] = field(default_factory=list)
 
     @property
     def has_gfx(self) -> bool:
         """Whether rows name their architecture in a ``gfx`` column."""
         return OPTIONAL_ARCH_COLUMN in self.columns
 
-    def rows(self) -> list[Record]:
+    def rows(self) -> list[TableLine]:
         """The data rows (blank lines left out)."""
         return [r for r in self.records if r.fields is not None]
 
@@ -68,7 +68,7 @@ def split_records(data: bytes, where: str = "line ") -> list[tuple[int, bytes]]:
     twice and so never unbalances).
 
     Raises:
-        TableError: if the data ends inside a quoted field (``where`` prefixes its line
+        GemmTableError: if the data ends inside a quoted field (``where`` prefixes its line
             number: ``"table.csv:"`` names the file).
     """
     records: list[tuple[int, bytes]] = []
@@ -84,7 +84,9 @@ def split_records(data: bytes, where: str = "line ") -> list[tuple[int, bytes]]:
             records.append((start, b"".join(pending)))
             pending, quotes = [], 0
     if pending:
-        raise TableError(f"{where}{start}: a quoted field is never closed before the end of file")
+        raise GemmTableError(
+            f"{where}{start}: a quoted field is never closed before the end of file"
+        )
     return records
 
 
@@ -92,9 +94,9 @@ def _parse(text: str, where: str) -> list[str]:
     try:
         rows = list(csv.reader(io.StringIO(text, newline=""), strict=True))
     except csv.Error as exc:
-        raise TableError(f"{where}: not valid CSV ({exc})") from None
+        raise GemmTableError(f"{where}: not valid CSV ({exc})") from None
     if len(rows) > 1:
-        raise TableError(f"{where}: one record parses as {len(rows)} CSV rows")
+        raise GemmTableError(f"{where}: one record parses as {len(rows)} CSV rows")
     return rows[0] if rows else []
 
 
@@ -102,41 +104,41 @@ def parse_table(data: bytes, path: Path) -> Table:
     """Parse the bytes of a tuned GEMM table read from ``path`` (used in messages).
 
     Raises:
-        TableError: empty file, non-UTF-8 bytes, malformed CSV, a row whose field
+        GemmTableError: empty file, non-UTF-8 bytes, malformed CSV, a row whose field
             count differs from the header's, or missing required columns.
     """
     records = split_records(data, f"{path}:")
     if not records:
-        raise TableError(f"{path}: empty file, expected a CSV header line")
+        raise GemmTableError(f"{path}: empty file, expected a CSV header line")
     header_line, header_raw = records[0]
     try:
         header_text = header_raw.removeprefix(_BOM).decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise TableError(f"{path}:{header_line}: not UTF-8 text ({exc})") from None
+        raise GemmTableError(f"{path}:{header_line}: not UTF-8 text ({exc})") from None
     columns = tuple(c.strip() for c in _parse(header_text, f"{path}:{header_line}"))
     missing = [c for c in REQUIRED_COLUMNS if c not in columns]
     if missing:
-        raise TableError(
+        raise GemmTableError(
             f"{path}: not an aiter tuned BF16 GEMM table: missing column(s) "
             f"{', '.join(missing)}; a table needs {', '.join(REQUIRED_COLUMNS)} "
             f"(and optionally {OPTIONAL_ARCH_COLUMN}); its header has: {', '.join(columns)}"
         )
-    table = Table(path=path, header=Record(header_line, header_raw, None), columns=columns)
+    table = Table(path=path, header=TableLine(header_line, header_raw, None), columns=columns)
     for line, raw in records[1:]:
         where = f"{path}:{line}"
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise TableError(f"{where}: not UTF-8 text ({exc})") from None
+            raise GemmTableError(f"{where}: not UTF-8 text ({exc})") from None
         values = _parse(text, where)
         if not values:
-            table.records.append(Record(line, raw, None))
+            table.records.append(TableLine(line, raw, None))
             continue
         if len(values) != len(columns):
-            raise TableError(
+            raise GemmTableError(
                 f"{where}: {len(values)} fields but the header has {len(columns)} columns"
             )
-        table.records.append(Record(line, raw, dict(zip(columns, values, strict=True))))
+        table.records.append(TableLine(line, raw, dict(zip(columns, values, strict=True))))
     return table
 
 
@@ -144,13 +146,13 @@ def read_table(path: str | Path) -> Table:
     """Read and parse the tuned GEMM table at ``path``.
 
     Raises:
-        TableError: the file cannot be read or is not such a table.
+        GemmTableError: the file cannot be read or is not such a table.
     """
     path = Path(path)
     try:
         data = read_regular(path)
     except NotRegularFileError as exc:
-        raise TableError(str(exc)) from None
+        raise GemmTableError(str(exc)) from None
     except OSError as exc:
-        raise TableError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise GemmTableError(f"{path}: cannot read ({exc.strerror or exc})") from None
     return parse_table(data, path)

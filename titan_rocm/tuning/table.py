@@ -25,7 +25,7 @@ META_FIELDS: tuple[str, ...] = ("device_key", *ENV_FIELDS, "fp32_precision")
 """Meta fields a training run must match to use a table."""
 
 
-class TableError(ValueError):
+class LookupTableError(ValueError):
     """A table (or the results it is built from) cannot be used; the message says why."""
 
 
@@ -48,7 +48,7 @@ def full_key(device_key: str | None, key: str) -> str:
 
 
 @dataclass
-class Decision:
+class ProblemChoice:
     """What the table holds for one problem, and why."""
 
     key: str
@@ -77,11 +77,11 @@ class Built:
 
     meta: dict[str, Any]
     table: dict[str, list[dict[str, Any]]]
-    decisions: list[Decision]
+    decisions: list[ProblemChoice]
     garbled: int
 
     @property
-    def missing(self) -> list[Decision]:
+    def missing(self) -> list[ProblemChoice]:
         """Problems with no validated winner."""
         return [d for d in self.decisions if d.winner is None]
 
@@ -92,7 +92,7 @@ class Built:
 
 
 def _decide(key: str, problem: dict[str, Any], results: list[dict[str, Any]],
-            min_speedup: float) -> Decision:
+            min_speedup: float) -> ProblemChoice:
     op = str(problem.get("op", "?"))
     statuses: dict[str, int] = {}
     for r in results:
@@ -102,7 +102,7 @@ def _decide(key: str, problem: dict[str, Any], results: list[dict[str, Any]],
     aten = [r for r in passed if r["template_id"].startswith("aten::")]
     others = [r for r in passed if not r["template_id"].startswith("aten::")
               and r.get("representable", True)]
-    made = Decision(key, op, None, "", tasks, len(results), statuses)
+    made = ProblemChoice(key, op, None, "", tasks, len(results), statuses)
     if not aten:
         made.reason = ("no ATen timing (not run yet, or ATen failed): the training run falls "
                        "back to ATen for it" if not passed else
@@ -126,23 +126,27 @@ def build(state: State, min_speedup: float = 1.0, created: str | None = None) ->
     """The table of a results :class:`State`.
 
     Raises:
-        TableError: not a results file of ``tune run``, or results from several devices or
+        LookupTableError: not a results file of ``tune run``, or results from several devices or
             software versions mixed in one file.
     """
     if state.run is None:
-        raise TableError("no 'run' record: not a results file written by `titan-rocm tune run`")
+        raise LookupTableError(
+            "no 'run' record: not a results file written by `titan-rocm tune run`"
+        )
     if not state.envs:
-        raise TableError("no 'env' record: the run never got a device ready, nothing was tuned")
+        raise LookupTableError(
+            "no 'env' record: the run never got a device ready, nothing was tuned"
+        )
     distinct = {json.dumps({k: e.get(k) for k in META_FIELDS}, sort_keys=True)
                 for e in state.envs}
     if len(distinct) > 1:
-        raise TableError("results from several devices or software versions: "
+        raise LookupTableError("results from several devices or software versions: "
                          + "; ".join(sorted(distinct)) + ": tune each separately")
     env = state.envs[0]
     by_key: dict[str, list[dict[str, Any]]] = {}
     for r in state.results.values():
         by_key.setdefault(r.get("key", ""), []).append(r)
-    decisions: list[Decision] = []
+    decisions: list[ProblemChoice] = []
     table: dict[str, list[dict[str, Any]]] = {}
     for key in state.run.get("problems", []):
         problem = state.problems.get(key, {"op": key.rsplit("+", 1)[-1], "tasks": []})
@@ -177,21 +181,23 @@ def parse(data: bytes, path: str | Path) -> TableFile:
     """Parse a table file's bytes.
 
     Raises:
-        TableError: not JSON, or not ``{"meta": {...}, "table": {key: [entry, ...]}}`` with a
+        LookupTableError: not JSON, or not ``{"meta": {...}, "table": {key: [entry, ...]}}`` with a
             ``template_id`` in every entry.
     """
     try:
         doc = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise TableError(f"{path}: not JSON ({exc})") from None
+        raise LookupTableError(f"{path}: not JSON ({exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict) \
             or not isinstance(doc.get("table"), dict):
-        raise TableError(f"{path}: not a GEMM table: expected {{\"meta\": {{...}}, \"table\": "
-                         "{...}}, as written by `titan-rocm tune table`")
+        raise LookupTableError(
+            f"{path}: not a GEMM table: expected {{\"meta\": {{...}}, \"table\": "
+            "{...}}, as written by `titan-rocm tune table`"
+        )
     for key, entries in doc["table"].items():
         if not isinstance(entries, list) or not all(
                 isinstance(e, dict) and isinstance(e.get("template_id"), str) for e in entries):
-            raise TableError(f"{path}: entry {key!r} is not a list of objects with a "
+            raise LookupTableError(f"{path}: entry {key!r} is not a list of objects with a "
                              "template_id")
     return TableFile(Path(path), doc["meta"], doc["table"], hashlib.sha256(data).hexdigest())
 
@@ -200,12 +206,12 @@ def read(path: str | Path) -> TableFile:
     """Read a table file.
 
     Raises:
-        TableError: unreadable or not a table (see :func:`parse`).
+        LookupTableError: unreadable or not a table (see :func:`parse`).
     """
     try:
         data = Path(path).read_bytes()
     except OSError as exc:
-        raise TableError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise LookupTableError(f"{path}: cannot read ({exc.strerror or exc})") from None
     return parse(data, path)
 
 
@@ -229,7 +235,7 @@ def problems_coverage(table_path: str | Path, problems_path: str | Path,
     """How many of a job's collected problems a table answers (``titan-rocm plan``).
 
     Raises:
-        TableError: the table cannot be read.
+        LookupTableError: the table cannot be read.
         ProblemsError: the problems file cannot be read, or comes from another model/flavor.
     """
     from titan_rocm.tuning import problems as problems_module

@@ -50,7 +50,7 @@ class GemmLookup(Workaround):
             return "no table named ([rocm] gemm_lookup_table is empty)"
         try:
             self.table = table_module.read(self.path)
-        except table_module.TableError as exc:
+        except table_module.LookupTableError as exc:
             return str(exc)
         if self.ctx.planning:
             return None  # plan runs on a login node: the meta is shown, not compared
