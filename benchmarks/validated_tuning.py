@@ -102,16 +102,10 @@ def _env(tmp: Path, cap: int, **extra: str) -> dict[str, str]:
 
 
 def _sh(cmd: list[str], log: Path, env: dict[str, str], timeout: float) -> dict[str, Any]:
-    start = time.monotonic()
-    with open(log, "w") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        try:
-            code: int | str = subprocess.run(cmd, cwd=REPO, env=env, stdout=f,
-                                             stderr=subprocess.STDOUT, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-    return {"exit": code, "wall_s": round(time.monotonic() - start, 1), "log": log.name}
+    from benchmarks.gpu_validation import run_logged
+
+    code, wall = run_logged(cmd, log, env, timeout)
+    return {"exit": code, "wall_s": round(wall, 1), "log": log.name}
 
 
 def _torchrun(*args: str) -> list[str]:
