@@ -27,12 +27,8 @@ from hypothesis import strategies as st
 
 from titan_rocm import archs as archs_module
 from titan_rocm.cli import main
-from titan_rocm.gemm_tables.capture_safe import (
-    CaptureSafeError,
-    PartialWrite,
-    capture_safe,
-    write_all,
-)
+from titan_rocm.files import PartialWrite, write_all
+from titan_rocm.gemm_tables.capture_safe import CaptureSafeError, capture_safe
 from titan_rocm.gemm_tables.policy import in_splitk_range
 from titan_rocm.gemm_tables.table import split_records
 

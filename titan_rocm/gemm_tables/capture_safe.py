@@ -10,13 +10,13 @@ Docs: docs/gemm-tables.md.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from titan_rocm.archs import ARCHS, ArchFacts, normalize_arch
+from titan_rocm.files import PartialWrite, write_all
 from titan_rocm.gemm_tables.policy import POLICIES, ArchError, judge, row_arch
 from titan_rocm.gemm_tables.table import GemmTableError, Table, read_table
 
@@ -272,77 +272,6 @@ def plan_outputs(inputs: Sequence[Path], outdir: Path) -> list[Path]:
                 )
         outputs.append(output)
     return outputs
-
-
-def _stage(path: Path, data: bytes) -> str:
-    """``data`` in a temporary file beside ``path`` (synced, with the permissions a new file
-    gets: 0666 minus the umask); the temporary file's name."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-    except BaseException:
-        _unlink(tmp)
-        raise
-    return tmp
-
-
-def _unlink(tmp: str) -> None:
-    try:
-        os.unlink(tmp)
-    except FileNotFoundError:
-        pass
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename.
-
-    Raises:
-        OSError: as the write or rename raised it; ``path`` is then as it was.
-    """
-    try:
-        write_all([(path, data)])
-    except PartialWrite as exc:
-        raise exc.cause from None
-
-
-class PartialWrite(Exception):
-    """Writing stopped (an OSError or Ctrl-C, in ``cause``) after ``written`` of the files."""
-
-    def __init__(self, written: list[Path], not_written: list[Path], cause: BaseException):
-        self.written, self.not_written, self.cause = written, not_written, cause
-        super().__init__(str(cause))
-
-
-def write_all(files: Sequence[tuple[Path, bytes]]) -> None:
-    """Write every ``(path, data)`` atomically, all of them or (nearly) none.
-
-    Every file is first written to a temporary file beside its destination; only when all
-    are on disk are they renamed into place, so a full disk or a Ctrl-C while writing
-    leaves every destination as it was. Only a failure among the renames (rare: same
-    directory) leaves some tables replaced and others not.
-
-    Raises:
-        PartialWrite: with the destinations written and not written, and the cause.
-    """
-    staged: list[tuple[str, Path]] = []
-    written: list[Path] = []
-    try:
-        for path, data in files:
-            staged.append((_stage(path, data), path))
-        for tmp, path in staged:
-            os.replace(tmp, path)
-            written.append(path)
-    except BaseException as exc:
-        for tmp, _ in staged:
-            _unlink(tmp)
-        not_written = [path for path, _ in files if path not in written]
-        raise PartialWrite(written, not_written, exc) from None
 
 
 def capture_safe(

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from titan_rocm.gemm_tables.capture_safe import write_atomic
+from titan_rocm.files import write_atomic
 from titan_rocm.logs.compare import (
     CompareError,
     Comparison,

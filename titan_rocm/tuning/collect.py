@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from titan_rocm.gemm_tables.capture_safe import write_atomic
+from titan_rocm.files import write_atomic
 from titan_rocm.job_args import JobArgsError, prepare
 from titan_rocm.tuning import problems as problems_module
 from titan_rocm.tuning.problems import Problem

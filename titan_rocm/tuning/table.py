@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from titan_rocm.gemm_tables.capture_safe import write_atomic
+from titan_rocm.files import write_atomic
 from titan_rocm.tuning.problems import FORMAT
 from titan_rocm.tuning.records import ENV_FIELDS, State
 
