@@ -149,3 +149,54 @@ def test_tools_do_not_reach_into_workarounds_or_adapters(name: str) -> None:
     above = sorted(m for m in internal(name)
                    if m.startswith((WORKAROUNDS, "titan_rocm.converters", "titan_rocm.plan")))
     assert above == [], f"{name} imports {above}"
+
+
+def _defined_names(name: str) -> set[str]:
+    """Names module ``name`` binds at top level (defs, classes, assignments, imports), and,
+    for a package, its submodules: what ``from name import X`` can find."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
+                node in tree.body:
+            names.add(node.name)
+    for node in tree.body:
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets = [node.target]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.If, ast.Try)):  # TYPE_CHECKING, version fallbacks
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    names.update((a.asname or a.name).split(".")[0] for a in sub.names)
+                elif isinstance(sub, (ast.FunctionDef, ast.ClassDef)):
+                    names.add(sub.name)
+                elif isinstance(sub, ast.Assign):
+                    targets += sub.targets
+        for target in targets:
+            names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    prefix = name + "."
+    names.update(m[len(prefix):].split(".")[0] for m in MODULES if m.startswith(prefix))
+    return names
+
+
+def test_every_name_imported_from_titan_rocm_exists() -> None:
+    """A rename that misses one importer (often a lazy import inside a function, which only
+    runs on a rarely used path) fails here, not in a user's hands. Importers: the package,
+    the tests and the benchmarks."""
+    importers = {**MODULES, **{str(f.relative_to(PACKAGE.parent)): f
+                               for d in ("tests", "benchmarks")
+                               for f in sorted((PACKAGE.parent / d).rglob("*.py"))}}
+    missing = []
+    for name, path in importers.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module in MODULES):
+                continue
+            defined = _defined_names(node.module)
+            missing += [f"{name}: {node.module}.{a.name}" for a in node.names
+                        if a.name != "*" and a.name not in defined]
+    assert missing == []

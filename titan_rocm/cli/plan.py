@@ -166,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
 def _add_coverage(plan: dict, problems: str) -> str | None:
     """Put the table's coverage of ``problems`` into gemm_lookup's details; an error or None."""
     from titan_rocm.tuning.problems import ProblemsError
-    from titan_rocm.tuning.table import TableError, problems_coverage
+    from titan_rocm.tuning.table import LookupTableError, problems_coverage
 
     decision = next((d for d in plan["workarounds"] if d["workaround"] == "gemm_lookup"), None)
     table = (decision or {}).get("details", {}).get("table")
@@ -175,6 +175,6 @@ def _add_coverage(plan: dict, problems: str) -> str | None:
     try:
         decision["details"]["coverage"] = problems_coverage(  # type: ignore[index]
             table, problems, plan["model"]["name"], plan["model"]["flavor"])
-    except (TableError, ProblemsError) as exc:
+    except (LookupTableError, ProblemsError) as exc:
         return str(exc)
     return None
