@@ -409,9 +409,10 @@ _DEGREE_NAMES = {
 
 
 def degrees(job_config: Any) -> dict[str, int]:
-    """The job's parallel degrees under ParallelDims' short names."""
+    """The job's parallel degrees under ParallelDims' short names (1 for a degree the job's
+    TorchTitan has no field for)."""
     p = job_config.parallelism
-    return {short: getattr(p, long) for short, long in _DEGREE_NAMES.items()}
+    return {short: getattr(p, long, 1) for short, long in _DEGREE_NAMES.items()}
 
 
 def _check_counts(size: int | None, nnodes: int | None, nproc_per_node: int | None) -> None:

@@ -64,3 +64,15 @@ def test_plan_rejects_a_0_2_2_job_and_a_bad_arch_with_exit_2(capsys):
     assert main(["plan", *ROCM_16B, "--arch", "gfx000"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("titan-rocm plan: ") and "gfx000" in err
+
+
+def test_world_size_is_derived_or_given_as_for_0_2_2(capsys):
+    """dp_shard = -1 with EP 8 fits 8 ranks at the least, not the 1 a product of degrees says;
+    --nnodes x --nproc-per-node and --world-size are taken, a count below 1 refused."""
+    ep8 = [*ROCM_16B, "--arch", "gfx942", "--parallelism.expert_parallel_degree", "8"]
+    world = _plan(capsys, *ep8)["world_size"]
+    assert (world["size"], world["source"]) == (8, "derived")
+    world = _plan(capsys, *ep8, "--nnodes", "2", "--nproc-per-node", "8")["world_size"]
+    assert (world["size"], world["source"]) == (16, "--nnodes x --nproc-per-node")
+    assert main(["plan", *ep8, "--world-size", "0"]) == 2
+    assert "--world-size must be a whole number of at least 1, got 0" in capsys.readouterr().err

@@ -123,14 +123,12 @@ def _plan_022(args: argparse.Namespace, passthrough: list[str]) -> dict:
 def _plan_030(args: argparse.Namespace, passthrough: list[str]) -> dict:
     """TorchTitan 0.3.0's plan (titan_rocm.torchtitan.plan); its errors as StartupError.
     The 0.2.2 start-up checks (titan_rocm.preflight) and --launcher do not apply."""
-    from titan_rocm.preflight import StartupError, world_size
+    from titan_rocm.preflight import StartupError
     from titan_rocm.torchtitan.plan import PlanError, make_plan
 
-    size = args.world_size
-    if args.nnodes is not None or args.nproc_per_node is not None:
-        size = world_size({}, args.world_size, args.nnodes, args.nproc_per_node).size
     try:
-        return make_plan(passthrough, arch=args.arch, world_size=size, aiter=args.aiter,
+        return make_plan(passthrough, arch=args.arch, size=args.world_size, nnodes=args.nnodes,
+                         nproc_per_node=args.nproc_per_node, aiter=args.aiter,
                          primus_turbo=args.primus_turbo)
     except PlanError as exc:
         raise StartupError(str(exc)) from None

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from titan_rocm import platform
+from titan_rocm.preflight import StartupError, WorldSize, degrees, world_size
 from titan_rocm.settings import RocmSettings, check_section
 from titan_rocm.torchtitan.job import RocmJob
 from titan_rocm.torchtitan.override import ENTRY
@@ -83,20 +84,20 @@ def settings_of(config: Any) -> tuple[RocmSettings, str | None]:
     return RocmSettings(), None
 
 
-def _parallel_dims(config: Any, world_size: int | None) -> Any:
+def _parallel_dims(config: Any, size: int | None, nnodes: int | None,
+                   nproc_per_node: int | None) -> tuple[Any, WorldSize]:
+    """The job's ``ParallelDims`` on the world size given, or the smallest its degrees fit
+    (the same rule as 0.2.2's plan, :func:`titan_rocm.preflight.world_size`), and that size."""
     from torchtitan.distributed import ParallelDims
 
-    p = config.parallelism
-    if world_size is None:
-        world_size = 1
-        for degree in (p.data_parallel_replicate_degree, max(p.data_parallel_shard_degree, 1),
-                       p.context_parallel_degree, p.tensor_parallel_degree,
-                       p.pipeline_parallel_degree):
-            world_size *= degree
     try:
-        return ParallelDims.from_config(p, world_size)
+        world = world_size(degrees(config), size, nnodes, nproc_per_node)
+    except StartupError as exc:
+        raise PlanError(str(exc)) from None
+    try:
+        return ParallelDims.from_config(config.parallelism, world.size), world
     except AssertionError as exc:
-        raise PlanError(f"parallelism does not fit world size {world_size}: {exc}") from None
+        raise PlanError(f"parallelism does not fit world size {world.size}: {exc}") from None
 
 
 def build_meta_model(config: Any) -> torch.nn.Module:
@@ -129,10 +130,12 @@ def compile_per_block(model: torch.nn.Module, enabled: bool) -> dict[str, str]:
     return result
 
 
-def make_plan(args: Sequence[str], *, arch: str | None = None, world_size: int | None = None,
+def make_plan(args: Sequence[str], *, arch: str | None = None, size: int | None = None,
+              nnodes: int | None = None, nproc_per_node: int | None = None,
               aiter: str | None = None, primus_turbo: str | None = None) -> dict[str, Any]:
     """Work out what the TorchTitan 0.3.0 job in ``args`` would get from titan-rocm
-    (``arch``, ``aiter``, ``primus_turbo``: the simulated machine, as for 0.2.2's plan).
+    (``arch``, ``aiter``, ``primus_turbo``: the simulated machine; ``size``, ``nnodes``,
+    ``nproc_per_node``: its ranks; both as for 0.2.2's plan).
 
     Raises:
         PlanError: bad arguments, config, setting, architecture or aiter choice.
@@ -146,8 +149,9 @@ def make_plan(args: Sequence[str], *, arch: str | None = None, world_size: int |
     with platform.override(facts), planning():
         model = build_meta_model(config)
         job = RocmJob(settings)
+        parallel_dims, world = _parallel_dims(config, size, nnodes, nproc_per_node)
         try:
-            job.start(config, _parallel_dims(config, world_size))
+            job.start(config, parallel_dims)
         except ValueError as exc:
             raise PlanError(str(exc)) from None
         decisions = job.apply(model)
@@ -167,6 +171,7 @@ def make_plan(args: Sequence[str], *, arch: str | None = None, world_size: int |
         "platform": {"summary": facts.describe(), "simulated": facts.simulated,
                      "is_rocm": facts.is_rocm, "arch": facts.gfx_arch},
         "torchtitan": "0.3.0",
+        "world_size": world.to_dict(),
         "converters": [attached] if attached else [],
         "other_converters": [],
         "titan_rocm_listed": attached is not None,
