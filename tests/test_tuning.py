@@ -399,3 +399,32 @@ def test_collect_refuses_a_job_that_compiles_nothing(tmp_path: Path) -> None:
     out = tmp_path / "problems.jsonl"
     done = _collect(tmp_path, out, "--compile.no-enable")
     assert done.returncode == 2 and "nothing to tune" in done.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("reader", ["problems", "table", "records"])
+def test_tune_readers_refuse_a_fifo_without_blocking(tmp_path: Path, reader: str) -> None:
+    import signal
+
+    from titan_rocm.tuning import problems as problems_module
+    from titan_rocm.tuning import records as records_module
+    from titan_rocm.tuning import table as table_module
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    read, error = {
+        "problems": (problems_module.read, problems_module.ProblemsError),
+        "table": (table_module.read, table_module.LookupTableError),
+        "records": (records_module.read_records, records_module.ResultsError),
+    }[reader]
+
+    def blocked(*_: object) -> None:
+        raise AssertionError(f"{reader} reader blocked on a FIFO")
+
+    old = signal.signal(signal.SIGALRM, blocked)
+    signal.alarm(5)
+    try:
+        with pytest.raises(error, match="named pipe"):
+            read(fifo)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from titan_rocm.files import read_regular
+
 FORMAT = 1
 """Version of the problems and results record formats."""
 
@@ -250,7 +252,7 @@ def read(path: str | Path) -> ProblemsFile:
         ProblemsError: unreadable or not a problems file (see :func:`parse`).
     """
     try:
-        data = Path(path).read_bytes()
+        data = read_regular(path)  # a FIFO is refused, never waited on
     except OSError as exc:
         raise ProblemsError(f"{path}: cannot read ({exc.strerror or exc})") from None
     return parse(data, path)

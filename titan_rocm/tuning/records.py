@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from titan_rocm.files import read_regular
+
 STATUSES: tuple[str, ...] = (
     "pass", "mismatch", "nan", "cuda_error", "crash", "hang", "compile_error",
 )
@@ -55,7 +57,7 @@ def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int]:
     """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_regular(path)  # a FIFO is refused, never waited on
     except FileNotFoundError:
         return [], 0
     except OSError as exc:

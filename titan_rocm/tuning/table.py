@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from titan_rocm.files import write_atomic
+from titan_rocm.files import read_regular, write_atomic
 from titan_rocm.tuning.problems import FORMAT
 from titan_rocm.tuning.records import ENV_FIELDS, State
 
@@ -209,7 +209,7 @@ def read(path: str | Path) -> TableFile:
         LookupTableError: unreadable or not a table (see :func:`parse`).
     """
     try:
-        data = Path(path).read_bytes()
+        data = read_regular(path)  # a FIFO is refused, never waited on
     except OSError as exc:
         raise LookupTableError(f"{path}: cannot read ({exc.strerror or exc})") from None
     return parse(data, path)
