@@ -30,7 +30,6 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import torch._inductor.config as inductor_config
 from torch._inductor.choices import InductorChoices
 from torch._inductor.kernel_template_choice import KernelTemplateChoice
@@ -268,21 +267,19 @@ class TableChoices(GemmChoices):
     """
 
     def __init__(self, table: dict[str, list[dict[str, Any]]], table_sha256: str,
-                 stats: LookupStats, device_key: str | None = None,
-                 device_key_fn: Callable[[torch.device], str | None] | None = None) -> None:
+                 stats: LookupStats, device_key: str | None = None) -> None:
         super().__init__()
         self.table = table
         self.table_sha256 = table_sha256
         self.stats = stats
         self._device_key = device_key
-        self._device_key_fn = device_key_fn or LookupTableChoices._get_device_key
 
     def uuid(self) -> str:  # noqa: D102
         return f"titan-rocm-gemm-lookup-{self.table_sha256}"
 
     def device_key(self, kernel_inputs: Any) -> str | None:
         """The device part of the key (``gcnArchName``); injectable for CPU tests."""
-        return self._device_key or self._device_key_fn(kernel_inputs.device())
+        return self._device_key or LookupTableChoices._get_device_key(kernel_inputs.device())
 
     def entries(self, kernel_inputs: Any, key: str) -> list[dict[str, Any]]:
         """The table's entries for a call: device-specific key first, then the bare key."""

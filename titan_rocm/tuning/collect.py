@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from titan_rocm.files import write_atomic
 from titan_rocm.job_args import JobArgsError, prepare
@@ -135,9 +134,3 @@ def collect(args: Sequence[str], output: Path, trainer: str = "torchtitan.train:
     print(json.dumps({"problems": len(merged), "output": str(output),
                       "lowerings": sum(p.count for p in merged)}))
     return 0
-
-
-def describe(problem: Problem) -> dict[str, Any]:
-    """A short JSON-able line about a problem (for ``--json`` listings)."""
-    return {"key": problem.key, "op": problem.op, "count": problem.count,
-            "templates": sorted({t.uid for c in problem.calls for t in c.templates})}

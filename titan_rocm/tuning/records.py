@@ -118,11 +118,7 @@ class State:
 
 def load_state(path: str | Path) -> State:
     """The :class:`State` of a results file (empty when it does not exist)."""
-    records, garbled = read_records(path)
-    state = State(garbled=garbled)
-    for record in records:
-        state.add(record)
-    return state
+    return load_many([path])
 
 
 def load_many(paths: Iterable[str | Path]) -> State:

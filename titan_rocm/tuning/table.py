@@ -29,11 +29,6 @@ class LookupTableError(ValueError):
     """A table (or the results it is built from) cannot be used; the message says why."""
 
 
-def aten_id(op: str) -> str:
-    """The template id of the ATen kernel for ``op`` (Inductor's ``ExternKernelChoice.uid``)."""
-    return f"aten::{op}"
-
-
 def entry_of(result: dict[str, Any]) -> dict[str, Any]:
     """The lookup-table entry of a ``result`` record."""
     entry = {"template_id": result["template_id"], **result.get("params", {})}
