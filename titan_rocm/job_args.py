@@ -22,7 +22,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-_CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
+CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
 CONFIG_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
 
 
@@ -45,7 +45,7 @@ def flag_value(args: Sequence[str], names: Sequence[str]) -> str | None:
 
 def load_toml(args: Sequence[str]) -> dict[str, Any]:
     """The job's TOML file as a dict (empty when no ``--job.config_file`` is given)."""
-    path = flag_value(args, _CONFIG_FILE_FLAGS)
+    path = flag_value(args, CONFIG_FILE_FLAGS)
     if path is None:
         return {}
     try:

@@ -89,8 +89,6 @@ class Preflight:
     launcher: str
     world: WorldSize
     parallel_dims: Any
-    registered: tuple[str, ...]
-    """Model converter names the job's TorchTitan would know."""
 
 
 # --- 1. the config, as ConfigManager.parse_args reads it -------------------------------------
@@ -711,7 +709,7 @@ def check_job(
     registered = registered_converters(job_config, launcher)
     check_converters(job_config, registered)
     check_quantization(job_config)
-    return Preflight(job_config, launcher, world, parallel_dims, registered)
+    return Preflight(job_config, launcher, world, parallel_dims)
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ from typing import Any
 
 from titan_rocm.logs.parse import ParsedLog, parse_file
 from titan_rocm.logs.summary import DEFAULT_WARMUP, Summary, summarize
-from titan_rocm.logs.verdict import EMPTY, OK, Verdict, verdict_of
+from titan_rocm.logs.verdict import EMPTY, OK, Verdict
 
 DEFAULT_TOLERANCE_PCT = 0.01
 """Relative differences up to this (in percent) are never called a difference: two losses
@@ -143,10 +143,12 @@ def load_run(path: str | Path, label: str, fmt: str = "auto",
         CompareError: the log holds no metric line (nothing to compare).
     """
     log = parse_file(path, fmt)
-    verdict = verdict_of([log])
+    summary = summarize([log], warmup)
+    verdict = summary.verdict  # always set for a log that was read
+    assert verdict is not None
     if verdict.status == EMPTY:
         raise CompareError(verdict.reason)
-    return Run(label, str(path), log, verdict, summarize([log], warmup))
+    return Run(label, str(path), log, verdict, summary)
 
 
 def relative(base: dict[int, float], other: dict[int, float]) -> dict[int, float]:

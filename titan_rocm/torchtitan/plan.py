@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from titan_rocm import platform
+from titan_rocm.job_args import CONFIG_FILE_FLAGS, flag_value
 from titan_rocm.preflight import StartupError, WorldSize, degrees, world_size
 from titan_rocm.settings import RocmSettings, check_section
 from titan_rocm.torchtitan.job import RocmJob
@@ -39,15 +40,6 @@ class PlanError(ValueError):
     """The job cannot be planned; the message says why."""
 
 
-def _flag(args: Sequence[str], name: str) -> str | None:
-    for i, arg in enumerate(args):
-        if arg == name and i + 1 < len(args):
-            return args[i + 1]
-        if arg.startswith(name + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def parse_job(args: Sequence[str]) -> Any:
     """The job's ``Trainer.Config``, parsed by TorchTitan 0.3.0's own ``ConfigManager``.
 
@@ -56,7 +48,7 @@ def parse_job(args: Sequence[str]) -> Any:
     """
     from torchtitan.config import ConfigManager
 
-    if _flag(args, "--job.config_file") is not None:
+    if any(arg.partition("=")[0] in CONFIG_FILE_FLAGS for arg in args):
         raise PlanError(
             "--job.config_file is TorchTitan 0.2.2's; torchtitan 0.3.0 is installed: "
             "plan a 0.3.0 job with --module M --config F"
@@ -157,7 +149,7 @@ def make_plan(args: Sequence[str], *, arch: str | None = None, size: int | None 
         decisions = job.apply(model)
     spec = config.model_spec
     per_block = plan_blocks(model)
-    module, name = _flag(args, "--module"), _flag(args, "--config")
+    module, name = flag_value(args, ("--module",)), flag_value(args, ("--config",))
     fn = spec.parallelize_fn
     plan = {
         "config_file": f"--module {module} --config {name}",

@@ -55,10 +55,6 @@ TRACES_IN_BLOCK = frozenset({"loop"})
 _subclasses: dict[tuple[type, str], type] = {}
 
 
-def _class_names(module: nn.Module) -> list[str]:
-    return [cls.__name__ for cls in type(module).__mro__]
-
-
 def _stock_experts_class(module: nn.Module) -> type | None:
     """TorchTitan's ``GroupedExperts`` in ``module``'s MRO (matched by name), or None."""
     for cls in type(module).__mro__:
