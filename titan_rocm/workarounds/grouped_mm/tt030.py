@@ -99,6 +99,14 @@ def _unbound_class(module: nn.Module) -> type:
     return cls
 
 
+def _count(backend: str) -> None:
+    """Count a call of ``backend``, in eager code only: inside a compiled block the count is a
+    side effect Dynamo guards on, so every new count recompiled the block until a fullgraph
+    block hit its recompile limit and failed the run."""
+    if not torch.compiler.is_compiling():
+        CALLS[backend] += 1
+
+
 def _binding_class(base: type, seam: str) -> type:
     key = (base, seam)
     if key in _subclasses:
@@ -108,14 +116,14 @@ def _binding_class(base: type, seam: str) -> type:
         def forward(self: Any, x_RD: torch.Tensor,
                     num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
             name = self.__dict__[BACKEND_ATTR]
-            CALLS[name] += 1
+            _count(name)
             return get_backend(name)(_local(self.w1_EFD), _local(self.w2_EDF),
                                      _local(self.w3_EFD), x_RD, num_tokens_per_expert_E)
         body: dict[str, Any] = {"forward": forward}
     else:
         def counted_forward(self: Any, x_RD: torch.Tensor,
                             num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
-            CALLS[self.__dict__[BACKEND_ATTR]] += 1
+            _count(self.__dict__[BACKEND_ATTR])
             return base.forward(self, x_RD, num_tokens_per_expert_E)
         body = {"forward": counted_forward}
         if seam == "_grouped_mm":
