@@ -120,13 +120,27 @@ def primus_turbo_grouped_mm(
     rows past the last group (zeros) are folded into the last expert's group, without a
     host sync; their outputs are zeros and TorchTitan drops them.
     """
-    offs = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int64)
+    # The group sizes once per call, for all three GEMMs.
+    group_lens = _group_lens(num_tokens_per_expert.to(torch.int64), x.shape[0])
     xb = x.bfloat16()
-    gate = primus_turbo_gemm(xb, w1.bfloat16().transpose(-2, -1), offs)
-    up = primus_turbo_gemm(xb, w3.bfloat16().transpose(-2, -1), offs)
+    gate = _turbo_gemm(xb, w1.bfloat16().transpose(-2, -1), group_lens)
+    up = _turbo_gemm(xb, w3.bfloat16().transpose(-2, -1), group_lens)
     h = F.silu(gate) * up
-    out = primus_turbo_gemm(h, w2.bfloat16().transpose(-2, -1), offs)
+    out = _turbo_gemm(h, w2.bfloat16().transpose(-2, -1), group_lens)
     return out.type_as(x)
+
+
+def _group_lens(counts: torch.Tensor, rows: int) -> torch.Tensor:
+    """Rows per group, with the padding rows past the last group folded into it (Primus-Turbo
+    needs the groups to cover every row); no host sync."""
+    group_lens = counts.clone()
+    group_lens[-1] += rows - group_lens.sum()
+    return group_lens
+
+
+def _turbo_gemm(A: torch.Tensor, B_t: torch.Tensor, group_lens: torch.Tensor) -> torch.Tensor:
+    turbo = importlib.import_module(PRIMUS_TURBO_MODULE)
+    return turbo.ops.grouped_gemm(A, B_t.transpose(-2, -1), group_lens, trans_b=True)
 
 
 GemmFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -148,11 +162,9 @@ def loop_gemm(A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor) -> torch.T
 
 def primus_turbo_gemm(A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """:func:`primus_turbo_grouped_mm`'s GEMM alone (padding rows folded into the last group)."""
-    turbo = importlib.import_module(PRIMUS_TURBO_MODULE)
     ends = offs.to(torch.int64)
-    group_lens = torch.diff(ends, prepend=ends.new_zeros(1))
-    group_lens[-1] += A.shape[0] - group_lens.sum()
-    return turbo.ops.grouped_gemm(A, B_t.transpose(-2, -1), group_lens, trans_b=True)
+    return _turbo_gemm(A, B_t, _group_lens(torch.diff(ends, prepend=ends.new_zeros(1)),
+                                           A.shape[0]))
 
 
 GEMM_FORMS: dict[str, GemmFn] = {"loop": loop_gemm, "primus_turbo": primus_turbo_gemm}
