@@ -4,12 +4,13 @@ aiter cannot run on an H200. This runner, before TorchTitan's trainer starts:
 
 1. puts the test fake aiter of aiter main (``tests/fake_aiter/main``: aiter's names, wrappers
    and dispatch gates) on ``sys.path``;
-2. replaces the fake's fp32 CPU reference kernels with PyTorch's own: varlen with its flash
-   varlen attention (``torch.nn.attention.varlen.varlen_attn``, the kernel TorchTitan's
-   ``varlen`` attention uses; flash needs equal head dims, so v (128) is zero-padded to q/k's
-   192 and the output cut back: exact, the zero columns add nothing and their gradients are
-   dropped), dense (the ``drop`` control run) with ``scaled_dot_product_attention``. Each
-   backward recomputes its forward under autograd (PyTorch's own backward kernels);
+2. replaces the fake's fp32 reference forward kernels with PyTorch's own, for speed: varlen
+   with its flash varlen attention (``torch.nn.attention.varlen.varlen_attn``, the kernel
+   TorchTitan's ``varlen`` attention uses; flash needs equal head dims, so v (128) is
+   zero-padded to q/k's 192 and the output cut back: exact), dense (the ``drop`` control run)
+   with ``scaled_dot_product_attention``. The backward kernels stay the fake's own closed-form
+   fp32 ones: they use no autograd, which a kernel called inside a custom op (autograd left
+   behind) on the autograd engine's device thread (a nested backward deadlocks) must not;
 3. pretends the machine is an MI300X (gfx942) with aiter main (``platform.override``), so
    titan-rocm's converter, routing, custom ops, document spans and guard all run as there;
 4. runs ``benchmarks/torchtitan_runner.py`` (TorchTitan's trainer, unchanged), and at exit
@@ -78,66 +79,6 @@ def flash_varlen_forward(name: str, q: Any, k: Any, v: Any, cu_seqlens_q: Any, c
                                                                       device=q.device)
 
 
-def attention_grads(q: Any, k: Any, v: Any, dout: Any, softmax_scale: float,
-                    is_causal: bool) -> tuple[Any, Any, Any]:
-    """dq, dk, dv of ``softmax(q k^T * scale) v`` for one sequence, worked out by hand in fp32.
-
-    ``q``, ``k``: (L, H, Dqk); ``v``, ``dout``: (L, H, Dv). No autograd: the kernels below run
-    inside a custom op, where the dispatcher has left autograd behind, and on a GPU on the
-    autograd engine's own device thread, which a nested backward would wait on forever (both
-    seen on the H200).
-    """
-    import torch
-
-    qf, kf, vf, do = (t.float().transpose(0, 1) for t in (q, k, v, dout))  # (H, L, D)
-    scores = (qf @ kf.transpose(1, 2)) * softmax_scale
-    if is_causal:
-        n = scores.shape[-1]
-        above = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1)
-        scores = scores.masked_fill(above, float("-inf"))
-    p = torch.softmax(scores, dim=-1)
-    o = p @ vf
-    dv = p.transpose(1, 2) @ do
-    dp = do @ vf.transpose(1, 2)
-    ds = p * (dp - (do * o).sum(-1, keepdim=True))
-    dq = (ds @ kf) * softmax_scale
-    dk = (ds.transpose(1, 2) @ qf) * softmax_scale
-    return dq.transpose(0, 1), dk.transpose(0, 1), dv.transpose(0, 1)
-
-
-def _give(grads: tuple[Any, ...], like: tuple[Any, ...], given: tuple[Any, ...]) -> list[Any]:
-    """Each gradient in its input's dtype, written into the caller's buffer where one is given."""
-    out = []
-    for grad, ref, buffer in zip(grads, like, given, strict=True):
-        if buffer is None:
-            out.append(grad.to(ref.dtype))
-        else:
-            buffer.copy_(grad)
-            out.append(buffer)
-    return out
-
-
-def flash_varlen_backward(name: str, dout: Any, q: Any, k: Any, v: Any, out: Any,
-                          cu_seqlens_q: Any, cu_seqlens_k: Any, softmax_scale: float,
-                          is_causal: bool, dropout_p: float, dq: Any = None, dk: Any = None,
-                          dv: Any = None, alibi_slopes: Any = None, max_seqlen_q: int = 0,
-                          **details: Any) -> tuple[Any, Any, Any, Any]:
-    """The fake's varlen backward kernel: :func:`attention_grads` per document."""
-    import fake_aiter_support
-    import torch
-
-    fake_aiter_support.record(name)
-    grads = [torch.zeros(t.shape, dtype=torch.float32, device=t.device) for t in (q, k, v)]
-    bounds = cu_seqlens_q.tolist()
-    for start, end in zip(bounds, bounds[1:], strict=False):
-        if end > start:
-            parts = attention_grads(q[start:end], k[start:end], v[start:end], dout[start:end],
-                                    softmax_scale, is_causal)
-            for whole, part in zip(grads, parts, strict=True):
-                whole[start:end] = part
-    return (*_give(tuple(grads), (q, k, v), (dq, dk, dv)), torch.empty(0, device=q.device))
-
-
 def _sdpa_bshd(q: Any, k: Any, v: Any, softmax_scale: float, is_causal: bool) -> Any:
     import torch.nn.functional as F
 
@@ -166,21 +107,6 @@ def sdpa_forward(name: str, q: Any, k: Any, v: Any, dropout_p: float, softmax_sc
                                                                       device=q.device)
 
 
-def sdpa_backward(name: str, dout: Any, q: Any, k: Any, v: Any, out: Any, softmax_scale: float,
-                  is_causal: bool, dropout_p: float, dq: Any = None, dk: Any = None,
-                  dv: Any = None, bias: Any = None, alibi_slopes: Any = None,
-                  **details: Any) -> tuple[Any, Any, Any, Any]:
-    """The fake's dense backward kernel (bshd): :func:`attention_grads` per batch element."""
-    import fake_aiter_support
-    import torch
-
-    fake_aiter_support.record(name)
-    per_sample = [attention_grads(q[b], k[b], v[b], dout[b], softmax_scale, is_causal)
-                  for b in range(q.shape[0])]
-    grads = tuple(torch.stack([g[i] for g in per_sample]) for i in range(3))
-    return (*_give(grads, (q, k, v), (dq, dk, dv)), torch.empty(0, device=q.device))
-
-
 def install(aiter: str = "main", arch: str = "gfx942") -> contextlib.ExitStack:
     """Fake aiter with flash varlen kernels on sys.path, and the simulated platform in force
     (until the returned stack closes: never, in a trainer process)."""
@@ -191,9 +117,7 @@ def install(aiter: str = "main", arch: str = "gfx942") -> contextlib.ExitStack:
     from titan_rocm.platform import PlatformFacts
 
     fake_aiter_support.varlen_forward_kernel = flash_varlen_forward
-    fake_aiter_support.varlen_backward_kernel = flash_varlen_backward
     fake_aiter_support.forward_kernel = sdpa_forward
-    fake_aiter_support.backward_kernel = sdpa_backward
     fake_aiter_support.reset(arch)
     stack = contextlib.ExitStack()
     stack.enter_context(platform.override(PlatformFacts.simulated_rocm(arch, aiter=aiter)))

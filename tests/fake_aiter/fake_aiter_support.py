@@ -295,8 +295,8 @@ def _scores(q, k, softmax_scale, causal):
     s = qf @ kf.transpose(-1, -2) * softmax_scale
     if causal:
         sq, sk = s.shape[-2], s.shape[-1]
-        i = torch.arange(sq).unsqueeze(1)
-        j = torch.arange(sk).unsqueeze(0)
+        i = torch.arange(sq, device=s.device).unsqueeze(1)
+        j = torch.arange(sk, device=s.device).unsqueeze(0)
         s = s.masked_fill(j > i + sk - sq, float("-inf"))
     return s
 
