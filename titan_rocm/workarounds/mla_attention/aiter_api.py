@@ -18,6 +18,7 @@ required parameter titan-rocm does not know is an error that names it.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -124,8 +125,10 @@ def load_mha(facts: PlatformFacts | None = None) -> Any:
         ) from exc
 
 
+@functools.cache  # read once per function: every attention forward and backward asks
 def parameters(fn: Callable[..., Any], op_name: str) -> list[tuple[str, bool]] | None:
-    """``(name, required)`` for each parameter of aiter function ``fn``, or None if unknown.
+    """``(name, required)`` for each parameter of aiter function ``fn``, or None if unknown
+    (the list is shared: read it, never change it).
 
     Uses the Python signature; for a ``torch_compile_guard`` or ``compile_ops`` wrapper
     (``*args, **kwargs``) the schema of ``torch.ops.aiter.<op_name>`` (without its leading dummy

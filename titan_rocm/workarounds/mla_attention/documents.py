@@ -63,10 +63,6 @@ class DocumentSpans(BlockMask):
         spans.batch, spans.seqlen = int(batch), int(seqlen)
         return spans
 
-    def document_ids(self) -> Tensor:
-        """``(batch, seqlen)``: the index of each token's document (no host sync)."""
-        return document_ids(self.cu_seqlens, self.batch, self.seqlen)
-
     def dense_mask(self) -> Tensor:
         """``(batch, 1, seqlen, seqlen)`` bool: True where a query may attend to a key."""
         return dense_mask(self.cu_seqlens, self.batch, self.seqlen)

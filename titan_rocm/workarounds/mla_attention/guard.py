@@ -31,6 +31,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+import torch
+
 from titan_rocm._after_import import AfterImport
 from titan_rocm.workarounds.mla_attention import aiter_api, op
 from titan_rocm.workarounds.mla_attention.route_log import log_route_once
@@ -97,12 +99,7 @@ def guarded_backward(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _tracing_with_dynamo() -> bool:
     # Dynamo cannot trace logging calls; AOT tracing (fake tensors) and eager can.
-    try:
-        import torch
-
-        return bool(torch.compiler.is_dynamo_compiling())
-    except (ImportError, AttributeError):
-        return False
+    return bool(torch.compiler.is_dynamo_compiling())
 
 
 def patch(module: ModuleType) -> bool:

@@ -282,7 +282,8 @@ class MLACKBackward(Workaround):
 
         replaced: Counter[str] = Counter()
         attentions = dict(deepseek_attention_modules(model))
-        for fqn, kind in self._kinds(model).items():
+        kinds = self._kinds(model)
+        for fqn, kind in kinds.items():
             attention = attentions[fqn]
             cls = replacement(kind) if kind else None
             if cls is None or type(attention.inner_attention) is cls:
@@ -290,7 +291,7 @@ class MLACKBackward(Workaround):
             inner = attention.inner_attention
             attention.inner_attention = cls(getattr(inner, "sdpa_backends", None))
             replaced[kind] += 1
-        if VARLEN in self._kinds(model).values():
+        if VARLEN in kinds.values():  # a swapped module keeps its kind
             documents.install(model)
         return replaced
 
