@@ -15,7 +15,6 @@ from typing import Any, ClassVar
 import torch.nn as nn
 
 from titan_rocm.converters.context import job_context
-from titan_rocm.log import log
 from titan_rocm.workarounds.base import Decision, JobWorkarounds, Workaround
 from titan_rocm.workarounds.registry import WORKAROUNDS, workaround_class
 
@@ -52,7 +51,6 @@ class RocmConverter:
             w.require()  # `on` fails here, at start-up, naming what is missing
         self.decisions: list[Decision] = []
         self._job: JobWorkarounds | None = None
-        self._applied: list[str] = []
 
     @classmethod
     def workaround_classes(cls) -> list[type[Workaround]]:
@@ -72,17 +70,12 @@ class RocmConverter:
 
     def convert(self, model: nn.Module) -> None:
         """Apply every workaround whose gate holds; log one line per workaround."""
-        self._job = job = self._job_of(model)
-        for name in self.workarounds:
-            decision = job.apply(name, model, self.converter_name)
-            if decision.applied:
-                self._applied.append(name)
-            self.decisions.append(decision)
-            log.info("%s", decision.line)
+        self._job = self._job_of(model)
+        self.decisions += self._job.apply_all(self.workarounds, model, self.converter_name)
 
     def post_optimizer_hook(self, model: nn.Module | list[nn.Module]) -> None:
         """Forward TorchTitan's post-optimizer hook to the workarounds this converter applied."""
         parts = model if isinstance(model, list) else [model]
         if self._job is not None:
-            for name in self._applied:
-                self._job.instances[name].post_optimizer_hook(parts)
+            for w in self._job.applied(self.converter_name):
+                w.post_optimizer_hook(parts)

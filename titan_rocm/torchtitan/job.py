@@ -57,8 +57,6 @@ class RocmJob:
         self.ctx: Context | None = None
         self.workarounds: JobWorkarounds | None = None
         self.decisions: list[Decision] = []
-        self.applied: list[Workaround] = []
-        self.seams: list[TrainerSeam] = []
         self._model_done = False
 
     # -- start-up ------------------------------------------------------------------------------
@@ -113,16 +111,18 @@ class RocmJob:
             return self.decisions
         assert self.workarounds is not None, "RocmJob.start() runs first (init_distributed)"
         self._model_done = True
-        for name in self.names:
-            decision = self.workarounds.apply(name, model, BY)
-            self.decisions.append(decision)
-            log.info("%s", decision.line)
-            if decision.applied:
-                w = self.workarounds.instances[name]
-                self.applied.append(w)
-                if w.trainer_seam is not None:
-                    self.seams.append(w.trainer_seam)
+        self.decisions = self.workarounds.apply_all(self.names, model, BY)
         return self.decisions
+
+    @property
+    def applied(self) -> list[Workaround]:
+        """The workarounds that applied, in apply order (none before :meth:`apply`)."""
+        return self.workarounds.applied() if self.workarounds is not None else []
+
+    @property
+    def seams(self) -> list[TrainerSeam]:
+        """The trainer seams of the workarounds that applied."""
+        return [w.trainer_seam for w in self.applied if w.trainer_seam is not None]
 
     # -- the trainer's seams -------------------------------------------------------------------
     def attach(self, trainer: Any) -> None:

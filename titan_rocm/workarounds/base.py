@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import torch.nn as nn
 
 from titan_rocm import platform
+from titan_rocm.log import log
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.settings import RocmSettings
 
@@ -325,6 +326,20 @@ class JobWorkarounds:
             self.ctx.job_decisions.update({n: w.gate(model) for n, w in self.instances.items()})
             self.decided = True
         return self.ctx.job_decisions
+
+    def apply_all(self, names: Iterable[str], model: nn.Module, by: str) -> list[Decision]:
+        """:meth:`apply` each of ``names`` in order, logging one line per decision."""
+        decisions = []
+        for name in names:
+            decision = self.apply(name, model, by)
+            log.info("%s", decision.line)
+            decisions.append(decision)
+        return decisions
+
+    def applied(self, by: str | None = None) -> list[Workaround]:
+        """The workarounds that applied (by ``by`` alone, if given), in apply order."""
+        return [w for name, w in self.instances.items()
+                if name in self.applied_by and by in (None, self.applied_by[name])]
 
     def apply(self, name: str, model: nn.Module, by: str) -> Decision:
         """Apply workaround ``name`` to ``model`` if its gate held and nobody applied it yet."""
