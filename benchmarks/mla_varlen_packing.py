@@ -118,6 +118,12 @@ def _kernel_calls(log_text: str) -> dict[str, int] | None:
     return json.loads(lines[-1].split(CALLS_PREFIX, 1)[1]) if lines else None
 
 
+def _loss_curves(results: dict[str, dict[str, Any]]) -> dict[str, dict[int, float]]:
+    """Each run's loss by step (the analysis keys steps as strings once stored as JSON)."""
+    return {name: {int(s): v for s, v in r.get("loss", {}).items()}
+            for name, r in results.items()}
+
+
 def _diff_at(a: dict[int, float], b: dict[int, float], step: int) -> float | None:
     return abs(a[step] - b[step]) if step in a and step in b else None
 
@@ -154,8 +160,7 @@ def figures_of(results: dict[str, dict[str, Any]], tolerance: float,
                early_steps: int = DEFAULT_EARLY_STEPS) -> dict[str, Any]:
     """Loss differences against ``stock_a``, the early-step verdict, the whole-run figures,
     the routes seen and the fake kernels' call counts."""
-    loss = {name: {int(s): v for s, v in r.get("loss", {}).items()}
-            for name, r in results.items()}
+    loss = _loss_curves(results)
     base = loss.get("stock_a", {})
     diffs = {name: {"max_abs_loss_diff": _max_diff(curve, base),
                     "first_step_loss_diff": _first_diff(curve, base),
@@ -241,24 +246,31 @@ def _stored(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return stored, {name: analyse_run(raw) for name, raw in raws.items()}
 
 
+def _reanalysed(directory: Path, tolerance: float | None, early_steps: int
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A stored call's figures, and its runs' analyses (the logs are read once)."""
+    stored, results = _stored(directory)
+    chosen = _stored_tolerance(stored["figures"]) if tolerance is None else tolerance
+    return ({"environment": stored["environment"],
+             "figures": figures_of(results, chosen, early_steps)}, results)
+
+
 def reanalyse(directory: Path, tolerance: float | None = None,
               early_steps: int = DEFAULT_EARLY_STEPS) -> dict[str, Any]:
     """Recompute every figure from a stored result (summary.json + logs.tar.gz), on any machine."""
-    stored, results = _stored(directory)
-    chosen = _stored_tolerance(stored["figures"]) if tolerance is None else tolerance
-    return {"environment": stored["environment"],
-            "figures": figures_of(results, chosen, early_steps)}
+    return _reanalysed(directory, tolerance, early_steps)[0]
 
 
 def reanalyse_calls(directories: list[Path], tolerance: float | None = None,
                     early_steps: int = DEFAULT_EARLY_STEPS) -> dict[str, Any]:
     """Every figure of each stored call, and how far each run's curve moved between them."""
-    calls = {str(d): reanalyse(d, tolerance, early_steps) for d in directories}
-    # a stock_eager that compiled its blocks is another job than the others' stock_eager
-    curves = [{name: {int(s): v for s, v in r.get("loss", {}).items()}
-               for name, r in _stored(d)[1].items()
-               if not (name == "stock_eager" and r.get("compiled_blocks"))}
-              for d in directories]
+    calls: dict[str, Any] = {}
+    curves = []
+    for directory in directories:
+        calls[str(directory)], results = _reanalysed(directory, tolerance, early_steps)
+        # a stock_eager that compiled its blocks is another job than the others' stock_eager
+        curves.append({name: curve for name, curve in _loss_curves(results).items()
+                       if not (name == "stock_eager" and results[name].get("compiled_blocks"))})
     return {"calls": calls, "moved_between_calls": across_calls(curves)}
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch.nn as nn
@@ -89,8 +89,7 @@ class Parallelism:
         """Read TorchTitan's ``ParallelDims`` (any version); None is a single rank."""
         if parallel_dims is None:
             return cls()
-        names = ("world_size", "dp_replicate", "dp_shard", "cp", "tp", "pp", "ep", "etp")
-        return cls(**{n: int(getattr(parallel_dims, n, 1)) for n in names})
+        return cls(**{f.name: int(getattr(parallel_dims, f.name, 1)) for f in fields(cls)})
 
     @property
     def fsdp_enabled(self) -> bool:
