@@ -714,20 +714,39 @@ def _lane(runs: list[Run], gpu: int, out: Path, logs: Path, environment: dict[st
         print(f"[{run.name}] exit={raw['exit']} wall={raw['wall_s']}s", flush=True)
 
 
+class StoredResultError(ValueError):
+    """A ``--reanalyse`` directory is not a stored result; the message says why."""
+
+
+def open_stored(directory: Path) -> tuple[dict[str, Any], Path]:
+    """A stored result's ``summary.json``, and the folder its ``logs.tar.gz`` was extracted to.
+
+    Raises:
+        StoredResultError: either file is missing or unreadable.
+    """
+    try:
+        stored = json.loads((directory / "summary.json").read_text())
+        tmp = Path(tempfile.mkdtemp(prefix="titan-rocm-reanalyse-"))
+        with tarfile.open(directory / "logs.tar.gz") as tar:
+            tar.extractall(tmp, filter="data")
+    except (OSError, ValueError, tarfile.TarError) as exc:
+        raise StoredResultError(
+            f"--reanalyse {directory}: not a stored result ({exc}); accepted: a directory "
+            "holding summary.json and logs.tar.gz as a run with --out wrote them") from None
+    return stored, tmp / "logs"
+
+
 def stored_runs(directory: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """A stored result's summary, and each run's raw result with its log extracted again
     (runs never started, whose exit says ``skipped...``, are left out of the second)."""
-    stored = json.loads((directory / "summary.json").read_text())
-    tmp = Path(tempfile.mkdtemp(prefix="titan-rocm-reanalyse-"))
-    with tarfile.open(directory / "logs.tar.gz") as tar:
-        tar.extractall(tmp, filter="data")
+    stored, logs = open_stored(directory)
     raws = {}
     for name, run in stored["runs"].items():
         if str(run.get("exit")).startswith("skipped"):
             continue
         raws[name] = {k: run.get(k) for k in ("name", "exit", "wall_s", "expect_failure",
                                               "triton_war_stats")}
-        raws[name]["log"] = str(tmp / "logs" / f"{name}.log")
+        raws[name]["log"] = str(logs / f"{name}.log")
     return stored, raws
 
 
@@ -757,7 +776,10 @@ def main() -> int:
                         "one lane's compiles compete with the other's timed steps)")
     args = parser.parse_args()
     if args.reanalyse:
-        print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
+        try:
+            print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
+        except StoredResultError as exc:
+            parser.error(str(exc))
         return 0
     if not args.suite or not args.out:
         parser.error("--suite and --out are required (or --reanalyse DIR)")

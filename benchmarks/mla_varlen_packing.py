@@ -61,7 +61,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks.gpu_validation import Run, analyse, launch, stored_runs  # noqa: E402
+from benchmarks.gpu_validation import (  # noqa: E402
+    Run,
+    StoredResultError,
+    analyse,
+    launch,
+    stored_runs,
+)
 
 CONFIG = "configs/deepseek_v3_debug.toml"
 RUNS = ("stock_a", "stock_b", "stock_eager", "varlen", "dropped")
@@ -290,9 +296,12 @@ def main() -> int:
     if args.early_steps < 1:
         parser.error(f"--early-steps {args.early_steps} is too few; accepted: 1 or more")
     if args.reanalyse:
-        figures = (reanalyse(args.reanalyse[0], args.tolerance, args.early_steps)
-                   if len(args.reanalyse) == 1
-                   else reanalyse_calls(args.reanalyse, args.tolerance, args.early_steps))
+        try:
+            figures = (reanalyse(args.reanalyse[0], args.tolerance, args.early_steps)
+                       if len(args.reanalyse) == 1
+                       else reanalyse_calls(args.reanalyse, args.tolerance, args.early_steps))
+        except StoredResultError as exc:
+            parser.error(str(exc))
         print(json.dumps(figures, indent=2, default=str))
         return 0
     if not args.out:

@@ -51,7 +51,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from gpu_validation import _ratio, analyse, run_logged, stored_runs  # noqa: E402
+from gpu_validation import (  # noqa: E402
+    StoredResultError,
+    _ratio,
+    analyse,
+    run_logged,
+    stored_runs,
+)
 
 COMMON = [
     "--dataloader.dataset_path", "./titan_rocm/assets/dataset",
@@ -366,7 +372,10 @@ def main() -> int:
         print("TT030_PROBE " + json.dumps(probe(), default=str), flush=True)
         return 0
     if args.reanalyse:
-        print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
+        try:
+            print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
+        except StoredResultError as exc:
+            parser.error(str(exc))
         return 0
     if not args.out:
         parser.error("--out is required (or --reanalyse DIR)")

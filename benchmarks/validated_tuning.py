@@ -291,12 +291,11 @@ def _store(out: Path, logs: Path, summary: dict[str, Any]) -> None:
 
 def reanalyse(directory: Path) -> dict[str, Any]:
     """Recompute every figure from ``summary.json`` + ``logs.tar.gz`` (+ tune files), on CPU."""
-    stored = json.loads((directory / "summary.json").read_text())
-    tmp = Path(tempfile.mkdtemp(prefix="titan-rocm-reanalyse-"))
-    with tarfile.open(directory / "logs.tar.gz") as tar:
-        tar.extractall(tmp, filter="data")
+    from benchmarks.gpu_validation import open_stored
+
+    stored, logs = open_stored(directory)
     return {"environment": stored.get("environment"), "phases": stored.get("phases"),
-            "figures": figures(directory, tmp / "logs")}
+            "figures": figures(directory, logs)}
 
 
 def _wrong_params(directory: Path) -> dict[str, int]:
@@ -331,7 +330,12 @@ def main() -> int:
         parser.error(f"--variants: unknown {', '.join(unknown)}; accepted: "
                      f"{', '.join(TRAINING_VARIANTS)}")
     if args.reanalyse:
-        print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
+        from benchmarks.gpu_validation import StoredResultError
+
+        try:
+            print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
+        except StoredResultError as exc:
+            parser.error(str(exc))
         return 0
     if not args.out:
         parser.error("--out DIR (or --reanalyse DIR) is required")

@@ -261,3 +261,26 @@ def test_runner_records_every_graph_it_hands_on() -> None:
     assert len(runner._graphs) == 1
     assert list(runner._graphs[0]["moe"]) == ["torch._VariableFunctionsClass.topk"]
     assert runner._graphs[0]["clean"] is False
+
+
+@pytest.mark.parametrize("script", ["gpu_validation", "mla_varlen_packing", "tt030_validation",
+                                    "validated_tuning"])
+@pytest.mark.parametrize("kind", ["missing", "not_an_archive"])
+def test_reanalyse_of_a_bad_directory_says_what_is_accepted(script: str, kind: str,
+                                                             tmp_path: Path) -> None:
+    """Every benchmark's --reanalyse reads stored results through open_stored: a directory
+    that is not one is named, with what is accepted, exit 2, no traceback."""
+    import subprocess
+    import sys
+
+    bad = tmp_path / "result"
+    if kind == "not_an_archive":
+        bad.mkdir()
+        (bad / "summary.json").write_text("{}")
+        (bad / "logs.tar.gz").write_text("not a tar archive")
+    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{script}.py"),
+                          "--reanalyse", str(bad)], capture_output=True, text=True, check=False)
+    assert run.returncode == 2, run.stderr
+    assert f"--reanalyse {bad}: not a stored result" in run.stderr
+    assert "accepted: a directory holding summary.json and logs.tar.gz" in run.stderr
+    assert "Traceback" not in run.stderr
