@@ -60,11 +60,48 @@ def make(arch: str | None = "gfx942", mode: str = "auto", **settings):
     return TritonWar(ctx)
 
 
-def test_check_auto_applies_only_on_archs_with_the_hazard():
-    assert make("gfx942").check(None) is None
-    assert make("gfx950").check(None) is None
-    assert "gfx90a does not have" in make("gfx90a").check(None)
-    assert make("gfx90a", mode="on").check(None) is None  # "on" forces it anywhere
+def rocm_without_facts(gfx: str) -> PlatformFacts:
+    """A ROCm machine whose device titan-rocm has no facts about (``gcnArchName`` ``gfx``)."""
+    return PlatformFacts("2.13.0", "7.1", None, 1, f"{gfx}:sramecc+:xnack-", None, None,
+                         "3.9.0", False)
+
+
+@pytest.mark.parametrize("arch", ["gfx942", "gfx950", "gfx90a", "gfx1250"])
+def test_auto_applies_on_every_rocm_arch(arch):
+    # No architecture allowlist (AMD-AGI/Primus _on_rocm()): known archs, and those without
+    # hazard-window facts, all get the WAR under auto.
+    war = make(arch)
+    assert war.gate(None) is None
+    assert war.rule == ("precise" if arch in ("gfx942", "gfx950") else "conservative")
+
+
+def test_auto_off_rocm_skips_with_the_base_reason():
+    assert "not a ROCm build" in make(None).gate(None)
+
+
+def test_unknown_arch_applies_with_the_conservative_rule_and_says_so_once(caplog, monkeypatch):
+    from titan_rocm import log as log_module
+
+    monkeypatch.setattr(log_module, "_seen", set())
+    ctx = Context(settings=RocmSettings(), platform=rocm_without_facts("gfx1100"))
+    war = TritonWar(ctx)
+    assert war.gate(None) is None  # applies: an unknown arch is not skipped
+    assert war.rule == "conservative"
+    with caplog.at_level(logging.WARNING, logger="titan_rocm"), planning():
+        war.apply(None)
+        TritonWar(ctx).apply(None)  # a second job in the process: no second line
+    lines = [r.getMessage() for r in caplog.records if "hazard-window facts" in r.getMessage()]
+    assert lines == ["titan-rocm: titan-rocm has no hazard-window facts for GPU architecture "
+                     "gfx1100: scanning with the conservative rule instead of [rocm] "
+                     "triton_war_rule = 'precise'"]
+    assert war.plan(None)["rule"] == "conservative" and "gfx1100" in war.plan(None)["rule_note"]
+
+
+def test_known_arch_keeps_the_configured_rule_and_logs_nothing(caplog):
+    with caplog.at_level(logging.WARNING, logger="titan_rocm"), planning():
+        make("gfx942").apply(None)
+    assert not [r for r in caplog.records if "hazard-window" in r.getMessage()]
+    assert "rule_note" not in make("gfx942").plan(None)
 
 
 def test_check_and_require_without_triton(monkeypatch):

@@ -21,9 +21,13 @@ class ArchFacts:
     """Marketing names, for messages."""
     wave_size: int
     """Wavefront size Triton compiles for."""
-    vmem_store_data_hazard: bool
-    """Buffer stores of more than 64 bits can read data VGPRs that a VALU instruction
-    overwrites too soon after issue (LLVM GCNHazardRecognizer, VMEM store data hazard).
+    store_hazard_windows: bool
+    """LLVM's GCNHazardRecognizer states this arch's VMEM store data hazard windows (a VALU
+    write of a >64-bit buffer store's data within 1 wait state after an SGPR soffset, 2
+    after a literal: the gfx940 family, llvm-project #197267), which the ``precise`` rule
+    encodes. Where False titan-rocm has no facts for the arch: ``rocm.triton_war`` still
+    applies there (as on every ROCm GPU) and scans with the ``conservative`` rule.
+    This chooses the rule's windows only, never whether the scan runs.
     Docs: docs/triton-buffer-store-hazard.md."""
     aiter_fmha_v3_bwd_qk192_v128: bool
     """aiter's fmha_v3 ASM backward supports q/k head dim 192 with v head dim 128
@@ -44,7 +48,7 @@ ARCHS: dict[str, ArchFacts] = {
             name="gfx90a",
             products=("MI210", "MI250", "MI250X"),
             wave_size=64,
-            vmem_store_data_hazard=False,
+            store_hazard_windows=False,
             aiter_fmha_v3_bwd_qk192_v128=False,
             opus_splitk_solidx_ranges=(),
             cu_nums=(104, 110),
@@ -53,7 +57,7 @@ ARCHS: dict[str, ArchFacts] = {
             name="gfx942",
             products=("MI300X", "MI300A", "MI308X", "MI325X"),
             wave_size=64,
-            vmem_store_data_hazard=True,
+            store_hazard_windows=True,
             aiter_fmha_v3_bwd_qk192_v128=False,
             opus_splitk_solidx_ranges=((10200, 10300),),
             cu_nums=(304, 228, 80, 20, 38),
@@ -62,7 +66,7 @@ ARCHS: dict[str, ArchFacts] = {
             name="gfx950",
             products=("MI350X", "MI355X"),
             wave_size=64,
-            vmem_store_data_hazard=True,
+            store_hazard_windows=True,
             aiter_fmha_v3_bwd_qk192_v128=True,
             opus_splitk_solidx_ranges=((200, 300), (1200, 1300)),
             cu_nums=(256, 32),
@@ -71,7 +75,7 @@ ARCHS: dict[str, ArchFacts] = {
             name="gfx1250",
             products=("MI450",),
             wave_size=32,
-            vmem_store_data_hazard=False,
+            store_hazard_windows=False,
             aiter_fmha_v3_bwd_qk192_v128=False,
             # gfx1250's split-K opus kernels (solidx [20000, 21000)) allocate their
             # workspace with a capture-aware torch.empty: none of them is unsafe.

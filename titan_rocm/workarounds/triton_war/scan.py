@@ -45,7 +45,6 @@ __all__ = [
 
 # Arch verdicts in ScanReport.arch_status.
 AFFECTED = "affected"
-NOT_AFFECTED = "not-affected"
 UNKNOWN = "unknown"
 
 
@@ -149,8 +148,9 @@ class ScanReport:
     has_code: bool = False
     """The input held AMDGCN instructions (False: empty, junk, not assembly)."""
     arch_status: str = UNKNOWN
-    """``affected`` (the arch has the hazard), ``not-affected`` (it does not: no hazard is
-    reported), ``unknown`` (arch missing or unknown to titan-rocm: scanned as if affected)."""
+    """``affected`` (titan-rocm has the arch's hazard windows: gfx942, gfx950) or ``unknown``
+    (arch missing, unknown to titan-rocm, or without window facts: scanned as if affected;
+    no arch is ever exempt, as AMD-AGI/Primus's ``_on_rocm()`` gate)."""
     notes: list[str] = field(default_factory=list)
     """Human-readable remarks (unknown arch, arch not affected, no instructions...)."""
 
@@ -170,8 +170,11 @@ def _arch_status(arch: str | None) -> tuple[str, str | None]:
             f"architecture {arch!r} is unknown to titan-rocm (known: {known}): "
             "scanned as if the hazard applies"
         )
-    if not facts.vmem_store_data_hazard:
-        return NOT_AFFECTED, f"{arch} does not have the buffer-store data hazard: not reported"
+    if not facts.store_hazard_windows:
+        return UNKNOWN, (
+            f"titan-rocm has no hazard-window facts for {arch}: scanned as if the hazard "
+            "applies"
+        )
     return AFFECTED, None
 
 
@@ -221,13 +224,7 @@ def scan_program(
         report.notes.append(note)
     if not program.instructions:
         report.notes.append("no AMDGCN instructions found")
-    if status != NOT_AFFECTED:
-        report.hazards = [_hazard(program, f, file) for f in result.findings]
-    elif result.findings:
-        report.notes.append(
-            f"{len(result.findings)} store(s) would match rule {the_rule.name!r} on an "
-            "affected architecture"
-        )
+    report.hazards = [_hazard(program, f, file) for f in result.findings]
     return report
 
 
@@ -274,8 +271,8 @@ def scan_text(
 
     Never raises on odd text (junk, truncated, empty); raises ValueError for an unknown
     ``rule``. An unknown or missing arch is scanned as if affected and said so in
-    ``notes``; an arch without the hazard (``archs.ArchFacts.vmem_store_data_hazard``)
-    reports no hazards.
+    ``notes``, as is an arch without hazard-window facts (``archs.ArchFacts.store_hazard_windows``):
+    no architecture is exempt.
     """
     the_rule = get_rule(rule)
     if isinstance(the_rule, StoreDataRule):

@@ -10,6 +10,7 @@ pool so its workers start with that environment. Docs: docs/triton-buffer-store-
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import sys
 import tempfile
@@ -18,7 +19,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from titan_rocm.log import log
+from titan_rocm.log import log, log_once
 from titan_rocm.workarounds.base import Context, Workaround
 from titan_rocm.workarounds.triton_war import bootstrap, cache_tag, stats
 from titan_rocm.workarounds.triton_war.names import ENV_ENABLE, ENV_STATS_DIR
@@ -62,8 +63,23 @@ class TritonWar(Workaround):
 
     @property
     def rule(self) -> str:
-        """``[rocm] triton_war_rule``."""
-        return self.ctx.settings.triton_war_rule
+        """The hazard rule this job scans with: ``[rocm] triton_war_rule`` on an architecture
+        whose hazard windows titan-rocm knows (``archs.ArchFacts.store_hazard_windows``), else
+        ``conservative`` (unknown, gfx90a, gfx1250...: no facts to narrow the window)."""
+        return self.ctx.settings.triton_war_rule if self._windows_known() else "conservative"
+
+    def _windows_known(self) -> bool:
+        arch = self.ctx.platform.arch
+        return arch is not None and arch.store_hazard_windows
+
+    def _rule_note(self) -> str | None:
+        """Why the rule is not the configured one (None when it is)."""
+        if self._windows_known() or self.ctx.settings.triton_war_rule == "conservative":
+            return None
+        gfx = self.ctx.platform.gfx_arch or "unknown (no device)"
+        return (f"titan-rocm has no hazard-window facts for GPU architecture {gfx}: scanning with "
+                f"the conservative rule instead of [rocm] triton_war_rule = "
+                f"{self.ctx.settings.triton_war_rule!r}")
 
     @property
     def strict(self) -> bool:
@@ -78,18 +94,13 @@ class TritonWar(Workaround):
             )
         return None
 
-    def check(self, model: nn.Module) -> str | None:
-        if self.mode == "auto":
-            platform = self.ctx.platform
-            arch = platform.arch
-            if arch is None:
-                return (f"GPU architecture {platform.gfx_arch or 'none (no device)'} is not one "
-                        "titan-rocm knows to have the buffer-store data hazard")
-            if not arch.vmem_store_data_hazard:
-                return f"{arch.name} does not have the buffer-store data hazard"
-        return None
+    # No check(): under auto the WAR applies on every ROCm GPU (the base gate's ROCm test),
+    # as AMD-AGI/Primus's _on_rocm() does; per-arch facts only choose the rule's windows.
 
     def apply(self, model: nn.Module) -> None:
+        note = self._rule_note()
+        if note is not None:
+            log_once("triton_war.rule", logging.WARNING, "titan-rocm: %s", note)
         if self.ctx.planning:
             self.dry_run = True  # plan: no wrapper, no environment, no stats directory
             return
@@ -144,6 +155,7 @@ class TritonWar(Workaround):
     def plan(self, model: nn.Module) -> dict[str, Any]:
         details: dict[str, Any] = {
             "rule": self.rule,
+            **({"rule_note": note} if (note := self._rule_note()) else {}),
             "strict": self.strict,
             "worker_reach": WORKER_REACH,
         }
