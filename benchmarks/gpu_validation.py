@@ -66,7 +66,7 @@ from titan_rocm.logs.parse import parse_file  # noqa: E402
 ROCM_ON = [
     "--rocm.precision_casts", "on", "--rocm.triton_war", "on",
     "--rocm.grouped_mm", "on", "--rocm.moe_eager_compile", "on",
-    # Named, not left to the default (which became "moe"): runs stay comparable across time.
+    # Named, not left to the default (it was "moe" for a while): runs stay comparable across time.
     "--rocm.moe_eager_scope", "block",
 ]
 STOCK = ["--stock"]  # marker: run a copy of the config with titan-rocm taken out

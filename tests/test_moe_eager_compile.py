@@ -16,7 +16,7 @@ from titan_rocm.workarounds import moe_blocks
 from titan_rocm.workarounds.moe_blocks import EAGER_MOE, FULLGRAPH, MOE_CHILD
 from titan_rocm.workarounds.moe_eager_compile import workaround as moe_eager_compile
 
-# The whole-block strategy, named (the default scope is "moe"; MOE_SCOPE after ON overrides).
+# The whole-block strategy, named (also the default scope; MOE_SCOPE after ON overrides).
 ON = ("--model.converters", "rocm.moe_eager_compile", "--rocm.moe_eager_compile", "on",
       "--rocm.moe_eager_scope", "block")
 COMPILE = ("--compile.enable",)
@@ -367,3 +367,20 @@ def test_eager_marks_take_in_place_compiled_blocks_out_of_their_compile():
     before = moe_blocks.eager_forward_calls().get("1", 0)
     model.layers["1"](torch.randn(3, 2))
     assert moe_blocks.eager_forward_calls()["1"] == before + 1
+
+
+def test_the_default_scope_is_the_validated_block_scope():
+    """Issue 22: with no moe_eager_scope given, MoE blocks stay eager whole (AMD-AGI/Primus PR
+    #962's validated fix); the plan names the cost in force and the unvalidated other scope."""
+    job = _job("deepseek_v3", "debugmodel", *COMPILE, "--model.converters",
+               "rocm.moe_eager_compile", "--rocm.moe_eager_compile", "on")
+    model = build_meta(job)
+    decision = decisions(convert(job, model))["moe_eager_compile"]
+    assert decision.applied, decision.reason
+    assert decision.details["scope"] == "block"
+    assert EAGER_MOE in decision.details["blocks"].values()
+    assert not any(SPLIT == how for how in decision.details["blocks"].values())
+    assert decision.details["cost"].startswith("'block': 0.93 of stock tokens/s")
+    assert "validated on MI300X" in decision.details["cost"]
+    assert "still produces the step-1 NaN" in decision.details["other_scope"]
+    assert decision.details["other_scope"].endswith("(--rocm.moe_eager_scope moe)")

@@ -56,9 +56,12 @@ def test_plan_every_shipped_config_on_gfx942(config: Path) -> None:
     assert len(blocks) == plan["model"]["blocks"]
     if plan["model"]["moe_blocks"]:
         assert decisions["moe_eager_compile"]["applied"]
-        # The default scope ("moe"): attention and norms compiled, the MoE module eager.
-        split = "attention, attention_norm, ffn_norm fullgraph; moe eager"
-        assert sum(v == split for v in blocks.values()) == plan["model"]["moe_blocks"]
+        # The default scope ("block", PR #962's validated fix): every MoE block eager whole.
+        assert sum(v == "eager (MoE)" for v in blocks.values()) == plan["model"]["moe_blocks"]
+        details = decisions["moe_eager_compile"]["details"]
+        assert details["scope"] == "block" and "0.93 of stock" in details["cost"]
+        assert details["other_scope"].startswith("'moe': 0.966 of stock")
+        assert "unvalidated on ROCm" in details["other_scope"]
         assert decisions["grouped_mm"]["applied"]
     else:
         assert decisions["moe_eager_compile"]["reason"] == "model has no MoE blocks"

@@ -93,14 +93,6 @@ _STOCK_MOE_COMPILE = "stock MoE compile (children fullgraph except experts)"
 _STOCK_WHOLE_MOE = "fullgraph (stock: the whole MoE block)"
 _NOT_COMPILED = "not compiled"
 
-SCOPE_COST = {
-    "block": "0.93 of stock tokens/s",
-    "moe": "0.966 of stock tokens/s",
-}
-"""The mixed strategy's measured cost by scope: deepseek_v3 3.9 B, GPU-bound, one H200
-(docs/performance.md, results 2026-11-30-h200-d/tp-moe-scope)."""
-
-
 def _stock_compile_blocks(per_block: dict[str, str], parallelize_fn: Any) -> dict[str, str]:
     """What TorchTitan 0.2.2's own ``apply_compile`` of this model does per block (no titan-rocm
     patch), from :func:`~titan_rocm.workarounds.moe_blocks.plan_blocks`' dense/MoE split."""
@@ -120,6 +112,8 @@ def _stock_compile_blocks(per_block: dict[str, str], parallelize_fn: Any) -> dic
 
 def compile_summary(blocks: dict[str, str], moe_blocks: int, scope: str | None) -> str:
     """One sentence: how many blocks compile whole, what happens to the MoE blocks, the cost."""
+    from titan_rocm.workarounds.moe_eager_compile.workaround import SCOPE_COST
+
     whole = sum(how.startswith("fullgraph") for how in blocks.values())
     if not any(how != _NOT_COMPILED for how in blocks.values()):
         return "no block is compiled: this model's parallelize_fn compiles none"

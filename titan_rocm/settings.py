@@ -39,10 +39,11 @@ class RocmSettings:
     """Set Inductor's emulate_precision_casts before anything compiles."""
     moe_eager_compile: Mode = "auto"
     """Compile dense TransformerBlocks whole (fullgraph); leave MoE blocks eager."""
-    moe_eager_scope: MoEEagerScope = "moe"
-    """What stays eager in each MoE block: only its MoE module (router, token permutation,
-    experts, shared experts), with attention and norms compiled fullgraph (``moe``); or the
-    whole block (``block``, as AMD-AGI/Primus PR #962 validated on MI300X)."""
+    moe_eager_scope: MoEEagerScope = "block"
+    """What stays eager in each MoE block: the whole block (``block``, the fix AMD-AGI/Primus
+    PR #962 validated on MI300X); or only its MoE module (router, token permutation, experts,
+    shared experts), with attention and norms compiled fullgraph (``moe``: faster on an H200,
+    unvalidated on ROCm, where Primus found compiling the outer MoE block still NaNs)."""
     grouped_mm: Mode = "auto"
     """Bind the MoE grouped-MM function of the live model to ``grouped_mm_backend``."""
     grouped_mm_backend: str = "auto"

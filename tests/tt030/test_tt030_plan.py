@@ -27,13 +27,16 @@ def test_plan_shows_moe_blocks_eager_and_the_dense_block_compiled_on_gfx942(caps
                        "mla_ck_backward": True, "divergence_guard": True}
     reasons = {d["workaround"]: d["reason"] for d in plan["workarounds"]}
     assert reasons["gemm_lookup"] == "no table named ([rocm] gemm_lookup_table is empty)"
-    blocks = plan["compile"]["blocks"]  # the default scope, "moe"
+    blocks = plan["compile"]["blocks"]  # the default scope, "block" (PR #962's validated fix)
     assert blocks["0"].startswith("fullgraph, in place")
-    assert blocks["1"] == blocks["26"] == ("attention, attention_norm, ffn_norm fullgraph; "
-                                           "moe eager (rocm.moe_eager_compile)")
-    whole = _plan(capsys, *ROCM_16B, *COMPILED, "--arch", "gfx942",
-                  "--rocm.moe_eager_scope", "block")["compile"]["blocks"]
-    assert whole["1"] == whole["26"] == "eager (rocm.moe_eager_compile)"
+    assert blocks["1"] == blocks["26"] == "eager (rocm.moe_eager_compile)"
+    details = {d["workaround"]: d for d in plan["workarounds"]}["moe_eager_compile"]["details"]
+    assert details["scope"] == "block" and details["cost"].startswith("'block': 0.93 of stock")
+    assert "unvalidated on ROCm" in details["other_scope"]
+    split = _plan(capsys, *ROCM_16B, *COMPILED, "--arch", "gfx942",
+                  "--rocm.moe_eager_scope", "moe")["compile"]["blocks"]
+    assert split["1"] == split["26"] == ("attention, attention_norm, ffn_norm fullgraph; "
+                                         "moe eager (rocm.moe_eager_compile)")
 
 
 def test_plan_follows_rocm_flags_and_says_when_titan_rocm_is_not_attached(capsys):

@@ -64,6 +64,25 @@ PATCHED_ATTR = "titan_rocm_mixed_compile"
 SCOPE_ATTR = "titan_rocm_moe_eager_scope"
 """Set on the replacement ``apply_compile``: the ``moe_eager_scope`` it applies."""
 
+SCOPE_COST = {
+    "block": "0.93 of stock tokens/s",
+    "moe": "0.966 of stock tokens/s",
+}
+"""The mixed strategy's measured cost by scope: deepseek_v3 3.9 B, GPU-bound, one H200
+(0.9315 and 0.9656; docs/moe-eager-compile.md, benchmarks/results/2026-11-30-h200-d/
+tp-moe-scope)."""
+SCOPE_STATUS = {
+    "block": "the fix AMD-AGI/Primus PR #962 validated on MI300X",
+    "moe": ("unvalidated on ROCm: Primus PR #962 found that compiling even the outer MoE "
+            "block with a graph break around MoE.forward still produces the step-1 NaN"),
+}
+"""What upstream's ROCm evidence says of each scope (docs/moe-eager-compile.md)."""
+
+
+def scope_summary(scope: str) -> str:
+    """``<scope>: <measured cost>; <upstream status>``, one line for the plan."""
+    return f"{scope!r}: {SCOPE_COST[scope]} on an H200; {SCOPE_STATUS[scope]}"
+
 
 def compile_blocks(model: nn.Module, backend: str, scope: str = "block") -> dict[str, str]:
     """Compile dense blocks of ``model.layers`` fullgraph; MoE blocks by ``scope`` (idempotent).
@@ -242,5 +261,7 @@ class MoEEagerCompile(Workaround):
     def plan(self, model: nn.Module) -> dict[str, Any]:
         if self._patched is None:
             return {}
-        return {"scope": self.scope, "blocks": plan_blocks(model, self.scope),
-                "patched": self._patched}
+        other = "moe" if self.scope == "block" else "block"
+        return {"scope": self.scope, "cost": scope_summary(self.scope),
+                "other_scope": f"{scope_summary(other)} (--rocm.moe_eager_scope {other})",
+                "blocks": plan_blocks(model, self.scope), "patched": self._patched}
