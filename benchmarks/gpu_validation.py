@@ -11,6 +11,9 @@ One command on a GPU box (run from the repository root, titan-rocm importable):
         --steps 30 --out results/                     # 1 GPU: MoE scopes side by side
     python benchmarks/gpu_validation.py --suite throughput --models llama3_1b_guard \
         --steps 40 --out results/                     # 1 GPU: divergence guard modes
+    python benchmarks/gpu_validation.py --suite throughput --models deepseek_v3_4b_memory \
+        --steps 30 --out results/                     # 1 GPU: capture_scalar_outputs, bf16
+                                                      # MoE combine: peak memory, speed
     python benchmarks/gpu_validation.py --suite moe_graphs --steps 20 --out results/
                                                       # 2 GPUs: FSDP + EP=2, graphs audited
 
@@ -153,6 +156,8 @@ class ThroughputModel:
     """Needs ``benchmarks/bench_flavors.py`` (a flavor TorchTitan 0.2.2 does not ship)."""
     also_over: str | None = None
     """A second baseline: every other variant also gets its ratio over this one."""
+    variant_env: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    """Environment a variant's runs get on top of the suite's (by variant name)."""
 
 
 THROUGHPUT: dict[str, ThroughputModel] = {
@@ -201,6 +206,16 @@ THROUGHPUT: dict[str, ThroughputModel] = {
          ("without_guard", [*STOCK_MOE_COMPILE, "--rocm.divergence_guard", "off"])],
         ["--model.flavor", "bench_moe_4B"], bench_flavors=True,
         also_over="rocm_on_stock_moe_compile"),
+    # Issue 22, item 3: peak memory and speed of the mixed compile with Dynamo's
+    # capture_scalar_outputs as TorchTitan leaves it (titan-rocm no longer forces it) vs
+    # forced on (what titan-rocm did), and with AMD-AGI/Primus's bf16 MoE combine.
+    "deepseek_v3_4b_memory": ThroughputModel(
+        "configs/deepseek_v3_debug.toml",
+        [("rocm_on", ROCM_ON),
+         ("rocm_on_capture_scalars", ROCM_ON),
+         ("rocm_on_bf16_combine", [*ROCM_ON, "--rocm.moe_combine", "bf16"])],
+        ["--model.flavor", "bench_moe_4B"], bench_flavors=True, also_over="rocm_on",
+        variant_env={"rocm_on_capture_scalars": {"TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS": "1"}}),
 }
 
 
@@ -217,7 +232,8 @@ def throughput_suite(steps: int, models: list[str]) -> list[Run]:
                 module = "benchmarks.bench_flavors" + ("" if variant == "stock" else "_rocm")
                 extra = ["--experimental.custom_import", module]
             runs.append(Run(f"{model}_{variant}@{1 if i < len(variants) else 2}", spec.config,
-                            [*s, *spec.flags, *extra, *flags], shared_cache=True))
+                            [*s, *spec.flags, *extra, *flags], shared_cache=True,
+                            env=dict(spec.variant_env.get(variant, {}))))
     return runs
 
 
@@ -551,6 +567,12 @@ def throughput(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "exit": [r.get("exit") for r in runs],
             }
 
+        base = THROUGHPUT[model].also_over
+        if base in variants:  # numerics against the second baseline too
+            for variant, runs in variants.items():
+                if variant != base:
+                    table[variant]["loss_max_rel_diff_vs_" + base] = _loss_diff(
+                        runs[0], variants[base])
         figures: dict[str, Any] = {"variants": table, "tokens_per_step": tokens}
         for variant in table:
             if variant != "stock" and "stock" in table:
@@ -561,7 +583,6 @@ def throughput(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 table, "rocm_on", "rocm_on_guard_off")
             figures["tps_ratio_guard_every_step_over_off"] = _variant_ratio(
                 table, "rocm_on_every_step", "rocm_on_guard_off")
-        base = THROUGHPUT[model].also_over
         for variant in table:
             if base in table and variant not in ("stock", base):
                 figures[f"tps_ratio_{variant}_over_{base}"] = _variant_ratio(table, variant, base)
@@ -570,6 +591,8 @@ def throughput(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 table, "rocm_on", "rocm_on_stock_moe_compile")
         if "rocm_on_moe_scope" in table:
             figures.update(moe_scope_figures(table))
+        if "rocm_on_bf16_combine" in table or "rocm_on_capture_scalars" in table:
+            figures.update(memory_figures(table))
         if "rocm_on_every_step_exact" in table and "rocm_on_guard_off" in table:
             figures.update(guard_figures(table))
         out[model] = figures
@@ -621,6 +644,30 @@ def moe_scope_figures(table: dict[str, Any]) -> dict[str, Any]:
         "tps_ratio_moe_scope_over_stock_moe_compile": _variant_ratio(
             table, "rocm_on_moe_scope", "rocm_on_stock_moe_compile"),
         "moe_scope_target": _target(table, "rocm_on_moe_scope", "stock", MOE_SCOPE_TARGET),
+    }
+
+
+def _memory_delta(table: dict[str, Any], variant: str, base: str) -> list[float | None] | None:
+    """Peak memory of ``variant`` minus ``base``, pass by pass (GiB; negative: it saves)."""
+    if variant not in table or base not in table:
+        return None
+    return [round(a - b, 2) if a is not None and b is not None else None
+            for a, b in zip(table[variant]["peak_memory_gib"], table[base]["peak_memory_gib"],
+                            strict=False)]
+
+
+def memory_figures(table: dict[str, Any]) -> dict[str, Any]:
+    """Issue 22, item 3: capture_scalar_outputs and the bf16 MoE combine, side by side."""
+    return {
+        "memory_side_by_side": _side_by_side(table, [
+            ("rocm_on", "rocm_on: capture_scalar_outputs as TorchTitan leaves it, fp32 combine"),
+            ("rocm_on_capture_scalars", "rocm_on, capture_scalar_outputs forced on"),
+            ("rocm_on_bf16_combine", "rocm_on, moe_combine = bf16"),
+        ], "rocm_on"),
+        "peak_memory_gib_capture_scalars_minus_default": _memory_delta(
+            table, "rocm_on_capture_scalars", "rocm_on"),
+        "peak_memory_gib_bf16_combine_minus_fp32": _memory_delta(
+            table, "rocm_on_bf16_combine", "rocm_on"),
     }
 
 

@@ -197,6 +197,40 @@ def test_reanalysis_puts_the_guard_modes_side_by_side(harness: ModuleType,
     assert not any(k.endswith("_over_stock") for k in guard)  # no stock run in this model
 
 
+def test_memory_suite_forces_capture_scalars_by_environment_only(harness: ModuleType) -> None:
+    runs = {r.name: r for r in harness.throughput_suite(30, ["deepseek_v3_4b_memory"])}
+    assert list(runs) == [f"deepseek_v3_4b_memory_{v}@{p}" for v, p in (
+        ("rocm_on", 1), ("rocm_on_capture_scalars", 1), ("rocm_on_bf16_combine", 1),
+        ("rocm_on_bf16_combine", 2), ("rocm_on_capture_scalars", 2), ("rocm_on", 2))]
+    forced = {"TORCHDYNAMO_CAPTURE_SCALAR_OUTPUTS": "1"}
+    for name, run in runs.items():
+        assert run.env == (forced if "capture_scalars" in name else {}), name
+        assert ("--rocm.moe_combine" in run.flags) is ("bf16_combine" in name), name
+        assert run.flags[run.flags.index("--model.flavor") + 1] == "bench_moe_4B"
+    # Same flags for the default and the forced run: only the environment differs.
+    assert (runs["deepseek_v3_4b_memory_rocm_on@1"].flags
+            == runs["deepseek_v3_4b_memory_rocm_on_capture_scalars@1"].flags)
+
+
+def test_reanalysis_puts_memory_side_by_side(harness: ModuleType, tmp_path: Path) -> None:
+    spec = {"rocm_on": (28_000, 66.5), "rocm_on_capture_scalars": (27_900, 67.9),
+            "rocm_on_bf16_combine": (28_100, 65.1)}
+    runs = {f"deepseek_v3_4b_memory_{v}@{p}": {"tps": [tps] * 3, "to_step1": 9.0,
+                                               "memory": memory + p / 10}
+            for v, (tps, memory) in spec.items() for p in (1, 2)}
+    figures = harness.reanalyse(_store(harness, tmp_path, runs))["figures"]
+    memory = figures["throughput"]["deepseek_v3_4b_memory"]
+    rows = {r["variant"]: r for r in memory["memory_side_by_side"]}
+    assert list(rows) == list(spec)
+    assert rows["rocm_on_bf16_combine"]["ratio_over_rocm_on"] == round(28_100 / 28_000, 4)
+    assert rows["rocm_on_capture_scalars"]["peak_memory_gib"] == [68.0, 68.1]
+    assert memory["peak_memory_gib_bf16_combine_minus_fp32"] == [-1.4, -1.4]
+    assert memory["peak_memory_gib_capture_scalars_minus_default"] == [1.4, 1.4]
+    # Numerics against the default run (the synthetic losses are equal).
+    assert memory["variants"]["rocm_on_bf16_combine"]["loss_max_rel_diff_vs_rocm_on"] == 0.0
+    assert not any(k.endswith("_over_stock") for k in memory)  # no stock run in this model
+
+
 def _graph(clean: bool, **flags: list[str]) -> dict:
     return {"nodes": 10, "ops": [], "collectives": [], "fsdp": [], "moe": [], **flags,
             "clean": clean}

@@ -21,6 +21,10 @@ DivergenceCheck = Literal["log_steps", "every_step", "every_step_exact"]
 MoEEagerScope = Literal["block", "moe"]
 """What ``rocm.moe_eager_compile`` leaves eager in each MoE TransformerBlock: the whole block,
 or only its MoE module (attention and norms then compile; docs/moe-eager-compile.md)."""
+MoECombine = Literal["fp32", "bf16"]
+"""How the MoE modules ``rocm.moe_eager_compile`` keeps eager (TorchTitan 0.2.2) combine their
+experts' outputs: TorchTitan's bmm over an FP32 copy, or AMD-AGI/Primus PR #962's weighted sum
+over the BF16 outputs (no FP32 copy kept for the backward; docs/moe-eager-compile.md)."""
 DocumentMasks = Literal["keep", "drop"]
 """What MLA on aiter does with per-document (``block_causal``) attention masks."""
 
@@ -44,6 +48,9 @@ class RocmSettings:
     PR #962 validated on MI300X); or only its MoE module (router, token permutation, experts,
     shared experts), with attention and norms compiled fullgraph (``moe``: faster on an H200,
     unvalidated on ROCm, where Primus found compiling the outer MoE block still NaNs)."""
+    moe_combine: MoECombine = "fp32"
+    """How eager MoE modules combine their experts' outputs: ``fp32`` (TorchTitan's bmm over
+    an FP32 copy) or ``bf16`` (Primus's weighted sum, no FP32 copy; TorchTitan 0.2.2 only)."""
     grouped_mm: Mode = "auto"
     """Bind the MoE grouped-MM function of the live model to ``grouped_mm_backend``."""
     grouped_mm_backend: str = "auto"

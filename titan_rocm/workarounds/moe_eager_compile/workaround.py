@@ -34,7 +34,7 @@ compile and ``titan-rocm plan`` use it.
 
 from __future__ import annotations
 
-import inspect
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -42,7 +42,7 @@ import torch
 import torch.nn as nn
 from torch._dynamo.eval_frame import OptimizedModule
 
-from titan_rocm.log import log
+from titan_rocm.log import log, log_once
 from titan_rocm.workarounds.base import TORCHTITAN_030, Context, Workaround
 from titan_rocm.workarounds.moe_blocks import (
     FULLGRAPH,
@@ -57,7 +57,7 @@ from titan_rocm.workarounds.moe_blocks import (
     split_children,
     unwrap_block,
 )
-from titan_rocm.workarounds.moe_eager_compile import tt030
+from titan_rocm.workarounds.moe_eager_compile import combine, tt030
 
 PATCHED_ATTR = "titan_rocm_mixed_compile"
 """Set on the replacement ``apply_compile``; its value is the function it replaced."""
@@ -139,13 +139,11 @@ def make_mixed_apply_compile(
     Accepts both stock signatures: llama3's ``(model, compile_config)`` and llama4's
     ``(model, compile_config, ep_enabled)``.
     """
-    takes_ep = "ep_enabled" in inspect.signature(original).parameters
-
     def apply_compile(model: nn.Module, compile_config: Any, *args: Any, **kwargs: Any) -> None:
         """titan-rocm mixed compile: dense blocks fullgraph, MoE blocks eager (by scope)."""
-        if takes_ep:
-            # As the stock llama4 function: lets Dynamo capture .item() as unbacked symbols.
-            torch._dynamo.config.capture_scalar_outputs = True
+        # capture_scalar_outputs is left as it is: stock llama4 turns it on for the MoE pieces
+        # it compiles (.item() as unbacked symbols), none of which the mixed compile compiles;
+        # AMD-AGI/Primus's dense-only compile (PR #962) leaves it off as well.
         done = compile_blocks(model, compile_config.backend, scope)
         dense = sum(1 for d in done.values() if d.startswith(FULLGRAPH))
         if scope == "moe":
@@ -240,6 +238,7 @@ class MoEEagerCompile(Workaround):
 
     def apply(self, model: nn.Module) -> None:
         assert self.ctx.parallelize_fn is not None  # check() made sure
+        self._apply_combine(model)
         if self.ctx.framework == TORCHTITAN_030:
             marked = tt030.mark_moe_blocks(model, self.scope, self.ctx.compile.backend)
             self._patched = tt030.SEAM
@@ -250,6 +249,22 @@ class MoEEagerCompile(Workaround):
         self._patched = patch_apply_compile(self.ctx.parallelize_fn, self.scope)
         log.info("titan-rocm: replaced %s (dense fullgraph, MoE eager; moe_eager_scope = %r)",
                  self._patched, self.scope)
+
+    def _apply_combine(self, model: nn.Module) -> None:
+        """``[rocm] moe_combine = "bf16"``: the MoE modules get Primus's weighted-sum combine."""
+        if self.ctx.settings.moe_combine != "bf16":
+            return
+        if self.ctx.framework == TORCHTITAN_030:
+            log_once("moe_combine.tt030", logging.WARNING,
+                     "titan-rocm: [rocm] moe_combine = \"bf16\" not applied: TorchTitan 0.3.0 "
+                     "combines in its token dispatcher, not in MoE.forward; left as TorchTitan "
+                     "does it")
+            return
+        swapped = [layer_id for layer_id, block in model.layers.named_children()
+                   if is_moe_block(block) and hasattr(unwrap_block(block), MOE_CHILD)
+                   and combine.use_bf16_combine(getattr(unwrap_block(block), MOE_CHILD))]
+        log.info("titan-rocm: MoE modules of layers %s combine their experts' outputs in bf16 "
+                 "(moe_combine = \"bf16\": no fp32 copy)", ", ".join(swapped) or "(none new)")
 
     def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
         # One line after the first step proves from the run log that the MoE part ran eager.
@@ -262,6 +277,10 @@ class MoEEagerCompile(Workaround):
         if self._patched is None:
             return {}
         other = "moe" if self.scope == "block" else "block"
+        combine_note = combine.COMBINES[self.ctx.settings.moe_combine]
+        if self.ctx.settings.moe_combine == "bf16" and self.ctx.framework == TORCHTITAN_030:
+            combine_note = "not applied: TorchTitan 0.3.0 combines in its token dispatcher"
         return {"scope": self.scope, "cost": scope_summary(self.scope),
+                "combine": f"{self.ctx.settings.moe_combine}: {combine_note}",
                 "other_scope": f"{scope_summary(other)} (--rocm.moe_eager_scope {other})",
                 "blocks": plan_blocks(model, self.scope), "patched": self._patched}
