@@ -582,22 +582,39 @@ def by_arch(report: dict) -> dict[str, tuple[int, int]]:
     return {arch: (kept, removed) for arch, (kept, removed) in totals.items()}
 
 
-def test_counts_on_tables_composed_like_aiters(capsys, tmp_path):
-    parts = split_composition(AITER_COMPOSITION, 3)
+def aiter_like_tables(tmp_path: Path) -> list[str]:
+    """Three tables holding, together, the rows of aiter's 17 (AITER_COMPOSITION)."""
     inputs = []
-    for i, composition in enumerate(parts):
+    for i, composition in enumerate(split_composition(AITER_COMPOSITION, 3)):
         path = tmp_path / f"aiter_like_{i}_bf16_tuned_gemm.csv"
         make_table(path, composition, seed=100 + i,
                    splitk_zero={a: n // 3 for a, n in AITER_SPLITK_ZERO.items()})
         inputs.append(str(path))
-    code, report = run_json(capsys, *inputs, "-o", str(tmp_path / "out"))
+    return inputs
+
+
+def by_rule(report: dict) -> dict[str, int]:
+    return {r["name"]: r["removed"] for r in report["rules"]}
+
+
+def test_counts_on_tables_composed_like_aiters(capsys, tmp_path):
+    inputs = aiter_like_tables(tmp_path)
+    code, report = run_json(capsys, *inputs, "-o", str(tmp_path / "out"), "--aiter", "main")
     assert code == 0
-    assert (report["rows"], report["unsafe_rows"], report["disagreements"]) == (3338, 106, 0)
-    assert by_arch(report) == {"gfx942": (143, 79), "gfx950": (2175, 27), "gfx1250": (914, 0)}
-    code, report = run_json(capsys, *inputs, "--check", "--policy", "all-opus")
+    assert (report["rows"], report["unsafe_rows"], report["disagreements"]) == (3338, 322, 0)
+    assert by_rule(report) == {"asm-splitk-semaphore": 216, "opus-splitk-workspace": 106,
+                               "flydsl-small-m-splitk": 0}
+    assert by_arch(report) == {"gfx942": (129, 93), "gfx950": (1973, 229), "gfx1250": (914, 0)}
+    code, report = run_json(capsys, *inputs, "--check", "--policy", "all-opus", "--aiter", "main")
     assert code == 1
-    assert report["unsafe_rows"] == 259
-    assert by_arch(report) == {"gfx942": (39, 183), "gfx950": (2126, 76), "gfx1250": (914, 0)}
+    assert report["unsafe_rows"] == 475
+    assert by_rule(report)["opus-splitk-workspace"] == 259
+    assert by_arch(report) == {"gfx942": (25, 197), "gfx950": (1924, 278), "gfx1250": (914, 0)}
+    # aiter 0.1.7 has none of the three hazards: nothing removed, each rule's rows counted.
+    code, report = run_json(capsys, *inputs, "--check", "--aiter", "0.1.7")
+    assert (code, report["unsafe_rows"]) == (0, 0)
+    assert {r["name"]: r["kept_as_fixed"] for r in report["rules"]} == {
+        "asm-splitk-semaphore": 216, "opus-splitk-workspace": 106, "flydsl-small-m-splitk": 0}
 
 
 def test_csv_module_reads_our_oracle_the_same_way(tables):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 
@@ -119,9 +120,9 @@ def _print_text(result: Result) -> None:
     print(f"aiter: {result.aiter.known_as}")
     for rule in result.rule_counts():
         state = "holds" if rule["holds"] else "does not hold"
-        counted = f"removes {rule['removed']}" if rule["holds"] else \
-            f"keeps {rule['kept_as_fixed']} it would remove"
-        print(f"  rule {rule['name']}: {state}, {counted} row(s) ({rule['why']})")
+        counted = f"removes {rule['removed']} row(s)" if rule["holds"] else \
+            f"keeps the {rule['kept_as_fixed']} row(s) it would remove"
+        print(f"  rule {rule['name']}: {state}, {counted} ({rule['why']})")
     not_listed = sum(f.removed.not_listed for f in result.files)
     if result.check and not_listed:
         print(f"... {not_listed} more unsafe row(s) not listed (the first "
@@ -181,9 +182,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"titan-rocm gemm-tables: interrupted; {exc}", file=sys.stderr)
         _print_failure(args, "interrupted", str(exc), INTERRUPTED)
         return INTERRUPTED
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        _print_text(result)
+    code = 1 if args.check and result.unsafe_rows else 0
+    try:
+        if args.json:
+            print(json.dumps(result.to_dict(), indent=2))
+        else:
+            _print_text(result)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped reading (``| head``): the work is done; say nothing more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return code
     _print_warnings(result)
-    return 1 if args.check and result.unsafe_rows else 0
+    return code
