@@ -201,3 +201,57 @@ def test_asm_rows_without_a_split_are_removed_and_a_bad_split_names_the_line(tmp
     path.write_text(HEADER + "\n" + base.format("two") + "\n")
     with pytest.raises(ValueError, match=rf"{path}:2: splitK 'two' is not an integer"):
         capture_safe([path], None, check=True, aiter="main")
+
+
+# --- what docs/gemm-tables.md says -----------------------------------------------------------
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "gemm-tables.md"
+
+
+def test_doc_quotes_the_rule_lines(capsys, tmp_path, monkeypatch):
+    from gemm_table_maker import AITER_COMPOSITION, AITER_SPLITK_ZERO, split_composition
+
+    inputs = []
+    for i, composition in enumerate(split_composition(AITER_COMPOSITION, 17)):
+        path = tmp_path / f"t{i:02d}_bf16_tuned_gemm.csv"
+        make_table(path, composition, seed=i,
+                   splitk_zero={a: n // 17 for a, n in AITER_SPLITK_ZERO.items()})
+        inputs.append(str(path))
+    code = main(["gemm-tables", "capture-safe", *inputs, "-o", str(tmp_path / "out"),
+                 "--aiter", "main"])
+    out, err = capsys.readouterr()
+    assert code == 0
+    lines = out.splitlines()
+    start = lines.index("aiter: --aiter main")
+    produced = lines[start:start + 5]
+    text = DOC.read_text()
+    block = text.split("<!-- rule-lines -->")[1].split("<!-- /rule-lines -->")[0]
+    quoted = [line[2:] for line in block.strip().splitlines()[1:-1]]  # inside the fence
+    assert quoted == produced
+    assert "note:" not in err  # the doc: no cu_num note on tables like aiter's
+
+
+def test_doc_names_every_rule_with_its_ending_change_and_marker():
+    text = DOC.read_text()
+    for rule in RULES:
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{rule.name}`"))
+        pr = rule.ended_by.split()[0]
+        assert pr in row and rule.fix.text in row
+
+
+def test_doc_does_not_call_the_workspace_init_a_fix():
+    text = " ".join(DOC.read_text().split())
+    assert "does not make these rows safe" in text
+    assert "the abort simply relocates to FULL capture" in text
+    assert "the rows are safe there and this tool is not needed" not in text
+
+
+def test_doc_cu_num_note_example_is_what_the_tool_prints(capsys, tmp_path):
+    text = " ".join(DOC.read_text().split())
+    example = text.split("prints `note: ")[1].split("`")[0]
+    table = tmp_path / "t.csv"
+    header = HEADER.split(",", 1)[1]
+    table.write_text(header + "\n80,1,256,5120,False,torch.bfloat16,torch.bfloat16,False,"
+                     "False,opus,204,0,7.9,opus_gemm_flatmm_splitk_a,0.0,1,1\n")
+    main(["gemm-tables", "capture-safe", str(table), "--check", "--arch", "gfx950"])
+    assert f"note: {example}" in capsys.readouterr().err

@@ -16,7 +16,6 @@ from collections import Counter
 
 from titan_rocm.cli import INTERRUPTED
 from titan_rocm.gemm_tables.capture_safe import (
-    MAX_NOTES,
     CaptureSafeError,
     CaptureSafeInterrupted,
     Result,
@@ -125,8 +124,9 @@ def _print_text(result: Result) -> None:
         print(f"  rule {rule['name']}: {state}, {counted} ({rule['why']})")
     not_listed = sum(f.removed.not_listed for f in result.files)
     if result.check and not_listed:
-        print(f"... {not_listed} more unsafe row(s) not listed (the first "
-              f"{MAX_NOTES} are); all are counted")
+        listed = sum(len(f.removed.kept) for f in result.files)
+        print(f"... {not_listed} more unsafe row(s) not listed (the first {listed} are); "
+              "all are counted")
     rows = sum(f.rows for f in result.files)
     verb = "would remove" if result.check else "removed"
     print(

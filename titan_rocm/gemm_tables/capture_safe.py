@@ -88,7 +88,7 @@ class RowNote:
 class Notes:
     """Notes kept up to a limit shared by a run (:data:`MAX_NOTES`), the rest counted."""
 
-    limit: int = MAX_NOTES
+    limit: int = field(default_factory=lambda: MAX_NOTES)
     kept: list[RowNote] = field(default_factory=list)
     not_listed: int = 0
 
