@@ -10,7 +10,7 @@ import sys
 import pytest
 from benchmark_loader import load_benchmark
 from gemm_table_maker import AITER_COMPOSITION, make_table  # tests/ is on sys.path
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from titan_rocm.cli import main
@@ -133,3 +133,40 @@ def test_memory_benchmark_runs_and_stores_its_figures(tmp_path):
     assert summary["ratio"] > 0 and summary["import_only_mib"] > 0
     with pytest.raises(SystemExit):
         bench.main(["--sizes-mb", "nan"])
+
+
+@settings(max_examples=120, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_no_input_or_option_gives_a_traceback_and_json_stays_json(capsys, tmp_path, data):
+    source = bytearray(
+        b"gfx,cu_num,libtype,solidx,splitK,kernelName\n"
+        b"gfx950,256,asm,5,13,_ZN5aiter39bf16gemm_fp32bf16_tn_64x64_splitk_cleanE\n"
+        b"gfx942,80,opus,10201,0,opus_gemm_gfx942_splitk_p1\n"
+        b",256,flydsl,1,4,flydsl_gemm2_abf16_wbf16_bf16_t16x64x256_split_k4_x_small_m_gfx950\n")
+    for _ in range(data.draw(st.integers(0, 4))):
+        pos = data.draw(st.integers(0, len(source) - 1))
+        op = data.draw(st.sampled_from(["set", "insert", "delete"]))
+        if op == "set":
+            source[pos] = data.draw(st.integers(0, 255))
+        elif op == "insert":
+            source.insert(pos, data.draw(st.sampled_from(list(b',"\n\r\x00x\xff1'))))
+        elif len(source) > 1:
+            del source[pos]
+    table = tmp_path / "t.csv"
+    table.write_bytes(bytes(source))
+    args = [str(table)]
+    args += data.draw(st.sampled_from([["--check"], ["-o", str(tmp_path / "o")],
+                                       ["-o", str(table)], []]))
+    args += data.draw(st.sampled_from([[], ["--policy", "all-opus"], ["--policy", "x"]]))
+    args += data.draw(st.sampled_from([[], ["--arch", "gfx950"], ["--arch", "gfx1"],
+                                       ["--arch", ""]]))
+    args += data.draw(st.sampled_from([[], ["--aiter", "main"], ["--aiter", "0.1.7"],
+                                       ["--aiter", "absent"], ["--aiter", "nan"]]))
+    as_json = data.draw(st.booleans())
+    code = main(["gemm-tables", "capture-safe", *args, *(["--json"] if as_json else [])])
+    out, err = capsys.readouterr()
+    assert code in (0, 1, 2) and "Traceback" not in err
+    if as_json and out:
+        report = json.loads(out)
+        assert report["ok"] is (code != 2)

@@ -55,10 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="OUTDIR",
         help="directory for the safe copies (created if missing; required unless --check)",
     )
+    # --policy and --aiter are checked by capture_safe rather than by argparse choices, so a
+    # bad value gets the same message (and, with --json, the same JSON) as any bad input.
     safe.add_argument(
         "--policy",
-        choices=POLICIES,
         default="splitk-opus",
+        metavar="{" + ",".join(POLICIES) + "}",
         help="splitk-opus (default): remove split-K opus rows only; all-opus: remove every "
         "opus row of gfx942/gfx950 (the blunt fix, for comparison)",
     )
@@ -70,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     safe.add_argument(
         "--aiter",
-        choices=AITER_CHOICES,
+        metavar="{" + ",".join(AITER_CHOICES) + "}",
         help="the aiter that will read the tables, as titan-rocm plan --aiter names it "
         "(0.1.7: PyPI's wheel; main: aiter main e4048607; absent: not known, every rule "
         "applies); default: the aiter installed here, read from its sources (no aiter "
