@@ -3,7 +3,7 @@
     python benchmarks/gemm_tables_memory.py [--sizes-mb 5 50] [--out DIR] [--keep]
 
 CPU only, torch-free. Generates tuned BF16 GEMM tables of the given sizes (rows of every
-kind aiter's tables hold, made-up values; about a tenth removed by the capture rules), then
+kind aiter's tables hold, made-up values; about 40 % removed by the capture rules), then
 runs ``capture-safe TABLE -o OUTDIR --aiter main`` on each in a fresh Python process and
 prints that process's peak RSS side by side, with the ratio largest / smallest. Streaming
 keeps it flat: the ratio should stay near 1.0 (before streaming: 837 MiB on 50 MB, issue

@@ -41,9 +41,10 @@ _OPUS_NAMES = {
 }
 _VARIANTS = {"gfx942": ("wkc", "p1", "tile"), "gfx950": ("tile", "mono_tile", "persistent")}
 _OTHER_NAMES = {"asm": "_ZN5aiter{n}asm_gemmE", "torch": "native", "triton": "auto",
-                "skinny": "skinny_gemm_{n}", "flydsl": "flydsl_gemm_{n}"}
+                "skinny": "skinny_gemm_{n}",
+                "flydsl": "flydsl_gemm2_abf16_wbf16_bf16_t64x64x128_split_k1_block_m_warp2_{n}"}
 # Split-K kernels of the other libraries: asm (splitK > 1 in the table), FlyDSL's two families
-# (the split is in the name; only small_m hangs under capture).
+# (the split is in the name; both families share the capture hazard).
 _SPLITK_NAMES = {
     ("asm", "splitk"): "_ZN5aiter{n}asm_gemm_splitk_cleanE",
     ("flydsl", "splitk"): "flydsl_gemm2_abf16_wbf16_bf16_t64x64x128_split_k{split}_block_m_warp2_"
@@ -115,8 +116,8 @@ class Row:
             return "opus-splitk-workspace"
         if (self.libtype, self.kind) == ("asm", "splitk"):
             return "asm-splitk-semaphore"
-        if (self.libtype, self.kind) == ("flydsl", "small_m"):
-            return "flydsl-small-m-splitk"
+        if self.libtype == "flydsl" and self.kind in ("splitk", "small_m"):
+            return "flydsl-splitk-counter"
         return None
 
 

@@ -25,8 +25,9 @@ KINDS = {
     ("gfx950", "opus", "splitk"): "opus-splitk-workspace",
     ("gfx942", "opus", "splitk"): "opus-splitk-workspace",
     ("gfx950", "opus", "other"): None,
-    ("gfx950", "flydsl", "small_m"): "flydsl-small-m-splitk",
-    ("gfx950", "flydsl", "splitk"): None,  # hgemm: its wait always ends
+    ("gfx950", "flydsl", "small_m"): "flydsl-splitk-counter",
+    ("gfx950", "flydsl", "splitk"): "flydsl-splitk-counter",  # hgemm
+    ("gfx950", "flydsl", "-"): None,  # split_k 1 (no counter) or a name aiter does not parse
     ("gfx1250", "opus", "safe-arch"): None,
 }
 
@@ -39,7 +40,7 @@ FAKE_FILES = {
     "opus-splitk-workspace": ("ops/opus/gemm_op_a16w16.py",
                               "def opus_gemm_workspace_init() -> None: ...\n",
                               None),
-    "flydsl-small-m-splitk": ("ops/flydsl/gemm_kernels.py",
+    "flydsl-splitk-counter": ("ops/flydsl/gemm_kernels.py",
                               "def _get_split_k_tensors(device, stream):\n    ...\n",
                               "def _get_split_k_tensors_cached(device, stream):\n    ...\n"),
 }
@@ -90,7 +91,7 @@ def expected_lines(rows, holding: set[str]) -> dict[str, list[int]]:
 
 def test_rules_are_named_cited_and_end_with_an_aiter_change():
     assert RULE_NAMES == ("asm-splitk-semaphore", "opus-splitk-workspace",
-                          "flydsl-small-m-splitk")
+                          "flydsl-splitk-counter")
     for rule in RULES:
         assert "ROCm/aiter#" in rule.ended_by and "aiter/" in rule.source
         assert rule.fix.text and rule.hazard.text
@@ -110,8 +111,7 @@ def test_each_rule_removes_its_rows_unless_the_installed_aiter_has_its_fix(
     result = capture_safe([path], None, check=True, rules=state)
     assert removed_lines(result) == expected_lines(rows, holding)
     kept = {r["name"]: r["kept_as_fixed"] for r in result.rule_counts()}
-    assert kept == {name: (2 if name != "flydsl-small-m-splitk" else 1) * (name in fixed)
-                    for name in RULE_NAMES}
+    assert kept == {name: 2 * (name in fixed) for name in RULE_NAMES}
 
 
 def test_an_aiter_without_the_defects_code_or_the_fix_gets_every_rule(tmp_path):
@@ -133,8 +133,8 @@ def test_the_installed_aiter_is_found_without_importing_it(capsys, tmp_path, kin
     assert code == 1 and report["aiter"] == f"installed at {site / 'aiter'}"
     holds = {r["name"]: r["holds"] for r in report["rules"]}
     assert holds == {"asm-splitk-semaphore": False, "opus-splitk-workspace": True,
-                     "flydsl-small-m-splitk": True}
-    assert report["unsafe_rows"] == 3  # 2 opus split-K + 1 small_m; the 2 asm kept
+                     "flydsl-splitk-counter": True}
+    assert report["unsafe_rows"] == 4  # 2 opus split-K + 2 FlyDSL split-K; the 2 asm kept
 
 
 def test_no_aiter_known_applies_every_rule_and_says_so(capsys, kinds_table, monkeypatch):

@@ -28,7 +28,7 @@ from titan_rocm.platform import AITER_CHOICES
 HELP = (
     "Make aiter's tuned BF16 GEMM tables (AITER_CONFIG_GEMM_BF16) safe for HIP-graph "
     "capture: copy each table without the rows whose kernel hangs or aborts under capture "
-    "with the aiter in use (split-K asm, opus and FlyDSL small_m kernels; see --aiter)."
+    "with the aiter in use (split-K asm, opus and FlyDSL kernels; see --aiter)."
 )
 
 _CAPTURE_SAFE_HELP = (

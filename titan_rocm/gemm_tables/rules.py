@@ -118,16 +118,20 @@ def _opus_splitk(fields: Mapping[str, str], facts: ArchFacts | None, policy: str
     return verdict.reason if verdict.unsafe else None
 
 
-_FLYDSL_SMALL_M = re.compile(r"_split_k(?P<split>\d+)_.*_small_m(?:_|$)")
+_FLYDSL_SPLIT = re.compile(r"_split_k(?P<split>\d+)_")
 
 
-def _flydsl_small_m(fields: Mapping[str, str], facts: ArchFacts | None, policy: str) -> str | None:
+def _flydsl_splitk(fields: Mapping[str, str], facts: ArchFacts | None, policy: str) -> str | None:
     if fields["libtype"].strip().lower() != "flydsl":
         return None
-    found = _FLYDSL_SMALL_M.search(fields["kernelName"].strip())
+    # aiter reads the kernel's split from its name (gemm_kernels._HGEMM_KERNEL_RE); a name
+    # it cannot parse is not dispatched (tuned_gemm falls back to the next candidate).
+    name = fields["kernelName"].strip()
+    found = _FLYDSL_SPLIT.search(name)
     if found is None or int(found["split"]) <= 1:
         return None
-    return f"FlyDSL small_m split-K kernel (split_k {found['split']})"
+    family = "small_m" if "_small_m" in name else "hgemm"
+    return f"FlyDSL {family} split-K kernel (split_k {found['split']})"
 
 
 AITER_MAIN = "ROCm/aiter main e4048607 (2026-08-22)"
@@ -166,23 +170,21 @@ RULES: tuple[CaptureRule, ...] = (
         matches=_opus_splitk,
     ),
     CaptureRule(
-        name="flydsl-small-m-splitk",
+        name="flydsl-splitk-counter",
         libtype="flydsl",
-        rows="libtype flydsl whose kernelName is of the small_m family with split_k > 1 "
-        "(the hgemm family, every FlyDSL row of aiter's tables, is kept)",
-        failure="the block that zeroes the output and raises the signal is the first to "
-        "arrive on a per-stream counter zeroed once outside the graph; a replay that finds "
-        "it non-zero has no such block and every block spins: the GPU hangs",
-        source="aiter/ops/flydsl/kernels/small_m_hgemm.py prepare_split_k_tile and "
-        "aiter/ops/flydsl/gemm_kernels.py _get_split_k_tensors (lru_cache per stream), "
-        f"{AITER_MAIN}; the hgemm family (kernels/splitk_hgemm.py zero_c) picks that block by "
-        "its split index, so its wait always ends (ROCm/aiter#4494's 'tolerates a dirty "
-        "counter')",
+        rows="libtype flydsl whose kernelName has split_k > 1 (hgemm and small_m families)",
+        failure="the split-K counter and signal are zeroed once per stream (a first call "
+        "inside a capture allocates them from the graph's pool); left dirty, small_m has no "
+        "block to raise the signal and hgemm's early reset strands the blocks still waiting: "
+        "the GPU hangs, or (a signal left raised) blocks add to an output not yet zeroed",
+        source="aiter/ops/flydsl/gemm_kernels.py _get_split_k_tensors (lru_cache per "
+        "stream), kernels/small_m_hgemm.py prepare_split_k_tile and split_k_barrier, "
+        f"kernels/splitk_hgemm.py zero_c and split_k_barrier, {AITER_MAIN}; ROCm/aiter#4715",
         ended_by="ROCm/aiter#4715 (open at 2026-08-22): a capture-time workspace whose "
         "zero-fill is recorded in the graph (_get_split_k_tensors_cached)",
         hazard=Marker("ops/flydsl/gemm_kernels.py", "_get_split_k_tensors"),
         fix=Marker("ops/flydsl/gemm_kernels.py", "_get_split_k_tensors_cached"),
-        matches=_flydsl_small_m,
+        matches=_flydsl_splitk,
     ),
 )
 """Every capture rule, in the order a row is tested against them."""
@@ -233,7 +235,7 @@ SIMULATED: dict[str, dict[str, tuple[bool, str]]] = {
             "aiter 0.1.7 (169acef) dispatches no opus kernel (tuned_gemm.py solMap: torch, "
             "hipblaslt, skinny, asm)",
         ),
-        "flydsl-small-m-splitk": (
+        "flydsl-splitk-counter": (
             False,
             "aiter 0.1.7 (169acef) dispatches no FlyDSL kernel (tuned_gemm.py solMap)",
         ),
@@ -244,7 +246,7 @@ SIMULATED: dict[str, dict[str, tuple[bool, str]]] = {
             f"{AITER_MAIN}: #4494 was reverted (#4709) and #4916 is not in it",
         ),
         "opus-splitk-workspace": (True, f"{AITER_MAIN}: #4961 is not in it"),
-        "flydsl-small-m-splitk": (True, f"{AITER_MAIN}: #4715 is not in it"),
+        "flydsl-splitk-counter": (True, f"{AITER_MAIN}: #4715 is not in it"),
     },
 }
 """``--aiter`` choice → rule → (holds, why), read from aiter's sources at those commits."""
