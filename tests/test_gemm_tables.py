@@ -28,9 +28,18 @@ from hypothesis import strategies as st
 from titan_rocm import archs as archs_module
 from titan_rocm.cli import main
 from titan_rocm.files import PartialWrite, write_all
+from titan_rocm.gemm_tables import rules as rules_module
 from titan_rocm.gemm_tables.capture_safe import CaptureSafeError, capture_safe
 from titan_rocm.gemm_tables.policy import in_splitk_range
 from titan_rocm.gemm_tables.table import split_records
+
+
+@pytest.fixture(autouse=True)
+def _no_installed_aiter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rule holds unless a test says otherwise: an aiter installed on the machine
+    running the tests must not change what they expect."""
+    monkeypatch.setattr(rules_module, "installed_aiter_root", lambda: None)
+
 
 # The rule as the issue states it, written out independently of the package: an opus
 # row is split-K when its solidx lies in these half-open ranges of its gfx.

@@ -14,12 +14,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from titan_rocm.cli import main
+from titan_rocm.gemm_tables import rules as rules_module
 from titan_rocm.gemm_tables import table as table_module
 from titan_rocm.gemm_tables.capture_safe import CaptureSafeError, capture_safe
 from titan_rocm.gemm_tables.table import physical_lines, split_records
 
 # The package exports a function named capture_safe: take the module itself.
 capture_module = sys.modules["titan_rocm.gemm_tables.capture_safe"]
+
+
+@pytest.fixture(autouse=True)
+def _no_installed_aiter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rule holds unless a test says otherwise: an aiter installed on the machine
+    running the tests must not change what they expect."""
+    monkeypatch.setattr(rules_module, "installed_aiter_root", lambda: None)
 
 
 @settings(max_examples=300, deadline=None)
