@@ -86,15 +86,18 @@ class RowNote:
 
 @dataclass
 class Notes:
-    """Notes kept up to a limit shared by a run (:data:`MAX_NOTES`), the rest counted."""
+    """One file's rows worth listing, within a budget that the files of a run share
+    (:data:`MAX_NOTES` by default); past it rows are only counted."""
 
-    limit: int = field(default_factory=lambda: MAX_NOTES)
+    budget: list[int] = field(default_factory=lambda: [MAX_NOTES])
+    """Listings left, shared: ``[n]``."""
     kept: list[RowNote] = field(default_factory=list)
     not_listed: int = 0
 
     def add(self, note: RowNote) -> None:
-        """Keep ``note``, or count it once the limit is reached."""
-        if len(self.kept) < self.limit:
+        """List ``note``, or count it once the budget is spent."""
+        if self.budget[0] > 0:
+            self.budget[0] -= 1
             self.kept.append(note)
         else:
             self.not_listed += 1
@@ -406,12 +409,12 @@ def capture_safe(
         if outdir is None:
             raise CaptureSafeError("an output directory (-o OUTDIR) is required unless --check")
         outputs = list(plan_outputs(paths, Path(outdir)))
-    results = [FileResult(path=path, output=output) for path, output in zip(paths, outputs,
-                                                                            strict=True)]
-    shared_removed, shared_disagreements = Notes(), Notes()
-    for file_result in results:  # one listing limit for the whole run
-        file_result.removed = _SharedNotes(shared_removed)
-        file_result.disagreements = _SharedNotes(shared_disagreements)
+    removed_budget, disagreement_budget = [MAX_NOTES], [MAX_NOTES]  # one per run
+    results = [
+        FileResult(path=path, output=output, removed=Notes(removed_budget),
+                   disagreements=Notes(disagreement_budget))
+        for path, output in zip(paths, outputs, strict=True)
+    ]
 
     def surviving(file_result: FileResult) -> Iterator[bytes]:
         try:
@@ -432,21 +435,6 @@ def capture_safe(
         _write(Path(outdir), [(f.output, surviving(f)) for f in results])  # type: ignore[arg-type]
     return Result(policy=policy, check=check, arch_override=arch_name, aiter=rules,
                   files=results)
-
-
-class _SharedNotes(Notes):
-    """One file's notes, listed within a limit shared with the run's other files."""
-
-    def __init__(self, shared: Notes) -> None:
-        super().__init__()
-        self._shared = shared
-
-    def add(self, note: RowNote) -> None:
-        if len(self._shared.kept) < self._shared.limit:
-            self._shared.kept.append(note)
-            self.kept.append(note)
-        else:
-            self.not_listed += 1
 
 
 def _write(outdir: Path, files: list[tuple[Path, Iterator[bytes]]]) -> None:
