@@ -41,24 +41,40 @@ _OPUS_NAMES = {
 }
 _VARIANTS = {"gfx942": ("wkc", "p1", "tile"), "gfx950": ("tile", "mono_tile", "persistent")}
 _OTHER_NAMES = {"asm": "_ZN5aiter{n}asm_gemmE", "torch": "native", "triton": "auto",
-                "skinny": "skinny_gemm_{n}", "flydsl": "flydsl_gemm_{n}"}
+                "skinny": "skinny_gemm_{n}",
+                "flydsl": "flydsl_gemm2_abf16_wbf16_bf16_t64x64x128_split_k1_block_m_warp2_{n}"}
+# Split-K kernels of the other libraries: asm (splitK > 1 in the table), FlyDSL's two families
+# (the split is in the name; both families share the capture hazard).
+_SPLITK_NAMES = {
+    ("asm", "splitk"): "_ZN5aiter{n}asm_gemm_splitk_cleanE",
+    ("flydsl", "splitk"): "flydsl_gemm2_abf16_wbf16_bf16_t64x64x128_split_k{split}_block_m_warp2_"
+                          "block_n_warp2_block_k_warp1_async_copyTrue_b_to_ldsTrue_"
+                          "b_preshuffleFalse_c_to_ldsFalse_{arch}",
+    ("flydsl", "small_m"): "flydsl_gemm2_abf16_wbf16_bf16_t16x64x256_split_k{split}_block_m_warp1_"
+                           "block_n_warp4_block_k_warp1_async_copyTrue_b_to_ldsTrue_"
+                           "b_preshuffleFalse_c_to_ldsFalse_small_m_nr2_{arch}",
+}
 
 Kind = tuple[str, str, str]
 """(arch, libtype, class): class is ``splitk`` / ``other`` for opus rows of gfx942/gfx950,
-``safe-arch`` for gfx1250's opus rows, ``-`` for other libraries."""
+``safe-arch`` for gfx1250's opus rows; for asm and flydsl ``splitk`` (a split-K kernel:
+asm splitK > 1, FlyDSL hgemm split_k > 1) and, for flydsl only, ``small_m`` (a split-K
+small_m kernel); ``-`` for the rest."""
 
 AITER_COMPOSITION: dict[Kind, int] = {
     ("gfx942", "opus", "splitk"): 79,
     ("gfx942", "opus", "other"): 104,
-    ("gfx942", "asm", "-"): 14,
+    ("gfx942", "asm", "splitk"): 14,
     ("gfx942", "torch", "-"): 19,
     ("gfx942", "triton", "-"): 2,
     ("gfx942", "skinny", "-"): 2,
-    ("gfx942", "flydsl", "-"): 2,
+    ("gfx942", "flydsl", "splitk"): 2,
     ("gfx950", "opus", "splitk"): 27,
     ("gfx950", "opus", "other"): 49,
-    ("gfx950", "asm", "-"): 514,
-    ("gfx950", "flydsl", "-"): 983,
+    ("gfx950", "asm", "splitk"): 202,
+    ("gfx950", "asm", "-"): 312,
+    ("gfx950", "flydsl", "splitk"): 604,
+    ("gfx950", "flydsl", "-"): 379,
     ("gfx950", "torch", "-"): 429,
     ("gfx950", "triton", "-"): 185,
     ("gfx950", "skinny", "-"): 15,
@@ -68,7 +84,8 @@ AITER_COMPOSITION: dict[Kind, int] = {
 }
 """Rows of each kind in aiter's BF16 tuned-GEMM tables (ROCm/aiter ``aiter/configs`` and
 ``configs/model_configs``, main of 2026-08-22; 17 tables, 3,338 rows). 36 of gfx942's 79
-split-K opus rows carry ``splitK = 0`` (the kernel picks its own split)."""
+split-K opus rows carry ``splitK = 0`` (the kernel picks its own split). Every FlyDSL row is
+of the hgemm family (no small_m kernel)."""
 AITER_SPLITK_ZERO = {"gfx942": 36}
 
 
@@ -85,13 +102,23 @@ class Row:
 
     @property
     def unsafe(self) -> bool:
-        """Removed under ``--policy splitk-opus``."""
-        return self.kind == "splitk"
+        """An opus row removed under ``--policy splitk-opus``."""
+        return self.libtype == "opus" and self.kind == "splitk"
 
     @property
     def opus_of_unsafe_arch(self) -> bool:
-        """Removed under ``--policy all-opus``."""
-        return self.kind in ("splitk", "other")
+        """An opus row removed under ``--policy all-opus``."""
+        return self.libtype == "opus" and self.kind in ("splitk", "other")
+
+    def rule(self) -> str | None:
+        """The capture rule that removes the row when every rule holds (splitk-opus)."""
+        if self.unsafe:
+            return "opus-splitk-workspace"
+        if (self.libtype, self.kind) == ("asm", "splitk"):
+            return "asm-splitk-semaphore"
+        if self.libtype == "flydsl" and self.kind in ("splitk", "small_m"):
+            return "flydsl-splitk-counter"
+        return None
 
 
 def _row(rng: random.Random, kind: Kind, splitk_zero: bool, n: int) -> str:
@@ -104,10 +131,14 @@ def _row(rng: random.Random, kind: Kind, splitk_zero: bool, n: int) -> str:
         name = _OPUS_NAMES[(arch, cls)].format(
             tile=rng.randrange(1, 64), variant=rng.choice(_VARIANTS.get(arch, ("tile",))))
         split = "0" if splitk_zero or cls != "splitk" else str(rng.choice([2, 4, 8]))
+    elif (libtype, cls) in _SPLITK_NAMES:
+        solidx = rng.randrange(0, 64)
+        split = str(rng.randrange(2, 16))
+        name = _SPLITK_NAMES[(libtype, cls)].format(n=n, split=split, arch=arch)
     else:
         solidx = rng.randrange(0, 64) if libtype in ("asm", "flydsl", "skinny") else 0
         name = _OTHER_NAMES[libtype].format(n=n)
-        split = "0"
+        split = rng.choice(["0", "1"]) if libtype == "asm" else "0"
     us = round(rng.uniform(2, 400), 2)
     return (f"{arch},{CU_NUM[arch]},{m},{nn},{k},False,torch.bfloat16,torch.bfloat16,False,"
             f"False,{libtype},{solidx},{split},{us},{name},0.0,{round(rng.uniform(1, 900), 2)},"

@@ -28,9 +28,18 @@ from hypothesis import strategies as st
 from titan_rocm import archs as archs_module
 from titan_rocm.cli import main
 from titan_rocm.files import PartialWrite, write_all
+from titan_rocm.gemm_tables import rules as rules_module
 from titan_rocm.gemm_tables.capture_safe import CaptureSafeError, capture_safe
 from titan_rocm.gemm_tables.policy import in_splitk_range
 from titan_rocm.gemm_tables.table import split_records
+
+
+@pytest.fixture(autouse=True)
+def _no_installed_aiter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every rule holds unless a test says otherwise: an aiter installed on the machine
+    running the tests must not change what they expect."""
+    monkeypatch.setattr(rules_module, "installed_aiter_root", lambda: None)
+
 
 # The rule as the issue states it, written out independently of the package: an opus
 # row is split-K when its solidx lies in these half-open ranges of its gfx.
@@ -411,8 +420,12 @@ def test_bad_options_exit_2(capsys, tmp_path, tables):
     assert code == 2 and "unknown AMD GPU architecture 'gfx9000'" in err
     code, _, err = run_cli(capsys, table)
     assert code == 2 and "-o OUTDIR" in err
-    code, _, _ = run_cli(capsys, table, "--check", "--policy", "some-opus")
-    assert code == 2
+    code, _, err = run_cli(capsys, table, "--check", "--policy", "some-opus")
+    assert code == 2 and "unknown policy 'some-opus'; choose one of: splitk-opus, all-opus" in err
+    code, report = run_json(capsys, table, "--check", "--aiter", "0.1.8")
+    assert code == 2 and report == {
+        "ok": False, "exit": 2,
+        "error": "--aiter '0.1.8' is not valid; accepted: 0.1.7, main, absent"}
     code, _, err = run_cli(capsys, str(tmp_path / "nope.csv"), "--check")
     assert code == 2 and "cannot read" in err
 
@@ -582,22 +595,39 @@ def by_arch(report: dict) -> dict[str, tuple[int, int]]:
     return {arch: (kept, removed) for arch, (kept, removed) in totals.items()}
 
 
-def test_counts_on_tables_composed_like_aiters(capsys, tmp_path):
-    parts = split_composition(AITER_COMPOSITION, 3)
+def aiter_like_tables(tmp_path: Path) -> list[str]:
+    """Three tables holding, together, the rows of aiter's 17 (AITER_COMPOSITION)."""
     inputs = []
-    for i, composition in enumerate(parts):
+    for i, composition in enumerate(split_composition(AITER_COMPOSITION, 3)):
         path = tmp_path / f"aiter_like_{i}_bf16_tuned_gemm.csv"
         make_table(path, composition, seed=100 + i,
                    splitk_zero={a: n // 3 for a, n in AITER_SPLITK_ZERO.items()})
         inputs.append(str(path))
-    code, report = run_json(capsys, *inputs, "-o", str(tmp_path / "out"))
+    return inputs
+
+
+def by_rule(report: dict) -> dict[str, int]:
+    return {r["name"]: r["removed"] for r in report["rules"]}
+
+
+def test_counts_on_tables_composed_like_aiters(capsys, tmp_path):
+    inputs = aiter_like_tables(tmp_path)
+    code, report = run_json(capsys, *inputs, "-o", str(tmp_path / "out"), "--aiter", "main")
     assert code == 0
-    assert (report["rows"], report["unsafe_rows"], report["disagreements"]) == (3338, 106, 0)
-    assert by_arch(report) == {"gfx942": (143, 79), "gfx950": (2175, 27), "gfx1250": (914, 0)}
-    code, report = run_json(capsys, *inputs, "--check", "--policy", "all-opus")
+    assert (report["rows"], report["unsafe_rows"], report["disagreements"]) == (3338, 928, 0)
+    assert by_rule(report) == {"asm-splitk-semaphore": 216, "opus-splitk-workspace": 106,
+                               "flydsl-splitk-counter": 606}
+    assert by_arch(report) == {"gfx942": (127, 95), "gfx950": (1369, 833), "gfx1250": (914, 0)}
+    code, report = run_json(capsys, *inputs, "--check", "--policy", "all-opus", "--aiter", "main")
     assert code == 1
-    assert report["unsafe_rows"] == 259
-    assert by_arch(report) == {"gfx942": (39, 183), "gfx950": (2126, 76), "gfx1250": (914, 0)}
+    assert report["unsafe_rows"] == 1081
+    assert by_rule(report)["opus-splitk-workspace"] == 259
+    assert by_arch(report) == {"gfx942": (23, 199), "gfx950": (1320, 882), "gfx1250": (914, 0)}
+    # aiter 0.1.7 has none of the three hazards: nothing removed, each rule's rows counted.
+    code, report = run_json(capsys, *inputs, "--check", "--aiter", "0.1.7")
+    assert (code, report["unsafe_rows"]) == (0, 0)
+    assert {r["name"]: r["kept_as_fixed"] for r in report["rules"]} == {
+        "asm-splitk-semaphore": 216, "opus-splitk-workspace": 106, "flydsl-splitk-counter": 606}
 
 
 def test_csv_module_reads_our_oracle_the_same_way(tables):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 
@@ -63,13 +63,15 @@ def read_regular(path: str | os.PathLike[str]) -> bytes:
         return handle.read()
 
 
-def _stage(path: Path, data: bytes) -> str:
-    """``data`` in a temporary file beside ``path`` (synced, with the permissions a new file
-    gets: 0666 minus the umask); the temporary file's name."""
+def _stage(path: Path, data: bytes | Iterable[bytes]) -> str:
+    """``data`` (bytes, or pieces of them: a stream is written as it comes) in a temporary
+    file beside ``path`` (synced, with the permissions a new file gets: 0666 minus the
+    umask); the temporary file's name."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            for piece in [data] if isinstance(data, bytes) else data:
+                handle.write(piece)
             handle.flush()
             os.fsync(handle.fileno())
         umask = os.umask(0)
@@ -108,8 +110,11 @@ class PartialWrite(Exception):
         super().__init__(str(cause))
 
 
-def write_all(files: Sequence[tuple[Path, bytes]]) -> None:
+def write_all(files: Sequence[tuple[Path, bytes | Iterable[bytes]]]) -> None:
     """Write every ``(path, data)`` atomically, all of them or (nearly) none.
+
+    ``data`` may be an iterable of byte pieces (a generator that reads while it yields):
+    an exception it raises is the ``cause`` of :class:`PartialWrite`, with nothing renamed.
 
     Every file is first written to a temporary file beside its destination; only when all
     are on disk are they renamed into place, so a full disk or a Ctrl-C while writing

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 
@@ -22,11 +23,12 @@ from titan_rocm.gemm_tables.capture_safe import (
     totals,
 )
 from titan_rocm.gemm_tables.policy import POLICIES
+from titan_rocm.platform import AITER_CHOICES
 
 HELP = (
     "Make aiter's tuned BF16 GEMM tables (AITER_CONFIG_GEMM_BF16) safe for HIP-graph "
-    "capture: copy each table without the rows that select a split-K opus kernel, "
-    "whose per-stream workspace aborts the process when a capture touches it first."
+    "capture: copy each table without the rows whose kernel hangs or aborts under capture "
+    "with the aiter in use (split-K asm, opus and FlyDSL kernels; see --aiter)."
 )
 
 _CAPTURE_SAFE_HELP = (
@@ -53,10 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="OUTDIR",
         help="directory for the safe copies (created if missing; required unless --check)",
     )
+    # --policy and --aiter are checked by capture_safe rather than by argparse choices, so a
+    # bad value gets the same message (and, with --json, the same JSON) as any bad input.
     safe.add_argument(
         "--policy",
-        choices=POLICIES,
         default="splitk-opus",
+        metavar="{" + ",".join(POLICIES) + "}",
         help="splitk-opus (default): remove split-K opus rows only; all-opus: remove every "
         "opus row of gfx942/gfx950 (the blunt fix, for comparison)",
     )
@@ -65,6 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="gfxNNN",
         help="architecture of rows without a gfx value (tables of older aiter); needed when "
         "their cu_num names no architecture or several",
+    )
+    safe.add_argument(
+        "--aiter",
+        metavar="{" + ",".join(AITER_CHOICES) + "}",
+        help="the aiter that will read the tables, as titan-rocm plan --aiter names it "
+        "(0.1.7: PyPI's wheel; main: aiter main e4048607; absent: not known, every rule "
+        "applies); default: the aiter installed here, read from its sources (no aiter "
+        "installed: every rule applies)",
     )
     safe.add_argument(
         "--check",
@@ -84,7 +96,7 @@ def _table(result: Result) -> list[str]:
             rows.append((name, arch, libtype, str(kept), str(removed)))
 
     for file_result in result.files:
-        add(file_result.table.path.name, file_result.counts)
+        add(file_result.path.name, file_result.counts)
     if len(result.files) > 1:
         add("(all files)", totals(result))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
@@ -100,12 +112,23 @@ def _table(result: Result) -> list[str]:
 def _print_text(result: Result) -> None:
     if result.check:
         for file_result in result.files:
-            for n in file_result.removed:
+            for n in file_result.removed.kept:
                 print(
-                    f"{file_result.table.path}:{n.line}: unsafe: {n.arch} cu_num={n.cu_num} "
-                    f"{n.libtype} solidx={n.solidx} {n.kernel_name} ({n.detail})"
+                    f"{file_result.path}:{n.line}: unsafe: {n.arch} cu_num={n.cu_num} "
+                    f"{n.libtype} solidx={n.solidx} {n.kernel_name} ({n.rule}: {n.detail})"
                 )
     print("\n".join(_table(result)))
+    print(f"aiter: {result.aiter.known_as}")
+    for rule in result.rule_counts():
+        state = "holds" if rule["holds"] else "does not hold"
+        counted = f"removes {rule['removed']} row(s)" if rule["holds"] else \
+            f"keeps the {rule['kept_as_fixed']} row(s) it would remove"
+        print(f"  rule {rule['name']}: {state}, {counted} ({rule['why']})")
+    not_listed = sum(f.removed.not_listed for f in result.files)
+    if result.check and not_listed:
+        listed = sum(len(f.removed.kept) for f in result.files)
+        print(f"... {not_listed} more unsafe row(s) not listed (the first {listed} are); "
+              "all are counted")
     rows = sum(f.rows for f in result.files)
     verb = "would remove" if result.check else "removed"
     print(
@@ -119,9 +142,9 @@ def _print_text(result: Result) -> None:
 
 def _print_warnings(result: Result) -> None:
     for file_result in result.files:
-        for n in file_result.disagreements:
+        for n in file_result.disagreements.kept:
             print(
-                f"warning: {file_result.table.path}:{n.line}: kernelName and solidx disagree "
+                f"warning: {file_result.path}:{n.line}: kernelName and solidx disagree "
                 f"({n.detail}): {n.kernel_name}",
                 file=sys.stderr,
             )
@@ -136,6 +159,12 @@ def _print_warnings(result: Result) -> None:
         )
 
 
+def _print_failure(args: argparse.Namespace, kind: str, message: str, code: int) -> None:
+    # --json promises JSON on stdout on every exit path, a failure included.
+    if args.json:
+        print(json.dumps({"ok": False, kind: message, "exit": code}, indent=2))
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``titan-rocm gemm-tables <action>``; return the exit code."""
     try:
@@ -145,16 +174,26 @@ def run(args: argparse.Namespace) -> int:
             policy=args.policy,
             arch=args.arch,
             check=args.check,
+            aiter=args.aiter,
         )
     except CaptureSafeError as exc:
         print(f"titan-rocm gemm-tables: error: {exc}", file=sys.stderr)
+        _print_failure(args, "error", str(exc), 2)
         return 2
     except CaptureSafeInterrupted as exc:
         print(f"titan-rocm gemm-tables: interrupted; {exc}", file=sys.stderr)
+        _print_failure(args, "interrupted", str(exc), INTERRUPTED)
         return INTERRUPTED
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        _print_text(result)
+    code = 1 if args.check and result.unsafe_rows else 0
+    try:
+        if args.json:
+            print(json.dumps(result.to_dict(), indent=2))
+        else:
+            _print_text(result)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped reading (``| head``): the work is done; say nothing more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return code
     _print_warnings(result)
-    return 1 if args.check and result.unsafe_rows else 0
+    return code

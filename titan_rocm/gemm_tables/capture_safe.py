@@ -1,9 +1,12 @@
 """``capture-safe``: copy aiter tuned BF16 GEMM tables without the rows unsafe under capture.
 
-Every input is read and judged before anything is written, so a bad input leaves
-no output behind. Every output is written to a temporary file in the output directory
-first and only then renamed over its destination (:func:`write_all`), so no reader ever
-sees a partial table and a full disk or Ctrl-C while writing changes no destination.
+Each table is read one record at a time and judged as it is read (memory stays flat
+whatever its size); what survives goes to a temporary file in the output directory, and
+only when every input has been judged are the temporary files renamed over their
+destinations (:func:`write_all`). So a bad input changes no destination and leaves no
+file behind, no reader ever sees a partial table, and a full disk or Ctrl-C while
+writing changes no destination. Which rows are unsafe is decided by the capture rules
+that hold for the aiter in question (:mod:`titan_rocm.gemm_tables.rules`).
 Docs: docs/gemm-tables.md.
 """
 
@@ -11,13 +14,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from titan_rocm.archs import ARCHS, ArchFacts, normalize_arch
 from titan_rocm.files import PartialWrite, write_all
 from titan_rocm.gemm_tables.policy import POLICIES, ArchError, judge, row_arch
+from titan_rocm.gemm_tables.rules import RULES, AiterRules, rules_for
 from titan_rocm.gemm_tables.table import GemmTableError, Table, read_table
 
 AITER_GEMM_CONFIG_ENV = "AITER_CONFIG_GEMM_BF16"
@@ -47,6 +51,11 @@ def written_text(written: Sequence[Path], not_written: Sequence[Path]) -> str:
     return text
 
 
+MAX_NOTES = 10_000
+"""Removed rows (and, apart, disagreements) listed per run; beyond it rows are still
+judged and counted, and the report says how many were not listed (memory stays flat)."""
+
+
 @dataclass(frozen=True)
 class RowNote:
     """A row worth showing: removed, or with a kernelName/solidx disagreement."""
@@ -58,6 +67,8 @@ class RowNote:
     solidx: str
     kernel_name: str
     detail: str
+    rule: str = ""
+    """The capture rule that removes the row (empty for a disagreement note)."""
 
     def to_dict(self) -> dict[str, object]:
         """JSON-able form."""
@@ -68,21 +79,48 @@ class RowNote:
             "libtype": self.libtype,
             "solidx": self.solidx,
             "kernelName": self.kernel_name,
+            "rule": self.rule,
             "detail": self.detail,
         }
+
+
+@dataclass
+class Notes:
+    """One file's rows worth listing, within a budget that the files of a run share
+    (:data:`MAX_NOTES` by default); past it rows are only counted."""
+
+    budget: list[int] = field(default_factory=lambda: [MAX_NOTES])
+    """Listings left, shared: ``[n]``."""
+    kept: list[RowNote] = field(default_factory=list)
+    not_listed: int = 0
+
+    def add(self, note: RowNote) -> None:
+        """List ``note``, or count it once the budget is spent."""
+        if self.budget[0] > 0:
+            self.budget[0] -= 1
+            self.kept.append(note)
+        else:
+            self.not_listed += 1
+
+    def __len__(self) -> int:
+        return len(self.kept) + self.not_listed
 
 
 @dataclass
 class FileResult:
     """What the operation decided for one input table."""
 
-    table: Table
+    path: Path
     output: Path | None
-    kept_bytes: bytes
+    has_gfx: bool = False
     counts: Counter[tuple[str, str, bool]] = field(default_factory=Counter)
     """(arch, libtype, removed) → rows."""
-    removed: list[RowNote] = field(default_factory=list)
-    disagreements: list[RowNote] = field(default_factory=list)
+    by_rule: Counter[str] = field(default_factory=Counter)
+    """Rule name → rows it removed."""
+    fixed_by_rule: Counter[str] = field(default_factory=Counter)
+    """Rule name → rows it would remove, kept because the rule does not hold."""
+    removed: Notes = field(default_factory=Notes)
+    disagreements: Notes = field(default_factory=Notes)
     unknown_cu_nums: Counter[tuple[str, str]] = field(default_factory=Counter)
     """(arch, cu_num) → rows judged as that arch (by gfx or --arch) although
     titan_rocm.archs does not list that cu_num for it."""
@@ -105,6 +143,7 @@ class Result:
     policy: str
     check: bool
     arch_override: str | None
+    aiter: AiterRules
     files: list[FileResult]
 
     @property
@@ -116,6 +155,19 @@ class Result:
     def disagreements(self) -> int:
         """Rows whose kernelName and solidx disagree about split-K, across all files."""
         return sum(len(f.disagreements) for f in self.files)
+
+    def rule_counts(self) -> list[dict[str, object]]:
+        """Per rule: whether it holds, why, rows removed and rows it would remove if held."""
+        removed: Counter[str] = Counter()
+        fixed: Counter[str] = Counter()
+        for f in self.files:
+            removed.update(f.by_rule)
+            fixed.update(f.fixed_by_rule)
+        return [
+            {**state.to_dict(), "removed": removed[state.rule.name],
+             "kept_as_fixed": fixed[state.rule.name]}
+            for state in self.aiter.states
+        ]
 
     def env_line(self) -> str | None:
         """``AITER_CONFIG_GEMM_BF16=...`` for the written files (``None`` when nothing written)."""
@@ -129,23 +181,29 @@ class Result:
             unknown.update(file_result.unknown_cu_nums)
         total = totals(self)
         return {
+            "ok": True,
             "policy": self.policy,
             "check": self.check,
             "arch_override": self.arch_override,
+            "aiter": self.aiter.known_as,
+            "rules": self.rule_counts(),
             "rows": sum(total.values()),
             "unsafe_rows": self.unsafe_rows,
             "disagreements": self.disagreements,
             "files": [
                 {
-                    "input": str(f.table.path),
+                    "input": str(f.path),
                     "output": None if f.output is None else str(f.output),
-                    "has_gfx_column": f.table.has_gfx,
+                    "has_gfx_column": f.has_gfx,
                     "rows": f.rows,
                     "kept": f.rows - f.removed_rows,
                     "removed": f.removed_rows,
+                    "removed_by_rule": dict(sorted(f.by_rule.items())),
                     "counts": _count_rows(f.counts),
-                    "removed_rows": [n.to_dict() for n in f.removed],
-                    "disagreements": [n.to_dict() for n in f.disagreements],
+                    "removed_rows": [n.to_dict() for n in f.removed.kept],
+                    "removed_rows_not_listed": f.removed.not_listed,
+                    "disagreements": [n.to_dict() for n in f.disagreements.kept],
+                    "disagreements_not_listed": f.disagreements.not_listed,
                 }
                 for f in self.files
             ],
@@ -165,60 +223,84 @@ def _label(fields: Mapping[str, str]) -> str:
     return gfx or f"cu_num={fields.get('cu_num', '').strip()}"
 
 
-def judge_table(
+def judge_rows(
     table: Table,
+    result: FileResult,
     policy: str,
+    rules: AiterRules,
     arch_override: str | None = None,
     archs: Mapping[str, ArchFacts] = ARCHS,
-) -> FileResult:
-    """Decide every row of ``table``; return the counts, notes and surviving bytes.
+) -> Iterator[bytes]:
+    """Decide every row of ``table`` as it is read, counting into ``result``; yield the
+    bytes that survive (the header first).
 
     Raises:
-        CaptureSafeError: an opus row whose architecture is unknown or ambiguous, or
-            whose solidx is not an integer.
+        CaptureSafeError: an opus row whose architecture is unknown or ambiguous, an opus
+            row whose solidx or an asm row whose splitK is not an integer, or a bad table.
     """
-    kept: list[bytes] = [table.header.raw]
-    result = FileResult(table=table, output=None, kept_bytes=b"")
-    for record in table.records:
-        fields = record.fields
-        if fields is None:  # blank line: not a row, kept as it was
-            kept.append(record.raw)
-            continue
-        libtype = fields["libtype"].strip()
-        where = f"{table.path}:{record.line}"
-        unsafe, reason, disagreement = False, "", ""
-        try:
-            arch = row_arch(fields, arch_override, archs)
-        except ArchError as exc:
-            # Only opus rows can be unsafe, so only they need a known arch; the others
-            # are kept and counted under a visible label.
-            if libtype.lower() == "opus":
-                raise CaptureSafeError(f"{where}: opus row: {exc}") from None
-            arch = _label(fields)
-        else:
-            facts = archs[arch]
-            try:
-                verdict = judge(fields, facts, policy)
-            except ValueError as exc:
-                raise CaptureSafeError(f"{where}: {exc}") from None
-            unsafe, reason, disagreement = verdict.unsafe, verdict.reason, verdict.disagreement
-            # A gfx value or --arch can name an arch whose cu_nums (titan_rocm.archs)
-            # do not include the row's cu_num: worth a note, archs.py may be stale.
-            cu_num = fields["cu_num"].strip()
-            if not cu_num.isdigit() or int(cu_num) not in facts.cu_nums:
-                result.unknown_cu_nums[(arch, cu_num)] += 1
-        result.counts[(arch, libtype, unsafe)] += 1
-        if disagreement:
-            result.disagreements.append(_note(record.line, arch, fields, disagreement))
-        if unsafe:
-            result.removed.append(_note(record.line, arch, fields, reason))
-        else:
-            kept.append(record.raw)
-    result.kept_bytes = b"".join(kept)
-    return result
+    holding = {rule.name for rule in rules.holding()}
+    result.has_gfx = table.has_gfx
+    yield table.header.raw
+    try:
+        for record in table.records():
+            fields = record.fields
+            if fields is None:  # blank line: not a row, kept as it was
+                yield record.raw
+                continue
+            if _judge_row(table, record.line, fields, result, policy, holding, arch_override,
+                          archs):
+                yield record.raw
+    except GemmTableError as exc:
+        raise CaptureSafeError(str(exc)) from None
 
 
-def _note(line: int, arch: str, fields: Mapping[str, str], detail: str) -> RowNote:
+def _judge_row(table: Table, line: int, fields: Mapping[str, str], result: FileResult,
+               policy: str, holding: set[str], arch_override: str | None,
+               archs: Mapping[str, ArchFacts]) -> bool:
+    """Count one row into ``result``; whether it is kept."""
+    libtype = fields["libtype"].strip()
+    where = f"{table.path}:{line}"
+    facts: ArchFacts | None = None
+    try:
+        arch = row_arch(fields, arch_override, archs)
+    except ArchError as exc:
+        # Only opus rows need a known arch (their kernel ids are per arch); the others
+        # are judged without one and counted under a visible label.
+        if libtype.lower() == "opus":
+            raise CaptureSafeError(f"{where}: opus row: {exc}") from None
+        arch = _label(fields)
+    else:
+        facts = archs[arch]
+        # A gfx value or --arch can name an arch whose cu_nums (titan_rocm.archs)
+        # do not include the row's cu_num: worth a note, archs.py may be stale.
+        cu_num = fields["cu_num"].strip()
+        if not cu_num.isdigit() or int(cu_num) not in facts.cu_nums:
+            result.unknown_cu_nums[(arch, cu_num)] += 1
+    try:
+        if facts is not None and libtype.lower() == "opus":
+            disagreement = judge(fields, facts, policy).disagreement
+            if disagreement:
+                result.disagreements.add(_note(line, arch, fields, disagreement))
+        removed_by = ""
+        for rule in RULES:
+            reason = rule.matches(fields, facts, policy)
+            if reason is None:
+                continue
+            if rule.name in holding:
+                removed_by = rule.name
+                result.removed.add(_note(line, arch, fields, reason, rule.name))
+                break
+            result.fixed_by_rule[rule.name] += 1
+    except ValueError as exc:
+        raise CaptureSafeError(f"{where}: {exc}") from None
+    result.counts[(arch, libtype, bool(removed_by))] += 1
+    if removed_by:
+        result.by_rule[removed_by] += 1
+    return not removed_by
+
+
+def _note(line: int, arch: str, fields: Mapping[str, str], detail: str,
+          rule: str = "") -> RowNote:
     return RowNote(
         line=line,
         arch=arch,
@@ -227,6 +309,7 @@ def _note(line: int, arch: str, fields: Mapping[str, str], detail: str) -> RowNo
         solidx=fields["solidx"].strip(),
         kernel_name=fields["kernelName"].strip(),
         detail=detail,
+        rule=rule,
     )
 
 
@@ -281,6 +364,8 @@ def capture_safe(
     arch: str | None = None,
     check: bool = False,
     archs: Mapping[str, ArchFacts] = ARCHS,
+    aiter: str | None = None,
+    rules: AiterRules | None = None,
 ) -> Result:
     """Judge every table in ``inputs``; unless ``check``, write the safe copies to ``outdir``.
 
@@ -292,6 +377,9 @@ def capture_safe(
         arch: the architecture of rows without a ``gfx`` value (``--arch``).
         check: decide only; write nothing.
         archs: per-arch facts (tests pass their own).
+        aiter: ``--aiter`` (:data:`titan_rocm.platform.AITER_CHOICES`); None: the installed
+            aiter decides which rules hold (:func:`rules.rules_for`).
+        rules: the rules in force, instead of ``aiter`` (tests pass their own).
 
     Raises:
         CaptureSafeError: any bad input, output or option; nothing has been written,
@@ -310,41 +398,75 @@ def capture_safe(
         if arch_name not in archs:
             known = ", ".join(sorted(archs))
             raise CaptureSafeError(f"unknown AMD GPU architecture {arch!r}; known: {known}")
+    if rules is None:
+        try:
+            rules = rules_for(aiter)
+        except ValueError as exc:
+            raise CaptureSafeError(str(exc)) from None
     paths = [Path(p) for p in inputs]
     outputs: list[Path | None] = [None] * len(paths)
     if not check:
         if outdir is None:
             raise CaptureSafeError("an output directory (-o OUTDIR) is required unless --check")
         outputs = list(plan_outputs(paths, Path(outdir)))
-    results: list[FileResult] = []
-    try:
-        for path, output in zip(paths, outputs, strict=True):
-            try:
-                table = read_table(path)
-            except GemmTableError as exc:
-                raise CaptureSafeError(str(exc)) from None
-            file_result = judge_table(table, policy, arch_name, archs)
-            file_result.output = output
-            results.append(file_result)
-    except KeyboardInterrupt:  # still reading: nothing has been written
-        raise CaptureSafeInterrupted([], [o for o in outputs if o is not None]) from None
-    if not check:
-        files = [(f.output, f.kept_bytes) for f in results if f.output is not None]
+    removed_budget, disagreement_budget = [MAX_NOTES], [MAX_NOTES]  # one per run
+    results = [
+        FileResult(path=path, output=output, removed=Notes(removed_budget),
+                   disagreements=Notes(disagreement_budget))
+        for path, output in zip(paths, outputs, strict=True)
+    ]
+
+    def surviving(file_result: FileResult) -> Iterator[bytes]:
         try:
-            Path(outdir).mkdir(parents=True, exist_ok=True)  # type: ignore[arg-type]
-            write_all(files)
-        except PartialWrite as exc:
-            if isinstance(exc.cause, KeyboardInterrupt):
-                raise CaptureSafeInterrupted(exc.written, exc.not_written) from None
-            if not isinstance(exc.cause, OSError):
-                raise exc.cause from None
-            raise CaptureSafeError(
-                f"cannot write to {outdir}: {exc.cause}; "
-                f"{written_text(exc.written, exc.not_written)}"
-            ) from None
-        except OSError as exc:  # the directory itself
-            raise CaptureSafeError(f"cannot write to {outdir}: {exc}; nothing written") from None
-    return Result(policy=policy, check=check, arch_override=arch_name, files=results)
+            table = read_table(file_result.path)
+        except GemmTableError as exc:
+            raise CaptureSafeError(str(exc)) from None
+        with table:
+            yield from judge_rows(table, file_result, policy, rules, arch_name, archs)
+
+    if check:
+        try:
+            for file_result in results:
+                for _ in surviving(file_result):
+                    pass
+        except KeyboardInterrupt:
+            raise CaptureSafeInterrupted([], []) from None
+    else:
+        _write(Path(outdir), [(f.output, surviving(f)) for f in results])  # type: ignore[arg-type]
+    return Result(policy=policy, check=check, arch_override=arch_name, aiter=rules,
+                  files=results)
+
+
+def _write(outdir: Path, files: list[tuple[Path, Iterator[bytes]]]) -> None:
+    """Stage every table (judging it as it is read), then rename them all into place."""
+    created = not outdir.exists()
+    try:
+        outdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # the directory itself
+        raise CaptureSafeError(f"cannot write to {outdir}: {exc}; nothing written") from None
+    try:
+        write_all(files)
+    except PartialWrite as exc:
+        if created and not exc.written:
+            _remove_empty(outdir)
+        if isinstance(exc.cause, KeyboardInterrupt):
+            raise CaptureSafeInterrupted(exc.written, exc.not_written) from None
+        if isinstance(exc.cause, CaptureSafeError):
+            raise exc.cause from None
+        if not isinstance(exc.cause, OSError):
+            raise exc.cause from None
+        raise CaptureSafeError(
+            f"cannot write to {outdir}: {exc.cause}; "
+            f"{written_text(exc.written, exc.not_written)}"
+        ) from None
+
+
+def _remove_empty(directory: Path) -> None:
+    # A run that wrote nothing leaves no directory of its own making behind.
+    try:
+        directory.rmdir()
+    except OSError:
+        pass
 
 
 def _count_rows(counts: Counter[tuple[str, str, bool]]) -> list[dict[str, object]]:

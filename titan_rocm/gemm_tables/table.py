@@ -1,25 +1,36 @@
-"""Read an aiter tuned-GEMM CSV table as bytes, one record per CSV row, losslessly.
+"""Read an aiter tuned-GEMM CSV table as bytes, one record per CSV row, losslessly, streaming.
 
 The table is never rewritten through a CSV writer: each record keeps the exact
 bytes it had in the file (line ending, quoting, spacing), so a filtered table is
 the original file with whole lines taken out. The ``csv`` module only *parses* a
-record to decide about it.
+record to decide about it. The file is read in chunks and one record at a time
+(:class:`Table` is an open table), so memory stays flat whatever the table's size; a
+record longer than :data:`MAX_RECORD_BYTES` (no table row comes near it) is refused.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-from dataclasses import dataclass, field
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
-from titan_rocm.files import NotRegularFileError, read_regular
+from titan_rocm.files import NotRegularFileError, open_regular
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("cu_num", "libtype", "solidx", "kernelName")
 """Columns a tuned BF16 GEMM table must have for the capture-safety decision."""
 
 OPTIONAL_ARCH_COLUMN = "gfx"
 """The architecture column of current aiter tables; older tables only have ``cu_num``."""
+
+MAX_RECORD_BYTES = 1 << 20
+"""The longest record read (1 MiB): aiter's rows are about 200 bytes, so a longer one is a
+quote never closed or not a table, and holding it would make memory grow with the file."""
+
+CHUNK_BYTES = 1 << 16
 
 _BOM = b"\xef\xbb\xbf"
 
@@ -40,54 +51,67 @@ class TableLine:
     """Column name → value; ``None`` for a blank line (aiter's pandas reader skips those)."""
 
 
-@dataclass
-class Table:
-    """A tuned GEMM table: header bytes, column names, and records in file order."""
+def physical_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The lines of the bytes ``chunks`` join to, each with its ending (``\\r\\n``, ``\\n``,
+    ``\\r``, or none on the last), as ``bytes.splitlines(keepends=True)`` splits them; a
+    piece without an ending grows only to :data:`MAX_RECORD_BYTES` (then it is yielded as
+    is, and the record check refuses it)."""
+    pending = b""
+    for chunk in chunks:
+        pending += chunk
+        lines = pending.splitlines(keepends=True)
+        # The last piece may continue in the next chunk (no ending yet, or a "\r" whose "\n"
+        # is still to come).
+        last = lines.pop() if lines else b""
+        if last.endswith(b"\n"):
+            lines.append(last)
+            last = b""
+        yield from lines
+        if len(last) > MAX_RECORD_BYTES:
+            yield last
+            last = b""
+        pending = last
+    if pending:
+        yield pending
 
-    path: Path
-    header: TableLine
-    columns: tuple[str, ...]
-    records: list[TableLine] = field(default_factory=list)
 
-    @property
-    def has_gfx(self) -> bool:
-        """Whether rows name their architecture in a ``gfx`` column."""
-        return OPTIONAL_ARCH_COLUMN in self.columns
+def iter_records(lines: Iterable[bytes], where: str = "line ") -> Iterator[tuple[int, bytes]]:
+    """Join physical ``lines`` into CSV records, each as (first line number, exact bytes).
 
-    def rows(self) -> list[TableLine]:
-        """The data rows (blank lines left out)."""
-        return [r for r in self.records if r.fields is not None]
-
-
-def split_records(data: bytes, where: str = "line ") -> list[tuple[int, bytes]]:
-    """Split ``data`` into CSV records, each as (first line number, exact bytes).
-
-    Physical lines keep their endings (``\\r\\n``, ``\\n``, ``\\r``, or none on the
-    last line). A quoted field may contain a line break, so physical lines are
-    joined until the record's double quotes balance (an escaped quote ``""`` counts
-    twice and so never unbalances).
+    A quoted field may contain a line break, so physical lines are joined until the
+    record's double quotes balance (an escaped quote ``""`` counts twice and so never
+    unbalances).
 
     Raises:
-        GemmTableError: if the data ends inside a quoted field (``where`` prefixes its line
-            number: ``"table.csv:"`` names the file).
+        GemmTableError: the data ends inside a quoted field, or a record is longer than
+            :data:`MAX_RECORD_BYTES` (``where`` prefixes the line number: ``"t.csv:"``).
     """
-    records: list[tuple[int, bytes]] = []
     pending: list[bytes] = []
-    start = 0
-    quotes = 0
-    for number, line in enumerate(data.splitlines(keepends=True), start=1):
+    size = start = quotes = 0
+    number = 0
+    for number, line in enumerate(lines, start=1):
         if not pending:
             start = number
         pending.append(line)
+        size += len(line)
         quotes += line.count(b'"')
+        if size > MAX_RECORD_BYTES:
+            raise GemmTableError(
+                f"{where}{start}: a record longer than {MAX_RECORD_BYTES} bytes (a quoted field "
+                "never closed, or not a tuned GEMM table); aiter's rows are about 200 bytes"
+            )
         if quotes % 2 == 0:
-            records.append((start, b"".join(pending)))
-            pending, quotes = [], 0
+            yield start, b"".join(pending)
+            pending, size, quotes = [], 0, 0
     if pending:
         raise GemmTableError(
             f"{where}{start}: a quoted field is never closed before the end of file"
         )
-    return records
+
+
+def split_records(data: bytes, where: str = "line ") -> list[tuple[int, bytes]]:
+    """All records of ``data`` (see :func:`iter_records`)."""
+    return list(iter_records(physical_lines([data]), where))
 
 
 def _parse(text: str, where: str) -> list[str]:
@@ -100,59 +124,102 @@ def _parse(text: str, where: str) -> list[str]:
     return rows[0] if rows else []
 
 
-def parse_table(data: bytes, path: Path) -> Table:
-    """Parse the bytes of a tuned GEMM table read from ``path`` (used in messages).
-
-    Raises:
-        GemmTableError: empty file, non-UTF-8 bytes, malformed CSV, a row whose field
-            count differs from the header's, or missing required columns.
-    """
-    records = split_records(data, f"{path}:")
-    if not records:
-        raise GemmTableError(f"{path}: empty file, expected a CSV header line")
-    header_line, header_raw = records[0]
-    try:
-        header_text = header_raw.removeprefix(_BOM).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise GemmTableError(f"{path}:{header_line}: not UTF-8 text ({exc})") from None
-    columns = tuple(c.strip() for c in _parse(header_text, f"{path}:{header_line}"))
-    missing = [c for c in REQUIRED_COLUMNS if c not in columns]
-    if missing:
-        raise GemmTableError(
-            f"{path}: not an aiter tuned BF16 GEMM table: missing column(s) "
-            f"{', '.join(missing)}; a table needs {', '.join(REQUIRED_COLUMNS)} "
-            f"(and optionally {OPTIONAL_ARCH_COLUMN}); its header has: {', '.join(columns)}"
-        )
-    table = Table(path=path, header=TableLine(header_line, header_raw, None), columns=columns)
-    for line, raw in records[1:]:
-        where = f"{path}:{line}"
+def _chunks(handle: BinaryIO, path: Path) -> Iterator[bytes]:
+    while True:
         try:
-            text = raw.decode("utf-8")
+            chunk = handle.read(CHUNK_BYTES)
+        except OSError as exc:
+            raise GemmTableError(f"{path}: cannot read ({exc.strerror or exc})") from None
+        if not chunk:
+            return
+        yield chunk
+
+
+class Table:
+    """An open tuned GEMM table: its header, then its records read one at a time.
+
+    Use as a context manager (the file is closed on leaving it); :meth:`records` can be
+    iterated once.
+    """
+
+    def __init__(self, path: Path, handle: BinaryIO) -> None:
+        self.path = path
+        self._handle = handle
+        self._records = iter_records(physical_lines(_chunks(handle, path)), f"{path}:")
+        first = next(self._records, None)
+        if first is None:
+            raise GemmTableError(f"{path}: empty file, expected a CSV header line")
+        header_line, header_raw = first
+        try:
+            header_text = header_raw.removeprefix(_BOM).decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise GemmTableError(f"{where}: not UTF-8 text ({exc})") from None
-        values = _parse(text, where)
-        if not values:
-            table.records.append(TableLine(line, raw, None))
-            continue
-        if len(values) != len(columns):
+            raise GemmTableError(f"{path}:{header_line}: not UTF-8 text ({exc})") from None
+        self.header = TableLine(header_line, header_raw, None)
+        self.columns = tuple(c.strip() for c in _parse(header_text, f"{path}:{header_line}"))
+        missing = [c for c in REQUIRED_COLUMNS if c not in self.columns]
+        if missing:
             raise GemmTableError(
-                f"{where}: {len(values)} fields but the header has {len(columns)} columns"
+                f"{path}: not an aiter tuned BF16 GEMM table: missing column(s) "
+                f"{', '.join(missing)}; a table needs {', '.join(REQUIRED_COLUMNS)} "
+                f"(and optionally {OPTIONAL_ARCH_COLUMN}); its header has: "
+                f"{', '.join(self.columns)}"
             )
-        table.records.append(TableLine(line, raw, dict(zip(columns, values, strict=True))))
-    return table
+
+    @property
+    def has_gfx(self) -> bool:
+        """Whether rows name their architecture in a ``gfx`` column."""
+        return OPTIONAL_ARCH_COLUMN in self.columns
+
+    def records(self) -> Iterator[TableLine]:
+        """The records after the header, in file order (blank lines with ``fields`` None).
+
+        Raises:
+            GemmTableError: non-UTF-8 bytes, malformed CSV, a row whose field count differs
+                from the header's, or the reasons of :func:`iter_records`.
+        """
+        columns = self.columns
+        for line, raw in self._records:
+            where = f"{self.path}:{line}"
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise GemmTableError(f"{where}: not UTF-8 text ({exc})") from None
+            values = _parse(text, where)
+            if not values:
+                yield TableLine(line, raw, None)
+                continue
+            if len(values) != len(columns):
+                raise GemmTableError(
+                    f"{where}: {len(values)} fields but the header has {len(columns)} columns"
+                )
+            yield TableLine(line, raw, dict(zip(columns, values, strict=True)))
+
+    def close(self) -> None:
+        """Close the file."""
+        self._handle.close()
+
+    def __enter__(self) -> Table:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 def read_table(path: str | Path) -> Table:
-    """Read and parse the tuned GEMM table at ``path``.
+    """Open the tuned GEMM table at ``path`` and read its header (close it, or use ``with``).
 
     Raises:
-        GemmTableError: the file cannot be read or is not such a table.
+        GemmTableError: the file cannot be read or does not start as such a table.
     """
     path = Path(path)
     try:
-        data = read_regular(path)
+        handle = os.fdopen(open_regular(path), "rb")
     except NotRegularFileError as exc:
         raise GemmTableError(str(exc)) from None
     except OSError as exc:
         raise GemmTableError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    return parse_table(data, path)
+    try:
+        return Table(path, handle)
+    except BaseException:
+        handle.close()
+        raise
