@@ -8,8 +8,8 @@ Marker: an HTML comment on the line right before a fenced block, in any ``docs/*
     ...the quoted lines...
     ```
 
-- ``output-of:`` a ``titan-rocm`` command line (run in-process from the repository root,
-  split like a shell would; its exit code is not checked, its stdout is what is quoted);
+- ``output-of:`` a ``titan-rocm`` command line (run from the repository root in its own
+  process, split like a shell would; its exit code is not checked, its stdout is quoted);
 - ``from "TEXT"`` (optional): the quote starts at the first output line that starts with TEXT
   (default: the first line);
 - ``lines N`` (optional): the quote is N lines long (default: to the end of the output).
@@ -22,11 +22,9 @@ quoted block with one command and review the diff:
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import re
 import shlex
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,19 +98,13 @@ _OUTPUTS: dict[str, str] = {}
 
 
 def command_output(command: str) -> str:
-    """The stdout of ``command`` (a ``titan-rocm`` command line), run in-process once."""
+    """The stdout of ``command`` (a ``titan-rocm`` command line), run once, in its own process
+    (a plan in this one would leave TorchTitan patched for the tests after it)."""
     if command not in _OUTPUTS:
-        from titan_rocm.cli import main
-
-        out = io.StringIO()
-        cwd = os.getcwd()
-        os.chdir(REPO)
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
-                main(shlex.split(command)[1:])
-        finally:
-            os.chdir(cwd)
-        _OUTPUTS[command] = out.getvalue()
+        args = [sys.executable, "-c", "import sys; from titan_rocm.cli import main; "
+                "sys.exit(main(sys.argv[1:]))", *shlex.split(command)[1:]]
+        done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
+        _OUTPUTS[command] = done.stdout
     return _OUTPUTS[command]
 
 
