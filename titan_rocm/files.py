@@ -132,3 +132,53 @@ def write_all(files: Sequence[tuple[Path, bytes]]) -> None:
             _unlink(tmp)
         not_written = [path for path, _ in files if path not in written]
         raise PartialWrite(written, not_written, exc) from None
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """``a`` and ``b`` are one file (the same ``st_dev``/``st_ino``: through a symlink or a
+    hard link too); False when either does not exist."""
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+class OutputError(ValueError):
+    """An output path that would destroy or cannot hold what is written; the message says
+    why and what to do."""
+
+
+def check_output(output: Path, inputs: Sequence[str | os.PathLike[str]], flag: str = "-o") -> None:
+    """Refuse an ``output`` that is one of the ``inputs`` (also through a link), that is not a
+    regular file, or whose directory cannot be written, before any work is done.
+
+    Raises:
+        OutputError: naming the path and the reason.
+    """
+    for source in inputs:
+        if same_file(output, source):
+            raise OutputError(
+                f"{flag} {output} is the input {source} (the same file); writing it would "
+                "destroy the input: write to another file")
+    try:
+        mode = os.stat(output).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise OutputError(f"{flag} {output}: cannot be used ({exc.strerror or exc})") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise OutputError(f"{flag} {output} is {describe_mode(mode)}, not a regular file: "
+                          "name a file to write")
+    parent = output.parent if str(output.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"{flag} {output}: its directory {parent} does not exist")
+    try:  # really try: permission bits say nothing to root, nor about a read-only mount
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{output.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+        if mode is not None:
+            os.close(os.open(output, os.O_WRONLY | os.O_APPEND))
+    except OSError as exc:
+        raise OutputError(f"{flag} {output}: cannot write there ({exc.strerror or exc})") \
+            from None

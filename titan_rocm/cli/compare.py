@@ -20,6 +20,7 @@ from titan_rocm.logs.compare import (
 )
 from titan_rocm.logs.parse import FORMATS, UnreadableLog
 from titan_rocm.logs.summary import DEFAULT_WARMUP
+from titan_rocm.numbers import Bounds
 
 HELP = (
     "Put training runs side by side: each OTHER log's loss and grad norm against the "
@@ -43,15 +44,8 @@ def _size(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def _tolerance(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (0 <= value < 1e6):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not valid; accepted: a percentage >= 0 (e.g. 0.01)")
-    return value
+TOLERANCE = Bounds(float, 0, 1e6, unit="percent")
+_tolerance = TOLERANCE.arg("--tolerance")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

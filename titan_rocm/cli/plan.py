@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from titan_rocm.numbers import RANKS
 from titan_rocm.platform import AITER_CHOICES
 
 HELP = (
@@ -67,15 +68,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "`torchrun -m titan_rocm.train` or titan-rocm-train (adds both)",
     )
     parser.add_argument(
-        "--world-size", type=int, metavar="N",
+        "--world-size", type=RANKS.arg("--world-size"), metavar="N",
         help="number of ranks of the run (default: the smallest the degrees fit, said so)",
     )
     parser.add_argument(
-        "--nnodes", type=int, metavar="N",
+        "--nnodes", type=RANKS.arg("--nnodes"), metavar="N",
         help="as on the job's torchrun line: nodes (world size = nnodes x nproc-per-node)",
     )
     parser.add_argument(
-        "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=int, metavar="N",
+        "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
+        type=RANKS.arg("--nproc-per-node"), metavar="N",
         help="as on the job's torchrun line: processes (GPUs) per node",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")

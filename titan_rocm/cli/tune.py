@@ -17,8 +17,29 @@ import json
 import sys
 from pathlib import Path
 
+from titan_rocm.numbers import Bounds
+
 HELP = "validated GEMM tuning: collect a job's GEMMs, check and time every kernel, build a table"
 PASSTHROUGH = True  # collect hands TorchTitan's flags on
+
+
+TIMEOUT = Bounds(float, 0, 86400, low_open=True, unit="seconds")
+COMPILE_TIMEOUT = Bounds(float, 0, 7 * 86400, low_open=True, unit="seconds")
+FUDGE = Bounds(float, 0, 1000, low_open=True)
+MIN_SPEEDUP = Bounds(float, 0, 1000, low_open=True)
+GEMM_BACKENDS: tuple[str, ...] = (
+    "ATEN", "TRITON", "CPP", "CK", "CKTILE", "CUTLASS", "CUTEDSL", "NVGEMM")
+"""The backends Inductor's ``max_autotune_gemm_backends`` names (torch 2.13.0,
+torch/_inductor/config.py); any other name would silently enumerate nothing."""
+
+
+def _backends(text: str) -> str:
+    names = [n.strip().upper() for n in text.split(",")]
+    bad = [n for n in names if n not in GEMM_BACKENDS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not valid; accepted: a comma-separated list of {', '.join(GEMM_BACKENDS)}")
+    return ",".join(names)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,16 +62,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("problems", type=Path, metavar="PROBLEMS")
     run.add_argument("-o", "--output", type=Path, required=True, metavar="RESULTS")
     run.add_argument("--gpus", default="all", help="all (default) or indices such as 0,1")
-    run.add_argument("--timeout", type=float, default=30.0, metavar="S",
+    run.add_argument("--timeout", type=TIMEOUT.arg("--timeout"), default=30.0, metavar="S",
                      help="seconds a candidate may take to run once, and to be timed "
                      "(default 30)")
-    run.add_argument("--compile-timeout", type=float, default=900.0, metavar="S",
+    run.add_argument("--compile-timeout", type=COMPILE_TIMEOUT.arg("--compile-timeout"),
+                     default=900.0, metavar="S",
                      help="seconds to compile a problem's candidates or load one (default 900)")
     run.add_argument("--search-space", choices=("default", "exhaustive"), default="default",
                      help="Inductor's GEMM search space (max_autotune_gemm_search_space)")
-    run.add_argument("--fudge", type=float, default=3.0,
+    run.add_argument("--fudge", type=FUDGE.arg("--fudge"), default=3.0,
                      help="tolerance = FUDGE x max(ATen's own error, dtype default) (default 3)")
-    run.add_argument("--backends", default="ATEN,TRITON",
+    run.add_argument("--backends", type=_backends, default="ATEN,TRITON",
                      help="Inductor GEMM backends to enumerate (default ATEN,TRITON; a table "
                      "only holds those; ATEN,CPP lets the CPU tests see two candidates)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
@@ -62,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     table.add_argument("results", type=Path, nargs="+", metavar="RESULTS")
     table.add_argument("-o", "--output", type=Path, metavar="TABLE",
                        help="table file to write (required unless --check)")
-    table.add_argument("--min-speedup", type=float, default=1.0,
+    table.add_argument("--min-speedup", type=MIN_SPEEDUP.arg("--min-speedup"), default=1.0,
                        help="a template must be this many times faster than ATen (default 1.0)")
     table.add_argument("--check", action="store_true",
                        help="exit 1 if some problem has no validated winner")
@@ -88,9 +110,6 @@ def _run(args: argparse.Namespace) -> int:
     from titan_rocm.tuning.faults import FaultSpecError, from_env
     from titan_rocm.tuning.records import load_state
 
-    for name in ("timeout", "compile_timeout", "fudge"):
-        if getattr(args, name) <= 0:
-            return _error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
     try:
         from_env()
         loaded = problems.read(args.problems)
@@ -112,8 +131,6 @@ def _table(args: argparse.Namespace) -> int:
 
     if args.output is None and not args.check:
         return _error("-o TABLE is required (unless --check)")
-    if args.min_speedup <= 0:
-        return _error(f"--min-speedup {args.min_speedup}: must be > 0")
     try:
         for path in args.results:
             if not path.is_file():

@@ -15,6 +15,7 @@ A line that does not parse (a write cut by a kill) is skipped and counted.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -133,27 +134,52 @@ def load_many(paths: Iterable[str | Path]) -> State:
 
 
 class Appender:
-    """Appends records to a results file: one line each, flushed and fsync'ed.
+    """Appends records to a results file: one line each, written whole and fsync'ed.
 
     If the file ends in a partial line (a write cut by a kill), a newline is written first
-    so that the partial line stays one garbled line and the next record is whole.
+    so that the partial line stays one garbled line and the next record is whole. A write
+    that fails (a full disk) is undone (the file is cut back to its last whole record) before
+    the OSError is raised, so the file stays readable and resumable.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, fail_after: int | None = None) -> None:
         self.path = Path(path)
-        self._f = open(self.path, "ab")  # noqa: SIM115 - closed in close()
-        if self._f.tell() > 0:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        self._fail_after = fail_after  # test-only: faults.ENV_DISK_FULL
+        self._written = 0
+        size = os.fstat(self._fd).st_size
+        if size > 0:
             with open(self.path, "rb") as f:
                 f.seek(-1, os.SEEK_END)
                 if f.read(1) != b"\n":
-                    self._f.write(b"\n")
+                    self._append(b"\n")
+
+    def _append(self, data: bytes) -> None:
+        start = os.fstat(self._fd).st_size
+        try:
+            if self._fail_after is not None and self._written >= self._fail_after:
+                os.write(self._fd, data[: len(data) // 2])
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+            os.fsync(self._fd)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, start)  # never leave a cut line behind
+            except OSError:
+                pass  # the partial line is then one garbled line, skipped on resume
+            raise
 
     def write(self, record: dict[str, Any]) -> None:
-        """Write one record durably."""
-        self._f.write(json.dumps(record, sort_keys=True, default=str).encode() + b"\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        """Write one record durably.
+
+        Raises:
+            OSError: the write failed (the file is as it was before it).
+        """
+        self._append(json.dumps(record, sort_keys=True, default=str).encode() + b"\n")
+        self._written += 1
 
     def close(self) -> None:
         """Close the file."""
-        self._f.close()
+        os.close(self._fd)
