@@ -69,6 +69,7 @@ class Bounds:
                     f"{text!r} is not valid; accepted: {self.accepted()}") from None
 
         parse.__name__ = self.kind.__name__  # argparse names the type in its fallback message
+        parse.bounds = self  # type: ignore[attr-defined]  # tests find every numeric option
         return parse
 
 

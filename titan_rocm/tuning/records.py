@@ -7,9 +7,11 @@ Record types (each line one JSON object with a ``type``):
 - ``problem``: a problem's candidates as enumerated on the device (task ids, in order).
 - ``started``: written (and fsync'ed) before a candidate runs.
 - ``result``: the terminal record of a task: ``status`` is one of :data:`STATUSES`.
+- ``retry``: ``tune run --retry-quarantined`` lets a quarantined task run again.
 
 Resume is the default: a task with a ``result`` never runs again; a task with two
-``started`` records and no result is recorded ``crash`` and not run a third time.
+``started`` records and no result is recorded ``crash`` and not run a third time
+(quarantined: the kills may have been its doing) until ``--retry-quarantined`` asks.
 A line that does not parse (a write cut by a kill) is skipped and counted.
 """
 
@@ -31,6 +33,9 @@ STATUSES: tuple[str, ...] = (
     "pass", "mismatch", "nan", "cuda_error", "crash", "hang", "compile_error",
 )
 """Terminal results of a task. Only ``pass`` ever enters a table."""
+
+QUARANTINE_ERROR = "started twice without a result: not run a third time"
+"""The error of a quarantined task's ``crash`` record (``quarantined: true``)."""
 
 ENV_FIELDS: tuple[str, ...] = ("torch", "triton", "hip", "cuda")
 """Versions that are part of a task's identity (with the device key)."""
@@ -70,8 +75,8 @@ def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int]:
             continue
         try:
             record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            garbled += 1
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            garbled += 1  # RecursionError: nested deeper than json can read, not a record
             continue
         if isinstance(record, dict) and isinstance(record.get("type"), str):
             records.append(record)
@@ -107,10 +112,19 @@ class State:
             self.started[record["task"]] += 1
         elif kind == "result" and record.get("status") in STATUSES and "task" in record:
             self.results.setdefault(record["task"], record)
+        elif kind == "retry" and record.get("task") in self.quarantined():
+            del self.results[record["task"]]
+            self.started[record["task"]] = 0
 
     def started_twice(self) -> list[str]:
         """Tasks started at least twice without a result: they are not run a third time."""
         return [t for t, n in self.started.items() if n >= 2 and t not in self.results]
+
+    def quarantined(self) -> list[str]:
+        """Tasks recorded ``crash`` because they were started twice without a result: the
+        kills may have been theirs, or not (a fault elsewhere): ``--retry-quarantined``."""
+        return [t for t, r in self.results.items() if r.get("status") == "crash" and (
+            r.get("quarantined") or r.get("error") == QUARANTINE_ERROR)]
 
     def counts(self) -> Counter[str]:
         """Terminal results by status."""
