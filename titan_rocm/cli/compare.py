@@ -13,6 +13,7 @@ from titan_rocm.cli.bench_summary import warmup_arg
 from titan_rocm.logs.compare import (
     DEFAULT_TOLERANCE_PCT,
     EXIT_BAD_INPUT,
+    TOLERANCE,
     CompareError,
     Run,
     compare,
@@ -20,7 +21,6 @@ from titan_rocm.logs.compare import (
 )
 from titan_rocm.logs.parse import FORMATS, UnreadableLog
 from titan_rocm.logs.summary import DEFAULT_WARMUP
-from titan_rocm.numbers import Bounds
 
 HELP = (
     "Put training runs side by side: each OTHER log's loss and grad norm against the "
@@ -44,7 +44,6 @@ def _size(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-TOLERANCE = Bounds(float, 0, 1e6, unit="percent")
 _tolerance = TOLERANCE.arg("--tolerance")
 
 

@@ -43,8 +43,11 @@ from typing import Any
 from titan_rocm.logs.parse import ParsedLog, parse_file
 from titan_rocm.logs.summary import DEFAULT_WARMUP, Summary, summarize
 from titan_rocm.logs.verdict import EMPTY, OK, Verdict
+from titan_rocm.numbers import Bounds
 
 DEFAULT_TOLERANCE_PCT = 0.01
+TOLERANCE = Bounds(float, 0, 1e6, unit="percent")
+"""``--tolerance``: a relative difference in percent."""
 """Relative differences up to this (in percent) are never called a difference: two losses
 that agree to 1e-4 relative are the same number for training (one BF16 rounding is 0.4 %)."""
 
@@ -422,9 +425,7 @@ def compare(
     Raises:
         ValueError: ``tolerance_pct`` is negative or not finite.
     """
-    if not (math.isfinite(tolerance_pct) and tolerance_pct >= 0):
-        raise ValueError(f"--tolerance {tolerance_pct} is not valid; accepted: a percentage >= 0")
-    tolerance = tolerance_pct / 100
+    tolerance = TOLERANCE.parse(tolerance_pct, "--tolerance") / 100
     usable = [r for r in repeats if r.valid]
     band_cache: dict[tuple[int | None, str], dict[int, float] | None] = {}
 
