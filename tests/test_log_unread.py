@@ -112,3 +112,16 @@ def test_no_unreadable_loss_or_grad_norm_is_ever_ok(value: str, name: str, where
     else:
         assert result.verdict.status != "ok", value
         assert result.exit_code == 1
+
+
+@pytest.mark.parametrize(("base", "other"), [("-1e308", "1e308"), ("-1e-300", "1e300"),
+                                             ("1e-320", "1.0")])
+def test_compare_json_survives_a_difference_that_overflows(
+        tmp_path: Path, base: str, other: str, capsys: pytest.CaptureFixture[str]) -> None:
+    a, b = tmp_path / "a.log", tmp_path / "b.log"
+    a.write_text("\n".join(tt(s, base) for s in range(1, 11)) + "\n")
+    b.write_text("\n".join(tt(s, other) for s in range(1, 11)) + "\n")
+    assert main(["compare", str(a), str(b), "--json"]) == 0  # without --noise: both valid
+    out = capsys.readouterr().out
+    json.loads(out)  # strict JSON: no Infinity
+    assert "Infinity" not in out and "NaN" not in out

@@ -57,10 +57,28 @@ def open_regular(path: str | os.PathLike[str]) -> int:
     return fd
 
 
-def read_regular(path: str | os.PathLike[str]) -> bytes:
-    """The bytes of the regular file at ``path`` (see :func:`open_regular`)."""
+class TooLargeError(ValueError):
+    """A file read whole is larger than its reader accepts; ``str()`` names both sizes."""
+
+    def __init__(self, path: str | os.PathLike[str], size: int, limit: int) -> None:
+        self.size, self.limit = size, limit
+        super().__init__(f"{Path(path)} is {size} bytes; accepted: at most {limit} bytes")
+
+
+def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
+    """The bytes of the regular file at ``path`` (see :func:`open_regular`).
+
+    Raises:
+        TooLargeError: the file holds more than ``limit`` bytes (then nothing more is read,
+            so memory stays bounded by ``limit``).
+    """
     with os.fdopen(open_regular(path), "rb") as handle:
-        return handle.read()
+        if limit is None:
+            return handle.read()
+        data = handle.read(limit + 1)
+        if len(data) > limit:
+            raise TooLargeError(path, max(os.fstat(handle.fileno()).st_size, len(data)), limit)
+        return data
 
 
 def _stage(path: Path, data: bytes) -> str:

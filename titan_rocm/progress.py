@@ -44,6 +44,8 @@ class Progress:
         self.detail = ""
         self._start = time.monotonic()
         self._last_line = self._start
+        self.lines = 0
+        """Progress lines written (not on a terminal)."""
         self._bar: Any = None
         if self.tty:
             self._bar = tqdm(total=total, unit=unit, desc=prefix, file=self.stream,
@@ -75,13 +77,15 @@ class Progress:
 
     def _line(self, now: float) -> None:
         print(self._text(now), file=self.stream, flush=True)
+        self.lines += 1
 
     def close(self) -> None:
-        """End the bar, or write the last line (always, so a log shows where it ended)."""
+        """End the bar, or write the last line when earlier ones went out (so a log shows
+        where it ended)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        elif self.total or self.n:
+        elif self.lines:
             self._line(time.monotonic())
 
     def __enter__(self) -> Progress:

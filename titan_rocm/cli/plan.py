@@ -92,6 +92,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+TT030_FLAGS: tuple[str, ...] = ("--module", "--config")
+"""TorchTitan 0.3.0's job flags (``python -m torchtitan.train --module M --config F``)."""
+
+
 def _torchtitan_help() -> int:
     from torchtitan.config import ConfigManager
 
@@ -145,6 +149,13 @@ def run(args: argparse.Namespace) -> int:
     if args.help_torchtitan:
         return _torchtitan_help_030() if tt030 else _torchtitan_help()
     passthrough = list(args.passthrough)
+    if not tt030:
+        named = sorted({a.partition("=")[0] for a in passthrough} & set(TT030_FLAGS))
+        if named:
+            print(f"titan-rocm plan: {' and '.join(named)} are TorchTitan 0.3.0's flags (a "
+                  "config function); this environment has TorchTitan 0.2.2, whose jobs are "
+                  "TOML files: plan one with --job.config_file FILE", file=sys.stderr)
+            return 2
     if args.config_file is not None:
         passthrough = ["--job.config_file", args.config_file, *passthrough]
     try:

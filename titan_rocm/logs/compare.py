@@ -155,13 +155,24 @@ def load_run(path: str | Path, label: str, fmt: str = "auto",
 
 
 def relative(base: dict[int, float], other: dict[int, float]) -> dict[int, float]:
-    """``(other - base) / |base|`` at the steps both have finite (base non-zero)."""
+    """``(other - base) / |base|`` at the steps both have finite (base non-zero); a
+    difference too large for a float (loss 1e308 against -1e308, a base of 1e-300) is held at
+    :data:`CEILING`, so it is outside every band and still a finite JSON number."""
     out = {}
     for step in sorted(base.keys() & other.keys()):
         b, o = base[step], other[step]
         if math.isfinite(b) and math.isfinite(o) and b != 0:
-            out[step] = (o - b) / abs(b)
+            out[step] = _finite((o - b) / abs(b))
     return out
+
+
+CEILING = 1e300
+"""The largest relative difference or ratio held (finite also as a percentage)."""
+
+
+def _finite(value: float) -> float:
+    """``value`` with an overflow (to +-inf, or past :data:`CEILING`) held at +-CEILING."""
+    return max(-CEILING, min(CEILING, value))
 
 
 def noise_band(
@@ -288,7 +299,8 @@ def throughput(run: Run, base: Run) -> Throughput:
         a = (run.summary.stats or {}).get(name)
         b = (base.summary.stats or {}).get(name)
         if a is not None and b is not None and a.median > 0 and b.median > 0:
-            ratio = b.median / a.median if name == "iteration_ms" else a.median / b.median
+            ratio = _finite(b.median / a.median if name == "iteration_ms"
+                            else a.median / b.median)
             return Throughput(name, ratio, a.median, b.median)
     return Throughput(None, None, None, None,
                       "the two logs share no throughput field (tokens/s, TFLOP/s, iteration time)")
