@@ -116,7 +116,7 @@ class CheckResult:
             "verdict": self.verdict.to_dict() if self.verdict else None,
             "format": self.log.format if self.log else None,
             "steps_parsed": self.verdict.train_steps if self.verdict else 0,
-            "metric_lines": len(self.log.records) if self.log else 0,
+            "metric_lines": self.log.metric_lines if self.log else 0,
             "ranks": self.log.ranks if self.log else [],
             "truncated_lines": self.log.truncated if self.log else [],
             "nonfinite_count": len(self.bad),
@@ -148,7 +148,7 @@ def check_parsed(log: ParsedLog) -> CheckResult:
 def check_file(path: str | Path, fmt: str = "auto") -> CheckResult:
     """Parse and check one log file; an unreadable one gives an ``error`` result, not raise."""
     try:
-        log = parse_file(path, fmt)
+        log = parse_file(path, fmt, lean=True)  # memory: steps, not every record
     except UnreadableLog as exc:
         return CheckResult(str(path), EXIT_ERROR, error=f"{exc}")
     return check_parsed(log)

@@ -112,7 +112,7 @@ def json_value(value: float | None) -> float | str | None:
     return fmt_value(value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Record:
     """One metric line: a training (or validation) step of one rank."""
 
@@ -294,19 +294,45 @@ class ParsedLog:
     data``, ``binary data``); None for text."""
     skipped_bytes: int = 0
     """Bytes not read because a line ran past :data:`MAX_LINE_BYTES` without a line end."""
+    lean: bool = False
+    """Keep only a finite training record's step and rank, not the record (check-log: memory
+    then grows with the distinct steps logged, not with the metric lines)."""
+    metric_lines: int = 0
+    """Metric lines found in the asked-for format (kept or, when lean, counted only)."""
+    trains_added: int = 0
+    last_train_step: int | None = None
+    lean_steps: set[int] = field(default_factory=set)
+    lean_ranks: set[int] = field(default_factory=set)
+    _lean_formats: set[str] = field(default_factory=set)
 
     def add(self, record: Record) -> None:
-        """Keep ``record`` if its format was asked for; else count it in :attr:`excluded`."""
-        if self.fmt in ("auto", record.format) or record.format == GUARD_FORMAT:
-            self.records.append(record)
-        else:
+        """Keep ``record`` if its format was asked for; else count it in :attr:`excluded`.
+        A lean log keeps a finite training record as its step and rank only."""
+        if not (self.fmt in ("auto", record.format) or record.format == GUARD_FORMAT):
             self.excluded[record.format] = self.excluded.get(record.format, 0) + 1
+            return
+        self.metric_lines += 1
+        if record.kind == "train":
+            self.trains_added += 1
+            self.last_train_step = record.step
+            if self.lean and record.finite:
+                self._lean_formats.add(record.format)
+                self.lean_steps.add(record.step)
+                if record.rank is not None:
+                    self.lean_ranks.add(record.rank)
+                return
+        self.records.append(record)
+
+    def train_steps(self) -> set[int]:
+        """The distinct training steps logged."""
+        return {r.step for r in self.records if r.kind == "train"} | self.lean_steps
 
     @property
     def formats(self) -> list[str]:
         """The log formats of the metric lines found, sorted (guard messages not counted)."""
-        return sorted({r.format for r in self.records
-                       if r.format != GUARD_FORMAT and r.kind != "unreadable"})
+        found = {r.format for r in self.records
+                 if r.format != GUARD_FORMAT and r.kind != "unreadable"}
+        return sorted(found | ({TORCHTITAN, MEGATRON} & self._lean_formats))
 
     @property
     def format(self) -> str | None:
@@ -324,7 +350,7 @@ class ParsedLog:
     @property
     def ranks(self) -> list[int]:
         """The ranks named by the records' prefixes, sorted."""
-        return sorted({r.rank for r in self.records if r.rank is not None})
+        return sorted({r.rank for r in self.records if r.rank is not None} | self.lean_ranks)
 
 
 def _segments(line: str) -> Iterator[tuple[int | None, str]]:
@@ -478,10 +504,10 @@ def _megatron(text: str, rank: int | None, line_no: int, log: ParsedLog) -> None
 class _Parser:
     """Feeds physical lines to the metric parsers and follows how the log ends."""
 
-    def __init__(self, fmt: str, source: str) -> None:
+    def __init__(self, fmt: str, source: str, lean: bool = False) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"log format {fmt!r} is not valid; accepted: {', '.join(FORMATS)}")
-        self.log = ParsedLog(source=source, fmt=fmt)
+        self.log = ParsedLog(source=source, fmt=fmt, lean=lean)
         self._crash_line = 0  # where the current traceback started (its exception line follows)
 
     def feed(self, chunk: str) -> None:
@@ -499,10 +525,10 @@ class _Parser:
         named = _NAMED_VALUE.search(chunk) is not None
         last_train = -1
         for i, line in enumerate(lines):
-            count = len(log.records)
+            count, trains = len(log.records), log.trains_added
             if hints and any(h in line for h in hints):
                 self._metrics(first + i, line)
-                if any(r.kind == "train" for r in log.records[count:]):
+                if log.trains_added > trains:
                     last_train = i
             if named:
                 self._unreadable(first + i, line, log.records[count:])
@@ -540,9 +566,9 @@ class _Parser:
                 if any(not math.isfinite(r.checked_values().get(name, 0.0)) for r in found):
                     continue  # read already, as the non-finite value it is
                 step = _TT_STEP.search(segment) or _MG_ITERATION.search(segment)
-                steps = [r.step for r in self.log.records if r.kind == "train"]
-                at = int(step.group("step")) if step else (steps[-1] if steps else 0)
+                at = int(step.group("step")) if step else (self.log.last_train_step or 0)
                 nan, is_grad = float("nan"), name == "grad_norm"
+                self.log.metric_lines += 1
                 self.log.records.append(Record(
                     format=TORCHTITAN, kind="unreadable", step=at, rank=rank, line=line_no,
                     losses=() if is_grad else ((name, nan),),
@@ -697,18 +723,18 @@ def _blocks(handle: Any, name: str, log: ParsedLog | None = None) -> Iterator[st
         raise UnreadableLog(name, str(exc.strerror or exc)) from exc
 
 
-def parse_file(path: str | Path, fmt: str = "auto") -> ParsedLog:
+def parse_file(path: str | Path, fmt: str = "auto", lean: bool = False) -> ParsedLog:
     """:func:`parse_lines` of a file, streamed in blocks of 256 KiB that end at line ends
     (``-`` is not special).
 
     Undecodable bytes become U+FFFD; a file whose first bytes are not text is still parsed,
-    and :attr:`ParsedLog.binary` says what it looks like.
+    and :attr:`ParsedLog.binary` says what it looks like. ``lean``: see :attr:`ParsedLog.lean`.
 
     Raises:
         UnreadableLog: the path is missing, not a regular file, or cannot be read.
         ValueError: ``fmt`` is not one of :data:`FORMATS`.
     """
-    parser = _Parser(fmt, str(path))
+    parser = _Parser(fmt, str(path), lean)
     with os.fdopen(_open_regular(path), "rb", buffering=1 << 16) as handle:
         try:
             parser.log.binary = sniff_binary(handle.peek(1 << 16)[: 1 << 16])

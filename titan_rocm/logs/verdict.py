@@ -152,7 +152,7 @@ def _crash_text(log: ParsedLog, crash: Crash, several: bool) -> str:
 def verdict_of(logs: Sequence[ParsedLog]) -> Verdict:
     """The verdict on one run whose lines are spread over ``logs`` (one file per rank, or one)."""
     records = [r for log in logs for r in log.records]
-    train_steps = sorted({r.step for r in records if r.kind == "train"})
+    train_steps = sorted(set().union(*(log.train_steps() for log in logs)))
     common: dict[str, Any] = {
         "train_steps": len(train_steps),
         "last_step": train_steps[-1] if train_steps else None,
