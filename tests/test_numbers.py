@@ -112,3 +112,14 @@ def test_settings_and_errors_name_the_range() -> None:
         Bounds(float, 0, 1000, low_open=True).parse("nan", "--fudge")
     assert Bounds(float, 0, 86400, low_open=True, unit="seconds").accepted() == \
         "a number > 0 and <= 86400 (seconds)"
+
+
+@pytest.mark.parametrize("flag", ["--parallelism.tensor_parallel_degree=" + "1" + "0" * 20,
+                                  "--parallelism.data_parallel_shard_degree=-" + "9" * 20,
+                                  "--parallelism.expert_parallel_degree=2000000"])
+def test_plan_refuses_absurd_parallel_degrees_with_the_range(
+        flag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    config = Path(__file__).resolve().parent.parent / "configs" / "llama3_debug.toml"
+    assert cli.main(["plan", "--job.config_file", str(config), flag]) == 2
+    err = capsys.readouterr().err
+    assert "is not valid; accepted: an integer >= 1 and <= 1048576" in err, err
