@@ -75,7 +75,10 @@ def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> byte
     with os.fdopen(open_regular(path), "rb") as handle:
         if limit is None:
             return handle.read()
-        data = handle.read(limit + 1)
+        size = os.fstat(handle.fileno()).st_size
+        if size > limit:  # refused before a byte is read
+            raise TooLargeError(path, size, limit)
+        data = handle.read(limit + 1)  # the file may have grown since the fstat
         if len(data) > limit:
             raise TooLargeError(path, max(os.fstat(handle.fileno()).st_size, len(data)), limit)
         return data

@@ -28,9 +28,9 @@ from titan_rocm.workarounds.triton_war.scan import (
     scan_text,
 )
 
-MAX_FILE_BYTES = 256 << 20
-"""The largest AMDGCN file scanned (it is read whole; a Triton kernel's is a few MiB): a bigger
-one is named as not scanned, so memory stays bounded."""
+MAX_FILE_BYTES = 64 << 20
+"""The largest AMDGCN file scanned (it is read whole and parsed, about 3 times its size in
+memory; a Triton kernel's is a few MiB): a bigger one is named as not scanned, never read."""
 
 HELP = (
     "audit AMDGCN files (Triton caches keep <kernel>.amdgcn) for wide stores whose data "
