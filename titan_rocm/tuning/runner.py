@@ -442,7 +442,8 @@ class Main:
         counts = self.state.counts()
         tasks = sum(len(p.get("tasks", [])) for p in self.state.problems.values())
         parts = ", ".join(f"{s} {counts[s]}" for s in STATUSES if counts[s])
-        return f"{len(self.state.results)}/{tasks} tasks enumerated so far: {parts or 'none yet'}"
+        return (f"{len(self.state.results)} of {tasks} enumerated task(s) have a result: "
+                f"{parts or 'none yet'}")
 
     def show(self, problems_done: int) -> None:
         """Progress over the problems of this run (a total fixed at the start)."""
