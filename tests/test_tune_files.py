@@ -208,3 +208,15 @@ def test_quarantined_tasks_are_counted_and_re_tried_on_request(
     assert retried.returncode == 0, retried.stderr[-3000:]
     assert json.loads(retried.stdout)["quarantined"] == 0
     assert records.load_state(out).results[victim["task"]]["status"] == "pass"
+
+
+def test_problems_and_table_readers_refuse_deep_json(tmp_path: Path) -> None:
+    from titan_rocm.tuning import problems as problems_module
+    from titan_rocm.tuning import table as table_module
+
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(problems_module.ProblemsError, match="nested deeper"):
+        problems_module.read(deep)
+    with pytest.raises(table_module.LookupTableError, match="nested deeper"):
+        table_module.read(deep)
