@@ -451,7 +451,7 @@ def test_world_size_sources() -> None:
         (["--world-size", "1" + "0" * 20], "--world-size: '100000000000000000000' is not valid"),
         (["--world-size", "nan"], "--world-size: 'nan' is not valid; accepted: an integer"),
         (["--nnodes", "0", "--nproc-per-node", "8"], "--nnodes: '0' is not valid"),
-        (["--nproc_per_node", "0"], "--nproc-per-node: '0' is not valid"),
+        (["--nproc_per_node", "0"], "--nproc-per-node/--nproc_per_node: '0' is not valid"),
         (["--world-size", "8", "--nnodes", "2", "--nproc-per-node", "8"],
          "--world-size 8 disagrees with --nnodes 2 x --nproc-per-node 8 = 16"),
     ],
