@@ -206,7 +206,8 @@ def _bad_inputs(tmp_path: Path, good: Path) -> dict[str, tuple[list[str], str]]:
                    "3 --label values for 2 LOG(s)"),
         "same names": ([str(good), str(good)], "the runs' names are not distinct"),
         "size": ([str(good), str(good), "--size", "10x10"], "accepted: WIDTHxHEIGHT"),
-        "tolerance": ([str(good), str(good), "--tolerance", "-1"], "a percentage >= 0"),
+        "tolerance": ([str(good), str(good), "--tolerance", "-1"],
+                      "accepted: a number >= 0 and <= 1000000 (percent)"),
         "warmup": ([str(good), str(good), "--warmup", "x"], "an integer >= 0"),
     }
 
@@ -259,7 +260,7 @@ def test_compare_api_on_runs(logs) -> None:
     base = load_run(logs("base", BASE), "base")
     c = compare(base, [load_run(logs("x", BASE), "x")], [load_run(logs("r", BASE), "r")])
     assert c.exit_code == 0 and c.runs[0].verdict == "within noise" and c.plot_rank is None
-    with pytest.raises(ValueError, match="accepted: a percentage >= 0"):
+    with pytest.raises(ValueError, match="accepted: a number >= 0 and <= 1000000"):
         compare(base, [], [], tolerance_pct=float("nan"))
 
 

@@ -445,10 +445,13 @@ def test_world_size_sources() -> None:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--world-size", "0"], "--world-size must be a whole number of at least 1, got 0"),
-        (["--world-size", "-8"], "--world-size must be a whole number of at least 1, got -8"),
-        (["--nnodes", "0", "--nproc-per-node", "8"], "--nnodes must be a whole number"),
-        (["--nproc_per_node", "0"], "--nproc-per-node must be a whole number"),
+        (["--world-size", "0"], "--world-size: '0' is not valid; accepted: an integer >= 1 and "
+                                "<= 1048576"),
+        (["--world-size", "-8"], "--world-size: '-8' is not valid; accepted: an integer >= 1"),
+        (["--world-size", "1" + "0" * 20], "--world-size: '100000000000000000000' is not valid"),
+        (["--world-size", "nan"], "--world-size: 'nan' is not valid; accepted: an integer"),
+        (["--nnodes", "0", "--nproc-per-node", "8"], "--nnodes: '0' is not valid"),
+        (["--nproc_per_node", "0"], "--nproc-per-node/--nproc_per_node: '0' is not valid"),
         (["--world-size", "8", "--nnodes", "2", "--nproc-per-node", "8"],
          "--world-size 8 disagrees with --nnodes 2 x --nproc-per-node 8 = 16"),
     ],

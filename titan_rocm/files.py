@@ -57,10 +57,31 @@ def open_regular(path: str | os.PathLike[str]) -> int:
     return fd
 
 
-def read_regular(path: str | os.PathLike[str]) -> bytes:
-    """The bytes of the regular file at ``path`` (see :func:`open_regular`)."""
+class TooLargeError(ValueError):
+    """A file read whole is larger than its reader accepts; ``str()`` names both sizes."""
+
+    def __init__(self, path: str | os.PathLike[str], size: int, limit: int) -> None:
+        self.size, self.limit = size, limit
+        super().__init__(f"{Path(path)} is {size} bytes; accepted: at most {limit} bytes")
+
+
+def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
+    """The bytes of the regular file at ``path`` (see :func:`open_regular`).
+
+    Raises:
+        TooLargeError: the file holds more than ``limit`` bytes (then nothing more is read,
+            so memory stays bounded by ``limit``).
+    """
     with os.fdopen(open_regular(path), "rb") as handle:
-        return handle.read()
+        if limit is None:
+            return handle.read()
+        size = os.fstat(handle.fileno()).st_size
+        if size > limit:  # refused before a byte is read
+            raise TooLargeError(path, size, limit)
+        data = handle.read(limit + 1)  # the file may have grown since the fstat
+        if len(data) > limit:
+            raise TooLargeError(path, max(os.fstat(handle.fileno()).st_size, len(data)), limit)
+        return data
 
 
 def _stage(path: Path, data: bytes | Iterable[bytes]) -> str:
@@ -137,3 +158,53 @@ def write_all(files: Sequence[tuple[Path, bytes | Iterable[bytes]]]) -> None:
             _unlink(tmp)
         not_written = [path for path, _ in files if path not in written]
         raise PartialWrite(written, not_written, exc) from None
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """``a`` and ``b`` are one file (the same ``st_dev``/``st_ino``: through a symlink or a
+    hard link too); False when either does not exist."""
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+class OutputError(ValueError):
+    """An output path that would destroy or cannot hold what is written; the message says
+    why and what to do."""
+
+
+def check_output(output: Path, inputs: Sequence[str | os.PathLike[str]], flag: str = "-o") -> None:
+    """Refuse an ``output`` that is one of the ``inputs`` (also through a link), that is not a
+    regular file, or whose directory cannot be written, before any work is done.
+
+    Raises:
+        OutputError: naming the path and the reason.
+    """
+    for source in inputs:
+        if same_file(output, source):
+            raise OutputError(
+                f"{flag} {output} is the input {source} (the same file); writing it would "
+                "destroy the input: write to another file")
+    try:
+        mode = os.stat(output).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise OutputError(f"{flag} {output}: cannot be used ({exc.strerror or exc})") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise OutputError(f"{flag} {output} is {describe_mode(mode)}, not a regular file: "
+                          "name a file to write")
+    parent = output.parent if str(output.parent) else Path(".")
+    if not parent.is_dir():
+        raise OutputError(f"{flag} {output}: its directory {parent} does not exist")
+    try:  # really try: permission bits say nothing to root, nor about a read-only mount
+        fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{output.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+        if mode is not None:
+            os.close(os.open(output, os.O_WRONLY | os.O_APPEND))
+    except OSError as exc:
+        raise OutputError(f"{flag} {output}: cannot write there ({exc.strerror or exc})") \
+            from None

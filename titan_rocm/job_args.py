@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from titan_rocm.config import CONFIG_MODULE
-from titan_rocm.files import read_regular
+from titan_rocm.files import TooLargeError, read_regular
 from titan_rocm.settings import check_section
 
 if sys.version_info >= (3, 11):
@@ -24,6 +24,9 @@ else:  # pragma: no cover - Python 3.10
 
 CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
 CONFIG_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
+MAX_TOML_BYTES = 16 << 20
+"""The largest job TOML read (a TorchTitan job file is a few KiB): a bigger one is refused
+before it is read, so memory stays bounded (tomllib keeps the whole text and more)."""
 
 
 class JobArgsError(ValueError):
@@ -49,7 +52,15 @@ def load_toml(args: Sequence[str]) -> dict[str, Any]:
     if path is None:
         return {}
     try:
-        return tomllib.loads(read_regular(path).decode("utf-8"))
+        return tomllib.loads(read_regular(path, MAX_TOML_BYTES).decode("utf-8"))
+    except TooLargeError as exc:
+        raise JobArgsError(
+            f"--job.config_file {path!r}: {exc.size} bytes, not a job file; accepted: a TOML "
+            f"file of at most {MAX_TOML_BYTES >> 20} MiB") from None
+    except RecursionError:  # tomllib recurses once per level of nesting
+        raise JobArgsError(
+            f"--job.config_file {path!r}: arrays or inline tables nested deeper than TOML "
+            "readers accept (a job file nests a few levels)") from None
     except FileNotFoundError:
         raise JobArgsError(f"--job.config_file {path!r}: no such file") from None
     except OSError as exc:

@@ -46,6 +46,7 @@ from titan_rocm.job_args import (
     load_toml,
     prepare,
 )
+from titan_rocm.numbers import MAX_RANKS, RANKS
 from titan_rocm.settings import check_section
 
 LAUNCHERS: tuple[str, ...] = ("torchtitan", "titan-rocm")
@@ -416,8 +417,11 @@ def degrees(job_config: Any) -> dict[str, int]:
 def _check_counts(size: int | None, nnodes: int | None, nproc_per_node: int | None) -> None:
     for value, flag in ((size, "--world-size"), (nnodes, "--nnodes"),
                         (nproc_per_node, "--nproc-per-node")):
-        if value is not None and value < 1:
-            raise StartupError(f"{flag} must be a whole number of at least 1, got {value}")
+        if value is not None:
+            try:
+                RANKS.parse(value, flag)
+            except ValueError as exc:
+                raise StartupError(str(exc)) from None
 
 
 def world_size(
@@ -438,6 +442,11 @@ def world_size(
         StartupError: a count below 1, or ``--world-size`` disagreeing with the other two.
     """
     _check_counts(size, nnodes, nproc_per_node)
+    for short, value in d.items():  # 10**20 would make the mesh arithmetic run for ever
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_RANKS:
+            raise StartupError(
+                f"[parallelism] {_DEGREE_NAMES[short]} = {value} is not valid; accepted: "
+                f"{RANKS.accepted()} (or -1 for data_parallel_shard_degree)")
     if nnodes is not None or nproc_per_node is not None:
         nodes, per_node = nnodes or 1, nproc_per_node or 1
         product = nodes * per_node

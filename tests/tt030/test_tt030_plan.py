@@ -78,4 +78,4 @@ def test_world_size_is_derived_or_given_as_for_0_2_2(capsys):
     world = _plan(capsys, *ep8, "--nnodes", "2", "--nproc-per-node", "8")["world_size"]
     assert (world["size"], world["source"]) == (16, "--nnodes x --nproc-per-node")
     assert main(["plan", *ep8, "--world-size", "0"]) == 2
-    assert "--world-size must be a whole number of at least 1, got 0" in capsys.readouterr().err
+    assert "--world-size: '0' is not valid; accepted: an integer >= 1" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import json
 
 from titan_rocm.logs.parse import FORMATS, UnreadableLog, parse_file
 from titan_rocm.logs.summary import DEFAULT_WARMUP, summarize
+from titan_rocm.numbers import STEPS
 
 HELP = (
     "Throughput summary of one training run for publishing: median/min/max tokens/s, TFLOP/s, "
@@ -20,13 +21,7 @@ HELP = (
 
 def warmup_arg(text: str) -> int:
     """``--warmup``: an integer >= 0 (argparse type; also used by ``compare``)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not valid; accepted: an integer >= 0")
-    return value
+    return int(STEPS.arg("--warmup")(text))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

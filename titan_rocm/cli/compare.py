@@ -13,6 +13,7 @@ from titan_rocm.cli.bench_summary import warmup_arg
 from titan_rocm.logs.compare import (
     DEFAULT_TOLERANCE_PCT,
     EXIT_BAD_INPUT,
+    TOLERANCE,
     CompareError,
     Run,
     compare,
@@ -43,15 +44,7 @@ def _size(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def _tolerance(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (0 <= value < 1e6):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not valid; accepted: a percentage >= 0 (e.g. 0.01)")
-    return value
+_tolerance = TOLERANCE.arg("--tolerance")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

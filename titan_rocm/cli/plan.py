@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from titan_rocm.numbers import RANKS
 from titan_rocm.platform import AITER_CHOICES
 
 HELP = (
@@ -67,15 +68,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "`torchrun -m titan_rocm.train` or titan-rocm-train (adds both)",
     )
     parser.add_argument(
-        "--world-size", type=int, metavar="N",
+        "--world-size", type=RANKS.arg("--world-size"), metavar="N",
         help="number of ranks of the run (default: the smallest the degrees fit, said so)",
     )
     parser.add_argument(
-        "--nnodes", type=int, metavar="N",
+        "--nnodes", type=RANKS.arg("--nnodes"), metavar="N",
         help="as on the job's torchrun line: nodes (world size = nnodes x nproc-per-node)",
     )
     parser.add_argument(
-        "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", type=int, metavar="N",
+        "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
+        type=RANKS.arg("--nproc-per-node"), metavar="N",
         help="as on the job's torchrun line: processes (GPUs) per node",
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
@@ -88,6 +90,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--help-torchtitan", action="store_true",
         help="list every TorchTitan and --rocm.* flag (TorchTitan's own help) and exit",
     )
+
+
+TT030_FLAGS: tuple[str, ...] = ("--module", "--config")
+"""TorchTitan 0.3.0's job flags (``python -m torchtitan.train --module M --config F``)."""
 
 
 def _torchtitan_help() -> int:
@@ -143,6 +149,13 @@ def run(args: argparse.Namespace) -> int:
     if args.help_torchtitan:
         return _torchtitan_help_030() if tt030 else _torchtitan_help()
     passthrough = list(args.passthrough)
+    if not tt030:
+        named = sorted({a.partition("=")[0] for a in passthrough} & set(TT030_FLAGS))
+        if named:
+            print(f"titan-rocm plan: {' and '.join(named)} are TorchTitan 0.3.0's flags (a "
+                  "config function); this environment has TorchTitan 0.2.2, whose jobs are "
+                  "TOML files: plan one with --job.config_file FILE", file=sys.stderr)
+            return 2
     if args.config_file is not None:
         passthrough = ["--job.config_file", args.config_file, *passthrough]
     try:

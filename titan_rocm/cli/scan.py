@@ -14,16 +14,23 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
-from titan_rocm.files import read_regular
+from titan_rocm.files import TooLargeError, read_regular
+from titan_rocm.progress import Progress
 from titan_rocm.workarounds.triton_war.hazards import CLI_RULES
 from titan_rocm.workarounds.triton_war.scan import (
     ScanReport,
     Search,
     find_amdgcn_files,
     not_amdgcn,
+    note_cut_kernels,
     scan_text,
 )
+
+MAX_FILE_BYTES = 64 << 20
+"""The largest AMDGCN file scanned (it is read whole and parsed, about 3 times its size in
+memory; a Triton kernel's is a few MiB): a bigger one is named as not scanned, never read."""
 
 HELP = (
     "audit AMDGCN files (Triton caches keep <kernel>.amdgcn) for wide stores whose data "
@@ -81,23 +88,38 @@ def _scan_paths(args: argparse.Namespace) -> tuple[list[ScanReport], int, bool]:
         if not files and not given and len(search.skipped) + len(search.notes) == reported_before:
             _err(f"no .amdgcn files under {path!r}")
             bad_input = True
-        for f in files:
-            try:
-                data = read_regular(f)
-            except OSError as exc:
-                _err(f"cannot read {str(f)!r}: {exc.strerror or exc}")
-                bad_input = True
-                continue
-            reason = not_amdgcn(data)
-            if reason is not None:
-                _err(f"{f}: not scanned: not AMDGCN ({reason})")
-                not_scanned += 1
-                bad_input = bad_input or given  # named on the command line, yet not AMDGCN
-                continue
-            reports.append(scan_text(data, arch=args.arch, rule=args.rule, file=str(f)))
+        with Progress(len(files), "file", "titan-rocm scan") as progress:
+            for f in files:
+                progress.update()
+                reason = _scan_one(f, args, reports)
+                if reason == "bad":
+                    bad_input = True
+                elif reason == "not_scanned":
+                    not_scanned += 1
+                    bad_input = bad_input or given  # named on the command line, not AMDGCN
     for line in search.skipped + search.notes:
         _err(line)
     return reports, not_scanned + len(search.skipped), bad_input
+
+
+def _scan_one(f: Any, args: argparse.Namespace, reports: list[ScanReport]) -> str | None:
+    """Scan one file into ``reports``: None, or ``bad`` (unreadable) / ``not_scanned``."""
+    try:
+        data = read_regular(f, MAX_FILE_BYTES)
+    except TooLargeError as exc:
+        _err(f"{f}: not scanned: {exc.size} bytes, more than the {MAX_FILE_BYTES >> 20} "
+             "MiB scan reads (a kernel's AMDGCN is a few MiB)")
+        return "not_scanned"
+    except OSError as exc:
+        _err(f"cannot read {str(f)!r}: {exc.strerror or exc}")
+        return "bad"
+    reason = not_amdgcn(data)
+    if reason is not None:
+        _err(f"{f}: not scanned: not AMDGCN ({reason})")
+        return "not_scanned"
+    reports.append(note_cut_kernels(
+        scan_text(data, arch=args.arch, rule=args.rule, file=str(f)), data))
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -156,6 +178,9 @@ def _summary(reports: list[ScanReport], hazards: list, unprotected: list, rule: 
         line += f"; {info} global/flat store(s) wider than 64 bits"
         if unprotected:
             line += f", {len(unprotected)} of them overwritten too soon (not fixable here)"
+    cut = sum(1 for r in reports if r.cut_kernels)
+    if cut:
+        line += f"; {cut} file(s) end before their kernel does (truncated, named on stderr)"
     if not_scanned:
         line += f"; {not_scanned} not scanned (named on stderr)"
     print(line)

@@ -17,8 +17,30 @@ import json
 import sys
 from pathlib import Path
 
+from titan_rocm.numbers import Bounds
+
 HELP = "validated GEMM tuning: collect a job's GEMMs, check and time every kernel, build a table"
 PASSTHROUGH = True  # collect hands TorchTitan's flags on
+
+
+TIMEOUT = Bounds(float, 0, 86400, low_open=True, unit="seconds")
+COMPILE_TIMEOUT = Bounds(float, 0, 7 * 86400, low_open=True, unit="seconds")
+FUDGE = Bounds(float, 0, 1000, low_open=True)
+MIN_SPEEDUP = Bounds(float, 0, 1000, low_open=True)
+GEMM_BACKENDS: tuple[str, ...] = (
+    "ATEN", "TRITON", "CPP", "CK", "CKTILE", "CUTLASS", "CUTEDSL", "NVGEMM")
+"""The backends Inductor's ``max_autotune_gemm_backends`` names (torch 2.13.0,
+torch/_inductor/config.py); any other name would silently enumerate nothing."""
+
+
+def _backends(text: str) -> str:
+    names = [n.strip().upper() for n in text.split(",")]
+    bad = [n for n in names if n not in GEMM_BACKENDS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not valid; accepted: a comma-separated list of "
+            f"{', '.join(GEMM_BACKENDS)}")
+    return ",".join(names)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,18 +63,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     run.add_argument("problems", type=Path, metavar="PROBLEMS")
     run.add_argument("-o", "--output", type=Path, required=True, metavar="RESULTS")
     run.add_argument("--gpus", default="all", help="all (default) or indices such as 0,1")
-    run.add_argument("--timeout", type=float, default=30.0, metavar="S",
+    run.add_argument("--timeout", type=TIMEOUT.arg("--timeout"), default=30.0, metavar="S",
                      help="seconds a candidate may take to run once, and to be timed "
                      "(default 30)")
-    run.add_argument("--compile-timeout", type=float, default=900.0, metavar="S",
+    run.add_argument("--compile-timeout", type=COMPILE_TIMEOUT.arg("--compile-timeout"),
+                     default=900.0, metavar="S",
                      help="seconds to compile a problem's candidates or load one (default 900)")
     run.add_argument("--search-space", choices=("default", "exhaustive"), default="default",
                      help="Inductor's GEMM search space (max_autotune_gemm_search_space)")
-    run.add_argument("--fudge", type=float, default=3.0,
+    run.add_argument("--fudge", type=FUDGE.arg("--fudge"), default=3.0,
                      help="tolerance = FUDGE x max(ATen's own error, dtype default) (default 3)")
-    run.add_argument("--backends", default="ATEN,TRITON",
+    run.add_argument("--backends", type=_backends, default="ATEN,TRITON",
                      help="Inductor GEMM backends to enumerate (default ATEN,TRITON; a table "
                      "only holds those; ATEN,CPP lets the CPU tests see two candidates)")
+    run.add_argument("--retry-quarantined", action="store_true",
+                     help="run the quarantined tasks again (started twice without a result: "
+                     "two kills while they ran, perhaps not their doing)")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
 
     table = actions.add_parser(
@@ -62,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     table.add_argument("results", type=Path, nargs="+", metavar="RESULTS")
     table.add_argument("-o", "--output", type=Path, metavar="TABLE",
                        help="table file to write (required unless --check)")
-    table.add_argument("--min-speedup", type=float, default=1.0,
+    table.add_argument("--min-speedup", type=MIN_SPEEDUP.arg("--min-speedup"), default=1.0,
                        help="a template must be this many times faster than ATen (default 1.0)")
     table.add_argument("--check", action="store_true",
                        help="exit 1 if some problem has no validated winner")
@@ -75,51 +101,92 @@ def _error(message: str) -> int:
 
 
 def _collect(args: argparse.Namespace) -> int:
+    from titan_rocm.files import OutputError, check_output
+    from titan_rocm.job_args import CONFIG_FILE_FLAGS, JobArgsError, flag_value
     from titan_rocm.tuning.collect import CollectError, collect
 
-    try:
+    try:  # before the training step: a step's work is never lost to an unwritable -o
+        config = flag_value(args.passthrough, CONFIG_FILE_FLAGS)
+        check_output(args.output, [config] if config else [])
         return collect(args.passthrough, args.output, args.trainer)
-    except CollectError as exc:
+    except (CollectError, OutputError, JobArgsError) as exc:
         return _error(str(exc))
 
 
 def _run(args: argparse.Namespace) -> int:
+    from titan_rocm.files import OutputError, check_output
     from titan_rocm.tuning import problems, runner
-    from titan_rocm.tuning.faults import FaultSpecError, from_env
+    from titan_rocm.tuning.faults import FaultSpecError, disk_full_after, from_env
     from titan_rocm.tuning.records import load_state
 
-    for name in ("timeout", "compile_timeout", "fudge"):
-        if getattr(args, name) <= 0:
-            return _error(f"--{name.replace('_', '-')} {getattr(args, name)}: must be > 0")
     try:
         from_env()
+        disk_full_after()
+        check_output(args.output, [args.problems])
         loaded = problems.read(args.problems)
         options = runner.Options(timeout=args.timeout, compile_timeout=args.compile_timeout,
                                  fudge=args.fudge, search_space=args.search_space,
-                                 backends=args.backends.upper(), settings=loaded.settings)
-        code = runner.run(loaded, args.output, args.gpus, options)
-    except (problems.ProblemsError, runner.RunError, FaultSpecError) as exc:
+                                 backends=args.backends, settings=loaded.settings)
+        code = runner.run(loaded, args.output, args.gpus, options,
+                          retry_quarantined=args.retry_quarantined)
+    except (problems.ProblemsError, runner.RunError, FaultSpecError, OutputError) as exc:
         return _error(str(exc))
     summary = runner.summary(load_state(args.output))
-    print(json.dumps(summary) if args.json else
-          f"results: {summary['results']} over {summary['problems']} problems -> {args.output}")
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"results: {summary['results']} over {summary['problems']} problems -> "
+              f"{args.output}")
+        if summary["quarantined"]:
+            print(f"{summary['quarantined']} task(s) quarantined (started twice without a "
+                  "result, recorded crash, never in a table); re-try them with: titan-rocm "
+                  f"tune run {args.problems} -o {args.output} --retry-quarantined")
     return code
 
 
+def _table_file_or_new(path: Path) -> None:
+    """Refuse to replace an existing file that is not a GEMM table (it may be anything)."""
+    from titan_rocm.files import read_regular
+    from titan_rocm.tuning import table
+
+    try:
+        data = read_regular(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise table.LookupTableError(f"-o {path}: cannot read ({exc.strerror or exc})") from None
+    if not data:
+        return
+    try:
+        table.parse(data, path)
+    except (table.LookupTableError, RecursionError):
+        raise table.LookupTableError(
+            f"-o {path} exists and is not a GEMM table written by `tune table`; refusing to "
+            "replace it: remove it first or write to another file") from None
+
+
 def _table(args: argparse.Namespace) -> int:
+    import os
+
+    from tabulate import tabulate
+
+    from titan_rocm.files import OutputError, check_output
     from titan_rocm.tuning import table
     from titan_rocm.tuning.records import ResultsError, load_many
 
     if args.output is None and not args.check:
         return _error("-o TABLE is required (unless --check)")
-    if args.min_speedup <= 0:
-        return _error(f"--min-speedup {args.min_speedup}: must be > 0")
     try:
         for path in args.results:
-            if not path.is_file():
-                raise ResultsError(f"{path}: no such file")
+            try:
+                os.stat(path)
+            except FileNotFoundError:
+                raise ResultsError(f"{path}: no such file") from None
+        if args.output is not None:
+            check_output(args.output, args.results)
+            _table_file_or_new(args.output)
         built = table.build(load_many(args.results), args.min_speedup)
-    except (ResultsError, table.LookupTableError) as exc:
+    except (ResultsError, table.LookupTableError, OutputError) as exc:
         return _error(str(exc))
     if built.garbled:
         print(f"titan-rocm tune: skipped {built.garbled} garbled line(s) in the results",
@@ -133,9 +200,11 @@ def _table(args: argparse.Namespace) -> int:
         print(json.dumps({"meta": built.meta, "entries": len(built.table),
                           "problems": [d.to_dict() for d in built.decisions]}, indent=2))
     else:
-        for d in built.decisions:
-            what = d.winner["template_id"] if d.winner else "(none: ATen at run time)"
-            print(f"{d.op:<10} {what:<24} {d.done}/{d.tasks} tasks  {d.reason}  {d.key}")
+        rows = [(d.op, d.winner["template_id"] if d.winner else "(none: ATen at run time)",
+                 f"{d.done}/{d.tasks}", d.reason, d.key) for d in built.decisions]
+        if rows:
+            print(tabulate(rows, headers=("op", "winner", "tasks", "why", "problem"),
+                           tablefmt="plain", disable_numparse=True))
         print(f"{len(built.decisions) - len(built.missing)}/{len(built.decisions)} problems "
               f"have a validated winner; {len(built.table)} keys"
               + (f" -> {args.output}" if args.output else ""))

@@ -8,8 +8,8 @@ Exit codes (per file; several files: 1 if any diverged, else 2 if any gave 2, el
       report says so, but its numerics are fine as far as they go
 1     a non-finite value, or the divergence guard's stop message (``diverged``)
 2     nothing to check: unreadable or not a regular file, no metric line (``empty``), or
-      no training step (a start-up crash, only validation lines): an unchecked log is not
-      a pass
+      no training step (a start-up crash, only validation lines), or bytes of it not read
+      (a line longer than 1 MiB without a line end): an unchecked log is not a pass
 ====  =====================================================================================
 """
 
@@ -40,6 +40,8 @@ def exit_code_of(verdict: Verdict) -> int:
     """check-log's exit code for a verdict (see the module docstring)."""
     if verdict.status == DIVERGED:
         return EXIT_NONFINITE
+    if verdict.unread_bytes:
+        return EXIT_ERROR
     if verdict.status == OK or (verdict.status == INCOMPLETE and verdict.train_steps):
         return EXIT_OK
     return EXIT_ERROR
@@ -114,7 +116,7 @@ class CheckResult:
             "verdict": self.verdict.to_dict() if self.verdict else None,
             "format": self.log.format if self.log else None,
             "steps_parsed": self.verdict.train_steps if self.verdict else 0,
-            "metric_lines": len(self.log.records) if self.log else 0,
+            "metric_lines": self.log.metric_lines if self.log else 0,
             "ranks": self.log.ranks if self.log else [],
             "truncated_lines": self.log.truncated if self.log else [],
             "nonfinite_count": len(self.bad),
@@ -146,7 +148,7 @@ def check_parsed(log: ParsedLog) -> CheckResult:
 def check_file(path: str | Path, fmt: str = "auto") -> CheckResult:
     """Parse and check one log file; an unreadable one gives an ``error`` result, not raise."""
     try:
-        log = parse_file(path, fmt)
+        log = parse_file(path, fmt, lean=True)  # memory: steps, not every record
     except UnreadableLog as exc:
         return CheckResult(str(path), EXIT_ERROR, error=f"{exc}")
     return check_parsed(log)

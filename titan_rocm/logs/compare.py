@@ -43,8 +43,11 @@ from typing import Any
 from titan_rocm.logs.parse import ParsedLog, parse_file
 from titan_rocm.logs.summary import DEFAULT_WARMUP, Summary, summarize
 from titan_rocm.logs.verdict import EMPTY, OK, Verdict
+from titan_rocm.numbers import Bounds
 
 DEFAULT_TOLERANCE_PCT = 0.01
+TOLERANCE = Bounds(float, 0, 1e6, unit="percent")
+"""``--tolerance``: a relative difference in percent."""
 """Relative differences up to this (in percent) are never called a difference: two losses
 that agree to 1e-4 relative are the same number for training (one BF16 rounding is 0.4 %)."""
 
@@ -152,13 +155,24 @@ def load_run(path: str | Path, label: str, fmt: str = "auto",
 
 
 def relative(base: dict[int, float], other: dict[int, float]) -> dict[int, float]:
-    """``(other - base) / |base|`` at the steps both have finite (base non-zero)."""
+    """``(other - base) / |base|`` at the steps both have finite (base non-zero); a
+    difference too large for a float (loss 1e308 against -1e308, a base of 1e-300) is held at
+    :data:`CEILING`, so it is outside every band and still a finite JSON number."""
     out = {}
     for step in sorted(base.keys() & other.keys()):
         b, o = base[step], other[step]
         if math.isfinite(b) and math.isfinite(o) and b != 0:
-            out[step] = (o - b) / abs(b)
+            out[step] = _finite((o - b) / abs(b))
     return out
+
+
+CEILING = 1e300
+"""The largest relative difference or ratio held (finite also as a percentage)."""
+
+
+def _finite(value: float) -> float:
+    """``value`` with an overflow (to +-inf, or past :data:`CEILING`) held at +-CEILING."""
+    return max(-CEILING, min(CEILING, value))
 
 
 def noise_band(
@@ -285,7 +299,8 @@ def throughput(run: Run, base: Run) -> Throughput:
         a = (run.summary.stats or {}).get(name)
         b = (base.summary.stats or {}).get(name)
         if a is not None and b is not None and a.median > 0 and b.median > 0:
-            ratio = b.median / a.median if name == "iteration_ms" else a.median / b.median
+            ratio = _finite(b.median / a.median if name == "iteration_ms"
+                            else a.median / b.median)
             return Throughput(name, ratio, a.median, b.median)
     return Throughput(None, None, None, None,
                       "the two logs share no throughput field (tokens/s, TFLOP/s, iteration time)")
@@ -422,9 +437,7 @@ def compare(
     Raises:
         ValueError: ``tolerance_pct`` is negative or not finite.
     """
-    if not (math.isfinite(tolerance_pct) and tolerance_pct >= 0):
-        raise ValueError(f"--tolerance {tolerance_pct} is not valid; accepted: a percentage >= 0")
-    tolerance = tolerance_pct / 100
+    tolerance = TOLERANCE.parse(tolerance_pct, "--tolerance") / 100
     usable = [r for r in repeats if r.valid]
     band_cache: dict[tuple[int | None, str], dict[int, float] | None] = {}
 

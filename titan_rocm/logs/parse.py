@@ -55,7 +55,10 @@ FORMAT_NAMES: dict[str, str] = {TORCHTITAN: "TorchTitan", MEGATRON: "Megatron-LM
 
 MAX_LINE_BYTES = 1 << 20
 """A physical line longer than this is cut to its first MAX_LINE_BYTES bytes (a metric line is
-a few hundred bytes; a log with no newline at all must not be read into memory whole)."""
+a few hundred bytes; a log with no newline at all must not be read into memory whole). Lines
+end at ``\n`` and at a lone ``\r`` (progress bars redraw with it), and NUL bytes (the head
+``copytruncate`` leaves) are dropped, so neither makes a line long; the bytes a cut skips
+are counted (:attr:`ParsedLog.skipped_bytes`) and a log with any is never ``ok``."""
 
 # ANSI escape sequences: CSI (colours, cursor moves) and the two-character forms.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -89,6 +92,12 @@ _MG_VALIDATION = re.compile(
 )
 _MG_MEMORY = re.compile(r"memory \((?P<unit>MB|GB)\)\s*\|")
 _FIRST_NUM = re.compile(rf"(?<![\w.])(?P<v>{_NUM})(?![\w.])", re.IGNORECASE)
+# Any "NAME: VALUE" that names a checked metric (TorchTitan's loss and grad_norm, Megatron's
+# lm loss, load_balancing_loss, grad norm), to find values the metric patterns cannot read.
+_NAMED_VALUE = re.compile(
+    r"(?<![\w])(?P<name>[a-z][a-z_ ]{0,40}?loss|loss|grad[_ ]norm)\s*:[ \t]*(?P<v>[^\s|]*)",
+    re.IGNORECASE)
+_READABLE = re.compile(rf"{_NUM}[,;]?", re.IGNORECASE)
 
 
 def to_float(text: str) -> float:
@@ -103,7 +112,7 @@ def json_value(value: float | None) -> float | str | None:
     return fmt_value(value)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Record:
     """One metric line: a training (or validation) step of one rank."""
 
@@ -135,6 +144,10 @@ class Record:
     guard_stop: bool = False
     """A ``titan-rocm divergence guard: training diverged at step N`` message (kind
     ``guard``): the run was stopped for a non-finite value, logged or not."""
+    raw: str | None = None
+    """Kind ``unreadable``: the text where a line names a loss or grad norm but holds no
+    finite number the parser can read (``tensor(nan)``, ``1.#QNAN``, a value on a line split
+    from its step by another rank's output); its value counts as NaN: a finding, not noise."""
 
     @property
     def loss(self) -> float | None:
@@ -169,6 +182,9 @@ class Record:
             values["nan iterations"] = float(self.nan_iterations)
         if not values:
             return "no loss or grad norm value logged"
+        if self.raw is not None:
+            name = next(iter(values))
+            return f"{name}: {self.raw!r} is not a finite number the parser can read"
         return " ".join(f"{k.replace(' ', '_')}={fmt_value(v)}" for k, v in values.items())
 
     def to_dict(self) -> dict[str, Any]:
@@ -276,18 +292,47 @@ class ParsedLog:
     binary: str | None = None
     """What the file's first bytes look like when they are not text (``gzip-compressed
     data``, ``binary data``); None for text."""
+    skipped_bytes: int = 0
+    """Bytes not read because a line ran past :data:`MAX_LINE_BYTES` without a line end."""
+    lean: bool = False
+    """Keep only a finite training record's step and rank, not the record (check-log: memory
+    then grows with the distinct steps logged, not with the metric lines)."""
+    metric_lines: int = 0
+    """Metric lines found in the asked-for format (kept or, when lean, counted only)."""
+    trains_added: int = 0
+    last_train_step: int | None = None
+    lean_steps: set[int] = field(default_factory=set)
+    lean_ranks: set[int] = field(default_factory=set)
+    _lean_formats: set[str] = field(default_factory=set)
 
     def add(self, record: Record) -> None:
-        """Keep ``record`` if its format was asked for; else count it in :attr:`excluded`."""
-        if self.fmt in ("auto", record.format) or record.format == GUARD_FORMAT:
-            self.records.append(record)
-        else:
+        """Keep ``record`` if its format was asked for; else count it in :attr:`excluded`.
+        A lean log keeps a finite training record as its step and rank only."""
+        if not (self.fmt in ("auto", record.format) or record.format == GUARD_FORMAT):
             self.excluded[record.format] = self.excluded.get(record.format, 0) + 1
+            return
+        self.metric_lines += 1
+        if record.kind == "train":
+            self.trains_added += 1
+            self.last_train_step = record.step
+            if self.lean and record.finite:
+                self._lean_formats.add(record.format)
+                self.lean_steps.add(record.step)
+                if record.rank is not None:
+                    self.lean_ranks.add(record.rank)
+                return
+        self.records.append(record)
+
+    def train_steps(self) -> set[int]:
+        """The distinct training steps logged."""
+        return {r.step for r in self.records if r.kind == "train"} | self.lean_steps
 
     @property
     def formats(self) -> list[str]:
         """The log formats of the metric lines found, sorted (guard messages not counted)."""
-        return sorted({r.format for r in self.records if r.format != GUARD_FORMAT})
+        found = {r.format for r in self.records
+                 if r.format != GUARD_FORMAT and r.kind != "unreadable"}
+        return sorted(found | ({TORCHTITAN, MEGATRON} & self._lean_formats))
 
     @property
     def format(self) -> str | None:
@@ -305,7 +350,7 @@ class ParsedLog:
     @property
     def ranks(self) -> list[int]:
         """The ranks named by the records' prefixes, sorted."""
-        return sorted({r.rank for r in self.records if r.rank is not None})
+        return sorted({r.rank for r in self.records if r.rank is not None} | self.lean_ranks)
 
 
 def _segments(line: str) -> Iterator[tuple[int | None, str]]:
@@ -459,14 +504,16 @@ def _megatron(text: str, rank: int | None, line_no: int, log: ParsedLog) -> None
 class _Parser:
     """Feeds physical lines to the metric parsers and follows how the log ends."""
 
-    def __init__(self, fmt: str, source: str) -> None:
+    def __init__(self, fmt: str, source: str, lean: bool = False) -> None:
         if fmt not in FORMATS:
             raise ValueError(f"log format {fmt!r} is not valid; accepted: {', '.join(FORMATS)}")
-        self.log = ParsedLog(source=source, fmt=fmt)
+        self.log = ParsedLog(source=source, fmt=fmt, lean=lean)
         self._crash_line = 0  # where the current traceback started (its exception line follows)
 
     def feed(self, chunk: str) -> None:
         """One or more whole lines (line ends optional)."""
+        if "\x00" in chunk:  # copytruncate's NUL head (and stray NULs) carry no text
+            chunk = chunk.replace("\x00", "")
         if "\x1b" in chunk:
             chunk = _ANSI.sub("", chunk)
         log = self.log
@@ -475,13 +522,16 @@ class _Parser:
         log.lines += len(lines)
         # 1. Metric lines. Only the hints this chunk holds are tested line by line.
         hints = [h for h in _METRIC_HINTS if h in chunk]
+        named = _NAMED_VALUE.search(chunk) is not None
         last_train = -1
         for i, line in enumerate(lines):
+            count, trains = len(log.records), log.trains_added
             if hints and any(h in line for h in hints):
-                count = len(log.records)
                 self._metrics(first + i, line)
-                if any(r.kind == "train" for r in log.records[count:]):
+                if log.trains_added > trains:
                     last_train = i
+            if named:
+                self._unreadable(first + i, line, log.records[count:])
         # 2. How the log ends: only lines after the chunk's last training step can hold it
         # (a crash marker followed by a step was a warning the run survived).
         if last_train >= 0:
@@ -498,6 +548,31 @@ class _Parser:
                 _guard(segment, rank, line_no, log)
             _torchtitan(segment, rank, line_no, log)
             _megatron(segment, rank, line_no, log)
+
+    def _unreadable(self, line_no: int, line: str, found: list[Record]) -> None:
+        """A loss or grad norm named on the line whose value is no finite number read into a
+        record of the line becomes an ``unreadable`` record (its value counts as NaN)."""
+        if self.log.fmt not in ("auto", TORCHTITAN, MEGATRON):
+            return
+        for rank, segment in _segments(line):
+            for m in _NAMED_VALUE.finditer(segment):
+                raw = m.group("v")
+                if not raw:
+                    continue  # "loss:" at the end of a cut line: a truncated line
+                if _READABLE.fullmatch(raw) and math.isfinite(to_float(raw.rstrip(",;"))):
+                    continue
+                name = " ".join(m.group("name").lower().split())
+                name = "grad_norm" if name == "grad norm" else name
+                if any(not math.isfinite(r.checked_values().get(name, 0.0)) for r in found):
+                    continue  # read already, as the non-finite value it is
+                step = _TT_STEP.search(segment) or _MG_ITERATION.search(segment)
+                at = int(step.group("step")) if step else (self.log.last_train_step or 0)
+                nan, is_grad = float("nan"), name == "grad_norm"
+                self.log.metric_lines += 1
+                self.log.records.append(Record(
+                    format=TORCHTITAN, kind="unreadable", step=at, rank=rank, line=line_no,
+                    losses=() if is_grad else ((name, nan),),
+                    grad_norm=nan if is_grad else None, raw=raw[:_TEXT_MAX]))
 
     def _end_line(self, line_no: int, line: str) -> None:
         if self._crash_line and line_no - self._crash_line > _EXCEPTION_LOOKAHEAD:
@@ -604,28 +679,43 @@ def _open_regular(path: str | Path) -> int:
 _BLOCK_BYTES = 1 << 18
 
 
-def _blocks(handle: Any, name: str) -> Iterator[str]:
-    """The file's text in blocks of about a MiB that end at a line end, so that memory does
-    not grow with the file. Cut at newline bytes (never inside a UTF-8 sequence, never between
-    ``\r`` and ``\n``), a block decodes to exactly the text whole-file decoding gives. A line
-    still unfinished after MAX_LINE_BYTES is cut there and the rest of it skipped.
+def _cut(data: bytes) -> int:
+    """Where ``data`` may be cut between lines: after its last ``\n`` or lone ``\r`` (a
+    ``\r`` as the last byte may be half of ``\r\n``, so it waits for the next block)."""
+    return max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1)) + 1
+
+
+def _blocks(handle: Any, name: str, log: ParsedLog | None = None) -> Iterator[str]:
+    """The file's text in blocks of about 256 KiB that end at a line end, so that memory
+    does not grow with the file. Cut at line-end bytes (never inside a UTF-8 sequence, never
+    between ``\r`` and ``\n``), a block decodes to exactly the text whole-file decoding
+    gives, without its NUL bytes. A line still unfinished after MAX_LINE_BYTES is cut there
+    and the rest of it skipped, counted in ``log.skipped_bytes``.
     """
     carry = b""
     skipping = False  # inside the rest of a line already cut
     try:
         while data := handle.read(_BLOCK_BYTES):
+            if b"\x00" in data:
+                data = data.replace(b"\x00", b"")
             if skipping:
-                newline = data.find(b"\n")
-                if newline < 0:
+                end = _cut(data)
+                if end == 0:
+                    if log is not None:
+                        log.skipped_bytes += len(data)
                     continue
-                data, skipping = data[newline + 1:], False
+                if log is not None:
+                    log.skipped_bytes += end
+                data, skipping = data[end:], False
             data = carry + data
-            end = data.rfind(b"\n") + 1
+            end = _cut(data)
             carry = data[end:]
             if end:
                 yield data[:end].decode("utf-8", errors="replace")
             if len(carry) >= MAX_LINE_BYTES:
                 yield carry[:MAX_LINE_BYTES].decode("utf-8", errors="replace") + "\n"
+                if log is not None:
+                    log.skipped_bytes += len(carry) - MAX_LINE_BYTES
                 carry, skipping = b"", True
         if carry:
             yield carry.decode("utf-8", errors="replace")
@@ -633,23 +723,23 @@ def _blocks(handle: Any, name: str) -> Iterator[str]:
         raise UnreadableLog(name, str(exc.strerror or exc)) from exc
 
 
-def parse_file(path: str | Path, fmt: str = "auto") -> ParsedLog:
+def parse_file(path: str | Path, fmt: str = "auto", lean: bool = False) -> ParsedLog:
     """:func:`parse_lines` of a file, streamed in blocks of 256 KiB that end at line ends
     (``-`` is not special).
 
     Undecodable bytes become U+FFFD; a file whose first bytes are not text is still parsed,
-    and :attr:`ParsedLog.binary` says what it looks like.
+    and :attr:`ParsedLog.binary` says what it looks like. ``lean``: see :attr:`ParsedLog.lean`.
 
     Raises:
         UnreadableLog: the path is missing, not a regular file, or cannot be read.
         ValueError: ``fmt`` is not one of :data:`FORMATS`.
     """
-    parser = _Parser(fmt, str(path))
+    parser = _Parser(fmt, str(path), lean)
     with os.fdopen(_open_regular(path), "rb", buffering=1 << 16) as handle:
         try:
             parser.log.binary = sniff_binary(handle.peek(1 << 16)[: 1 << 16])
         except OSError as exc:
             raise UnreadableLog(path, str(exc.strerror or exc)) from exc
-        for block in _blocks(handle, str(path)):
+        for block in _blocks(handle, str(path), parser.log):
             parser.feed(block)
     return parser.log

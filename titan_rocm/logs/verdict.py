@@ -6,7 +6,9 @@ compare): did it train, finitely, to the end?
 ``diverged``    a non-finite loss or grad norm (or Megatron's nan-iteration count, or the
                 titan-rocm divergence guard's stop message) at step N;
 ``incomplete``  the log ends in a crash (traceback, OOM, signal, collective error) after its
-                last training step, or has metric lines but no training step at all;
+                last training step, or has metric lines but no training step at all, or
+                bytes of it were not read (a line longer than 1 MiB without a line end:
+                a metric line in it could be missed, so such a log is never ``ok``);
 ``empty``       no metric line and no crash: nothing a training log would show.
 
 A crash marker followed by more training steps is a warning the run survived, not an end;
@@ -22,7 +24,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from titan_rocm.logs.parse import FORMAT_NAMES, FORMATS, Crash, ParsedLog, Record
+from titan_rocm.logs.parse import (
+    FORMAT_NAMES,
+    FORMATS,
+    MAX_LINE_BYTES,
+    Crash,
+    ParsedLog,
+    Record,
+)
 
 OK = "ok"
 DIVERGED = "diverged"
@@ -58,6 +67,8 @@ class Verdict:
     """The file the crash is in, when the run spans several files."""
     note: str | None = None
     """Something a reader should know about an ``ok`` run (a crash after completion)."""
+    unread_bytes: int = 0
+    """Bytes of the logs not read (over-long lines): the verdict cannot be ``ok``."""
 
     @property
     def step(self) -> int | None:
@@ -84,12 +95,18 @@ class Verdict:
             "crash": self.crash.to_dict() if self.crash else None,
             "crash_file": self.source if self.crash else None,
             "note": self.note,
+            "unread_bytes": self.unread_bytes,
         }
 
 
 def _diverged(bad: Record) -> str:
     rank = f" on rank {bad.rank}" if bad.rank is not None else ""
     kind = "validation " if bad.kind == "validation" else ""
+    if bad.raw is not None:
+        return (
+            f"the run diverged at or after step {bad.step}{rank} (line {bad.line}): "
+            f"{bad.describe()}; such a value counts as non-finite."
+        )
     if bad.guard_stop:
         values = bad.describe()
         values = "no value in the message" if values.startswith("no ") else values
@@ -135,14 +152,21 @@ def _crash_text(log: ParsedLog, crash: Crash, several: bool) -> str:
 def verdict_of(logs: Sequence[ParsedLog]) -> Verdict:
     """The verdict on one run whose lines are spread over ``logs`` (one file per rank, or one)."""
     records = [r for log in logs for r in log.records]
-    train_steps = sorted({r.step for r in records if r.kind == "train"})
+    train_steps = sorted(set().union(*(log.train_steps() for log in logs)))
     common: dict[str, Any] = {
         "train_steps": len(train_steps),
         "last_step": train_steps[-1] if train_steps else None,
     }
+    unread = sum(log.skipped_bytes for log in logs)
     bad = first_bad(records)
     if bad is not None:
-        return Verdict(DIVERGED, _diverged(bad), first_bad=bad, **common)
+        return Verdict(DIVERGED, _diverged(bad), first_bad=bad, unread_bytes=unread, **common)
+    if unread:
+        return Verdict(
+            INCOMPLETE,
+            f"{unread} byte(s) of the log were not read (a line ran past "
+            f"{MAX_LINE_BYTES} bytes without a line end): a loss or grad norm in them would "
+            "be missed, so this log is not a pass.", unread_bytes=unread, **common)
     ending = [
         (log, log.crash) for log in logs
         if log.crash is not None

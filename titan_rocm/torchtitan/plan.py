@@ -53,12 +53,54 @@ def parse_job(args: Sequence[str]) -> Any:
             "--job.config_file is TorchTitan 0.2.2's; torchtitan 0.3.0 is installed: "
             "plan a 0.3.0 job with --module M --config F"
         )
+    for flag in ("--module", "--config"):
+        value = flag_value(args, (flag,))
+        if value is not None and not value.strip():
+            raise PlanError(f"{flag} {value!r} is not valid; accepted: "
+                            + ("a module such as llama3, deepseek_v3 or "
+                               "titan_rocm.torchtitan.configs" if flag == "--module" else
+                               "the name of a config function of the module"))
+    _load_config(list(args))
     try:
         return ConfigManager().parse_args(list(args))
     except SystemExit as exc:  # tyro prints its own message for bad flags
         raise PlanError(f"TorchTitan rejected the arguments (exit {exc.code})") from None
     except (ValueError, TypeError, ImportError, AssertionError) as exc:
         raise PlanError(str(exc)) from None
+
+
+def _load_config(args: list[str]) -> None:
+    """Run the job's config function as TorchTitan's ``ConfigManager`` does (its
+    ``_load_config``), turning what the user's module or function does wrong into one
+    sentence: a syntax error, an exception, endless recursion, ``sys.exit``, or a return
+    value that is not a config."""
+    from torchtitan.config import ConfigManager
+
+    load = getattr(ConfigManager(), "_load_config", None)
+    if load is None:  # another 0.3.x: parse_args reports what it can
+        return
+    job = " ".join(f"{f} {flag_value(args, (f,))}" for f in ("--module", "--config")
+                   if flag_value(args, (f,)) is not None)
+    try:
+        loaded, _ = load(args)
+    except SyntaxError as exc:
+        raise PlanError(f"{job}: the module does not compile: {exc.filename}, line "
+                        f"{exc.lineno}: {exc.msg}") from None
+    except RecursionError:
+        raise PlanError(f"{job}: the config function recursed without end "
+                        "(RecursionError)") from None
+    except SystemExit as exc:
+        raise PlanError(f"{job}: importing the module or calling the config function called "
+                        f"sys.exit({exc.code!r}) instead of returning a config") from None
+    except (ValueError, ImportError) as exc:  # TorchTitan's own messages: module, function
+        raise PlanError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - the user's code: one sentence, no traceback
+        raise PlanError(f"{job}: the config function raised {type(exc).__name__}: "
+                        f"{exc}") from None
+    if not dataclasses.is_dataclass(loaded) or isinstance(loaded, type):
+        raise PlanError(f"{job}: the config function returned {loaded!r:.80} "
+                        f"({type(loaded).__name__}); accepted: a Trainer.Config (e.g. "
+                        "return rocm(cfg))")
 
 
 def settings_of(config: Any) -> tuple[RocmSettings, str | None]:

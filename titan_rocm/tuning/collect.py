@@ -7,7 +7,9 @@ recorded, but every GEMM compiles with its ATen kernel, so nothing is benchmarke
 that would skip lowering (FX graph, AOT autograd) are off. The job's titan-rocm workarounds
 apply as in training; ``rocm.gemm_lookup`` is turned off for the step.
 
-Under torchrun each rank writes its part; rank 0 merges them into ``-o``.
+Under torchrun each rank writes its part; rank 0 merges them into ``-o``. Without torchrun it
+runs as one process with the environment ``titan-rocm-train`` gives (``RANK=0``,
+``WORLD_SIZE=1``, a free ``MASTER_PORT``, ...).
 """
 
 from __future__ import annotations
@@ -82,6 +84,16 @@ def collect(args: Sequence[str], output: Path, trainer: str = "torchtitan.train:
         prepared = prepare(list(args)) + list(STEP_FLAGS)
     except JobArgsError as exc:
         raise CollectError(str(exc)) from None
+    from titan_rocm.train import LaunchError, single_process_environment
+
+    try:  # one process without torchrun, as titan-rocm-train (TorchTitan reads LOCAL_RANK)
+        added = single_process_environment()
+    except LaunchError as exc:
+        raise CollectError(str(exc)) from None
+    if added:
+        print(f"titan-rocm tune: no torchrun environment: one process (RANK=0, WORLD_SIZE=1, "
+              f"MASTER_PORT={os.environ['MASTER_PORT']}), as torchrun --standalone "
+              "--nproc_per_node=1 would start it", file=sys.stderr)
     sys.argv = ["titan-rocm-tune-collect", *prepared]  # TorchTitan's main() parses sys.argv
     from torchtitan.config import ConfigManager
 

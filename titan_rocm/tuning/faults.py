@@ -25,6 +25,9 @@ from typing import Any
 ENV_FAULTS = "TITAN_ROCM_TUNE_FAULTS"
 ENV_WRONG_MM = "TITAN_ROCM_TUNE_WRONG_MM"
 ENV_MAX_MM_CONFIGS = "TITAN_ROCM_TUNE_MAX_MM_CONFIGS"
+ENV_DISK_FULL = "TITAN_ROCM_TUNE_DISK_FULL_AFTER"
+"""``N``: the results writer's write after its N-th record writes half a line and fails
+with ENOSPC, as a full disk does (tests: no tiny file system is needed)."""
 
 FAULTS: dict[str, str] = {
     "wrong": "runs the kernel, then adds 1 to its output",
@@ -76,6 +79,20 @@ def parse(spec: str) -> list[Fault]:
         except ValueError:
             raise FaultSpecError(f"{ENV_FAULTS}: {item!r}: N and PROBLEM are integers") from None
     return faults
+
+
+def disk_full_after() -> int | None:
+    """:data:`ENV_DISK_FULL` as a record count (None: unset).
+
+    Raises:
+        FaultSpecError: not an integer >= 0.
+    """
+    text = os.environ.get(ENV_DISK_FULL)
+    if text is None:
+        return None
+    if not text.strip().isdigit():
+        raise FaultSpecError(f"{ENV_DISK_FULL}={text!r}: accepted: an integer >= 0")
+    return int(text)
 
 
 def from_env() -> list[Fault]:

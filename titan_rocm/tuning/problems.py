@@ -218,6 +218,9 @@ def parse(data: bytes, path: str | Path) -> ProblemsFile:
             record = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ProblemsError(f"{where}: not a JSON line ({exc.msg})") from None
+        except RecursionError:
+            raise ProblemsError(f"{where}: nested deeper than a JSON reader accepts: not a "
+                                "line `tune collect` writes") from None
         kind = record.get("type") if isinstance(record, dict) else None
         if head is None:
             if kind != "job":

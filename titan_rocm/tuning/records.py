@@ -7,14 +7,17 @@ Record types (each line one JSON object with a ``type``):
 - ``problem``: a problem's candidates as enumerated on the device (task ids, in order).
 - ``started``: written (and fsync'ed) before a candidate runs.
 - ``result``: the terminal record of a task: ``status`` is one of :data:`STATUSES`.
+- ``retry``: ``tune run --retry-quarantined`` lets a quarantined task run again.
 
 Resume is the default: a task with a ``result`` never runs again; a task with two
-``started`` records and no result is recorded ``crash`` and not run a third time.
+``started`` records and no result is recorded ``crash`` and not run a third time
+(quarantined: the kills may have been its doing) until ``--retry-quarantined`` asks.
 A line that does not parse (a write cut by a kill) is skipped and counted.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -30,6 +33,9 @@ STATUSES: tuple[str, ...] = (
     "pass", "mismatch", "nan", "cuda_error", "crash", "hang", "compile_error",
 )
 """Terminal results of a task. Only ``pass`` ever enters a table."""
+
+QUARANTINE_ERROR = "started twice without a result: not run a third time"
+"""The error of a quarantined task's ``crash`` record (``quarantined: true``)."""
 
 ENV_FIELDS: tuple[str, ...] = ("torch", "triton", "hip", "cuda")
 """Versions that are part of a task's identity (with the device key)."""
@@ -69,8 +75,8 @@ def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int]:
             continue
         try:
             record = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            garbled += 1
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            garbled += 1  # RecursionError: nested deeper than json can read, not a record
             continue
         if isinstance(record, dict) and isinstance(record.get("type"), str):
             records.append(record)
@@ -106,10 +112,19 @@ class State:
             self.started[record["task"]] += 1
         elif kind == "result" and record.get("status") in STATUSES and "task" in record:
             self.results.setdefault(record["task"], record)
+        elif kind == "retry" and record.get("task") in self.quarantined():
+            del self.results[record["task"]]
+            self.started[record["task"]] = 0
 
     def started_twice(self) -> list[str]:
         """Tasks started at least twice without a result: they are not run a third time."""
         return [t for t, n in self.started.items() if n >= 2 and t not in self.results]
+
+    def quarantined(self) -> list[str]:
+        """Tasks recorded ``crash`` because they were started twice without a result: the
+        kills may have been theirs, or not (a fault elsewhere): ``--retry-quarantined``."""
+        return [t for t, r in self.results.items() if r.get("status") == "crash" and (
+            r.get("quarantined") or r.get("error") == QUARANTINE_ERROR)]
 
     def counts(self) -> Counter[str]:
         """Terminal results by status."""
@@ -133,27 +148,52 @@ def load_many(paths: Iterable[str | Path]) -> State:
 
 
 class Appender:
-    """Appends records to a results file: one line each, flushed and fsync'ed.
+    """Appends records to a results file: one line each, written whole and fsync'ed.
 
     If the file ends in a partial line (a write cut by a kill), a newline is written first
-    so that the partial line stays one garbled line and the next record is whole.
+    so that the partial line stays one garbled line and the next record is whole. A write
+    that fails (a full disk) is undone (the file is cut back to its last whole record) before
+    the OSError is raised, so the file stays readable and resumable.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, fail_after: int | None = None) -> None:
         self.path = Path(path)
-        self._f = open(self.path, "ab")  # noqa: SIM115 - closed in close()
-        if self._f.tell() > 0:
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        self._fail_after = fail_after  # test-only: faults.ENV_DISK_FULL
+        self._written = 0
+        size = os.fstat(self._fd).st_size
+        if size > 0:
             with open(self.path, "rb") as f:
                 f.seek(-1, os.SEEK_END)
                 if f.read(1) != b"\n":
-                    self._f.write(b"\n")
+                    self._append(b"\n")
+
+    def _append(self, data: bytes) -> None:
+        start = os.fstat(self._fd).st_size
+        try:
+            if self._fail_after is not None and self._written >= self._fail_after:
+                os.write(self._fd, data[: len(data) // 2])
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+            os.fsync(self._fd)
+        except OSError:
+            try:
+                os.ftruncate(self._fd, start)  # never leave a cut line behind
+            except OSError:
+                pass  # the partial line is then one garbled line, skipped on resume
+            raise
 
     def write(self, record: dict[str, Any]) -> None:
-        """Write one record durably."""
-        self._f.write(json.dumps(record, sort_keys=True, default=str).encode() + b"\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        """Write one record durably.
+
+        Raises:
+            OSError: the write failed (the file is as it was before it).
+        """
+        self._append(json.dumps(record, sort_keys=True, default=str).encode() + b"\n")
+        self._written += 1
 
     def close(self) -> None:
         """Close the file."""
-        self._f.close()
+        os.close(self._fd)

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import queue as queue_module
@@ -29,9 +30,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from titan_rocm.progress import Progress
 from titan_rocm.tuning.minesweeper import EXIT_RETIRED
 from titan_rocm.tuning.problems import FORMAT, ProblemsFile
-from titan_rocm.tuning.records import STATUSES, Appender, State, load_state
+from titan_rocm.tuning.records import (
+    QUARANTINE_ERROR,
+    STATUSES,
+    Appender,
+    State,
+    load_state,
+)
 
 _SPAWN = multiprocessing.get_context("spawn")
 
@@ -85,15 +93,38 @@ def device_slots(gpus: str) -> list[str | None]:
     return [physical[i] for i in wanted]
 
 
-def _writer(path: str, records: Any, inbox: Any) -> None:
-    appender = Appender(path)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """End this child process when its parent dies, even by ``kill -9``: the kernel sends it
+    SIGKILL (Linux ``PR_SET_PDEATHSIG``); a parent already gone ends it now. Every process
+    of ``tune run`` calls it first, so killing the main process takes the writer, the
+    workers and (through their workers) the minesweepers down with it."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass  # no prctl in this libc: the orphan check below still runs
+    parent = multiprocessing.parent_process()
+    if parent is not None and os.getppid() != parent.pid:
+        os._exit(1)
+
+
+def _writer(path: str, records: Any, inbox: Any, fail_after: int | None = None) -> None:
+    die_with_parent()
+    appender = Appender(path, fail_after)
     try:
         while True:
             item = records.get()
             if item is None:
                 return
             record, ack = item
-            appender.write(record)
+            try:
+                appender.write(record)
+            except OSError as exc:
+                inbox.put(("writer_failed", None, exc.strerror or str(exc)))
+                return
             if ack is not None:
                 inbox.put(("written", ack))
     finally:
@@ -116,6 +147,7 @@ class _Minesweeper:
 
 
 def _minesweeper_main(conn: Any, options: dict[str, Any]) -> None:
+    die_with_parent()
     from titan_rocm.tuning import minesweeper
 
     minesweeper.main(conn, options)
@@ -227,6 +259,8 @@ class _Worker:
                     order = self.orders.get()
                     if order == ("go", current["task"]):
                         break
+                    if order == ("stop",):  # the run ends (its writer failed): run nothing
+                        raise SystemExit(0)
                 ms.conn.send(("go",))
                 phase, deadline = "load", time.monotonic() + o.compile_timeout
             elif kind == "loaded":
@@ -244,6 +278,7 @@ class _Worker:
 
 def _worker_main(slot: int, device: str | None, inbox: Any, orders: Any,
                  options: dict[str, Any]) -> None:
+    die_with_parent()
     if device is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = device
     worker = _Worker(slot, inbox, orders, Options(**options))
@@ -271,11 +306,15 @@ class Main:
     """The main process of ``tune run``."""
 
     def __init__(self, problems: ProblemsFile, output: Path, slots: list[str | None],
-                 options: Options, progress: bool) -> None:
+                 options: Options, progress: bool | None, retry_quarantined: bool = False,
+                 fail_after: int | None = None) -> None:
         self.problems, self.output, self.options = problems, output, options
         self.state = load_state(output)
         self.slots = [_Slot(d) for d in slots]
-        self.progress = progress
+        self.tty = progress
+        self.progress: Progress | None = None
+        self.retry_quarantined = retry_quarantined
+        self.fail_after = fail_after
         self.inbox: Any = _SPAWN.Queue()
         self.records: Any = _SPAWN.Queue()
         self.writer: Any = None
@@ -288,8 +327,14 @@ class Main:
         self.records.put((record, ack))
 
     def check_resume(self) -> None:
-        """Refuse a results file begun for another problems file."""
+        """Refuse a results file begun for another problems file, and an existing file that
+        is not a results file at all (it would be appended to, never read back)."""
         run = self.state.run
+        if run is None and self.output.exists() and self.output.stat().st_size > 0:
+            raise RunError(
+                f"{self.output} exists but is not a results file of `tune run` (no run record"
+                + (f"; {self.state.garbled} line(s) that are not records" if self.state.garbled
+                   else "") + "); refusing to append to it: write to a new -o")
         if run is not None and run.get("problems_sha256") != self.problems.sha256:
             job = (run.get("job") or {}).get("id")
             raise RunError(
@@ -303,6 +348,14 @@ class Main:
                         "problems": [p.key for p in self.problems.problems],
                         "job": self.problems.job, "options": asdict(self.options),
                         "created": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+
+    def retry(self) -> int:
+        """Let the quarantined tasks (``--retry-quarantined``) run again: a ``retry`` record
+        each, so a resume after a kill still knows. Returns how many."""
+        tasks = self.state.quarantined()
+        for task in tasks:
+            self.write({"type": "retry", "task": task})
+        return len(tasks)
 
     def finished(self, key: str) -> bool:
         record = self.state.problems.get(key)
@@ -318,7 +371,7 @@ class Main:
             record = self._candidate(key, task)
             if record is not None:
                 self.write({**record, "type": "result", "status": "crash",
-                            "error": "started twice without a result: not run a third time"})
+                            "quarantined": True, "error": QUARANTINE_ERROR})
         return {t for t, r in self.state.results.items() if r.get("key") == key}
 
     def _candidate(self, key: str, task: str) -> dict[str, Any] | None:
@@ -365,7 +418,7 @@ class Main:
             self.slots[target].orders.put(("go", task))
         elif kind == "result":
             self.write({"type": "result", **message[2]})
-            self.show()
+            self.show(0)
         elif kind == "problem_done":
             key, error = message[2], message[3]
             if error:
@@ -375,26 +428,39 @@ class Main:
                 self.write(record)
                 print(f"titan-rocm tune: problem {key}: {error}", file=sys.stderr)
             self.slots[slot].problem = None
+            self.show(1)
+        elif kind == "writer_failed":
+            self.failed = (
+                f"cannot write to {self.output}: {message[2]}; the run stopped, and the file "
+                "holds every record written before (no cut line): make room and run the same "
+                "command again to resume")
         elif kind == "worker_failed":
             self.failed = f"worker {slot} (device {self.slots[slot].device}): {message[2]}"
 
-    def show(self, final: bool = False) -> None:
-        if not self.progress and not final:
-            return
-        tasks = sum(len(p.get("tasks", [])) for p in self.state.problems.values())
+    def counts_text(self) -> str:
+        """``pass 12, mismatch 1``: the results so far by status."""
         counts = self.state.counts()
+        tasks = sum(len(p.get("tasks", [])) for p in self.state.problems.values())
         parts = ", ".join(f"{s} {counts[s]}" for s in STATUSES if counts[s])
-        line = f"titan-rocm tune: {len(self.state.results)}/{tasks} tasks ({parts or 'none yet'})"
-        end = "\n" if final or not self.progress else ""
-        print(("\r" if self.progress else "") + line, end=end, file=sys.stderr, flush=True)
+        return (f"{len(self.state.results)} of {tasks} enumerated task(s) have a result: "
+                f"{parts or 'none yet'}")
+
+    def show(self, problems_done: int) -> None:
+        """Progress over the problems of this run (a total fixed at the start)."""
+        if self.progress is not None:
+            self.progress.update(problems_done, self.counts_text())
 
     def run(self) -> int:
         self.check_resume()
         self.writer = _SPAWN.Process(target=_writer, name="titan-rocm-tune-writer",
-                                     args=(str(self.output), self.records, self.inbox))
+                                     args=(str(self.output), self.records, self.inbox,
+                                           self.fail_after))
         self.writer.start()
         try:
             self.header()
+            if self.retry_quarantined:
+                count = self.retry()
+                print(f"titan-rocm tune: re-trying {count} quarantined task(s)", file=sys.stderr)
             for problem in self.problems.problems:
                 if not problem.tunable and problem.key not in self.state.problems:
                     self.write({"type": "problem", "key": problem.key, "op": problem.op,
@@ -406,10 +472,12 @@ class Main:
             if self.state.garbled:
                 print(f"titan-rocm tune: {self.output}: skipped {self.state.garbled} garbled "
                       "line(s) (a write cut short); earlier records are kept", file=sys.stderr)
-            self.loop(pending)
+            self.progress = Progress(len(pending), "problem", "titan-rocm tune", tty=self.tty)
+            with self.progress:
+                self.loop(pending)
         finally:
             self.stop()
-        self.show(final=True)
+        print(f"titan-rocm tune: {self.counts_text()}", file=sys.stderr)
         if self.failed:
             print(f"titan-rocm tune: error: {self.failed}", file=sys.stderr)
             return 1
@@ -446,7 +514,7 @@ class Main:
                 message = self.inbox.get(timeout=0.2)
             except queue_module.Empty:
                 break
-            if message[0] == "result":
+            if message[0] == "result" and self.writer.is_alive():
                 self.write({"type": "result", **message[2]})
         self.records.put(None)
         if self.writer is not None:
@@ -454,20 +522,28 @@ class Main:
 
 
 def run(problems: ProblemsFile, output: Path, gpus: str = "all",
-        options: Options | None = None, progress: bool | None = None) -> int:
+        options: Options | None = None, progress: bool | None = None,
+        retry_quarantined: bool = False) -> int:
     """Tune every problem; append to ``output`` (resuming it). Returns the exit code.
 
+    ``progress``: draw a bar (default: when stderr is a terminal; otherwise a line every 30 s).
+    ``retry_quarantined``: run the quarantined tasks again (see :meth:`State.quarantined`).
+
     Raises:
-        RunError: ``--gpus`` is not valid here, or ``output`` belongs to other problems.
+        RunError: ``--gpus`` is not valid here, or ``output`` belongs to other problems or is
+            not a results file.
     """
+    from titan_rocm.tuning.faults import disk_full_after
+
     options = options or Options(settings=problems.settings)
     slots = device_slots(gpus)
-    main = Main(problems, output, slots, options,
-                sys.stderr.isatty() if progress is None else progress)
+    main = Main(problems, output, slots, options, progress, retry_quarantined,
+                disk_full_after())
     return main.run()
 
 
 def summary(state: State) -> dict[str, Any]:
     """Counts of a results state, for ``--json`` and the final line."""
     return {"results": dict(Counter(r["status"] for r in state.results.values())),
-            "problems": len(state.problems), "garbled_lines": state.garbled}
+            "problems": len(state.problems), "garbled_lines": state.garbled,
+            "quarantined": len(state.quarantined())}

@@ -183,6 +183,9 @@ def parse(data: bytes, path: str | Path) -> TableFile:
         doc = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise LookupTableError(f"{path}: not JSON ({exc})") from None
+    except RecursionError:
+        raise LookupTableError(f"{path}: nested deeper than a JSON reader accepts: not a "
+                               "GEMM table") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("meta"), dict) \
             or not isinstance(doc.get("table"), dict):
         raise LookupTableError(

@@ -153,6 +153,9 @@ class ScanReport:
     no arch is ever exempt, as AMD-AGI/Primus's ``_on_rocm()`` gate)."""
     notes: list[str] = field(default_factory=list)
     """Human-readable remarks (unknown arch, arch not affected, no instructions...)."""
+    cut_kernels: list[str] = field(default_factory=list)
+    """Kernels the text declares (``.type K,@function``) but never ends (no ``.size K,``):
+    the file was cut inside them, and what is missing was not scanned."""
 
     @property
     def hazardous(self) -> bool:
@@ -251,6 +254,31 @@ def _info(program: Program, site: StoreSite, f: Finding | None, file: str | None
         writer=f.writer.text, writer_line=f.writer.line, wait_states=f.wait_states,
         required=f.required,
     )
+
+
+_FUNCTION_RE = re.compile(rb"^[ \t]*\.type[ \t]+([\w.$]+)[ \t]*,[ \t]*@function", re.M)
+_SIZE_RE = re.compile(rb"^[ \t]*\.size[ \t]+([\w.$]+)[ \t]*,", re.M)
+
+
+def cut_kernels(text: str | bytes) -> list[str]:
+    """Kernels ``text`` declares as functions but whose end (``.size``) it does not reach:
+    a file truncated inside its kernel (LLVM writes ``.size K, .Lfunc_endN-K`` after the
+    last instruction of every function)."""
+    data = text.encode("utf-8", errors="replace") if isinstance(text, str) else bytes(text)
+    ended = set(_SIZE_RE.findall(data))
+    return [name.decode("utf-8", errors="replace") for name in
+            dict.fromkeys(_FUNCTION_RE.findall(data)) if name not in ended]
+
+
+def note_cut_kernels(report: ScanReport, text: str | bytes) -> ScanReport:
+    """Fill ``report.cut_kernels`` from ``text`` and say each in ``report.notes`` (``titan-rocm
+    scan``: a file on disk can be cut; a compiler's text in the compile hook is not)."""
+    report.cut_kernels = cut_kernels(text) if report.has_code else []
+    for name in report.cut_kernels:
+        report.notes.append(
+            f"{report.file or 'the text'} ends before its kernel {name} does (no .size "
+            "directive after it): the file is truncated; only the part present was scanned")
+    return report
 
 
 def scan_text(
