@@ -249,25 +249,42 @@ def ratio_distribution(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def flagged_blocks(result: dict[str, Any]) -> list[str]:
-    """The blocks with a flagged parameter, worst first (the audit's own order)."""
+    """The blocks with a flagged parameter, worst first (the audit names them ``layers.N``;
+    ``(outside blocks)`` gathers the embedding, final norm and output)."""
     blocks = [b for b in result.get("blocks") or [] if b.get("flagged")]
     blocks.sort(key=lambda b: -float(b.get("worst_ratio") or 0.0))
     return [str(b["block"]) for b in blocks]
 
 
+def block_id(name: Any) -> int | None:
+    """``layers.3`` / ``3`` -> 3; None for ``(outside blocks)`` or nothing."""
+    m = re.fullmatch(r"(?:.*\.)?(\d+)", str(name)) if name is not None else None
+    return int(m.group(1)) if m else None
+
+
 def judge_corrupt(result: dict[str, Any] | None, expected_block: int) -> dict[str, Any]:
-    """Was the fault flagged, and did the audit name its block and no other?"""
+    """Was the fault flagged, and did the audit name its block as the origin?
+
+    A fault on the path of block k's input gradient reaches every block before k (their
+    backward runs after k's) and the embedding, as a wrong kernel's output would; nothing
+    reaches the blocks after k. So the audit is right when it flags, names block k as the
+    origin (its ``origin``: the first wrong block in backward order; the worst flagged block
+    where it gives none), and flags no block after k.
+    """
     if result is None:
         return {"flagged": False, "reason": "no audit JSON in the log"}
     blocks = flagged_blocks(result)
-    named = [p["name"] for p in result.get("parameters") or [] if p.get("flagged")]
+    ids = [i for i in map(block_id, blocks) if i is not None]
+    origin = result.get("origin") or (blocks[0] if blocks else None)
     return {
         "verdict": result.get("verdict"), "flagged": result.get("verdict") == "flagged",
-        "flagged_blocks": blocks, "worst_block": blocks[0] if blocks else None,
-        "right_block": str(expected_block) in blocks,
-        "worst_is_right": bool(blocks) and blocks[0] == str(expected_block),
-        "only_that_block": blocks == [str(expected_block)],
-        "flagged_parameters": named,
+        "origin": origin, "origin_is_right": block_id(origin) == expected_block,
+        "flagged_blocks": blocks, "worst_is_right": bool(ids) and ids[0] == expected_block,
+        "later_blocks_clean": not any(i > expected_block for i in ids),
+        "only_that_block": ids == [expected_block],
+        "upstream_flagged": sorted(i for i in ids if i < expected_block),
+        "flagged_parameters": [p["name"] for p in result.get("parameters") or []
+                               if p.get("flagged")],
     }
 
 

@@ -37,7 +37,7 @@ def audit_json(ratios: dict[str, float], flagged: set[str] = frozenset()) -> dic
     for p in params:
         if p["block"] is None:
             continue
-        b = blocks.setdefault(p["block"], {"block": p["block"], "compiled": True,
+        b = blocks.setdefault(p["block"], {"block": f"layers.{p['block']}", "compiled": True,
                                            "flagged": [], "worst_ratio": 0.0})
         b["worst_ratio"] = max(b["worst_ratio"], p["ratio"])
         if p["flagged"]:
@@ -48,7 +48,8 @@ def audit_json(ratios: dict[str, float], flagged: set[str] = frozenset()) -> dic
             "job_dtype": "bfloat16", "settings": {"fudge": 8.0},
             "loss": {"job": 7.1, "eager": 7.1, "reference": 7.1, "err_job": 1e-5,
                      "err_eager": 1e-5, "flagged": False},
-            "parameters": params, "blocks": sorted(blocks.values(), key=lambda b: b["block"]),
+            "parameters": params, "blocks": [blocks[k] for k in sorted(blocks)],
+            "origin": None,
             "time_s": {"job": 20.0, "eager": 5.0, "reference": 9.0, "total": 34.0},
             "peak_memory_bytes": 30 * 2**30}
 
@@ -129,14 +130,24 @@ def test_clean_distribution_and_a_fault_named_by_its_block() -> None:
     dist = bench.ratio_distribution(audit_json(CLEAN))
     assert dist["parameters"] == 9 and dist["max"] == 1.1 and dist["median"] == 0.9
     assert dist["p99"] == 1.1 and dist["flagged"] == 0
-    bad = dict(CLEAN, **{"layers.3.w1": 40.0, "layers.3.w2": 12.0, "layers.2.w1": 2.0})
-    verdict = bench.judge_corrupt(audit_json(bad, {"layers.3.w1", "layers.3.w2"}), 3)
+    bad = dict(CLEAN, **{"layers.2.w1": 40.0, "layers.2.w2": 12.0, "layers.1.w1": 9.0,
+                         "layers.3.w1": 9.5})
+    verdict = bench.judge_corrupt(audit_json(bad, {"layers.2.w1", "layers.2.w2"}), 2)
     assert verdict["flagged"] and verdict["only_that_block"] and verdict["worst_is_right"]
-    spread = bench.judge_corrupt(audit_json(bad, {"layers.3.w1", "layers.2.w1"}), 3)
-    assert spread["right_block"] and not spread["only_that_block"]
-    assert spread["flagged_blocks"] == ["3", "2"]  # worst first
-    missed = bench.judge_corrupt(audit_json(CLEAN), 3)
-    assert not missed["flagged"] and not missed["right_block"]
+    assert verdict["origin"] == "layers.2" and verdict["origin_is_right"]
+    # the error carried on through block 2's input gradient into block 1: still right
+    upstream = audit_json(bad, {"layers.2.w1", "layers.1.w1"})
+    upstream["origin"] = "layers.2"
+    spread = bench.judge_corrupt(upstream, 2)
+    assert spread["origin_is_right"] and spread["later_blocks_clean"]
+    assert not spread["only_that_block"] and spread["upstream_flagged"] == [1]
+    assert spread["flagged_blocks"] == ["layers.2", "layers.1"]  # worst first
+    # a block the fault cannot reach (after it) flagged: wrong
+    wrong = bench.judge_corrupt(audit_json(bad, {"layers.2.w1", "layers.3.w1"}), 2)
+    assert wrong["origin_is_right"] and not wrong["later_blocks_clean"]
+    missed = bench.judge_corrupt(audit_json(CLEAN), 2)
+    assert not missed["flagged"] and not missed["origin_is_right"]
+    assert bench.block_id("(outside blocks)") is None and bench.block_id("layers.12") == 12
 
 
 def _store(tmp_path: Path, logs: dict[str, str], runs: dict[str, Any]) -> Path:
@@ -167,7 +178,7 @@ def test_reanalyse_recomputes_every_figure(tmp_path: Path,
     assert figures["false_positives"] == 0
     assert figures["clean"]["llama3_1b_audit"]["max"] == 1.1
     fault = figures["corrupt"]["llama3_1b_audit_corrupt"]
-    assert fault["only_that_block"] and fault["hits"]["hits"] == 1
+    assert fault["only_that_block"] and fault["origin_is_right"] and fault["hits"]["hits"] == 1
     cost = figures["cost"]["llama3_1b"]
     step_s = 8 * 2048 / 40_000  # configs/llama3_debug.toml: local batch 8 x seq 2048
     assert cost["train_step_s"] == pytest.approx(step_s)
