@@ -192,3 +192,29 @@ def test_reanalyse_recomputes_every_figure(tmp_path: Path,
         bench.main(["--reanalyse", str(tmp_path / "nothing")])
     assert stop.value.code == 2
     assert "not a stored result" in capsys.readouterr().err
+
+
+REAL_LOG = Path(__file__).parent / "fixtures" / "logs" / "numerics_audit_cpu_corrupt_block1.log"
+"""This benchmark's audit worker on CPU (a trial merge with the audit branch at ebaef05, torch
+2.13, llama3 two blocks; DEBUG lines and local paths taken out)::
+
+    PYTHONPATH=tests TITAN_ROCM_BENCH_AUDIT_CHILD=1 \\
+    TITAN_ROCM_DEBUG_CORRUPT=block=1,fraction=0.03 python benchmarks/numerics_audit.py \\
+        --trainer audit_trainer:AuditTrainer <tests/cpu_trainer.py BASE_ARGS> \\
+        --model.converters rocm --compile.enable --json
+"""
+
+
+def test_a_real_corrupted_audit_log_is_judged_right() -> None:
+    text = REAL_LOG.read_text()
+    result = bench.audit_result(text)
+    assert result is not None and result["schema"] == 1 and result["exit_code"] == 1
+    verdict = bench.judge_corrupt(result, 1)
+    assert verdict["flagged"] and verdict["origin"] == "layers.1" and verdict["origin_is_right"]
+    assert verdict["worst_is_right"] and verdict["later_blocks_clean"]
+    assert verdict["upstream_flagged"] == [0]  # block 1's input gradient carried it on
+    assert bench.corrupt_summary(text)["hits"] == {
+        "graphs": 1, "graphs_without_node": 0, "calls": 3, "hits": 1, "elements": 4096,
+        "replaced": 123, "changed": 123}
+    dist = bench.ratio_distribution(result)
+    assert dist["worst"].startswith("layers.1.") and dist["max"] > 1000
