@@ -289,7 +289,9 @@ def judge_corrupt(result: dict[str, Any] | None, expected_block: int) -> dict[st
 
 
 def train_figures(text: str, tokens_per_step: int | None) -> dict[str, Any]:
-    """Losses by step, median step time (steps >= 2, from tokens/s), peak memory, rank 0."""
+    """Losses by step, median step time (steps >= 2, from tokens/s), peak memory, and the
+    seconds from "Training starts" to step 1 (where an in-training audit runs), rank 0."""
+    from benchmarks.gpu_validation import _stamp
     from titan_rocm.logs.parse import parse_text
 
     parsed = parse_text(text)
@@ -298,7 +300,13 @@ def train_figures(text: str, tokens_per_step: int | None) -> dict[str, Any]:
     tps = [r.tps for r in records if r.step >= 2 and r.tps]
     step_s = tokens_per_step / statistics.median(tps) if tps and tokens_per_step else None
     memory = max((r.memory_gib or 0.0 for r in records), default=None)
+    lines = rank_lines(text)
+    starts = [_stamp(x) for x in lines if "Training starts at step" in x]
+    first = [_stamp(x) for x in lines if re.search(r"\bstep:\s*1\b", x)]
+    to_step1 = (round(first[0] - starts[0], 1)
+                if starts and first and None not in (starts[0], first[0]) else None)
     return {"loss": losses, "step_s": step_s, "tokens_per_step": tokens_per_step,
+            "to_step1_s": to_step1,
             "memory_gib": memory if memory else None, "steps": sorted(losses)}
 
 
@@ -374,6 +382,9 @@ def first_step_figures(plain: dict[str, Any], audited: dict[str, Any]) -> dict[s
         a[s] == b[s] for s in steps), "differing_steps": [s for s in steps if a[s] != b[s]],
         "wall_s_extra": (round(audited["wall_s"] - plain["wall_s"], 1)
                          if audited.get("wall_s") and plain.get("wall_s") else None),
+        "to_step1_s_extra": (round(audited["to_step1_s"] - plain["to_step1_s"], 1)
+                             if None not in (audited.get("to_step1_s"), plain.get("to_step1_s"))
+                             else None),
         "train_step_s": plain.get("step_s")}
 
 
@@ -401,6 +412,34 @@ def reanalyse(directory: Path) -> dict[str, Any]:
         results[name] = analyse(by_case[name], raw)
     return {"environment": stored.get("environment"), "figures": figures(results),
             "runs": results}
+
+
+def run_cases(todo: list[Case], out: Path, logs: Path, environment: dict[str, Any],
+              budget: float, run: Any = None) -> dict[str, Any]:
+    """Run ``todo`` in order (``run``: the launcher, :func:`launch` by default), skipping a
+    case whose timeout would end past ``budget`` seconds; store after every run."""
+    run = run or launch
+    start = time.monotonic()
+    raws: dict[str, Any] = {}
+    results: dict[str, Any] = {}
+
+    def summary() -> dict[str, Any]:
+        return {"environment": environment, "figures": figures(results),
+                "runs": {**raws, **{n: {**raws[n], **results[n]} for n in results}}}
+
+    for case in todo:
+        if time.monotonic() - start + case.timeout > budget:
+            raws[case.name] = {"name": case.name, "exit": "skipped: time budget spent"}
+            continue
+        raw = run(case, logs, list(range(case.gpus)))
+        raws[case.name] = {k: raw.get(k) for k in ("name", "exit", "wall_s")}
+        results[case.name] = analyse(case, raw)
+        store(out, logs, summary())
+        print(f"[{case.name}] exit={raw['exit']} (expected {case.expect_exit}) "
+              f"wall={raw['wall_s']}s", flush=True)
+    final = summary()
+    store(out, logs, final)
+    return final
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -445,24 +484,7 @@ def main(argv: list[str] | None = None) -> int:
                    "gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
                    "torch": torch.__version__, "triton": __import__("triton").__version__,
                    "command": " ".join(sys.argv)}
-    start = time.monotonic()
-    raws: dict[str, Any] = {}
-    results: dict[str, Any] = {}
-    for case in todo:
-        if time.monotonic() - start + case.timeout > args.budget:
-            raws[case.name] = {"name": case.name, "exit": "skipped: time budget spent"}
-            continue
-        raw = launch(case, logs, list(range(case.gpus)))
-        raws[case.name] = {k: raw.get(k) for k in ("name", "exit", "wall_s")}
-        results[case.name] = analyse(case, raw)
-        store(args.out, logs, {"environment": environment, "figures": figures(results),
-                               "runs": {**raws, **{n: {**raws[n], **results[n]}
-                                                   for n in results}}})
-        print(f"[{case.name}] exit={raw['exit']} (expected {case.expect_exit}) "
-              f"wall={raw['wall_s']}s", flush=True)
-    summary = {"environment": environment, "figures": figures(results),
-               "runs": {**raws, **{n: {**raws[n], **results[n]} for n in results}}}
-    store(args.out, logs, summary)
+    summary = run_cases(todo, args.out, logs, environment, args.budget)
     print(json.dumps({"figures": summary["figures"]}, indent=2, default=str))
     return 0
 

@@ -70,10 +70,12 @@ def _audit_log(result: dict[str, Any], hits: int = 0, ranks: int = 1) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _train_log(losses: list[float], tps: int = 40_000) -> str:
-    return "".join(
-        f"[rank0]:[titan] 2026-12-01 16:00:0{i},000 - root - INFO - step: {i + 1}  loss: "
-        f"{loss:7.5f}  grad_norm:  1.2345  memory: 40.00GiB(28.00%)  tps: {tps:,}\n"
+def _train_log(losses: list[float], tps: int = 40_000, start_s: int = 0) -> str:
+    head = ("[rank0]:[titan] 2026-12-01 16:00:00,000 - root - INFO - Training starts at "
+            "step 1\n")
+    return head + "".join(
+        f"[rank0]:[titan] 2026-12-01 16:00:{start_s + i:02d},000 - root - INFO - step: {i + 1}  "
+        f"loss: {loss:7.5f}  grad_norm:  1.2345  memory: 40.00GiB(28.00%)  tps: {tps:,}\n"
         for i, loss in enumerate(losses))
 
 
@@ -169,7 +171,7 @@ def test_reanalyse_recomputes_every_figure(tmp_path: Path,
         "llama3_1b_audit_corrupt": _audit_log(audit_json(bad, {"layers.3.w1"}), hits=1),
         "llama3_1b_train": _train_log([7.5, 7.4, 7.3, 7.2], tps=40_000),
         "llama3_fsdp2_train": _train_log([7.5, 7.4, 7.3]),
-        "llama3_fsdp2_train_first_step_audit": _train_log([7.5, 7.4, 7.3]),
+        "llama3_fsdp2_train_first_step_audit": _train_log([7.5, 7.4, 7.3], start_s=9),
     }
     runs = {name: {"exit": 1 if "corrupt" in name else 0, "wall_s": 60.0} for name in logs}
     runs["llama3_fsdp2_train_first_step_audit"]["wall_s"] = 75.0
@@ -187,7 +189,7 @@ def test_reanalyse_recomputes_every_figure(tmp_path: Path,
     assert (cost["audit_tokens"], cost["train_tokens"]) == (4096, 8 * 2048)
     first = figures["first_step"]
     assert first["losses_equal"] and first["steps_compared"] == [1, 2, 3]
-    assert first["wall_s_extra"] == 15.0
+    assert first["wall_s_extra"] == 15.0 and first["to_step1_s_extra"] == 9.0
     with pytest.raises(SystemExit) as stop:
         bench.main(["--reanalyse", str(tmp_path / "nothing")])
     assert stop.value.code == 2
@@ -218,3 +220,37 @@ def test_a_real_corrupted_audit_log_is_judged_right() -> None:
         "replaced": 123, "changed": 123}
     dist = bench.ratio_distribution(result)
     assert dist["worst"].startswith("layers.1.") and dist["max"] > 1000
+
+
+def test_the_runner_stores_after_every_run_and_skips_what_the_budget_cannot_hold(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The call's loop with a stand-in launcher writing the logs a GPU run would, each run
+    taking 140 s of a stand-in clock."""
+    clock = [1000.0]
+    monkeypatch.setattr(bench.time, "monotonic", lambda: clock[0])
+    todo = bench.cases(1)
+    texts = {"llama3_1b_audit": _audit_log(audit_json(CLEAN)),
+             "llama3_1b_audit_corrupt": _audit_log(
+                 audit_json(dict(CLEAN, **{"layers.3.w1": 40.0}), {"layers.3.w1"}), hits=1)}
+    seen: list[str] = []
+
+    def fake_launch(case: Any, logs: Path, gpu_ids: list[int]) -> dict[str, Any]:
+        seen.append(case.name)
+        clock[0] += 140.0
+        log = logs / f"{case.name}.log"
+        log.write_text(texts.get(case.name, _train_log([7.5, 7.4])))
+        stored = json.loads((out / "summary.json").read_text()) if len(seen) > 1 else None
+        if stored:  # the previous run was stored before this one started
+            assert seen[-2] in stored["runs"]
+        return {"name": case.name, "exit": case.expect_exit, "wall_s": 1.0, "log": str(log)}
+
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    out.mkdir()
+    logs.mkdir()
+    # 140 s + 150 s (the second run's timeout) fits 301 s; 280 s + 150 s does not
+    summary = bench.run_cases(todo, out, logs, {"gpu": "fake"}, budget=301, run=fake_launch)
+    assert seen == ["llama3_1b_audit", "llama3_1b_audit_corrupt"]
+    skipped = [n for n, r in summary["runs"].items() if str(r["exit"]).startswith("skipped")]
+    assert skipped == [c.name for c in todo[2:]]
+    assert summary["figures"]["corrupt"]["llama3_1b_audit_corrupt"]["origin_is_right"]
+    assert bench.reanalyse(out)["figures"] == summary["figures"]
