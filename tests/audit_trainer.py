@@ -1,0 +1,153 @@
+"""The CPU trainer the audit tests build: tests/cpu_trainer.py's real TorchTitan 0.2.2 trainer,
+parallelised and compiled by the model's own ``parallelize_fn`` (Inductor's CPU backend), as
+``Trainer.__init__`` does on a GPU. For ``titan-rocm audit --trainer audit_trainer:AuditTrainer``
+(with tests/ on ``PYTHONPATH``) and in-process tests.
+
+At import it lets TorchTitan's MoE run on CPU (its token counting and padding are GPU-only,
+see moe_test_models.cpu_histc / cpu_permute_indices), process-wide: this module is only ever
+imported by the audit tests' own processes and cases.
+
+``AUDIT_TEST_CORRUPT=<layer>:<fraction>`` (test-side, until the fault injector lands) adds a
+hook on the gradient entering that block's backward, active on the job pass only (the eager
+passes run under ``torch.compiler.set_stance("force_eager")``, which the hook reads): it
+replaces ``fraction`` of the elements with their neighbour's value (finite, in range), as
+AMD-AGI/Primus PR #962 describes the hazard.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import torch
+from cpu_trainer import TINY, CpuTrainer
+
+CORRUPT_ENV = "AUDIT_TEST_CORRUPT"
+
+
+def _cpu_moe() -> None:
+    import types
+
+    import torchtitan.models.moe.moe as moe_module
+    from moe_test_models import cpu_histc, cpu_permute_indices
+
+    if getattr(torch.histc, "__name__", "") != "histc_any_dtype":  # once per process
+        for_good = types.SimpleNamespace(setattr=setattr)
+        cpu_histc(for_good)
+        cpu_permute_indices(for_good, moe_module)
+
+
+_cpu_moe()
+
+
+def corruption() -> tuple[str, float] | None:
+    """``(layer id, fraction)`` from :data:`CORRUPT_ENV`, or None."""
+    spec = os.environ.get(CORRUPT_ENV)
+    if not spec:
+        return None
+    layer, _, fraction = spec.partition(":")
+    return layer, float(fraction)
+
+
+def corrupt_hook(fraction: float) -> Any:
+    """A tensor hook: in compiled passes only, ``fraction`` of the gradient's elements take
+    their neighbour's value."""
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        if _eager_stance():
+            return grad
+        flat = grad.reshape(-1).clone()
+        g = torch.Generator().manual_seed(0)
+        picked = torch.rand(flat.numel(), generator=g) < fraction
+        flat[picked] = flat.roll(1)[picked]
+        return flat.view_as(grad)
+
+    return hook
+
+
+def _eager_stance() -> bool:
+    from torch._dynamo import eval_frame
+
+    return eval_frame._stance.stance == "force_eager"
+
+
+class AuditTrainer(CpuTrainer):
+    """CpuTrainer with the job's ParallelDims and the model's own ``parallelize_fn``."""
+
+    patch_for_cpu = True
+
+    def parallel_dims_for(self, job_config: Any, world: int) -> Any:
+        from torchtitan.distributed import ParallelDims
+
+        p = job_config.parallelism
+        dims = ParallelDims(
+            dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+            cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
+            pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
+            etp=p.expert_tensor_parallel_degree, world_size=world,
+        )
+        if world > 1:
+            dims.build_mesh()
+        return dims
+
+    def parallelize(self, model: Any) -> None:
+        self.train_spec.parallelize_fn(model, self.parallel_dims, self.job_config)
+        spec = corruption()
+        if spec is not None:
+            layer, fraction = spec
+            hook = corrupt_hook(fraction)
+            # On the block's wrapper (an OptimizedModule runs its own hooks outside the
+            # compiled graph): the gradient entering block <layer>'s backward.
+            def on_output(module: Any, args: Any, out: torch.Tensor) -> None:
+                if out.requires_grad:
+                    out.register_hook(hook)
+
+            model.layers[layer].register_forward_hook(on_output)
+
+
+__all__ = ["TINY", "AuditTrainer", "corruption"]
+
+
+LLAMA = ["--model.name", "llama3", "--model.flavor", "debugmodel"]
+DEEPSEEK = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel"]
+COMPILED = ["--model.converters", "rocm", "--compile.enable",
+            "--activation_checkpoint.mode", "none"]
+
+
+def audit_job(args: list[str], tokens: int | None = None) -> Any:
+    """Build the AuditTrainer of ``cpu_trainer.job_config(COMPILED + args)`` in this process
+    and audit one micro-batch; the :class:`AuditResult` (process group left for the caller)."""
+    from cpu_trainer import job_config
+
+    from titan_rocm.config import settings_from
+    from titan_rocm.numerics.audit import audit_022
+    from titan_rocm.numerics.stats import AuditSettings
+
+    jc = job_config(COMPILED + list(args))
+    torch._dynamo.reset()
+    trainer = AuditTrainer(jc)
+    input_dict, labels = next(iter(trainer.dataloader))
+    return audit_022(trainer, input_dict, labels, AuditSettings.of(settings_from(jc)), tokens)
+
+
+if __name__ == "__main__":
+    # The clean-run measurements docs/numerics-audit.md quotes:
+    #   PYTHONPATH=tests python tests/audit_trainer.py [seeds]
+    import titan_rocm  # noqa: F401
+
+    seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    for name, model in (("llama3", LLAMA), ("deepseek_v3", DEEPSEEK)):
+        ratios, fractions, errs = [], [], []
+        for seed in range(seeds):
+            r = audit_job(model + ["--debug.seed", str(seed)])
+            ratios += [p.ratio for p in r.parameters if p.numel]
+            fractions += [p.outlier_fraction for p in r.parameters if p.numel]
+            errs += [p.err_job for p in r.parameters if p.numel]
+            print(f"{name} seed {seed}: {'flagged' if r.flagged else 'ok'}; worst ratio "
+                  f"{max(p.ratio for p in r.parameters):.3g}, worst outliers "
+                  f"{max(p.outlier_fraction for p in r.parameters):.3g}, loss err_job "
+                  f"{r.loss['err_job']:.3g}, err_eager {r.loss['err_eager']:.3g}",
+                  flush=True)
+        print(f"{name}: {len(ratios)} gradients; ratio max {max(ratios):.3g}; outlier "
+              f"fraction max {max(fractions):.3g}; err_job max {max(errs):.3g}", flush=True)
