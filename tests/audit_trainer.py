@@ -92,7 +92,14 @@ class AuditTrainer(CpuTrainer):
         return dims
 
     def parallelize(self, model: Any) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
         self.train_spec.parallelize_fn(model, self.parallel_dims, self.job_config)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                # gloo has no PREMUL_SUM; TorchTitan's divide factor is 1, so a plain sum is
+                # what NCCL computes (as tests/moe_scope_worker.py does).
+                module.set_force_sum_reduction_for_comms(True)
         spec = corruption()
         if spec is not None:
             layer, fraction = spec
@@ -128,7 +135,14 @@ def audit_job(args: list[str], tokens: int | None = None) -> Any:
     torch._dynamo.reset()
     trainer = AuditTrainer(jc)
     input_dict, labels = next(iter(trainer.dataloader))
-    return audit_022(trainer, input_dict, labels, AuditSettings.of(settings_from(jc)), tokens)
+    model = trainer.model_parts[0]
+    before = [b.clone() for b in model.buffers()], torch.get_rng_state()
+    result = audit_022(trainer, input_dict, labels, AuditSettings.of(settings_from(jc)), tokens)
+    # What the audit must leave as it found it (the MoE token counts are buffers).
+    assert all(torch.equal(a, b) for a, b in zip(before[0], model.buffers(), strict=True))
+    assert torch.equal(before[1], torch.get_rng_state())
+    assert all(p.grad is None for p in model.parameters())
+    return result
 
 
 if __name__ == "__main__":

@@ -252,6 +252,7 @@ def test_cli_two_rank_fsdp_one_shared_verdict(tests_on_path: None) -> None:
     done = _cli("--model.converters", "rocm", "--compile.enable",
                 "--activation_checkpoint.mode", "none",
                 "--parallelism.data_parallel_shard_degree", "2", "--json",
+                "--training.mixed_precision_param", "float32",
                 env={"AUDIT_TEST_CORRUPT": "0:0.03"}, nproc=2)
     assert done.returncode == 1, done.stderr[-3000:]
     out = json.loads(done.stdout)
@@ -278,15 +279,16 @@ def _train(audit_env: Any, monkeypatch: Any, extra: list[str]) -> tuple[list, li
         logged.append((step, float(loss), float(grad_norm)))
         return original(self, step, loss, max_loss, grad_norm, *a, **k)
 
-    monkeypatch.setattr(MetricsProcessor, "log", log)
     monkeypatch.setattr(audit_env.AuditTrainer, "data_batches", None)
     jc = job_config(audit_env.COMPILED + audit_env.DEEPSEEK + [
         "--training.steps", "4", "--metrics.log_freq", "1", *extra])
     torch._dynamo.reset()
     trainer = audit_env.AuditTrainer(jc)
+    MetricsProcessor.log = log
     try:
         trainer.train()
     finally:
+        MetricsProcessor.log = original
         trainer.close()
     params = [p.detach().clone() for p in trainer.model_parts[0].parameters()]
     return logged, params, trainer

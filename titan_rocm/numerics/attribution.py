@@ -16,10 +16,15 @@ GLOBAL_COMPILED = ("precision_casts", "triton_war", "gemm_lookup")
 """Workarounds that act on every compiled kernel: they shape compiled parameters only."""
 
 
-def _clean(name: str) -> str:
-    from titan_rocm.numerics.audit import clean_name
+WRAPPERS = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
+"""Module names torch.compile, activation checkpointing and FSDP1 insert into FQNs."""
 
-    return clean_name(name)
+
+def clean_name(name: str) -> str:
+    """A parameter's FQN as the user's model names it (wrapper modules removed)."""
+    for wrapper in WRAPPERS:
+        name = name.replace(wrapper, "")
+    return name
 
 
 def _job_of(model: nn.Module) -> Any:
@@ -112,7 +117,7 @@ def attribute(model_parts: list[nn.Module]) -> Attribution:
     for part in model_parts:
         for name, module in part.named_modules():
             if isinstance(module, OptimizedModule) or moe_blocks.compiled_in_place(module):
-                result.compiled_prefixes.append(_clean(name + ".").rstrip("."))
+                result.compiled_prefixes.append(clean_name(name + ".").rstrip("."))
         layers = getattr(part, "layers", None)
         if layers is not None:
             mixed = {}

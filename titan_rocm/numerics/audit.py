@@ -5,7 +5,8 @@ eager at the job's precision (``torch.compiler.set_stance("force_eager")``: ever
 ``torch.compile`` wrapper runs its original Python), (c) eager in float64 (float32 under
 FSDP, whose sharded parameters cannot be re-typed in place): floating parameters and
 buffers re-typed in place (``.data`` swapped, the original tensors put back untouched: the
-round trip is exact), autocast off, FSDP's low-precision parameter/reduce dtypes raised.
+round trip is exact), autocast off, FSDP's gradient reduce dtype raised. FSDP with a
+parameter dtype below float32 is refused (FSDP2 allocates its all-gather buffers in it).
 
 Everything the passes touch is put back: each parameter's ``.grad`` (the tensor itself),
 every RNG stream (CPU and each CUDA device), the trainer's autocast context and FSDP's
@@ -27,14 +28,11 @@ import torch
 import torch.nn as nn
 
 from titan_rocm.log import log
-from titan_rocm.numerics.attribution import Attribution, attribute
+from titan_rocm.numerics.attribution import Attribution, attribute, clean_name
 from titan_rocm.numerics.stats import AuditSettings, ParamStats, compare, loss_verdict
 
 SCHEMA = 1
 """Version of :meth:`AuditResult.to_dict`'s layout (keys are only ever added)."""
-
-WRAPPERS = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
-"""Module names torch.compile, activation checkpointing and FSDP1 insert into FQNs."""
 
 Step = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
 """One micro-batch's forward and backward as the trainer runs it; returns the loss."""
@@ -42,13 +40,6 @@ Step = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
 
 class AuditError(RuntimeError):
     """The audit cannot run (the message is one sentence saying why): exit 2."""
-
-
-def clean_name(name: str) -> str:
-    """A parameter's FQN as the user's model names it (wrapper modules removed)."""
-    for wrapper in WRAPPERS:
-        name = name.replace(wrapper, "")
-    return name
 
 
 @dataclass
@@ -194,9 +185,9 @@ def job_dtype_of(trainer: Any, params: list[nn.Parameter]) -> torch.dtype:
     if isinstance(amp, torch.autocast) and amp._enabled:
         return amp.fast_dtype
     for group in _fsdp_groups(trainer.model_parts):
-        for fsdp_param in group.fsdp_params:
-            if fsdp_param.param_dtype is not None:
-                return fsdp_param.param_dtype
+        policy = getattr(group, "mp_policy", None)
+        if getattr(policy, "param_dtype", None) is not None:
+            return policy.param_dtype
     floating = [p.dtype for p in params if p.is_floating_point()]
     return floating[0] if floating else torch.float32
 
@@ -215,9 +206,11 @@ def high_precision(trainer: Any, dtype: torch.dtype) -> Iterator[None]:
         if groups:
             for group in groups:
                 for fsdp_param in group.fsdp_params:
-                    for attr in ("param_dtype", "reduce_dtype"):
-                        fsdp_saved.append((fsdp_param, attr, getattr(fsdp_param, attr)))
-                        setattr(fsdp_param, attr, None)  # None: the parameter's own dtype
+                    # float32 parameters (run_passes refused lower ones): only the gradient
+                    # reduction may be in a lower dtype; None reduces in the parameter's.
+                    if getattr(fsdp_param, "reduce_dtype", None) is not None:
+                        fsdp_saved.append((fsdp_param, "reduce_dtype", fsdp_param.reduce_dtype))
+                        fsdp_param.reduce_dtype = None
         else:
             for part in trainer.model_parts:
                 tensors = list(part.parameters()) + list(part.buffers())
@@ -341,6 +334,14 @@ def run_passes(
     devices = [device]
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     job_dtype = job_dtype_of(trainer, params)
+    if is_fsdp(model_parts) and job_dtype.itemsize < 4:
+        # FSDP2 allocates its all-gather buffers and unsharded parameters in the policy's
+        # dtype at its first forward; they cannot be raised for one pass and put back.
+        raise AuditError(
+            f"FSDP mixed precision ({str(job_dtype).removeprefix('torch.')} parameters) "
+            "cannot be raised for the reference pass: audit this job with "
+            "--training.mixed_precision_param float32, or without FSDP on fewer GPUs"
+        )
     times: dict[str, float] = {}
     losses: dict[str, float] = {}
     grads: dict[str, dict[str, torch.Tensor | None]] = {}

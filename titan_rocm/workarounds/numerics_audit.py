@@ -15,7 +15,6 @@ update) are put back, the dataloader is not read and the step counter not touche
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import Any
 
@@ -110,9 +109,10 @@ class NumericsAudit(Workaround):
         input_dict, labels = batch
         self.auditing = True
         try:
-            with _guard_paused():
-                result = run_passes(trainer, trainer_step(trainer, labels), input_dict,
-                                    labels, AuditSettings.of(self.ctx.settings)).to_dict()
+            # The divergence guard's loss wrapper sees the passes' losses too: it only asks
+            # whether they are finite, as the step's own.
+            result = run_passes(trainer, trainer_step(trainer, labels), input_dict,
+                                labels, AuditSettings.of(self.ctx.settings)).to_dict()
         finally:
             self.auditing = False
         result["step"] = step
@@ -128,19 +128,6 @@ class NumericsAudit(Workaround):
                 f"({result.get('origin') or 'the loss'} first wrong in the backward) and "
                 '[rocm] numerics_audit_policy = "stop"'
             )
-
-
-@contextlib.contextmanager
-def _guard_paused() -> Any:
-    """The divergence guard does not see the audit's extra losses and grad norms."""
-    from titan_rocm.workarounds.divergence_guard import hooks
-
-    saved = hooks._active
-    hooks._active = None
-    try:
-        yield
-    finally:
-        hooks._active = saved
 
 
 _audits: list[NumericsAudit] = []
