@@ -72,6 +72,26 @@ def _eager_stance() -> bool:
     return eval_frame._stance.stance == "force_eager"
 
 
+COMPILED_CALLS: list[int] = [0]
+"""Calls of compiled graphs made by the ``audit_counting`` backend (Inductor, counted)."""
+
+
+def _counting_backend(gm: Any, example_inputs: Any) -> Any:
+    from torch._inductor.compile_fx import compile_fx
+
+    compiled = compile_fx(gm, example_inputs)
+
+    def run(*args: Any) -> Any:
+        COMPILED_CALLS[0] += 1
+        return compiled(*args)
+
+    return run
+
+
+if "audit_counting" not in torch._dynamo.list_backends(exclude_tags=()):
+    torch._dynamo.register_backend(_counting_backend, name="audit_counting")
+
+
 class AuditTrainer(CpuTrainer):
     """CpuTrainer with the job's ParallelDims and the model's own ``parallelize_fn``."""
 

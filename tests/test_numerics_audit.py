@@ -137,6 +137,35 @@ def test_clean_real_trainer_is_ok_over_five_seeds(audit_env: Any, model: str) ->
 
 
 @pytest.mark.slow
+def test_eager_and_reference_passes_run_no_compiled_code(audit_env: Any,
+                                                        monkeypatch: Any) -> None:
+    """``set_stance("force_eager")`` on TorchTitan's per-block ``torch.compile``: the job pass
+    calls the blocks' compiled graphs (counted by a counting Inductor backend), the eager and
+    float64 passes none."""
+    from titan_rocm.numerics import audit
+
+    calls: list[int] = []
+    step_of = audit.trainer_step
+
+    def counted_step(trainer: Any, labels: Any) -> Any:
+        inner = step_of(trainer, labels)
+
+        def step(input_dict: Any, labels: Any) -> Any:
+            before = audit_env.COMPILED_CALLS[0]
+            loss = inner(input_dict, labels)
+            calls.append(audit_env.COMPILED_CALLS[0] - before)
+            return loss
+
+        return step
+
+    monkeypatch.setattr(audit, "trainer_step", counted_step)
+    r = audit_env.audit_job(audit_env.LLAMA + ["--compile.backend", "audit_counting"])
+    assert not r.flagged
+    job, eager, reference = calls
+    assert job >= 2 and eager == 0 and reference == 0, calls
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("fraction", [0.01, 0.03, 0.10])
 def test_corrupted_block_backward_is_flagged_and_named(audit_env: Any, monkeypatch: Any,
                                                         fraction: float) -> None:
