@@ -7,23 +7,17 @@ At import it lets TorchTitan's MoE run on CPU (its token counting and padding ar
 see moe_test_models.cpu_histc / cpu_permute_indices), process-wide: this module is only ever
 imported by the audit tests' own processes and cases.
 
-``AUDIT_TEST_CORRUPT=<layer>:<fraction>`` (test-side, until the fault injector lands) adds a
-hook on the gradient entering that block's backward, active on the job pass only (the eager
-passes run under ``torch.compiler.set_stance("force_eager")``, which the hook reads): it
-replaces ``fraction`` of the elements with their neighbour's value (finite, in range), as
-AMD-AGI/Primus PR #962 describes the hazard.
+Faults come from titan-rocm's own injector (``TITAN_ROCM_DEBUG_CORRUPT``, compiled code only;
+docs/numerics-audit-fault.md), installed by the converters this trainer runs.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Any
 
 import torch
 from cpu_trainer import TINY, CpuTrainer
-
-CORRUPT_ENV = "AUDIT_TEST_CORRUPT"
 
 
 def _cpu_moe() -> None:
@@ -39,37 +33,6 @@ def _cpu_moe() -> None:
 
 
 _cpu_moe()
-
-
-def corruption() -> tuple[str, float] | None:
-    """``(layer id, fraction)`` from :data:`CORRUPT_ENV`, or None."""
-    spec = os.environ.get(CORRUPT_ENV)
-    if not spec:
-        return None
-    layer, _, fraction = spec.partition(":")
-    return layer, float(fraction)
-
-
-def corrupt_hook(fraction: float) -> Any:
-    """A tensor hook: in compiled passes only, ``fraction`` of the gradient's elements take
-    their neighbour's value."""
-
-    def hook(grad: torch.Tensor) -> torch.Tensor:
-        if _eager_stance():
-            return grad
-        flat = grad.reshape(-1).clone()
-        g = torch.Generator().manual_seed(0)
-        picked = torch.rand(flat.numel(), generator=g) < fraction
-        flat[picked] = flat.roll(1)[picked]
-        return flat.view_as(grad)
-
-    return hook
-
-
-def _eager_stance() -> bool:
-    from torch._dynamo import eval_frame
-
-    return eval_frame._stance.stance == "force_eager"
 
 
 COMPILED_CALLS: list[int] = [0]
@@ -120,20 +83,9 @@ class AuditTrainer(CpuTrainer):
                 # gloo has no PREMUL_SUM; TorchTitan's divide factor is 1, so a plain sum is
                 # what NCCL computes (as tests/moe_scope_worker.py does).
                 module.set_force_sum_reduction_for_comms(True)
-        spec = corruption()
-        if spec is not None:
-            layer, fraction = spec
-            hook = corrupt_hook(fraction)
-            # On the block's wrapper (an OptimizedModule runs its own hooks outside the
-            # compiled graph): the gradient entering block <layer>'s backward.
-            def on_output(module: Any, args: Any, out: torch.Tensor) -> None:
-                if out.requires_grad:
-                    out.register_hook(hook)
-
-            model.layers[layer].register_forward_hook(on_output)
 
 
-__all__ = ["TINY", "AuditTrainer", "corruption"]
+__all__ = ["TINY", "AuditTrainer"]
 
 
 LLAMA = ["--model.name", "llama3", "--model.flavor", "debugmodel"]
