@@ -179,19 +179,20 @@ def test_corrupted_block_backward_is_flagged_and_named(audit_env: Any, monkeypat
     flagged = {p.name for p in r.parameters if p.flagged}
     assert any(n.startswith("layers.0.") for n in flagged), flagged
     assert not any(n.startswith("layers.1.") for n in flagged), flagged
-    assert "layers.0" in _flagged_blocks(r) <= {"layers.0", "(outside blocks)"}
-    assert r.origin() == "layers.0"
+    assert "0" in _flagged_blocks(r) <= {"0", "(outside blocks)"}
+    assert r.origin() == "0"
     assert not r.loss["flagged"]  # the forward is untouched
 
 
 @pytest.mark.slow
 def test_corrupted_moe_block_is_the_origin(audit_env: Any, monkeypatch: Any) -> None:
-    """deepseek_v3's MoE block (layers.1, eager under moe_eager_compile) corrupted: it is named
-    first wrong; block 0 inherits the error through the backward."""
+    """deepseek_v3's MoE block (block 1: attention compiled, MoE eager under the mixed
+    compile's ``moe`` scope) corrupted: it is named first wrong; block 0 inherits the error
+    through the backward."""
     monkeypatch.setenv("TITAN_ROCM_DEBUG_CORRUPT", "block=1,fraction=0.03")
     r = audit_env.audit_job(audit_env.DEEPSEEK)
-    assert r.origin() == "layers.1"
-    row = next(b for b in r.blocks() if b["block"] == "layers.1")
+    assert r.origin() == "1"
+    row = next(b for b in r.blocks() if b["block"] == "1")
     assert row["flagged"] and row["scope"] in ("mixed", "eager")
     text = r.to_dict()
     assert any(p["name"].startswith("layers.1.moe.") and p["flagged"]
@@ -256,8 +257,8 @@ def test_cli_corrupted_block_exits_1_naming_it(tests_on_path: None) -> None:
                 env={"TITAN_ROCM_DEBUG_CORRUPT": "block=1,fraction=0.03"})
     assert done.returncode == 1, done.stderr[-2000:]
     assert "numerics audit: FLAGGED" in done.stdout
-    assert "first wrong in the backward: layers.1" in done.stdout
-    assert "  layers.1 (compiled): backward wrong for" in done.stdout
+    assert "first wrong in the backward: block 1" in done.stdout
+    assert "  block 1 (compiled): backward wrong for" in done.stdout
 
 
 @pytest.mark.parametrize("args,sentence", [
@@ -290,7 +291,7 @@ def test_cli_two_rank_fsdp_one_shared_verdict(tests_on_path: None) -> None:
     assert out["world_size"] == 2 and out["verdict"] == "flagged"
     assert out["reference_dtype"] == "float32"  # FSDP: parameters are not re-typed
     flagged = {b["block"] for b in out["blocks"] if b["flagged"]}
-    assert "layers.0" in flagged <= {"layers.0", "(outside blocks)"}
+    assert "0" in flagged <= {"0", "(outside blocks)"}
     for rank in (0, 1):
         assert f"rank {rank} of 2: verdict flagged" in done.stderr
 

@@ -40,16 +40,22 @@ class Attribution:
     compiled_prefixes: list[str] = field(default_factory=list)
     """Clean FQNs of modules that run compiled (``torch.compile`` wrapper or in place)."""
     blocks: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """``layers.<id>`` -> {"moe": bool, "mixed_compile": str | None}, in forward order."""
+    """Layer id (``model.layers`` key, as ``TITAN_ROCM_DEBUG_CORRUPT``'s ``block=`` names it)
+    -> {"moe": bool, "mixed_compile": str | None}, in forward order."""
     applied: list[str] = field(default_factory=list)
     """titan-rocm workarounds the job applied, in apply order."""
 
     def block_of(self, name: str) -> str | None:
-        """``layers.<id>`` of a parameter FQN, None outside the blocks."""
+        """The layer id of a parameter FQN (``layers.<id>.…``), None outside the blocks."""
         parts = name.split(".")
         if len(parts) > 2 and parts[0] == "layers":
-            return f"layers.{parts[1]}"
+            return parts[1]
         return None
+
+    @staticmethod
+    def prefix(block: str) -> str:
+        """The FQN prefix of a block: ``layers.<id>``."""
+        return f"layers.{block}"
 
     def order(self, block: str | None) -> int:
         """Forward position of a block (-1 for none or unknown)."""
@@ -62,8 +68,9 @@ class Attribution:
                    for p in self.compiled_prefixes)
 
     def _block_params_compiled(self, block: str | None) -> list[bool]:
-        if block is None:
+        if block is None or block not in self.blocks:
             return []
+        block = self.prefix(block)
         # A block is compiled where its wrapper is, or where compiled children lie inside.
         inside = [p for p in self.compiled_prefixes if p == block or p.startswith(block + ".")
                   or not p or block.startswith(p + ".")]
@@ -102,7 +109,10 @@ class Attribution:
     def block_workarounds(self, block: str | None) -> list[str]:
         """The union of :meth:`workarounds` over a block's parts."""
         facts = self.blocks.get(block or "", {})
-        probe = [f"{block}.attention.x", f"{block}.moe.x" if facts.get("moe") else f"{block}.x"]
+        if block is None:
+            return []
+        at = self.prefix(block)
+        probe = [f"{at}.attention.x", f"{at}.moe.x" if facts.get("moe") else f"{at}.x"]
         seen: list[str] = []
         for name in probe:
             for w in self.workarounds(name):
@@ -129,7 +139,7 @@ def attribute(model_parts: list[nn.Module]) -> Attribution:
                 if "moe_eager_compile" in job.applied_by and mec is not None:
                     mixed = moe_blocks.plan_blocks(part, getattr(mec, "scope", "block"))
             for layer_id, block in layers.named_children():
-                result.blocks[f"layers.{layer_id}"] = {
+                result.blocks[layer_id] = {
                     "moe": moe_blocks.is_moe_block(block),
                     "mixed_compile": mixed.get(layer_id),
                 }

@@ -38,6 +38,10 @@ Step = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
 """One micro-batch's forward and backward as the trainer runs it; returns the loss."""
 
 
+OUTSIDE = "(outside blocks)"
+"""The ``block`` of the parameters outside ``model.layers`` (embedding, final norm, output)."""
+
+
 class AuditError(RuntimeError):
     """The audit cannot run (the message is one sentence saying why): exit 2."""
 
@@ -73,7 +77,7 @@ class AuditResult:
         for block, params in groups.items():
             ratios = [p.ratio for p in params if not math.isnan(p.ratio)]
             rows.append({
-                "block": block if block is not None else "(outside blocks)",
+                "block": block if block is not None else OUTSIDE,
                 "compiled": self.attribution.block_compiled(block),
                 "scope": self.attribution.block_scope(block),
                 "workarounds": self.attribution.block_workarounds(block),
@@ -87,7 +91,7 @@ class AuditResult:
         """The flagged block deepest in the forward order: errors made in a block's backward
         flow on into every earlier block's gradients, so the deepest one is where to look."""
         flagged = [b["block"] for b in self.blocks() if b["flagged"]]
-        blocks = [b for b in flagged if b != "(outside blocks)"]
+        blocks = [b for b in flagged if b != OUTSIDE]
         if not blocks:
             return flagged[0] if flagged else None
         return max(blocks, key=self.attribution.order)

@@ -33,14 +33,14 @@ def format_report(result: dict[str, Any], top: int = 10) -> str:
     if flagged_blocks:
         lines.append("")
         if result.get("origin"):
-            lines.append(f"first wrong in the backward: {result['origin']} (errors made in a "
-                         "block's backward reach every earlier block's gradients)")
+            lines.append(f"first wrong in the backward: {_block(result['origin'])} (errors made "
+                         "in a block's backward reach every earlier block's gradients)")
         for b in flagged_blocks:
             how = {"compiled": " (compiled", "eager": " (eager", "mixed": " (partly compiled",
                    None: ""}[b["scope"]]
             shaped = f"; shaped by {', '.join(b['workarounds'])}" if b["workarounds"] else ""
             how = f"{how}{shaped})" if how else ""
-            lines.append(f"  {b['block']}{how}: backward wrong for {len(b['flagged'])} "
+            lines.append(f"  {_block(b['block'])}{how}: backward wrong for {len(b['flagged'])} "
                          f"gradient(s), worst ratio {b['worst_ratio']:.3g}: "
                          f"{', '.join(b['flagged'][:6])}{' ...' if len(b['flagged']) > 6 else ''}")
     rows = sorted(result["parameters"], key=lambda p: (not p["flagged"], -_key(p["ratio"])))
@@ -60,6 +60,13 @@ def format_report(result: dict[str, Any], top: int = 10) -> str:
               f"{t['reference']:.2f} s, total {t['total']:.2f} s"
               + (f"; peak memory {memory / 2**30:.2f} GiB" if memory else "")]
     return "\n".join(lines)
+
+
+def _block(block: str) -> str:
+    """``block 3`` for a layer id, the outside-blocks label as it is."""
+    from titan_rocm.numerics.audit import OUTSIDE
+
+    return block if block == OUTSIDE else f"block {block}"
 
 
 def _key(value: Any) -> float:
@@ -91,7 +98,8 @@ def plot(result: dict[str, Any], path: str) -> None:
     for i, p in enumerate(params):
         if p["block"] != last:
             ax.axvline(i - 0.5, color="#d9d9d9", linewidth=0.8)
-            ax.text(i, ax.get_ylim()[1], p["block"] or "", fontsize=7, va="top", rotation=90)
+            ax.text(i, ax.get_ylim()[1], "" if p["block"] is None else f"block {p['block']}",
+                    fontsize=7, va="top", rotation=90)
             last = p["block"]
     ax.set_xlabel("parameter (model order; red: flagged)")
     ax.set_ylabel("err_job / max(err_eager, floor)")
