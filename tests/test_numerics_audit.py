@@ -345,3 +345,16 @@ def test_in_training_audit_leaves_the_trajectory_bit_identical(audit_env: Any,
     audit = numerics_audit._audits[0]
     assert [r["step"] for r in audit.results] == [1, 2, 4]
     assert all(r["verdict"] == "ok" for r in audit.results)
+
+
+@pytest.mark.slow
+def test_in_training_stop_policy_ends_the_run_at_a_flagged_step(audit_env: Any,
+                                                                 monkeypatch: Any) -> None:
+    """``numerics_audit = first_step``, policy ``stop``, the injector in block 0's compiled
+    backward: ``Trainer.train()`` stops at step 1, before its optimizer step, naming block 0."""
+    from titan_rocm.workarounds.numerics_audit import NumericsAuditFlagged
+
+    monkeypatch.setenv("TITAN_ROCM_DEBUG_CORRUPT", "block=0,fraction=0.03")
+    with pytest.raises(NumericsAuditFlagged, match=r"flagged step 1 \(block 0 first wrong"):
+        _train(audit_env, monkeypatch, ["--rocm.numerics_audit", "first_step",
+                                        "--rocm.numerics_audit_policy", "stop"])

@@ -379,6 +379,13 @@ def run_passes(
         ref_dtype = reference_dtype_for(trainer, params, device, activations)
         with high_precision(trainer, ref_dtype):
             one("reference", torch.compiler.set_stance("force_eager"))
+    if world > 1:
+        # Each rank's loss is its local sum over the global token count: summed, the job's
+        # loss (replicated ranks scale all three alike, which relative errors do not see).
+        summed = torch.tensor([losses[k] for k in ("job", "eager", "reference")],
+                              dtype=torch.float64, device=device)
+        dist.all_reduce(summed)
+        losses.update(zip(("job", "eager", "reference"), summed.tolist(), strict=True))
     names = [n for n, _ in named]
     stats = compare(names, grads["job"], grads["eager"], grads["reference"], job_dtype,
                     settings, device)

@@ -102,7 +102,7 @@ class NumericsAudit(Workaround):
         step = int(getattr(trainer, "step", 0))
         if not self.due(step):
             return
-        from titan_rocm.numerics.audit import run_passes, trainer_step
+        from titan_rocm.numerics.audit import OUTSIDE, run_passes, trainer_step
         from titan_rocm.numerics.report import format_report
         from titan_rocm.numerics.stats import AuditSettings
 
@@ -123,9 +123,12 @@ class NumericsAudit(Workaround):
             return
         log.warning("titan-rocm numerics audit at step %d:\n%s", step, text)
         if self.ctx.settings.numerics_audit_policy == "stop":
+            origin = result.get("origin")
+            where = (f"block {origin}" if origin and origin != OUTSIDE
+                     else origin or "the loss")
             raise NumericsAuditFlagged(
                 f"titan-rocm numerics audit flagged step {step} "
-                f"({result.get('origin') or 'the loss'} first wrong in the backward) and "
+                f"({where} first wrong in the backward) and "
                 '[rocm] numerics_audit_policy = "stop"'
             )
 
