@@ -106,7 +106,9 @@ class CpuTrainer(_trainer_base()):  # type: ignore[misc]
         self.job_config = job_config
         self.device = torch.device("cpu")
         world = dist.get_world_size()
-        self.parallel_dims = parallel_dims = ParallelDims(
+        self.parallel_dims = parallel_dims = self.parallel_dims_for(
+            job_config, world
+        ) or ParallelDims(
             dp_replicate=world, dp_shard=1, cp=1, tp=1, pp=1, ep=1, etp=1, world_size=world
         )
         self.gc_handler = utils.GarbageCollection(gc_freq=job_config.training.gc_freq)
@@ -126,6 +128,7 @@ class CpuTrainer(_trainer_base()):  # type: ignore[misc]
         model_converters = build_model_converters(job_config, parallel_dims)
         model_converters.convert(model)
         self.model_converters = model_converters
+        self.parallelize(model)
         self.metrics_processor = build_metrics_processor(job_config, parallel_dims, model_args)
         _, self.metrics_processor.num_flops_per_token = model_args.get_nparams_and_flops(
             model, seq_len
@@ -165,6 +168,13 @@ class CpuTrainer(_trainer_base()):  # type: ignore[misc]
         )
         self.train_context = dist_utils.get_train_context(False)
         self.maybe_enable_amp = contextlib.nullcontext()
+
+    def parallel_dims_for(self, job_config: Any, world: int) -> Any:
+        """The job's ParallelDims (None: plain data parallel over every rank, unwrapped)."""
+        return None
+
+    def parallelize(self, model: Any) -> None:
+        """Between the converters and ``to_empty``, where TorchTitan parallelises (none)."""
 
 
 BASE_ARGS: list[str] = [

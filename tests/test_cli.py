@@ -24,6 +24,7 @@ ARGS = {
     "compare": ["tests/fixtures/logs/tt_cpu_clean.log", "tests/fixtures/logs/tt_cpu_clean.log"],
     "gemm-tables": ["capture-safe", "x.csv", "--check"],
     "tune": ["table", "results.jsonl", "--check"],
+    "audit": ["--job.config_file", "configs/llama3_debug.toml"],
 }
 
 

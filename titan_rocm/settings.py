@@ -27,6 +27,10 @@ experts' outputs: TorchTitan's bmm over an FP32 copy, or AMD-AGI/Primus PR #962'
 over the BF16 outputs (no FP32 copy kept for the backward; docs/moe-eager-compile.md)."""
 DocumentMasks = Literal["keep", "drop"]
 """What MLA on aiter does with per-document (``block_causal``) attention masks."""
+NumericsAudit = Literal["off", "first_step", "every_n_steps"]
+"""When training audits its gradients against eager references (docs/numerics-audit.md)."""
+NumericsAuditPolicy = Literal["warn", "stop"]
+"""What a flagged in-training audit does: log the table and go on, or stop the run."""
 
 MODES: tuple[str, ...] = typing.get_args(Mode)
 
@@ -83,6 +87,23 @@ class RocmSettings:
     is named), ATen on a miss; never autotune at start-up."""
     gemm_lookup_table: str = ""
     """Path of a table written by ``titan-rocm tune table`` (empty: none)."""
+    numerics_audit: NumericsAudit = "off"
+    """Audit the gradients before the first optimizer step (``first_step``) or every
+    ``numerics_audit_every`` steps: compiled against eager and float64 (docs/numerics-audit.md)."""
+    numerics_audit_every: int = 1000
+    """Steps between audits under ``every_n_steps`` (the first step is audited too)."""
+    numerics_audit_policy: NumericsAuditPolicy = "warn"
+    """A flagged in-training audit: ``warn`` logs it and trains on, ``stop`` ends the run."""
+    numerics_audit_fudge: float = 8.0
+    """Flag a gradient whose error exceeds fudge x max(eager error, dtype floor)."""
+    numerics_audit_floor_eps: float = 64.0
+    """The dtype floor of the relative error, in machine epsilons of the job's dtype."""
+    numerics_audit_outlier_k: float = 10.0
+    """Outlier element: job error above k x the eager error's outlier quantile."""
+    numerics_audit_outlier_quantile: float = 0.999
+    """The quantile of the eager error outliers are measured against."""
+    numerics_audit_outlier_max: float = 0.001
+    """Flag a gradient with more than this fraction of outlier elements."""
 
     def __post_init__(self) -> None:
         validate(self)
@@ -122,6 +143,11 @@ def validate(settings: RocmSettings) -> None:
             if not isinstance(value, bool):
                 raise ValueError(
                     f"[rocm] {f.name} = {value!r} is not valid; accepted: true, false"
+                )
+        elif f.type in (int, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(
+                    f"[rocm] {f.name} = {value!r} is not valid; accepted: a number > 0"
                 )
         elif f.type is str:
             if not isinstance(value, str) or not (value or f.name in MAY_BE_EMPTY):

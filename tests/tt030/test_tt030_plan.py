@@ -24,7 +24,8 @@ def test_plan_shows_moe_blocks_eager_and_the_dense_block_compiled_on_gfx942(caps
     applied = {d["workaround"]: d["applied"] for d in plan["workarounds"]}
     assert applied == {"precision_casts": True, "triton_war": True, "gemm_lookup": False,
                        "grouped_mm": True, "moe_eager_compile": True,
-                       "mla_ck_backward": True, "divergence_guard": True}
+                       "mla_ck_backward": True, "numerics_audit": False,
+                       "divergence_guard": True}
     reasons = {d["workaround"]: d["reason"] for d in plan["workarounds"]}
     assert reasons["gemm_lookup"] == "no table named ([rocm] gemm_lookup_table is empty)"
     blocks = plan["compile"]["blocks"]  # the default scope, "block" (PR #962's validated fix)

@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, str] = {
     "compare": "titan_rocm.cli.compare",
     "gemm-tables": "titan_rocm.cli.gemm_tables",
     "tune": "titan_rocm.cli.tune",
+    "audit": "titan_rocm.cli.audit",
 }
 
 _HELP: dict[str, str] = {
@@ -33,6 +34,7 @@ _HELP: dict[str, str] = {
     "compare": "training runs side by side against a baseline and its noise band",
     "gemm-tables": "make aiter's tuned GEMM tables safe for HIP-graph capture",
     "tune": "validated GEMM tuning: collect, run (checked, crash-isolated), table",
+    "audit": "prove a compiled job's gradients against eager references, per parameter",
 }
 
 

@@ -327,7 +327,14 @@ class JobWorkarounds:
         return self.ctx.job_decisions
 
     def apply_all(self, names: Iterable[str], model: nn.Module, by: str) -> list[Decision]:
-        """:meth:`apply` each of ``names`` in order, logging one line per decision."""
+        """:meth:`apply` each of ``names`` in order, logging one line per decision.
+
+        Also where both adapters install the test fault ``TITAN_ROCM_DEBUG_CORRUPT`` (a no-op
+        unless it is set; docs/numerics-audit-fault.md), before anything compiles.
+        """
+        from titan_rocm.numerics import corrupt
+
+        corrupt.install(model)
         decisions = []
         for name in names:
             decision = self.apply(name, model, by)

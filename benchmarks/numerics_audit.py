@@ -1,0 +1,495 @@
+"""GPU proof of the numerics audit (issue 24 item 8; issue 27 with ``--ngpu 2``).
+
+One call on one GPU (from the repository root, titan-rocm and TorchTitan 0.2.2 importable),
+within 9 minutes:
+
+    python benchmarks/numerics_audit.py --out results/                # 1 GPU
+    python benchmarks/numerics_audit.py --ngpu 2 --out results/       # 2 GPUs (issue 27)
+    python benchmarks/numerics_audit.py --reanalyse results/          # the figures again, CPU
+    python benchmarks/numerics_audit.py --list [--ngpu 2]             # the runs, nothing run
+
+One GPU: ``titan-rocm audit --json`` of llama3 1.5B (``bench_1B``), qwen3 1.7B and deepseek_v3
+3.9B (``bench_moe_4B``), each with ``converters = ["rocm"]`` and every workaround forced on
+as in ``gpu_validation.py``; llama3 1.5B again with ``TITAN_ROCM_DEBUG_CORRUPT`` (3 % of the
+first ``mul`` of block 3's compiled backward), which must be flagged and name block 3; and a
+few training steps of each model's same job for the step time and memory the audit's cost is
+set against (those after the audits, skipped when the time budget is spent: the summary says
+so). Two GPUs: deepseek_v3 debug with FSDP 2 x EP 2 and llama3 debug with TP 2, each clean
+and corrupted (block 1), and llama3 debug with FSDP 2 trained with and without
+``rocm.numerics_audit = first_step`` (the later steps' losses must be equal).
+
+Each audit runs this script as its torchrun worker (``TITAN_ROCM_BENCH_AUDIT_CHILD=1``):
+the benchmark flavors are registered, then ``titan-rocm audit`` runs with the flags, and at
+exit the fault's counts are printed (``TITAN_ROCM_CORRUPT_SUMMARY {json}``). Writes
+``summary.json`` and ``logs.tar.gz`` to ``--out`` after every run.
+
+It proves the audit's verdicts on CUDA, not ROCm: the buffer-store hazard is not reproduced;
+the injected fault stands in for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import statistics
+import sys
+import tarfile
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+CHILD_ENV = "TITAN_ROCM_BENCH_AUDIT_CHILD"
+SUMMARY_MARK = "TITAN_ROCM_CORRUPT_SUMMARY "
+CORRUPT_ENV = "TITAN_ROCM_DEBUG_CORRUPT"  # titan_rocm.numerics.corrupt.ENV
+BUDGET_S = 530.0
+"""A run starts only if it ends (by its timeout) within this many seconds of the call's
+start: the call stays inside 9 minutes with the final write."""
+SEED = ["--debug.seed", "42"]
+FLAVOR_IMPORT = ["--experimental.custom_import", "benchmarks.bench_flavors_rocm"]
+
+
+def corrupt_spec(block: int) -> str:
+    """The fault every corrupted run injects: 3 % of block ``block``'s first backward mul."""
+    return f"block={block},graph=backward,op=mul,index=0,fraction=0.03,seed=0"
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A job the benchmark audits: its config and flags, and the block the fault goes in."""
+
+    config: str
+    flags: tuple[str, ...] = ()
+    corrupt_block: int = 1
+    audit_tokens: int | None = None
+    """``--tokens`` for the audit: the float64 reference of a 1.5B+ model over the config's
+    whole micro-batch (8 x 2048 tokens, logits over a 100k+ vocabulary) does not fit."""
+
+
+def _rocm_on(moe_scope: str = "block") -> list[str]:
+    from benchmarks.gpu_validation import ROCM_ON
+
+    return [*ROCM_ON, "--rocm.moe_eager_scope", moe_scope]
+
+
+MODELS: dict[str, Model] = {
+    "llama3_1b": Model("configs/llama3_debug.toml", ("--model.flavor", "bench_1B"), 3, 2048),
+    "qwen3_1.7b": Model("configs/qwen3_debug.toml", ("--model.flavor", "1.7B"), 3, 2048),
+    # MoE blocks' attention compiled (scope "moe"), so block 1's backward has compiled graphs.
+    "deepseek_v3_4b": Model("configs/deepseek_v3_debug.toml",
+                            ("--model.flavor", "bench_moe_4B"), 1, 2048),
+    "deepseek_v3_fsdp2_ep2": Model(
+        "configs/deepseek_v3_debug.toml",
+        ("--parallelism.expert_parallel_degree", "2",
+         "--parallelism.data_parallel_shard_degree", "2"), 1),
+    "llama3_tp2": Model("configs/llama3_debug.toml",
+                        ("--parallelism.tensor_parallel_degree", "2",
+                         "--parallelism.data_parallel_shard_degree", "1"), 1),
+    "llama3_fsdp2": Model("configs/llama3_debug.toml",
+                          ("--parallelism.data_parallel_shard_degree", "2",)),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One run: an audit (``kind="audit"``) or training steps (``kind="train"``)."""
+
+    name: str
+    model: str
+    kind: str
+    gpus: int = 1
+    corrupt: bool = False
+    steps: int = 1
+    extra: tuple[str, ...] = ()
+    expect_exit: int = 0
+    timeout: int = 150
+    """Seconds before the run is killed; the budget counts it in full."""
+
+    def flags(self) -> list[str]:
+        """The TorchTitan flags (the audit's passthrough, or the trainer's)."""
+        model = MODELS[self.model]
+        scope = "moe" if self.model.startswith("deepseek") else "block"
+        flags = [*SEED, "--training.steps", str(self.steps), "--metrics.log_freq", "1",
+                 *model.flags, *_rocm_on(scope), *self.extra]
+        if self.kind == "train" and "bench_" in " ".join(model.flags):
+            flags += FLAVOR_IMPORT
+        if self.kind == "audit":
+            flags += ["--json"]
+            if model.audit_tokens:
+                flags += ["--tokens", str(model.audit_tokens)]
+        return flags
+
+    def env(self) -> dict[str, str]:
+        """Environment the run adds."""
+        env = {CHILD_ENV: "1"} if self.kind == "audit" else {}
+        if self.corrupt:
+            env[CORRUPT_ENV] = corrupt_spec(MODELS[self.model].corrupt_block)
+        return env
+
+
+def cases(ngpu: int) -> list[Case]:
+    """The runs of one call, most important first (the budget cuts from the end)."""
+    if ngpu == 1:
+        return [
+            Case("llama3_1b_audit", "llama3_1b", "audit"),
+            Case("llama3_1b_audit_corrupt", "llama3_1b", "audit", corrupt=True, expect_exit=1),
+            Case("llama3_1b_train", "llama3_1b", "train", steps=6),
+            Case("qwen3_1.7b_audit", "qwen3_1.7b", "audit"),
+            Case("deepseek_v3_4b_audit", "deepseek_v3_4b", "audit"),
+            Case("qwen3_1.7b_train", "qwen3_1.7b", "train", steps=6),
+            Case("deepseek_v3_4b_train", "deepseek_v3_4b", "train", steps=6),
+        ]
+    first_step = ("--rocm.numerics_audit", "first_step")
+    return [
+        Case("deepseek_v3_fsdp2_ep2_audit", "deepseek_v3_fsdp2_ep2", "audit", gpus=2),
+        Case("deepseek_v3_fsdp2_ep2_audit_corrupt", "deepseek_v3_fsdp2_ep2", "audit", gpus=2,
+             corrupt=True, expect_exit=1),
+        Case("llama3_tp2_audit", "llama3_tp2", "audit", gpus=2),
+        Case("llama3_tp2_audit_corrupt", "llama3_tp2", "audit", gpus=2, corrupt=True,
+             expect_exit=1),
+        Case("llama3_fsdp2_train", "llama3_fsdp2", "train", gpus=2, steps=10),
+        Case("llama3_fsdp2_train_first_step_audit", "llama3_fsdp2", "train", gpus=2, steps=10,
+             extra=first_step),
+    ]
+
+
+# -- running ------------------------------------------------------------------------------------
+
+def child(argv: list[str]) -> int:
+    """The torchrun worker of an audit: ``titan-rocm audit`` with the benchmark flavors."""
+    import atexit
+
+    import benchmarks.bench_flavors  # noqa: F401 - registers bench_1B / bench_moe_4B
+    from titan_rocm.cli import main as cli
+
+    def summary() -> None:
+        from titan_rocm.numerics import corrupt
+
+        print(SUMMARY_MARK + json.dumps(corrupt.summary()), flush=True)
+
+    atexit.register(summary)
+    return cli(["audit", *argv])
+
+
+def launch(case: Case, logs: Path, gpu_ids: list[int]) -> dict[str, Any]:
+    """Run ``case`` through gpu_validation's launcher (fresh caches, its own port, the log)."""
+    from benchmarks.gpu_validation import Run
+    from benchmarks.gpu_validation import launch as run_launch
+
+    runner = "numerics_audit.py" if case.kind == "audit" else "torchtitan_runner.py"
+    # One compile cache for the call: a model's training run finds its audit's clean graphs
+    # (the corrupted ones carry the fault's pass in their cache key: never shared).
+    run = Run(case.name, MODELS[case.model].config, case.flags(), gpus=case.gpus,
+              env=case.env(), expect_failure=case.expect_exit != 0, timeout=case.timeout,
+              shared_cache=True, runner=runner)
+    return run_launch(run, logs, gpu_ids)
+
+
+# -- analysis -------------------------------------------------------------------------------------
+
+_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:")
+
+
+def rank_lines(text: str, rank: int = 0) -> list[str]:
+    """The log's lines of ``rank`` (torchrun's ``[rankN]:`` prefix removed; unprefixed lines
+    are kept: a one-process run has none)."""
+    out = []
+    for line in text.splitlines():
+        m = _PREFIX.match(line)
+        if m is None:
+            out.append(line)
+        elif int(m.group(1)) == rank:
+            out.append(line[m.end():])
+    return out
+
+
+def audit_result(text: str) -> dict[str, Any] | None:
+    """The last ``--json`` object (``"schema"`` first) rank 0 printed, or None."""
+    joined = "\n".join(rank_lines(text))
+    decoder = json.JSONDecoder()
+    found = None
+    for m in re.finditer(r'\{\s*"schema"', joined):
+        try:
+            found, _ = decoder.raw_decode(joined, m.start())
+        except ValueError:
+            continue
+    return found
+
+
+def corrupt_summary(text: str) -> dict[str, Any] | None:
+    """The fault's counts the audit worker printed at exit (rank 0), or None."""
+    for line in reversed(rank_lines(text)):
+        if line.startswith(SUMMARY_MARK):
+            return json.loads(line[len(SUMMARY_MARK):])
+    return None
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def ratio_distribution(result: dict[str, Any]) -> dict[str, Any]:
+    """err_job / err_eager over the audit's parameters: median, p99, max, and the worst."""
+    rows = [p for p in result.get("parameters") or [] if p.get("ratio") is not None]
+    ratios = [float(p["ratio"]) for p in rows]
+    if not ratios:
+        return {"parameters": 0}
+    worst = max(rows, key=lambda p: float(p["ratio"]))
+    return {"parameters": len(ratios), "median": statistics.median(ratios),
+            "p99": _quantile(ratios, 0.99), "max": max(ratios), "worst": worst["name"],
+            "flagged": sum(1 for p in rows if p.get("flagged"))}
+
+
+def flagged_blocks(result: dict[str, Any]) -> list[str]:
+    """The blocks with a flagged parameter, worst first (the audit names them ``layers.N``;
+    ``(outside blocks)`` gathers the embedding, final norm and output)."""
+    blocks = [b for b in result.get("blocks") or [] if b.get("flagged")]
+    blocks.sort(key=lambda b: -float(b.get("worst_ratio") or 0.0))
+    return [str(b["block"]) for b in blocks]
+
+
+def block_id(name: Any) -> int | None:
+    """``layers.3`` / ``3`` -> 3; None for ``(outside blocks)`` or nothing."""
+    m = re.fullmatch(r"(?:.*\.)?(\d+)", str(name)) if name is not None else None
+    return int(m.group(1)) if m else None
+
+
+def judge_corrupt(result: dict[str, Any] | None, expected_block: int) -> dict[str, Any]:
+    """Was the fault flagged, and did the audit name its block as the origin?
+
+    A fault on the path of block k's input gradient reaches every block before k (their
+    backward runs after k's) and the embedding, as a wrong kernel's output would; nothing
+    reaches the blocks after k. So the audit is right when it flags, names block k as the
+    origin (its ``origin``: the first wrong block in backward order; the worst flagged block
+    where it gives none), and flags no block after k.
+    """
+    if result is None:
+        return {"flagged": False, "reason": "no audit JSON in the log"}
+    blocks = flagged_blocks(result)
+    ids = [i for i in map(block_id, blocks) if i is not None]
+    origin = result.get("origin") or (blocks[0] if blocks else None)
+    return {
+        "verdict": result.get("verdict"), "flagged": result.get("verdict") == "flagged",
+        "origin": origin, "origin_is_right": block_id(origin) == expected_block,
+        "flagged_blocks": blocks, "worst_is_right": bool(ids) and ids[0] == expected_block,
+        "later_blocks_clean": not any(i > expected_block for i in ids),
+        "only_that_block": ids == [expected_block],
+        "upstream_flagged": sorted(i for i in ids if i < expected_block),
+        "flagged_parameters": [p["name"] for p in result.get("parameters") or []
+                               if p.get("flagged")],
+    }
+
+
+def train_figures(text: str, tokens_per_step: int | None) -> dict[str, Any]:
+    """Losses by step, median step time (steps >= 2, from tokens/s), peak memory, and the
+    seconds from "Training starts" to step 1 (where an in-training audit runs), rank 0."""
+    from benchmarks.gpu_validation import _stamp
+    from titan_rocm.logs.parse import parse_text
+
+    parsed = parse_text(text)
+    records = [r for r in parsed.train_records if r.rank in (None, 0)]
+    losses = {r.step: r.loss for r in records}
+    tps = [r.tps for r in records if r.step >= 2 and r.tps]
+    step_s = tokens_per_step / statistics.median(tps) if tps and tokens_per_step else None
+    memory = max((r.memory_gib or 0.0 for r in records), default=None)
+    lines = rank_lines(text)
+    starts = [_stamp(x) for x in lines if "Training starts at step" in x]
+    first = [_stamp(x) for x in lines if re.search(r"\bstep:\s*1\b", x)]
+    to_step1 = (round(first[0] - starts[0], 1)
+                if starts and first and None not in (starts[0], first[0]) else None)
+    return {"loss": losses, "step_s": step_s, "tokens_per_step": tokens_per_step,
+            "to_step1_s": to_step1,
+            "memory_gib": memory if memory else None, "steps": sorted(losses)}
+
+
+def _tokens_per_step(case: Case) -> int | None:
+    from benchmarks.gpu_validation import _tokens_per_step as of_config
+
+    return of_config(MODELS[case.model].config)
+
+
+def analyse(case: Case, raw: dict[str, Any]) -> dict[str, Any]:
+    """One run's figures from its log."""
+    text = Path(raw["log"]).read_text(errors="replace")
+    out: dict[str, Any] = {"name": case.name, "exit": raw.get("exit"),
+                           "wall_s": raw.get("wall_s"), "expect_exit": case.expect_exit}
+    if case.kind == "train":
+        out.update(train_figures(text, _tokens_per_step(case)))
+        return out
+    result = audit_result(text)
+    out["audit"] = None if result is None else {
+        k: result.get(k) for k in ("verdict", "exit_code", "error", "world_size", "tokens",
+                                   "reference_dtype", "job_dtype", "loss", "blocks", "time_s",
+                                   "peak_memory_bytes")}
+    out["ratios"] = ratio_distribution(result) if result else None
+    out["fault"] = corrupt_summary(text)
+    if case.corrupt:
+        out["corrupt"] = judge_corrupt(result, MODELS[case.model].corrupt_block)
+    return out
+
+
+def figures(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """What the issue asks: clean ratio distributions, the fault's verdicts, the costs."""
+    by_case = {c.name: c for n in (1, 2) for c in cases(n)}
+    clean, faults, cost = {}, {}, {}
+    for name, res in results.items():
+        case = by_case.get(name)
+        if case is None or case.kind != "audit":
+            continue
+        if case.corrupt:
+            faults[name] = {**(res.get("corrupt") or {}), "exit": res.get("exit"),
+                            "hits": (res.get("fault") or {}).get("hits")}
+        else:
+            clean[name] = {**(res.get("ratios") or {}), "exit": res.get("exit"),
+                           "verdict": (res.get("audit") or {}).get("verdict")}
+        train = results.get(f"{case.model}_train")
+        audit = res.get("audit") or {}
+        if not case.corrupt and train:
+            total = (audit.get("time_s") or {}).get("total")
+            peak = audit.get("peak_memory_bytes")
+            step_s, mem = train.get("step_s"), train.get("memory_gib")
+            cost[case.model] = {
+                "audit_tokens": audit.get("tokens"), "train_tokens": train.get("tokens_per_step"),
+                "audit_s": total, "train_step_s": step_s,
+                "audit_over_step": round(total / step_s, 1) if total and step_s else None,
+                "audit_peak_gib": round(peak / 2**30, 2) if peak else None,
+                "train_peak_gib": mem,
+                "peak_ratio": round(peak / 2**30 / mem, 2) if peak and mem else None,
+            }
+    out: dict[str, Any] = {"clean": clean, "corrupt": faults, "cost": cost,
+                           "false_positives": sum(1 for c in clean.values()
+                                                  if c.get("verdict") != "ok")}
+    plain = results.get("llama3_fsdp2_train")
+    audited = results.get("llama3_fsdp2_train_first_step_audit")
+    if plain and audited:
+        out["first_step"] = first_step_figures(plain, audited)
+    return out
+
+
+def first_step_figures(plain: dict[str, Any], audited: dict[str, Any]) -> dict[str, Any]:
+    """The in-training audit: the later steps' losses against the run without it, and cost."""
+    a, b = plain.get("loss") or {}, audited.get("loss") or {}
+    steps = sorted(set(a) & set(b))
+    return {"steps_compared": steps, "losses_equal": bool(steps) and all(
+        a[s] == b[s] for s in steps), "differing_steps": [s for s in steps if a[s] != b[s]],
+        "wall_s_extra": (round(audited["wall_s"] - plain["wall_s"], 1)
+                         if audited.get("wall_s") and plain.get("wall_s") else None),
+        "to_step1_s_extra": (round(audited["to_step1_s"] - plain["to_step1_s"], 1)
+                             if None not in (audited.get("to_step1_s"), plain.get("to_step1_s"))
+                             else None),
+        "train_step_s": plain.get("step_s")}
+
+
+# -- storing ------------------------------------------------------------------------------------
+
+def store(out: Path, logs: Path, summary: dict[str, Any]) -> None:
+    """summary.json and logs.tar.gz (after every run: a timeout keeps what finished)."""
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
+        tar.add(logs, arcname="logs")
+
+
+def reanalyse(directory: Path) -> dict[str, Any]:
+    """Every figure again from a stored result (summary.json + logs.tar.gz), on any machine."""
+    from benchmarks.gpu_validation import open_stored
+
+    stored, logs = open_stored(directory)
+    by_case = {c.name: c for n in (1, 2) for c in cases(n)}
+    results = {}
+    for name, run in stored.get("runs", {}).items():
+        if name not in by_case or str(run.get("exit")).startswith("skipped"):
+            continue
+        raw = {"log": str(logs / f"{name}.log"), "exit": run.get("exit"),
+               "wall_s": run.get("wall_s")}
+        results[name] = analyse(by_case[name], raw)
+    return {"environment": stored.get("environment"), "figures": figures(results),
+            "runs": results}
+
+
+def run_cases(todo: list[Case], out: Path, logs: Path, environment: dict[str, Any],
+              budget: float, run: Any = None) -> dict[str, Any]:
+    """Run ``todo`` in order (``run``: the launcher, :func:`launch` by default), skipping a
+    case whose timeout would end past ``budget`` seconds; store after every run."""
+    run = run or launch
+    start = time.monotonic()
+    raws: dict[str, Any] = {}
+    results: dict[str, Any] = {}
+
+    def summary() -> dict[str, Any]:
+        return {"environment": environment, "figures": figures(results),
+                "runs": {**raws, **{n: {**raws[n], **results[n]} for n in results}}}
+
+    for case in todo:
+        if time.monotonic() - start + case.timeout > budget:
+            raws[case.name] = {"name": case.name, "exit": "skipped: time budget spent"}
+            continue
+        raw = run(case, logs, list(range(case.gpus)))
+        raws[case.name] = {k: raw.get(k) for k in ("name", "exit", "wall_s")}
+        results[case.name] = analyse(case, raw)
+        store(out, logs, summary())
+        print(f"[{case.name}] exit={raw['exit']} (expected {case.expect_exit}) "
+              f"wall={raw['wall_s']}s", flush=True)
+    final = summary()
+    store(out, logs, final)
+    return final
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one call's cases, or reanalyse / list them."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ngpu", type=int, choices=[1, 2], default=1)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--reanalyse", type=Path, metavar="DIR",
+                        help="recompute the figures of a stored result directory (no GPU)")
+    parser.add_argument("--list", action="store_true", help="print the runs and exit")
+    parser.add_argument("--only", help="comma-separated case names to keep")
+    parser.add_argument("--budget", type=float, default=BUDGET_S,
+                        help="a run starts only if its timeout ends within this many seconds "
+                        f"of the start (default {BUDGET_S:.0f})")
+    args = parser.parse_args(argv)
+    if args.reanalyse:
+        from benchmarks.gpu_validation import StoredResultError
+
+        try:
+            print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
+        except StoredResultError as exc:
+            parser.error(str(exc))
+        return 0
+    keep = set(args.only.split(",")) if args.only else None
+    todo = [c for c in cases(args.ngpu) if keep is None or c.name in keep]
+    if args.list:
+        for c in todo:
+            env = " ".join(f"{k}={v!r}" for k, v in c.env().items())
+            print(f"{c.name}: gpus={c.gpus} {env} {MODELS[c.model].config} {' '.join(c.flags())}")
+        return 0
+    if not args.out:
+        parser.error("--out is required (or --reanalyse DIR, or --list)")
+    import torch
+
+    if torch.cuda.device_count() < args.ngpu:
+        print(f"--ngpu {args.ngpu}: this machine has {torch.cuda.device_count()} GPU(s)",
+              file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="titan-rocm-audit-logs-"))
+    environment = {"date": datetime.now().isoformat(timespec="seconds"),
+                   "gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
+                   "torch": torch.__version__, "triton": __import__("triton").__version__,
+                   "command": " ".join(sys.argv)}
+    summary = run_cases(todo, args.out, logs, environment, args.budget)
+    print(json.dumps({"figures": summary["figures"]}, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    if os.environ.get(CHILD_ENV) == "1":
+        sys.exit(child(sys.argv[1:]))
+    sys.exit(main())

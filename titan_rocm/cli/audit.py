@@ -1,0 +1,198 @@
+"""``titan-rocm audit``: the job's compiled gradients against eager references, per parameter.
+
+Launched like training (``torchrun --nproc_per_node=N -m titan_rocm.cli audit
+--job.config_file X.toml``, or alone as one process). Builds the job's own trainer, takes
+one micro-batch of its dataloader and runs no optimizer step, saves no checkpoint, writes
+no file of the job (checkpointing, TensorBoard, W&B and profiling are turned off for the
+audit). Exit codes: 0 ok, 1 a parameter or the loss flagged, 2 bad input or the audit cannot
+run (one sentence), 130 interrupted. ``--json`` prints one object on every exit path
+(rank 0). Docs: docs/numerics-audit.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Any
+
+HELP = (
+    "Prove a compiled job's gradients: build the job's own trainer (model, converters, "
+    "parallelism, compile, data), run one micro-batch's forward and backward as configured, "
+    "eager at the job's precision and eager in float64 (float32 under FSDP), and compare "
+    "every parameter's gradient and the loss. Exit 0 ok, 1 flagged, 2 bad input or cannot run."
+)
+
+EPILOG = (
+    "Every other option is TorchTitan's (--model.converters rocm, --compile.enable, "
+    "--rocm.numerics_audit_fudge 8, ...). Under torchrun every rank audits its shards and "
+    "all ranks share one verdict; rank 0 prints."
+)
+
+PASSTHROUGH = True
+
+PROG = "titan-rocm audit"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of ``titan-rocm audit``; unknown options are TorchTitan's."""
+    parser.epilog = EPILOG
+    parser.allow_abbrev = False
+    parser.add_argument(
+        "--job.config_file", "--job.config-file", dest="config_file", metavar="FILE",
+        help="the job's TOML file (TorchTitan's flag, passed on to it)",
+    )
+    parser.add_argument(
+        "--tokens", metavar="N",
+        help="audit only the first N tokens of the micro-batch (whole rows while they fit; "
+        "default: the whole micro-batch)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--plot", metavar="FILE",
+                        help="draw each parameter's error ratio (PNG, or SVG by the suffix)")
+    parser.add_argument(
+        "--trainer", metavar="MODULE:CLASS", default="torchtitan.train:Trainer",
+        help="the Trainer class to build (default: TorchTitan's; a subclass your job "
+        "launches with, e.g. mypkg.train:MyTrainer)",
+    )
+
+
+class BadInput(Exception):
+    """Exit 2 with this sentence."""
+
+
+def _rank() -> int:
+    import os
+
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def _emit(args: argparse.Namespace, result: dict[str, Any]) -> int:
+    code = int(result["exit_code"])
+    if result["world_size"] > 1:  # every rank says it: one shared verdict is checkable
+        print(f"{PROG}: rank {_rank()} of {result['world_size']}: verdict {result['verdict']}",
+              file=sys.stderr)
+    if _rank() != 0:
+        return code
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    if code == 2:
+        print(f"{PROG}: {result['error']}", file=sys.stderr)
+    elif not args.json:
+        from titan_rocm.numerics.report import format_report
+
+        print(format_report(result))
+    return code
+
+
+def _trainer_class(spec: str) -> type:
+    module_name, sep, class_name = spec.partition(":")
+    if not sep or not module_name or not class_name:
+        raise BadInput(f"--trainer {spec!r} is not MODULE:CLASS (e.g. torchtitan.train:Trainer)")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any import failure is the user's module
+        from titan_rocm.preflight import _one_line
+
+        raise BadInput(f"--trainer {spec!r}: cannot import {module_name} ({_one_line(exc)})"
+                       ) from None
+    cls = getattr(module, class_name, None)
+    if not isinstance(cls, type):
+        raise BadInput(f"--trainer {spec!r}: {module_name} has no class {class_name}")
+    return cls
+
+
+def _quiet_job(job_config: Any) -> None:
+    """Nothing of the job is written: no checkpoint, metrics files, profiles or snapshots."""
+    for section, key in (("checkpoint", "enable"), ("metrics", "enable_tensorboard"),
+                         ("metrics", "enable_wandb"), ("profiling", "enable_profiling"),
+                         ("profiling", "enable_memory_snapshot"), ("metrics", "save_tb_folder")):
+        obj = getattr(job_config, section, None)
+        if obj is not None and isinstance(getattr(obj, key, None), bool):
+            setattr(obj, key, False)
+
+
+def _audit_022(args: argparse.Namespace) -> dict[str, Any]:
+    from titan_rocm.numerics.audit import AuditError, audit_022
+    from titan_rocm.numerics.stats import AuditSettings
+    from titan_rocm.preflight import StartupError, _one_line, parse_config
+    from titan_rocm.train import LaunchError, single_process_environment
+
+    passthrough = list(args.passthrough)
+    if args.config_file is not None:
+        passthrough = ["--job.config_file", args.config_file, *passthrough]
+    tokens = None
+    if args.tokens is not None:
+        tokens = int(args.tokens) if args.tokens.strip().isdigit() else 0
+        if tokens < 1:
+            raise BadInput(f"--tokens {args.tokens} is not valid; accepted: a whole number >= 1")
+    try:
+        job_config = parse_config(passthrough, launcher="titan-rocm", prog=PROG)
+    except StartupError as exc:
+        raise BadInput(str(exc)) from None
+    try:
+        settings = AuditSettings.of(getattr(job_config, "rocm", None))
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    cls = _trainer_class(args.trainer)
+    try:
+        single_process_environment()
+    except LaunchError as exc:
+        raise BadInput(str(exc)) from None
+    import titan_rocm  # noqa: F401 - registers the converters
+
+    _quiet_job(job_config)
+    try:
+        trainer = cls(job_config)
+    except Exception as exc:  # noqa: BLE001 - any failure of the job's start-up is reported
+        raise BadInput(f"the job cannot start: {_one_line(exc)}") from None
+    try:
+        input_dict, labels = next(iter(trainer.dataloader))
+    except Exception as exc:  # noqa: BLE001
+        raise BadInput(f"the job's dataloader gave no batch: {_one_line(exc)}") from None
+    try:
+        result = audit_022(trainer, input_dict, labels, settings, tokens)
+    except AuditError as exc:
+        raise BadInput(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - the job's own forward/backward failed
+        raise BadInput(f"the job's forward and backward failed: {_one_line(exc)}") from None
+    out = result.to_dict()
+    if args.plot and _rank() == 0:
+        from titan_rocm.logs.plot import MissingMatplotlib
+        from titan_rocm.numerics.report import plot
+
+        try:
+            plot(out, args.plot)
+        except (MissingMatplotlib, OSError) as exc:
+            raise BadInput(f"--plot {args.plot!r}: {exc}") from None
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Audit the job; print the table (or JSON); 0 ok, 1 flagged, 2 cannot run."""
+    from titan_rocm import torchtitan_version
+    from titan_rocm.numerics.audit import error_dict
+
+    world = 1
+    try:
+        if torchtitan_version.series() == "0.3":
+            raise BadInput("TorchTitan 0.3.0 jobs are not audited by this command yet; audit "
+                           "the job with TorchTitan 0.2.2 (--job.config_file X.toml)")
+        result = _audit_022(args)
+    except BadInput as exc:
+        result = error_dict(str(exc), world)
+    except Exception as exc:  # noqa: BLE001 - one sentence and the JSON, never a traceback
+        from titan_rocm.preflight import _one_line
+
+        result = error_dict(f"the audit failed: {_one_line(exc)}", world)
+    finally:
+        _close()
+    return _emit(args, result)
+
+
+def _close() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

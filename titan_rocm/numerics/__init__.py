@@ -1,0 +1,1 @@
+"""Numerics audit: compiled gradients against eager references, per parameter (docs/numerics-audit.md)."""

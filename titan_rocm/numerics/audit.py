@@ -1,0 +1,462 @@
+"""The audit on a built TorchTitan trainer: one micro-batch, three forward+backward passes.
+
+(a) the job as configured (compiled, its precision, every converter), (b) the same model
+eager at the job's precision (``torch.compiler.set_stance("force_eager")``: every
+``torch.compile`` wrapper runs its original Python), (c) eager in float64 (float32 under
+FSDP, whose sharded parameters cannot be re-typed in place): floating parameters and
+buffers re-typed in place (``.data`` swapped, the original tensors put back untouched: the
+round trip is exact), autocast off, FSDP's gradient reduce dtype raised. FSDP with a
+parameter dtype below float32 is refused (FSDP2 allocates its all-gather buffers in it).
+
+Everything the passes touch is put back: each parameter's ``.grad`` (the tensor itself),
+every RNG stream (CPU and each CUDA device), the trainer's autocast context and FSDP's
+dtypes. Nothing is stepped, saved or written. Which trainer methods run: TorchTitan's own
+``post_dataloading_process`` and ``forward_backward_step`` (0.2.2: keyword arguments
+``input_dict``, ``labels``, ``global_valid_tokens``), given as ``step`` by the caller.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from titan_rocm.log import log
+from titan_rocm.numerics.attribution import Attribution, attribute, clean_name
+from titan_rocm.numerics.stats import AuditSettings, ParamStats, compare, loss_verdict
+
+SCHEMA = 1
+"""Version of :meth:`AuditResult.to_dict`'s layout (keys are only ever added)."""
+
+Step = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
+"""One micro-batch's forward and backward as the trainer runs it; returns the loss."""
+
+
+OUTSIDE = "(outside blocks)"
+"""The ``block`` of the parameters outside ``model.layers`` (embedding, final norm, output)."""
+
+
+class AuditError(RuntimeError):
+    """The audit cannot run (the message is one sentence saying why): exit 2."""
+
+
+@dataclass
+class AuditResult:
+    """What one audit found; :meth:`to_dict` is the ``--json`` object (schema 1)."""
+
+    world_size: int
+    tokens: int
+    reference_dtype: str
+    job_dtype: str
+    settings: AuditSettings
+    loss: dict[str, Any]
+    parameters: list[ParamStats]
+    attribution: Attribution
+    time_s: dict[str, float]
+    peak_memory_bytes: int | None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def flagged(self) -> bool:
+        """The loss or any parameter flagged."""
+        return bool(self.loss["flagged"]) or any(p.flagged for p in self.parameters)
+
+    def blocks(self) -> list[dict[str, Any]]:
+        """Per block (``None``: parameters outside blocks): flagged names, worst ratio; the
+        blocks with flagged parameters first, worst first."""
+        groups: dict[str | None, list[ParamStats]] = {}
+        for p in self.parameters:
+            groups.setdefault(self.attribution.block_of(p.name), []).append(p)
+        rows = []
+        for block, params in groups.items():
+            ratios = [p.ratio for p in params if not math.isnan(p.ratio)]
+            rows.append({
+                "block": block if block is not None else OUTSIDE,
+                "compiled": self.attribution.block_compiled(block),
+                "scope": self.attribution.block_scope(block),
+                "workarounds": self.attribution.block_workarounds(block),
+                "flagged": [p.name for p in params if p.flagged],
+                "worst_ratio": max(ratios) if ratios else 0.0,
+            })
+        rows.sort(key=lambda r: (not r["flagged"], -r["worst_ratio"]))
+        return rows
+
+    def origin(self) -> str | None:
+        """The flagged block deepest in the forward order: errors made in a block's backward
+        flow on into every earlier block's gradients, so the deepest one is where to look."""
+        flagged = [b["block"] for b in self.blocks() if b["flagged"]]
+        blocks = [b for b in flagged if b != OUTSIDE]
+        if not blocks:
+            return flagged[0] if flagged else None
+        return max(blocks, key=self.attribution.order)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` object: schema 1, with an ``exit_code`` of 0 (ok) or 1 (flagged)."""
+        flagged = self.flagged
+        parameters = []
+        for p in self.parameters:
+            row = p.to_dict()
+            row["block"] = self.attribution.block_of(p.name)
+            row["compiled"] = self.attribution.compiled(p.name)
+            row["workarounds"] = self.attribution.workarounds(p.name)
+            parameters.append(row)
+        return {
+            "schema": SCHEMA, "verdict": "flagged" if flagged else "ok",
+            "exit_code": 1 if flagged else 0, "error": None,
+            "world_size": self.world_size, "tokens": self.tokens,
+            "reference_dtype": self.reference_dtype, "job_dtype": self.job_dtype,
+            "settings": self.settings.to_dict(), "loss": self.loss,
+            "parameters": parameters, "blocks": self.blocks(), "origin": self.origin(),
+            "workarounds_applied": self.attribution.applied,
+            "time_s": self.time_s, "peak_memory_bytes": self.peak_memory_bytes,
+            "notes": self.notes,
+        }
+
+
+def error_dict(message: str, world_size: int = 1) -> dict[str, Any]:
+    """The ``--json`` object of an audit that could not run (exit 2): every key, empty."""
+    return {
+        "schema": SCHEMA, "verdict": "error", "exit_code": 2, "error": message,
+        "world_size": world_size, "tokens": 0, "reference_dtype": None, "job_dtype": None,
+        "settings": {}, "loss": None, "parameters": [], "blocks": [], "origin": None,
+        "workarounds_applied": [], "time_s": {}, "peak_memory_bytes": None, "notes": [],
+    }
+
+
+# ---------------------------------------------------------------- the trainer's state
+
+
+@contextlib.contextmanager
+def preserved_rng(devices: list[torch.device]) -> Iterator[Callable[[], None]]:
+    """Yield a function that puts every RNG stream back where it was on entry; called again
+    on exit, so nothing the passes draw shows in the training's streams."""
+    cpu = torch.get_rng_state()
+    cuda = {d.index: torch.cuda.get_rng_state(d) for d in devices if d.type == "cuda"}
+
+    def restore() -> None:
+        torch.set_rng_state(cpu)
+        for index, state in cuda.items():
+            torch.cuda.set_rng_state(state, index)
+
+    try:
+        yield restore
+    finally:
+        restore()
+
+
+@contextlib.contextmanager
+def preserved_grads(params: list[nn.Parameter]) -> Iterator[None]:
+    """Take every ``.grad`` away for the passes and give the same tensors back after."""
+    saved = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        yield
+    finally:
+        for p, g in zip(params, saved, strict=True):
+            p.grad = None
+            p.grad = g
+
+
+def _fsdp_groups(model_parts: list[nn.Module]) -> list[Any]:
+    groups = []
+    for part in model_parts:
+        for module in part.modules():
+            state_of = getattr(module, "_get_fsdp_state", None)
+            if callable(state_of):
+                group = getattr(state_of(), "_fsdp_param_group", None)
+                if group is not None:
+                    groups.append(group)
+    return groups
+
+
+def is_fsdp(model_parts: list[nn.Module]) -> bool:
+    """Whether any module of the model is an FSDP2 (``fully_shard``) module."""
+    return any(callable(getattr(m, "_get_fsdp_state", None))
+               for part in model_parts for m in part.modules())
+
+
+def job_dtype_of(trainer: Any, params: list[nn.Parameter]) -> torch.dtype:
+    """The dtype the job computes in: its autocast, else FSDP's parameter dtype, else the
+    parameters' own."""
+    amp = getattr(trainer, "maybe_enable_amp", None)
+    if isinstance(amp, torch.autocast) and amp._enabled:
+        return amp.fast_dtype
+    for group in _fsdp_groups(trainer.model_parts):
+        policy = getattr(group, "mp_policy", None)
+        if getattr(policy, "param_dtype", None) is not None:
+            return policy.param_dtype
+    floating = [p.dtype for p in params if p.is_floating_point()]
+    return floating[0] if floating else torch.float32
+
+
+@contextlib.contextmanager
+def high_precision(trainer: Any, dtype: torch.dtype) -> Iterator[None]:
+    """Run the trainer's passes in ``dtype``: parameters and floating buffers re-typed in
+    place (not under FSDP: its parameters stay, its compute and reduce dtypes are raised to
+    theirs), autocast off; everything put back exactly on exit."""
+    saved_amp = getattr(trainer, "maybe_enable_amp", None)
+    retyped: list[tuple[torch.Tensor, torch.Tensor]] = []
+    fsdp_saved: list[tuple[Any, str, Any]] = []
+    try:
+        trainer.maybe_enable_amp = contextlib.nullcontext()
+        groups = _fsdp_groups(trainer.model_parts)
+        if groups:
+            for group in groups:
+                for fsdp_param in group.fsdp_params:
+                    # float32 parameters (run_passes refused lower ones): only the gradient
+                    # reduction may be in a lower dtype; None reduces in the parameter's.
+                    if getattr(fsdp_param, "reduce_dtype", None) is not None:
+                        fsdp_saved.append((fsdp_param, "reduce_dtype", fsdp_param.reduce_dtype))
+                        fsdp_param.reduce_dtype = None
+        else:
+            for part in trainer.model_parts:
+                tensors = list(part.parameters()) + list(part.buffers())
+                for t in tensors:
+                    if t.is_floating_point() and t.dtype != dtype:
+                        retyped.append((t, t.data))
+                        t.data = t.data.to(dtype)
+                    elif t.is_complex() and dtype == torch.float64 and t.dtype != torch.complex128:
+                        retyped.append((t, t.data))
+                        t.data = t.data.to(torch.complex128)
+        yield
+    finally:
+        for t, data in reversed(retyped):
+            if isinstance(t, nn.Parameter):
+                t.grad = None
+            t.data = data
+        for obj, attr, value in reversed(fsdp_saved):
+            setattr(obj, attr, value)
+        trainer.maybe_enable_amp = saved_amp
+
+
+# ---------------------------------------------------------------- the three passes
+
+
+@contextlib.contextmanager
+def _restored(buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
+    """Every buffer's value put back (in place) after the passes: forward passes update some
+    (MoE token counts that the expert-bias update reads before the optimizer step)."""
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, value in buffers:
+                b.copy_(value)
+
+
+def take_tokens(input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
+                tokens: int | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The first ``tokens`` label positions of the micro-batch (whole rows while they fit,
+    else the first ``tokens`` of row 0); the whole micro-batch for None."""
+    if tokens is None or tokens >= labels.numel():
+        return input_dict, labels
+    batch, seq = labels.shape[0], labels.shape[-1]
+    rows = tokens // seq
+    if rows >= 1:
+        cut = lambda t: t[:rows] if isinstance(t, torch.Tensor) and t.shape[:1] == (batch,) else t  # noqa: E731
+    else:
+        cut = lambda t: (t[:1, :tokens] if isinstance(t, torch.Tensor) and t.dim() >= 2  # noqa: E731
+                         and t.shape[:2] == (batch, seq) else t)
+    return {k: cut(v) for k, v in input_dict.items()}, cut(labels)
+
+
+def _memory(devices: list[torch.device]) -> int | None:
+    cuda = [d for d in devices if d.type == "cuda"]
+    if not cuda:
+        return None
+    return max(torch.cuda.max_memory_allocated(d) for d in cuda)
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        import os
+
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def reference_dtype_for(trainer: Any, params: list[nn.Parameter], device: torch.device,
+                        job_activation_bytes: int) -> torch.dtype:
+    """float64 where it fits (FSDP: float32); estimated before allocating.
+
+    The reference keeps the job's and eager's gradients (2 x parameter bytes), its own
+    (reference bytes) and, unsharded, a re-typed copy of the parameters; its activations are
+    the job pass's scaled by the dtype widths.
+
+    Raises:
+        AuditError: not even the float32 reference would fit.
+    """
+    if device.type == "mps":
+        candidates = [torch.float32]  # MPS has no float64
+    elif is_fsdp(trainer.model_parts):
+        candidates = [torch.float32]
+    else:
+        candidates = [torch.float64, torch.float32]
+    free = _free_bytes(device)
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    numel = sum(p.numel() for p in params)
+    job_width = max(1, job_dtype_of(trainer, params).itemsize)
+    for dtype in candidates:
+        width = dtype.itemsize
+        need = 2 * param_bytes + 2 * numel * width + job_activation_bytes * width // job_width
+        if free is None or need <= free:
+            return dtype
+        last = (dtype, need)
+    dtype, need = last
+    raise AuditError(
+        f"the {str(dtype).removeprefix('torch.')} reference would need about "
+        f"{need / 2**30:.1f} GiB on {device} and {free / 2**30:.1f} GiB are free: audit "
+        "fewer tokens (--tokens N) or on more GPUs"
+    )
+
+
+def run_passes(
+    trainer: Any,
+    step: Step,
+    input_dict: dict[str, torch.Tensor],
+    labels: torch.Tensor,
+    settings: AuditSettings,
+) -> AuditResult:
+    """The three passes and their statistics, with the trainer's state preserved (see the
+    module docstring). Collective: every rank calls it with its own micro-batch."""
+    import torch.distributed as dist
+
+    model_parts: list[nn.Module] = list(trainer.model_parts)
+    named = [(clean_name(n), p) for part in model_parts for n, p in part.named_parameters()]
+    params = [p for _, p in named]
+    device = torch.device(getattr(trainer, "device", "cpu"))
+    devices = [device]
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    job_dtype = job_dtype_of(trainer, params)
+    if is_fsdp(model_parts) and job_dtype.itemsize < 4:
+        # FSDP2 allocates its all-gather buffers and unsharded parameters in the policy's
+        # dtype at its first forward; they cannot be raised for one pass and put back.
+        raise AuditError(
+            f"FSDP mixed precision ({str(job_dtype).removeprefix('torch.')} parameters) "
+            "cannot be raised for the reference pass: audit this job with "
+            "--training.mixed_precision_param float32, or without FSDP on fewer GPUs"
+        )
+    times: dict[str, float] = {}
+    losses: dict[str, float] = {}
+    grads: dict[str, dict[str, torch.Tensor | None]] = {}
+    started = time.perf_counter()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    base = _memory(devices) or 0
+
+    def one(kind: str, context: contextlib.AbstractContextManager[Any]) -> None:
+        restore_rng()
+        for p in params:
+            p.grad = None
+        t0 = time.perf_counter()
+        with context:
+            loss = step(dict(input_dict), labels)
+            grads[kind] = {n: (None if p.grad is None else p.grad.detach().clone())
+                           for n, p in named}
+            losses[kind] = float(loss.detach().double().sum())
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times[kind] = time.perf_counter() - t0
+        for p in params:
+            p.grad = None
+
+    buffers = [(b, b.detach().clone()) for part in model_parts for b in part.buffers()]
+    with preserved_rng(devices) as restore_rng, preserved_grads(params), \
+            _restored(buffers):
+        one("job", contextlib.nullcontext())
+        activations = max(0, (_memory(devices) or 0) - base)
+        one("eager", torch.compiler.set_stance("force_eager"))
+        ref_dtype = reference_dtype_for(trainer, params, device, activations)
+        with high_precision(trainer, ref_dtype):
+            one("reference", torch.compiler.set_stance("force_eager"))
+    if world > 1:
+        # Each rank's loss is its local sum over the global token count: summed, the job's
+        # loss (replicated ranks scale all three alike, which relative errors do not see).
+        summed = torch.tensor([losses[k] for k in ("job", "eager", "reference")],
+                              dtype=torch.float64, device=device)
+        dist.all_reduce(summed)
+        losses.update(zip(("job", "eager", "reference"), summed.tolist(), strict=True))
+    names = [n for n, _ in named]
+    stats = compare(names, grads["job"], grads["eager"], grads["reference"], job_dtype,
+                    settings, device)
+    loss = loss_verdict(losses["job"], losses["eager"], losses["reference"], job_dtype,
+                        settings)
+    times["total"] = time.perf_counter() - started
+    tokens = int(labels.numel())
+    if world > 1:
+        counted = torch.tensor([tokens], dtype=torch.int64, device=device)
+        dist.all_reduce(counted)
+        tokens = int(counted)
+    log.info("numerics audit: %d parameters, %d tokens, reference %s, %.1f s",
+             len(stats), tokens, ref_dtype, times["total"])
+    return AuditResult(
+        world_size=world, tokens=tokens,
+        reference_dtype=str(ref_dtype).removeprefix("torch."),
+        job_dtype=str(job_dtype).removeprefix("torch."), settings=settings, loss=loss,
+        parameters=stats, attribution=attribute(model_parts), time_s=times,
+        peak_memory_bytes=_memory(devices),
+    )
+
+
+# ---------------------------------------------------------------- TorchTitan 0.2.2
+
+
+def global_valid_tokens(trainer: Any, labels: torch.Tensor) -> torch.Tensor:
+    """The loss denominator ``Trainer.train_step`` computes (0.2.2): valid labels, summed
+    over the batch mesh when data parallel."""
+    from torchtitan.components.loss import IGNORE_INDEX
+
+    local = (labels != IGNORE_INDEX).sum().to(labels.device)
+    dims = trainer.parallel_dims
+    if getattr(dims, "dp_enabled", False):
+        from torchtitan.distributed import utils as dist_utils
+
+        return dist_utils.dist_sum(local, dims.get_mesh("batch"))
+    return local.float()
+
+
+def trainer_step(trainer: Any, labels: torch.Tensor) -> Step:
+    """TorchTitan 0.2.2's ``forward_backward_step`` of ``trainer`` as a :data:`Step`."""
+    denominator = global_valid_tokens(trainer, labels)
+
+    def step(input_dict: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+        return trainer.forward_backward_step(input_dict=input_dict, labels=labels,
+                                             global_valid_tokens=denominator)
+
+    return step
+
+
+def refuse_unsupported(trainer: Any) -> None:
+    """Raise :class:`AuditError` for a layout the audit does not cover.
+
+    Pipeline parallelism is refused: each stage holds other parameters and the schedule runs
+    several micro-batches per call, so the three passes would not see one shared batch.
+    """
+    dims = getattr(trainer, "parallel_dims", None)
+    if getattr(dims, "pp_enabled", False):
+        raise AuditError("pipeline parallelism is not audited (each stage holds other "
+                         "parameters and its schedule splits the batch): audit the job with "
+                         "--parallelism.pipeline_parallel_degree 1 on fewer layers or more "
+                         "memory per GPU")
+
+
+def audit_022(trainer: Any, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
+              settings: AuditSettings, tokens: int | None = None) -> AuditResult:
+    """Audit a built TorchTitan 0.2.2 trainer on one micro-batch (on its device)."""
+    refuse_unsupported(trainer)
+    device = torch.device(getattr(trainer, "device", "cpu"))
+    input_dict, labels = take_tokens(input_dict, labels, tokens)
+    input_dict = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                  for k, v in input_dict.items()}
+    labels = labels.to(device)
+    return run_passes(trainer, trainer_step(trainer, labels), input_dict, labels, settings)
