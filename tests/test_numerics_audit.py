@@ -78,6 +78,21 @@ def test_non_finite_and_missing_gradients_are_flagged() -> None:
     assert not unused.flagged and unused.numel == 0
 
 
+def test_a_bf16_job_is_judged_at_its_gradients_float32_floor() -> None:
+    """A bf16 job under AMP keeps float32 gradients; its eager error is ~0.5 % (measured on an
+    H200: benchmarks/results/2026-12-01-h200/numerics-audit). The floor is the gradient's
+    dtype's, so a 4 %-wrong gradient (8x eager) is flagged; a floor in bf16 units (64 x 2^-7 =
+    0.5) would have passed it, as the first H200 run of the injected fault did."""
+    a, b, c = _grads(noise=5e-3)
+    wrong = c.float() + 4 * (a - c.float()) * 2.5  # 10x eager's error
+    p = _one(wrong, b, c, dtype=torch.bfloat16)
+    assert p.flagged and "rmse" in p.reason and p.ratio == pytest.approx(10, rel=0.05)
+    assert not _one(a, b, c, dtype=torch.bfloat16).flagged
+    # The loss of a bf16 job is computed in float32: its floor is float32's.
+    assert loss_verdict(6.0 * (1 + 1e-3), 6.0 * (1 + 1e-6), 6.0, torch.bfloat16,
+                        AuditSettings())["flagged"]
+
+
 def test_loss_verdict_uses_the_floor() -> None:
     assert not loss_verdict(6.0 + 1e-6, 6.0, 6.0, torch.float32, AuditSettings())["flagged"]
     assert loss_verdict(6.01, 6.0, 6.0, torch.float32, AuditSettings())["flagged"]

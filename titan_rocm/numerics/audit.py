@@ -276,7 +276,9 @@ def _memory(devices: list[torch.device]) -> int | None:
 
 def _free_bytes(device: torch.device) -> int | None:
     if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
+        # Blocks the caching allocator holds but no tensor uses are free to the reference too.
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(torch.cuda.mem_get_info(device)[0]) + max(0, int(cached))
     try:
         import os
 
@@ -374,7 +376,9 @@ def run_passes(
     with preserved_rng(devices) as restore_rng, preserved_grads(params), \
             _restored(buffers):
         one("job", contextlib.nullcontext())
-        activations = max(0, (_memory(devices) or 0) - base)
+        # The job pass's peak holds its own gradients too; the estimate counts those apart.
+        grad_bytes = sum(p.numel() * p.element_size() for p in params)
+        activations = max(0, (_memory(devices) or 0) - base - grad_bytes)
         one("eager", torch.compiler.set_stance("force_eager"))
         ref_dtype = reference_dtype_for(trainer, params, device, activations)
         with high_precision(trainer, ref_dtype):

@@ -5,9 +5,13 @@ For one parameter with job gradient ``a``, eager gradient ``b`` and reference ``
 read as float64; a sharded parameter contributes its local shard on every rank):
 
 * ``err_job = rmse(a, c) / rms(c)`` and ``err_eager = rmse(b, c) / rms(c)``;
-* ``floor = floor_eps x eps(job dtype)``: the relative error the job's dtype is allowed
-  whatever eager does (on CPU the job runs float32, where eager and compiled agree to a few
-  ulps and ``err_eager`` alone would make every reordered reduction an alarm);
+* ``floor = floor_eps x eps(dtype of the job's gradient)``: the relative error a gradient
+  stored in that dtype is allowed whatever eager does (on CPU the job runs float32, where
+  eager and compiled agree to a few ulps and ``err_eager`` alone would make every reordered
+  reduction an alarm). It is the gradient's dtype (float32 under AMP or FSDP's float32
+  reduce), not the compute dtype: a bf16 floor (64 x 2^-7 = 0.5) would hide any error under
+  50 %, which is what the first H200 run of the injected fault showed (a 38x ratio passed);
+  the loss, computed in at least float32 by TorchTitan, gets the float32 floor;
 * ``ratio = err_job / max(err_eager, floor)``: flagged above ``fudge``;
 * ``outlier_fraction``: the fraction of elements with ``|a - c| > k x max(q-quantile of
   |b - c|, floor x rms(c))``: flagged above ``outlier_max``. "A few percent garbage" moves
@@ -137,8 +141,9 @@ def compare(
 ) -> list[ParamStats]:
     """Every parameter's statistics and verdict (collective: every rank must call it with the
     same ``names``, in the same order)."""
-    floor = settings.floor_eps * dtype_eps(job_dtype)
     n = len(names)
+    floors = [settings.floor_eps * dtype_eps(_grad_dtype(job.get(name), job_dtype))
+              for name in names]
     # Phase 1, per parameter: [sum c^2, sum (a-c)^2, sum (b-c)^2, numel, missing] and maxima
     # [max |a-c|, eager quantile, non-finite].
     sums = torch.zeros(n, 5, dtype=torch.float64, device=device)
@@ -170,14 +175,20 @@ def compare(
     for i in range(n):
         count = float(sums[i, 3])
         rms = math.sqrt(float(sums[i, 0]) / count) if count else 0.0
-        thresholds[i] = settings.outlier_k * max(float(maxima[i, 1]), floor * rms)
+        thresholds[i] = settings.outlier_k * max(float(maxima[i, 1]), floors[i] * rms)
     outliers = torch.zeros(n, dtype=torch.float64, device=device)
     for i, pair in enumerate(diffs):
         if pair is not None:
             outliers[i] = (pair[0] > thresholds[i]).sum()
     _all_reduce(outliers, "SUM")
     return [_verdict(names[i], sums[i].tolist(), maxima[i].tolist(), float(outliers[i]),
-                     floor, settings) for i in range(n)]
+                     floors[i], settings) for i in range(n)]
+
+
+def _grad_dtype(grad: torch.Tensor | None, fallback: torch.dtype) -> torch.dtype:
+    """The dtype a job gradient is stored in (its local shard's), ``fallback`` without one."""
+    local = _local(grad)
+    return local.dtype if local is not None and local.is_floating_point() else fallback
 
 
 def _verdict(name: str, sums: list[float], maxima: list[float], outliers: float,
@@ -214,7 +225,7 @@ def _verdict(name: str, sums: list[float], maxima: list[float], outliers: float,
 def loss_verdict(job: float, eager: float, reference: float, job_dtype: torch.dtype,
                  settings: AuditSettings) -> dict[str, Any]:
     """The loss judged as a parameter is: relative errors against the reference, ``fudge``."""
-    floor = settings.floor_eps * dtype_eps(job_dtype)
+    floor = settings.floor_eps * dtype_eps(torch.promote_types(job_dtype, torch.float32))
     scale = abs(reference) or 1.0
     err_job, err_eager = abs(job - reference) / scale, abs(eager - reference) / scale
     finite = math.isfinite(job)
