@@ -216,11 +216,30 @@ def audit_result(text: str) -> dict[str, Any] | None:
     decoder = json.JSONDecoder()
     found = None
     for m in re.finditer(r'\{\s*"schema"', joined):
-        try:
-            found, _ = decoder.raw_decode(joined, m.start())
-        except ValueError:
-            continue
+        found = _decode_around_foreign_lines(decoder, joined, m.start()) or found
     return found
+
+
+def _decode_around_foreign_lines(decoder: json.JSONDecoder, text: str, start: int,
+                                 tries: int = 64) -> dict[str, Any] | None:
+    """The JSON object at ``start``, leaving out whole lines that break it: torchrun's
+    ``--tee`` tails the worker's stdout and stderr files separately, so a log line written to
+    stderr while the object was printed can land between two of its lines (seen on the H200:
+    the fault's at-exit line inside the corrupted audit's JSON)."""
+    for _ in range(tries):
+        try:
+            found, _ = decoder.raw_decode(text, start)
+            return found if isinstance(found, dict) else None
+        except ValueError as error:
+            pos = getattr(error, "pos", None)
+            if pos is None:
+                return None
+            begin = text.rfind("\n", 0, pos) + 1
+            end = text.find("\n", pos)
+            if begin <= start or end < 0:
+                return None
+            text = text[:begin] + text[end + 1:]
+    return None
 
 
 def corrupt_summary(text: str) -> dict[str, Any] | None:

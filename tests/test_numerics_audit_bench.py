@@ -128,6 +128,17 @@ def test_audit_json_is_read_from_rank_0s_prefixed_lines() -> None:
     assert bench.audit_result("[rank0]:no json here\n") is None
 
 
+def test_audit_json_survives_a_stderr_line_torchrun_interleaved() -> None:
+    """torchrun --tee tails stdout and stderr apart: on the H200 the fault's at-exit line
+    landed inside the corrupted audit's JSON (benchmarks/results/2026-12-01-h200/
+    numerics-audit-2), and the analysis read "no audit JSON in the log"."""
+    result = audit_json(CLEAN)
+    lines = _audit_log(result, ranks=1).splitlines(keepends=True)
+    middle = next(i for i, line in enumerate(lines) if '"err_eager"' in line)
+    lines.insert(middle, "[rank0]:titan-rocm: TITAN_ROCM_DEBUG_CORRUPT at exit: 1 time(s)\n")
+    assert bench.audit_result("".join(lines)) == result
+
+
 def test_clean_distribution_and_a_fault_named_by_its_block() -> None:
     dist = bench.ratio_distribution(audit_json(CLEAN))
     assert dist["parameters"] == 9 and dist["max"] == 1.1 and dist["median"] == 0.9
