@@ -29,6 +29,11 @@ class ArchFacts:
     """aiter's fmha_v3 ASM backward supports q/k head dim 192 with v head dim 128
     (DeepSeek MLA). Where False, that shape must go to aiter's generic CK backward.
     Docs: docs/mla-ck-backward.md."""
+    aiter_fmha_v3_bwd_qk128_v128: bool
+    """aiter's fmha_v3 ASM backward has q/k head dim 128 = v head dim 128 kernels, batch and
+    group (varlen) mode, and aiter's backward gates for this arch take that shape (read in
+    PyPI 0.1.7.post2 and main e4048607). Where True, titan-rocm leaves that shape to aiter
+    (Primus routes it to CK on gfx942). Docs: docs/mla-ck-backward.md."""
     opus_splitk_solidx_ranges: tuple[tuple[int, int], ...]
     """Half-open ``solidx`` ranges of aiter's split-K "opus" GEMM kernels whose
     workspace lives in a per-stream hipMalloc registry (unsafe under graph capture).
@@ -46,6 +51,7 @@ ARCHS: dict[str, ArchFacts] = {
             wave_size=64,
             vmem_store_data_hazard=False,
             aiter_fmha_v3_bwd_qk192_v128=False,
+            aiter_fmha_v3_bwd_qk128_v128=False,
             opus_splitk_solidx_ranges=(),
             cu_nums=(104, 110),
         ),
@@ -55,6 +61,7 @@ ARCHS: dict[str, ArchFacts] = {
             wave_size=64,
             vmem_store_data_hazard=True,
             aiter_fmha_v3_bwd_qk192_v128=False,
+            aiter_fmha_v3_bwd_qk128_v128=True,
             opus_splitk_solidx_ranges=((10200, 10300),),
             cu_nums=(304, 228, 80, 20, 38),
         ),
@@ -64,6 +71,7 @@ ARCHS: dict[str, ArchFacts] = {
             wave_size=64,
             vmem_store_data_hazard=True,
             aiter_fmha_v3_bwd_qk192_v128=True,
+            aiter_fmha_v3_bwd_qk128_v128=True,
             opus_splitk_solidx_ranges=((200, 300), (1200, 1300)),
             cu_nums=(256, 32),
         ),
@@ -73,6 +81,7 @@ ARCHS: dict[str, ArchFacts] = {
             wave_size=32,
             vmem_store_data_hazard=False,
             aiter_fmha_v3_bwd_qk192_v128=False,
+            aiter_fmha_v3_bwd_qk128_v128=False,
             # gfx1250's split-K opus kernels (solidx [20000, 21000)) allocate their
             # workspace with a capture-aware torch.empty: none of them is unsafe.
             opus_splitk_solidx_ranges=(),
