@@ -263,3 +263,17 @@ def test_plan_shows_the_fp8_route_of_the_16b_fp8_config(capsys, turbo, backend, 
     assert (details["backend"], details["precision"]) == (backend, precision)
     if turbo == "present":
         assert set(details["layers"].values()) == {"primus_turbo:fp8"}
+
+
+def test_docs_show_the_current_fp8_plan():
+    """docs/grouped-mm.md quotes the plan's first rocm.grouped_mm lines for the 16B FP8 config
+    with a Primus-Turbo present, verbatim."""
+    from titan_rocm.plan import format_plan, make_plan
+
+    cfg = str(REPO / "configs" / "deepseek_v3_16b_fp8.toml")
+    text = format_plan(make_plan(["--job.config_file", cfg, "--rocm.grouped_mm_backend", "auto"],
+                                 arch="gfx942", primus_turbo="present"))
+    lines = text.splitlines()
+    start = next(i for i, x in enumerate(lines) if x.startswith("  rocm.grouped_mm "))
+    end = next(i for i in range(start, len(lines)) if "primus_turbo_fp8:" in lines[i])
+    assert "\n".join(lines[start:end + 1]) in (REPO / "docs" / "grouped-mm.md").read_text()
