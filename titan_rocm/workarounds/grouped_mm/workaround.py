@@ -147,7 +147,7 @@ class GroupedMMBinding(Workaround):
             if missing:
                 return f"[rocm] grouped_mm_backend = \"primus_turbo\" cannot be used: {missing}"
         if self._fp8_unmet is not None and self.mode == "on":
-            # Under auto the binding still applies, in BF16 (_say_fp8_fallback).
+            # Under auto the binding applies what it would otherwise (_say_fp8_fallback).
             return f"the FP8 grouped GEMM ({FP8_ROUTE}) cannot be used: {self._fp8_unmet}"
         return None
 
