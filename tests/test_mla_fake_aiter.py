@@ -1,6 +1,7 @@
 """The two fake aiter generations against titan-rocm's per-release table: what each fake's own
 dispatch (its gates copied from that release's aiter/ops/mha.py) does with q/k 192, v 128 is
-what the routing predicts, for every real arch x get_gfx() answer x layout x mask.
+what the routing predicts, for every real arch x get_gfx() answer x layout x mask; and the
+same for the backward of q/k 128, v 128, which titan-rocm leaves to aiter's fmha_v3 kernel.
 
 This ties the hand-written facts in aiter_releases.py and archs.py to the fakes' gates and
 kernel tables; the fakes' docstrings cite where those were read.
@@ -27,18 +28,18 @@ VERSIONS = {"0.1.7": "0.1.7.post2.dev18", "main": "main"}
 SEQLEN = 160  # above the dense forward's 128 and the backward's 16
 
 
-def _inputs(varlen: bool):
+def _inputs(varlen: bool, qk: int = 192):
     gen = torch.Generator().manual_seed(0)
     shape = (SEQLEN,) if varlen else (1, SEQLEN)
-    q, k = (torch.randn(*shape, 2, 192, generator=gen).to(torch.bfloat16) for _ in range(2))
+    q, k = (torch.randn(*shape, 2, qk, generator=gen).to(torch.bfloat16) for _ in range(2))
     v = torch.randn(*shape, 2, 128, generator=gen).to(torch.bfloat16)
     return q, k, v
 
 
-def _run_aiters_own(mha, direction: str, varlen: bool, causal: bool) -> str:
+def _run_aiters_own(mha, direction: str, varlen: bool, causal: bool, qk: int = 192) -> str:
     """The kernel aiter's own dispatch reaches (its name, or ``failed: <message>``)."""
     fake = sys.modules["aiter._fake"]
-    q, k, v = _inputs(varlen)
+    q, k, v = _inputs(varlen, qk)
     cu = torch.tensor([0, 100, SEQLEN], dtype=torch.int32)
     if varlen:
         out, lse, _, rng = mha._flash_attn_varlen_forward(
@@ -100,3 +101,30 @@ def test_fake_gates_do_what_the_release_table_predicts(fake_aiter, monkeypatch):
             assert reached in (route.function, ) or reached.startswith("failed"), (case, reached)
         checked += 1
     assert checked == 32
+
+
+def test_fake_gates_run_fmha_v3_for_qk128_v128_backward_where_the_route_says(fake_aiter,
+                                                                              monkeypatch):
+    """q/k 128, v 128 backward: each generation's own dispatch reaches the kernel the route
+    names (fmha_v3 on gfx942 and gfx950, told either arch), never a failed fmha_v3 call."""
+    mha = sys.modules["aiter.ops.mha"]
+    chip_info = sys.modules["aiter.jit.utils.chip_info"]
+    reached_v3 = 0
+    for arch, aiter_gfx, varlen, causal in itertools.product(
+        ("gfx942", "gfx950"), ("gfx942", "gfx950"), (False, True), (True, False),
+    ):
+        monkeypatch.setenv("GPU_ARCHS", aiter_gfx)
+        chip_info.get_gfx.cache_clear()
+        fake_aiter.reset(arch)
+        call = AttentionCall(arch, 128, 128, 128, layout="thd" if varlen else "bshd",
+                             causal=causal, aiter_gfx=aiter_gfx,
+                             aiter_version=VERSIONS[fake_aiter.GENERATION])
+        route = route_backward(call)
+        reached = _run_aiters_own(mha, "backward", varlen, causal, qk=128)
+        assert route.backend == AITER
+        if arch == "gfx942":
+            assert route.kernel.startswith("fmha_v3"), route
+        if route.kernel != "aiter's choice":
+            assert reached == _kernel_name(route.kernel), (arch, aiter_gfx, varlen, route)
+        reached_v3 += reached.startswith("fmha_v3")
+    assert reached_v3 == 16

@@ -303,3 +303,47 @@ def test_routing_imports_neither_torch_nor_aiter():
         "sorted(m for m in sys.modules if m.startswith(('torch', 'aiter')))"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# -- q/k 128, v 128 (issue 22 item 4: Primus sends it to CK on gfx942, aiter has the kernel) --
+
+
+@pytest.mark.parametrize("aiter_gfx", [None, "gfx950"], ids=["detected", "misdetected"])
+@pytest.mark.parametrize("layout", ["bshd", "thd"])
+@pytest.mark.parametrize("version", [PYPI, MAIN, None], ids=["pypi", "main", "unknown"])
+def test_qk128_v128_backward_on_gfx942_runs_aiters_fmha_v3(version, layout, aiter_gfx):
+    """aiter's gates (can_impl_fmha_v3_bwd's psskddv; the varlen gate's pssk) and gfx942's
+    kernel tables take q/k 128, v 128 in 0.1.7.post2 and main: titan-rocm leaves it to aiter's
+    ASM kernel, not Primus's CK, and says so."""
+    call = AttentionCall("gfx942", 128, 128, 128, layout=layout, aiter_gfx=aiter_gfx,
+                         aiter_version=version)
+    route = route_backward(call)
+    assert route.backend == AITER
+    assert route.kernel == ("fmha_v3_varlen_bwd (ASM)" if layout == "thd"
+                            else "fmha_v3_bwd (ASM) for seqlen_q > 16, else CK mha_bwd")
+    assert "Primus PR #962" in route.reason and "gfx942's fmha_v3 backward has q/k 128" in (
+        route.reason)
+
+
+@pytest.mark.parametrize(
+    ("flags", "aiter_gfx", "kernel"),
+    [(Flags(dropout_p=0.1), None, "CK mha_bwd"),
+     (Flags(has_bias=True), None, "CK mha_bwd"),
+     (Flags(has_bias=True, layout="thd"), None, "fmha_v3_varlen_bwd (ASM)"),
+     (Flags(deterministic=True), None, "aiter's choice"),
+     (Flags(), "gfx90a", "CK mha_bwd")],
+)
+def test_qk128_v128_backward_where_aiters_gates_refuse(flags, aiter_gfx, kernel):
+    call = AttentionCall("gfx942", 128, 128, 128, **dataclasses.asdict(flags),
+                         aiter_gfx=aiter_gfx, aiter_version=MAIN)
+    route = route_backward(call)
+    assert route.backend == AITER and route.kernel == kernel, route.reason
+
+
+def test_qk128_v128_backward_reads_the_arch_fact(monkeypatch):
+    """Take gfx942's fact away: the route no longer claims the ASM kernel."""
+    call = AttentionCall("gfx942", 128, 128, 128, aiter_version=MAIN)
+    assert route_backward(call).kernel.startswith("fmha_v3_bwd")
+    gone = dataclasses.replace(archs.ARCHS["gfx942"], aiter_fmha_v3_bwd_qk128_v128=False)
+    monkeypatch.setitem(archs.ARCHS, "gfx942", gone)
+    assert route_backward(call).kernel == "aiter's choice"

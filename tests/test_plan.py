@@ -296,3 +296,35 @@ def test_primus_turbo_can_be_simulated(capsys, given, backend):
     assert main(["plan", "--primus-turbo", given, "--job.config_file", cfg]) == 2
     assert f"--primus-turbo {given} describes a simulated machine; give --arch too" in (
         capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(
+    ("aiter", "attention", "backward", "runs"),
+    [("0.1.7", "causal", "aiter (_flash_attn_backward)",
+      "fmha_v3_bwd (ASM) for seqlen_q > 16, else CK mha_bwd"),
+     ("main", "causal", "aiter (_flash_attn_backward)",
+      "fmha_v3_bwd (ASM) for seqlen_q > 16, else CK mha_bwd"),
+     ("0.1.7", "block_causal", "aiter (_flash_attn_varlen_backward)",
+      "fmha_v3_varlen_bwd (ASM)"),
+     ("main", "block_causal", "aiter (_flash_attn_varlen_backward)",
+      "fmha_v3_varlen_bwd (ASM)")],
+)
+def test_plan_shows_the_qk128_v128_backward_route_on_gfx942(monkeypatch, capsys, aiter,
+                                                             attention, backward, runs):
+    """A DeepSeek flavor with q/k 128 (nope 64 + rope 64), v 128: the plan names aiter's
+    fmha_v3 kernel for the backward and says why titan-rocm does not follow Primus's CK."""
+    import dataclasses
+
+    import torchtitan.models.deepseek_v3 as deepseek
+
+    args = deepseek.deepseekv3_args["debugmodel"]
+    monkeypatch.setitem(deepseek.deepseekv3_args, "debugmodel", dataclasses.replace(
+        args, qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=128,
+        attn_type="flex" if attention == "block_causal" else "sdpa", attn_mask_type=attention))
+    cfg = str(REPO / "configs" / "deepseek_v3_debug.toml")
+    assert main(["plan", "--arch", "gfx942", "--aiter", aiter, "--job.config_file", cfg,
+                 "--json"]) == 0
+    details = _by_name(json.loads(capsys.readouterr().out))["mla_ck_backward"]["details"]
+    assert details["shape"] == {"qk": 128, "v": 128}
+    assert (details["backward"], details["backward_runs"]) == (backward, runs)
+    assert "Primus PR #962" in details["backward_reason"]

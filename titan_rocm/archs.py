@@ -33,6 +33,11 @@ class ArchFacts:
     """aiter's fmha_v3 ASM backward supports q/k head dim 192 with v head dim 128
     (DeepSeek MLA). Where False, that shape must go to aiter's generic CK backward.
     Docs: docs/mla-ck-backward.md."""
+    aiter_fmha_v3_bwd_qk128_v128: bool
+    """aiter's fmha_v3 ASM backward has q/k head dim 128 = v head dim 128 kernels, batch and
+    group (varlen) mode, and aiter's backward gates for this arch take that shape (read in
+    PyPI 0.1.7.post2 and main e4048607). Where True, titan-rocm leaves that shape to aiter
+    (Primus routes it to CK on gfx942). Docs: docs/mla-ck-backward.md."""
     opus_splitk_solidx_ranges: tuple[tuple[int, int], ...]
     """Half-open ``solidx`` ranges of aiter's split-K "opus" GEMM kernels whose
     workspace lives in a per-stream hipMalloc registry (unsafe under graph capture).
@@ -50,6 +55,7 @@ ARCHS: dict[str, ArchFacts] = {
             wave_size=64,
             store_hazard_windows=False,
             aiter_fmha_v3_bwd_qk192_v128=False,
+            aiter_fmha_v3_bwd_qk128_v128=False,
             opus_splitk_solidx_ranges=(),
             cu_nums=(104, 110),
         ),
@@ -59,6 +65,7 @@ ARCHS: dict[str, ArchFacts] = {
             wave_size=64,
             store_hazard_windows=True,
             aiter_fmha_v3_bwd_qk192_v128=False,
+            aiter_fmha_v3_bwd_qk128_v128=True,
             opus_splitk_solidx_ranges=((10200, 10300),),
             cu_nums=(304, 228, 80, 20, 38),
         ),
@@ -68,6 +75,7 @@ ARCHS: dict[str, ArchFacts] = {
             wave_size=64,
             store_hazard_windows=True,
             aiter_fmha_v3_bwd_qk192_v128=True,
+            aiter_fmha_v3_bwd_qk128_v128=True,
             opus_splitk_solidx_ranges=((200, 300), (1200, 1300)),
             cu_nums=(256, 32),
         ),
@@ -77,6 +85,7 @@ ARCHS: dict[str, ArchFacts] = {
             wave_size=32,
             store_hazard_windows=False,
             aiter_fmha_v3_bwd_qk192_v128=False,
+            aiter_fmha_v3_bwd_qk128_v128=False,
             # gfx1250's split-K opus kernels (solidx [20000, 21000)) allocate their
             # workspace with a capture-aware torch.empty: none of them is unsafe.
             opus_splitk_solidx_ranges=(),

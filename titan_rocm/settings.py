@@ -25,6 +25,8 @@ MoECombine = Literal["fp32", "bf16"]
 """How the MoE modules ``rocm.moe_eager_compile`` keeps eager (TorchTitan 0.2.2) combine their
 experts' outputs: TorchTitan's bmm over an FP32 copy, or AMD-AGI/Primus PR #962's weighted sum
 over the BF16 outputs (no FP32 copy kept for the backward; docs/moe-eager-compile.md)."""
+GroupedMMPrecision = Literal["auto", "bf16", "fp8"]
+"""The precision of the ``primus_turbo`` grouped-MM backend (docs/grouped-mm.md)."""
 DocumentMasks = Literal["keep", "drop"]
 """What MLA on aiter does with per-document (``block_causal``) attention masks."""
 NumericsAudit = Literal["off", "first_step", "every_n_steps"]
@@ -60,6 +62,10 @@ class RocmSettings:
     grouped_mm_backend: str = "auto"
     """Grouped-MM backend: auto, torch, loop, primus_turbo, or a name registered with
     ``titan_rocm.workarounds.grouped_mm.register_backend``."""
+    grouped_mm_precision: GroupedMMPrecision = "auto"
+    """primus_turbo's GEMMs: fp8 (Primus-Turbo's grouped_gemm_fp8, E4M3 tensorwise, as
+    AMD-AGI/Primus trains DeepSeek), bf16, or auto: fp8 when the job's experts are float8
+    (quantize.grouped_mm.float8) and the installed Primus-Turbo has grouped_gemm_fp8."""
     triton_war: Mode = "auto"
     """Scan each HIP kernel for the buffer-store data hazard (a write-after-read, "WAR",
     hazard on the store's data registers); recompile hazardous ones with buffer ops off."""

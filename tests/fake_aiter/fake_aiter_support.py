@@ -175,6 +175,9 @@ def can_impl_fmha_v3_bwd(
     deterministic: bool,
     is_v3_atomic_fp32: bool | None = True,
 ) -> bool:
+    """aiter's gfx942 batch-mode backward gate, the same in both generations: 0.1.7.post2's
+    ``aiter/ops/mha.py`` lines 1265-1441 and main e4048607's lines 2125-2300 (``psskddv`` at
+    1406 / 2265 takes q/k 128 = v 128 with fp32 atomics, causal or no mask)."""
     _, seqlen_q, nhead_q, hdim_q = q.shape
     _, seqlen_k, nhead_k, hdim_v = v.shape
     left = -1 if window_size_left >= seqlen_k else window_size_left

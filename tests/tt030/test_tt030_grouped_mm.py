@@ -85,3 +85,87 @@ def test_binding_again_rebinds_without_stacking_subclasses():
     tt030.bind(holder, "torch")
     assert type(module).__mro__[1].__name__ == "GroupedExperts"
     assert tt030.bound_backend(module) == "torch"
+
+
+# -- the FP8 route (issue 22 item 5) on 0.3.0 ---------------------------------------------------
+
+
+def _float8_experts_class():
+    """A stand-in for the class TorchTitan 0.3.0's Float8 grouped-experts converter builds
+    (``components/quantization/float8.py``, ``_get_float8_grouped_experts_cls``): a subclass
+    named ``Float8<cls>`` with its own Config, whose ``__init__`` wraps the weights as torchao's
+    ``quantize_`` does (here with tests/fake_torchao.py; torchao is not installed)."""
+    from dataclasses import dataclass
+
+    import fake_torchao
+    from torchtitan.models.common.moe import GroupedExperts
+
+    class Float8GroupedExperts(GroupedExperts):
+        @dataclass(kw_only=True, slots=True)
+        class Config(GroupedExperts.Config):
+            pass
+
+        def __init__(self, config):
+            super().__init__(config)
+            fake_torchao.quantize_experts(self, ("w1_EFD", "w2_EDF", "w3_EFD"))
+
+    return Float8GroupedExperts
+
+
+def test_float8_experts_are_named_as_on_022_and_take_the_fp8_route(monkeypatch):
+    import fake_primus_turbo
+
+    from titan_rocm import platform
+    from titan_rocm.platform import PlatformFacts
+    from titan_rocm.settings import RocmSettings
+    from titan_rocm.torchtitan.context import quantized_experts
+    from titan_rocm.workarounds.base import TORCHTITAN_030, Context
+    from titan_rocm.workarounds.grouped_mm.workaround import GroupedMMBinding
+
+    config = _float8_experts_class().Config(dim=16, hidden_dim=24, num_experts=4)
+    assert quantized_experts(config) == ("quantize.grouped_mm.float8",)
+    for generation, route in (("main", "primus_turbo:fp8"), ("bf16_only", "torch")):
+        fake_primus_turbo.install(monkeypatch, generation)
+        facts = PlatformFacts.simulated_rocm("gfx942")
+        ctx = Context(settings=RocmSettings(), platform=facts, framework=TORCHTITAN_030,
+                      converters=quantized_experts(config))
+        with platform.override(facts):
+            assert GroupedMMBinding(ctx).route == route, generation
+
+
+def test_fp8_route_runs_the_float8_experts_and_the_torch_route_still_runs_torchao(monkeypatch):
+    """TorchTitan 0.3.0's own experts with the converter's (stand-in) weights, bound through
+    the class seam: primus_turbo:fp8 runs Primus-Turbo's FP8 GEMMs on plain tensors, torch
+    keeps the class's own path through torchao's scaled grouped GEMM; both train the weights."""
+    import fake_primus_turbo
+    import fake_torchao
+
+    from titan_rocm.workarounds.grouped_mm import tt030
+    from titan_rocm.workarounds.grouped_mm.backends import CALLS
+
+    fake_primus_turbo.install(monkeypatch)
+    torch.manual_seed(0)
+    module = _float8_experts_class().Config(dim=16, hidden_dim=24, num_experts=4).build()
+    with torch.no_grad():
+        for p in module.parameters():
+            p._data.normal_(std=0.2)
+    module.bfloat16()
+    x, counts = _inputs()
+    x = x.bfloat16()
+    outputs = {}
+    for route in ("primus_turbo:fp8", "torch"):
+        fake_torchao.SCALED_CALLS.clear()
+        fake_primus_turbo.CALLS.clear()
+        assert tt030.bind(nn.ModuleDict({"e": module}), route)["e"] in ("forward", "counted")
+        module.zero_grad()
+        before = CALLS[route]
+        out = module(x, counts)
+        out[: int(counts.sum())].float().pow(2).sum().backward()
+        assert CALLS[route] == before + 1
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in module.parameters())
+        outputs[route] = (out.detach(), fake_primus_turbo.names(), len(fake_torchao.SCALED_CALLS))
+    assert outputs["primus_turbo:fp8"][1:] == (["grouped_gemm_fp8"] * 3, 0)
+    assert outputs["torch"][1:] == ([], 3)
+    used = int(counts.sum())
+    fp8, ref = (outputs[r][0][:used].float() for r in ("primus_turbo:fp8", "torch"))
+    assert 0 < (fp8 - ref).norm() / ref.norm() < 0.1

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import threading
 from collections import Counter
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from titan_rocm.platform import PlatformFacts
 
@@ -143,6 +146,123 @@ def _turbo_gemm(A: torch.Tensor, B_t: torch.Tensor, group_lens: torch.Tensor) ->
     return turbo.ops.grouped_gemm(A, B_t.transpose(-2, -1), group_lens, trans_b=True)
 
 
+# -- the FP8 route of primus_turbo ------------------------------------------------------------
+
+FP8 = ":fp8"
+"""Suffix of a bound route that runs a backend's FP8 form (``primus_turbo:fp8``)."""
+FP8_PARAMETERS: tuple[str, ...] = ("a", "b", "group_lens", "trans_b", "config")
+"""What titan-rocm passes to ``primus_turbo.pytorch.ops.grouped_gemm_fp8``: every release from
+v0.1.0 (8f8fea65) to main (a6a16cdc, v0.4.0+) declares them
+(``primus_turbo/pytorch/ops/grouped_gemm_fp8.py``)."""
+FP8_CONFIG_MODULES: tuple[str, ...] = (
+    "primus_turbo.pytorch.core.low_precision",  # v0.2.0 on (19ee6a5a ... a6a16cdc)
+    "primus_turbo.pytorch.core.float8",  # v0.1.x (8f8fea65)
+)
+"""Where Primus-Turbo keeps ``Float8QuantConfig``, ``Format`` and ``ScalingGranularity``
+(AMD-AGI/Primus ``primus/backends/torchtitan/models/moe/moe.py`` tries both)."""
+
+
+def _fp8_config_classes() -> tuple[Any, Any, Any] | None:
+    """``(Float8QuantConfig, Format, ScalingGranularity)`` of the installed Primus-Turbo."""
+    for name in FP8_CONFIG_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # an absent module in this release
+            continue
+        classes = tuple(getattr(module, c, None) for c in
+                        ("Float8QuantConfig", "Format", "ScalingGranularity"))
+        if all(c is not None for c in classes) and hasattr(classes[1], "E4M3") and hasattr(
+                classes[2], "TENSORWISE"):
+            return classes  # type: ignore[return-value]
+    return None
+
+
+def primus_turbo_fp8_status(facts: PlatformFacts | None = None) -> str | None:
+    """Why Primus-Turbo's FP8 grouped GEMM cannot be used here, or None when it can.
+
+    Feature detection, not a version guess: ``ops.grouped_gemm_fp8`` must exist and declare
+    :data:`FP8_PARAMETERS`, and an E4M3 tensorwise ``Float8QuantConfig`` must be importable. A
+    simulated Primus-Turbo (``--primus-turbo present``) is one that has it (every release since
+    v0.1.0 does).
+    """
+    missing = primus_turbo_status(facts)
+    if missing is not None or (facts is not None and facts.primus_turbo is not None):
+        return missing
+    turbo = importlib.import_module(PRIMUS_TURBO_MODULE)
+    fn = getattr(turbo.ops, "grouped_gemm_fp8", None)
+    if not callable(fn):
+        return (f"this Primus-Turbo has no {PRIMUS_TURBO_MODULE}.ops.grouped_gemm_fp8 (its FP8 "
+                "grouped GEMM)")
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return f"{PRIMUS_TURBO_MODULE}.ops.grouped_gemm_fp8 has no readable signature"
+    lacking = [name for name in FP8_PARAMETERS if name not in params]
+    if lacking:
+        return (f"{PRIMUS_TURBO_MODULE}.ops.grouped_gemm_fp8 lacks the parameters "
+                f"{', '.join(lacking)} (it takes {', '.join(params)})")
+    if _fp8_config_classes() is None:
+        return (f"no Float8QuantConfig with Format.E4M3 and ScalingGranularity.TENSORWISE in "
+                f"{' or '.join(FP8_CONFIG_MODULES)}")
+    return None
+
+
+class _Unwrapped(torch.autograd.Function):
+    """A wrapper tensor's one inner tensor, differentiably: the gradient passes through."""
+
+    @staticmethod
+    def forward(ctx: Any, weight: torch.Tensor) -> torch.Tensor:
+        names, _ = weight.__tensor_flatten__()  # type: ignore[attr-defined]
+        return getattr(weight, names[0]).detach()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def plain_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` as a plain tensor Primus-Turbo's kernels can read.
+
+    TorchTitan's float8 grouped-MM converter wraps the experts' weights in torchao's
+    ``ScaledGroupedMMTensor`` (a wrapper subclass holding the weight as its one inner tensor,
+    ``torchao/prototype/moe_training/tensor.py``); it keeps that wrapper through ``.bfloat16()``
+    and has no storage of its own. Such a weight is unwrapped through an identity whose
+    gradient flows back to the wrapped parameter; any other tensor is returned as it is.
+    """
+    if not is_traceable_wrapper_subclass(weight):
+        return weight
+    names, _ = weight.__tensor_flatten__()  # type: ignore[attr-defined]
+    return _Unwrapped.apply(weight) if len(names) == 1 else weight
+
+
+def _turbo_gemm_fp8(A: torch.Tensor, B: torch.Tensor, group_lens: torch.Tensor) -> torch.Tensor:
+    """``A @ B[g].T`` per group through ``grouped_gemm_fp8``, E4M3, one dynamic scale per
+    tensor: the config AMD-AGI/Primus's ``models/moe/moe.py`` (be88d349) trains DeepSeek with."""
+    turbo = importlib.import_module(PRIMUS_TURBO_MODULE)
+    classes = _fp8_config_classes()
+    assert classes is not None, "primus_turbo_fp8_status() was not checked"
+    config_cls, fmt, granularity = classes
+    config = config_cls(format=fmt.E4M3, granularity=granularity.TENSORWISE)
+    return turbo.ops.grouped_gemm_fp8(A, B, group_lens=group_lens, trans_b=True, config=config)
+
+
+def primus_turbo_fp8_grouped_mm(
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor,
+    x: torch.Tensor,
+    num_tokens_per_expert: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`primus_turbo_grouped_mm` with each GEMM in FP8 (``grouped_gemm_fp8``): BF16 in
+    and out, E4M3 tensorwise dynamic scaling; torchao-wrapped weights are unwrapped first
+    (:func:`plain_weight`)."""
+    group_lens = _group_lens(num_tokens_per_expert.to(torch.int64), x.shape[0])
+    xb = x.bfloat16()
+    w1, w2, w3 = (plain_weight(w).bfloat16() for w in (w1, w2, w3))
+    h = F.silu(_turbo_gemm_fp8(xb, w1, group_lens)) * _turbo_gemm_fp8(xb, w3, group_lens)
+    return _turbo_gemm_fp8(h, w2, group_lens).type_as(x)
+
+
 GemmFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """One grouped GEMM, ``fn(A, B_t, offs) -> A[rows of g] @ B_t[g]`` per group ``g`` (``offs``:
 cumulative row ends): TorchTitan 0.3.0's ``GroupedExperts._grouped_mm`` seam, which experts
@@ -167,7 +287,15 @@ def primus_turbo_gemm(A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor) ->
                                            A.shape[0]))
 
 
-GEMM_FORMS: dict[str, GemmFn] = {"loop": loop_gemm, "primus_turbo": primus_turbo_gemm}
+def primus_turbo_fp8_gemm(A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """:func:`primus_turbo_fp8_grouped_mm`'s GEMM alone."""
+    ends = offs.to(torch.int64)
+    lens = _group_lens(torch.diff(ends, prepend=ends.new_zeros(1)), A.shape[0])
+    return _turbo_gemm_fp8(A, plain_weight(B_t).transpose(-2, -1), lens)
+
+
+GEMM_FORMS: dict[str, GemmFn] = {"loop": loop_gemm, "primus_turbo": primus_turbo_gemm,
+                                 "primus_turbo" + FP8: primus_turbo_fp8_gemm}
 """Built-in backends that also exist as one grouped GEMM (``torch`` needs none: it is the
 stock ``torch._grouped_mm``); a registered backend has only its experts form."""
 
@@ -177,6 +305,10 @@ BUILTIN: dict[str, ExpertsFn] = {
     "loop": loop_grouped_mm,
     "primus_turbo": primus_turbo_grouped_mm,
 }
+
+FP8_FORMS: dict[str, ExpertsFn] = {"primus_turbo": primus_turbo_fp8_grouped_mm}
+"""Backends with an FP8 form, bound as ``<name>:fp8`` (not names users pick: the precision
+is ``[rocm] grouped_mm_precision``)."""
 
 _registry: dict[str, ExpertsFn] = dict(BUILTIN)
 _lock = threading.Lock()
@@ -246,6 +378,17 @@ def get_backend(name: str) -> ExpertsFn:
             f"[rocm] grouped_mm_backend = {name!r} is not a grouped-MM backend; accepted: "
             f"{', '.join(backend_names())}"
         ) from None
+
+
+def experts_function(route: str) -> ExpertsFn:
+    """The function a bound ``route`` runs: a backend name, or ``<name>:fp8`` (its FP8 form).
+
+    Raises:
+        ValueError: ``route`` is neither (names it and the accepted backends).
+    """
+    if route.endswith(FP8) and route.removesuffix(FP8) in FP8_FORMS:
+        return FP8_FORMS[route.removesuffix(FP8)]
+    return get_backend(route)
 
 
 def validate_name(name: str) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from titan_rocm.workarounds.grouped_mm.backends import CALLS, ExpertsFn, get_backend
+from titan_rocm.workarounds.grouped_mm.backends import CALLS, ExpertsFn, experts_function
 from titan_rocm.workarounds.grouped_mm.experts_compile import (
     NOT_COMPILED,
     CompileRequest,
@@ -84,13 +84,13 @@ def make_bound(
     backend: str, request: CompileRequest = NOT_COMPILED
 ) -> Callable[..., torch.Tensor]:
     """The function bound in place of ``_run_experts_grouped_mm``: counts, then calls ``backend``
-    (compiled at the first call when ``request`` and the blocks allow it, see
-    :mod:`.experts_compile`).
+    (a backend name, or ``<name>:fp8`` for its FP8 form; compiled at the first call when
+    ``request`` and the blocks allow it, see :mod:`.experts_compile`).
 
     Raises:
         ValueError: ``backend`` is not registered.
     """
-    fn: ExpertsFn = ExpertsRunner(backend, get_backend(backend), request)
+    fn: ExpertsFn = ExpertsRunner(backend, experts_function(backend), request)
 
     def _run_experts_grouped_mm_dynamic(
         w1: torch.Tensor,

@@ -37,7 +37,7 @@ import torch.nn as nn
 from titan_rocm.workarounds.grouped_mm.backends import (
     CALLS,
     GEMM_FORMS,
-    get_backend,
+    experts_function,
     is_compilable,
 )
 from titan_rocm.workarounds.moe_blocks import is_moe_block, mark_eager
@@ -117,7 +117,7 @@ def _binding_class(base: type, seam: str) -> type:
                     num_tokens_per_expert_E: torch.Tensor) -> torch.Tensor:
             name = self.__dict__[BACKEND_ATTR]
             _count(name)
-            return get_backend(name)(_local(self.w1_EFD), _local(self.w2_EDF),
+            return experts_function(name)(_local(self.w1_EFD), _local(self.w2_EDF),
                                      _local(self.w3_EFD), x_RD, num_tokens_per_expert_E)
         body: dict[str, Any] = {"forward": forward}
     else:
@@ -141,7 +141,7 @@ def _binding_class(base: type, seam: str) -> type:
 def bind(model: nn.Module, backend: str) -> dict[str, str]:
     """Bind every grouped-experts module of ``model`` to ``backend`` (idempotent: binding
     again rebinds). Returns, per module, the seam used or why it was left stock."""
-    get_backend(backend)  # ValueError names the accepted backends
+    experts_function(backend)  # ValueError names the accepted backends
     done: dict[str, str] = {}
     for name, module in find_experts(model):
         seam = seam_for(module, backend)

@@ -16,6 +16,11 @@ What titan-rocm routes, and why (docs/mla-ck-backward.md):
 - The forward of q/k 192, v 128 calls CK ``mha_fwd`` / ``mha_varlen_fwd`` directly exactly where
   the installed release's forward gate, told ``get_gfx()``'s answer, would pick an fmha_v3 ASM
   forward that the real arch does not have in that release.
+- The backward of q/k 128, v 128 stays with aiter's own dispatch, which runs its fmha_v3 ASM
+  kernel on gfx942 (and gfx950): aiter's gates take the shape and the kernel tables have it, in
+  PyPI 0.1.7.post2 and on main. Primus (PR #962) sends it to CK on gfx942; aiter's sources say
+  the ASM kernel is there, so titan-rocm does not (per-arch fact
+  ``aiter_fmha_v3_bwd_qk128_v128``). The route names the kernel aiter picks and why.
 - Everything else goes to aiter's own dispatch: other shapes (v padded to 192 among them:
   gfx942's fmha_v3 backward has q/k 192 = v 192 kernels in 0.1.7 and on main), and the gfx950
   backward, whose fmha_v3 table has q/k 192, v 128.
@@ -34,6 +39,11 @@ MLA_QK_HEAD_DIM = 192
 """q/k head dim of DeepSeek V3 MLA: qk_nope 128 + qk_rope 64."""
 MLA_V_HEAD_DIM = 128
 """v head dim of DeepSeek V3 MLA."""
+QK128_V128 = (128, 128)
+"""q/k 128, v 128: the other shape Primus (PR #962) sends to CK on gfx942."""
+PRIMUS_QK128 = ("Primus PR #962 sends q/k 128, v 128 to CK on gfx942; aiter's gates and "
+                "kernel tables show the ASM kernel is there, so titan-rocm leaves it to aiter "
+                "(docs/mla-ck-backward.md)")
 
 LAYOUTS: tuple[str, ...] = ("bshd", "bhsd", "thd")
 """Tensor layouts: batch-mode (either memory order; aiter reads strides) or varlen ``thd``."""
@@ -182,6 +192,8 @@ def _v3_flags_ok(call: AttentionCall) -> bool:
 
 def route_backward(call: AttentionCall) -> Route:
     """Route one attention backward to aiter's CK kernel or to aiter's own dispatch."""
+    if call.arch is not None and (call.hdim_q, call.hdim_v) == QK128_V128:
+        return _qk128_backward(call)
     unrouted = _unrouted(call, BACKWARD)
     if unrouted is not None:
         return unrouted
@@ -195,6 +207,41 @@ def route_backward(call: AttentionCall) -> Route:
     else:
         where = f"aiter has no fmha_v3 backward kernel for q/k 192, v 128 on {call.arch}"
     return _route(call, BACKWARD, CK, f"CK {ck}", f"{where}; {_aiters_own_backward(call)}")
+
+
+def _qk128_backward(call: AttentionCall) -> Route:
+    """q/k 128, v 128: always aiter's own dispatch; the kernel it picks, and why.
+
+    aiter's gates for this shape are the same in 0.1.7.post2 and main e4048607: on a
+    ``get_gfx()`` answer with the fact, dense needs no dropout/bias/alibi and (gfx942's gate)
+    not deterministic, then fmha_v3 for ``seqlen_q > 16``; varlen needs no dropout/alibi and
+    not deterministic.
+    """
+    ck = _ck(call, BACKWARD)
+    facts = ARCHS.get(call.arch or "")
+    told = ARCHS.get(call.dispatch_gfx or "")
+    if facts is None or not facts.aiter_fmha_v3_bwd_qk128_v128:
+        return _route(call, BACKWARD, AITER, AITERS_CHOICE,
+                      f"titan-rocm knows of no fmha_v3 q/k 128, v 128 backward on {call.arch}; "
+                      "aiter's own dispatch chooses")
+    if told is None or not told.aiter_fmha_v3_bwd_qk128_v128:
+        return _route(call, BACKWARD, AITER, f"CK {ck}",
+                      f"aiter's get_gfx() answers {call.dispatch_gfx} on this {call.arch}: its "
+                      f"fmha_v3 gates refuse q/k 128 there, so aiter runs CK {ck}")
+    if call.dropout_p != 0.0 or call.has_alibi or (call.has_bias and not call.varlen):
+        # The varlen gates do not read bias (commented out in both releases).
+        return _route(call, BACKWARD, AITER, f"CK {ck}",
+                      "aiter's fmha_v3 backward gates refuse dropout, bias and alibi: aiter "
+                      f"runs CK {ck}")
+    if call.deterministic:
+        return _route(call, BACKWARD, AITER, AITERS_CHOICE,
+                      "deterministic: aiter's gfx942 gate refuses it (CK), gfx950's takes it "
+                      "only for one key block (seqlen_k <= 256, batch mode)")
+    kernel = ("fmha_v3_varlen_bwd (ASM)" if call.varlen
+              else "fmha_v3_bwd (ASM) for seqlen_q > 16, else CK mha_bwd")
+    why = (f"{call.arch}'s fmha_v3 backward has q/k 128, v 128 kernels and aiter's gate "
+           f"(get_gfx() answers {call.dispatch_gfx}) takes this call")
+    return _route(call, BACKWARD, AITER, kernel, f"{why}; {PRIMUS_QK128}")
 
 
 def _aiters_own_backward(call: AttentionCall) -> str:
