@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
+from titan_rocm.cli import CommandError
 from titan_rocm.cli.bench_summary import warmup_arg
 from titan_rocm.logs.compare import (
     DEFAULT_TOLERANCE_PCT,
@@ -86,8 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _err(message: str) -> int:
-    print(f"titan-rocm compare: {message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    """Refuse with ``message`` (exit 2; the JSON error envelope under ``--json``)."""
+    raise CommandError(message, EXIT_BAD_INPUT)
 
 
 def _plot_path(text: str) -> Path:

@@ -13,7 +13,7 @@ import json
 import sys
 from collections import Counter
 
-from titan_rocm.cli import INTERRUPTED
+from titan_rocm.cli import INTERRUPTED, CommandError
 from titan_rocm.gemm_tables.capture_safe import (
     CaptureSafeError,
     CaptureSafeInterrupted,
@@ -147,11 +147,9 @@ def run(args: argparse.Namespace) -> int:
             check=args.check,
         )
     except CaptureSafeError as exc:
-        print(f"titan-rocm gemm-tables: error: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     except CaptureSafeInterrupted as exc:
-        print(f"titan-rocm gemm-tables: interrupted; {exc}", file=sys.stderr)
-        return INTERRUPTED
+        raise CommandError(f"interrupted; {exc}", INTERRUPTED) from None
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
     else:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+from titan_rocm.cli import CommandError
 from titan_rocm.platform import AITER_CHOICES
 
 HELP = (
@@ -80,6 +82,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument(
+        "--verbose", action="store_true",
+        help="also show how each workaround reaches into the job (patched functions, cache "
+        "keys, guard coverage) and every [rocm] setting, defaults included",
+    )
+    parser.add_argument(
         "--tune-problems", metavar="PROBLEMS",
         help="a problems file from `titan-rocm tune collect`: show how many of the job's GEMMs "
         "[rocm] gemm_lookup_table covers",
@@ -134,6 +141,47 @@ def _plan_030(args: argparse.Namespace, passthrough: list[str]) -> dict:
         raise StartupError(str(exc)) from None
 
 
+USAGE = (
+    "name the job to plan: --job.config_file X.toml [TorchTitan flags] (TorchTitan 0.2.2), "
+    "or --module M --config F (TorchTitan 0.3.0); titan-rocm plan --help lists the options"
+)
+
+
+def _refuse_early(args: argparse.Namespace, passthrough: list[str], tt030: bool) -> None:
+    """Every refusal that needs no torch, made before torch and TorchTitan load (which takes
+    10-20 s on a login node): bad world-size flags, an unknown --arch, a missing or unreadable
+    TOML, a missing --tune-problems file.
+
+    Raises:
+        CommandError: the reason, as the full plan would give it.
+    """
+    from titan_rocm.archs import arch_facts
+    from titan_rocm.job_args import CONFIG_FILE_FLAGS, JobArgsError, load_toml
+    from titan_rocm.preflight import StartupError, check_world_flags
+
+    try:
+        check_world_flags(args.world_size, args.nnodes, args.nproc_per_node)
+    except StartupError as exc:
+        raise CommandError(str(exc)) from None
+    if args.arch is not None:
+        try:
+            arch_facts(args.arch)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+    if tt030:
+        if any(arg.partition("=")[0] in CONFIG_FILE_FLAGS for arg in passthrough):
+            raise CommandError(
+                "--job.config_file is TorchTitan 0.2.2's; torchtitan 0.3.0 is installed: "
+                "plan a 0.3.0 job with --module M --config F")
+    else:
+        try:
+            load_toml(passthrough)
+        except JobArgsError as exc:
+            raise CommandError(str(exc)) from None
+    if args.tune_problems and not os.path.isfile(args.tune_problems):
+        raise CommandError(f"--tune-problems {args.tune_problems!r}: no such file")
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the plan; 0 on success, 2 on a bad job, flag, architecture or start-up failure."""
     from titan_rocm import torchtitan_version
@@ -145,19 +193,24 @@ def run(args: argparse.Namespace) -> int:
     passthrough = list(args.passthrough)
     if args.config_file is not None:
         passthrough = ["--job.config_file", args.config_file, *passthrough]
+    if not passthrough:
+        # Without a job, TorchTitan would plan its own default llama3 job: never what is meant.
+        print("usage: titan-rocm plan --job.config_file X.toml | --module M --config F "
+              "[options] [TorchTitan flags]", file=sys.stderr)
+        raise CommandError(USAGE)
+    _refuse_early(args, passthrough, tt030)
     try:
         plan = _plan_030(args, passthrough) if tt030 else _plan_022(args, passthrough)
     except StartupError as exc:
-        print(f"titan-rocm plan: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     if args.tune_problems:
         error = _add_coverage(plan, args.tune_problems)
         if error:
-            print(f"titan-rocm plan: {error}", file=sys.stderr)
-            return 2
-    from titan_rocm.plan import format_plan
+            raise CommandError(error)
+    from titan_rocm.plan_format import format_plan
 
-    print(json.dumps(plan, indent=2, default=str) if args.json else format_plan(plan))
+    print(json.dumps(plan, indent=2, default=str) if args.json
+          else format_plan(plan, verbose=args.verbose))
     return 0
 
 

@@ -22,6 +22,7 @@ import torch
 
 from titan_rocm import platform
 from titan_rocm.job_args import CONFIG_FILE_FLAGS, flag_value
+from titan_rocm.plan_format import PLAN_SCHEMA
 from titan_rocm.preflight import StartupError, WorldSize, degrees, world_size
 from titan_rocm.settings import RocmSettings, check_section
 from titan_rocm.torchtitan.job import RocmJob
@@ -152,6 +153,7 @@ def make_plan(args: Sequence[str], *, arch: str | None = None, size: int | None 
     module, name = flag_value(args, ("--module",)), flag_value(args, ("--config",))
     fn = spec.parallelize_fn
     plan = {
+        "schema": PLAN_SCHEMA,
         "config_file": f"--module {module} --config {name}",
         "model": {
             "name": spec.name,
