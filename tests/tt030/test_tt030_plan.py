@@ -125,9 +125,10 @@ def test_the_expert_mesh_check_agrees_with_0_3_0s_build_mesh():
     0.3.0 build_mesh's on a fake process group of that size."""
     import random
 
+    from torchtitan.distributed import ParallelDims
+
     from titan_rocm.preflight import WorldSize
     from titan_rocm.torchtitan.plan import PlanError, check_expert_mesh
-    from torchtitan.distributed import ParallelDims
 
     rng = random.Random(25)
     cases = [(rng.choice([1, 2, 3, 4, 6, 8, 12, 16]),
