@@ -55,10 +55,20 @@ _ONE_LINE = {
     ) + f" (moe_eager_scope = {json.dumps(d.get('scope'))})",
     "mla_ck_backward": lambda d: f"MLA attention on aiter: forward {d.get('forward_runs', '?')}, "
                                  f"backward {d.get('backward_runs', '?')}",
-    "gemm_lookup": lambda d: "each GEMM compiles with the kernel titan-rocm tune validated",
+    "gemm_lookup": lambda d: "each GEMM compiles with the kernel titan-rocm tune validated"
+                             + _coverage_text(d.get("coverage")),
     "divergence_guard": lambda d: "stops at the first non-finite loss or grad norm "
                                   f"(divergence_check = {json.dumps(d.get('check'))})",
 }
+
+
+def _coverage_text(coverage: dict[str, Any] | None) -> str:
+    if not coverage:
+        return ""
+    text = f" ({coverage['covered']}/{coverage['problems']} of the job's GEMMs in the table"
+    if coverage.get("job_differs"):
+        text += "; the problems file is not this job's: " + "; ".join(coverage["job_differs"])
+    return text + ")"
 
 
 def value_text(value: Any) -> str:

@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
     except StartupError as exc:
         raise CommandError(str(exc)) from None
     if args.tune_problems:
-        error = _add_coverage(plan, args.tune_problems)
+        error = _add_coverage(plan, args.tune_problems, passthrough)
         if error:
             raise CommandError(error)
     from titan_rocm.plan_format import format_plan
@@ -214,18 +214,62 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_coverage(plan: dict, problems: str) -> str | None:
-    """Put the table's coverage of ``problems`` into gemm_lookup's details; an error or None."""
+SHAPE_FLAGS = ("--model.", "--training.", "--parallelism.", "--compile.")
+"""TorchTitan flags that decide which GEMMs a job lowers (its shapes); others (logging,
+checkpoints, dump folders, [rocm]) do not, so a problems file may differ there."""
+
+
+def _shape_flags(args: list[str]) -> list[str]:
+    """``args``' shape-deciding flags with their values (``--a b`` and ``--a=b`` alike)."""
+    out: list[str] = []
+    keep = False
+    for arg in args:
+        if arg.startswith("--"):
+            key, sep, value = arg.partition("=")
+            keep = key.startswith(SHAPE_FLAGS)
+            if keep:
+                out += [key, value] if sep else [key]
+        elif keep:
+            out.append(arg)
+    return out
+
+
+def _job_differences(plan: dict, job: dict, passthrough: list[str]) -> list[str]:
+    """How the job a problems file was collected from differs from the job planned, in what
+    decides its GEMMs: the TOML, the world size, the shape-deciding flags."""
+    differs = []
+    planned_file, collected_file = plan.get("config_file"), job.get("config_file")
+    if planned_file and collected_file and not (
+            os.path.exists(planned_file) and os.path.exists(collected_file)
+            and os.path.samefile(planned_file, collected_file)):
+        differs.append(f"collected from {collected_file}, this job is {planned_file}")
+    world = (plan.get("world_size") or {}).get("size")
+    if job.get("world_size") not in (None, world):
+        differs.append(f"collected on {job['world_size']} rank(s), this plan has {world}")
+    if "args" in job:
+        collected, planned = _shape_flags(list(job["args"])), _shape_flags(passthrough)
+        if collected != planned:
+            differs.append(f"collected with the flags [{' '.join(collected)}], this job has "
+                           f"[{' '.join(planned)}] (model, training, parallelism, compile)")
+    return differs
+
+
+def _add_coverage(plan: dict, problems: str, passthrough: list[str]) -> str | None:
+    """Put the table's coverage of ``problems`` into gemm_lookup's details, and say how the
+    problems' job differs from this one (on stderr and in ``job_differs``); an error or None."""
     from titan_rocm.tuning.problems import ProblemsError
     from titan_rocm.tuning.table import LookupTableError, problems_coverage
 
     decision = next((d for d in plan["workarounds"] if d["workaround"] == "gemm_lookup"), None)
-    table = (decision or {}).get("details", {}).get("table")
-    if not table:
+    table = plan["settings"].get("gemm_lookup_table")
+    if decision is None or not table:
         return "--tune-problems needs a table: set [rocm] gemm_lookup_table"
     try:
-        decision["details"]["coverage"] = problems_coverage(  # type: ignore[index]
-            table, problems, plan["model"]["name"], plan["model"]["flavor"])
+        found = problems_coverage(table, problems, plan["model"]["name"], plan["model"]["flavor"])
     except (LookupTableError, ProblemsError) as exc:
         return str(exc)
+    found["job_differs"] = _job_differences(plan, found.pop("job"), passthrough)
+    for line in found["job_differs"]:
+        print(f"titan-rocm plan: warning: {problems} is not this job's: {line}", file=sys.stderr)
+    decision["details"]["coverage"] = found
     return None
