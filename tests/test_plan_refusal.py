@@ -69,3 +69,18 @@ def test_the_benchmark_times_every_refusal_against_the_full_plan() -> None:
     assert figures["full plan"] == {"median_s": 11.0, "over_full_plan": 1.0, "met": None}
     assert figures["no job"] == {"median_s": 0.25, "over_full_plan": 0.0227, "met": True}
     assert figures["slow"]["met"] is False
+
+
+def test_docs_quote_the_current_verdict(capsys, monkeypatch) -> None:
+    """docs/plan.md's verdict block is what plan prints today for the command in its marker."""
+    import re
+    import shlex
+
+    monkeypatch.chdir(REPO)
+    doc = (REPO / "docs" / "plan.md").read_text()
+    m = re.search(r"<!-- plan-verdict: (.*?) -->\n```\n(.*?)\n```", doc, re.S)
+    assert m, "docs/plan.md lost its plan-verdict block"
+    assert main(["plan", *shlex.split(m.group(1))]) == 0
+    out = capsys.readouterr().out.splitlines()
+    end = next(i for i, line in enumerate(out) if line.startswith("not simulated:"))
+    assert "\n".join(out[:end + 1]) == m.group(2)
