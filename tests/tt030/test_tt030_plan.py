@@ -148,3 +148,41 @@ def test_the_expert_mesh_check_agrees_with_0_3_0s_build_mesh():
         except (AssertionError, PlanError):
             ours = False
         assert ours == builds, (world, degrees)
+
+
+# -- --module / --config read as 0.3.0's ConfigManager reads them (issue 25, item 8) -------------
+
+def test_module_and_config_are_read_as_0_3_0s_config_manager_reads_them(monkeypatch):
+    """On every command line of up to 4 such tokens where 0.3.0's ``_load_config`` gets as
+    far as importing the module, plan's label (module_and_config) names the same module."""
+    import itertools
+
+    from torchtitan.config import manager
+
+    from titan_rocm.job_args import module_and_config
+
+    seen: dict[str, str] = {}
+
+    def fake_import(path: str):
+        # _load_config imports "<prefix>.<module>.config_registry" next: note it, stop there.
+        name = path.removesuffix(".config_registry")
+        seen.setdefault("module", name.removeprefix("torchtitan.models."))
+        raise ImportError("stop here")
+
+    tokens = ["--module", "--module=llama3", "deepseek_v3", "--config", "--config=a", "b",
+              "--x"]
+    checked = 0
+    for n in range(1, 5):
+        for args in itertools.product(tokens, repeat=n):
+            seen.clear()
+            with monkeypatch.context() as m:
+                m.setattr(manager.importlib, "import_module", fake_import)
+                try:
+                    manager.ConfigManager()._load_config(list(args))
+                except (ValueError, ImportError, KeyError):
+                    pass
+            if "module" not in seen:
+                continue
+            assert module_and_config(list(args))[0] == seen["module"], args
+            checked += 1
+    assert checked > 20

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from titan_rocm import platform
-from titan_rocm.job_args import CONFIG_FILE_FLAGS, flag_value
+from titan_rocm.job_args import CONFIG_FILE_FLAGS, module_and_config
 from titan_rocm.plan_format import PLAN_SCHEMA
 from titan_rocm.preflight import StartupError, WorldSize, degrees, world_size
 from titan_rocm.settings import RocmSettings, check_section
@@ -176,7 +176,7 @@ def make_plan(args: Sequence[str], *, arch: str | None = None, size: int | None 
         decisions = job.apply(model)
     spec = config.model_spec
     per_block = plan_blocks(model)
-    module, name = flag_value(args, ("--module",)), flag_value(args, ("--config",))
+    module, name = module_and_config(args)
     fn = spec.parallelize_fn
     plan = {
         "schema": PLAN_SCHEMA,
