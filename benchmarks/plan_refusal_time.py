@@ -31,6 +31,7 @@ CASES: dict[str, tuple[list[str], int]] = {
     "world-size flags disagree": (["--world-size", "8", "--nnodes", "2", "--nproc-per-node", "8",
                                    "--job.config_file", JOB], 2),
     "unknown --arch": (["--arch", "gfx9000", "--job.config_file", JOB], 2),
+    "--aiter without --arch": (["--aiter", "main", "--job.config_file", JOB], 2),
     "no job": ([], 2),
     "full plan": (["--job.config_file", JOB], 0),
 }

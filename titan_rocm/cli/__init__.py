@@ -46,7 +46,7 @@ _HELP: dict[str, str] = {
 
 
 JSON_SCHEMA = 1
-"""Version of the error envelope and of ``plan --json``; raised when a field changes meaning."""
+"""Version of the error envelope's layout (``plan --json`` has its own: PLAN_SCHEMA)."""
 
 INTERRUPTED = 130
 """Exit code after Ctrl-C (128 + SIGINT), as shells report it."""
@@ -66,9 +66,6 @@ class CommandError(Exception):
 
 class _ArgumentError(Exception):
     """argparse rejected the command line (the usage and message are already on stderr)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -149,8 +149,8 @@ USAGE = (
 
 def _refuse_early(args: argparse.Namespace, passthrough: list[str], tt030: bool) -> None:
     """Every refusal that needs no torch, made before torch and TorchTitan load (which takes
-    10-20 s on a login node): bad world-size flags, an unknown --arch, a missing or unreadable
-    TOML, a missing --tune-problems file.
+    10-20 s on a login node): bad world-size flags, an unknown --arch, --aiter or
+    --primus-turbo without --arch, a missing or unreadable TOML, a missing --tune-problems file.
 
     Raises:
         CommandError: the reason, as the full plan would give it.
@@ -163,11 +163,15 @@ def _refuse_early(args: argparse.Namespace, passthrough: list[str], tt030: bool)
         check_world_flags(args.world_size, args.nnodes, args.nproc_per_node)
     except StartupError as exc:
         raise CommandError(str(exc)) from None
-    if args.arch is not None:
-        try:
+    try:
+        if args.arch is not None:
             arch_facts(args.arch)
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None
+        elif args.aiter is not None or args.primus_turbo is not None:
+            from titan_rocm.platform import planned_facts
+
+            planned_facts(None, args.aiter, args.primus_turbo)  # refuses before reading torch
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     if tt030:
         if any(arg.partition("=")[0] in CONFIG_FILE_FLAGS for arg in passthrough):
             raise CommandError(
