@@ -132,3 +132,28 @@ def test_several_files_divergence_wins_over_errors(capsys, tmp_path: Path) -> No
 def test_json_is_strict(capsys) -> None:
     _, out = run(capsys, "--json", FIXTURES / "messy_torchtitan_crlf.log")
     assert "NaN" not in out and "Infinity" not in out  # json.dumps(allow_nan=False)
+
+
+# -- a crashed run in CI (issue 25, item 6) -------------------------------------------------------
+
+OOM_LOG = (
+    "[titan] 2026-11-30 12:00:00,000 - root - INFO - step:  1  loss:  8.1000  grad_norm:  1.20\n"
+    "[titan] 2026-11-30 12:00:01,000 - root - INFO - step: 10  loss:  6.5000  grad_norm:  0.90\n"
+    "[rank0]: torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB\n"
+)
+
+
+def test_a_crash_after_finite_steps_exits_3_only_when_completion_is_required(
+        capsys, tmp_path: Path) -> None:
+    crashed, clean = tmp_path / "oom.log", FIXTURES / "tt_cpu_clean.log"
+    crashed.write_text(OOM_LOG)
+    code, out = run(capsys, crashed)
+    assert code == 0 and "incomplete" in out  # the documented default: the numbers are fine
+    code, report = run_json(capsys, "--require-complete", crashed)
+    assert code == report["exit_code"] == 3
+    assert report["files"][0]["verdict"]["status"] == "incomplete"
+    assert run(capsys, "--require-complete", clean)[0] == 0  # a finished run still passes
+    # Several files: a divergence (1) and an unchecked log (2) outrank a crash (3).
+    assert run(capsys, "--require-complete", crashed, clean)[0] == 3
+    assert run(capsys, "--require-complete", crashed, FIXTURES / "megatron_nan.log")[0] == 1
+    assert run(capsys, "--require-complete", crashed, tmp_path / "missing.log")[0] == 2

@@ -179,8 +179,9 @@ def test_text_report(capsys, logs) -> None:
     assert code == 1
     assert "noise band: from 1 repeat run of the baseline" in out
     assert "so a 'differs' verdict from it is weak; give more repeats." in out
-    assert "other.log (" in out and "): differs from step 30 (loss +5 % against a band of" in out
-    assert out.rstrip().endswith("verdict: other.log: differs from step 30.")
+    # default labels: the file names less what they share ("base.log", "other.log")
+    assert "other (" in out and "): differs from step 30 (loss +5 % against a band of" in out
+    assert out.rstrip().endswith("verdict: other: differs from step 30.")
 
 
 # -- bad input: one line, exit 2 ------------------------------------------------------------------
@@ -289,7 +290,7 @@ def test_the_picture_draws_each_curve_in_its_units(logs) -> None:
     assert drawn[("loss", "bad")].first_nonfinite == 90
     assert math.isnan(dict(zip(drawn[("loss", "bad")].steps, drawn[("loss", "bad")].values,
                                strict=True))[90])
-    assert drawn[("loss", "off")].label == "off: differs from step 30"
+    assert drawn[("loss", "off")].label == "off: differs from step 30 (1.000x tokens/s, 37.7 GiB)"
     steps, low, high = bands(c)["difference"]
     assert high == [-x for x in low]
     assert max(high) == pytest.approx(max(map(abs, rep_diff.values())))

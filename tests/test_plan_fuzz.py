@@ -136,4 +136,4 @@ def test_plan_never_tracebacks_on_mutated_tomls(
         reasons = [line for line in err.splitlines() if line.startswith("titan-rocm plan: ")]
         assert len(reasons) == 1 and len(reasons[0]) > len("titan-rocm plan: ") + 10, err
     else:
-        assert out.startswith("job:")
+        assert out.startswith("verdict: the job starts (") and "\njob:      " in out

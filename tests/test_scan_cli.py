@@ -66,7 +66,9 @@ def test_hazard_exits_1_with_one_line_per_store(
 
 def test_json_output(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["scan", str(cache), "--json"]) == 1
-    hazards = json.loads(capsys.readouterr().out)
+    report = json.loads(capsys.readouterr().out)
+    assert report["exit_code"] == 1 and report["files_scanned"] == 2
+    hazards = report["hazards"]
     assert len(hazards) == 1
     h = hazards[0]
     assert {"file", "line", "store", "writer", "wait_states", "required"} <= set(h)
@@ -76,7 +78,16 @@ def test_json_output(cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_json_clean_is_an_empty_list(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["scan", str(CORPUS / "matmul-gfx950-buf.amdgcn"), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out) == []
+    report = json.loads(capsys.readouterr().out)
+    assert (report["exit_code"], report["hazards"], report["files_scanned"]) == (0, [], 1)
+
+
+def test_json_of_bad_input_is_an_error_never_a_clean_list(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["scan", "--json", "/nope"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["exit_code"] == 2 and report["files_scanned"] == 0
+    assert any("/nope" in m for m in report["messages"])
 
 
 def test_unprotected_global_store(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -91,7 +102,7 @@ def test_unprotected_global_store(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "a global store: recompiling with buffer ops off cannot fix it" in out
     assert "0 hazardous store(s)" in out and "1 of them overwritten too soon" in out
     assert main(["scan", str(f), "--json"]) == 1
-    (entry,) = json.loads(capsys.readouterr().out)
+    (entry,) = json.loads(capsys.readouterr().out)["hazards"]
     assert (entry["kind"], entry["recompile_fixes"], entry["wait_states"]) == ("global", False, 0)
 
 

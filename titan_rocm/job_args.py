@@ -34,7 +34,15 @@ class JobArgsError(ValueError):
 
 
 def flag_value(args: Sequence[str], names: Sequence[str]) -> str | None:
-    """Value of the first of ``names`` in ``args`` (``--flag value`` or ``--flag=value``)."""
+    """Value of the first of ``names`` in ``args`` (``--flag value`` or ``--flag=value``).
+
+    Kept by hand, not asked of TorchTitan's ``ConfigManager``: importing it imports torch
+    (10-20 s on a login node), and ``plan`` refuses a missing TOML before that. It reads a
+    flag as TorchTitan 0.2.2 does (``_maybe_load_toml``, ``_maybe_add_custom_config``: the
+    first occurrence); ``tests/test_job_args.py`` holds it to their answers on generated
+    command lines. A flag with no value after it is refused here, where TorchTitan would stop
+    later (its parser) or fail with an IndexError.
+    """
     for i, arg in enumerate(args):
         key, sep, value = arg.partition("=")
         if key in names:
@@ -44,6 +52,24 @@ def flag_value(args: Sequence[str], names: Sequence[str]) -> str | None:
                 return args[i + 1]
             raise JobArgsError(f"{key} needs a value")
     return None
+
+
+def module_and_config(args: Sequence[str]) -> tuple[str | None, str | None]:
+    """``--module`` and ``--config`` as TorchTitan 0.3.0's ``ConfigManager._load_config``
+    reads them: one pass over both, each flag consuming its value, the last occurrence wins
+    (held to it by the 0.3.0 suite). None for one that is absent or left without a value."""
+    found: dict[str, str | None] = {"--module": None, "--config": None}
+    i = 0
+    while i < len(args):
+        key, sep, value = args[i].partition("=")
+        if key in found:
+            if sep:
+                found[key] = value
+            elif i + 1 < len(args):
+                found[key] = args[i + 1]
+                i += 1
+        i += 1
+    return found["--module"], found["--config"]
 
 
 def load_toml(args: Sequence[str]) -> dict[str, Any]:

@@ -21,10 +21,14 @@ import torch.nn as nn
 from titan_rocm import platform, register_converters
 from titan_rocm.config import settings_from
 from titan_rocm.converters import RocmConverter, converter_classes
+from titan_rocm.measured import FIGURES
+from titan_rocm.plan_format import PLAN_SCHEMA, format_plan
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.preflight import DEFAULT_LAUNCHER, StartupError, check_job, startup_step
 from titan_rocm.workarounds.base import Decision, planning
 from titan_rocm.workarounds.moe_blocks import EAGER_MOE, plan_blocks
+
+__all__ = ["PLAN_SCHEMA", "PlanError", "compile_summary", "format_plan", "make_plan"]
 
 
 class PlanError(StartupError):
@@ -93,6 +97,8 @@ _STOCK_MOE_COMPILE = "stock MoE compile (children fullgraph except experts)"
 _STOCK_WHOLE_MOE = "fullgraph (stock: the whole MoE block)"
 _NOT_COMPILED = "not compiled"
 
+
+
 def _stock_compile_blocks(per_block: dict[str, str], parallelize_fn: Any) -> dict[str, str]:
     """What TorchTitan 0.2.2's own ``apply_compile`` of this model does per block (no titan-rocm
     patch), from :func:`~titan_rocm.workarounds.moe_blocks.plan_blocks`' dense/MoE split."""
@@ -112,8 +118,6 @@ def _stock_compile_blocks(per_block: dict[str, str], parallelize_fn: Any) -> dic
 
 def compile_summary(blocks: dict[str, str], moe_blocks: int, scope: str | None) -> str:
     """One sentence: how many blocks compile whole, what happens to the MoE blocks, the cost."""
-    from titan_rocm.workarounds.moe_eager_compile.workaround import SCOPE_COST
-
     whole = sum(how.startswith("fullgraph") for how in blocks.values())
     if not any(how != _NOT_COMPILED for how in blocks.values()):
         return "no block is compiled: this model's parallelize_fn compiles none"
@@ -126,8 +130,9 @@ def compile_summary(blocks: dict[str, str], moe_blocks: int, scope: str | None) 
         what = f"{moe_blocks} MoE blocks: attention and norms compiled, the MoE module eager"
     if whole == 0 and scope == "block":
         what += "; nothing is compiled per block"
-    return (f"{text}; {what} (rocm.moe_eager_compile, moe_eager_scope = {scope!r}; measured "
-            f"{SCOPE_COST[scope]} on a GPU-bound 3.9 B MoE on an H200, docs/performance.md)")
+    cost = FIGURES.get(f"moe_eager_compile.{scope}")
+    measured = f"; measured {cost.sentence()}" if cost else ""
+    return f"{text}; {what} (rocm.moe_eager_compile, moe_eager_scope = \"{scope}\"{measured})"
 
 
 def make_plan(
@@ -200,6 +205,7 @@ def make_plan(
     else:
         blocks = _stock_compile_blocks(per_block, spec.parallelize_fn)
     return {
+        "schema": PLAN_SCHEMA,
         "config_file": job_config.job.config_file,
         "model": {
             "name": job_config.model.name,
@@ -227,60 +233,3 @@ def make_plan(
             "summary": compile_summary(blocks, n_moe, scope) if compile_enabled else None,
         },
     }
-
-
-def _details_lines(details: dict[str, Any], indent: str) -> list[str]:
-    lines = []
-    for key, value in details.items():
-        if key == "blocks":
-            continue  # shown in the compile section
-        if isinstance(value, dict) and value:
-            lines.append(f"{indent}{key}:")
-            lines += [f"{indent}  {k}: {v}" for k, v in value.items()]
-        else:
-            lines.append(f"{indent}{key}: {value}")
-    return lines
-
-
-def format_plan(plan: dict[str, Any]) -> str:
-    """The plan as text for people."""
-    m = plan["model"]
-    lines = [
-        f"job:      {plan['config_file'] or '(no TOML; flags and defaults)'}",
-        f"model:    {m['name']} {m['flavor']}: {m['blocks']} blocks, {m['moe_blocks']} MoE",
-        f"platform: {plan['platform']['summary']}",
-    ]
-    world = plan.get("world_size")  # a TorchTitan 0.3.0 plan has neither (no preflight there)
-    if world:
-        lines.append(f"world:    {world['size']} rank(s), {world['source']}: {world['detail']}")
-    if "launcher" in plan:
-        lines.append(f"launcher: {plan['launcher']}")
-    lines.append(f"converters: {', '.join(plan['converters']) or '(none)'}")
-    if not plan["titan_rocm_listed"]:
-        lines.append("  " + plan.get(
-            "not_listed_advice",
-            "titan-rocm is not listed: add \"rocm\" to [model] converters "
-            "(or pass --model.converters rocm) to apply its workarounds",
-        ))
-    for name in plan["other_converters"]:
-        lines.append(f"  {name}: TorchTitan converter, applied by TorchTitan (not simulated here)")
-    lines.append("")
-    lines.append("workarounds:")
-    for d in plan["workarounds"]:
-        status = "applied" if d["applied"] else f"skipped: {d['reason']}"
-        lines.append(f"  rocm.{d['workaround']:<18} {status}   [{d['converter']}]")
-        lines += _details_lines(d["details"], "      ")
-    lines.append("")
-    comp = plan["compile"]
-    if not comp["enabled"]:
-        lines.append("compile: the model is not compiled ([compile] enable = false, or \"model\" "
-                     "not in [compile] components): every block runs eager")
-    else:
-        lines.append("compile, per TransformerBlock:")
-        lines += [f"  layers.{name}: {how}" for name, how in comp["blocks"].items()]
-        if comp.get("summary"):
-            lines.append(f"  summary: {comp['summary']}")
-    lines.append("")
-    lines.append("settings in force ([rocm]):")
-    lines += [f"  {k} = {v!r}" for k, v in plan["settings"].items()]
-    return "\n".join(lines)

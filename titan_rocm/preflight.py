@@ -424,6 +424,22 @@ def _check_counts(size: int | None, nnodes: int | None, nproc_per_node: int | No
                 raise StartupError(str(exc)) from None
 
 
+def check_world_flags(size: int | None, nnodes: int | None, nproc_per_node: int | None) -> None:
+    """The world-size flags on their own (torch-free, so plan refuses them at once).
+
+    Raises:
+        StartupError: a count below 1, or ``--world-size`` disagreeing with the other two.
+    """
+    _check_counts(size, nnodes, nproc_per_node)
+    if nnodes is not None or nproc_per_node is not None:
+        nodes, per_node = nnodes or 1, nproc_per_node or 1
+        if size is not None and size != nodes * per_node:
+            raise StartupError(
+                f"--world-size {size} disagrees with --nnodes {nodes} x --nproc-per-node "
+                f"{per_node} = {nodes * per_node}; give one or the other"
+            )
+
+
 def world_size(
     d: dict[str, int],
     size: int | None = None,
@@ -441,7 +457,7 @@ def world_size(
     Raises:
         StartupError: a count below 1, or ``--world-size`` disagreeing with the other two.
     """
-    _check_counts(size, nnodes, nproc_per_node)
+    check_world_flags(size, nnodes, nproc_per_node)
     for short, value in d.items():  # 10**20 would make the mesh arithmetic run for ever
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_RANKS:
             raise StartupError(
@@ -450,11 +466,6 @@ def world_size(
     if nnodes is not None or nproc_per_node is not None:
         nodes, per_node = nnodes or 1, nproc_per_node or 1
         product = nodes * per_node
-        if size is not None and size != product:
-            raise StartupError(
-                f"--world-size {size} disagrees with --nnodes {nodes} x --nproc-per-node "
-                f"{per_node} = {product}; give one or the other"
-            )
         return WorldSize(
             product, "--nnodes x --nproc-per-node",
             f"{nodes} node(s) x {per_node} process(es) per node, as torchrun would start",

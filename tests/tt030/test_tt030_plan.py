@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+
+import pytest
 
 from titan_rocm.cli import main
 
@@ -80,3 +84,109 @@ def test_world_size_is_derived_or_given_as_for_0_2_2(capsys):
     assert (world["size"], world["source"]) == (16, "--nnodes x --nproc-per-node")
     assert main(["plan", *ep8, "--world-size", "0"]) == 2
     assert "--world-size: '0' is not valid; accepted: an integer >= 1" in capsys.readouterr().err
+
+
+# -- the degrees against the world size, as 0.2.2's plan checks them (issue 25, item 5) ----------
+
+def test_ep_that_the_world_size_cannot_hold_is_refused_as_in_0_2_2(capsys):
+    """deepseek_v3_16b with EP 8 on 3 ranks: 0.3.0's ParallelDims takes it, its build_mesh at
+    start-up does not; plan refuses it with the reason, exit 2 (and in JSON)."""
+    ep8 = [*ROCM_16B, "--arch", "gfx942", "--parallelism.expert_parallel_degree", "8"]
+    assert main(["plan", *ep8, "--world-size", "3"]) == 2
+    err = capsys.readouterr().err
+    assert ("expert_parallel_degree 8 does not divide dp_shard 3 x cp 1 x tp 1 = 3 on world "
+            "size 3 (--world-size), so TorchTitan 0.3.0 cannot build its expert device mesh"
+            in err), err
+    assert main(["plan", *ep8, "--world-size", "3", "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["exit_code"] == 2
+    plan = _plan(capsys, *ep8, "--world-size", "16")
+    assert plan["world_size"]["size"] == 16
+    assert any("batch-size" in c for c in plan["not_checked"])
+
+
+_MESH_PROBE = """
+import json, sys
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torchtitan.distributed import ParallelDims
+out = []
+for world, d in json.load(sys.stdin):
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        ParallelDims(world_size=world, **d).build_mesh()
+        out.append(True)
+    except (AssertionError, ValueError, RuntimeError):
+        out.append(False)
+    finally:
+        dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_the_expert_mesh_check_agrees_with_0_3_0s_build_mesh():
+    """On 60 random layouts: plan's verdict (ParallelDims + check_expert_mesh) is the real
+    0.3.0 build_mesh's on a fake process group of that size."""
+    import random
+
+    from torchtitan.distributed import ParallelDims
+
+    from titan_rocm.preflight import WorldSize
+    from titan_rocm.torchtitan.plan import PlanError, check_expert_mesh
+
+    rng = random.Random(25)
+    cases = [(rng.choice([1, 2, 3, 4, 6, 8, 12, 16]),
+              {"dp_replicate": rng.choice([1, 1, 2]), "dp_shard": rng.choice([-1, 1, 2, 4]),
+               "cp": rng.choice([1, 1, 2]), "tp": rng.choice([1, 2, 4]),
+               "pp": rng.choice([1, 1, 2]), "ep": rng.choice([1, 2, 4, 8])})
+             for _ in range(60)]
+    real = subprocess.run([sys.executable, "-c", _MESH_PROBE], input=json.dumps(cases),
+                          capture_output=True, text=True, timeout=600, check=True)
+    verdicts = json.loads(real.stdout.strip().splitlines()[-1])
+    assert any(verdicts) and not all(verdicts)
+    for (world, degrees), builds in zip(cases, verdicts, strict=True):
+        try:
+            dims = ParallelDims(world_size=world, **degrees)
+            check_expert_mesh(dims, WorldSize(world, "--world-size", ""))
+            ours = True
+        except (AssertionError, PlanError):
+            ours = False
+        assert ours == builds, (world, degrees)
+
+
+# -- --module / --config read as 0.3.0's ConfigManager reads them (issue 25, item 8) -------------
+
+def test_module_and_config_are_read_as_0_3_0s_config_manager_reads_them(monkeypatch):
+    """On every command line of up to 4 such tokens where 0.3.0's ``_load_config`` gets as
+    far as importing the module, plan's label (module_and_config) names the same module."""
+    import itertools
+
+    from torchtitan.config import manager
+
+    from titan_rocm.job_args import module_and_config
+
+    seen: dict[str, str] = {}
+
+    def fake_import(path: str):
+        # _load_config imports "<prefix>.<module>.config_registry" next: note it, stop there.
+        name = path.removesuffix(".config_registry")
+        seen.setdefault("module", name.removeprefix("torchtitan.models."))
+        raise ImportError("stop here")
+
+    tokens = ["--module", "--module=llama3", "deepseek_v3", "--config", "--config=a", "b",
+              "--x"]
+    checked = 0
+    for n in range(1, 5):
+        for args in itertools.product(tokens, repeat=n):
+            seen.clear()
+            with monkeypatch.context() as m:
+                m.setattr(manager.importlib, "import_module", fake_import)
+                try:
+                    manager.ConfigManager()._load_config(list(args))
+                except (ValueError, ImportError, KeyError):
+                    pass
+            if "module" not in seen:
+                continue
+            assert module_and_config(list(args))[0] == seen["module"], args
+            checked += 1
+    assert checked > 20

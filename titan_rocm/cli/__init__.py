@@ -4,16 +4,25 @@ Each subcommand lives in its own module ``titan_rocm.cli.<name>`` that defines
 ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``; one that sets
 ``PASSTHROUGH = True`` receives the options it does not know in ``args.passthrough``.
 Modules are imported only when their subcommand runs, so ``titan-rocm scan`` never pays for torch.
+
+Two promises are kept here, once, for every subcommand:
+
+- With ``--json``, stdout carries exactly one JSON object on every exit path: the command's
+  own report, or the error envelope :func:`error_envelope` (bad flags, bad input a command
+  raises as :class:`CommandError`, Ctrl-C).
+- A reader that closes the pipe early (``titan-rocm check-log *.log | head -1``) ends the
+  command quietly with exit 141 (128 + SIGPIPE, as shells report a command killed by it).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 SUBCOMMANDS: dict[str, str] = {
     "plan": "titan_rocm.cli.plan",
@@ -38,31 +47,83 @@ _HELP: dict[str, str] = {
 }
 
 
-def _parser_for(name: str) -> argparse.ArgumentParser:
-    module = importlib.import_module(SUBCOMMANDS[name])
-    parser = argparse.ArgumentParser(prog=f"titan-rocm {name}", description=module.HELP)
-    module.add_arguments(parser)
-    parser.set_defaults(_run=module.run, _passthrough=getattr(module, "PASSTHROUGH", False))
-    return parser
-
+JSON_SCHEMA = 1
+"""Version of the error envelope's layout (``plan --json`` has its own: PLAN_SCHEMA)."""
 
 INTERRUPTED = 130
 """Exit code after Ctrl-C (128 + SIGINT), as shells report it."""
+
+BROKEN_PIPE = 141
+"""Exit code when stdout's reader went away (128 + SIGPIPE), as shells report it."""
+
+
+class CommandError(Exception):
+    """Bad input a subcommand refuses: ``main`` prints ``titan-rocm <command>: <message>`` on
+    stderr (and the error envelope under ``--json``) and exits with ``code``."""
+
+    def __init__(self, message: str, code: int = 2) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _ArgumentError(Exception):
+    """argparse rejected the command line (the usage and message are already on stderr)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad option raises instead of exiting, so ``main`` can still answer in
+    JSON; the usage and ``error:`` line on stderr are argparse's own."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise _ArgumentError(message)
+
+
+def error_envelope(command: str, message: str, code: int) -> dict[str, Any]:
+    """The one JSON object a ``--json`` command prints when it has no report to give."""
+    return {"schema": JSON_SCHEMA, "command": command, "exit_code": code, "error": message}
+
+
+def _print_envelope(command: str, message: str, code: int) -> None:
+    print(json.dumps(error_envelope(command, message, code), indent=2))
+
+
+def _parser_for(name: str) -> argparse.ArgumentParser:
+    module = importlib.import_module(SUBCOMMANDS[name])
+    parser = _Parser(prog=f"titan-rocm {name}", description=module.HELP)
+    module.add_arguments(parser)
+    parser.set_defaults(_run=module.run, _passthrough=getattr(module, "PASSTHROUGH", False))
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``titan-rocm`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code.
 
     Ctrl-C anywhere prints one line and returns 130 (a command that must say what it left
-    behind, such as ``gemm-tables``, says so itself first).
+    behind, such as ``gemm-tables``, says so itself first); a closed stdout returns 141
+    quietly; under ``--json`` every exit path prints one JSON object.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    name = argv[0] if argv and argv[0] in SUBCOMMANDS else ""
+    # Before parsing, --json is known only by its spelling; it is a flag of every command.
+    wants_json = bool(name) and "--json" in argv[1:]
     try:
-        return _main(argv)
-    except KeyboardInterrupt:
-        name = argv[0] if argv and argv[0] in SUBCOMMANDS else ""
-        print(f"titan-rocm{' ' + name if name else ''}: interrupted", file=sys.stderr)
-        return INTERRUPTED
+        try:
+            return _main(argv, wants_json)
+        except KeyboardInterrupt:
+            print(f"titan-rocm{' ' + name if name else ''}: interrupted", file=sys.stderr)
+            if wants_json:
+                _print_envelope(name, "interrupted", INTERRUPTED)
+            return INTERRUPTED
+        finally:
+            sys.stdout.flush()  # a closed pipe shows here, inside the handler below
+    except BrokenPipeError:
+        # Python would report the pipe again at exit, flushing stdout: point it at devnull.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return BROKEN_PIPE
 
 
 def console_main() -> NoReturn:
@@ -80,7 +141,7 @@ def console_main() -> NoReturn:
     sys.exit(code)
 
 
-def _main(argv: list[str]) -> int:
+def _main(argv: list[str], wants_json: bool) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         lines = ["usage: titan-rocm <command> [options]", "", "commands:"]
         lines += [f"  {name:<14} {_HELP[name]}" for name in SUBCOMMANDS]
@@ -98,7 +159,8 @@ def _main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    parser = _parser_for(argv[0])
+    name = argv[0]
+    parser = _parser_for(name)
     try:
         if parser.get_default("_passthrough"):
             # Options the command does not know are handed on (plan: TorchTitan's flags).
@@ -106,9 +168,19 @@ def _main(argv: list[str]) -> int:
             args.passthrough = rest
         else:
             args = parser.parse_args(argv[1:])
-    except SystemExit as exc:  # argparse exits 2 on bad options, 0 on --help
+    except _ArgumentError as exc:
+        if wants_json:
+            _print_envelope(name, str(exc), 2)
+        return 2
+    except SystemExit as exc:  # argparse exits 0 after --help
         return int(exc.code or 0)
-    return int(args._run(args))
+    try:
+        return int(args._run(args))
+    except CommandError as exc:
+        print(f"titan-rocm {name}: {exc}", file=sys.stderr)
+        if getattr(args, "json", False):
+            _print_envelope(name, str(exc), exc.code)
+        return exc.code
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ HELP = (
     "be finite, and say whether the run finished. Exit 0: at least one training step, all "
     "finite (a log that ends in a crash after finite steps is reported as incomplete, still "
     "0); 1: a non-finite value or the divergence guard's stop message; 2: nothing to check "
-    "(unreadable or not a regular file, no metric line, or no training step)."
+    "(unreadable or not a regular file, no metric line, or no training step); 3 with "
+    "--require-complete: every value finite, but a run did not finish."
 )
 
 
@@ -25,6 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="log format (default: auto, both TorchTitan and Megatron-LM lines)",
     )
     parser.add_argument(
+        "--require-complete", action="store_true",
+        help="exit 3 when a log ends in a crash after finite steps (incomplete), so a CI step "
+        "fails on a run that did not finish (default: 0, the report says incomplete)",
+    )
+    parser.add_argument(
         "--json", action="store_true",
         help="print one JSON object: per file steps parsed, first bad step, values, format",
     )
@@ -33,7 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Check every log; print the verdicts; return the exit code."""
     results = [check_file(path, args.format) for path in args.logs]
-    code = combined_exit_code(results)
+    code = combined_exit_code(results, args.require_complete)
     if args.json:
         print(json.dumps(
             {"exit_code": code, "files": [r.to_dict() for r in results]},

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
-import sys
 from pathlib import Path
 
+from titan_rocm.cli import CommandError
 from titan_rocm.cli.bench_summary import warmup_arg
 from titan_rocm.logs.compare import (
     DEFAULT_TOLERANCE_PCT,
@@ -53,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the baseline's log, then one log per run to compare with it")
     parser.add_argument(
         "--label", action="append", default=[], metavar="NAME",
-        help="a name for each LOG in order (repeat the flag; default: the file name)")
+        help="a name for each LOG in order (repeat the flag; default: the file names less "
+             "the start and end they all share)")
     parser.add_argument(
         "--noise", action="extend", nargs="+", default=[], metavar="REPEAT",
         help="logs of the baseline job run again unchanged: their spread is the noise band")
@@ -79,8 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _err(message: str) -> int:
-    print(f"titan-rocm compare: {message}", file=sys.stderr)
-    return EXIT_BAD_INPUT
+    """Refuse with ``message`` (exit 2; the JSON error envelope under ``--json``)."""
+    raise CommandError(message, EXIT_BAD_INPUT)
 
 
 def _plot_path(text: str) -> Path:
@@ -94,12 +96,32 @@ def _plot_path(text: str) -> Path:
     return path
 
 
+_SEPARATORS = "_-.@ "
+
+
+def short_names(names: list[str]) -> list[str]:
+    """Default labels: file names without the part every one shares at the start and the end
+    (``llama3_stock@1.log``, ``llama3_rocm_on@1.log`` -> ``stock@1``, ``rocm_on@1``), cut at a
+    separator (``_-.@``); the names as given when that would leave one empty or two alike."""
+    if len(names) < 2:
+        return [n.removesuffix(".log") or n for n in names]
+    prefix = os.path.commonprefix(names)
+    prefix = prefix[:max((prefix.rfind(c) + 1 for c in _SEPARATORS), default=0)]
+    suffix = os.path.commonprefix([n[::-1] for n in names])[::-1]
+    cuts = [i for i, ch in enumerate(suffix) if ch in _SEPARATORS]
+    suffix = suffix[cuts[0]:] if cuts else ""
+    short = [n[len(prefix):len(n) - len(suffix)] for n in names]
+    if any(not x for x in short) or len(set(short)) < len(short):
+        return names
+    return short
+
+
 def _labels(args: argparse.Namespace) -> list[str]:
     if len(args.label) > len(args.logs):
         raise CompareError(
             f"{len(args.label)} --label values for {len(args.logs)} LOG(s); accepted: at most "
             "one --label per LOG, in the order of the LOGs.")
-    names = list(args.label) + [Path(p).name for p in args.logs[len(args.label):]]
+    names = list(args.label) + short_names([Path(p).name for p in args.logs[len(args.label):]])
     if len(set(names)) < len(names):
         raise CompareError(
             f"the runs' names are not distinct ({', '.join(names)}); give each LOG its own "

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections import Counter
 
-from titan_rocm.cli import INTERRUPTED
+from titan_rocm.cli import INTERRUPTED, CommandError
 from titan_rocm.gemm_tables.capture_safe import (
     CaptureSafeError,
     CaptureSafeInterrupted,
@@ -159,12 +158,6 @@ def _print_warnings(result: Result) -> None:
         )
 
 
-def _print_failure(args: argparse.Namespace, kind: str, message: str, code: int) -> None:
-    # --json promises JSON on stdout on every exit path, a failure included.
-    if args.json:
-        print(json.dumps({"ok": False, kind: message, "exit": code}, indent=2))
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``titan-rocm gemm-tables <action>``; return the exit code."""
     try:
@@ -177,23 +170,13 @@ def run(args: argparse.Namespace) -> int:
             aiter=args.aiter,
         )
     except CaptureSafeError as exc:
-        print(f"titan-rocm gemm-tables: error: {exc}", file=sys.stderr)
-        _print_failure(args, "error", str(exc), 2)
-        return 2
+        raise CommandError(str(exc)) from None
     except CaptureSafeInterrupted as exc:
-        print(f"titan-rocm gemm-tables: interrupted; {exc}", file=sys.stderr)
-        _print_failure(args, "interrupted", str(exc), INTERRUPTED)
-        return INTERRUPTED
+        raise CommandError(f"interrupted; {exc}", INTERRUPTED) from None
     code = 1 if args.check and result.unsafe_rows else 0
-    try:
-        if args.json:
-            print(json.dumps(result.to_dict(), indent=2))
-        else:
-            _print_text(result)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # The reader stopped reading (``| head``): the work is done; say nothing more.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return code
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        _print_text(result)
     _print_warnings(result)
     return code

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
+from titan_rocm.cli import CommandError
 from titan_rocm.numbers import RANKS
 from titan_rocm.platform import AITER_CHOICES
 
@@ -82,6 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument(
+        "--verbose", action="store_true",
+        help="also show how each workaround reaches into the job (patched functions, cache "
+        "keys, guard coverage) and every [rocm] setting, defaults included",
+    )
+    parser.add_argument(
         "--tune-problems", metavar="PROBLEMS",
         help="a problems file from `titan-rocm tune collect`: show how many of the job's GEMMs "
         "[rocm] gemm_lookup_table covers",
@@ -140,6 +147,51 @@ def _plan_030(args: argparse.Namespace, passthrough: list[str]) -> dict:
         raise StartupError(str(exc)) from None
 
 
+USAGE = (
+    "name the job to plan: --job.config_file X.toml [TorchTitan flags] (TorchTitan 0.2.2), "
+    "or --module M --config F (TorchTitan 0.3.0); titan-rocm plan --help lists the options"
+)
+
+
+def _refuse_early(args: argparse.Namespace, passthrough: list[str], tt030: bool) -> None:
+    """Every refusal that needs no torch, made before torch and TorchTitan load (which takes
+    10-20 s on a login node): bad world-size flags, an unknown --arch, --aiter or
+    --primus-turbo without --arch, a missing or unreadable TOML, a missing --tune-problems file.
+
+    Raises:
+        CommandError: the reason, as the full plan would give it.
+    """
+    from titan_rocm.archs import arch_facts
+    from titan_rocm.job_args import CONFIG_FILE_FLAGS, JobArgsError, load_toml
+    from titan_rocm.preflight import StartupError, check_world_flags
+
+    try:
+        check_world_flags(args.world_size, args.nnodes, args.nproc_per_node)
+    except StartupError as exc:
+        raise CommandError(str(exc)) from None
+    try:
+        if args.arch is not None:
+            arch_facts(args.arch)
+        elif args.aiter is not None or args.primus_turbo is not None:
+            from titan_rocm.platform import planned_facts
+
+            planned_facts(None, args.aiter, args.primus_turbo)  # refuses before reading torch
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    if tt030:
+        if any(arg.partition("=")[0] in CONFIG_FILE_FLAGS for arg in passthrough):
+            raise CommandError(
+                "--job.config_file is TorchTitan 0.2.2's; torchtitan 0.3.0 is installed: "
+                "plan a 0.3.0 job with --module M --config F")
+    else:
+        try:
+            load_toml(passthrough)
+        except JobArgsError as exc:
+            raise CommandError(str(exc)) from None
+    if args.tune_problems and not os.path.isfile(args.tune_problems):
+        raise CommandError(f"--tune-problems {args.tune_problems!r}: no such file")
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the plan; 0 on success, 2 on a bad job, flag, architecture or start-up failure."""
     from titan_rocm import torchtitan_version
@@ -158,34 +210,83 @@ def run(args: argparse.Namespace) -> int:
             return 2
     if args.config_file is not None:
         passthrough = ["--job.config_file", args.config_file, *passthrough]
+    if not passthrough:
+        # Without a job, TorchTitan would plan its own default llama3 job: never what is meant.
+        print("usage: titan-rocm plan --job.config_file X.toml | --module M --config F "
+              "[options] [TorchTitan flags]", file=sys.stderr)
+        raise CommandError(USAGE)
+    _refuse_early(args, passthrough, tt030)
     try:
         plan = _plan_030(args, passthrough) if tt030 else _plan_022(args, passthrough)
     except StartupError as exc:
-        print(f"titan-rocm plan: {exc}", file=sys.stderr)
-        return 2
+        raise CommandError(str(exc)) from None
     if args.tune_problems:
-        error = _add_coverage(plan, args.tune_problems)
+        error = _add_coverage(plan, args.tune_problems, passthrough)
         if error:
-            print(f"titan-rocm plan: {error}", file=sys.stderr)
-            return 2
-    from titan_rocm.plan import format_plan
+            raise CommandError(error)
+    from titan_rocm.plan_format import format_plan
 
-    print(json.dumps(plan, indent=2, default=str) if args.json else format_plan(plan))
+    print(json.dumps(plan, indent=2, default=str) if args.json
+          else format_plan(plan, verbose=args.verbose))
     return 0
 
 
-def _add_coverage(plan: dict, problems: str) -> str | None:
-    """Put the table's coverage of ``problems`` into gemm_lookup's details; an error or None."""
+SHAPE_FLAGS = ("--model.", "--training.", "--parallelism.", "--compile.")
+"""TorchTitan flags that decide which GEMMs a job lowers (its shapes); others (logging,
+checkpoints, dump folders, [rocm]) do not, so a problems file may differ there."""
+
+
+def _shape_flags(args: list[str]) -> list[str]:
+    """``args``' shape-deciding flags with their values (``--a b`` and ``--a=b`` alike)."""
+    out: list[str] = []
+    keep = False
+    for arg in args:
+        if arg.startswith("--"):
+            key, sep, value = arg.partition("=")
+            keep = key.startswith(SHAPE_FLAGS)
+            if keep:
+                out += [key, value] if sep else [key]
+        elif keep:
+            out.append(arg)
+    return out
+
+
+def _job_differences(plan: dict, job: dict, passthrough: list[str]) -> list[str]:
+    """How the job a problems file was collected from differs from the job planned, in what
+    decides its GEMMs: the TOML, the world size, the shape-deciding flags."""
+    differs = []
+    planned_file, collected_file = plan.get("config_file"), job.get("config_file")
+    if planned_file and collected_file and not (
+            os.path.exists(planned_file) and os.path.exists(collected_file)
+            and os.path.samefile(planned_file, collected_file)):
+        differs.append(f"collected from {collected_file}, this job is {planned_file}")
+    world = (plan.get("world_size") or {}).get("size")
+    if job.get("world_size") not in (None, world):
+        differs.append(f"collected on {job['world_size']} rank(s), this plan has {world}")
+    if "args" in job:
+        collected, planned = _shape_flags(list(job["args"])), _shape_flags(passthrough)
+        if collected != planned:
+            differs.append(f"collected with the flags [{' '.join(collected)}], this job has "
+                           f"[{' '.join(planned)}] (model, training, parallelism, compile)")
+    return differs
+
+
+def _add_coverage(plan: dict, problems: str, passthrough: list[str]) -> str | None:
+    """Put the table's coverage of ``problems`` into gemm_lookup's details, and say how the
+    problems' job differs from this one (on stderr and in ``job_differs``); an error or None."""
     from titan_rocm.tuning.problems import ProblemsError
     from titan_rocm.tuning.table import LookupTableError, problems_coverage
 
     decision = next((d for d in plan["workarounds"] if d["workaround"] == "gemm_lookup"), None)
-    table = (decision or {}).get("details", {}).get("table")
-    if not table:
+    table = plan["settings"].get("gemm_lookup_table")
+    if decision is None or not table:
         return "--tune-problems needs a table: set [rocm] gemm_lookup_table"
     try:
-        decision["details"]["coverage"] = problems_coverage(  # type: ignore[index]
-            table, problems, plan["model"]["name"], plan["model"]["flavor"])
+        found = problems_coverage(table, problems, plan["model"]["name"], plan["model"]["flavor"])
     except (LookupTableError, ProblemsError) as exc:
         return str(exc)
+    found["job_differs"] = _job_differences(plan, found.pop("job"), passthrough)
+    for line in found["job_differs"]:
+        print(f"titan-rocm plan: warning: {problems} is not this job's: {line}", file=sys.stderr)
+    decision["details"]["coverage"] = found
     return None

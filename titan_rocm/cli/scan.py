@@ -59,10 +59,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="precise: 1 wait state after a store with an SGPR soffset, 2 with a literal "
         "(the hardware rule); conservative: 2 for every soffset",
     )
-    parser.add_argument("--json", action="store_true", help="print hazards as a JSON list")
+    parser.add_argument(
+        "--json", action="store_true",
+        help="print one JSON object: exit_code, hazards (a list), files_scanned, not_scanned, "
+        "messages (what stderr said)")
+
+
+_errors: list[str] = []
+"""What this run said on stderr, for ``--json``'s ``messages`` (reset by :func:`run`)."""
 
 
 def _err(msg: str) -> None:
+    _errors.append(msg)
     print(f"titan-rocm scan: {msg}", file=sys.stderr)
 
 
@@ -124,6 +132,7 @@ def _scan_one(f: Any, args: argparse.Namespace, reports: list[ScanReport]) -> st
 
 def run(args: argparse.Namespace) -> int:
     """Scan every PATH; print hazards; return the exit code."""
+    _errors.clear()
     reports, not_scanned, bad_input = _scan_paths(args)
     with_code = [r for r in reports if r.has_code]
     for r in reports:
@@ -134,10 +143,7 @@ def run(args: argparse.Namespace) -> int:
     # recompiling with buffer ops off cannot fix, but a hazard all the same.
     unprotected = [i for r in with_code for i in r.info if i.unprotected]
 
-    if args.json:
-        print(json.dumps([h.to_dict() for h in hazards]
-                         + [i.to_dict() for i in unprotected], indent=2))
-    else:
+    if not args.json:
         for h in hazards:
             print(
                 f"{h.file}:{h.line}: {h.kernel or '?'}: `{h.store}` data overwritten by "
@@ -159,10 +165,21 @@ def run(args: argparse.Namespace) -> int:
 
     if not with_code:
         _err("no AMDGCN found in the given paths")
-        return 2
-    if hazards or unprotected:
-        return 1
-    return 2 if bad_input else 0
+        code = 2
+    elif hazards or unprotected:
+        code = 1
+    else:
+        code = 2 if bad_input else 0
+    if args.json:
+        # One object, so an error (exit 2, nothing scanned) never reads as a clean empty list.
+        print(json.dumps({
+            "exit_code": code,
+            "hazards": [h.to_dict() for h in hazards] + [i.to_dict() for i in unprotected],
+            "files_scanned": len(with_code),
+            "not_scanned": not_scanned + len(reports) - len(with_code),
+            "messages": list(_errors),
+        }, indent=2))
+    return code
 
 
 def _summary(reports: list[ScanReport], hazards: list, unprotected: list, rule: str,

@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from titan_rocm.cli import CommandError
 from titan_rocm.numbers import Bounds
 
 HELP = "validated GEMM tuning: collect a job's GEMMs, check and time every kernel, build a table"
@@ -96,8 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _error(message: str) -> int:
-    print(f"titan-rocm tune: error: {message}", file=sys.stderr)
-    return 2
+    """Refuse with ``message`` (exit 2; the JSON error envelope under ``--json``)."""
+    raise CommandError(message)
 
 
 def _collect(args: argparse.Namespace) -> int:

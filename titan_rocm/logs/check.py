@@ -1,6 +1,7 @@
 """Is every logged loss and grad norm of a training log finite? (``titan-rocm check-log``).
 
-Exit codes (per file; several files: 1 if any diverged, else 2 if any gave 2, else 0):
+Exit codes (per file; several files: 1 if any diverged, else 2 if any gave 2, else 3 if any
+gave 3, else 0):
 
 ====  =====================================================================================
 0     at least one training step, every loss and grad norm finite (``ok``); also a run that
@@ -10,6 +11,8 @@ Exit codes (per file; several files: 1 if any diverged, else 2 if any gave 2, el
 2     nothing to check: unreadable or not a regular file, no metric line (``empty``), or
       no training step (a start-up crash, only validation lines), or bytes of it not read
       (a line longer than 1 MiB without a line end): an unchecked log is not a pass
+3     only with ``--require-complete``: ``incomplete`` after finite steps (the run crashed;
+      a CI step that must see the run finish reads this code)
 ====  =====================================================================================
 """
 
@@ -25,6 +28,8 @@ from titan_rocm.logs.verdict import DIVERGED, INCOMPLETE, OK, Verdict, first_bad
 EXIT_OK = 0
 EXIT_NONFINITE = 1
 EXIT_ERROR = 2
+EXIT_INCOMPLETE = 3
+"""``--require-complete``: every value finite, but the log ends in a crash."""
 
 
 def first_bad_per_rank(records: list[Record]) -> dict[int | None, Record]:
@@ -154,11 +159,15 @@ def check_file(path: str | Path, fmt: str = "auto") -> CheckResult:
     return check_parsed(log)
 
 
-def combined_exit_code(results: list[CheckResult]) -> int:
-    """1 if any log diverged (a definite finding), else 2 if any was not checked, else 0."""
+def combined_exit_code(results: list[CheckResult], require_complete: bool = False) -> int:
+    """1 if any log diverged (a definite finding), else 2 if any was not checked, else (with
+    ``require_complete``) 3 if any run did not finish, else 0."""
     codes = {r.exit_code for r in results}
     if EXIT_NONFINITE in codes:
         return EXIT_NONFINITE
     if EXIT_ERROR in codes or not results:
         return EXIT_ERROR
+    if require_complete and any(r.verdict is not None and r.verdict.status == INCOMPLETE
+                                for r in results):
+        return EXIT_INCOMPLETE
     return EXIT_OK

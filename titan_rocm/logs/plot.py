@@ -1,6 +1,9 @@
-"""The picture of ``titan-rocm compare --plot``: loss curves on one axis with the noise band
-shaded, grad norms below, the relative loss difference to the baseline below that, and a
-marker at each run's first non-finite step.
+"""The picture of ``titan-rocm compare --plot``. The main panel is the verdict: each run's loss
+difference to the baseline, in percent, against the noise band the repeats make (shaded), with
+the first step outside the band marked. Below it, small, the loss and the grad norm curves.
+The legend, above the panels where it covers nothing, carries each run's verdict, throughput
+ratio and memory peak; a run that diverged is marked at the step its verdict names, and the
+mark and the legend tell the same story. Steps are integers.
 
 matplotlib is an optional extra (``pip install 'titan-rocm[plot]'``), imported only here and
 only when a picture is asked for; it draws headless (a bare Figure rendered by Agg or SVG, no
@@ -54,7 +57,8 @@ def require_matplotlib() -> None:
         ) from exc
 
 
-PANELS: tuple[str, ...] = ("loss", "grad_norm", "difference")
+PANELS: tuple[str, ...] = ("difference", "loss", "grad_norm")
+"""Top to bottom: the difference panel is the main one."""
 
 
 @dataclass(frozen=True)
@@ -74,15 +78,59 @@ class Curve:
     values: tuple[float, ...]
     """Non-finite values are NaN: a gap in the line."""
     first_nonfinite: int | None = None
-    """Marked on the panel: the run's first step with a non-finite loss or grad norm."""
+    """Marked on the panel: the step the run's verdict says it diverged at (or, without
+    such a verdict, its first logged non-finite loss or grad norm)."""
+    note: str = ""
+    """The mark's text: the same story as the run's legend entry."""
+    first_outside: int | None = None
+    """Difference panel: the first step the run's loss leaves the noise band."""
 
 
 def _curve(panel: str, role: str, name: str, label: str, colour: str,
-           values: dict[int, float], first_nonfinite: int | None = None) -> Curve:
+           values: dict[int, float], bad: tuple[int | None, str] = (None, ""),
+           first_outside: int | None = None) -> Curve:
     steps = tuple(sorted(values))
     return Curve(panel, role, name, label, colour, steps,
                  tuple(v if math.isfinite(v) else math.nan for v in (values[s] for s in steps)),
-                 first_nonfinite)
+                 bad[0], bad[1], first_outside)
+
+
+def _bad(run: Any, logged: int | None) -> tuple[int | None, str]:
+    """Where to mark a run that went non-finite, and what the mark says: the verdict's step
+    (the guard may name a step before the first logged bad value) and, when the log shows
+    it later, that too."""
+    verdict = run.verdict
+    step = verdict.step if verdict.status == "diverged" else logged
+    if step is None:
+        return None, ""
+    note = f"{run.label}: {verdict.label if verdict.status == 'diverged' else 'non-finite'}"
+    if verdict.status != "diverged":
+        note += f" at step {step}"
+    if logged is not None and logged != step:
+        note += f"\n(first non-finite value logged at step {logged})"
+    return step, note
+
+
+def _gib(value: float | None) -> str:
+    return f"{value:.1f} GiB" if value is not None else "memory not logged"
+
+
+def _base_stats(run: Any) -> str:
+    stats = run.summary.stats or {}
+    tps = stats.get("tps")
+    rate = f"{tps.median:,.0f} tokens/s" if tps is not None else "no tokens/s"
+    return f"{rate}, {_gib(run.summary.memory_peak_gib)}" if run.summary.valid else \
+        run.summary.reason or "no figures"
+
+
+def _run_stats(rc: Any) -> str:
+    t = rc.throughput
+    rate = (f"{t.ratio:.3f}x {_THROUGHPUT_NAMES.get(t.field, t.field)}" if t.ratio is not None
+            else "no throughput ratio")
+    return f"{rate}, {_gib(rc.run.summary.memory_peak_gib)}"
+
+
+_THROUGHPUT_NAMES = {"tps": "tokens/s", "tflops": "TFLOP/s", "iteration_ms": "speed"}
 
 
 def curves(c: Comparison) -> list[Curve]:
@@ -101,21 +149,24 @@ def curves(c: Comparison) -> list[Curve]:
         rel = relative(base.loss, s.loss)
         out.append(_curve("difference", "repeat", r.label, label, REPEAT_REL_COLOUR,
                           {t: 100 * v for t, v in rel.items()}))
-    name, label = c.baseline.label, f"baseline: {c.baseline.label}"
-    bad = base.first_nonfinite()
+    name = c.baseline.label
+    label = f"baseline: {name} ({_base_stats(c.baseline)})"
+    bad = _bad(c.baseline, base.first_nonfinite())
     out.append(_curve("loss", "baseline", name, label, BASE_COLOUR, base.loss, bad))
     out.append(_curve("grad_norm", "baseline", name, label, BASE_COLOUR, base.grad_norm, bad))
     for i, rc in enumerate(c.runs):
         colour = RUN_COLOURS[i % len(RUN_COLOURS)]
         run_rank = next((r.rank for r in rc.ranks if r.base_rank == rank), None)
         series = rc.run.series(run_rank if rc.ranks else rank)
-        name, label = rc.run.label, f"{rc.run.label}: {rc.verdict}"
-        bad = series.first_nonfinite()
+        name, label = rc.run.label, f"{rc.run.label}: {rc.verdict} ({_run_stats(rc)})"
+        bad = _bad(rc.run, series.first_nonfinite())
         out.append(_curve("loss", "run", name, label, colour, series.loss, bad))
         out.append(_curve("grad_norm", "run", name, label, colour, series.grad_norm, bad))
         rel = relative(base.loss, series.loss)
+        outside = next((r.first_outside for r in rc.ranks if r.base_rank == rank), None) \
+            if c.qualified else None
         out.append(_curve("difference", "run", name, label, colour,
-                          {t: 100 * v for t, v in rel.items()}))
+                          {t: 100 * v for t, v in rel.items()}, bad, outside))
     return out
 
 
@@ -137,9 +188,10 @@ def bands(c: Comparison) -> dict[str, tuple[list[int], list[float], list[float]]
     return out
 
 
-def _draw(ax: Any, curve: Curve, legend: bool) -> None:
-    """Draw one curve (in the legend if ``legend``) and the marker at its first non-finite
-    step."""
+def _draw(ax: Any, curve: Curve, legend: bool, marks: list[str]) -> None:
+    """Draw one curve (in the legend if ``legend``), the mark of its non-finite step and, on
+    the difference panel, of its first step outside the band; ``marks`` holds the notes
+    already written on the panel, so each new one sits below the last."""
     style: dict[str, Any] = (
         {"linewidth": 1, "linestyle": "--", "zorder": 2} if curve.role == "repeat"
         else {"linewidth": 1.6 if curve.role == "baseline" else 1.4, "marker": "o",
@@ -147,21 +199,29 @@ def _draw(ax: Any, curve: Curve, legend: bool) -> None:
     )
     ax.plot(curve.steps, curve.values, color=curve.colour,
             label=curve.label if legend else None, **style)
+    if curve.first_outside is not None and curve.first_outside in curve.steps:
+        value = curve.values[curve.steps.index(curve.first_outside)]
+        ax.plot([curve.first_outside], [value], marker="o", markersize=11, markeredgewidth=2,
+                markerfacecolor="none", color=curve.colour, zorder=6)
     step = curve.first_nonfinite
     if step is None:
         return
     ax.axvline(step, color=curve.colour, linestyle=":", linewidth=1.2)
-    ax.plot([step], [0.97], transform=ax.get_xaxis_transform(), marker="X", markersize=10,
+    if curve.panel != "difference" and curve.role != "baseline":
+        return  # one mark and one sentence per run: on the main panel
+    height = 0.97 - 0.1 * sum(note.count("\n") + 1 for note in marks)
+    marks.append(curve.note)
+    ax.plot([step], [height], transform=ax.get_xaxis_transform(), marker="X", markersize=10,
             color=curve.colour, clip_on=False, zorder=5)
-    ax.annotate(f"{curve.name}: first non-finite\nvalue at step {step}", (step, 0.97),
-                xycoords=("data", "axes fraction"), xytext=(6, -4),
-                textcoords="offset points", va="top", fontsize=8, color=curve.colour)
+    ax.annotate(curve.note, (step, height), xycoords=("data", "axes fraction"), xytext=(8, 0),
+                textcoords="offset points", va="center", fontsize=8, color=curve.colour,
+                bbox={"boxstyle": "square,pad=0.1", "facecolor": "white", "edgecolor": "none",
+                      "alpha": 0.8})
 
 
 def _title(c: Comparison) -> str:
-    others = ", ".join(rc.run.label for rc in c.runs)
-    used = [r for r in c.repeats if r.valid]
     rank = "" if c.plot_rank is None else f", rank {c.plot_rank}"
+    used = [r for r in c.repeats if r.valid]
     if used:
         k = len(used)
         noise = (f"grey band: run-to-run noise from {plural(k, 'repeat run')} of the baseline "
@@ -170,7 +230,7 @@ def _title(c: Comparison) -> str:
             noise += f"; a weak band: a rerun of the same job leaves it at ~1 step in {k + 1}"
     else:
         noise = "no repeat runs given: no noise band, verdicts unqualified"
-    return f"{others} against the baseline {c.baseline.label}{rank}\n{noise}"
+    return f"{plural(len(c.runs), 'run')} against the baseline {c.baseline.label}{rank}\n{noise}"
 
 
 def _wrapped(text: str, width_px: int) -> str:
@@ -180,49 +240,112 @@ def _wrapped(text: str, width_px: int) -> str:
     return "\n".join(textwrap.fill(line, width) for line in text.splitlines())
 
 
+def _plain_log_ticks(ax: Any) -> None:
+    """Log-scale ticks as plain numbers (``3``, ``6``, ``10``), not ``6x10^0``."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda _v, _pos: ""))
+
+
+def _difference_limits(ax: Any, drawn: list[Curve], band: tuple | None) -> bool:
+    """Fit the main panel to the runs and the band; False when no run has a finite
+    difference to draw (the panel then says so instead of showing an empty band)."""
+    finite = [[v for v in cv.values if math.isfinite(v)] for cv in drawn if cv.role == "run"]
+    if not any(len(f) > 1 for f in finite):  # one point (step 1, +0 %) is no curve either
+        return False
+    values = [v for f in finite for v in f]
+    if band is not None:
+        values += [v for v in band[1] + band[2] if math.isfinite(v)]
+    low, high = min(values + [0.0]), max(values + [0.0])
+    pad = (high - low) * 0.12 or 0.5
+    ax.set_ylim(low - pad, high + pad)
+    return True
+
+
 def figure_bytes(c: Comparison, fmt: str, size: tuple[int, int] = (1200, 1100),
                  log_y: bool = False) -> bytes:
     """The picture of ``c`` as ``png`` or ``svg`` bytes, ``size`` pixels (at 100 dpi)."""
-    require_matplotlib()
-    # A bare Figure, not pyplot: no GUI backend, no global state, nothing to close; savefig
-    # picks the Agg (png) or SVG renderer by format.
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(size[0] / DPI, size[1] / DPI), dpi=DPI)
-    axes = fig.subplots(3, 1, sharex=True, gridspec_kw={"height_ratios": [3, 2, 2]})
-    ax_loss, ax_gn, ax_rel = axes
-    by_panel = dict(zip(PANELS, axes, strict=True))
-    for panel, (steps, low, high) in bands(c).items():
-        by_panel[panel].fill_between(steps, low, high, color=BAND_COLOUR, linewidth=0,
-                                     zorder=0, label="noise band" if panel == "loss" else None)
-    ax_rel.axhline(0, color=BASE_COLOUR, linewidth=1)
-    labelled: set[str] = set()
-    for curve in curves(c):
-        legend = curve.panel == "loss" and curve.label not in labelled  # legend: loss panel
-        labelled.add(curve.label)
-        _draw(by_panel[curve.panel], curve, legend)
-    if log_y:
-        ax_loss.set_yscale("log")
-    ax_loss.set_ylabel("training loss" + (" (log scale)" if log_y else ""))
-    title = _wrapped(_title(c), size[0])
-    ax_loss.set_title(title, fontsize=11)
-    ax_loss.legend(fontsize=9, loc="upper right")
-    ax_gn.set_ylabel("grad norm")
-    ax_rel.set_ylabel("loss difference to\nthe baseline (%)")
-    ax_rel.set_xlabel("training step")
-    for ax in (ax_loss, ax_gn, ax_rel):
-        ax.grid(True, color="#eeeeee", linewidth=0.8)
-    fig.align_ylabels((ax_loss, ax_gn, ax_rel))
-    # Fixed margins (in pixels), not tight_layout: the axes sit in the same place whatever
-    # the data, so two pictures of one comparison line up.
-    top = 20 + 17 * (title.count("\n") + 1)
-    fig.subplots_adjust(left=MARGIN_LEFT / size[0], right=1 - 20 / size[0],
-                        bottom=55 / size[1], top=1 - top / size[1], hspace=0.15)
+    fig = figure(c, size, log_y)
     buffer = io.BytesIO()
     # No metadata: the same logs give the same bytes (the docs' pictures are committed).
     metadata: dict[str, Any] = {"Software": None} if fmt == "png" else {"Date": None}
     fig.savefig(buffer, format=fmt, dpi=DPI, metadata=metadata)
     return buffer.getvalue()
+
+
+def figure(c: Comparison, size: tuple[int, int] = (1200, 1100), log_y: bool = False) -> Any:
+    """The picture of ``c`` as a matplotlib ``Figure`` (its axes in :data:`PANELS` order)."""
+    require_matplotlib()
+    # A bare Figure, not pyplot: no GUI backend, no global state, nothing to close; savefig
+    # picks the Agg (png) or SVG renderer by format.
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    fig = Figure(figsize=(size[0] / DPI, size[1] / DPI), dpi=DPI)
+    axes = fig.subplots(3, 1, sharex=True, gridspec_kw={"height_ratios": [4, 2, 2]})
+    ax_rel, ax_loss, ax_gn = axes
+    by_panel = dict(zip(PANELS, axes, strict=True))
+    all_bands = bands(c)
+    all_curves = curves(c)
+    drawn_rel = [cv for cv in all_curves if cv.panel == "difference"]
+    has_difference = _difference_limits(ax_rel, drawn_rel, all_bands.get("difference"))
+    for panel, (steps, low, high) in all_bands.items():
+        if panel == "difference" and not has_difference:
+            continue  # an empty grey block says nothing
+        by_panel[panel].fill_between(steps, low, high, color=BAND_COLOUR, linewidth=0, zorder=0,
+                                     label="noise band" if panel == "difference" else None)
+    ax_rel.axhline(0, color=BASE_COLOUR, linewidth=1)
+    if not has_difference:
+        ax_rel.text(0.5, 0.3, "no loss difference to draw beyond one step: "
+                    + "; ".join(f"{rc.run.label}: {rc.verdict}" for rc in c.runs),
+                    transform=ax_rel.transAxes, ha="center", va="center", fontsize=10,
+                    color="#444444", wrap=True)
+    # One note per step where some run first leaves the band (its ring is on the run's line).
+    for step in sorted({cv.first_outside for cv in drawn_rel if cv.first_outside is not None}):
+        ax_rel.annotate(f"first outside the band: step {step}", (step, 0.03),
+                        xycoords=("data", "axes fraction"), xytext=(6, 0),
+                        textcoords="offset points", fontsize=8, color="#333333")
+        ax_rel.axvline(step, color="#999999", linestyle=":", linewidth=1, zorder=1)
+    labelled: set[str] = set()
+    marks: dict[str, list[str]] = {panel: [] for panel in PANELS}
+    for curve in all_curves:
+        # One legend entry per label, from whichever panel draws it first.
+        legend = curve.label not in labelled
+        labelled.add(curve.label)
+        _draw(by_panel[curve.panel], curve, legend, marks[curve.panel])
+    if log_y:
+        ax_loss.set_yscale("log")
+        _plain_log_ticks(ax_loss)
+    ax_rel.set_ylabel("loss difference to\nthe baseline (%)")
+    ax_loss.set_ylabel("training loss" + ("\n(log scale)" if log_y else ""))
+    ax_gn.set_ylabel("grad norm")
+    ax_gn.set_xlabel("training step")
+    ax_gn.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
+    for ax in axes:
+        ax.grid(True, color="#eeeeee", linewidth=0.8)
+    fig.align_ylabels(axes)
+    title = _wrapped(_title(c), size[0])
+    handles, labels = [], []
+    for ax in axes:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    # Above the panels, between the title and the main panel: it covers no data or mark.
+    rows = len(labels)
+    title_px = 17 * (title.count("\n") + 1)
+    legend_px = 20 * rows + 12
+    fig.suptitle(title, fontsize=11, y=1 - 10 / size[1], va="top")
+    fig.legend(handles, labels, loc="upper left", fontsize=9, frameon=False,
+               bbox_to_anchor=(MARGIN_LEFT / size[0], 1 - (14 + title_px) / size[1]))
+    # Fixed margins (in pixels), not tight_layout: the axes sit in the same place whatever
+    # the data, so two pictures of one comparison line up.
+    top = 24 + title_px + legend_px
+    fig.subplots_adjust(left=MARGIN_LEFT / size[0], right=1 - 20 / size[0],
+                        bottom=55 / size[1], top=1 - top / size[1], hspace=0.15)
+    return fig
 
 
 def plot(c: Comparison, path: str | Path, size: tuple[int, int] = (1200, 1100),

@@ -21,13 +21,20 @@ from typing import Any
 import torch
 
 from titan_rocm import platform
-from titan_rocm.job_args import CONFIG_FILE_FLAGS, flag_value
+from titan_rocm.job_args import CONFIG_FILE_FLAGS, flag_value, module_and_config
+from titan_rocm.plan_format import PLAN_SCHEMA
 from titan_rocm.preflight import StartupError, WorldSize, degrees, world_size
 from titan_rocm.settings import RocmSettings, check_section
 from titan_rocm.torchtitan.job import RocmJob
 from titan_rocm.torchtitan.override import ENTRY
 from titan_rocm.workarounds.base import planning
 from titan_rocm.workarounds.moe_blocks import EAGER_MOE, eager_mark, plan_blocks
+
+NOT_CHECKED = [
+    "TorchTitan 0.3.0's batch-size arithmetic and pipelining support (0.2.2's plan checks "
+    "them; this one checks the parallel degrees and the expert mesh only)",
+]
+"""What a 0.3.0 plan does not check that a 0.2.2 plan does; printed under "not simulated"."""
 
 NOT_ATTACHED = (
     "titan-rocm is not attached to this job: use --module titan_rocm.torchtitan.configs, "
@@ -129,9 +136,29 @@ def _parallel_dims(config: Any, size: int | None, nnodes: int | None,
     except StartupError as exc:
         raise PlanError(str(exc)) from None
     try:
-        return ParallelDims.from_config(config.parallelism, world.size), world
+        dims = ParallelDims.from_config(config.parallelism, world.size)
     except AssertionError as exc:
         raise PlanError(f"parallelism does not fit world size {world.size}: {exc}") from None
+    check_expert_mesh(dims, world)
+    return dims, world
+
+
+def check_expert_mesh(dims: Any, world: WorldSize) -> None:
+    """The arithmetic of 0.3.0's expert mesh, which ``ParallelDims`` leaves to ``build_mesh``
+    at start-up (torchtitan 0.3.0 ``distributed/parallel_dims.py``: ``efsdp = fsdp * tp //
+    ep``, then the world is unflattened into ``(pp, dp_replicate, efsdp, ep)``, which needs
+    ``ep`` to divide ``dp_shard x cp x tp``), as 0.2.2's plan checks its own.
+
+    Raises:
+        PlanError: the expert mesh cannot be built on this world size.
+    """
+    dense = dims.dp_shard * dims.cp * dims.tp
+    if dims.ep > 1 and dense % dims.ep:
+        raise PlanError(
+            f"expert_parallel_degree {dims.ep} does not divide dp_shard {dims.dp_shard} x cp "
+            f"{dims.cp} x tp {dims.tp} = {dense} on world size {world.size} ({world.source}), "
+            "so TorchTitan 0.3.0 cannot build its expert device mesh (ParallelDims.build_mesh)"
+        )
 
 
 def build_meta_model(config: Any) -> torch.nn.Module:
@@ -191,9 +218,10 @@ def make_plan(args: Sequence[str], *, arch: str | None = None, size: int | None 
         decisions = job.apply(model)
     spec = config.model_spec
     per_block = plan_blocks(model)
-    module, name = flag_value(args, ("--module",)), flag_value(args, ("--config",))
+    module, name = module_and_config(args)
     fn = spec.parallelize_fn
     plan = {
+        "schema": PLAN_SCHEMA,
         "config_file": f"--module {module} --config {name}",
         "model": {
             "name": spec.name,
@@ -210,6 +238,7 @@ def make_plan(args: Sequence[str], *, arch: str | None = None, size: int | None 
         "other_converters": [],
         "titan_rocm_listed": attached is not None,
         "not_listed_advice": NOT_ATTACHED,
+        "not_checked": NOT_CHECKED,
         "settings": dataclasses.asdict(settings),
         "workarounds": [d.to_dict() for d in decisions],
         "compile": {"enabled": job.ctx is not None and job.ctx.compile.model,

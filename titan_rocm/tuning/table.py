@@ -247,4 +247,5 @@ def problems_coverage(table_path: str | Path, problems_path: str | Path,
                 f"{want!r}: collect it from this job")
     result = coverage(read(table_path), [list(p.keys) for p in found.problems])
     result["problems_file"] = str(problems_path)
+    result["job"] = job
     return result

@@ -53,7 +53,9 @@ class GemmLookup(Workaround):
         except table_module.LookupTableError as exc:
             return str(exc)
         if self.ctx.planning:
-            return None  # plan runs on a login node: the meta is shown, not compared
+            # plan runs on a login node: its torch and Triton are not the run's, so only the
+            # device is compared, with the (simulated) GPU planned for, as the run would.
+            return self._planned_device_mismatch()
         from titan_rocm.tuning.env import environment
 
         self.mismatches = table_module.meta_mismatches(self.table.meta, environment())
@@ -65,6 +67,22 @@ class GemmLookup(Workaround):
                          "titan-rocm: gemm_lookup: %s; not used", reason)
             return reason
         return None
+
+    def _planned_device_mismatch(self) -> str | None:
+        assert self.table is not None
+        arch = self.ctx.platform.gfx_arch if self.ctx.platform.is_rocm else None
+        if arch is None:
+            return None
+        device, key = self.table.meta.get("device"), self.table.meta.get("device_key")
+        if str(key or "").split(":")[0] == arch:
+            return None
+        self.mismatches = [f"device: table {device!r} (device_key {key!r}), planned {arch!r}"]
+        reason = (f"table {self.path} was tuned for another device: {self.mismatches[0]}; the "
+                  "run would not use it")
+        if self.mode == "auto":
+            log_once(f"gemm_lookup-meta:{self.path}", logging.WARNING,
+                     "titan-rocm: gemm_lookup: %s", reason)
+        return reason
 
     def check(self, model: nn.Module) -> str | None:
         if not self.ctx.compile.model:

@@ -1,0 +1,102 @@
+"""What titan-rocm's changes were measured to cost, as data, each with the stored result it
+comes from (the figures docs/performance.md discusses).
+
+``titan-rocm plan`` quotes these in its verdict for the changes a job will get. Each figure
+names its benchmark and result folder, and ``tests/test_measured.py`` recomputes every one
+from that folder with the benchmark's own ``--reanalyse`` code, so a figure here cannot drift
+from the logs it was measured in. Torch-free: plain data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+H200 = "one NVIDIA H200 (CUDA, not ROCm)"
+"""The only GPU the figures were measured on; no AMD GPU was available to the project."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One side-by-side throughput ratio from a stored benchmark result.
+
+    ``figure`` is the path of keys to the value in the benchmark's ``--reanalyse`` output;
+    with ``over``, the ratio is ``figure``'s value over ``over``'s (a figure the benchmark
+    stores only as two runs' medians).
+    """
+
+    key: str
+    ratio: float
+    what: str
+    model: str
+    gpu: str
+    benchmark: str
+    folder: str
+    figure: tuple[str, ...]
+    over: tuple[str, ...] = ()
+
+    def sentence(self) -> str:
+        """``0.9315 of stock tokens/s (deepseek_v3 3.9 B, one NVIDIA H200 ...; ...)``."""
+        return (f"{self.ratio:g} x {self.what} tokens/s ({self.model}, {self.gpu}; "
+                f"{self.benchmark}, {self.folder})")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The figure as JSON: ratio, what it is over, model, GPU, benchmark and folder."""
+        return {"ratio": self.ratio, "over": self.what, "model": self.model, "gpu": self.gpu,
+                "benchmark": self.benchmark, "folder": self.folder}
+
+
+_GPU_VALIDATION = "benchmarks/gpu_validation.py"
+_MOE_4B = "deepseek_v3 3.9 B MoE, GPU-bound"
+_LLAMA_1B = "llama3 1.5 B dense, GPU-bound"
+
+FIGURES: dict[str, Measured] = {m.key: m for m in (
+    Measured("moe_eager_compile.block", 0.9315, "stock", _MOE_4B, H200, _GPU_VALIDATION,
+             "benchmarks/results/2026-11-30-h200-d/tp-moe-scope",
+             ("figures", "throughput", "deepseek_v3_4b", "tps_ratio_rocm_on_over_stock",
+              "pooled")),
+    Measured("moe_eager_compile.moe", 0.9656, "stock", _MOE_4B, H200, _GPU_VALIDATION,
+             "benchmarks/results/2026-11-30-h200-d/tp-moe-scope",
+             ("figures", "throughput", "deepseek_v3_4b",
+              "tps_ratio_rocm_on_moe_scope_over_stock", "pooled")),
+    Measured("moe_eager_compile.fp8", 0.5806, "stock", "deepseek_v3 debug FP8, host-bound",
+             H200, _GPU_VALIDATION, "benchmarks/results/2026-11-30-h200-b/fp8",
+             ("runs", "deepseek_v3_fp8_rocm", "tps_median"),
+             ("runs", "deepseek_v3_fp8_stock", "tps_median")),
+    Measured("divergence_guard.log_steps", 0.9974, "guard off", _LLAMA_1B, H200,
+             _GPU_VALIDATION, "benchmarks/results/2026-11-30-h200-d/tp-guard",
+             ("figures", "throughput", "llama3_1b_guard", "tps_ratio_guard_default_over_off",
+              "pooled")),
+    Measured("divergence_guard.every_step", 1.0028, "guard off", _LLAMA_1B, H200,
+             _GPU_VALIDATION, "benchmarks/results/2026-11-30-h200-d/tp-guard",
+             ("figures", "throughput", "llama3_1b_guard",
+              "tps_ratio_guard_every_step_over_off", "pooled")),
+    Measured("divergence_guard.every_step_exact", 0.9334, "guard off", _LLAMA_1B, H200,
+             _GPU_VALIDATION, "benchmarks/results/2026-11-30-h200-d/tp-guard",
+             ("figures", "throughput", "llama3_1b_guard",
+              "tps_ratio_guard_every_step_exact_over_off", "pooled")),
+    Measured("dense.all_on", 0.9995, "stock", _LLAMA_1B, H200, _GPU_VALIDATION,
+             "benchmarks/results/2026-11-30-h200-b/throughput-llama3-1b",
+             ("figures", "throughput", "llama3_1b", "tps_ratio_rocm_on_over_stock", "pooled")),
+)}
+"""Every figure by key: ``<workaround>.<the setting that decides it>``; ``dense.all_on`` is
+every workaround forced on together on a dense model (none measured alone there)."""
+
+FP8_CONVERTERS = ("quantize.linear.float8", "quantize.grouped_mm.float8")
+"""TorchTitan's float8 converters: with MoE blocks eager, their casts run unfused (the
+``moe_eager_compile.fp8`` figure)."""
+
+
+def cost_of(workaround: str, details: dict[str, Any], converters: list[str]) -> Measured | None:
+    """The measured figure for ``workaround`` as decided (its plan details), or None.
+
+    Reads the choice from the decision, never from a default: ``moe_eager_compile``'s
+    ``scope`` (and whether the job lists a float8 converter), ``divergence_guard``'s ``check``.
+    """
+    if workaround == "moe_eager_compile":
+        if any(c.strip() in FP8_CONVERTERS for c in converters):
+            return FIGURES["moe_eager_compile.fp8"]
+        return FIGURES.get(f"moe_eager_compile.{details.get('scope')}")
+    if workaround == "divergence_guard":
+        return FIGURES.get(f"divergence_guard.{details.get('check')}")
+    return None
