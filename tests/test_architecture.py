@@ -20,6 +20,7 @@ FACTS = ("titan_rocm.archs", "titan_rocm.platform", "titan_rocm.settings", "tita
 WORKAROUNDS = "titan_rocm.workarounds"
 SHARED_WORKAROUND_MODULES = {
     f"{WORKAROUNDS}.base", f"{WORKAROUNDS}.registry", f"{WORKAROUNDS}.moe_blocks",
+    f"{WORKAROUNDS}.job", f"{WORKAROUNDS}.seams",
 }
 TOOLS = ("titan_rocm.logs", "titan_rocm.gemm_tables")
 FORBIDDEN_IN_WORKAROUNDS = ("torchtitan.config", "titan_rocm.converters", "titan_rocm.torchtitan",

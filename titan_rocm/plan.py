@@ -23,7 +23,8 @@ from titan_rocm.config import settings_from
 from titan_rocm.converters import RocmConverter, converter_classes
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.preflight import DEFAULT_LAUNCHER, StartupError, check_job, startup_step
-from titan_rocm.workarounds.base import Decision, planning
+from titan_rocm.workarounds.base import planning
+from titan_rocm.workarounds.job import Decision
 from titan_rocm.workarounds.moe_blocks import EAGER_MOE, plan_blocks
 
 

@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
 from torch._dynamo.eval_frame import OptimizedModule
 
 from titan_rocm.log import log
-from titan_rocm.workarounds.base import TORCHTITAN_030, Context, Workaround
+from titan_rocm.workarounds.base import Context, Workaround
 from titan_rocm.workarounds.moe_blocks import (
     FULLGRAPH,
     MOE_CHILD,
@@ -57,7 +57,6 @@ from titan_rocm.workarounds.moe_blocks import (
     split_children,
     unwrap_block,
 )
-from titan_rocm.workarounds.moe_eager_compile import tt030
 
 PATCHED_ATTR = "titan_rocm_mixed_compile"
 """Set on the replacement ``apply_compile``; its value is the function it replaced."""
@@ -187,11 +186,21 @@ def restore_apply_compile(parallelize_fn: Callable[..., Any]) -> bool:
     return True
 
 
+class MixedCompileSeam(Protocol):
+    """How one TorchTitan generation's compile is made mixed (``seams_tt022``/``seams_tt030``)."""
+
+    def apply(self, model: nn.Module, scope: str) -> str:
+        """Make the MoE blocks (or, by ``scope``, their MoE module) run eager; return what was
+        patched, for the plan."""
+
+
 class MoEEagerCompile(Workaround):
     """Replaces the model's ``apply_compile``: dense blocks fullgraph, MoE blocks eager (by
     ``[rocm] moe_eager_scope``: the whole block, or only its MoE module)."""
 
     name = "moe_eager_compile"
+    has_seam = True
+    seam: MixedCompileSeam
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -221,16 +230,7 @@ class MoEEagerCompile(Workaround):
 
     def apply(self, model: nn.Module) -> None:
         assert self.ctx.parallelize_fn is not None  # check() made sure
-        if self.ctx.framework == TORCHTITAN_030:
-            marked = tt030.mark_moe_blocks(model, self.scope, self.ctx.compile.backend)
-            self._patched = tt030.SEAM
-            log.info("titan-rocm: MoE blocks %s will run %s (%s)", ", ".join(marked),
-                     "eager" if self.scope == "block" else "with their MoE module eager",
-                     tt030.SEAM)
-            return
-        self._patched = patch_apply_compile(self.ctx.parallelize_fn, self.scope)
-        log.info("titan-rocm: replaced %s (dense fullgraph, MoE eager; moe_eager_scope = %r)",
-                 self._patched, self.scope)
+        self._patched = self.seam.apply(model, self.scope)
 
     def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
         # One line after the first step proves from the run log that the MoE part ran eager.
