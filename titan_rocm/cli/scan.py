@@ -16,6 +16,7 @@ import os
 import sys
 
 from titan_rocm.files import read_regular
+from titan_rocm.settings import DEFAULT_HAZARD_RULE
 from titan_rocm.workarounds.triton_war.hazards import CLI_RULES
 from titan_rocm.workarounds.triton_war.scan import (
     ScanReport,
@@ -48,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rule",
         choices=CLI_RULES,
-        default="precise",
+        default=DEFAULT_HAZARD_RULE,
         help="precise: 1 wait state after a store with an SGPR soffset, 2 with a literal "
         "(the hardware rule); conservative: 2 for every soffset",
     )
