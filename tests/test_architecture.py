@@ -25,16 +25,18 @@ SHARED_WORKAROUND_MODULES = {
 }
 TOOLS = ("titan_rocm.logs", "titan_rocm.gemm_tables", "titan_rocm.numerics")
 """Tools beside the workarounds: platform facts only, never a workaround or an adapter."""
-TUNING_LOOKUP = tuple(f"titan_rocm.tuning.{m}" for m in ("problems", "records", "table", "env",
-                                                        "choices"))
+# Full module names, written out: the layout move (issue 23) rewrites them by module path.
+TUNING_LOOKUP = ("titan_rocm.tuning.problems", "titan_rocm.tuning.records",
+                 "titan_rocm.tuning.table", "titan_rocm.tuning.env", "titan_rocm.tuning.choices")
 """What training reads of the tuner (rocm.gemm_lookup stands on it): below the workarounds."""
-TUNING_DRIVER = tuple(f"titan_rocm.tuning.{m}" for m in ("collect", "runner", "minesweeper",
-                                                        "settings", "faults"))
+TUNING_DRIVER = ("titan_rocm.tuning.collect", "titan_rocm.tuning.runner",
+                 "titan_rocm.tuning.minesweeper", "titan_rocm.tuning.settings")
 """``titan-rocm tune``'s driver: a tool that may act as an adapter (it builds Contexts)."""
-SCANNER = tuple(f"titan_rocm.workarounds.triton_war.{m}" for m in ("amdgcn", "hazards", "scan",
-                                                                  "names"))
+SCANNER = ("titan_rocm.workarounds.triton_war.amdgcn", "titan_rocm.workarounds.triton_war.hazards",
+           "titan_rocm.workarounds.triton_war.scan", "titan_rocm.workarounds.triton_war.names")
 """The AMDGCN parser, rules and scanner behind ``titan-rocm scan``: no torch, no Triton."""
-ADAPTERS = ("titan_rocm.converters", "titan_rocm.torchtitan", "titan_rocm.config",
+ADAPTERS = ("titan_rocm.adapters", "titan_rocm.converters", "titan_rocm.torchtitan",
+            "titan_rocm.config",
             "titan_rocm._registration", "titan_rocm.plan", "titan_rocm.preflight",
             "titan_rocm.job_args", "titan_rocm.train")
 CLI = ("titan_rocm.cli",)
@@ -47,7 +49,7 @@ TEST_ONLY_IMPORTERS = {
     "titan_rocm.cli.tune",
 }
 FORBIDDEN_IN_WORKAROUNDS = ("torchtitan.config", "titan_rocm.converters", "titan_rocm.torchtitan",
-                            "titan_rocm.config",
+                            "titan_rocm.config", "titan_rocm.adapters", "titan_rocm.tuner",
                             "titan_rocm.plan", "titan_rocm.cli", "titan_rocm.logs",
                             "titan_rocm.job_args", "titan_rocm.train")
 
@@ -183,7 +185,8 @@ def floor_of(name: str) -> str | None:
     """Which floor module ``name`` is on (docs/architecture.md), None for an unplaced one."""
     if name == "titan_rocm" or name == "titan_rocm.assets":
         return "package"
-    for floor, roots in (("facts", FACTS), ("tools", TOOLS), ("tuning", TUNING_LOOKUP),
+    for floor, roots in (("test-only", TEST_ONLY), ("scanner", SCANNER),
+                         ("facts", FACTS), ("tools", TOOLS), ("tuning", TUNING_LOOKUP),
                          ("tuner", TUNING_DRIVER), ("adapters", ADAPTERS), ("cli", CLI),
                          ("workarounds", (WORKAROUNDS,)), ("tuning", ("titan_rocm.tuning",))):
         if _in(name, roots):
@@ -205,11 +208,12 @@ def test_the_cli_is_above_everything_and_nothing_imports_it(name: str) -> None:
 
 @pytest.mark.parametrize("name", [m for m in MODULES if _in(m, TUNING_LOOKUP)])
 def test_what_training_reads_of_the_tuner_stands_below_the_workarounds(name: str) -> None:
-    above = sorted(m for m in internal(name) if floor_of(m) not in ("facts", "tuning", "tools"))
+    above = sorted(m for m in internal(name)
+                   if floor_of(m) not in ("facts", "tuning", "tools", "scanner"))
     assert above == [], f"{name} imports {above}"
 
 
-@pytest.mark.parametrize("name", [m for m in MODULES if _in(m, TUNING_DRIVER)])
+@pytest.mark.parametrize("name", [m for m in MODULES if _in(m, TUNING_DRIVER + TEST_ONLY)])
 def test_the_tuner_driver_is_imported_by_no_workaround(name: str) -> None:
     importers = sorted(m for m in MODULES if name in internal(m) and floor_of(m) == "workarounds")
     assert importers == [], f"workarounds {importers} import the tuner driver {name}"
@@ -220,7 +224,7 @@ def test_the_scanner_needs_no_torch_no_triton_and_no_workaround(name: str) -> No
     assert name in MODULES
     heavy = sorted(m for m in GRAPH[name] if _in(m, ("torch", "triton", "titan_rocm.log")))
     assert heavy == [], f"{name} imports {heavy}"
-    above = sorted(m for m in internal(name) if floor_of(m) == "workarounds" and m not in SCANNER)
+    above = sorted(m for m in internal(name) if floor_of(m) not in ("facts", "scanner"))
     assert above == [], f"{name} imports {above}"
 
 
