@@ -185,9 +185,12 @@ def floor_of(name: str) -> str | None:
     """Which floor module ``name`` is on (docs/architecture.md), None for an unplaced one."""
     if name == "titan_rocm" or name == "titan_rocm.assets":
         return "package"
-    for floor, roots in (("test-only", TEST_ONLY), ("scanner", SCANNER),
+    # The packages the layout move (issue 23) makes: their __init__ is on their files' floor.
+    for floor, roots in (("test-only", (*TEST_ONLY, "titan_rocm.testing")),
+                         ("scanner", (*SCANNER, "titan_rocm.scanner")),
                          ("facts", FACTS), ("tools", TOOLS), ("tuning", TUNING_LOOKUP),
-                         ("tuner", TUNING_DRIVER), ("adapters", ADAPTERS), ("cli", CLI),
+                         ("tuner", (*TUNING_DRIVER, "titan_rocm.tuner")),
+                         ("adapters", ADAPTERS), ("cli", CLI),
                          ("workarounds", (WORKAROUNDS,)), ("tuning", ("titan_rocm.tuning",))):
         if _in(name, roots):
             return floor
