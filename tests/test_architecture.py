@@ -35,10 +35,17 @@ TUNING_DRIVER = ("titan_rocm.tuning.collect", "titan_rocm.tuning.runner",
 SCANNER = ("titan_rocm.workarounds.triton_war.amdgcn", "titan_rocm.workarounds.triton_war.hazards",
            "titan_rocm.workarounds.triton_war.scan", "titan_rocm.workarounds.triton_war.names")
 """The AMDGCN parser, rules and scanner behind ``titan-rocm scan``: no torch, no Triton."""
-ADAPTERS = ("titan_rocm.adapters", "titan_rocm.converters", "titan_rocm.torchtitan",
-            "titan_rocm.config",
-            "titan_rocm._registration", "titan_rocm.plan", "titan_rocm.preflight",
-            "titan_rocm.job_args", "titan_rocm.train")
+ADAPTERS = (
+    "titan_rocm.adapters",
+    "titan_rocm.converters",
+    "titan_rocm.torchtitan",
+    "titan_rocm.config",
+    "titan_rocm._registration",
+    "titan_rocm.plan",
+    "titan_rocm.preflight",
+    "titan_rocm.job_args",
+    "titan_rocm.train",
+)
 CLI = ("titan_rocm.cli",)
 TEST_ONLY = ("titan_rocm.tuning.faults", "titan_rocm.workarounds.moe_eager_compile.graph_audit")
 """Code that exists for tests and worker processes; the runtime never imports it."""
@@ -48,10 +55,19 @@ TEST_ONLY_IMPORTERS = {
     # `titan-rocm tune run` validates the fault spec of that env var before starting workers.
     "titan_rocm.cli.tune",
 }
-FORBIDDEN_IN_WORKAROUNDS = ("torchtitan.config", "titan_rocm.converters", "titan_rocm.torchtitan",
-                            "titan_rocm.config", "titan_rocm.adapters", "titan_rocm.tuner",
-                            "titan_rocm.plan", "titan_rocm.cli", "titan_rocm.logs",
-                            "titan_rocm.job_args", "titan_rocm.train")
+FORBIDDEN_IN_WORKAROUNDS = (
+    "torchtitan.config",
+    "titan_rocm.converters",
+    "titan_rocm.torchtitan",
+    "titan_rocm.config",
+    "titan_rocm.adapters",
+    "titan_rocm.tuner",
+    "titan_rocm.plan",
+    "titan_rocm.cli",
+    "titan_rocm.logs",
+    "titan_rocm.job_args",
+    "titan_rocm.train",
+)
 
 
 def module_name(path: Path) -> str:
@@ -173,7 +189,9 @@ def test_platform_facts_import_nothing_above_them(name: str) -> None:
 @pytest.mark.parametrize("name", [m for m in MODULES if m.startswith(TOOLS)])
 def test_tools_do_not_reach_into_workarounds_or_adapters(name: str) -> None:
     above = sorted(m for m in internal(name)
-                   if m.startswith((WORKAROUNDS, "titan_rocm.converters", "titan_rocm.plan")))
+                   if m.startswith((WORKAROUNDS,
+                                    "titan_rocm.converters",
+                                    "titan_rocm.plan")))
     assert above == [], f"{name} imports {above}"
 
 
