@@ -16,16 +16,58 @@ PACKAGE = Path(__file__).resolve().parent.parent / "titan_rocm"
 
 # The floors, lowest first. A module may import its own floor and those below.
 FACTS = ("titan_rocm.archs", "titan_rocm.platform", "titan_rocm.settings", "titan_rocm.log",
-         "titan_rocm.guard_message", "titan_rocm._after_import", "titan_rocm.torchtitan_version")
+         "titan_rocm.guard_message", "titan_rocm._after_import", "titan_rocm.torchtitan_version",
+         "titan_rocm.files")
 WORKAROUNDS = "titan_rocm.workarounds"
 SHARED_WORKAROUND_MODULES = {
     f"{WORKAROUNDS}.base", f"{WORKAROUNDS}.registry", f"{WORKAROUNDS}.moe_blocks",
+    f"{WORKAROUNDS}.job", f"{WORKAROUNDS}.seams",
 }
-TOOLS = ("titan_rocm.logs", "titan_rocm.gemm_tables")
-FORBIDDEN_IN_WORKAROUNDS = ("torchtitan.config", "titan_rocm.converters", "titan_rocm.torchtitan",
-                            "titan_rocm.config",
-                            "titan_rocm.plan", "titan_rocm.cli", "titan_rocm.logs",
-                            "titan_rocm.job_args", "titan_rocm.train")
+TOOLS = ("titan_rocm.logs", "titan_rocm.gemm_tables", "titan_rocm.numerics")
+"""Tools beside the workarounds: platform facts only, never a workaround or an adapter."""
+# Full module names, written out: the layout move (issue 23) rewrites them by module path.
+TUNING_LOOKUP = ("titan_rocm.tuning.problems", "titan_rocm.tuning.records",
+                 "titan_rocm.tuning.table", "titan_rocm.tuning.env", "titan_rocm.tuning.choices")
+"""What training reads of the tuner (rocm.gemm_lookup stands on it): below the workarounds."""
+TUNING_DRIVER = ("titan_rocm.tuning.collect", "titan_rocm.tuning.runner",
+                 "titan_rocm.tuning.minesweeper", "titan_rocm.tuning.settings")
+"""``titan-rocm tune``'s driver: a tool that may act as an adapter (it builds Contexts)."""
+SCANNER = ("titan_rocm.workarounds.triton_war.amdgcn", "titan_rocm.workarounds.triton_war.hazards",
+           "titan_rocm.workarounds.triton_war.scan", "titan_rocm.workarounds.triton_war.names")
+"""The AMDGCN parser, rules and scanner behind ``titan-rocm scan``: no torch, no Triton."""
+ADAPTERS = (
+    "titan_rocm.adapters",
+    "titan_rocm.converters",
+    "titan_rocm.torchtitan",
+    "titan_rocm.config",
+    "titan_rocm._registration",
+    "titan_rocm.plan",
+    "titan_rocm.preflight",
+    "titan_rocm.job_args",
+    "titan_rocm.train",
+)
+CLI = ("titan_rocm.cli",)
+TEST_ONLY = ("titan_rocm.tuning.faults", "titan_rocm.workarounds.moe_eager_compile.graph_audit")
+"""Code that exists for tests and worker processes; the runtime never imports it."""
+TEST_ONLY_IMPORTERS = {
+    # The minesweeper's worker processes inject the faults the tests ask for (env var).
+    "titan_rocm.tuning.minesweeper",
+    # `titan-rocm tune run` validates the fault spec of that env var before starting workers.
+    "titan_rocm.cli.tune",
+}
+FORBIDDEN_IN_WORKAROUNDS = (
+    "torchtitan.config",
+    "titan_rocm.converters",
+    "titan_rocm.torchtitan",
+    "titan_rocm.config",
+    "titan_rocm.adapters",
+    "titan_rocm.tuner",
+    "titan_rocm.plan",
+    "titan_rocm.cli",
+    "titan_rocm.logs",
+    "titan_rocm.job_args",
+    "titan_rocm.train",
+)
 
 
 def module_name(path: Path) -> str:
@@ -147,8 +189,91 @@ def test_platform_facts_import_nothing_above_them(name: str) -> None:
 @pytest.mark.parametrize("name", [m for m in MODULES if m.startswith(TOOLS)])
 def test_tools_do_not_reach_into_workarounds_or_adapters(name: str) -> None:
     above = sorted(m for m in internal(name)
-                   if m.startswith((WORKAROUNDS, "titan_rocm.converters", "titan_rocm.plan")))
+                   if m.startswith((WORKAROUNDS,
+                                    "titan_rocm.converters",
+                                    "titan_rocm.plan")))
     assert above == [], f"{name} imports {above}"
+
+
+def _in(name: str, roots: tuple[str, ...]) -> bool:
+    return any(name == r or name.startswith(r + ".") for r in roots)
+
+
+def floor_of(name: str) -> str | None:
+    """Which floor module ``name`` is on (docs/architecture.md), None for an unplaced one."""
+    if name == "titan_rocm" or name == "titan_rocm.assets":
+        return "package"
+    # The packages the layout move (issue 23) makes: their __init__ is on their files' floor.
+    for floor, roots in (("test-only", (*TEST_ONLY, "titan_rocm.testing")),
+                         ("scanner", (*SCANNER, "titan_rocm.scanner")),
+                         ("facts", FACTS), ("tools", TOOLS), ("tuning", TUNING_LOOKUP),
+                         ("tuner", (*TUNING_DRIVER, "titan_rocm.tuner")),
+                         ("adapters", ADAPTERS), ("cli", CLI),
+                         ("workarounds", (WORKAROUNDS,)), ("tuning", ("titan_rocm.tuning",))):
+        if _in(name, roots):
+            return floor
+    return None
+
+
+def test_every_module_is_on_a_floor() -> None:
+    """A new module or package (another engineer's, a merge's) is placed here on purpose,
+    with the rules of its floor, or this fails naming it."""
+    assert sorted(m for m in MODULES if floor_of(m) is None) == []
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if m.startswith("titan_rocm.cli")])
+def test_the_cli_is_above_everything_and_nothing_imports_it(name: str) -> None:
+    importers = sorted(m for m in MODULES if name in internal(m) and not _in(m, CLI))
+    assert importers == [], f"{importers} import the command line module {name}"
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if _in(m, TUNING_LOOKUP)])
+def test_what_training_reads_of_the_tuner_stands_below_the_workarounds(name: str) -> None:
+    above = sorted(m for m in internal(name)
+                   if floor_of(m) not in ("facts", "tuning", "tools", "scanner"))
+    assert above == [], f"{name} imports {above}"
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if _in(m, TUNING_DRIVER + TEST_ONLY)])
+def test_the_tuner_driver_is_imported_by_no_workaround(name: str) -> None:
+    importers = sorted(m for m in MODULES if name in internal(m) and floor_of(m) == "workarounds")
+    assert importers == [], f"workarounds {importers} import the tuner driver {name}"
+
+
+@pytest.mark.parametrize("name", SCANNER)
+def test_the_scanner_needs_no_torch_no_triton_and_no_workaround(name: str) -> None:
+    assert name in MODULES
+    heavy = sorted(m for m in GRAPH[name] if _in(m, ("torch", "triton", "titan_rocm.log")))
+    assert heavy == [], f"{name} imports {heavy}"
+    above = sorted(m for m in internal(name) if floor_of(m) not in ("facts", "scanner"))
+    assert above == [], f"{name} imports {above}"
+
+
+def test_runtime_modules_never_import_test_only_code() -> None:
+    bad = sorted(f"{m} -> {t}" for m in MODULES for t in TEST_ONLY
+                 if t in internal(m) and m not in TEST_ONLY_IMPORTERS and m not in TEST_ONLY)
+    assert bad == []
+
+
+def test_settings_modes_and_the_registry_name_the_same_workarounds() -> None:
+    from typing import get_type_hints
+
+    from titan_rocm.settings import Mode, RocmSettings
+    from titan_rocm.workarounds.registry import WORKAROUNDS as REGISTERED
+
+    modes = [name for name, hint in get_type_hints(RocmSettings).items() if hint == Mode]
+    assert modes and sorted(modes) == sorted(REGISTERED)
+
+
+def test_every_seam_module_a_generation_names_exists() -> None:
+    from titan_rocm.workarounds.registry import WORKAROUNDS as REGISTERED
+    from titan_rocm.workarounds.seams import GENERATIONS
+
+    for generation in GENERATIONS.values():
+        for workaround, target in generation.seams.items():
+            assert workaround in REGISTERED
+            module, _, cls = target.partition(":")
+            assert module in MODULES and cls in _defined_names(module), target
 
 
 def _defined_names(name: str) -> set[str]:
@@ -180,6 +305,10 @@ def _defined_names(name: str) -> set[str]:
             names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
     prefix = name + "."
     names.update(m[len(prefix):].split(".")[0] for m in MODULES if m.startswith(prefix))
+    for node in tree.body:  # names a module still answers after they moved (``_MOVED``)
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "_MOVED" for t in node.targets):
+            names.update(ast.literal_eval(node.value))
     return names
 
 

@@ -99,6 +99,16 @@ def load_toml(args: Sequence[str]) -> dict[str, Any]:
         ) from None
 
 
+def config_module(args: Sequence[str], toml: dict[str, Any]) -> Any:
+    """The job's ``custom_config_module`` as TorchTitan 0.2.2 reads it: the flag, else the
+    TOML's ``[job]`` value (None: neither; not checked to be a string)."""
+    module = flag_value(args, CONFIG_MODULE_FLAGS)
+    if module is None:
+        job = toml.get("job")
+        module = job.get("custom_config_module") if isinstance(job, dict) else None
+    return module
+
+
 def prepare(args: Sequence[str]) -> list[str]:
     """Arguments for TorchTitan's ConfigManager, with titan-rocm's config module ensured.
 
@@ -107,10 +117,7 @@ def prepare(args: Sequence[str]) -> list[str]:
     """
     args = list(args)
     toml = load_toml(args)
-    module = flag_value(args, CONFIG_MODULE_FLAGS)
-    if module is None:
-        job = toml.get("job", {})
-        module = job.get("custom_config_module") if isinstance(job, dict) else None
+    module = config_module(args, toml)
     if "rocm" in toml:
         try:
             check_section(toml["rocm"])

@@ -24,15 +24,18 @@ from titan_rocm.converters import RocmConverter, converter_classes
 from titan_rocm.measured import FIGURES
 from titan_rocm.plan_format import PLAN_SCHEMA, format_plan
 from titan_rocm.platform import PlatformFacts
-from titan_rocm.preflight import DEFAULT_LAUNCHER, StartupError, check_job, startup_step
-from titan_rocm.workarounds.base import Decision, planning
+from titan_rocm.preflight import (  # noqa: F401 - PlanError: its importers' name here
+    DEFAULT_LAUNCHER,
+    PlanError,
+    StartupError,
+    check_job,
+    startup_step,
+)
+from titan_rocm.workarounds.base import planning
+from titan_rocm.workarounds.job import Decision
 from titan_rocm.workarounds.moe_blocks import EAGER_MOE, plan_blocks
 
 __all__ = ["PLAN_SCHEMA", "PlanError", "compile_summary", "format_plan", "make_plan"]
-
-
-class PlanError(StartupError):
-    """The job cannot be planned; the message says why."""
 
 
 def build_meta_model(job_config: Any, facts: PlatformFacts) -> tuple[nn.Module, Any]:

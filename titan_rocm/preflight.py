@@ -40,9 +40,8 @@ from typing import Any, Literal
 
 from titan_rocm.config import CONFIG_MODULE
 from titan_rocm.job_args import (
-    CONFIG_MODULE_FLAGS,
     JobArgsError,
-    flag_value,
+    config_module,
     load_toml,
     prepare,
 )
@@ -65,6 +64,10 @@ _BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0"})
 
 class StartupError(ValueError):
     """The job would stop at start-up; the message says why, in one sentence, and the fix."""
+
+
+class PlanError(StartupError):
+    """The job cannot be planned (either TorchTitan generation); the message says why."""
 
 
 @dataclass(frozen=True)
@@ -253,10 +256,7 @@ def _arguments(args: Sequence[str], launcher: str) -> tuple[list[str], dict[str,
     except JobArgsError as exc:
         raise StartupError(str(exc)) from None
     if launcher == "torchtitan":
-        module = flag_value(prepared, CONFIG_MODULE_FLAGS)
-        if module is None:
-            job = toml.get("job")
-            module = job.get("custom_config_module") if isinstance(job, dict) else None
+        module = config_module(prepared, toml)
         rocm_flags = [a.split("=")[0] for a in prepared if a.startswith(_ROCM_PREFIXES)]
         if not module and ("rocm" in toml or rocm_flags):
             used = "a [rocm] section" if "rocm" in toml else f"the flag {rocm_flags[0]}"
@@ -292,10 +292,7 @@ def _import(name: str) -> Any:
 
 def _config_class(manager: Any, args: list[str], toml: dict[str, Any]) -> type:
     """ConfigManager's JobConfig class, merged with the job's custom_config_module."""
-    module = flag_value(args, CONFIG_MODULE_FLAGS)
-    if not module:
-        job = toml.get("job")
-        module = job.get("custom_config_module") if isinstance(job, dict) else None
+    module = config_module(args, toml)
     if module is not None and not isinstance(module, str):
         raise StartupError(
             f"[job] custom_config_module = {module!r} is {_type_name(module)}; expected the "

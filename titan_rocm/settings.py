@@ -16,6 +16,8 @@ Mode = Literal["auto", "on", "off"]
 applies it where its preconditions hold and otherwise logs once why not, ``off`` does nothing."""
 HazardRule = Literal["precise", "conservative"]
 """The buffer-store hazard rule offered to users (docs/triton-buffer-store-hazard.md)."""
+DEFAULT_HAZARD_RULE: HazardRule = "precise"
+"""The one default of ``triton_war_rule``, also of ``titan-rocm scan --rule`` and the scanner."""
 DivergenceCheck = Literal["log_steps", "every_step", "every_step_exact"]
 """When the divergence guard reads its device-side record (docs/divergence-detection.md)."""
 MoEEagerScope = Literal["block", "moe"]
@@ -69,7 +71,7 @@ class RocmSettings:
     triton_war: Mode = "auto"
     """Scan each HIP kernel for the buffer-store data hazard (a write-after-read, "WAR",
     hazard on the store's data registers); recompile hazardous ones with buffer ops off."""
-    triton_war_rule: HazardRule = "precise"
+    triton_war_rule: HazardRule = DEFAULT_HAZARD_RULE
     """Hazard rule: precise (LLVM's wait-state window) or conservative (2 wait states
     for every soffset)."""
     triton_war_strict: bool = False

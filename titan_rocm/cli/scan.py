@@ -18,6 +18,7 @@ from typing import Any
 
 from titan_rocm.files import TooLargeError, read_regular
 from titan_rocm.progress import Progress
+from titan_rocm.settings import DEFAULT_HAZARD_RULE
 from titan_rocm.workarounds.triton_war.hazards import CLI_RULES
 from titan_rocm.workarounds.triton_war.scan import (
     ScanReport,
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rule",
         choices=CLI_RULES,
-        default="precise",
+        default=DEFAULT_HAZARD_RULE,
         help="precise: 1 wait state after a store with an SGPR soffset, 2 with a literal "
         "(the hardware rule); conservative: 2 for every soffset",
     )

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from titan_rocm import platform
+from titan_rocm import platform, torchtitan_version
 from titan_rocm.config import settings_from
 from titan_rocm.workarounds.base import TORCHTITAN_022, CompileSettings, Context, Parallelism
+from titan_rocm.workarounds.seams import TT022
 
 FRAMEWORK = TORCHTITAN_022
 
@@ -55,4 +56,6 @@ def job_context(job_config: Any, parallel_dims: Any) -> Context:
         converters=tuple(getattr(model, "converters", None) or ()),
         parallelize_fn=parallelize_fn_of(model_name),
         framework=FRAMEWORK,
+        # Seams of the installed TorchTitan that moved (e.g. main's folded token layout).
+        generation=TT022.with_moved(torchtitan_version.detect().moved),
     )

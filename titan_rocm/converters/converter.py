@@ -15,7 +15,8 @@ from typing import Any, ClassVar
 import torch.nn as nn
 
 from titan_rocm.converters.context import job_context
-from titan_rocm.workarounds.base import Decision, JobWorkarounds, Workaround
+from titan_rocm.workarounds.base import Workaround
+from titan_rocm.workarounds.job import Decision, JobWorkarounds
 from titan_rocm.workarounds.registry import WORKAROUNDS, workaround_class
 
 UMBRELLA = "rocm"

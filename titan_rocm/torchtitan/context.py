@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from titan_rocm import platform
+from titan_rocm import platform, torchtitan_version
 from titan_rocm.settings import RocmSettings, coerce
 from titan_rocm.workarounds.base import TORCHTITAN_030, CompileSettings, Context, Parallelism
+from titan_rocm.workarounds.seams import TT030
 
 QUANTIZED_EXPERTS = {"Float8": "quantize.grouped_mm.float8", "MXFP8": "quantize.grouped_mm.mx"}
 """0.3.0 has no converter names: its quantization converters subclass the experts' class
@@ -61,4 +62,6 @@ def job_context(config: Any, parallel_dims: Any, settings: RocmSettings | None =
         converters=quantized_experts(spec.model) if spec is not None else (),
         parallelize_fn=parallelize_fn or getattr(spec, "parallelize_fn", None),
         framework=TORCHTITAN_030,
+        # Seams of the installed TorchTitan that moved (e.g. main's folded token layout).
+        generation=TT030.with_moved(torchtitan_version.detect().moved),
     )

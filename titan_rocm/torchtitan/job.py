@@ -31,7 +31,8 @@ import torch.nn as nn
 from titan_rocm.log import log
 from titan_rocm.settings import RocmSettings
 from titan_rocm.torchtitan.context import job_context
-from titan_rocm.workarounds.base import Context, Decision, JobWorkarounds, TrainerSeam, Workaround
+from titan_rocm.workarounds.base import Context, TrainerSeam, Workaround
+from titan_rocm.workarounds.job import Decision, JobWorkarounds
 from titan_rocm.workarounds.moe_blocks import realize_eager_marks
 from titan_rocm.workarounds.registry import WORKAROUNDS
 

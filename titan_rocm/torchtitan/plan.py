@@ -23,7 +23,7 @@ import torch
 from titan_rocm import platform
 from titan_rocm.job_args import CONFIG_FILE_FLAGS, flag_value, module_and_config
 from titan_rocm.plan_format import PLAN_SCHEMA
-from titan_rocm.preflight import StartupError, WorldSize, degrees, world_size
+from titan_rocm.preflight import PlanError, StartupError, WorldSize, degrees, world_size
 from titan_rocm.settings import RocmSettings, check_section
 from titan_rocm.torchtitan.job import RocmJob
 from titan_rocm.torchtitan.override import ENTRY
@@ -41,10 +41,6 @@ NOT_ATTACHED = (
     f"return rocm(cfg) from the config function, or add --override.imports {ENTRY}; "
     "shown: what its defaults would do"
 )
-
-
-class PlanError(ValueError):
-    """The job cannot be planned; the message says why."""
 
 
 def parse_job(args: Sequence[str]) -> Any:

@@ -14,7 +14,8 @@ import torch.nn as nn
 
 from titan_rocm.log import log
 from titan_rocm.settings import check_section
-from titan_rocm.workarounds.base import CompileSettings, Context, JobWorkarounds
+from titan_rocm.workarounds.base import CompileSettings, Context
+from titan_rocm.workarounds.job import JobWorkarounds
 
 CODEGEN_WORKAROUNDS: tuple[str, ...] = ("precision_casts", "triton_war")
 """Workarounds that change compiled code for the whole process, with no model needed."""

@@ -1,5 +1,6 @@
 """The base every workaround stands on: the job's :class:`Context`, :class:`Workaround`,
-:class:`Decision`, and the one gating vocabulary.
+and the one gating vocabulary (a job's runner, ``JobWorkarounds``, and its ``Decision`` are in
+:mod:`titan_rocm.workarounds.job`).
 
 A workaround is one fix (precision casts, mixed MoE compile, ...). It never reads a
 TorchTitan config object: a TorchTitan adapter (``titan_rocm.converters`` for 0.2.2) builds a
@@ -21,22 +22,23 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+import importlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import torch.nn as nn
 
 from titan_rocm import platform
-from titan_rocm.log import log
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.settings import RocmSettings
-
-TORCHTITAN_022 = "torchtitan 0.2.2"
-"""``Context.framework`` of a job built by the 0.2.2 converters (``titan_rocm.converters``)."""
-TORCHTITAN_030 = "torchtitan 0.3.0"
-"""``Context.framework`` of a job built by the 0.3.0 trainer adapter (``titan_rocm.torchtitan``);
-a workaround whose seam differs there picks its ``tt030`` module by this value."""
+from titan_rocm.workarounds.seams import (  # noqa: F401 - TORCHTITAN_*: their names here
+    TORCHTITAN_022,
+    TORCHTITAN_030,
+    Generation,
+    SeamUnavailable,
+    generation_of,
+)
 
 _planning: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "titan_rocm_planning", default=False
@@ -142,9 +144,34 @@ class Context:
     """The function that parallelizes (and compiles) this model, where the framework has one."""
     framework: str = "none"
     """Which TorchTitan adapter built this context, e.g. ``torchtitan 0.2.2``."""
+    generation: Generation | None = None
+    """Which seam each workaround uses (:mod:`.seams`); default: the shipped one of
+    ``framework`` (0.2.2's for a hand-built Context)."""
     job_decisions: dict[str, str | None] = field(default_factory=dict)
     """Every titan-rocm workaround this job runs: its skip reason, None where it applies.
     Filled once, before any workaround applies (:func:`decide_job`)."""
+
+    def __post_init__(self) -> None:
+        if self.generation is None:
+            self.generation = generation_of(self.framework)
+        self._seams: dict[str, Any] = {}
+
+    def seam(self, name: str) -> Any:
+        """Workaround ``name``'s seam into this job's TorchTitan, built once per job.
+
+        Raises:
+            SeamUnavailable: the sentence why it cannot be used (see :meth:`Generation.load`).
+        """
+        if name not in self._seams:
+            assert self.generation is not None  # __post_init__
+            try:
+                self._seams[name] = self.generation.load(name, self)
+            except SeamUnavailable as error:
+                self._seams[name] = error
+        seam = self._seams[name]
+        if isinstance(seam, SeamUnavailable):
+            raise seam
+        return seam
 
     @property
     def planning(self) -> bool:
@@ -198,6 +225,8 @@ class Workaround:
     """Short name: converter ``rocm.<name>``, ``[rocm] <name> = auto|on|off``."""
     needs_rocm: ClassVar[bool] = True
     """In ``auto`` mode, skip off ROCm."""
+    has_seam: ClassVar[bool] = False
+    """It reaches into TorchTitan's code through ``ctx.seam(name)`` (:mod:`.seams`)."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -207,6 +236,22 @@ class Workaround:
     def mode(self) -> str:
         """This workaround's mode from ``[rocm]``."""
         return self.ctx.mode(self.name)
+
+    @property
+    def seam(self) -> Any:
+        """This job's seam of this workaround (only where :meth:`seam_problem` is None)."""
+        return self.ctx.seam(self.name)
+
+    def seam_problem(self) -> str | None:
+        """Why this workaround's seam cannot be used in this job (None: it can, or it has
+        none): ``on`` fails start-up with it, ``auto`` skips with it."""
+        if not self.has_seam:
+            return None
+        try:
+            self.ctx.seam(self.name)
+        except SeamUnavailable as error:
+            return str(error)
+        return None
 
     def unmet(self) -> str | None:
         """What the machine or job lacks for this fix, whatever the model (None: nothing).
@@ -237,9 +282,9 @@ class Workaround:
         return {}
 
     def unmet_reason(self) -> str | None:
-        """:meth:`unmet`, asked once."""
+        """:meth:`seam_problem`, else :meth:`unmet`, asked once."""
         if self._unmet is None:
-            self._unmet = (self.unmet(),)
+            self._unmet = (self.seam_problem() or self.unmet(),)
         return self._unmet[0]
 
     def require(self) -> None:
@@ -259,105 +304,17 @@ class Workaround:
             return f"disabled by [rocm] {self.name} = \"off\""
         if self.mode == "auto" and self.needs_rocm and not self.ctx.platform.is_rocm:
             return "not a ROCm build (torch.version.hip is None)"
-        return self.check(model) or self.unmet_reason()
+        # A seam that cannot be used answers first: check() asks the seam about the model.
+        return self.seam_problem() or self.check(model) or self.unmet_reason()
 
 
-@dataclass
-class Decision:
-    """What a converter did with one workaround, for logs and ``titan-rocm plan``."""
-
-    workaround: str
-    converter: str
-    applied: bool
-    reason: str
-    details: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def line(self) -> str:
-        """The log line."""
-        status = "applied" if self.applied else f"skipped: {self.reason}"
-        return f"titan-rocm: rocm.{self.workaround} {status}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
-        return asdict(self)
+_MOVED = {"Decision": "titan_rocm.workarounds.job", "JobWorkarounds": "titan_rocm.workarounds.job"}
+"""Names that moved to :mod:`titan_rocm.workarounds.job` and still import from here, for code
+written before the move (the lead rewrites those imports); read by name, so this module does
+not import the runner that stands on it."""
 
 
-class JobWorkarounds:
-    """The titan-rocm workarounds one job runs: one instance each, all decided once, before
-    any applies (so :meth:`Context.will_apply` is answered for every one of them), then
-    applied in order, each at most once, whoever asks."""
-
-    def __init__(
-        self,
-        ctx: Context,
-        names: Sequence[str],
-        instances: Mapping[str, Workaround] | None = None,
-    ) -> None:
-        """Build (or adopt from ``instances``) one workaround per name, in apply order."""
-        from titan_rocm.workarounds.registry import workaround_class
-
-        given = instances or {}
-        self.ctx = ctx
-        self.instances: dict[str, Workaround] = {
-            name: given.get(name) or workaround_class(name)(ctx) for name in names
-        }
-        self.applied_by: dict[str, str] = {}
-        """Workaround name -> who applied it (a converter name)."""
-        self.decided = False
-
-    def adopt(self, instances: Mapping[str, Workaround], model: nn.Module) -> None:
-        """Take in workarounds this job did not know yet (decided at once if the job was)."""
-        for name, w in instances.items():
-            if name not in self.instances:
-                self.instances[name] = w
-                if self.decided:
-                    self.ctx.job_decisions[name] = w.gate(model)
-
-    def require(self) -> None:
-        """Start-up check of every ``on`` workaround (ValueError naming what is missing)."""
-        for w in self.instances.values():
-            w.require()
-
-    def decide(self, model: nn.Module) -> dict[str, str | None]:
-        """Gate every workaround once; the answers go to ``ctx.job_decisions``."""
-        if not self.decided:
-            self.ctx.job_decisions.update({n: w.gate(model) for n, w in self.instances.items()})
-            self.decided = True
-        return self.ctx.job_decisions
-
-    def apply_all(self, names: Iterable[str], model: nn.Module, by: str) -> list[Decision]:
-        """:meth:`apply` each of ``names`` in order, logging one line per decision.
-
-        Also where both adapters install the test fault ``TITAN_ROCM_DEBUG_CORRUPT`` (a no-op
-        unless it is set; docs/numerics-audit-fault.md), before anything compiles.
-        """
-        from titan_rocm.numerics import corrupt
-
-        corrupt.install(model)
-        decisions = []
-        for name in names:
-            decision = self.apply(name, model, by)
-            log.info("%s", decision.line)
-            decisions.append(decision)
-        return decisions
-
-    def applied(self, by: str | None = None) -> list[Workaround]:
-        """The workarounds that applied (by ``by`` alone, if given), in apply order."""
-        return [w for name, w in self.instances.items()
-                if name in self.applied_by and by in (None, self.applied_by[name])]
-
-    def apply(self, name: str, model: nn.Module, by: str) -> Decision:
-        """Apply workaround ``name`` to ``model`` if its gate held and nobody applied it yet."""
-        self.decide(model)
-        w = self.instances[name]
-        if name in self.applied_by:
-            reason: str | None = f"already applied by converter {self.applied_by[name]!r}"
-            return Decision(name, by, False, reason)
-        reason = self.ctx.job_decisions[name]
-        if reason is not None:
-            # A skipped fix has no effects to describe: only what runs instead.
-            return Decision(name, by, False, reason, w.skipped_plan(model))
-        w.apply(model)
-        self.applied_by[name] = by
-        return Decision(name, by, True, "", w.plan(model))
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        return getattr(importlib.import_module(_MOVED[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

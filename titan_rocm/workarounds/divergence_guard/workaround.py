@@ -1,14 +1,14 @@
-"""The ``rocm.divergence_guard`` workaround: one :class:`~.monitor.Monitor`, fed by TorchTitan
-0.2.2's hooks (:mod:`.hooks`) or by the 0.3.0 trainer adapter's calls (:mod:`.tt030`)."""
+"""The ``rocm.divergence_guard`` workaround: one :class:`~.monitor.Monitor`, fed through the
+job's seam (:class:`GuardSeam`): TorchTitan 0.2.2's hooks (:mod:`.seams_tt022`, :mod:`.hooks`)
+or the 0.3.0 trainer adapter's calls (:mod:`.seams_tt030`, :mod:`.tt030`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch.nn as nn
 
-from titan_rocm.workarounds.base import TORCHTITAN_030, Context, Workaround
-from titan_rocm.workarounds.divergence_guard import hooks, tt030
+from titan_rocm.workarounds.base import Context, TrainerSeam, Workaround
 from titan_rocm.workarounds.divergence_guard.monitor import (
     INJECT_RANK_ENV,
     INJECT_STEP_ENV,
@@ -28,11 +28,23 @@ CHECKED_AT = {
 """The plan's ``checked_at`` for each ``[rocm] divergence_check``."""
 
 
+class GuardSeam(Protocol):
+    """Where one TorchTitan generation lets the guard observe the loss and the grad norm."""
+
+    loss_observed: str
+    """What the plan names as the observed loss."""
+
+    def install(self, monitor: Monitor) -> TrainerSeam | None:
+        """Feed ``monitor``; return the trainer seam an adapter calls, if the generation has one."""
+
+
 class DivergenceGuard(Workaround):
     """Stops training at the first non-finite loss or grad norm, on every rank."""
 
     name = "divergence_guard"
     needs_rocm = False
+    has_seam = True
+    seam: GuardSeam
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -42,10 +54,7 @@ class DivergenceGuard(Workaround):
 
     def apply(self, model: nn.Module) -> None:
         self.monitor = Monitor(self.ctx.settings.divergence_check, self.injection)
-        if self.ctx.framework == TORCHTITAN_030:
-            self.trainer_seam = tt030.TrainerGuard(self.monitor)
-        else:
-            hooks.install(self.monitor)
+        self.trainer_seam = self.seam.install(self.monitor)
 
     def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
         if self.monitor is not None:
@@ -57,9 +66,7 @@ class DivergenceGuard(Workaround):
             "check": check,
             "checked_at": CHECKED_AT[check],
             "observes": [
-                "Trainer.forward_backward_step's loss (each micro-batch)"
-                if self.ctx.framework == TORCHTITAN_030 else
-                "torchtitan.components.loss.cross_entropy_loss (each micro-batch's loss)",
+                self.seam.loss_observed,
                 "torchtitan.distributed.utils.clip_grad_norm_ (the step's grad norm)",
             ],
         }

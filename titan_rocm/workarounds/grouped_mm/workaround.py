@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch.nn as nn
 
 from titan_rocm.log import log, log_once
-from titan_rocm.workarounds.base import TORCHTITAN_030, Context, Workaround
-from titan_rocm.workarounds.grouped_mm import tt030
+from titan_rocm.workarounds.base import Context, Workaround
 from titan_rocm.workarounds.grouped_mm.backends import (
     AUTO,
     FP8,
@@ -25,14 +24,7 @@ from titan_rocm.workarounds.grouped_mm.backends import (
     resolve,
     validate_name,
 )
-from titan_rocm.workarounds.grouped_mm.binding import (
-    bind,
-    call_counts,
-    find_gpt_oss_experts,
-    find_grouped_experts,
-    layer_backends,
-)
-from titan_rocm.workarounds.grouped_mm.experts_compile import CompileRequest, static_reason
+from titan_rocm.workarounds.grouped_mm.binding import call_counts
 
 QUANTIZED_EXPERTS_CONVERTERS = ("quantize.grouped_mm.float8", "quantize.grouped_mm.mx")
 """TorchTitan converters that quantize the experts by swapping their weights for torchao
@@ -49,10 +41,31 @@ def quantized_experts_converters(converters: Sequence[str]) -> list[str]:
     return [name for name in converters if name in QUANTIZED_EXPERTS_CONVERTERS]
 
 
+class GroupedMMSeam(Protocol):
+    """Where one TorchTitan generation's experts meet a backend (``seams_tt022``/``_tt030``)."""
+
+    counts_note: str
+    """What the step-1 call counts leave out ("" for nothing), appended to their log line."""
+
+    def check(self, model: nn.Module) -> str | None:
+        """Why ``model``'s experts cannot be bound (None: they can)."""
+
+    def bind(self, model: nn.Module, backend: str, why: str) -> list[str]:
+        """Bind ``backend`` (chosen for ``why``) and log it; return where it was bound."""
+
+    def layer_backends(self, model: nn.Module) -> dict[str, str]:
+        """What each experts module calls."""
+
+    def experts_compile(self, backend: str) -> str:
+        """How the bound experts run (compiled or eager), for the plan."""
+
+
 class GroupedMMBinding(Workaround):
     """Binds the MoE experts' ``_run_experts_grouped_mm`` to ``[rocm] grouped_mm_backend``."""
 
     name = "grouped_mm"
+    has_seam = True
+    seam: GroupedMMSeam
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -151,48 +164,12 @@ class GroupedMMBinding(Workaround):
             return f"the FP8 grouped GEMM ({FP8_ROUTE}) cannot be used: {self._fp8_unmet}"
         return None
 
-    @property
-    def _tt030(self) -> bool:
-        return self.ctx.framework == TORCHTITAN_030
-
     def check(self, model: nn.Module) -> str | None:
-        if self._tt030:
-            return tt030.check(model)
-        experts = find_grouped_experts(model)
-        if not experts:
-            if find_gpt_oss_experts(model):
-                return "gpt_oss experts have their own grouped-MM function (not covered)"
-            return "model has no MoE blocks"
-        if not any(m.use_grouped_mm for _, m in experts):
-            return (
-                "MoE experts use TorchTitan's for-loop path (moe_args.use_grouped_mm = false; "
-                "TorchTitan sets it on devices below CUDA capability 9.0)"
-            )
-        return None
-
-    def compile_request(self) -> CompileRequest:
-        """How the experts function should run, from the job (after its decisions)."""
-        return CompileRequest.from_context(self.ctx)
+        return self.seam.check(model)
 
     def apply(self, model: nn.Module) -> None:
         self._say_fp8_fallback()
-        if self._tt030:
-            seams = tt030.bind(model, self.route)
-            self._patched = sorted(set(seams.values()))
-            eager = tt030.mark_untraceable_blocks(model, self.route) if (
-                self.ctx.compile.model) else []
-            log.info(
-                "titan-rocm: MoE grouped MM bound to backend %r (%s; %s) through the experts' "
-                "class (%s)%s", self.route, self.why, self.precision_why,
-                ", ".join(self._patched),
-                f"; MoE blocks {', '.join(eager)} will run eager" if eager else "",
-            )
-            return
-        self._patched = bind(model, self.route, self.compile_request())
-        log.info(
-            "titan-rocm: MoE grouped MM bound to backend %r (%s; %s) in %s",
-            self.route, self.why, self.precision_why, ", ".join(self._patched),
-        )
+        self._patched = self.seam.bind(model, self.route, f"{self.why}; {self.precision_why}")
 
     def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
         # One line after the first step proves from the run log which backend really ran.
@@ -200,13 +177,14 @@ class GroupedMMBinding(Workaround):
             self._logged_counts = True
             log.info(
                 "titan-rocm: grouped-MM backend calls after step 1: %s%s", call_counts(),
-                "; calls inside compiled blocks (TorchTitan 0.3.0 compiles MoE blocks whole "
-                "here) are not counted" if self._tt030 and self.ctx.compile.model else "",
+                self.seam.counts_note,
             )
 
     def skipped_plan(self, model: nn.Module) -> dict[str, Any]:
         # What each experts module calls, left as it is.
-        layers = tt030.layer_backends(model) if self._tt030 else layer_backends(model)
+        if self.seam_problem():
+            return {}
+        layers = self.seam.layer_backends(model)
         return {"layers": layers} if layers else {}
 
     def plan(self, model: nn.Module) -> dict[str, Any]:
@@ -221,19 +199,6 @@ class GroupedMMBinding(Workaround):
             "accepted": backend_names(),
             "bound_in": list(self._patched),
         }
-        if self._tt030:
-            details["experts_compile"] = (
-                "with their block (torchtitan 0.3.0 compiles whole blocks; a backend that "
-                "cannot be traced runs its blocks eager)"
-            )
-            details["layers"] = tt030.layer_backends(model)
-            return details
-        request = self.compile_request()
-        reason = static_reason(self.route, request)
-        details["experts_compile"] = (
-            f"eager: {reason}" if reason is not None else
-            f"compiled with fullgraph (backend {request.backend!r}) at the first call, as "
-            "stock apply_compile compiles TorchTitan's own"
-        )
-        details["layers"] = layer_backends(model)
+        details["experts_compile"] = self.seam.experts_compile(self.route)
+        details["layers"] = self.seam.layer_backends(model)
         return details

@@ -23,35 +23,29 @@ Also: the forward ops join the op-level SAC save list of the model's parallelize
 is guarded (:mod:`~.guard`); and a ``get_gfx()`` that names another arch than the device is
 logged once.
 
-TorchTitan 0.3.0 (``ctx.framework``): the same gate, kinds, routes and plan through
+The TorchTitan classes and globals are reached through the job's seam (:class:`MLASeam`):
+:mod:`~.seams_tt022` (the wrappers above), or on TorchTitan 0.3.0 :mod:`~.seams_tt030` over
 :mod:`~.tt030`, whose replacements are inner-attention configs of titan-rocm's own (the
 varlen one a ``VarlenAttention.Config``, so TorchTitan's own ``get_attention_masks`` returns
-the document boundaries) running the same varlen and dense paths.
+the document boundaries) running the same varlen and dense paths: the same gate, kinds,
+routes and plan.
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
 from collections import Counter
-from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import torch.nn as nn
 
 from titan_rocm import platform
 from titan_rocm.log import log, log_once
 from titan_rocm.platform import PlatformFacts
-from titan_rocm.workarounds.base import TORCHTITAN_030, Context, Workaround
+from titan_rocm.workarounds.base import Context, Parallelism, Workaround
 from titan_rocm.workarounds.mla_attention import aiter_api
 from titan_rocm.workarounds.mla_attention.aiter_releases import release_for
-from titan_rocm.workarounds.mla_attention.kinds import (
-    ATTENTION_LABELS,
-    DENSE,
-    DROPPED,
-    FLEX_CAUSAL,
-    VARLEN,
-)
+from titan_rocm.workarounds.mla_attention.kinds import ATTENTION_LABELS, DROPPED, VARLEN
 from titan_rocm.workarounds.mla_attention.routing import (
     DTYPES,
     AttentionCall,
@@ -59,81 +53,48 @@ from titan_rocm.workarounds.mla_attention.routing import (
     route_backward,
     route_forward,
 )
-
-DEEPSEEK_PARALLELIZE = "torchtitan.models.deepseek_v3.infra.parallelize"
-SAC_LIST_NAME = "_op_sac_save_list"
-SDPA_LABEL = "PyTorch SDPA (fallback)"
-DOCUMENT_MASKS_022 = (
-    "get_attention_masks returns DocumentSpans: cu_seqlens from TorchTitan's "
-    "create_varlen_metadata_for_document, once per batch outside the compiled model "
-    "(host syncs: a few per sample and one for the longest document, as "
-    "TorchTitan's own varlen attention)"
+from titan_rocm.workarounds.mla_attention.seams_tt022 import (  # noqa: F401 - their names here
+    DEEPSEEK_PARALLELIZE,
+    deepseek_attention_modules,
+    expected_attention_dtype,
 )
-"""How the plan says where the document boundaries come from on 0.2.2."""
+
+SDPA_LABEL = "PyTorch SDPA (fallback)"
 
 
+class MLASeam(Protocol):
+    """Where one TorchTitan generation's DeepSeek attention is read and replaced
+    (``seams_tt022``/``seams_tt030``)."""
 
-def deepseek_attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """``(fqn, module)`` of every TorchTitan DeepSeek V3 MLA ``Attention`` in ``model``."""
-    from torchtitan.models.deepseek_v3.model.model import Attention
+    stock: str
+    """The inner attentions titan-rocm replaces there, for the skip reason."""
+    document_masks: str
+    """Where the document boundaries of varlen attention come from, for the plan."""
 
-    return [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, Attention)]
+    def attention_modules(self, model: nn.Module) -> list[tuple[str, nn.Module]]:
+        """``(fqn, module)`` of every DeepSeek V3 MLA ``Attention``."""
 
+    def kinds(self, model: nn.Module, drop_documents: bool) -> dict[str, str | None]:
+        """Each attention's kind (:mod:`.kinds`), None for one not replaced."""
 
-def mask_type(model: nn.Module) -> str:
-    """The model's ``attn_mask_type`` (``causal`` or ``block_causal``); ``causal`` if unset."""
-    return str(getattr(getattr(model, "model_args", None), "attn_mask_type", "causal"))
+    def check(self, model: nn.Module, kinds: dict[str, str | None],
+              parallel: Parallelism) -> str | None:
+        """Why the model's masks cannot follow the replaced attention (None: they can)."""
 
+    def replace(self, model: nn.Module, kinds: dict[str, str | None]) -> Counter[str]:
+        """Swap each inner attention for its kind's replacement; count them by kind."""
 
-def attention_kind(attention: nn.Module, masks: str, drop_documents: bool) -> str | None:
-    """Which of :data:`ATTENTION_LABELS` ``attention`` gets (it may already have it); None
-    for an inner attention titan-rocm does not replace."""
-    from torchtitan.models.attention import FlexAttentionWrapper, ScaledDotProductAttentionWrapper
+    def masks(self, model: nn.Module) -> str:
+        """The mask type, for the warning of dropped document masks."""
 
-    from titan_rocm.workarounds.mla_attention.module import (
-        MLAFlexInnerAttention,
-        MLAInnerAttention,
-        MLAVarlenInnerAttention,
-    )
+    def save_forward_in_op_sac(self) -> str | None:
+        """Make op-level SAC save the forward ops; say what was changed."""
 
-    inner = attention.inner_attention
-    if isinstance(inner, MLAVarlenInnerAttention):
-        return VARLEN
-    if isinstance(inner, (FlexAttentionWrapper, MLAFlexInnerAttention)):
-        if masks == "causal":
-            return FLEX_CAUSAL
-        return DROPPED if drop_documents else VARLEN
-    if isinstance(inner, (ScaledDotProductAttentionWrapper, MLAInnerAttention)):
-        return DENSE
-    return None
+    def attention_dtype(self) -> str:
+        """The dtype q/k/v will have in training."""
 
-
-def replacement(kind: str) -> type[nn.Module]:
-    """The inner-attention class of ``kind``."""
-    from titan_rocm.workarounds.mla_attention.module import (
-        MLAFlexInnerAttention,
-        MLAInnerAttention,
-        MLAVarlenInnerAttention,
-    )
-
-    return {DENSE: MLAInnerAttention, FLEX_CAUSAL: MLAFlexInnerAttention,
-            VARLEN: MLAVarlenInnerAttention, DROPPED: MLAFlexInnerAttention}[kind]
-
-
-def expected_attention_dtype(ctx: Context) -> str:
-    """The dtype DeepSeek's q/k/v will have in training, as TorchTitan 0.2.2 sets it up.
-
-    ``training.dtype = "bfloat16"`` keeps everything bf16; otherwise mixed precision
-    (``mixed_precision_param``) applies through FSDP, or through autocast when neither TP
-    nor PP is on, and float32 remains under TP/PP without FSDP.
-    """
-    if ctx.training_dtype == "bfloat16":
-        return "bfloat16"
-    parallel = ctx.parallel
-    if parallel.fsdp_enabled or not (parallel.tp_enabled or parallel.pp_enabled):
-        return ctx.mixed_precision_param
-    return "float32"
-
+    def machine_facts_when_skipped(self, model: nn.Module) -> bool:
+        """A skipped plan shows the arch and aiter (a DeepSeek model that did not fit)."""
 
 def aiter_summary(facts: PlatformFacts) -> dict[str, Any] | str:
     """The installed aiter as plans show it (``absent`` without one)."""
@@ -155,6 +116,8 @@ class MLACKBackward(Workaround):
     """Swap DeepSeek V3 inner attention for aiter flash attention, routed per call."""
 
     name = "mla_ck_backward"
+    has_seam = True
+    seam: MLASeam
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -167,19 +130,8 @@ class MLACKBackward(Workaround):
     def _drop_documents(self) -> bool:
         return self.ctx.settings.mla_document_masks == "drop"
 
-    @property
-    def _tt030(self) -> ModuleType | None:
-        """TorchTitan 0.3.0's seam (:mod:`.tt030`) in a 0.3.0 job, else None (imported only
-        there: it subclasses 0.3.0's classes)."""
-        if self.ctx.framework != TORCHTITAN_030:
-            return None
-        from titan_rocm.workarounds.mla_attention import tt030
-
-        return tt030
-
     def _attentions(self, model: nn.Module) -> dict[str, nn.Module]:
-        seam = self._tt030
-        return dict(seam.attention_modules(model) if seam else deepseek_attention_modules(model))
+        return dict(self.seam.attention_modules(model))
 
     # -- gate ----------------------------------------------------------------------------
 
@@ -198,13 +150,7 @@ class MLACKBackward(Workaround):
         return None
 
     def _kinds(self, model: nn.Module) -> dict[str, str | None]:
-        seam = self._tt030
-        if seam:
-            return {fqn: seam.attention_kind(m, self._drop_documents)
-                    for fqn, m in seam.attention_modules(model)}
-        masks = mask_type(model)
-        return {fqn: attention_kind(m, masks, self._drop_documents)
-                for fqn, m in deepseek_attention_modules(model)}
+        return self.seam.kinds(model, self._drop_documents)
 
     def check(self, model: nn.Module) -> str | None:
         kinds = self._kinds(model)
@@ -213,37 +159,15 @@ class MLACKBackward(Workaround):
         if not any(kinds.values()):
             attentions = self._attentions(model)
             names = sorted({type(attentions[f].inner_attention).__name__ for f in kinds})
-            stock = ("TorchTitan's ScaledDotProductAttention, FlexAttention and causal "
-                     "VarlenAttention" if self._tt030 else
-                     "TorchTitan's SDPA and flex attention wrappers")
-            return f"attention runs {', '.join(names)}; rocm.mla_ck_backward replaces only {stock}"
-        seam = self._tt030
-        if seam:
-            if VARLEN in kinds.values() and self.ctx.parallel.pp_enabled:
-                return seam.PP_REASON
-            return seam.check(model, kinds)
-        if VARLEN in kinds.values():
-            if self.ctx.parallel.pp_enabled:
-                return (
-                    "block_causal (per-document) masks under pipeline parallelism: PP splits "
-                    "the masks per microbatch into plain BlockMasks, without titan-rocm's "
-                    'document spans; turn PP off, or set [rocm] mla_document_masks = "drop" '
-                    "(causal attention across documents)"
-                )
-            if not callable(getattr(model, "get_attention_masks", None)):
-                return "block_causal masks, but the model has no get_attention_masks to replace"
-        return None
+            return (f"attention runs {', '.join(names)}; rocm.mla_ck_backward replaces only "
+                    f"{self.seam.stock}")
+        return self.seam.check(model, kinds, self.ctx.parallel)
 
     # -- apply ---------------------------------------------------------------------------
 
     def apply(self, model: nn.Module) -> None:
-        seam = self._tt030
-        if seam:
-            replaced = Counter(seam.replace(model, self._kinds(model)))
-            self._sac_list = seam.save_forward_in_op_sac()
-        else:
-            replaced = self._replace_022(model)
-            self._sac_list = self._save_forward_in_op_sac()
+        replaced = self.seam.replace(model, self._kinds(model))
+        self._sac_list = self.seam.save_forward_in_op_sac()
         self._replaced = dict(replaced)
         if replaced[DROPPED]:
             log.warning(
@@ -251,7 +175,7 @@ class MLACKBackward(Workaround):
                 "modules with %r masks now run plain causal attention: tokens attend across "
                 "document boundaries",
                 replaced[DROPPED],
-                "block_causal" if seam else mask_type(model),
+                self.seam.masks(model),
             )
         if self.ctx.planning:
             self._guard = "not installed (plan)"
@@ -276,30 +200,8 @@ class MLACKBackward(Workaround):
                 dtype,
             )
 
-    def _replace_022(self, model: nn.Module) -> Counter[str]:
-        """TorchTitan 0.2.2: swap the wrappers; per-document masks become DocumentSpans."""
-        from titan_rocm.workarounds.mla_attention import documents
-
-        replaced: Counter[str] = Counter()
-        attentions = dict(deepseek_attention_modules(model))
-        kinds = self._kinds(model)
-        for fqn, kind in kinds.items():
-            attention = attentions[fqn]
-            cls = replacement(kind) if kind else None
-            if cls is None or type(attention.inner_attention) is cls:
-                continue
-            inner = attention.inner_attention
-            attention.inner_attention = cls(getattr(inner, "sdpa_backends", None))
-            replaced[kind] += 1
-        if VARLEN in kinds.values():  # a swapped module keeps its kind
-            documents.install(model)
-        return replaced
-
     def _attention_dtype(self) -> str:
-        seam = self._tt030
-        if seam:
-            return seam.attention_dtype(self.ctx.training_dtype, self.ctx.mixed_precision_param)
-        return expected_attention_dtype(self.ctx)
+        return self.seam.attention_dtype()
 
     def _say_gfx_mismatch(self, facts: PlatformFacts) -> None:
         aiter = facts.aiter
@@ -320,34 +222,10 @@ class MLACKBackward(Workaround):
             facts.gfx_arch,
         )
 
-    def _save_forward_in_op_sac(self) -> str | None:
-        """Add the forward ops to ``_op_sac_save_list`` of the parallelize module(s) found."""
-        from titan_rocm.workarounds.mla_attention.op import FORWARD_OPS
-
-        found: list[str] = []
-        for module_name in self._parallelize_modules():
-            try:
-                module = importlib.import_module(module_name)
-            except Exception:  # an optional model module that cannot load
-                continue
-            save_list = getattr(module, SAC_LIST_NAME, None)
-            if isinstance(save_list, set):
-                save_list.update(FORWARD_OPS)
-                found.append(f"{module_name}.{SAC_LIST_NAME}")
-        return ", ".join(found) or None
-
-    def _parallelize_modules(self) -> list[str]:
-        names: list[str] = []
-        if self.ctx.parallelize_fn is not None:
-            names.append(self.ctx.parallelize_fn.__module__)
-        if DEEPSEEK_PARALLELIZE not in names:
-            names.append(DEEPSEEK_PARALLELIZE)
-        return names
-
     # -- plan ----------------------------------------------------------------------------
 
     def skipped_plan(self, model: nn.Module) -> dict[str, Any]:
-        if self.ctx.framework == TORCHTITAN_030 or not deepseek_attention_modules(model):
+        if self.seam_problem() or not self.seam.machine_facts_when_skipped(model):
             return {}
         facts = self._facts or self.ctx.platform  # what the machine has, no routes
         return {"arch": arch_label(facts.gfx_arch), "aiter": aiter_summary(facts)}
@@ -384,8 +262,7 @@ class MLACKBackward(Workaround):
             details["other_attention"] = rows[1:]
         details["dtype"] = dtype
         if VARLEN in kinds.values():
-            seam = self._tt030
-            details["document_masks"] = seam.DOCUMENT_MASKS if seam else DOCUMENT_MASKS_022
+            details["document_masks"] = self.seam.document_masks
         if self._replaced is not None:
             details["replaced"] = self._replaced
             details["op_sac_save_list"] = self._sac_list

@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
 from torch._dynamo.eval_frame import OptimizedModule
 
 from titan_rocm.log import log, log_once
-from titan_rocm.workarounds.base import TORCHTITAN_030, Context, Workaround
+from titan_rocm.workarounds.base import Context, Workaround
 from titan_rocm.workarounds.moe_blocks import (
     FULLGRAPH,
     MOE_CHILD,
@@ -57,7 +57,7 @@ from titan_rocm.workarounds.moe_blocks import (
     split_children,
     unwrap_block,
 )
-from titan_rocm.workarounds.moe_eager_compile import combine, tt030
+from titan_rocm.workarounds.moe_eager_compile import combine
 
 PATCHED_ATTR = "titan_rocm_mixed_compile"
 """Set on the replacement ``apply_compile``; its value is the function it replaced."""
@@ -204,11 +204,24 @@ def restore_apply_compile(parallelize_fn: Callable[..., Any]) -> bool:
     return True
 
 
+class MixedCompileSeam(Protocol):
+    """How one TorchTitan generation's compile is made mixed (``seams_tt022``/``seams_tt030``)."""
+
+    combine_unsupported: str | None
+    """Why ``moe_combine = "bf16"`` cannot apply in this generation (None: it can)."""
+
+    def apply(self, model: nn.Module, scope: str) -> str:
+        """Make the MoE blocks (or, by ``scope``, their MoE module) run eager; return what was
+        patched, for the plan."""
+
+
 class MoEEagerCompile(Workaround):
     """Replaces the model's ``apply_compile``: dense blocks fullgraph, MoE blocks eager (by
     ``[rocm] moe_eager_scope``: the whole block, or only its MoE module)."""
 
     name = "moe_eager_compile"
+    has_seam = True
+    seam: MixedCompileSeam
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -239,26 +252,16 @@ class MoEEagerCompile(Workaround):
     def apply(self, model: nn.Module) -> None:
         assert self.ctx.parallelize_fn is not None  # check() made sure
         self._apply_combine(model)
-        if self.ctx.framework == TORCHTITAN_030:
-            marked = tt030.mark_moe_blocks(model, self.scope, self.ctx.compile.backend)
-            self._patched = tt030.SEAM
-            log.info("titan-rocm: MoE blocks %s will run %s (%s)", ", ".join(marked),
-                     "eager" if self.scope == "block" else "with their MoE module eager",
-                     tt030.SEAM)
-            return
-        self._patched = patch_apply_compile(self.ctx.parallelize_fn, self.scope)
-        log.info("titan-rocm: replaced %s (dense fullgraph, MoE eager; moe_eager_scope = %r)",
-                 self._patched, self.scope)
+        self._patched = self.seam.apply(model, self.scope)
 
     def _apply_combine(self, model: nn.Module) -> None:
         """``[rocm] moe_combine = "bf16"``: the MoE modules get Primus's weighted-sum combine."""
         if self.ctx.settings.moe_combine != "bf16":
             return
-        if self.ctx.framework == TORCHTITAN_030:
-            log_once("moe_combine.tt030", logging.WARNING,
-                     "titan-rocm: [rocm] moe_combine = \"bf16\" not applied: TorchTitan 0.3.0 "
-                     "combines in its token dispatcher, not in MoE.forward; left as TorchTitan "
-                     "does it")
+        if self.seam.combine_unsupported is not None:
+            log_once("moe_combine.unsupported", logging.WARNING,
+                     "titan-rocm: [rocm] moe_combine = \"bf16\" not applied: %s; left as "
+                     "TorchTitan does it", self.seam.combine_unsupported)
             return
         swapped = [layer_id for layer_id, block in model.layers.named_children()
                    if is_moe_block(block) and hasattr(unwrap_block(block), MOE_CHILD)
@@ -278,8 +281,8 @@ class MoEEagerCompile(Workaround):
             return {}
         other = "moe" if self.scope == "block" else "block"
         combine_note = combine.COMBINES[self.ctx.settings.moe_combine]
-        if self.ctx.settings.moe_combine == "bf16" and self.ctx.framework == TORCHTITAN_030:
-            combine_note = "not applied: TorchTitan 0.3.0 combines in its token dispatcher"
+        if self.ctx.settings.moe_combine == "bf16" and self.seam.combine_unsupported:
+            combine_note = f"not applied: {self.seam.combine_unsupported}"
         return {"scope": self.scope, "cost": scope_summary(self.scope),
                 "combine": f"{self.ctx.settings.moe_combine}: {combine_note}",
                 "other_scope": f"{scope_summary(other)} (--rocm.moe_eager_scope {other})",

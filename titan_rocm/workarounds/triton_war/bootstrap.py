@@ -26,6 +26,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 
 from titan_rocm._after_import import AfterImport
+from titan_rocm.settings import DEFAULT_HAZARD_RULE
 from titan_rocm.workarounds.triton_war.names import (
     ENV_ENABLE,
     ENV_RULE,
@@ -50,7 +51,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, bo
         ValueError: naming the variable, its bad value and the accepted values.
     """
     env = os.environ if environ is None else environ
-    rule = env.get(ENV_RULE, "precise")
+    rule = env.get(ENV_RULE, DEFAULT_HAZARD_RULE)
     if rule not in RULE_NAMES:
         raise ValueError(f"{ENV_RULE}={rule!r} is not valid; accepted: {', '.join(RULE_NAMES)}")
     strict_text = env.get(ENV_STRICT, "0")

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from titan_rocm.log import log
+from titan_rocm.settings import DEFAULT_HAZARD_RULE
 from titan_rocm.workarounds.triton_war import stats
 from titan_rocm.workarounds.triton_war.buffer_ops import (
     BufferOpsKnob,
@@ -69,7 +70,7 @@ def scan_amdgcn(text: str, arch: str | None, rule: str) -> Any:
 class HookConfig:
     """What the installed wrapper does (updated in place by a second :func:`install`)."""
 
-    rule: str = "precise"
+    rule: str = DEFAULT_HAZARD_RULE
     strict: bool = False
     scanner: Scanner = scan_amdgcn
 
@@ -228,7 +229,7 @@ def _modules() -> dict[str, Any]:
 
 
 def install(
-    *, rule: str = "precise", strict: bool = False, scanner: Scanner | None = None
+    *, rule: str = DEFAULT_HAZARD_RULE, strict: bool = False, scanner: Scanner | None = None
 ) -> CompileHook:
     """Install the wrapper (idempotent: a second call updates rule/strict/scanner and
     re-binds any site that was reset). Returns the active hook.

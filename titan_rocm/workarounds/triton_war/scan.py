@@ -21,6 +21,7 @@ from pathlib import Path
 
 from titan_rocm.archs import ARCHS, normalize_arch
 from titan_rocm.files import describe_mode, read_regular
+from titan_rocm.settings import DEFAULT_HAZARD_RULE
 from titan_rocm.workarounds.triton_war.amdgcn import Program, TextView, parse
 from titan_rocm.workarounds.triton_war.hazards import (
     Finding,
@@ -201,7 +202,7 @@ def scan_program(
     program: Program,
     *,
     arch: str | None = None,
-    rule: str | Rule = "precise",
+    rule: str | Rule = DEFAULT_HAZARD_RULE,
     file: str | None = None,
 ) -> ScanReport:
     """Scan an already parsed program (see :func:`scan_text`)."""
@@ -285,7 +286,7 @@ def scan_text(
     text: str | bytes,
     *,
     arch: str | None = None,
-    rule: str | Rule = "precise",
+    rule: str | Rule = DEFAULT_HAZARD_RULE,
     file: str | None = None,
 ) -> ScanReport:
     """Scan AMDGCN assembly ``text`` for hazardous buffer stores.
@@ -492,7 +493,7 @@ def find_amdgcn_files(
 
 
 def scan_path(
-    path: str | os.PathLike[str], *, arch: str | None = None, rule: str | Rule = "precise"
+    path: str | os.PathLike[str], *, arch: str | None = None, rule: str | Rule = DEFAULT_HAZARD_RULE
 ) -> list[ScanReport]:
     """Scan an ``.amdgcn`` file, or every ``*.amdgcn`` under a directory (recursively).
 

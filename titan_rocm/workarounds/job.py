@@ -1,0 +1,117 @@
+"""One job's titan-rocm workarounds: built once, decided once before any applies, applied in
+order (:class:`JobWorkarounds`), each outcome a :class:`Decision`.
+
+Apart from :mod:`.base` so that the base every workaround stands on does not import the
+registry, which imports every workaround.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch.nn as nn
+
+from titan_rocm.log import log
+from titan_rocm.workarounds.base import Context, Workaround
+from titan_rocm.workarounds.registry import workaround_class
+
+
+@dataclass
+class Decision:
+    """What a converter did with one workaround, for logs and ``titan-rocm plan``."""
+
+    workaround: str
+    converter: str
+    applied: bool
+    reason: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def line(self) -> str:
+        """The log line."""
+        status = "applied" if self.applied else f"skipped: {self.reason}"
+        return f"titan-rocm: rocm.{self.workaround} {status}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return asdict(self)
+
+
+class JobWorkarounds:
+    """The titan-rocm workarounds one job runs: one instance each, all decided once, before
+    any applies (so :meth:`Context.will_apply` is answered for every one of them), then
+    applied in order, each at most once, whoever asks."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        names: Sequence[str],
+        instances: Mapping[str, Workaround] | None = None,
+    ) -> None:
+        """Build (or adopt from ``instances``) one workaround per name, in apply order."""
+        given = instances or {}
+        self.ctx = ctx
+        self.instances: dict[str, Workaround] = {
+            name: given.get(name) or workaround_class(name)(ctx) for name in names
+        }
+        self.applied_by: dict[str, str] = {}
+        """Workaround name -> who applied it (a converter name)."""
+        self.decided = False
+
+    def adopt(self, instances: Mapping[str, Workaround], model: nn.Module) -> None:
+        """Take in workarounds this job did not know yet (decided at once if the job was)."""
+        for name, w in instances.items():
+            if name not in self.instances:
+                self.instances[name] = w
+                if self.decided:
+                    self.ctx.job_decisions[name] = w.gate(model)
+
+    def require(self) -> None:
+        """Start-up check of every ``on`` workaround (ValueError naming what is missing)."""
+        for w in self.instances.values():
+            w.require()
+
+    def decide(self, model: nn.Module) -> dict[str, str | None]:
+        """Gate every workaround once; the answers go to ``ctx.job_decisions``."""
+        if not self.decided:
+            self.ctx.job_decisions.update({n: w.gate(model) for n, w in self.instances.items()})
+            self.decided = True
+        return self.ctx.job_decisions
+
+    def apply_all(self, names: Iterable[str], model: nn.Module, by: str) -> list[Decision]:
+        """:meth:`apply` each of ``names`` in order, logging one line per decision.
+
+        Also where both adapters install the test fault ``TITAN_ROCM_DEBUG_CORRUPT`` (a no-op
+        unless it is set; docs/numerics-audit.md), before anything compiles.
+        """
+        from titan_rocm.numerics import corrupt
+
+        corrupt.install(model)
+        decisions = []
+        for name in names:
+            decision = self.apply(name, model, by)
+            log.info("%s", decision.line)
+            decisions.append(decision)
+        return decisions
+
+    def applied(self, by: str | None = None) -> list[Workaround]:
+        """The workarounds that applied (by ``by`` alone, if given), in apply order."""
+        return [w for name, w in self.instances.items()
+                if name in self.applied_by and by in (None, self.applied_by[name])]
+
+    def apply(self, name: str, model: nn.Module, by: str) -> Decision:
+        """Apply workaround ``name`` to ``model`` if its gate held and nobody applied it yet."""
+        self.decide(model)
+        w = self.instances[name]
+        if name in self.applied_by:
+            reason: str | None = f"already applied by converter {self.applied_by[name]!r}"
+            return Decision(name, by, False, reason)
+        reason = self.ctx.job_decisions[name]
+        if reason is not None:
+            # A skipped fix has no effects to describe: only what runs instead.
+            return Decision(name, by, False, reason, w.skipped_plan(model))
+        w.apply(model)
+        self.applied_by[name] = by
+        return Decision(name, by, True, "", w.plan(model))

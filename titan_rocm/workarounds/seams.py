@@ -1,0 +1,97 @@
+"""Where each workaround reaches into one TorchTitan generation's code: one seam per
+workaround per generation, picked once, when the job's :class:`~.base.Context` is built.
+
+A workaround keeps its decision logic once (its ``workaround.py``) and asks ``ctx.seam(name)``
+for the object that knows the generation's classes and module globals; that object lives in
+the workaround's package, ``seams_tt022.py`` or ``seams_tt030.py``, and implements the small
+protocol the workaround declares. A :class:`Generation` names them by ``"module:Class"``
+strings (as :mod:`.registry` names the workarounds), so nothing of a generation the process
+does not run is imported. A new TorchTitan generation is one adapter plus one seam module per
+workaround, and one :class:`Generation` the adapter passes to its Context.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+TORCHTITAN_022 = "torchtitan 0.2.2"
+"""``Context.framework`` of a job built by the 0.2.2 converters (``titan_rocm.converters``)."""
+TORCHTITAN_030 = "torchtitan 0.3.0"
+"""``Context.framework`` of a job built by the 0.3.0 trainer adapter (``titan_rocm.torchtitan``)."""
+
+
+class SeamUnavailable(RuntimeError):
+    """A workaround's seam cannot be used in this job; the message is the skip reason."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One TorchTitan generation as the workarounds see it: which seam each one uses."""
+
+    framework: str
+    """``Context.framework`` of its jobs, e.g. ``torchtitan 0.2.2``."""
+    seams: Mapping[str, str]
+    """Workaround name -> ``"module:Class"`` of its seam; a class takes the Context."""
+    moved: Mapping[str, str] = field(default_factory=dict)
+    """Workaround name -> why its seam does not fit the installed TorchTitan (a known API
+    shape whose seam moved): ``auto`` skips with it, ``on`` fails start-up with it."""
+
+    def with_moved(self, moved: Mapping[str, str]) -> Generation:
+        """This generation with the installed TorchTitan's moved seams added."""
+        return Generation(self.framework, self.seams, {**self.moved, **moved})
+
+    def load(self, name: str, ctx: Any) -> Any:
+        """Workaround ``name``'s seam for this generation, built for ``ctx``.
+
+        Raises:
+            SeamUnavailable: the seam moved, is not written for this generation, or does not
+                load (the sentence says which; never a traceback from inside the seam).
+        """
+        if name in self.moved:
+            return _raise(self.moved[name])
+        target = self.seams.get(name)
+        if target is None:
+            return _raise(f"titan-rocm has no {name} seam for {self.framework}")
+        module_name, _, class_name = target.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError) as error:
+            return _raise(f"its {self.framework} seam ({target}) does not load: {error}")
+        return cls(ctx)
+
+
+def _raise(reason: str) -> Any:
+    raise SeamUnavailable(reason)
+
+
+PACKAGES: dict[str, str] = {
+    "grouped_mm": "grouped_mm",
+    "moe_eager_compile": "moe_eager_compile",
+    "mla_ck_backward": "mla_attention",
+    "divergence_guard": "divergence_guard",
+}
+"""The workarounds that reach into TorchTitan's code, and the package their seams are in."""
+
+
+
+def _seams(generation: str) -> dict[str, str]:
+    return {name: f"titan_rocm.workarounds.{package}.seams_{generation}:Seam"
+            for name, package in PACKAGES.items()}
+
+
+TT022 = Generation(TORCHTITAN_022, _seams("tt022"))
+"""TorchTitan 0.2.2: converters over the TOML JobConfig."""
+TT030 = Generation(TORCHTITAN_030, _seams("tt030"))
+"""TorchTitan 0.3.0 (and main): config functions and ``Trainer.Config``."""
+
+GENERATIONS: dict[str, Generation] = {g.framework: g for g in (TT022, TT030)}
+"""The shipped generations by framework name."""
+
+
+def generation_of(framework: str) -> Generation:
+    """The shipped generation of ``framework``; 0.2.2's for any other name (a Context built
+    by hand, as tests and ``titan-rocm tune`` do, has always meant 0.2.2's seams)."""
+    return GENERATIONS.get(framework, TT022)
