@@ -44,7 +44,8 @@ def test_every_workaround_decides_and_applies_through_the_stub_generation_seams(
     assert w["grouped_mm"].plan(model)["bound_in"] == ["stub experts (torch)"]
     assert w["grouped_mm"].plan(model)["experts_compile"] == "as the stub compiles them"
     w["moe_eager_compile"].apply(model)
-    assert w["moe_eager_compile"]._patched == "stub compile (moe)"
+    # The default scope is "block" (issue 22: what AMD-AGI/Primus PR #962 validated).
+    assert w["moe_eager_compile"]._patched == "stub compile (block)"
     w["divergence_guard"].apply(model)
     assert w["divergence_guard"].trainer_seam is not None
     assert w["divergence_guard"].plan(model)["observes"][0] == "the stub trainer's loss"
