@@ -54,6 +54,22 @@ NOT_TRAINING_RUNS: dict[str, tuple[str, int, bool, str]] = {
         "empty", 2, False, "TorchTitan 0.3.0's probe: its trainer does not import on torch 2.11"),
     "2026-11-30-h200-d/mla-varlen-attempt/varlen.log": (
         "empty", 2, False, "known failure: the stand-in backward hung (docs/mla-ck-backward.md)"),
+    # The numerics audit's GPU proof: `titan-rocm audit` runs no training step; its six-step
+    # training runs are shorter than bench-summary's warm-up.
+    **{f"2026-12-01-h200/numerics-audit-{call}/{model}_{kind}.log": verdict
+       for call in (1, 2)
+       for model in ("llama3_1b", "qwen3_1.7b", "deepseek_v3_4b")
+       for kind, verdict in (
+           ("audit", ("empty", 2, False, "an audit: no training step")),
+           ("train", ("ok", 0, False, "six steps for the audit's cost: under the warm-up")))},
+    # An audit whose torchrun exits non-zero (1: flagged, 2: refused) ends in torchrun's
+    # ChildFailedError: check-log reads that as a crash after no step.
+    **{f"2026-12-01-h200/numerics-audit-{key}": (
+        "incomplete", 2, False, f"an audit that exits {code}: torchrun's ChildFailedError")
+       for key, code in (("1/deepseek_v3_4b_audit.log", 2),
+                         ("2/llama3_1b_audit_corrupt.log", 1))},
+    "2026-12-01-h200/numerics-audit-1/llama3_1b_audit_corrupt.log": (
+        "empty", 2, False, "an audit: no training step (the fault passed: numerics-audit.md)"),
 }
 """Logs of the stored results that are not training runs, or are known not to have trained,
 keyed ``batch/folder/log``, with what each must show."""
