@@ -27,6 +27,8 @@ ERRORS: dict[str, list[list[str]]] = {
     "bench-summary": [["/nope.log"], ["--warmup", "-1", LOG]],
     "compare": [[LOG], [LOG, "/nope.log"], [LOG, LOG, "--plot", "x.gif"]],
     "gemm-tables": [["capture-safe", "/nope.csv", "--check"], ["capture-safe"]],
+    "audit": [["--tokens", "0", "--job.config_file", "configs/llama3_debug.toml"],
+              ["--job.config_file", "nope.toml"]],
     "tune": [["table", "/nope.jsonl", "--check"], ["table", "r.jsonl"],
              ["run", "/nope.jsonl", "-o", "r.jsonl", "--timeout", "0"]],
 }

@@ -107,7 +107,7 @@ class AuditResult:
             row["workarounds"] = self.attribution.workarounds(p.name)
             parameters.append(row)
         return {
-            "schema": SCHEMA, "verdict": "flagged" if flagged else "ok",
+            "schema": SCHEMA, "command": "audit", "verdict": "flagged" if flagged else "ok",
             "exit_code": 1 if flagged else 0, "error": None,
             "world_size": self.world_size, "tokens": self.tokens,
             "reference_dtype": self.reference_dtype, "job_dtype": self.job_dtype,
@@ -122,7 +122,8 @@ class AuditResult:
 def error_dict(message: str, world_size: int = 1) -> dict[str, Any]:
     """The ``--json`` object of an audit that could not run (exit 2): every key, empty."""
     return {
-        "schema": SCHEMA, "verdict": "error", "exit_code": 2, "error": message,
+        "schema": SCHEMA, "command": "audit", "verdict": "error", "exit_code": 2,
+        "error": message,
         "world_size": world_size, "tokens": 0, "reference_dtype": None, "job_dtype": None,
         "settings": {}, "loss": None, "parameters": [], "blocks": [], "origin": None,
         "workarounds_applied": [], "time_s": {}, "peak_memory_bytes": None, "notes": [],
