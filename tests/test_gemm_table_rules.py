@@ -183,7 +183,7 @@ def test_a_bad_aiter_value_exits_2_naming_the_choices(capsys, kinds_table):
     path, _ = kinds_table
     assert main(["gemm-tables", "capture-safe", str(path), "--check", "--aiter", "0.2"]) == 2
     err = capsys.readouterr().err
-    assert err == ("titan-rocm gemm-tables: error: --aiter '0.2' is not valid; accepted: 0.1.7, "
+    assert err == ("titan-rocm gemm-tables: --aiter '0.2' is not valid; accepted: 0.1.7, "
                    "main, absent\n")
     with pytest.raises(ValueError, match="accepted: 0.1.7, main, absent"):
         simulated("0.2")

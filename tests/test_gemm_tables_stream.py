@@ -13,7 +13,7 @@ from gemm_table_maker import AITER_COMPOSITION, make_table  # tests/ is on sys.p
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from titan_rocm.cli import main
+from titan_rocm.cli import BROKEN_PIPE, main
 from titan_rocm.gemm_tables import rules as rules_module
 from titan_rocm.gemm_tables import table as table_module
 from titan_rocm.gemm_tables.capture_safe import CaptureSafeError, capture_safe
@@ -111,8 +111,10 @@ def test_json_is_printed_on_every_exit_path(capsys, tmp_path, monkeypatch, kind)
     code = main(["gemm-tables", "capture-safe", str(path), "-o", str(tmp_path / "o"), "--json"])
     out, err = capsys.readouterr()
     report = json.loads(out)
-    assert report["ok"] is False and report["exit"] == code == (2 if kind == "error" else 130)
-    assert report[kind] and report[kind] in err
+    assert report["command"] == "gemm-tables"
+    assert report["exit_code"] == code == (2 if kind == "error" else 130)
+    assert report["error"] and report["error"] in err
+    assert report["error"].startswith("interrupted") is (kind == "interrupted")
     assert not (tmp_path / "o").exists()  # a run that wrote nothing leaves no directory
 
 
@@ -126,7 +128,7 @@ def test_a_reader_closing_the_pipe_gets_no_traceback(tmp_path):
     proc.stdout.readline()
     proc.stdout.close()  # like `| head -1`
     err = proc.stderr.read().decode()
-    assert proc.wait(timeout=60) == 1
+    assert proc.wait(timeout=60) == BROKEN_PIPE  # 141, as every command (README)
     assert "Traceback" not in err
 
 
@@ -177,4 +179,5 @@ def test_no_input_or_option_gives_a_traceback_and_json_stays_json(capsys, tmp_pa
     assert code in (0, 1, 2) and "Traceback" not in err
     if as_json and out:
         report = json.loads(out)
-        assert report["ok"] is (code != 2)
+        # a report carries "ok"; an error is the envelope, with its exit code
+        assert report.get("ok") is True if code != 2 else report["exit_code"] == 2
