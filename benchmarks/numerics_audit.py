@@ -89,6 +89,11 @@ MODELS: dict[str, Model] = {
         "configs/deepseek_v3_debug.toml",
         ("--parallelism.expert_parallel_degree", "2",
          "--parallelism.data_parallel_shard_degree", "2"), 1),
+    # The validated-tuning table (issue 24 item 8): its GEMMs were tuned for this job's whole
+    # 8 x 2048 micro-batch, so the audit takes all of it (no --tokens: other shapes would miss
+    # the table and run ATen); the reference falls back to float32 if float64 does not fit.
+    "llama3_1b_full": Model("configs/llama3_debug.toml",
+                            ("--model.flavor", "bench_1B", "--checkpoint.no-enable"), 3),
     "llama3_tp2": Model("configs/llama3_debug.toml",
                         ("--parallelism.tensor_parallel_degree", "2",
                          "--parallelism.data_parallel_shard_degree", "1"), 1),
@@ -134,6 +139,11 @@ class Case:
         return env
 
 
+TABLE = ("--rocm.gemm_lookup", "on", "--rocm.gemm_lookup_table",
+         "benchmarks/results/2026-11-30-h200-d/validated-tuning/gemm.json")
+"""The table `benchmarks/validated_tuning.py` built and validated on an H200 (stored)."""
+
+
 def cases(ngpu: int) -> list[Case]:
     """The runs of one call, most important first (the budget cuts from the end)."""
     if ngpu == 1:
@@ -145,6 +155,9 @@ def cases(ngpu: int) -> list[Case]:
             Case("deepseek_v3_4b_audit", "deepseek_v3_4b", "audit"),
             Case("qwen3_1.7b_train", "qwen3_1.7b", "train", steps=6),
             Case("deepseek_v3_4b_train", "deepseek_v3_4b", "train", steps=6),
+            # The stored validated-tuning table against ATen-only, same job, same batch.
+            Case("llama3_1b_full_audit_aten", "llama3_1b_full", "audit"),
+            Case("llama3_1b_full_audit_table", "llama3_1b_full", "audit", extra=TABLE),
         ]
     first_step = ("--rocm.numerics_audit", "first_step")
     return [

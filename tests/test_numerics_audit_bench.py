@@ -82,7 +82,12 @@ def _train_log(losses: list[float], tps: int = 40_000, start_s: int = 0) -> str:
 def test_the_one_gpu_call_audits_three_models_and_corrupts_one() -> None:
     runs = {c.name: c for c in bench.cases(1)}
     audits = [c for c in runs.values() if c.kind == "audit"]
-    assert {c.model for c in audits} == {"llama3_1b", "qwen3_1.7b", "deepseek_v3_4b"}
+    assert {c.model for c in audits} == {"llama3_1b", "qwen3_1.7b", "deepseek_v3_4b",
+                                         "llama3_1b_full"}
+    table = runs["llama3_1b_full_audit_table"].flags()
+    assert table[table.index("--rocm.gemm_lookup_table") + 1] == bench.TABLE[-1]
+    assert (bench.REPO / bench.TABLE[-1]).is_file() and "--tokens" not in table
+    assert "--rocm.gemm_lookup" not in runs["llama3_1b_full_audit_aten"].flags()
     bad = [c for c in audits if c.corrupt]
     assert [c.name for c in bad] == ["llama3_1b_audit_corrupt"] and bad[0].expect_exit == 1
     spec = corrupt.parse(bad[0].env()[corrupt.ENV])  # the benchmark's spec is accepted
