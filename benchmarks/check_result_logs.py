@@ -68,6 +68,10 @@ NOT_TRAINING_RUNS: dict[str, tuple[str, int, bool, str]] = {
         "incomplete", 2, False, f"an audit that exits {code}: torchrun's ChildFailedError")
        for key, code in (("1/deepseek_v3_4b_audit.log", 2),
                          ("2/llama3_1b_audit_corrupt.log", 1))},
+    **{f"2026-12-01-h200/audit-table-attempt/llama3_1b_full_audit_{kind}.log": (
+        "incomplete", 2, False, "an audit refused (exit 2): the eager pass ran out of memory at "
+        "the table's whole 8 x 2048 micro-batch (numerics-audit.md)")
+       for kind in ("aten", "table")},
     "2026-12-01-h200/numerics-audit-1/llama3_1b_audit_corrupt.log": (
         "empty", 2, False, "an audit: no training step (the fault passed: numerics-audit.md)"),
 }
