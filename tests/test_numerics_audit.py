@@ -67,6 +67,54 @@ def test_outliers_the_rmse_dilutes_are_flagged() -> None:
     assert p.flagged and "of elements" in p.reason
 
 
+def _placed_worker(rank: int, store_path: str, out_dir: str) -> None:
+    """One of two gloo ranks: the same gradients as DTensors placed Shard(0), Replicate and
+    Partial on a 2-rank mesh, compared; this rank's verdicts written as JSON."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+
+    a, b, c = _grads(n=4096, noise=1e-6)
+    a[::50] = a.roll(1)[::50]  # 2 % garbage: flagged on the whole tensor
+    expected = compare(["w"], {"w": a}, {"w": b}, {"w": c}, torch.float32, AuditSettings())
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank,
+                            world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,))
+        placed: dict[str, dict[str, Any]] = {"job": {}, "eager": {}, "reference": {}}
+        for kind, x in zip(placed, (a, b, c)):
+            placed[kind]["shard"] = distribute_tensor(x, mesh, [Shard(0)])
+            placed[kind]["replicate"] = distribute_tensor(x, mesh, [Replicate()])
+            # Halves are exact in binary: the Partial sum over two ranks is x itself.
+            placed[kind]["partial"] = DTensor.from_local(x * 0.5, mesh, [Partial()])
+        names = ["shard", "replicate", "partial"]
+        got = compare(names, placed["job"], placed["eager"], placed["reference"],
+                      torch.float32, AuditSettings())
+    finally:
+        dist.destroy_process_group()
+    out = {"expected": expected[0].to_dict(), **{p.name: p.to_dict() for p in got}}
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(out))
+
+
+def test_dtensor_placements_count_each_element_once(tmp_path: Path) -> None:
+    """Two gloo ranks: a gradient sharded, replicated or partial over the TP mesh gets the
+    numbers the whole tensor gets in one process (a Replicate shard counted on both ranks
+    would double numel; a Partial one compared unreduced would be another gradient)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_placed_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2)
+    for rank in (0, 1):
+        out = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        expected = out["expected"]
+        assert expected["flagged"]
+        for name in ("shard", "replicate", "partial"):
+            got = out[name]
+            assert got["numel"] == expected["numel"] == 4096, (name, got)
+            assert got["flagged"] == expected["flagged"], (name, got)
+            for key in ("err_job", "err_eager", "ratio", "max_abs", "outlier_fraction"):
+                assert got[key] == pytest.approx(expected[key], rel=1e-9), (name, key)
+
+
 def test_non_finite_and_missing_gradients_are_flagged() -> None:
     a, b, c = _grads(1000)
     a[3] = float("nan")
