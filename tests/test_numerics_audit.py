@@ -87,7 +87,13 @@ def _placed_worker(rank: int, store_path: str, out_dir: str) -> None:
             placed[kind]["replicate"] = distribute_tensor(x, mesh, [Replicate()])
             # Halves are exact in binary: the Partial sum over two ranks is x itself.
             placed[kind]["partial"] = DTensor.from_local(x * 0.5, mesh, [Partial()])
-        names = ["shard", "replicate", "partial"]
+        # Garbage in rank 1's half only: both ranks must flag it.
+        index = torch.arange(a.numel())
+        one_half = torch.where((index % 50 == 0) & (index >= a.numel() // 2), a, b)
+        placed["job"]["half"] = distribute_tensor(one_half, mesh, [Shard(0)])
+        placed["eager"]["half"] = placed["eager"]["shard"]
+        placed["reference"]["half"] = placed["reference"]["shard"]
+        names = ["shard", "replicate", "partial", "half"]
         got = compare(names, placed["job"], placed["eager"], placed["reference"],
                       torch.float32, AuditSettings())
     finally:
@@ -113,6 +119,7 @@ def test_dtensor_placements_count_each_element_once(tmp_path: Path) -> None:
             assert got["flagged"] == expected["flagged"], (name, got)
             for key in ("err_job", "err_eager", "ratio", "max_abs", "outlier_fraction"):
                 assert got[key] == pytest.approx(expected[key], rel=1e-9), (name, key)
+        assert out["half"]["flagged"] and out["half"]["numel"] == 4096
 
 
 def test_non_finite_and_missing_gradients_are_flagged() -> None:
