@@ -33,6 +33,13 @@ from cpu_support import CpuMemoryMonitor, default_rank_env
 TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 256}
 
 
+def _data_rank(parallel_dims: Any, rank: int) -> int:
+    """The data-parallel index of ``rank`` in TorchTitan's (pp, batch, cp, tp) mesh: the ranks
+    of one TP (and CP) group must read the same batch."""
+    inner = parallel_dims.cp * parallel_dims.tp
+    return (rank // inner) % (parallel_dims.dp_replicate * parallel_dims.dp_shard)
+
+
 class SyntheticLoader:
     """Deterministic random tokens: ``(input_dict, labels)`` batches, checkpointable."""
 
@@ -118,7 +125,7 @@ class CpuTrainer(_trainer_base()):  # type: ignore[misc]
         seq_len = job_config.training.seq_len
         self.dataloader = SyntheticLoader(
             job_config.training.local_batch_size, seq_len, TINY["vocab_size"],
-            self.data_batches, seed=dist.get_rank(),
+            self.data_batches, seed=_data_rank(parallel_dims, dist.get_rank()),
         )
         model_args = replace(self.train_spec.model_args[job_config.model.flavor], **TINY)
         model_args.update_from_config(job_config)

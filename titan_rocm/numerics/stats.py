@@ -19,7 +19,9 @@ read as float64; a sharded parameter contributes its local shard on every rank):
   tail.
 
 Reductions: sums of squares, counts and maxima are all-reduced over the default process group
-(when one is initialised), so every rank computes the same numbers and the same verdict.
+(when one is initialised), so every rank computes the same numbers and the same verdict. Each
+element counts once: a DTensor dimension placed ``Replicate`` is counted by one rank of it,
+a ``Partial`` one is reduced first (``_counted``).
 """
 
 from __future__ import annotations
@@ -122,6 +124,33 @@ def _local(t: torch.Tensor | None) -> torch.Tensor | None:
     return to_local() if callable(to_local) else t
 
 
+def _counted(t: torch.Tensor | None) -> torch.Tensor | None:
+    """What this rank adds to the all-reduced sums for gradient ``t``: each element once.
+
+    A DTensor's local shard, except that a ``Replicate`` mesh dimension (TP's norm and
+    replicated weights, HSDP's replicate dimension) is counted by its coordinate-0 rank only
+    (the others add an empty tensor), and a ``Partial`` one is reduced first (a partial sum
+    is not the gradient). A plain tensor is counted as it is on every rank."""
+    if t is None:
+        return None
+    placements = getattr(t, "placements", None)
+    if placements is None:
+        return t
+    if any(p.is_partial() for p in placements):
+        from torch.distributed.tensor import Replicate
+
+        t = t.redistribute(t.device_mesh,
+                           [Replicate() if p.is_partial() else p for p in placements])
+        placements = t.placements
+    local = t.to_local()
+    coordinate = t.device_mesh.get_coordinate()
+    if coordinate is None:  # this rank is not in the tensor's mesh: it holds nothing
+        return local.reshape(-1)[:0]
+    if any(p.is_replicate() and coordinate[dim] != 0 for dim, p in enumerate(placements)):
+        return local.reshape(-1)[:0]
+    return local
+
+
 def _all_reduce(t: torch.Tensor, op: str) -> torch.Tensor:
     import torch.distributed as dist
 
@@ -150,7 +179,7 @@ def compare(
     maxima = torch.zeros(n, 3, dtype=torch.float64, device=device)
     diffs: list[tuple[torch.Tensor, torch.Tensor] | None] = []
     for i, name in enumerate(names):
-        a, b, c = (_local(d.get(name)) for d in (job, eager, reference))
+        a, b, c = (_counted(d.get(name)) for d in (job, eager, reference))
         if a is None or b is None or c is None:
             # No gradient at all (an unused parameter) is fine; in some passes only is not.
             sums[i, 4] = 0.0 if a is None and b is None and c is None else 1.0
