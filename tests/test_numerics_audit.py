@@ -148,6 +148,33 @@ def test_a_bf16_job_is_judged_at_its_gradients_float32_floor() -> None:
                         AuditSettings())["flagged"]
 
 
+def test_a_pass_out_of_memory_is_one_sentence_naming_the_pass() -> None:
+    """The eager pass is not estimated up front and can need far more than the compiled one
+    (an H200 ran out of memory there: benchmarks/results/2026-12-01-h200/audit-table-attempt);
+    it ends in the audit's own sentence, naming the pass, with the gradients given back."""
+    from types import SimpleNamespace
+
+    from titan_rocm.numerics.audit import OUT_OF_MEMORY, AuditError, run_passes
+
+    model = torch.nn.Linear(4, 3)
+    calls = []
+
+    def step(inputs: dict[str, Any], labels: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 2:
+            raise OUT_OF_MEMORY("CUDA out of memory. Tried to allocate 8.00 GiB.")
+        loss = model(inputs["input"]).square().mean()
+        loss.backward()
+        return loss
+
+    trainer = SimpleNamespace(model_parts=[model], device="cpu", maybe_enable_amp=None)
+    model.weight.grad = torch.ones_like(model.weight)
+    with pytest.raises(AuditError, match=r"the eager pass ran out of memory on cpu \(CUDA out"):
+        run_passes(trainer, step, {"input": torch.randn(2, 4)}, torch.zeros(2),
+                   AuditSettings())
+    assert torch.equal(model.weight.grad, torch.ones_like(model.weight))
+
+
 def test_loss_verdict_uses_the_floor() -> None:
     assert not loss_verdict(6.0 + 1e-6, 6.0, 6.0, torch.float32, AuditSettings())["flagged"]
     assert loss_verdict(6.01, 6.0, 6.0, torch.float32, AuditSettings())["flagged"]

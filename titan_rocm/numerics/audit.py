@@ -323,6 +323,11 @@ def reference_dtype_for(trainer: Any, params: list[nn.Parameter], device: torch.
     )
 
 
+OUT_OF_MEMORY: type[BaseException] = getattr(torch, "OutOfMemoryError",
+                                             torch.cuda.OutOfMemoryError)
+"""What torch raises when an allocation fails (``torch.cuda.OutOfMemoryError`` before 2.5)."""
+
+
 def run_passes(
     trainer: Any,
     step: Step,
@@ -362,11 +367,20 @@ def run_passes(
         for p in params:
             p.grad = None
         t0 = time.perf_counter()
-        with context:
-            loss = step(dict(input_dict), labels)
-            grads[kind] = {n: (None if p.grad is None else p.grad.detach().clone())
-                           for n, p in named}
-            losses[kind] = float(loss.detach().double().sum())
+        try:
+            with context:
+                loss = step(dict(input_dict), labels)
+                grads[kind] = {n: (None if p.grad is None else p.grad.detach().clone())
+                               for n, p in named}
+                losses[kind] = float(loss.detach().double().sum())
+        except OUT_OF_MEMORY as exc:
+            # Only the reference is estimated up front; the eager pass (no fusion, every
+            # intermediate kept) can need far more than the compiled one (seen on an H200:
+            # llama3 1.5B over 8 x 2048 tokens).
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise AuditError(
+                f"the {kind} pass ran out of memory on {device} ({first}): audit fewer tokens "
+                "(--tokens N) or on more GPUs") from None
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times[kind] = time.perf_counter() - t0
