@@ -81,18 +81,14 @@ def test_clean_compiled_0_3_0_trainer_is_ok(cpu_harness: Any) -> None:
 
 
 @pytest.mark.slow
-def test_deepseek_v3_flags_its_moe_gradients_against_a_float32_reference(
-        cpu_harness: Any) -> None:
-    """Known limitation, kept visible: deepseek_v3's debug model under 0.3.0's one-rank FSDP
-    (float32 reference: the eager pass *is* the reference, err_eager = 0) is judged at the
-    float32 floor alone, which compiled MoE gradients exceed. This test fails the day that
-    changes (a float64 reference under FSDP, or a floor that fits MoE), to be turned into a
-    clean-ok test then."""
+@pytest.mark.xfail(strict=True, reason=(
+    "unexplained: deepseek_v3 debug on 0.3.0 (one-rank FSDP, so a float32 reference: the "
+    "eager pass is the reference, err_eager = 0) flags block 1's MoE gradients, the job's "
+    "3.5e-3 rms off eager (experts, router, ffn_norm) with the loss identical; strict: this "
+    "fails once it is ok, to become a plain clean test"))
+def test_clean_compiled_0_3_0_deepseek_v3_is_ok(cpu_harness: Any) -> None:
     r = _audit(cpu_harness, "deepseek_v3", 0)
-    assert r.reference_dtype == "float32"
-    flagged = [p for p in r.parameters if p.flagged]
-    assert flagged and all(p.err_eager == 0 for p in flagged)
-    assert not r.loss["flagged"]
+    assert not r.flagged, [p.reason for p in r.parameters if p.flagged]
 
 
 @pytest.mark.slow
