@@ -65,6 +65,17 @@ class GuardSeam(_Recording):
         return TrainerSeam()
 
 
+class AuditSeam(_Recording):
+    workaround = "numerics_audit"
+
+    def install(self, audit: Any) -> TrainerSeam | None:
+        self._call("install")
+        return TrainerSeam()
+
+    def step(self, trainer: Any, labels: Any) -> Any:
+        raise AssertionError("a stub trainer is never audited")
+
+
 class MLASeam(_Recording):
     workaround = "mla_ck_backward"
     stock = "the stub's attention"
@@ -99,7 +110,7 @@ class MLASeam(_Recording):
 
 
 SEAMS = {cls.workaround: f"{__name__}:{cls.__name__}"
-         for cls in (GroupedMMSeam, MixedCompileSeam, GuardSeam, MLASeam)}
+         for cls in (GroupedMMSeam, MixedCompileSeam, GuardSeam, AuditSeam, MLASeam)}
 assert set(SEAMS) == set(PACKAGES)  # one seam for every workaround that has one
 STUB = Generation(FRAMEWORK, SEAMS)
 

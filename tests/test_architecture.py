@@ -33,11 +33,12 @@ TUNING_LOOKUP = ("titan_rocm.tuning.problems", "titan_rocm.tuning.records",
 TUNING_DRIVER = ("titan_rocm.tuning.collect", "titan_rocm.tuning.runner",
                  "titan_rocm.tuning.minesweeper", "titan_rocm.tuning.settings")
 """``titan-rocm tune``'s driver: a tool that may act as an adapter (it builds Contexts)."""
-NUMERICS_DRIVER = ("titan_rocm.numerics.audit", "titan_rocm.numerics.attribution")
-"""The numerics audit's passes and attribution: like the tuner's driver, a tool that acts as an
-adapter (it runs the trainer's step and reads the job's decisions). The rest of
-titan_rocm.numerics (statistics, report, the test fault) is a plain tool; the workaround
-``numerics_audit`` calls the driver at the step, as ``titan-rocm audit`` does."""
+NUMERICS_DRIVER = ("titan_rocm.numerics.audit", "titan_rocm.numerics.attribution",
+                   "titan_rocm.numerics.seams_tt022", "titan_rocm.numerics.seams_tt030")
+"""The numerics audit's passes, attribution and per-generation seams: like the tuner's driver,
+a tool that acts as an adapter (it runs the trainer's step and reads the job's decisions).
+The rest of titan_rocm.numerics (statistics, report, the test fault) is a plain tool; the
+workaround ``numerics_audit`` calls the driver at the step, as ``titan-rocm audit`` does."""
 SCANNER = ("titan_rocm.workarounds.triton_war.amdgcn", "titan_rocm.workarounds.triton_war.hazards",
            "titan_rocm.workarounds.triton_war.scan", "titan_rocm.workarounds.triton_war.names")
 """The AMDGCN parser, rules and scanner behind ``titan-rocm scan``: no torch, no Triton."""

@@ -1,7 +1,8 @@
 """``titan-rocm audit``: the job's compiled gradients against eager references, per parameter.
 
 Launched like training (``torchrun --nproc_per_node=N -m titan_rocm.cli audit
---job.config_file X.toml``, or alone as one process). Builds the job's own trainer, takes
+--job.config_file X.toml``; TorchTitan 0.3.0: ``... audit --module M --config F``; or alone
+as one process). Builds the job's own trainer, takes
 one micro-batch of its dataloader and runs no optimizer step, saves no checkpoint, writes
 no file of the job (checkpointing, TensorBoard, W&B and profiling are turned off for the
 audit). Exit codes: 0 ok, 1 a parameter or the loss flagged, 2 bad input or the audit cannot
@@ -25,6 +26,8 @@ HELP = (
 )
 
 EPILOG = (
+    "The job: --job.config_file X.toml (TorchTitan 0.2.2) or --module M --config F "
+    "(TorchTitan 0.3.0, e.g. --module titan_rocm.torchtitan.configs --config llama3_debugmodel). "
     "Every other option is TorchTitan's (--model.converters rocm, --compile.enable, "
     "--rocm.numerics_audit_fudge 8, ...). Under torchrun every rank audits its shards and "
     "all ranks share one verdict; rank 0 prints."
@@ -33,6 +36,8 @@ EPILOG = (
 PASSTHROUGH = True
 
 PROG = "titan-rocm audit"
+TRAINER_022 = "torchtitan.train:Trainer"
+"""``--trainer``'s default (TorchTitan 0.2.2; a 0.3.0 config builds its own trainer)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", metavar="FILE",
                         help="draw each parameter's error ratio (PNG, or SVG by the suffix)")
     parser.add_argument(
-        "--trainer", metavar="MODULE:CLASS", default="torchtitan.train:Trainer",
+        "--trainer", metavar="MODULE:CLASS", default=TRAINER_022,
         help="the Trainer class to build (default: TorchTitan's; a subclass your job "
         "launches with, e.g. mypkg.train:MyTrainer)",
     )
@@ -113,38 +118,78 @@ def _quiet_job(job_config: Any) -> None:
             setattr(obj, key, False)
 
 
+def _tokens(args: argparse.Namespace) -> int | None:
+    if args.tokens is None:
+        return None
+    tokens = int(args.tokens) if args.tokens.strip().isdigit() else 0
+    if tokens < 1:
+        raise BadInput(f"--tokens {args.tokens} is not valid; accepted: a whole number >= 1")
+    return tokens
+
+
 def _audit_022(args: argparse.Namespace) -> dict[str, Any]:
-    from titan_rocm.numerics.audit import AuditError, audit_022
-    from titan_rocm.numerics.stats import AuditSettings
-    from titan_rocm.preflight import StartupError, _one_line, parse_config
-    from titan_rocm.train import LaunchError, single_process_environment
+    from titan_rocm.numerics.audit import audit_022
+    from titan_rocm.preflight import StartupError, parse_config
 
     passthrough = list(args.passthrough)
     if args.config_file is not None:
         passthrough = ["--job.config_file", args.config_file, *passthrough]
-    tokens = None
-    if args.tokens is not None:
-        tokens = int(args.tokens) if args.tokens.strip().isdigit() else 0
-        if tokens < 1:
-            raise BadInput(f"--tokens {args.tokens} is not valid; accepted: a whole number >= 1")
+    tokens = _tokens(args)
     try:
         job_config = parse_config(passthrough, launcher="titan-rocm", prog=PROG)
     except StartupError as exc:
         raise BadInput(str(exc)) from None
+    settings = _settings(job_config)
+    cls = _trainer_class(args.trainer)
+    _quiet_job(job_config)
+    return _audit_job(args, lambda: cls(job_config), audit_022, settings, tokens)
+
+
+def _audit_030(args: argparse.Namespace) -> dict[str, Any]:
+    """TorchTitan 0.3.0: ``--module M --config F [flags]``, the config's own trainer class."""
+    from titan_rocm.torchtitan.audit import audit_030, quiet_job
+    from titan_rocm.torchtitan.plan import PlanError, parse_job
+
+    if args.config_file is not None:
+        raise BadInput("--job.config_file is TorchTitan 0.2.2's; torchtitan 0.3.0 is "
+                       "installed: audit a 0.3.0 job with --module M --config F")
+    if args.trainer != TRAINER_022:
+        raise BadInput(f"--trainer {args.trainer!r} is TorchTitan 0.2.2's; on 0.3.0 the "
+                       "config function's Trainer.Config builds its own trainer")
+    tokens = _tokens(args)
     try:
-        settings = AuditSettings.of(getattr(job_config, "rocm", None))
+        config = parse_job(list(args.passthrough))
+    except PlanError as exc:
+        raise BadInput(str(exc)) from None
+    settings = _settings(config)
+    quiet_job(config)
+    return _audit_job(args, config.build, audit_030, settings, tokens)
+
+
+def _settings(config: Any) -> Any:
+    from titan_rocm.numerics.stats import AuditSettings
+
+    try:
+        return AuditSettings.of(getattr(config, "rocm", None))
     except ValueError as exc:
         raise BadInput(str(exc)) from None
-    cls = _trainer_class(args.trainer)
+
+
+def _audit_job(args: argparse.Namespace, build: Any, audit: Any, settings: Any,
+               tokens: int | None) -> dict[str, Any]:
+    """Build the trainer, take one micro-batch, audit it, draw the plot: either generation."""
+    from titan_rocm.numerics.audit import AuditError
+    from titan_rocm.preflight import _one_line
+    from titan_rocm.train import LaunchError, single_process_environment
+
     try:
         single_process_environment()
     except LaunchError as exc:
         raise BadInput(str(exc)) from None
     import titan_rocm  # noqa: F401 - registers the converters
 
-    _quiet_job(job_config)
     try:
-        trainer = cls(job_config)
+        trainer = build()
     except Exception as exc:  # noqa: BLE001 - any failure of the job's start-up is reported
         raise BadInput(f"the job cannot start: {_one_line(exc)}") from None
     try:
@@ -152,7 +197,7 @@ def _audit_022(args: argparse.Namespace) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001
         raise BadInput(f"the job's dataloader gave no batch: {_one_line(exc)}") from None
     try:
-        result = audit_022(trainer, input_dict, labels, settings, tokens)
+        result = audit(trainer, input_dict, labels, settings, tokens)
     except AuditError as exc:
         raise BadInput(str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - the job's own forward/backward failed
@@ -176,10 +221,8 @@ def run(args: argparse.Namespace) -> int:
 
     world = 1
     try:
-        if torchtitan_version.series() == "0.3":
-            raise BadInput("TorchTitan 0.3.0 jobs are not audited by this command yet; audit "
-                           "the job with TorchTitan 0.2.2 (--job.config_file X.toml)")
-        result = _audit_022(args)
+        tt030 = torchtitan_version.series() == "0.3"
+        result = _audit_030(args) if tt030 else _audit_022(args)
     except BadInput as exc:
         result = error_dict(str(exc), world)
     except Exception as exc:  # noqa: BLE001 - one sentence and the JSON, never a traceback

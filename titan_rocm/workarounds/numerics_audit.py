@@ -1,12 +1,17 @@
 """``rocm.numerics_audit``: the numerics audit inside a real training run, before the optimizer
 step (docs/numerics-audit.md).
 
-TorchTitan 0.2.2 seams, looked up at call time as the divergence guard's are (the trainer
-runs as ``__main__``, so its class cannot be patched): ``CheckpointManager.load`` (the first
-thing ``Trainer.train`` calls) hands over the trainer (``states["train_state"]``), whose
-``post_dataloading_process`` is then wrapped on the instance to keep the step's first
-micro-batch; ``dist_utils.clip_grad_norm_`` (called after every micro-batch's backward and
-before ``optimizers.step``) runs the audit on that micro-batch when one is due.
+Where it listens is the job's seam (:class:`AuditSeam`, ``ctx.seam("numerics_audit")``):
+TorchTitan 0.2.2's (:mod:`titan_rocm.numerics.seams_tt022`, the patches below: the trainer runs
+as ``__main__``, so its class cannot be patched) looks the seams up at call time as the
+divergence guard's do: ``CheckpointManager.load`` (the first thing ``Trainer.train`` calls)
+hands over the trainer (``states["train_state"]``), whose ``post_dataloading_process`` is then
+wrapped on the instance to keep the step's first micro-batch; ``dist_utils.clip_grad_norm_``
+(called after every micro-batch's backward and before ``optimizers.step``) runs the audit on
+that micro-batch when one is due. TorchTitan 0.3.0's (:mod:`titan_rocm.numerics.seams_tt030`)
+is a :class:`~titan_rocm.workarounds.base.TrainerSeam` the trainer adapter calls: ``attach``
+wraps the same ``post_dataloading_process``, and the step's first ``forward_backward_step``
+runs the audit when one is due.
 
 The audit leaves the trajectory exactly as it was: the step's gradients are the same
 tensors, every RNG stream and every buffer's value (MoE token counts feeding the expert-bias
@@ -16,15 +21,28 @@ update) are put back, the dataloader is not read and the step counter not touche
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
 
 from titan_rocm.log import log
-from titan_rocm.workarounds.base import TORCHTITAN_030, Workaround
+from titan_rocm.workarounds.base import TrainerSeam, Workaround
 
 _WRAPPED = "__titan_rocm_numerics_audit__"
+
+
+class AuditSeam(Protocol):
+    """What the audit needs of one TorchTitan generation (:mod:`.seams`)."""
+
+    def install(self, audit: NumericsAudit) -> TrainerSeam | None:
+        """Make the generation call :meth:`NumericsAudit.attach` with the built trainer and
+        :meth:`NumericsAudit.maybe_audit` after a step's first micro-batch's backward; return
+        the trainer seam an adapter calls, if the generation has one."""
+
+    def step(self, trainer: Any, labels: Any) -> Any:
+        """The trainer's forward and backward of one micro-batch as a
+        :data:`titan_rocm.numerics.audit.Step` (its loss denominator from ``labels``)."""
 
 
 class NumericsAuditFlagged(RuntimeError):
@@ -36,6 +54,8 @@ class NumericsAudit(Workaround):
 
     name = "numerics_audit"
     needs_rocm = False
+    has_seam = True
+    seam: AuditSeam
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -47,20 +67,14 @@ class NumericsAudit(Workaround):
         """Every audit's ``to_dict`` (tests, and anyone holding the converter)."""
 
     def check(self, model: nn.Module) -> str | None:
-        if self.ctx.framework == TORCHTITAN_030:
-            return "the in-training audit is TorchTitan 0.2.2 only for now; run titan-rocm audit"
         if self.ctx.parallel.pp_enabled:
             return ("pipeline parallelism is not audited (each stage holds other parameters "
                     "and its schedule splits the batch)")
         return None
 
     def apply(self, model: nn.Module) -> None:
-        import torchtitan.distributed.utils as dist_utils
-        from torchtitan.components.checkpoint import CheckpointManager
-
         _audits[:] = [self]  # a new job in the same process: the newest audit listens
-        _patch(CheckpointManager, "load", _wrap_load)
-        _patch(dist_utils, "clip_grad_norm_", _wrap_clip)
+        self.trainer_seam = self.seam.install(self)
 
     def plan(self, model: nn.Module) -> dict[str, Any]:
         s = self.ctx.settings
@@ -94,15 +108,16 @@ class NumericsAudit(Workaround):
             return True
         return s.numerics_audit == "every_n_steps" and step % s.numerics_audit_every == 0
 
-    def before_clip(self) -> None:
-        """At ``clip_grad_norm_``: audit the step's first micro-batch if due."""
+    def maybe_audit(self) -> None:
+        """Once a step, after its first micro-batch's backward and before the gradients are
+        clipped (where the seam calls it): audit that micro-batch if due."""
         trainer, batch, self.batch = self.trainer, self.batch, None
         if trainer is None or batch is None or self.auditing:
             return
         step = int(getattr(trainer, "step", 0))
         if not self.due(step):
             return
-        from titan_rocm.numerics.audit import OUTSIDE, run_passes, trainer_step
+        from titan_rocm.numerics.audit import OUTSIDE, run_passes
         from titan_rocm.numerics.report import format_report
         from titan_rocm.numerics.stats import AuditSettings
 
@@ -111,7 +126,7 @@ class NumericsAudit(Workaround):
         try:
             # The divergence guard's loss wrapper sees the passes' losses too: it only asks
             # whether they are finite, as the step's own.
-            result = run_passes(trainer, trainer_step(trainer, labels), input_dict,
+            result = run_passes(trainer, self.seam.step(trainer, labels), input_dict,
                                 labels, AuditSettings.of(self.ctx.settings)).to_dict()
         finally:
             self.auditing = False
@@ -147,6 +162,15 @@ def _patch(owner: Any, attr: str, make: Any) -> None:
     setattr(owner, attr, wrapper)
 
 
+def install_tt022() -> None:
+    """TorchTitan 0.2.2's seams (see the module docstring), patched once per process."""
+    import torchtitan.distributed.utils as dist_utils
+    from torchtitan.components.checkpoint import CheckpointManager
+
+    _patch(CheckpointManager, "load", _wrap_load)
+    _patch(dist_utils, "clip_grad_norm_", _wrap_clip)
+
+
 def _wrap_load(original: Any) -> Any:
     @functools.wraps(original)
     def load(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -164,7 +188,7 @@ def _wrap_clip(original: Any) -> Any:
     @functools.wraps(original)
     def clip_grad_norm_(*args: Any, **kwargs: Any) -> Any:
         for audit in _audits:
-            audit.before_clip()
+            audit.maybe_audit()
         return original(*args, **kwargs)
 
     return clip_grad_norm_
