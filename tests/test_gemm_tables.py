@@ -672,3 +672,23 @@ def test_unwritable_output_dir_exits_2(capsys, tmp_path, tables):
     assert code == 2 and "is not a directory" in err
     code, _, err = run_cli(capsys, table, "-o", str(blocker / "sub"))
     assert code == 2 and "cannot write to" in err and "nothing written" in err
+
+
+def test_the_text_report_is_one_aligned_table_per_run(capsys, tables):
+    """The counts table (tabulate, issue 25 item 8): a header, one row per file x arch x
+    libtype plus the totals of several files, every count right-aligned under its header."""
+    paths = [str(tables[name][0]) for name in ("bf16_like_tuned_gemm.csv",
+                                               "dsv3_like_tuned_gemm.csv")]
+    code, out, _ = run_cli(capsys, *paths, "--check")
+    assert code in (0, 1)
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:5] == [
+        "file", "arch", "libtype", "kept", "removed"])
+    table = [line for line in lines[start:] if line.strip()]
+    header, rows = table[0], table[1:]
+    assert rows and any(line.startswith("(all files)") for line in rows)
+    for column in ("kept", "removed"):
+        end = header.index(column) + len(column)
+        body = [line for line in rows if len(line.split()) == 5]
+        assert body and all(line[:end].rstrip() == line[:end] and line[end - 1].isdigit()
+                            for line in body), (column, table)

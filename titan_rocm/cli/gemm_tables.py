@@ -86,6 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _table(result: Result) -> list[str]:
+    """The per-file, per-arch, per-libtype counts, aligned by tabulate (counts right-aligned)."""
+    from tabulate import tabulate
+
     header = ("file", "arch", "libtype", "kept", "removed")
     rows: list[tuple[str, ...]] = []
 
@@ -98,14 +101,9 @@ def _table(result: Result) -> list[str]:
         add(file_result.path.name, file_result.counts)
     if len(result.files) > 1:
         add("(all files)", totals(result))
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return [
-        "  ".join(
-            cell.rjust(width) if i >= 3 else cell.ljust(width)
-            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-        for row in [header, *rows]
-    ]
+    text = tabulate(rows, headers=header, tablefmt="plain", disable_numparse=True,
+                    colalign=("left", "left", "left", "right", "right"))
+    return [line.rstrip() for line in text.splitlines()]
 
 
 def _print_text(result: Result) -> None:
