@@ -100,11 +100,11 @@ def name_says_splitk(kernel_name: str) -> bool:
     return "splitk" in kernel_name.lower()
 
 
-def parse_solidx(text: str) -> int:
-    """Parse a ``solidx`` field (``250`` or an integral float such as ``250.0``).
+def parse_integer(text: str, field: str) -> int:
+    """Parse an integer field of a table row (``250`` or an integral float such as ``250.0``).
 
     Raises:
-        ValueError: naming the value when it is not an integer.
+        ValueError: naming ``field`` and the value when it is not an integer.
     """
     value = text.strip()
     try:
@@ -117,7 +117,12 @@ def parse_solidx(text: str) -> int:
         number = float("nan")
     if number.is_integer():
         return int(number)
-    raise ValueError(f"solidx {text!r} is not an integer")
+    raise ValueError(f"{field} {text!r} is not an integer")
+
+
+def parse_solidx(text: str) -> int:
+    """Parse a ``solidx`` field (:func:`parse_integer`)."""
+    return parse_integer(text, "solidx")
 
 
 def judge(fields: Mapping[str, str], facts: ArchFacts, policy: str) -> RowJudgement:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from titan_rocm.archs import ArchFacts
-from titan_rocm.gemm_tables.policy import judge
+from titan_rocm.gemm_tables.policy import judge, parse_integer
 from titan_rocm.platform import AITER_CHOICES
 
 
@@ -85,19 +85,6 @@ class CaptureRule:
         }
 
 
-def _int_or_none(text: str) -> int | None:
-    value = text.strip()
-    try:
-        return int(value)
-    except ValueError:
-        pass
-    try:
-        number = float(value)
-    except ValueError:
-        return None
-    return int(number) if number.is_integer() else None
-
-
 def _asm_splitk(fields: Mapping[str, str], facts: ArchFacts | None, policy: str) -> str | None:
     if fields["libtype"].strip().lower() != "asm":
         return None
@@ -105,9 +92,7 @@ def _asm_splitk(fields: Mapping[str, str], facts: ArchFacts | None, policy: str)
     if text is None or not text.strip():
         # aiter then passes splitK=None, which takes the semaphore path (gemm_a16w16_asm).
         return "asm kernel without a splitK value (aiter picks its own split-K)"
-    split = _int_or_none(text)
-    if split is None:
-        raise ValueError(f"splitK {text!r} is not an integer")
+    split = parse_integer(text, "splitK")
     return f"asm split-K kernel (splitK {split})" if split > 1 else None
 
 
