@@ -94,7 +94,7 @@ COMPILED = ["--model.converters", "rocm", "--compile.enable",
             "--activation_checkpoint.mode", "none"]
 
 
-def audit_job(args: list[str], tokens: int | None = None) -> Any:
+def audit_job(args: list[str], tokens: int | None = None, chunks: int | None = None) -> Any:
     """Build the AuditTrainer of ``cpu_trainer.job_config(COMPILED + args)`` in this process
     and audit one micro-batch; the :class:`AuditResult` (process group left for the caller)."""
     from cpu_trainer import job_config
@@ -109,7 +109,8 @@ def audit_job(args: list[str], tokens: int | None = None) -> Any:
     input_dict, labels = next(iter(trainer.dataloader))
     model = trainer.model_parts[0]
     before = [b.clone() for b in model.buffers()], torch.get_rng_state()
-    result = audit_022(trainer, input_dict, labels, AuditSettings.of(settings_from(jc)), tokens)
+    result = audit_022(trainer, input_dict, labels, AuditSettings.of(settings_from(jc)), tokens,
+                       chunks)
     # What the audit must leave as it found it (the MoE token counts are buffers).
     assert all(torch.equal(a, b) for a, b in zip(before[0], model.buffers(), strict=True))
     assert torch.equal(before[1], torch.get_rng_state())

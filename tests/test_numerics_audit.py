@@ -148,31 +148,102 @@ def test_a_bf16_job_is_judged_at_its_gradients_float32_floor() -> None:
                         AuditSettings())["flagged"]
 
 
-def test_a_pass_out_of_memory_is_one_sentence_naming_the_pass() -> None:
-    """The eager pass is not estimated up front and can need far more than the compiled one
-    (an H200 ran out of memory there: benchmarks/results/2026-12-01-h200/audit-table-attempt);
-    it ends in the audit's own sentence, naming the pass, with the gradients given back."""
-    from types import SimpleNamespace
+class _Toy:
+    """A trainer-shaped stand-in: a linear model and TorchTitan's loss (each token's loss
+    summed, over the step's token count, fixed before the passes), in the parameters' dtype;
+    ``oom`` makes the listed calls of the step run out of memory."""
 
-    from titan_rocm.numerics.audit import OUT_OF_MEMORY, AuditError, run_passes
+    def __init__(self, rows: int = 4, oom: tuple[int, ...] = ()) -> None:
+        from types import SimpleNamespace
 
-    model = torch.nn.Linear(4, 3)
-    calls = []
+        torch.manual_seed(0)
+        self.model = torch.nn.Linear(4, 3)
+        self.trainer = SimpleNamespace(model_parts=[self.model], device="cpu",
+                                       maybe_enable_amp=None)
+        self.inputs = {"input": torch.randn(rows, 5, 4)}
+        self.labels = torch.randn(rows, 5, 3)
+        self.denominator = self.labels.numel()
+        self.oom, self.calls, self.rows_seen = oom, 0, []
 
-    def step(inputs: dict[str, Any], labels: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 2:
+    def step(self, inputs: dict[str, Any], labels: Any) -> Any:
+        from titan_rocm.numerics.audit import OUT_OF_MEMORY
+
+        self.calls += 1
+        self.rows_seen.append(labels.shape[0])
+        if self.calls in self.oom:
             raise OUT_OF_MEMORY("CUDA out of memory. Tried to allocate 8.00 GiB.")
-        loss = model(inputs["input"]).square().mean()
+        w = self.model.weight
+        pred = self.model(inputs["input"].to(w.dtype))
+        loss = (pred - labels.to(w.dtype)).square().sum() / self.denominator
         loss.backward()
         return loss
 
-    trainer = SimpleNamespace(model_parts=[model], device="cpu", maybe_enable_amp=None)
-    model.weight.grad = torch.ones_like(model.weight)
-    with pytest.raises(AuditError, match=r"the eager pass ran out of memory on cpu \(CUDA out"):
-        run_passes(trainer, step, {"input": torch.randn(2, 4)}, torch.zeros(2),
-                   AuditSettings())
-    assert torch.equal(model.weight.grad, torch.ones_like(model.weight))
+    def run(self, chunks: int | None = None) -> Any:
+        from titan_rocm.numerics.audit import run_passes
+
+        return run_passes(self.trainer, self.step, self.inputs, self.labels, AuditSettings(),
+                          chunks)
+
+
+def test_a_pass_out_of_memory_on_one_row_is_one_sentence_naming_the_pass() -> None:
+    """A pass that runs out of memory with nothing left to split (one row) ends in the
+    audit's own sentence, naming the pass, with the gradients given back."""
+    from titan_rocm.numerics.audit import AuditError
+
+    toy = _Toy(rows=1, oom=(2,))
+    toy.model.weight.grad = torch.ones_like(toy.model.weight)
+    with pytest.raises(AuditError, match=r"the eager pass ran out of memory on cpu \(CUDA out"
+                                         r".*\): audit fewer tokens"):
+        toy.run()
+    assert torch.equal(toy.model.weight.grad, torch.ones_like(toy.model.weight))
+
+
+def test_a_pass_out_of_memory_runs_again_in_more_runs_of_rows() -> None:
+    """On an H200 the float64 reference of llama3 1.5B over 8 x 2048 tokens ran out of memory
+    (attention's float64 math kernel keeps the scores: 8 GiB a layer;
+    benchmarks/results/2026-12-01-h200/audit-table-attempt). One process runs the pass again
+    in twice as many runs of rows until it fits; the result says so, and its numbers are the
+    whole micro-batch's."""
+    whole = _Toy().run()
+    toy = _Toy(oom=(2, 4))  # eager whole fails, eager in 2 fails (its 2nd run), in 4 fits
+    r = toy.run()
+    assert r.chunks == {"job": 1, "eager": 4, "reference": 4}
+    assert toy.rows_seen == [4, 4, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1]
+    assert r.notes == ["to fit in memory, the eager pass ran in 4 runs of rows and the "
+                       "reference pass ran in 4 runs of rows (gradients accumulated: the "
+                       "whole micro-batch's)"]
+    for got, want in zip(r.parameters, whole.parameters, strict=True):
+        assert got.err_job == pytest.approx(want.err_job, rel=1e-9, abs=1e-15), got.name
+    assert r.loss["reference"] == pytest.approx(whole.loss["reference"], rel=1e-12)
+    assert r.to_dict()["chunks"] == r.chunks
+    from titan_rocm.numerics.report import format_report
+
+    assert "note: to fit in memory, the eager pass ran in 4 runs" in format_report(r.to_dict())
+
+
+def test_reference_chunks_given_are_exact_and_checked() -> None:
+    """``--reference-chunks N``: the eager and reference passes in N runs of rows give the
+    whole micro-batch's loss and gradients (float64: equal to rounding); the job pass stays
+    whole; N beyond the rows is refused naming both; an out-of-memory with N given is not
+    retried."""
+    from titan_rocm.numerics.audit import AuditError, row_chunks
+
+    whole = _Toy(rows=5).run()
+    toy = _Toy(rows=5)
+    r = toy.run(chunks=3)
+    assert r.chunks == {"job": 1, "eager": 3, "reference": 3}
+    assert toy.rows_seen == [5, 2, 1, 2, 2, 1, 2]
+    assert r.loss["reference"] == pytest.approx(whole.loss["reference"], rel=1e-12)
+    assert r.loss["job"] == whole.loss["job"]
+    for got, want in zip(r.parameters, whole.parameters, strict=True):
+        assert got.err_job == pytest.approx(want.err_job, rel=1e-9, abs=1e-15), got.name
+    assert [c[1].shape[0] for c in row_chunks({}, torch.zeros(8, 2), 3)] == [3, 2, 3]
+    with pytest.raises(AuditError, match=r"--reference-chunks 6 .* from 1 to its 5 row"):
+        _Toy(rows=5).run(chunks=6)
+    with pytest.raises(AuditError, match=r"eager pass ran out of memory on cpu in 2 runs of "
+                                         r"rows .*--reference-chunks N \(up to the micro"
+                                         r"-batch's 4"):
+        _Toy(oom=(2,)).run(chunks=2)
 
 
 def test_loss_verdict_uses_the_floor() -> None:
@@ -233,6 +304,29 @@ def test_clean_real_trainer_is_ok_over_five_seeds(audit_env: Any, model: str) ->
         assert r.reference_dtype == "float64" and r.job_dtype == "float32"
         assert r.attribution.compiled("layers.0.attention.wq.weight")
         assert all(p.numel for p in r.parameters if "expert" not in p.name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["llama3", "deepseek_v3"])
+def test_real_trainer_reference_in_runs_of_rows_is_the_whole_batchs(audit_env: Any,
+                                                                    model: str) -> None:
+    """TorchTitan 0.2.2's real step, its 2-row micro-batch audited with the eager and float64
+    passes in 2 runs of one row: the same reference loss and the same errors as in one run
+    (deepseek_v3: routing, expert token counts and the shared experts per row too). Equal to
+    float32 rounding, not float64's: TorchTitan's MoE computes its router scores and combines
+    the experts' outputs in float32 even in the float64 pass (0.2.2 models/moe/moe.py,
+    ``scores.to(torch.float32)``, ``routed_input.to(torch.float32)``)."""
+    args = (audit_env.LLAMA if model == "llama3" else audit_env.DEEPSEEK) + ["--debug.seed", "3"]
+    whole = audit_env.audit_job(args)
+    split = audit_env.audit_job(args, chunks=2)
+    assert not split.flagged
+    assert split.chunks == {"job": 1, "eager": 2, "reference": 2} and whole.chunks["eager"] == 1
+    assert split.loss["reference"] == pytest.approx(whole.loss["reference"], rel=1e-6)
+    assert split.loss["eager"] == pytest.approx(whole.loss["eager"], rel=1e-5)
+    for got, want in zip(split.parameters, whole.parameters, strict=True):
+        assert got.name == want.name
+        # float64 reference: equal to rounding; the job's (float32) error against it alike.
+        assert got.err_job == pytest.approx(want.err_job, rel=1e-6, abs=1e-12), got.name
 
 
 @pytest.mark.slow
@@ -360,6 +454,10 @@ def test_cli_corrupted_block_exits_1_naming_it(tests_on_path: None) -> None:
 
 @pytest.mark.parametrize("args,sentence", [
     (["--tokens", "0"], "--tokens 0 is not valid; accepted: a whole number >= 1"),
+    (["--reference-chunks", "0"], "--reference-chunks 0 is not valid; accepted: a whole "
+     "number >= 1"),
+    (["--reference-chunks", "3"], "--reference-chunks 3 is not valid for this micro-batch; "
+     "accepted: a whole number from 1 to its 2 row(s)"),
     (["--job.config_file", "/nonexistent/job.toml"], "no such file"),
     (["--model.flavor", "no_such_flavor"], "the job cannot start: KeyError"),
     (["--trainer", "nowhere"], "is not MODULE:CLASS"),

@@ -188,6 +188,9 @@ def test_reanalyse_recomputes_every_figure(tmp_path: Path,
         "llama3_1b_train": _train_log([7.5, 7.4, 7.3, 7.2], tps=40_000),
         "llama3_fsdp2_train": _train_log([7.5, 7.4, 7.3]),
         "llama3_fsdp2_train_first_step_audit": _train_log([7.5, 7.4, 7.3], start_s=9),
+        "llama3_1b_full_audit_aten": _audit_log(audit_json(CLEAN)),
+        # The table moves block 2's w1 gradient 3 x further from float64 than ATen does.
+        "llama3_1b_full_audit_table": _audit_log(audit_json(dict(CLEAN, **{"layers.2.w1": 1.5}))),
     }
     runs = {name: {"exit": 1 if "corrupt" in name else 0, "wall_s": 60.0} for name in logs}
     runs["llama3_fsdp2_train_first_step_audit"]["wall_s"] = 75.0
@@ -206,6 +209,11 @@ def test_reanalyse_recomputes_every_figure(tmp_path: Path,
     first = figures["first_step"]
     assert first["losses_equal"] and first["steps_compared"] == [1, 2, 3]
     assert first["wall_s_extra"] == 15.0 and first["to_step1_s_extra"] == 9.0
+    table = figures["table_vs_aten"]
+    assert table["parameters"] == 9 and table["worst"] == "layers.2.w1"
+    assert table["max"] == pytest.approx(3.0) and table["median"] == pytest.approx(1.0)
+    assert table["verdicts"] == {"aten": "ok", "table": "ok"}
+    assert table["loss_err_job"] == {"aten": 1e-5, "table": 1e-5}
     with pytest.raises(SystemExit) as stop:
         bench.main(["--reanalyse", str(tmp_path / "nothing")])
     assert stop.value.code == 2

@@ -53,6 +53,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="audit only the first N tokens of the micro-batch (whole rows while they fit; "
         "default: the whole micro-batch)",
     )
+    parser.add_argument(
+        "--reference-chunks", metavar="N",
+        help="run the eager and reference passes in N runs of whole rows, gradients "
+        "accumulated (the job pass always runs the whole micro-batch; default: whole where "
+        "it fits, and in one process more runs after running out of memory)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--plot", metavar="FILE",
                         help="draw each parameter's error ratio (PNG, or SVG by the suffix)")
@@ -127,6 +133,17 @@ def _tokens(args: argparse.Namespace) -> int | None:
     return tokens
 
 
+def _chunks(args: argparse.Namespace) -> int | None:
+    if args.reference_chunks is None:
+        return None
+    text = args.reference_chunks.strip()
+    chunks = int(text) if text.isdigit() else 0
+    if chunks < 1:
+        raise BadInput(f"--reference-chunks {args.reference_chunks} is not valid; accepted: "
+                       "a whole number >= 1 (at most the micro-batch's rows)")
+    return chunks
+
+
 def _audit_022(args: argparse.Namespace) -> dict[str, Any]:
     from titan_rocm.numerics.audit import audit_022
     from titan_rocm.preflight import StartupError, parse_config
@@ -135,6 +152,7 @@ def _audit_022(args: argparse.Namespace) -> dict[str, Any]:
     if args.config_file is not None:
         passthrough = ["--job.config_file", args.config_file, *passthrough]
     tokens = _tokens(args)
+    chunks = _chunks(args)
     try:
         job_config = parse_config(passthrough, launcher="titan-rocm", prog=PROG)
     except StartupError as exc:
@@ -142,7 +160,7 @@ def _audit_022(args: argparse.Namespace) -> dict[str, Any]:
     settings = _settings(job_config)
     cls = _trainer_class(args.trainer)
     _quiet_job(job_config)
-    return _audit_job(args, lambda: cls(job_config), audit_022, settings, tokens)
+    return _audit_job(args, lambda: cls(job_config), audit_022, settings, tokens, chunks)
 
 
 def _audit_030(args: argparse.Namespace) -> dict[str, Any]:
@@ -157,13 +175,14 @@ def _audit_030(args: argparse.Namespace) -> dict[str, Any]:
         raise BadInput(f"--trainer {args.trainer!r} is TorchTitan 0.2.2's; on 0.3.0 the "
                        "config function's Trainer.Config builds its own trainer")
     tokens = _tokens(args)
+    chunks = _chunks(args)
     try:
         config = parse_job(list(args.passthrough))
     except PlanError as exc:
         raise BadInput(str(exc)) from None
     settings = _settings(config)
     quiet_job(config)
-    return _audit_job(args, config.build, audit_030, settings, tokens)
+    return _audit_job(args, config.build, audit_030, settings, tokens, chunks)
 
 
 def _settings(config: Any) -> Any:
@@ -176,7 +195,7 @@ def _settings(config: Any) -> Any:
 
 
 def _audit_job(args: argparse.Namespace, build: Any, audit: Any, settings: Any,
-               tokens: int | None) -> dict[str, Any]:
+               tokens: int | None, chunks: int | None) -> dict[str, Any]:
     """Build the trainer, take one micro-batch, audit it, draw the plot: either generation."""
     from titan_rocm.numerics.audit import AuditError
     from titan_rocm.preflight import _one_line
@@ -197,7 +216,7 @@ def _audit_job(args: argparse.Namespace, build: Any, audit: Any, settings: Any,
     except Exception as exc:  # noqa: BLE001
         raise BadInput(f"the job's dataloader gave no batch: {_one_line(exc)}") from None
     try:
-        result = audit(trainer, input_dict, labels, settings, tokens)
+        result = audit(trainer, input_dict, labels, settings, tokens, chunks)
     except AuditError as exc:
         raise BadInput(str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - the job's own forward/backward failed

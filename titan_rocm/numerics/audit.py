@@ -61,6 +61,8 @@ class AuditResult:
     time_s: dict[str, float]
     peak_memory_bytes: int | None
     notes: list[str] = field(default_factory=list)
+    chunks: dict[str, int] = field(default_factory=dict)
+    """Into how many runs of whole rows each pass split the micro-batch (the job's: 1)."""
 
     @property
     def flagged(self) -> bool:
@@ -115,7 +117,7 @@ class AuditResult:
             "parameters": parameters, "blocks": self.blocks(), "origin": self.origin(),
             "workarounds_applied": self.attribution.applied,
             "time_s": self.time_s, "peak_memory_bytes": self.peak_memory_bytes,
-            "notes": self.notes,
+            "notes": self.notes, "chunks": self.chunks,
         }
 
 
@@ -127,6 +129,7 @@ def error_dict(message: str, world_size: int = 1) -> dict[str, Any]:
         "world_size": world_size, "tokens": 0, "reference_dtype": None, "job_dtype": None,
         "settings": {}, "loss": None, "parameters": [], "blocks": [], "origin": None,
         "workarounds_applied": [], "time_s": {}, "peak_memory_bytes": None, "notes": [],
+        "chunks": {},
     }
 
 
@@ -252,6 +255,18 @@ def _restored(buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None
                 b.copy_(value)
 
 
+def _cut(input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
+         cut: Callable[[torch.Tensor], torch.Tensor]) -> tuple[dict[str, torch.Tensor],
+                                                               torch.Tensor]:
+    """``cut`` applied to the labels and to every input tensor that has their batch rows."""
+    batch = labels.shape[0]
+
+    def one(t: Any) -> Any:
+        return cut(t) if isinstance(t, torch.Tensor) and t.shape[:1] == (batch,) else t
+
+    return {k: one(v) for k, v in input_dict.items()}, cut(labels)
+
+
 def take_tokens(input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
                 tokens: int | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The first ``tokens`` label positions of the micro-batch (whole rows while they fit,
@@ -261,11 +276,25 @@ def take_tokens(input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
     batch, seq = labels.shape[0], labels.shape[-1]
     rows = tokens // seq
     if rows >= 1:
-        cut = lambda t: t[:rows] if isinstance(t, torch.Tensor) and t.shape[:1] == (batch,) else t  # noqa: E731
-    else:
-        cut = lambda t: (t[:1, :tokens] if isinstance(t, torch.Tensor) and t.dim() >= 2  # noqa: E731
-                         and t.shape[:2] == (batch, seq) else t)
-    return {k: cut(v) for k, v in input_dict.items()}, cut(labels)
+        return _cut(input_dict, labels, lambda t: t[:rows])
+    return _cut(input_dict, labels,
+                lambda t: t[:1, :tokens] if t.dim() >= 2 and t.shape[:2] == (batch, seq) else t)
+
+
+def row_chunks(input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
+               chunks: int) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+    """The micro-batch as ``chunks`` runs of whole rows, as even as possible, in order.
+
+    Run one after another into the same ``.grad`` tensors, they give the whole micro-batch's
+    gradients: TorchTitan's loss is each token's loss summed over the step's global token
+    count (0.2.2 ``forward_backward_step``, 0.3.0 ``_forward_backward_body``), which the
+    step fixes before the passes, and the rows of an LLM's batch do not see each other.
+    """
+    rows = labels.shape[0]
+    chunks = max(1, min(chunks, rows))
+    bounds = [round(i * rows / chunks) for i in range(chunks + 1)]
+    return [_cut(input_dict, labels, lambda t, lo=lo, hi=hi: t[lo:hi])
+            for lo, hi in zip(bounds, bounds[1:], strict=False)]
 
 
 def _memory(devices: list[torch.device]) -> int | None:
@@ -288,16 +317,20 @@ def _free_bytes(device: torch.device) -> int | None:
         return None
 
 
-def reference_dtype_for(trainer: Any, params: list[nn.Parameter], device: torch.device,
-                        job_activation_bytes: int) -> torch.dtype:
-    """float64 where it fits (FSDP: float32); estimated before allocating.
+def reference_plan(trainer: Any, params: list[nn.Parameter], device: torch.device,
+                   job_activation_bytes: int, rows: int) -> tuple[torch.dtype, int]:
+    """The reference's dtype and into how many runs of rows it splits the micro-batch:
+    float64 where it fits (FSDP: float32), whole where it fits; estimated before allocating.
 
     The reference keeps the job's and eager's gradients (2 x parameter bytes), its own
-    (reference bytes) and, unsharded, a re-typed copy of the parameters; its activations are
-    the job pass's scaled by the dtype widths.
+    (reference bytes) and, unsharded, a re-typed copy of the parameters: that much must fit
+    whole. Its activations are the job pass's scaled by the dtype widths, and shrink with the
+    rows each run holds (:func:`row_chunks`). The estimate cannot see an op that saves more in
+    eager than compiled (attention falls back to its math kernel in float64, which keeps the
+    scores): the passes retry in more runs of rows when one runs out of memory anyway.
 
     Raises:
-        AuditError: not even the float32 reference would fit.
+        AuditError: not even the float32 reference would fit, one row at a time.
     """
     if device.type == "mps":
         candidates = [torch.float32]  # MPS has no float64
@@ -311,15 +344,20 @@ def reference_dtype_for(trainer: Any, params: list[nn.Parameter], device: torch.
     job_width = max(1, job_dtype_of(trainer, params).itemsize)
     for dtype in candidates:
         width = dtype.itemsize
-        need = 2 * param_bytes + 2 * numel * width + job_activation_bytes * width // job_width
-        if free is None or need <= free:
-            return dtype
-        last = (dtype, need)
+        fixed = 2 * param_bytes + 2 * numel * width
+        activations = job_activation_bytes * width // job_width
+        if free is None or fixed + activations <= free:
+            return dtype, 1
+        if fixed < free:
+            chunks = math.ceil(activations / (free - fixed))
+            if chunks <= rows:
+                return dtype, chunks
+        last = (dtype, fixed + activations // max(1, rows))
     dtype, need = last
     raise AuditError(
         f"the {str(dtype).removeprefix('torch.')} reference would need about "
-        f"{need / 2**30:.1f} GiB on {device} and {free / 2**30:.1f} GiB are free: audit "
-        "fewer tokens (--tokens N) or on more GPUs"
+        f"{need / 2**30:.1f} GiB on {device}, one row at a time, and "
+        f"{free / 2**30:.1f} GiB are free: audit fewer tokens (--tokens N) or on more GPUs"
     )
 
 
@@ -328,15 +366,39 @@ OUT_OF_MEMORY: type[BaseException] = getattr(torch, "OutOfMemoryError",
 """What torch raises when an allocation fails (``torch.cuda.OutOfMemoryError`` before 2.5)."""
 
 
+def _out_of_memory(exc: BaseException) -> bool:
+    """An allocation failure, also where a wrapper (a compiler, a checkpoint) re-raised it."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, OUT_OF_MEMORY):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def run_passes(
     trainer: Any,
     step: Step,
     input_dict: dict[str, torch.Tensor],
     labels: torch.Tensor,
     settings: AuditSettings,
+    chunks: int | None = None,
 ) -> AuditResult:
     """The three passes and their statistics, with the trainer's state preserved (see the
-    module docstring). Collective: every rank calls it with its own micro-batch."""
+    module docstring). Collective: every rank calls it with its own micro-batch.
+
+    ``chunks``: into how many runs of whole rows the eager and reference passes split the
+    micro-batch (:func:`row_chunks`; their gradients are the whole micro-batch's either way);
+    None (auto): whole where the estimate says it fits, and, in one process, twice as many
+    runs after a pass runs out of memory, down to one row per run. The job pass always runs
+    the whole micro-batch: its kernels (a tuned GEMM table among them) are chosen for it."""
     import torch.distributed as dist
 
     model_parts: list[nn.Module] = list(trainer.model_parts)
@@ -345,6 +407,10 @@ def run_passes(
     device = torch.device(getattr(trainer, "device", "cpu"))
     devices = [device]
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    rows = int(labels.shape[0]) if labels.dim() else 1
+    if chunks is not None and not 1 <= chunks <= rows:
+        raise AuditError(f"--reference-chunks {chunks} is not valid for this micro-batch; "
+                         f"accepted: a whole number from 1 to its {rows} row(s)")
     job_dtype = job_dtype_of(trainer, params)
     if is_fsdp(model_parts) and job_dtype.itemsize < 4:
         # FSDP2 allocates its all-gather buffers and unsharded parameters in the policy's
@@ -357,47 +423,100 @@ def run_passes(
     times: dict[str, float] = {}
     losses: dict[str, float] = {}
     grads: dict[str, dict[str, torch.Tensor | None]] = {}
+    used: dict[str, int] = {}
     started = time.perf_counter()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     base = _memory(devices) or 0
 
-    def one(kind: str, context: contextlib.AbstractContextManager[Any]) -> None:
+    def one(kind: str, context: Callable[[], contextlib.AbstractContextManager[Any]],
+            runs: int) -> None:
         restore_rng()
+        restore_buffers()
         for p in params:
             p.grad = None
         t0 = time.perf_counter()
-        try:
-            with context:
-                loss = step(dict(input_dict), labels)
-                grads[kind] = {n: (None if p.grad is None else p.grad.detach().clone())
-                               for n, p in named}
-                losses[kind] = float(loss.detach().double().sum())
-        except OUT_OF_MEMORY as exc:
-            # Only the reference is estimated up front; the eager pass (no fusion, every
-            # intermediate kept) can need far more than the compiled one (seen on an H200:
-            # llama3 1.5B over 8 x 2048 tokens).
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise AuditError(
-                f"the {kind} pass ran out of memory on {device} ({first}): audit fewer tokens "
-                "(--tokens N) or on more GPUs") from None
+        with context():
+            total = 0.0
+            for inputs, chunk_labels in row_chunks(input_dict, labels, runs):
+                loss = step(dict(inputs), chunk_labels)
+                total += float(loss.detach().double().sum())
+                del loss
+            grads[kind] = {n: (None if p.grad is None else p.grad.detach().clone())
+                           for n, p in named}
+            losses[kind] = total
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times[kind] = time.perf_counter() - t0
+        used[kind] = runs
         for p in params:
             p.grad = None
 
+    def passes(kind: str, context: Callable[[], contextlib.AbstractContextManager[Any]],
+               runs: int, adaptive: bool) -> None:
+        """``one`` pass, in more runs of rows after running out of memory (``adaptive``)."""
+        while True:
+            try:
+                one(kind, context, runs)
+                return
+            except Exception as exc:
+                if not _out_of_memory(exc):
+                    raise
+                first = _first_line(exc)
+            for p in params:
+                p.grad = None
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            if not adaptive or runs >= rows:
+                where = (f" in {runs} runs of rows" if runs > 1 else "")
+                hint = ("audit fewer tokens (--tokens N) or on more GPUs" if runs >= rows else
+                        f"audit with --reference-chunks N (up to the micro-batch's {rows} "
+                        "rows), fewer tokens (--tokens N) or on more GPUs")
+                raise AuditError(f"the {kind} pass ran out of memory on {device}{where} "
+                                 f"({first}): {hint}") from None
+            runs = min(rows, runs * 2)
+            log.info("numerics audit: the %s pass ran out of memory (%s); running it again "
+                     "in %d runs of rows", kind, first, runs)
+
+    # One process retries in more runs after running out of memory; ranks cannot (one rank's
+    # failure leaves the others waiting in a collective), so they agree on a count up front.
+    adaptive = chunks is None and world == 1
+
+    def agreed(runs: int) -> int:
+        if world > 1 and chunks is None:
+            count = torch.tensor([runs], dtype=torch.int64, device=device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            return int(count)
+        return runs
+
     buffers = [(b, b.detach().clone()) for part in model_parts for b in part.buffers()]
+
+    def restore_buffers() -> None:
+        # Each pass starts from the buffers the step found (forward passes update some: MoE
+        # token counts that the expert-bias update reads before the optimizer step).
+        with torch.no_grad():
+            for b, value in buffers:
+                b.copy_(value)
+
+    eager = lambda: torch.compiler.set_stance("force_eager")  # noqa: E731
     with preserved_rng(devices) as restore_rng, preserved_grads(params), \
             _restored(buffers):
-        one("job", contextlib.nullcontext())
+        try:
+            one("job", contextlib.nullcontext, 1)
+        except Exception as exc:
+            if not _out_of_memory(exc):
+                raise
+            raise AuditError(f"the job pass ran out of memory on {device} "
+                             f"({_first_line(exc)}): audit fewer tokens (--tokens N) or on "
+                             "more GPUs") from None
         # The job pass's peak holds its own gradients too; the estimate counts those apart.
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
         activations = max(0, (_memory(devices) or 0) - base - grad_bytes)
-        one("eager", torch.compiler.set_stance("force_eager"))
-        ref_dtype = reference_dtype_for(trainer, params, device, activations)
+        passes("eager", eager, agreed(chunks or 1), adaptive)
+        ref_dtype, planned = reference_plan(trainer, params, device, activations, rows)
         with high_precision(trainer, ref_dtype):
-            one("reference", torch.compiler.set_stance("force_eager"))
+            passes("reference", eager, agreed(chunks or max(planned, used["eager"])),
+                   adaptive)
     if world > 1:
         # Each rank's loss is its local sum over the global token count: summed, the job's
         # loss (replicated ranks scale all three alike, which relative errors do not see).
@@ -418,12 +537,18 @@ def run_passes(
         tokens = int(counted)
     log.info("numerics audit: %d parameters, %d tokens, reference %s, %.1f s",
              len(stats), tokens, ref_dtype, times["total"])
+    notes = []
+    split = {k: v for k, v in used.items() if v > 1}
+    if split:
+        notes.append("to fit in memory, " + " and ".join(
+            f"the {k} pass ran in {v} runs of rows" for k, v in split.items())
+            + " (gradients accumulated: the whole micro-batch's)")
     return AuditResult(
         world_size=world, tokens=tokens,
         reference_dtype=str(ref_dtype).removeprefix("torch."),
         job_dtype=str(job_dtype).removeprefix("torch."), settings=settings, loss=loss,
         parameters=stats, attribution=attribute(model_parts), time_s=times,
-        peak_memory_bytes=_memory(devices),
+        peak_memory_bytes=_memory(devices), notes=notes, chunks=used,
     )
 
 
@@ -470,12 +595,15 @@ def refuse_unsupported(trainer: Any) -> None:
 
 
 def audit_022(trainer: Any, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
-              settings: AuditSettings, tokens: int | None = None) -> AuditResult:
-    """Audit a built TorchTitan 0.2.2 trainer on one micro-batch (on its device)."""
+              settings: AuditSettings, tokens: int | None = None,
+              chunks: int | None = None) -> AuditResult:
+    """Audit a built TorchTitan 0.2.2 trainer on one micro-batch (on its device); ``chunks``
+    as :func:`run_passes` takes it."""
     refuse_unsupported(trainer)
     device = torch.device(getattr(trainer, "device", "cpu"))
     input_dict, labels = take_tokens(input_dict, labels, tokens)
     input_dict = {k: v.to(device) if isinstance(v, torch.Tensor) else v
                   for k, v in input_dict.items()}
     labels = labels.to(device)
-    return run_passes(trainer, trainer_step(trainer, labels), input_dict, labels, settings)
+    return run_passes(trainer, trainer_step(trainer, labels), input_dict, labels, settings,
+                      chunks)

@@ -59,6 +59,7 @@ def format_report(result: dict[str, Any], top: int = 10) -> str:
     lines += ["", f"time: job {t['job']:.2f} s, eager {t['eager']:.2f} s, reference "
               f"{t['reference']:.2f} s, total {t['total']:.2f} s"
               + (f"; peak memory {memory / 2**30:.2f} GiB" if memory else "")]
+    lines += [f"note: {note}" for note in result.get("notes") or []]
     return "\n".join(lines)
 
 

@@ -61,8 +61,10 @@ def trainer_step(trainer: Any, labels: torch.Tensor) -> Step:
 
 
 def audit_030(trainer: Any, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
-              settings: AuditSettings, tokens: int | None = None) -> AuditResult:
-    """Audit a built TorchTitan 0.3.0 trainer on one micro-batch (on its device).
+              settings: AuditSettings, tokens: int | None = None,
+              chunks: int | None = None) -> AuditResult:
+    """Audit a built TorchTitan 0.3.0 trainer on one micro-batch (on its device); ``chunks``
+    as :func:`~titan_rocm.numerics.audit.run_passes` takes it.
 
     Raises:
         AuditError: pipeline parallelism, or the reference would not fit (one sentence).
@@ -73,7 +75,8 @@ def audit_030(trainer: Any, input_dict: dict[str, torch.Tensor], labels: torch.T
     input_dict = {k: v.to(device) if isinstance(v, torch.Tensor) else v
                   for k, v in input_dict.items()}
     labels = labels.to(device)
-    return run_passes(trainer, trainer_step(trainer, labels), input_dict, labels, settings)
+    return run_passes(trainer, trainer_step(trainer, labels), input_dict, labels, settings,
+                      chunks)
 
 
 def quiet_job(config: Any) -> None:
