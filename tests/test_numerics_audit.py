@@ -439,6 +439,9 @@ def test_cli_clean_json_contract_and_plot(tests_on_path: None, tmp_path: Path) -
     assert {"job", "eager", "reference", "err_job", "err_eager", "flagged"} <= set(out["loss"])
     assert picture.stat().st_size > 1000
     assert "Traceback" not in done.stderr
+    # The job's log on stderr, as training shows it: what applied, and why the rest did not.
+    assert "titan_rocm - INFO - titan-rocm: rocm.divergence_guard applied" in done.stderr
+    assert "rocm.numerics_audit skipped: disabled by" in done.stderr
 
 
 @pytest.mark.slow
@@ -591,3 +594,33 @@ def test_in_training_stop_policy_ends_the_run_at_a_flagged_step(audit_env: Any,
     with pytest.raises(NumericsAuditFlagged, match=r"flagged step 1 \(block 0 first wrong"):
         _train(audit_env, monkeypatch, ["--rocm.numerics_audit", "first_step",
                                         "--rocm.numerics_audit_policy", "stop"])
+
+
+def test_applied_workarounds_notes_reach_the_audit_result() -> None:
+    """A GEMM table the job never hit proves nothing about its kernels: the audit says how
+    many lowerings the table answered (``Workaround.audit_note``), collected from the job's
+    applied workarounds; one that has nothing to say adds no note."""
+    from types import SimpleNamespace
+
+    from titan_rocm.converters.converter import JOB_ATTR
+    from titan_rocm.numerics.attribution import attribute
+    from titan_rocm.tuning.choices import LookupStats
+    from titan_rocm.workarounds.base import CompileSettings, Context
+    from titan_rocm.workarounds.gemm_lookup.workaround import GemmLookup
+
+    lookup = GemmLookup(Context(settings=RocmSettings(gemm_lookup="on"),
+                                compile=CompileSettings(enable=True)))
+    assert lookup.audit_note() is None  # not installed: nothing counted
+    lookup.stats = LookupStats()
+    for key, hit in (("mm:a", True), ("mm:a", True), ("mm:b", True), ("bmm:c", False)):
+        lookup.stats.count(key, hit)
+    quiet = SimpleNamespace(audit_note=lambda: None)
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleDict({"0": torch.nn.Linear(2, 2)})
+    model.__dict__[JOB_ATTR] = SimpleNamespace(
+        instances={"precision_casts": quiet, "gemm_lookup": lookup, "triton_war": quiet},
+        applied_by={"precision_casts", "gemm_lookup"})
+    got = attribute([model])
+    assert got.applied == ["precision_casts", "gemm_lookup"]
+    assert got.notes == ["gemm_lookup: 3 GEMM lowerings from the table, 1 misses (ATen) in "
+                         "this process"]

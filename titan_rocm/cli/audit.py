@@ -205,6 +205,7 @@ def _audit_job(args: argparse.Namespace, build: Any, audit: Any, settings: Any,
         single_process_environment()
     except LaunchError as exc:
         raise BadInput(str(exc)) from None
+    _log_to_stderr()
     import titan_rocm  # noqa: F401 - registers the converters
 
     try:
@@ -231,6 +232,23 @@ def _audit_job(args: argparse.Namespace, build: Any, audit: Any, settings: Any,
         except (MissingMatplotlib, OSError) as exc:
             raise BadInput(f"--plot {args.plot!r}: {exc}") from None
     return out
+
+
+def _log_to_stderr() -> None:
+    """The job's INFO lines (titan-rocm's among them: which workarounds applied, and why one
+    did not) on stderr in TorchTitan's format, as training shows them; TorchTitan's own
+    ``init_logger`` writes to stdout, where ``--json`` prints. A handler already there (a
+    test's, the user's) is left alone."""
+    import logging
+
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(
+        "[titan] %(asctime)s - %(name)s - %(levelname)s - %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
 
 
 def run(args: argparse.Namespace) -> int:

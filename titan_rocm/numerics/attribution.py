@@ -44,6 +44,8 @@ class Attribution:
     -> {"moe": bool, "mixed_compile": str | None}, in forward order."""
     applied: list[str] = field(default_factory=list)
     """titan-rocm workarounds the job applied, in apply order."""
+    notes: list[str] = field(default_factory=list)
+    """What the applied workarounds say they did (:meth:`Workaround.audit_note`)."""
 
     def block_of(self, name: str) -> str | None:
         """The layer id of a parameter FQN (``layers.<id>.…``), None outside the blocks."""
@@ -133,8 +135,11 @@ def attribute(model_parts: list[nn.Module]) -> Attribution:
             mixed = {}
             job = _job_of(part)
             if job is not None:
-                result.applied += [n for n in job.instances if n in job.applied_by
-                                   and n not in result.applied]
+                new = [n for n in job.instances if n in job.applied_by
+                       and n not in result.applied]
+                result.applied += new
+                result.notes += [note for n in new
+                                 if (note := job.instances[n].audit_note()) is not None]
                 mec = job.instances.get("moe_eager_compile")
                 if "moe_eager_compile" in job.applied_by and mec is not None:
                     mixed = moe_blocks.plan_blocks(part, getattr(mec, "scope", "block"))

@@ -537,7 +537,8 @@ def run_passes(
         tokens = int(counted)
     log.info("numerics audit: %d parameters, %d tokens, reference %s, %.1f s",
              len(stats), tokens, ref_dtype, times["total"])
-    notes = []
+    attribution = attribute(model_parts)
+    notes = list(attribution.notes)
     split = {k: v for k, v in used.items() if v > 1}
     if split:
         notes.append("to fit in memory, " + " and ".join(
@@ -547,7 +548,7 @@ def run_passes(
         world_size=world, tokens=tokens,
         reference_dtype=str(ref_dtype).removeprefix("torch."),
         job_dtype=str(job_dtype).removeprefix("torch."), settings=settings, loss=loss,
-        parameters=stats, attribution=attribute(model_parts), time_s=times,
+        parameters=stats, attribution=attribution, time_s=times,
         peak_memory_bytes=_memory(devices), notes=notes, chunks=used,
     )
 

@@ -276,6 +276,11 @@ class Workaround:
         """JSON-able details of what the fix does, for ``titan-rocm plan`` (after :meth:`apply`)."""
         return {}
 
+    def audit_note(self) -> str | None:
+        """One sentence on what the fix did in this process, for the numerics audit's notes
+        (None: nothing worth saying), asked after the audit's passes."""
+        return None
+
     def skipped_plan(self, model: nn.Module) -> dict[str, Any]:
         """JSON-able facts worth showing when the fix does not apply: what runs instead, what
         the machine has. Never the effects the fix would have had."""

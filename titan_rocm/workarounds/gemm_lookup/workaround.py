@@ -114,6 +114,15 @@ class GemmLookup(Workaround):
                  "(ATen)%s", when, totals["hits"], totals["misses"],
                  f"; missed keys: {totals['missed_keys'][:5]}" if totals["misses"] else "")
 
+    def audit_note(self) -> str | None:
+        """How many GEMM lowerings came from the table (a table the job never hits proves
+        nothing about its kernels)."""
+        if self.stats is None:
+            return None
+        totals = self.stats.to_dict()
+        return (f"gemm_lookup: {totals['hits']} GEMM lowerings from the table, "
+                f"{totals['misses']} misses (ATen) in this process")
+
     def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
         """After the first step (every GEMM has been lowered by then): hits and misses."""
         if not self._reported_first_step:
