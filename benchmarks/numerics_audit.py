@@ -231,8 +231,12 @@ def audit_result(text: str) -> dict[str, Any] | None:
     joined = "\n".join(rank_lines(text))
     decoder = json.JSONDecoder()
     found = None
-    for m in re.finditer(r'\{\s*"schema"', joined):
-        found = _decode_around_foreign_lines(decoder, joined, m.start()) or found
+    # The object opens with a line "{" (indent=2), or '{"schema"' on one line; a log line
+    # can land right after the "{" (seen on the H200), so every "{" line is tried.
+    for m in re.finditer(r'(?m)^\{\s*$|\{\s*"schema"', joined):
+        got = _decode_around_foreign_lines(decoder, joined, m.start())
+        if got is not None and "schema" in got:
+            found = got
     return found
 
 

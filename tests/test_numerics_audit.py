@@ -198,13 +198,20 @@ def test_a_pass_out_of_memory_on_one_row_is_one_sentence_naming_the_pass() -> No
     assert torch.equal(toy.model.weight.grad, torch.ones_like(toy.model.weight))
 
 
-def test_a_pass_out_of_memory_runs_again_in_more_runs_of_rows() -> None:
+def test_a_pass_out_of_memory_runs_again_in_more_runs_of_rows(
+        caplog: pytest.LogCaptureFixture) -> None:
     """On an H200 the float64 reference of llama3 1.5B over 8 x 2048 tokens ran out of memory
     (attention's float64 math kernel keeps the scores: 8 GiB a layer;
     benchmarks/results/2026-12-01-h200/audit-table-attempt). One process runs the pass again
     in twice as many runs of rows until it fits; the result says so, and its numbers are the
     whole micro-batch's."""
+    import logging
+    import re
+
+    from titan_rocm.logs.parse import _CRASH_KINDS
+
     whole = _Toy().run()
+    caplog.set_level(logging.INFO, logger="titan_rocm")
     toy = _Toy(oom=(2, 4))  # eager whole fails, eager in 2 fails (its 2nd run), in 4 fits
     r = toy.run()
     assert r.chunks == {"job": 1, "eager": 4, "reference": 4}
@@ -219,6 +226,13 @@ def test_a_pass_out_of_memory_runs_again_in_more_runs_of_rows() -> None:
     from titan_rocm.numerics.report import format_report
 
     assert "note: to fit in memory, the eager pass ran in 4 runs" in format_report(r.to_dict())
+    retries = [m for m in caplog.messages if "running it again" in m]
+    assert retries == [
+        "numerics audit: the eager pass did not fit (Tried to allocate 8.00 GiB); running it "
+        f"again in {n} runs of rows" for n in (2, 4)]
+    # A retried pass is not the job's crash: check-log's crash patterns must not match it.
+    assert not any(re.search(pattern, m) for m in retries
+                   for _, pattern in _CRASH_KINDS.values())
 
 
 def test_reference_chunks_given_are_exact_and_checked() -> None:

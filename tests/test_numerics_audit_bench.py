@@ -142,6 +142,11 @@ def test_audit_json_survives_a_stderr_line_torchrun_interleaved() -> None:
     middle = next(i for i, line in enumerate(lines) if '"err_eager"' in line)
     lines.insert(middle, "[rank0]:titan-rocm: TITAN_ROCM_DEBUG_CORRUPT at exit: 1 time(s)\n")
     assert bench.audit_result("".join(lines)) == result
+    # Right after the opening "{" (the audit's INFO line on the H200, audit-table-3).
+    opening = next(i for i, line in enumerate(lines) if line == "[rank0]:{\n")
+    lines.insert(opening + 1, "[rank0]:[titan] 2026-12-01 18:29:24,181 - titan_rocm - INFO - "
+                              "numerics audit: 147 parameters\n")
+    assert bench.audit_result("".join(lines)) == result
 
 
 def test_clean_distribution_and_a_fault_named_by_its_block() -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -475,8 +476,11 @@ def run_passes(
                 raise AuditError(f"the {kind} pass ran out of memory on {device}{where} "
                                  f"({first}): {hint}") from None
             runs = min(rows, runs * 2)
-            log.info("numerics audit: the %s pass ran out of memory (%s); running it again "
-                     "in %d runs of rows", kind, first, runs)
+            # Not torch's own words: check-log reads "CUDA out of memory" as the job's crash.
+            asked = re.search(r"Tried to allocate [\d.]+ \w+", first)
+            log.info("numerics audit: the %s pass did not fit (%s); running it again in %d "
+                     "runs of rows", kind, asked.group(0) if asked else "an allocation failed",
+                     runs)
 
     # One process retries in more runs after running out of memory; ranks cannot (one rank's
     # failure leaves the others waiting in a collective), so they agree on a count up front.
