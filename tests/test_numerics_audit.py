@@ -509,6 +509,34 @@ def test_cli_two_rank_fsdp_one_shared_verdict(tests_on_path: None) -> None:
 
 
 @pytest.mark.slow
+def test_cli_two_rank_ep_fsdp_clean_ok_and_fault_named(tests_on_path: None) -> None:
+    """deepseek_v3 with EP 2 x FSDP 2 on two gloo ranks (experts sharded over the EP mesh,
+    tokens moved by all-to-all): clean, one verdict ok with every expert element counted once;
+    3 % of the dense block 0's compiled backward corrupted, flagged on both ranks, block 0
+    named (the MoE block runs eager under the default "block" scope: no compiled code to
+    corrupt there)."""
+    ep = ("--model.name", "deepseek_v3", "--model.flavor", "debugmodel",
+          "--model.converters", "rocm", "--compile.enable", "--activation_checkpoint.mode",
+          "none", "--parallelism.expert_parallel_degree", "2",
+          "--parallelism.data_parallel_shard_degree", "2",
+          "--training.mixed_precision_param", "float32", "--json")
+    clean = _cli(*ep, nproc=2)
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    out = json.loads(clean.stdout)
+    assert out["world_size"] == 2 and out["verdict"] == "ok"
+    assert "ep=2" in clean.stderr  # TorchTitan built the expert mesh
+    experts = {p["name"]: p["numel"] for p in out["parameters"] if ".moe.experts." in p["name"]}
+    assert experts and all(n == 8 * 256 * 64 for n in experts.values()), experts
+    bad = _cli(*ep, nproc=2, env={"TITAN_ROCM_DEBUG_CORRUPT": "block=0,fraction=0.03"})
+    assert bad.returncode == 1, bad.stderr[-3000:]
+    flagged = json.loads(bad.stdout)
+    assert flagged["verdict"] == "flagged" and flagged["origin"] == "0"
+    assert not any(b["flagged"] for b in flagged["blocks"] if b["block"] == "1")
+    for rank in (0, 1):
+        assert f"rank {rank} of 2: verdict flagged" in bad.stderr
+
+
+@pytest.mark.slow
 def test_cli_two_rank_tp_one_shared_verdict_each_element_once(tests_on_path: None) -> None:
     """Two gloo ranks, TorchTitan's llama3 TP plan over both (Shard and Replicate DTensor
     gradients): clean, both ranks log the same verdict, exit 0, and each parameter's numel is
