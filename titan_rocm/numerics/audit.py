@@ -29,6 +29,7 @@ import torch.nn as nn
 
 from titan_rocm.log import log
 from titan_rocm.numerics.attribution import Attribution, attribute, clean_name
+from titan_rocm.numerics.held_precision import HeldPrecision
 from titan_rocm.numerics.stats import AuditSettings, ParamStats, compare, loss_verdict
 
 SCHEMA = 1
@@ -241,15 +242,20 @@ def high_precision(trainer: Any, dtype: torch.dtype) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _restored(buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
-    """Every buffer's value put back (in place) after the passes: forward passes update some
-    (MoE token counts that the expert-bias update reads before the optimizer step)."""
-    try:
-        yield
-    finally:
+def _restored(buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[Callable[[], None]]:
+    """Yield a function that puts every buffer's value back (in place); called again after
+    the passes: forward passes update some (MoE token counts that the expert-bias update
+    reads before the optimizer step)."""
+
+    def restore() -> None:
         with torch.no_grad():
             for b, value in buffers:
                 b.copy_(value)
+
+    try:
+        yield restore
+    finally:
+        restore()
 
 
 def take_tokens(input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
@@ -364,6 +370,7 @@ def run_passes(
 
     def one(kind: str, context: contextlib.AbstractContextManager[Any]) -> None:
         restore_rng()
+        restore_buffers()  # every pass sees the state the job pass saw
         for p in params:
             p.grad = None
         t0 = time.perf_counter()
@@ -388,8 +395,9 @@ def run_passes(
             p.grad = None
 
     buffers = [(b, b.detach().clone()) for part in model_parts for b in part.buffers()]
+    notes: list[str] = []
     with preserved_rng(devices) as restore_rng, preserved_grads(params), \
-            _restored(buffers):
+            _restored(buffers) as restore_buffers:
         one("job", contextlib.nullcontext())
         # The job pass's peak holds its own gradients too; the estimate counts those apart.
         grad_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -397,7 +405,7 @@ def run_passes(
         one("eager", torch.compiler.set_stance("force_eager"))
         ref_dtype = reference_dtype_for(trainer, params, device, activations)
         with high_precision(trainer, ref_dtype):
-            one("reference", torch.compiler.set_stance("force_eager"))
+            notes += _reference_pass(one, ref_dtype)
     if world > 1:
         # Each rank's loss is its local sum over the global token count: summed, the job's
         # loss (replicated ranks scale all three alike, which relative errors do not see).
@@ -423,8 +431,31 @@ def run_passes(
         reference_dtype=str(ref_dtype).removeprefix("torch."),
         job_dtype=str(job_dtype).removeprefix("torch."), settings=settings, loss=loss,
         parameters=stats, attribution=attribute(model_parts), time_s=times,
-        peak_memory_bytes=_memory(devices),
+        peak_memory_bytes=_memory(devices), notes=notes,
     )
+
+
+def _reference_pass(one: Callable[[str, contextlib.AbstractContextManager[Any]], None],
+                    dtype: torch.dtype) -> list[str]:
+    """The reference pass with the model's own down-casts held (:class:`HeldPrecision`);
+    returns the result's notes. A kernel that refuses the held dtype (an extension taking
+    bfloat16 only) gets the pass again as the model writes it, said in a note and the log."""
+    held = HeldPrecision()
+    try:
+        with held:
+            one("reference", torch.compiler.set_stance("force_eager"))
+    except AuditError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any kernel's refusal; the pass is run again
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        note = (f"reference pass: the model's own down-casts could not be held at "
+                f"{str(dtype).removeprefix('torch.')} ({type(exc).__name__}: {first}); the "
+                "reference runs them as the model writes them, so its low-precision parts "
+                "are judged against themselves")
+        log.warning("numerics audit: %s", note)
+        one("reference", torch.compiler.set_stance("force_eager"))
+        return [note]
+    return held.notes(dtype)
 
 
 # ---------------------------------------------------------------- TorchTitan 0.2.2
