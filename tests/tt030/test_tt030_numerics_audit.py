@@ -81,14 +81,17 @@ def test_clean_compiled_0_3_0_trainer_is_ok(cpu_harness: Any) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "unexplained: deepseek_v3 debug on 0.3.0 (one-rank FSDP, so a float32 reference: the "
-    "eager pass is the reference, err_eager = 0) flags block 1's MoE gradients, the job's "
-    "3.5e-3 rms off eager (experts, router, ffn_norm) with the loss identical; strict: this "
-    "fails once it is ok, to become a plain clean test"))
 def test_clean_compiled_0_3_0_deepseek_v3_is_ok(cpu_harness: Any) -> None:
+    """0.3.0's ``GroupedExperts`` computes in bfloat16 whatever the parameters' dtype; the
+    float32 reference (one-rank FSDP) holds those casts (docs/numerics-audit.md), so the
+    experts are judged against a float32 answer: their eager error is bfloat16's (~5e-3), not
+    0. Before, the reference was the eager pass there and the float32 floor flagged block 1's
+    experts, router and ffn_norm (the job 3.5e-3 off eager)."""
     r = _audit(cpu_harness, "deepseek_v3", 0)
     assert not r.flagged, [p.reason for p in r.parameters if p.flagged]
+    experts = [p for p in r.parameters if ".inner_experts." in p.name]
+    assert experts and all(1e-3 < p.err_eager < 2e-2 and p.ratio < 2 for p in experts), experts
+    assert any("down-casts held at float32 (" in n for n in r.notes), r.notes
 
 
 @pytest.mark.slow
