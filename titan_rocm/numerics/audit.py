@@ -5,12 +5,14 @@ eager at the job's precision (``torch.compiler.set_stance("force_eager")``: ever
 ``torch.compile`` wrapper runs its original Python), (c) eager in float64 (float32 under
 FSDP, whose sharded parameters cannot be re-typed in place): floating parameters and
 buffers re-typed in place (``.data`` swapped, the original tensors put back untouched: the
-round trip is exact), autocast off, FSDP's gradient reduce dtype raised. FSDP with a
-parameter dtype below float32 is refused (FSDP2 allocates its all-gather buffers in it).
+round trip is exact), autocast off, FSDP's gradient reduce dtype raised, and the model's own
+casts to bfloat16/float16 held at the reference's dtype (:class:`HeldPrecision`: TorchTitan's
+MoE experts cast to bfloat16 whatever the parameters' dtype). FSDP with a parameter dtype
+below float32 is refused (FSDP2 allocates its all-gather buffers in it).
 
 Everything the passes touch is put back: each parameter's ``.grad`` (the tensor itself),
-every RNG stream (CPU and each CUDA device), the trainer's autocast context and FSDP's
-dtypes. Nothing is stepped, saved or written. Which trainer methods run: TorchTitan's own
+every RNG stream (CPU and each CUDA device) and buffer value (before each pass too), the
+trainer's autocast context and FSDP's dtypes. Nothing is stepped, saved or written. Which trainer methods run: TorchTitan's own
 ``post_dataloading_process`` and ``forward_backward_step`` (0.2.2: keyword arguments
 ``input_dict``, ``labels``, ``global_valid_tokens``), given as ``step`` by the caller.
 """
