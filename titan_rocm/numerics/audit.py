@@ -13,8 +13,9 @@ below float32 is refused (FSDP2 allocates its all-gather buffers in it).
 Everything the passes touch is put back: each parameter's ``.grad`` (the tensor itself),
 every RNG stream (CPU and each CUDA device) and buffer value (before each pass too), the
 trainer's autocast context and FSDP's dtypes. Nothing is stepped, saved or written. Which
-trainer methods run: TorchTitan's own ``post_dataloading_process`` and ``forward_backward_step`` (0.2.2: keyword arguments
-``input_dict``, ``labels``, ``global_valid_tokens``), given as ``step`` by the caller.
+trainer methods run: TorchTitan's own ``post_dataloading_process`` and
+``forward_backward_step`` (0.2.2: keyword arguments ``input_dict``, ``labels``,
+``global_valid_tokens``), given as ``step`` by the caller.
 """
 
 from __future__ import annotations
