@@ -45,8 +45,8 @@ def _trainer() -> Any:
     return harness.build(rocm(config))
 
 
-def audit_with_routing(trainer: Any, hold: bool) -> None:
-    """The audit, with each pass's selected experts recorded per MoE layer."""
+def audit_with_routing(trainer: Any, batch: Any, hold: bool) -> None:
+    """The audit of ``batch``, with each pass's selected experts recorded per MoE layer."""
     from torchtitan.models.common.moe import TokenChoiceTopKRouter
 
     import titan_rocm.numerics.audit as audit
@@ -74,7 +74,7 @@ def audit_with_routing(trainer: Any, hold: bool) -> None:
     audit030.trainer_step = named_step
     if not hold:
         audit.HeldPrecision = _NoHold  # the reference as before issue 24's fix
-    input_dict, labels = next(iter(trainer.dataloader))
+    input_dict, labels = batch
     r = audit030.audit_030(trainer, input_dict, labels, AuditSettings.of(trainer.config.rocm))
     print(f"audit: {'FLAGGED' if r.flagged else 'ok'}; reference {r.reference_dtype}; "
           f"notes {r.notes}")
@@ -94,8 +94,8 @@ class _NoHold(contextlib.nullcontext):
         return []
 
 
-def experts_alone(trainer: Any) -> None:
-    """Block 1's experts alone against float64 (see the module docstring)."""
+def experts_alone(trainer: Any, batch: Any) -> None:
+    """Block 1's experts alone on ``batch`` against float64 (see the module docstring)."""
     from torchtitan.models.common.moe import GroupedExperts
 
     model = trainer.model_parts[0]
@@ -103,7 +103,7 @@ def experts_alone(trainer: Any) -> None:
     seen: dict[str, list[torch.Tensor]] = {}
     experts.register_forward_pre_hook(
         lambda m, args: seen.setdefault("args", [a.detach().clone() for a in args]) and None)
-    input_dict, labels = next(iter(trainer.dataloader))
+    input_dict, labels = batch
     with torch.compiler.set_stance("force_eager"), torch.no_grad():
         inputs, _, extra = trainer.post_dataloading_process(input_dict, labels)
         model(inputs, **extra)
@@ -161,8 +161,9 @@ def main(argv: list[str]) -> int:
     torch._inductor.config.compile_threads = 1
     trainer = _trainer()
     try:
-        audit_with_routing(trainer, hold="--no-hold" not in argv)
-        experts_alone(trainer)
+        batch = next(iter(trainer.dataloader))  # the audit's micro-batch, both times
+        audit_with_routing(trainer, batch, hold="--no-hold" not in argv)
+        experts_alone(trainer, batch)
     finally:
         trainer.close()
     return 0

@@ -39,27 +39,25 @@ def _plain_wide(t: Any) -> bool:
 def grouped_mm_per_group(a: torch.Tensor, b: torch.Tensor,
                          offs: torch.Tensor | None) -> torch.Tensor:
     """``torch._grouped_mm(a, b, offs=offs)`` as one ordinary matmul per group, in the
-    operands' dtype, for its four forms (``b`` 3-D: ``a``'s rows grouped, as the experts'
+    operands' (wider) dtype, for its four forms (2-D x 3-D: ``a``'s rows grouped, as the experts'
     forward; 2-D x 2-D: the shared dimension grouped, as the weight gradient; 3-D x 2-D:
     ``b``'s columns grouped; 3-D x 3-D: a batched matmul). Rows or columns past the last
-    group get zeros. Reads the offsets on the host."""
-    from titan_rocm.workarounds.grouped_mm.backends import loop_gemm
-
-    if a.dim() == 2 and b.dim() == 3:
-        return loop_gemm(a, b, offs)
+    group get zeros. Reads the offsets on the host. (A tool may not import the grouped-MM
+    workaround's ``loop_gemm``, which is the first form alone: docs/architecture.md.)"""
+    wide = torch.promote_types(a.dtype, b.dtype)  # held operands of two widths: the wider
+    a, b = a.to(wide), b.to(wide)
     if offs is None:
         return torch.bmm(a, b)
-    pieces, start = [], 0
     ends = [int(e) for e in offs.tolist()]
-    if a.dim() == 2:  # 2-D x 2-D: out[g] = a[:, k of g] @ b[k of g]
-        for end in ends:
-            pieces.append(a[:, start:end] @ b[start:end])
-            start = end
-        return torch.stack(pieces)
-    for group, end in enumerate(ends):  # 3-D x 2-D: out[:, n of g] = a[g] @ b[:, n of g]
-        pieces.append(a[group] @ b[:, start:end])
-        start = end
-    pieces.append(a.new_zeros((a.shape[1], b.shape[1] - start)))
+    spans = list(zip([0, *ends[:-1]], ends, strict=True))
+    if a.dim() == 2 and b.dim() == 2:  # out[g] = a[:, k of g] @ b[k of g]
+        return torch.stack([a[:, s:e] @ b[s:e] for s, e in spans])
+    if a.dim() == 2:  # out[m of g] = a[m of g] @ b[g]
+        pieces = [a[s:e] @ b[g] for g, (s, e) in enumerate(spans)]
+        pieces.append(a.new_zeros((a.shape[0] - ends[-1], b.shape[-1])))
+        return torch.cat(pieces, dim=0)
+    pieces = [a[g] @ b[:, s:e] for g, (s, e) in enumerate(spans)]  # out[:, n of g]
+    pieces.append(a.new_zeros((a.shape[1], b.shape[1] - ends[-1])))
     return torch.cat(pieces, dim=1)
 
 
