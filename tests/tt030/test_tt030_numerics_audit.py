@@ -110,6 +110,23 @@ def test_corrupted_block_backward_is_flagged_and_named(cpu_harness: Any,
     assert corrupt.summary()["hits"]["hits"] == 1  # the job pass only: eager runs no compiled code
 
 
+@pytest.mark.slow
+def test_corrupted_expert_gemm_is_flagged_against_the_held_reference(
+        cpu_harness: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """3 % of the first grouped GEMM in block 1's compiled backward (deepseek_v3's routed
+    experts, whose eager error is bfloat16's once the reference holds the casts): the experts
+    flagged (measured ratio ~46 over err_eager ~5e-3), block 1 the origin, the loss not. The
+    held reference does not hide a fault in the low-precision part."""
+    monkeypatch.setenv(ENV, "block=1,op=_grouped_mm,index=0,fraction=0.03")
+    r = _audit(cpu_harness, "deepseek_v3", 0)
+    experts = [p for p in r.parameters if ".inner_experts." in p.name]
+    assert any(p.flagged for p in experts), [(p.name, p.ratio) for p in experts]
+    assert all(p.err_eager > 1e-3 for p in experts), experts  # judged at bfloat16's error
+    assert r.origin() == "1"
+    assert not r.loss["flagged"]
+    assert corrupt.summary()["hits"]["hits"] == 1
+
+
 # -- titan-rocm audit --module M --config F, in process -------------------------------------
 
 
