@@ -5,14 +5,17 @@ eager at the job's precision (``torch.compiler.set_stance("force_eager")``: ever
 ``torch.compile`` wrapper runs its original Python), (c) eager in float64 (float32 under
 FSDP, whose sharded parameters cannot be re-typed in place): floating parameters and
 buffers re-typed in place (``.data`` swapped, the original tensors put back untouched: the
-round trip is exact), autocast off, FSDP's gradient reduce dtype raised. FSDP with a
-parameter dtype below float32 is refused (FSDP2 allocates its all-gather buffers in it).
+round trip is exact), autocast off, FSDP's gradient reduce dtype raised, and the model's own
+casts to bfloat16/float16 held at the reference's dtype (:class:`HeldPrecision`: TorchTitan's
+MoE experts cast to bfloat16 whatever the parameters' dtype). FSDP with a parameter dtype
+below float32 is refused (FSDP2 allocates its all-gather buffers in it).
 
 Everything the passes touch is put back: each parameter's ``.grad`` (the tensor itself),
-every RNG stream (CPU and each CUDA device), the trainer's autocast context and FSDP's
-dtypes. Nothing is stepped, saved or written. Which trainer methods run: TorchTitan's own
-``post_dataloading_process`` and ``forward_backward_step`` (0.2.2: keyword arguments
-``input_dict``, ``labels``, ``global_valid_tokens``), given as ``step`` by the caller.
+every RNG stream (CPU and each CUDA device) and buffer value (before each pass too), the
+trainer's autocast context and FSDP's dtypes. Nothing is stepped, saved or written. Which
+trainer methods run: TorchTitan's own ``post_dataloading_process`` and
+``forward_backward_step`` (0.2.2: keyword arguments ``input_dict``, ``labels``,
+``global_valid_tokens``), given as ``step`` by the caller.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import torch.nn as nn
 
 from titan_rocm.log import log
 from titan_rocm.numerics.attribution import Attribution, attribute, clean_name
+from titan_rocm.numerics.held_precision import HeldPrecision
 from titan_rocm.numerics.stats import AuditSettings, ParamStats, compare, loss_verdict
 
 SCHEMA = 1
@@ -245,15 +249,20 @@ def high_precision(trainer: Any, dtype: torch.dtype) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _restored(buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
-    """Every buffer's value put back (in place) after the passes: forward passes update some
-    (MoE token counts that the expert-bias update reads before the optimizer step)."""
-    try:
-        yield
-    finally:
+def _restored(buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[Callable[[], None]]:
+    """Yield a function that puts every buffer's value back (in place); called again after
+    the passes: forward passes update some (MoE token counts that the expert-bias update
+    reads before the optimizer step)."""
+
+    def restore() -> None:
         with torch.no_grad():
             for b, value in buffers:
                 b.copy_(value)
+
+    try:
+        yield restore
+    finally:
+        restore()
 
 
 def _cut(input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
@@ -433,7 +442,7 @@ def run_passes(
     def one(kind: str, context: Callable[[], contextlib.AbstractContextManager[Any]],
             runs: int) -> None:
         restore_rng()
-        restore_buffers()
+        restore_buffers()  # every pass sees the state the job pass saw
         for p in params:
             p.grad = None
         t0 = time.perf_counter()
@@ -494,17 +503,10 @@ def run_passes(
         return runs
 
     buffers = [(b, b.detach().clone()) for part in model_parts for b in part.buffers()]
-
-    def restore_buffers() -> None:
-        # Each pass starts from the buffers the step found (forward passes update some: MoE
-        # token counts that the expert-bias update reads before the optimizer step).
-        with torch.no_grad():
-            for b, value in buffers:
-                b.copy_(value)
-
+    notes: list[str] = []
     eager = lambda: torch.compiler.set_stance("force_eager")  # noqa: E731
     with preserved_rng(devices) as restore_rng, preserved_grads(params), \
-            _restored(buffers):
+            _restored(buffers) as restore_buffers:
         try:
             one("job", contextlib.nullcontext, 1)
         except Exception as exc:
@@ -519,8 +521,9 @@ def run_passes(
         passes("eager", eager, agreed(chunks or 1), adaptive)
         ref_dtype, planned = reference_plan(trainer, params, device, activations, rows)
         with high_precision(trainer, ref_dtype):
-            passes("reference", eager, agreed(chunks or max(planned, used["eager"])),
-                   adaptive)
+            runs = agreed(chunks or max(planned, used["eager"]))
+            notes += _reference_pass(lambda context: passes("reference", context, runs,
+                                                            adaptive), ref_dtype)
     if world > 1:
         # Each rank's loss is its local sum over the global token count: summed, the job's
         # loss (replicated ranks scale all three alike, which relative errors do not see).
@@ -542,7 +545,7 @@ def run_passes(
     log.info("numerics audit: %d parameters, %d tokens, reference %s, %.1f s",
              len(stats), tokens, ref_dtype, times["total"])
     attribution = attribute(model_parts)
-    notes = list(attribution.notes)
+    notes = [*attribution.notes, *notes]
     split = {k: v for k, v in used.items() if v > 1}
     if split:
         notes.append("to fit in memory, " + " and ".join(
@@ -555,6 +558,36 @@ def run_passes(
         parameters=stats, attribution=attribution, time_s=times,
         peak_memory_bytes=_memory(devices), notes=notes, chunks=used,
     )
+
+
+def _reference_pass(run: Callable[[Callable[[], contextlib.AbstractContextManager[Any]]], None],
+                    dtype: torch.dtype) -> list[str]:
+    """The reference pass (``run`` given its context's factory) with the model's own
+    down-casts held (:class:`HeldPrecision`, a fresh one for each attempt of the pass);
+    returns the result's notes. A kernel that refuses the held dtype (an extension taking
+    bfloat16 only) gets the pass again as the model writes it, said in a note and the log."""
+    held: list[HeldPrecision] = []
+
+    @contextlib.contextmanager
+    def held_eager() -> Iterator[None]:
+        held.append(HeldPrecision())
+        with held[-1], torch.compiler.set_stance("force_eager"):
+            yield
+
+    try:
+        run(held_eager)
+    except AuditError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any kernel's refusal; the pass is run again
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        note = (f"reference pass: the model's own down-casts could not be held at "
+                f"{str(dtype).removeprefix('torch.')} ({type(exc).__name__}: {first}); the "
+                "reference runs them as the model writes them, so its low-precision parts "
+                "are judged against themselves")
+        log.warning("numerics audit: %s", note)
+        run(lambda: torch.compiler.set_stance("force_eager"))
+        return [note]
+    return held[-1].notes(dtype)
 
 
 # ---------------------------------------------------------------- TorchTitan 0.2.2
