@@ -25,6 +25,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from titan_rocm.archs import gfx9_waitcnt_vmcnt, stores_counted_by_vmcnt
 from titan_rocm.scanner.amdgcn import (
     Instruction,
     Program,
@@ -156,17 +157,12 @@ def _int(text: str) -> int | None:
     return int(t, 16) if t.lower().startswith("0x") else int(t, 10)
 
 
-def _stores_use_vmcnt(arch: str | None) -> bool:
-    # gfx10+ count stores in vscnt/storecnt; vmcnt only waits for loads there.
-    return not (arch and re.match(r"gfx1\d\d", arch))
-
-
 def retires_all_stores(ins: Instruction, arch: str | None = None) -> bool:
     """True for a wait that completes every earlier store: ``s_waitcnt vmcnt(0)`` (or an
     immediate whose vmcnt field is 0), ``s_waitcnt_vscnt <sgpr>, 0``, ``s_wait_storecnt 0``."""
     m = ins.mnemonic
     if m == "s_waitcnt":
-        if not _stores_use_vmcnt(arch):
+        if not stores_counted_by_vmcnt(arch):
             return False
         found = _VMCNT_RE.search(ins.args)
         if found:
@@ -174,7 +170,7 @@ def retires_all_stores(ins: Instruction, arch: str | None = None) -> bool:
         imm = _int(ins.args) if ins.args else None
         if imm is None:
             return False  # lgkmcnt/expcnt only: vmcnt left at its maximum
-        return (imm & 0xF) | ((imm >> 14) & 0x3) << 4 == 0  # gfx9 vmcnt field
+        return gfx9_waitcnt_vmcnt(imm) == 0
     if m == "s_waitcnt_vscnt":
         ops = ins.operands
         return bool(ops) and _int(ops[-1]) == 0

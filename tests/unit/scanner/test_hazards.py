@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from titan_rocm import archs
 from titan_rocm.scanner.hazards import CLI_RULES, RULES, get_rule
 from titan_rocm.scanner.scan import ScanReport, scan_path, scan_text
 
@@ -188,11 +189,28 @@ def test_unprotected_global_store_is_reported_not_hazardous() -> None:
         ("s_waitcnt vmcnt(1)", False),
         ("s_waitcnt lgkmcnt(0)", False),
         ("s_waitcnt_vscnt null, 0x1", False),
+        ("s_waitcnt 0x3f70", True),  # vmcnt bits 3:0 and 15:14 all 0 (expcnt, lgkmcnt max)
+        ("s_waitcnt 0xc070", False),  # vmcnt 48: only its high bits (15:14) are set
     ],
 )
 def test_waits_that_retire_the_store(wait: str, retires: bool) -> None:
     # One wait state from the wait itself: a hazard unless the wait retired the store.
     assert (scan(LIT, wait, "v_mov_b32 v0, 0").hazards == []) is retires
+
+
+@pytest.mark.parametrize(("imm", "vmcnt"), [(0x4F7F, 31), (0xCF7E, 62), (0x0F70, 0), (0x0F71, 1)])
+def test_gfx9_vmcnt_field_is_archs(imm: int, vmcnt: int) -> None:
+    # LLVM's own encodings (llvm/test/MC/AMDGPU/sopp-gfx9.s at c1898945), read from archs.py.
+    assert archs.gfx9_waitcnt_vmcnt(imm) == vmcnt
+
+
+@pytest.mark.parametrize(("arch", "counted"), [(None, True), ("gfx942", True), ("gfx950", True),
+                                               ("gfx1100", False), ("gfx1250", False)])
+def test_which_archs_count_stores_in_vmcnt(arch: str | None, counted: bool) -> None:
+    assert archs.stores_counted_by_vmcnt(arch) is counted
+    # and the rule follows: on gfx10+ vmcnt(0) leaves the store in flight
+    assert (scan(LIT, "s_waitcnt vmcnt(0)", "v_mov_b32 v0, 0", arch=arch).hazards == []) \
+        is counted
 
 
 # --- control flow -------------------------------------------------------------------------
