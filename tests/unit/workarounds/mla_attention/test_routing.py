@@ -202,6 +202,22 @@ def test_backward_reads_the_arch_fact_not_the_arch_name(monkeypatch):
     assert route_backward(AttentionCall("gfx950", 192, 192, 128)).backend == CK
 
 
+def test_what_aiter_would_do_reads_the_told_arch_fact_not_its_name(monkeypatch):
+    """The reason for an arch without the kernel follows the fact of the arch aiter is told:
+    gfx950's answer stops meaning "its gate may send it to fmha_v3_bwd" once gfx950 lacks
+    the kernel, and gfx90a's starts meaning it once gfx90a has it."""
+    call = _call("gfx942", "mla", aiter_gfx="gfx950", aiter_version=None)
+    assert "its gfx950 gate may send this call to fmha_v3_bwd" in route_backward(call).reason
+    broken = dataclasses.replace(archs.ARCHS["gfx950"], aiter_fmha_v3_bwd_qk192_v128=False)
+    monkeypatch.setitem(archs.ARCHS, "gfx950", broken)
+    assert "aiter's own gates pick CK mha_bwd too when get_gfx() answers gfx950" in \
+        route_backward(call).reason
+    fixed = dataclasses.replace(archs.ARCHS["gfx90a"], aiter_fmha_v3_bwd_qk192_v128=True)
+    monkeypatch.setitem(archs.ARCHS, "gfx90a", fixed)
+    told_gfx90a = route_backward(_call("gfx942", "mla", aiter_gfx="gfx90a", aiter_version=None))
+    assert "its gfx90a gate may send this call to fmha_v3_bwd" in told_gfx90a.reason
+
+
 def test_forward_reads_the_release_table(monkeypatch):
     """Give PyPI 0.1.7 gfx942 kernels: the mis-detected forward is no longer routed."""
     call = AttentionCall("gfx942", 192, 192, 128, aiter_gfx="gfx950", aiter_version=PYPI)
