@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from titan_rocm.adapters.tt022.plan import PlanError, make_plan
+from titan_rocm.adapters.meta import on_meta
+from titan_rocm.adapters.tt022.plan import PlanError, build_meta_model, make_plan
 from titan_rocm.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -330,3 +331,24 @@ def test_plan_shows_the_qk128_v128_backward_route_on_gfx942(monkeypatch, capsys,
     assert details["shape"] == {"qk": 128, "v": 128}
     assert (details["backward"], details["backward_runs"]) == (backward, runs)
     assert "Primus PR #962" in details["backward_reason"]
+
+
+@pytest.mark.parametrize(("dtype", "expected"), [("bfloat16", "torch.bfloat16"),
+                                                  ("float32", "torch.float32")])
+def test_the_meta_model_is_built_on_meta_at_the_training_dtype(dtype: str, expected: str) -> None:
+    """One meta-device build for both generations (titan_rocm.adapters.meta); 0.2.2's
+    build_meta_model goes through it."""
+    import torch.nn as nn
+
+    layer = on_meta(lambda: nn.Linear(4, 4), dtype)
+    assert layer.weight.is_meta and str(layer.weight.dtype) == expected
+    from torchtitan.config import ConfigManager
+
+    import titan_rocm
+
+    job = ConfigManager().parse_args([
+        "--job.custom_config_module", "titan_rocm.config", "--model.name", "llama3",
+        "--model.flavor", "debugmodel", "--training.dtype", dtype])
+    model, _ = build_meta_model(job, titan_rocm.platform.PlatformFacts.simulated_rocm("gfx942"))
+    assert all(p.is_meta for p in model.parameters())
+    assert {str(p.dtype) for p in model.parameters()} == {expected}

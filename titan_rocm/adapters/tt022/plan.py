@@ -15,10 +15,10 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import torch
 import torch.nn as nn
 
 from titan_rocm import platform, register_converters
+from titan_rocm.adapters.meta import on_meta
 from titan_rocm.adapters.tt022.config import settings_from
 from titan_rocm.adapters.tt022.converters import RocmConverter, converter_classes
 from titan_rocm.adapters.tt022.preflight import (  # noqa: F401 - PlanError: its importers' name here
@@ -40,9 +40,7 @@ __all__ = ["PLAN_SCHEMA", "PlanError", "compile_summary", "format_plan", "make_p
 
 def build_meta_model(job_config: Any, facts: PlatformFacts) -> tuple[nn.Module, Any]:
     """The job's model on the meta device, as TorchTitan's Trainer builds it."""
-    from torchtitan.config import TORCH_DTYPE_MAP
     from torchtitan.protocols.train_spec import get_train_spec
-    from torchtitan.tools import utils
 
     try:
         spec = get_train_spec(job_config.model.name)
@@ -62,11 +60,7 @@ def build_meta_model(job_config: Any, facts: PlatformFacts) -> tuple[nn.Module, 
         # update_from_config turns grouped MM off when *this* machine lacks SM90; the
         # simulated target (gfx942 reports capability 9.4) keeps the flavor's choice.
         model_args.moe_args.use_grouped_mm = stock_moe.use_grouped_mm
-    with torch.device("meta"), utils.set_default_dtype(
-        TORCH_DTYPE_MAP[job_config.training.dtype]
-    ):
-        model = spec.model_cls(model_args)
-    return model, spec
+    return on_meta(lambda: spec.model_cls(model_args), job_config.training.dtype), spec
 
 
 class _DropMessage(logging.Filter):

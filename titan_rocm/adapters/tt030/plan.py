@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from titan_rocm import platform
+from titan_rocm.adapters.meta import on_meta
 from titan_rocm.adapters.tt022.job_args import CONFIG_FILE_FLAGS, flag_value, module_and_config
 from titan_rocm.adapters.tt022.preflight import (
     PlanError,
@@ -166,9 +167,6 @@ def check_expert_mesh(dims: Any, world: WorldSize) -> None:
 
 def build_meta_model(config: Any) -> torch.nn.Module:
     """The job's model on the meta device, as ``Trainer.__init__`` builds it."""
-    from torchtitan.config import TORCH_DTYPE_MAP
-    from torchtitan.tools import utils
-
     if config.model_spec is None:
         raise PlanError("the config function returned a config without model_spec")
     model_config = config.model_spec.model
@@ -176,8 +174,7 @@ def build_meta_model(config: Any) -> torch.nn.Module:
         model_config.update_from_config(config=config)
     except (ValueError, NotImplementedError, AssertionError) as exc:
         raise PlanError(str(exc)) from None
-    with torch.device("meta"), utils.set_default_dtype(TORCH_DTYPE_MAP[config.training.dtype]):
-        return model_config.build()
+    return on_meta(model_config.build, config.training.dtype)
 
 
 def compile_per_block(model: torch.nn.Module, enabled: bool) -> dict[str, str]:
