@@ -40,7 +40,7 @@ import resource, sys
 sys.path.insert(0, {repo!r})
 kind, path = sys.argv[1], sys.argv[2]
 if kind == "toml":
-    from titan_rocm.job_args import JobArgsError, load_toml
+    from titan_rocm.adapters.tt022.job_args import JobArgsError, load_toml
     try:
         load_toml(["--job.config_file", path])
         code = 0

@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from titan_rocm.workarounds.triton_war.scan import scan_text  # noqa: E402
+from titan_rocm.scanner.scan import scan_text  # noqa: E402
 
 CORPUS_DIR = REPO / "tests" / "corpus" / "amdgcn"
 RULES = ("precise", "conservative", "naive")

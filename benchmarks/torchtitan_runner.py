@@ -8,7 +8,7 @@ only observes, and at exit prints one line ``TITAN_ROCM_RUN_REPORT {json}`` with
 - Inductor's ``emulate_precision_casts`` value in force, and peak GPU memory;
 - with ``TITAN_ROCM_RECORD_GRAPHS=1`` and ``--compile.backend titan_rocm_record_inductor``:
   every graph Dynamo compiled, audited
-  (:func:`titan_rocm.workarounds.moe_eager_compile.graph_audit.audit`: collectives, FSDP ops,
+  (:func:`titan_rocm.testing.graph_audit.audit`: collectives, FSDP ops,
   MoE routing / permutation / grouped GEMM), then compiled by Inductor as usual.
 
 TorchTitan 0.3.0 runs (``benchmarks/tt030_validation.py``) pass ``--module``/``--config``
@@ -36,7 +36,7 @@ def _register_recording_backend(inner: str = "inductor") -> None:
     import torch
     from torch._dynamo.backends.registry import lookup_backend
 
-    from titan_rocm.workarounds.moe_eager_compile.graph_audit import audit
+    from titan_rocm.testing.graph_audit import audit
 
     compiler = lookup_backend(inner)
 

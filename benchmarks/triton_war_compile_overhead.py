@@ -85,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     from triton import knobs
     from triton.backends.compiler import GPUTarget
 
+    from titan_rocm.scanner.scan import scan_text
     from titan_rocm.workarounds.triton_war import compile_hook, stats
-    from titan_rocm.workarounds.triton_war.scan import scan_text
 
     pinned = _pin_one_core()
     knobs.compilation.always_compile = True  # every compile really compiles

@@ -48,7 +48,7 @@ def __getattr__(name: str) -> Any:
         base = globals()[name[: -len("_rocm")]]
 
         def config() -> Any:
-            from titan_rocm.torchtitan import rocm
+            from titan_rocm.adapters.tt030 import rocm
 
             return rocm(base())
 

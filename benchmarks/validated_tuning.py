@@ -66,7 +66,7 @@ def child() -> None:
 
     import torch._inductor.config as inductor_config
 
-    from titan_rocm.tuning import faults
+    from titan_rocm.testing import faults
 
     faults.install_from_env()
 

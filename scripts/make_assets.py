@@ -16,7 +16,7 @@ Outputs (under ``--out``, default ``titan_rocm/assets``):
   TorchTitan's ``c4_test`` (``load_dataset(path, split="train")``, field ``text``).
 
 Run from the repository root: ``python scripts/make_assets.py``. Running it twice gives
-the same bytes; ``tests/test_configs.py`` regenerates into a temporary directory and
+the same bytes; ``tests/tt022/test_configs.py`` regenerates into a temporary directory and
 compares against the shipped files.
 """
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from mla_test_support import clean_mla_state, fake_aiter, fake_aiter_path  # noqa: F401
 
+from tests.support.mla_test_support import clean_mla_state, fake_aiter, fake_aiter_path  # noqa: F401
 from titan_rocm import torchtitan_version
 
 TT030_SUITE = Path(__file__).resolve().parent / "tt030"

@@ -6,7 +6,10 @@ TorchTitan is not imported yet, registration waits until it is (see ``_registrat
 so tools such as ``titan-rocm scan`` and Inductor compile workers never load it.
 """
 
-from titan_rocm._registration import register_converters, register_when_torchtitan_loads
+from titan_rocm.adapters.tt022.registration import (
+    register_converters,
+    register_when_torchtitan_loads,
+)
 
 __version__ = "0.1.0"
 

@@ -8,6 +8,7 @@ the workaround that uses it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -112,3 +113,25 @@ def arch_facts(name: str) -> ArchFacts:
     except KeyError:
         known = ", ".join(sorted(ARCHS))
         raise ValueError(f"unknown AMD GPU architecture {name!r}; known: {known}") from None
+
+
+# -- ISA-family facts: they hold for every target of a family, listed in ARCHS or not (a
+# scanned kernel may be for any AMDGCN target, so these take the name, not ArchFacts).
+
+_GFX10_AND_LATER = re.compile(r"gfx1\d\d")
+"""``gfx1NNN`` targets (RDNA, and gfx1250): GFX10 and later."""
+
+
+def stores_counted_by_vmcnt(arch: str | None) -> bool:
+    """Whether ``s_waitcnt vmcnt`` also waits for vector memory stores on ``arch`` (None:
+    not known, taken as GFX9, the family of every arch titan-rocm supports). GFX10 and later
+    count stores in their own counter (``s_waitcnt_vscnt``, ``s_wait_storecnt``); ``vmcnt``
+    waits only for loads there."""
+    return not (arch and _GFX10_AND_LATER.match(arch))
+
+
+def gfx9_waitcnt_vmcnt(imm: int) -> int:
+    """The ``vmcnt`` field of a GFX9 ``s_waitcnt`` immediate: bits 3:0 are its low four
+    bits, bits 15:14 its high two (llvm/llvm-project ``llvm/test/MC/AMDGPU/sopp-gfx9.s`` at
+    c1898945: ``vmcnt(31)`` encodes as 0x4f7f, ``vmcnt(62)`` as 0xcf7e)."""
+    return (imm & 0xF) | ((imm >> 14) & 0x3) << 4

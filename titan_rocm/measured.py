@@ -2,7 +2,7 @@
 comes from (the figures docs/performance.md discusses).
 
 ``titan-rocm plan`` quotes these in its verdict for the changes a job will get. Each figure
-names its benchmark and result folder, and ``tests/test_measured.py`` recomputes every one
+names its benchmark and result folder, and ``tests/unit/test_measured.py`` recomputes every one
 from that folder with the benchmark's own ``--reanalyse`` code, so a figure here cannot drift
 from the logs it was measured in. Torch-free: plain data.
 """

@@ -1,10 +1,11 @@
 """Which TorchTitan is installed, read from the API its files have: TorchTitan is never imported.
 
 titan-rocm has one adapter per TorchTitan generation: model converters for 0.2.2
-(``titan_rocm.converters``, ``[model] converters = ["rocm"]``) and a trainer adapter for 0.3.0
-(``titan_rocm.torchtitan``). Each entry point asks :func:`require` first, so a user who calls
-the one for the other generation gets a sentence naming what is installed and the entry
-point that fits it, instead of an ImportError from deep inside TorchTitan.
+(``titan_rocm.adapters.tt022.converters``, ``[model] converters = ["rocm"]``) and a trainer
+adapter for 0.3.0 (``titan_rocm.adapters.tt030``, typed as ``titan_rocm.torchtitan``). Each
+entry point asks :func:`require` first, so a user who calls the one for the other generation
+gets a sentence naming what is installed and the entry point that fits it,
+instead of an ImportError from deep inside TorchTitan.
 
 The generation is the API shape the installed package has (:func:`detect`), not its version
 string: TorchTitan main reports 0.2.2 (``assets/version.txt`` at pytorch/torchtitan b5bcd76c)

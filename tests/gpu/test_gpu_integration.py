@@ -1,9 +1,11 @@
 """On a GPU: the workarounds' pieces with real kernels. Run: ``python -m pytest -q tests/gpu``.
 
 Every test here is marked ``gpu`` and skipped with a reason on CPU machines. Each has a CPU
-sibling that exercises the same logic: tests/test_grouped_mm.py (loop vs torch),
-tests/test_moe_compile.py and tests/test_compiled_numerics.py (mixed compile),
-tests/test_triton_compile_hook.py (wrapper on HIP cross-compiles), tests/test_divergence_guard.py
+sibling that exercises the same logic: tests/unit/workarounds/grouped_mm/test_grouped_mm.py
+(loop vs torch), tests/unit/workarounds/moe_eager_compile/test_moe_eager_compile.py and
+tests/unit/workarounds/test_compiled_numerics.py (mixed compile),
+tests/unit/workarounds/triton_war/test_compile_hook.py (wrapper on HIP cross-compiles),
+tests/unit/workarounds/divergence_guard/test_divergence_guard.py
 (no host reads between checks). What these add is the real device: CUDA kernels, Inductor's
 GPU codegen, the CUDA sync debug mode.
 """

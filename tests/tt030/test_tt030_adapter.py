@@ -26,7 +26,7 @@ def _deepseek():
 def test_rocm_returns_a_config_of_rocm_trainer_keeping_every_field():
     from torchtitan.trainer import Trainer
 
-    from titan_rocm.torchtitan import RocmSettings, RocmTrainer, rocm
+    from titan_rocm.adapters.tt030 import RocmSettings, RocmTrainer, rocm
 
     stock = _llama3()
     config = rocm(stock, grouped_mm_backend="loop")
@@ -40,7 +40,7 @@ def test_rocm_returns_a_config_of_rocm_trainer_keeping_every_field():
 
 
 def test_rocm_rejects_unknown_settings_and_values_naming_what_is_accepted():
-    from titan_rocm.torchtitan import rocm
+    from titan_rocm.adapters.tt030 import rocm
 
     with pytest.raises(ValueError, match="unknown key 'moe_eager'; accepted keys: precision"):
         rocm(_llama3(), moe_eager="off")
@@ -53,7 +53,7 @@ def test_rocm_rejects_unknown_settings_and_values_naming_what_is_accepted():
 def test_other_trainer_classes_get_one_cached_rocm_class_each():
     from torchtitan.trainer import Trainer
 
-    from titan_rocm.torchtitan import RocmTrainer, rocm, rocm_trainer_class
+    from titan_rocm.adapters.tt030 import RocmTrainer, rocm, rocm_trainer_class
 
     @dataclasses.dataclass(kw_only=True, slots=True)
     class MyConfig(Trainer.Config):
@@ -82,7 +82,7 @@ def _parse(*args: str):
 
 
 def test_module_wraps_any_stock_config_and_rocm_flags_parse():
-    from titan_rocm.torchtitan import RocmTrainer
+    from titan_rocm.adapters.tt030 import RocmTrainer
 
     config = _parse("--config", "deepseek_v3_16b", "--rocm.moe_eager_compile", "off",
                     "--rocm.grouped_mm_backend", "loop", "--training.steps", "7")
@@ -112,7 +112,7 @@ def _layers(trainer):
 @pytest.mark.slow
 @pytest.mark.parametrize("scope", ["block", "moe"])
 def test_moe_blocks_run_eager_and_dense_blocks_stay_compiled(cpu_harness, scope):
-    from titan_rocm.torchtitan import rocm
+    from titan_rocm.adapters.tt030 import rocm
     from titan_rocm.workarounds.moe_blocks import EAGER_FORWARD_CALLS, eager_forward_calls
 
     EAGER_FORWARD_CALLS.clear()
@@ -141,7 +141,7 @@ def test_moe_blocks_run_eager_and_dense_blocks_stay_compiled(cpu_harness, scope)
 
 @pytest.mark.slow
 def test_loop_backend_traces_inside_a_fullgraph_moe_block(cpu_harness):
-    from titan_rocm.torchtitan import rocm
+    from titan_rocm.adapters.tt030 import rocm
     from titan_rocm.workarounds.grouped_mm.backends import reset_calls
     from titan_rocm.workarounds.grouped_mm.binding import call_counts
 
@@ -162,7 +162,7 @@ def test_loop_backend_traces_inside_a_fullgraph_moe_block(cpu_harness):
 @pytest.mark.parametrize("check", ["log_steps", "every_step", "every_step_exact"])
 def test_nan_injection_stops_with_the_first_bad_step_not_the_log_step(cpu_harness, monkeypatch,
                                                                       check):
-    from titan_rocm.torchtitan import rocm
+    from titan_rocm.adapters.tt030 import rocm
     from titan_rocm.workarounds.divergence_guard import DivergenceError, hooks
 
     monkeypatch.setenv("TITAN_ROCM_DEBUG_INJECT_NAN_STEP", "2")

@@ -23,7 +23,7 @@ def _clean_state():
 def _config(cpu_harness):
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
-    from titan_rocm.torchtitan import rocm
+    from titan_rocm.adapters.tt030 import rocm
 
     return rocm(cpu_harness.config(llama3_debugmodel(), layers=3, steps=2, compile=True))
 

@@ -94,11 +94,12 @@ def _float8_experts_class():
     """A stand-in for the class TorchTitan 0.3.0's Float8 grouped-experts converter builds
     (``components/quantization/float8.py``, ``_get_float8_grouped_experts_cls``): a subclass
     named ``Float8<cls>`` with its own Config, whose ``__init__`` wraps the weights as torchao's
-    ``quantize_`` does (here with tests/fake_torchao.py; torchao is not installed)."""
+    ``quantize_`` does (here with tests/support/fake_torchao.py; torchao is not installed)."""
     from dataclasses import dataclass
 
-    import fake_torchao
     from torchtitan.models.common.moe import GroupedExperts
+
+    from tests.support import fake_torchao
 
     class Float8GroupedExperts(GroupedExperts):
         @dataclass(kw_only=True, slots=True)
@@ -113,12 +114,11 @@ def _float8_experts_class():
 
 
 def test_float8_experts_are_named_as_on_022_and_take_the_fp8_route(monkeypatch):
-    import fake_primus_turbo
-
+    from tests.support import fake_primus_turbo
     from titan_rocm import platform
+    from titan_rocm.adapters.tt030.context import quantized_experts
     from titan_rocm.platform import PlatformFacts
     from titan_rocm.settings import RocmSettings
-    from titan_rocm.torchtitan.context import quantized_experts
     from titan_rocm.workarounds.base import TORCHTITAN_030, Context
     from titan_rocm.workarounds.grouped_mm.workaround import GroupedMMBinding
 
@@ -137,9 +137,7 @@ def test_fp8_route_runs_the_float8_experts_and_the_torch_route_still_runs_torcha
     """TorchTitan 0.3.0's own experts with the converter's (stand-in) weights, bound through
     the class seam: primus_turbo:fp8 runs Primus-Turbo's FP8 GEMMs on plain tensors, torch
     keeps the class's own path through torchao's scaled grouped GEMM; both train the weights."""
-    import fake_primus_turbo
-    import fake_torchao
-
+    from tests.support import fake_primus_turbo, fake_torchao
     from titan_rocm.workarounds.grouped_mm import tt030
     from titan_rocm.workarounds.grouped_mm.backends import CALLS
 

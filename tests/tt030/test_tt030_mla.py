@@ -18,8 +18,9 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
-from mla_test_support import assert_matches, on_rocm
 from tt030_harness import document_positions
+
+from tests.support.mla_test_support import assert_matches, on_rocm
 
 pytestmark = pytest.mark.usefixtures("clean_mla_state")
 
@@ -64,8 +65,8 @@ def _build(config: Any) -> torch.nn.Module:
 def _convert(config: Any, model: torch.nn.Module, parallel_dims: Any = None,
              **settings: Any) -> Any:
     """titan-rocm's 0.3.0 adapter on ``model`` (``mla_ck_backward`` alone): its decision."""
+    from titan_rocm.adapters.tt030.job import RocmJob
     from titan_rocm.settings import RocmSettings
-    from titan_rocm.torchtitan.job import RocmJob
 
     job = RocmJob(RocmSettings(**settings), names=["mla_ck_backward"])
     job.start(config, parallel_dims)
@@ -290,7 +291,7 @@ def test_rocm_trainer_trains_like_stock_attention_with_the_same_documents(cpu_ha
     from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_debugmodel
     from torchtitan.protocols.module import Module
 
-    from titan_rocm.torchtitan import rocm
+    from titan_rocm.adapters.tt030 import rocm
     from titan_rocm.workarounds.mla_attention.tt030 import MLAVarlenAttention
 
     class SdpaUnderTheMask(Module, _SdpaUnderTheMask):

@@ -35,7 +35,7 @@ def _clean_state(monkeypatch: pytest.MonkeyPatch):
 
 
 def _config(cpu_harness: Any, model: str = "llama3", **settings: Any) -> Any:
-    from titan_rocm.torchtitan import rocm
+    from titan_rocm.adapters.tt030 import rocm
 
     if model == "llama3":
         from torchtitan.models.llama3.config_registry import llama3_debugmodel as make
@@ -51,8 +51,8 @@ def _config(cpu_harness: Any, model: str = "llama3", **settings: Any) -> Any:
 
 
 def _audit(cpu_harness: Any, model: str = "llama3", seed: int = 0) -> Any:
+    from titan_rocm.adapters.tt030.audit import audit_030
     from titan_rocm.numerics.stats import AuditSettings
-    from titan_rocm.torchtitan.audit import audit_030
 
     trainer = cpu_harness.build(_config(cpu_harness, model, seed=seed))
     try:

@@ -131,8 +131,8 @@ def test_the_expert_mesh_check_agrees_with_0_3_0s_build_mesh():
 
     from torchtitan.distributed import ParallelDims
 
-    from titan_rocm.preflight import WorldSize
-    from titan_rocm.torchtitan.plan import PlanError, check_expert_mesh
+    from titan_rocm.adapters.tt022.preflight import WorldSize
+    from titan_rocm.adapters.tt030.plan import PlanError, check_expert_mesh
 
     rng = random.Random(25)
     cases = [(rng.choice([1, 2, 3, 4, 6, 8, 12, 16]),
@@ -163,7 +163,7 @@ def test_module_and_config_are_read_as_0_3_0s_config_manager_reads_them(monkeypa
 
     from torchtitan.config import manager
 
-    from titan_rocm.job_args import module_and_config
+    from titan_rocm.adapters.tt022.job_args import module_and_config
 
     seen: dict[str, str] = {}
 

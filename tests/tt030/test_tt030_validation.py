@@ -49,7 +49,7 @@ def test_probe_of_the_installed_torchtitan_names_set_timeout_on_this_torch():
 def test_every_run_parses_with_torchtitan_and_rocm_runs_build_rocm_trainer():
     from torchtitan.config import ConfigManager
 
-    from titan_rocm.torchtitan import RocmTrainer
+    from titan_rocm.adapters.tt030 import RocmTrainer
 
     debug, mirrored = validation.runs(steps=20, throughput_steps=30)
     assert len(debug) == 7 and len(mirrored) == 8

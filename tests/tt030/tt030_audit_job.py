@@ -14,7 +14,7 @@ def llama3_cpu() -> Any:
     """llama3's debug model, 2 blocks, compiled, with titan-rocm."""
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
-    from titan_rocm.torchtitan import rocm
+    from titan_rocm.adapters.tt030 import rocm
 
     config = cpu_config(llama3_debugmodel(), layers=2, compile=True)
     config.training.mixed_precision_param = "float32"  # FSDP on one rank: see the tests

@@ -1,6 +1,6 @@
 """TorchTitan 0.3.0's real ``Trainer`` on CPU: the stand-ins, and a stock config cut to CPU size.
 
-Unlike 0.2.2 (tests/cpu_trainer.py rebuilds ``__init__``), 0.3.0's real ``Trainer.__init__``
+Unlike 0.2.2 (tests/support/cpu_trainer.py rebuilds ``__init__``), 0.3.0's real ``Trainer.__init__``
 runs unchanged: it builds the model from its config tree, calls the model's own
 ``parallelize_fn`` (activation checkpointing, ``apply_compile`` in place), the loss (compiled
 in ``__init__`` when ``"loss"`` is a compile component), optimizers, checkpointer, and then
@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from cpu_support import CpuMemoryMonitor, default_rank_env
+
+from tests.support.cpu_support import CpuMemoryMonitor, default_rank_env
 
 REPO = Path(__file__).resolve().parents[2]
 TOKENIZER = REPO / "titan_rocm" / "assets" / "tokenizer"

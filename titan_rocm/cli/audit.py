@@ -104,7 +104,7 @@ def _trainer_class(spec: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's module
-        from titan_rocm.preflight import _one_line
+        from titan_rocm.adapters.tt022.preflight import _one_line
 
         raise BadInput(f"--trainer {spec!r}: cannot import {module_name} ({_one_line(exc)})"
                        ) from None
@@ -145,8 +145,8 @@ def _chunks(args: argparse.Namespace) -> int | None:
 
 
 def _audit_022(args: argparse.Namespace) -> dict[str, Any]:
+    from titan_rocm.adapters.tt022.preflight import StartupError, parse_config
     from titan_rocm.numerics.audit import audit_022
-    from titan_rocm.preflight import StartupError, parse_config
 
     passthrough = list(args.passthrough)
     if args.config_file is not None:
@@ -165,8 +165,8 @@ def _audit_022(args: argparse.Namespace) -> dict[str, Any]:
 
 def _audit_030(args: argparse.Namespace) -> dict[str, Any]:
     """TorchTitan 0.3.0: ``--module M --config F [flags]``, the config's own trainer class."""
-    from titan_rocm.torchtitan.audit import audit_030, quiet_job
-    from titan_rocm.torchtitan.plan import PlanError, parse_job
+    from titan_rocm.adapters.tt030.audit import audit_030, quiet_job
+    from titan_rocm.adapters.tt030.plan import PlanError, parse_job
 
     if args.config_file is not None:
         raise BadInput("--job.config_file is TorchTitan 0.2.2's; torchtitan 0.3.0 is "
@@ -197,9 +197,9 @@ def _settings(config: Any) -> Any:
 def _audit_job(args: argparse.Namespace, build: Any, audit: Any, settings: Any,
                tokens: int | None, chunks: int | None) -> dict[str, Any]:
     """Build the trainer, take one micro-batch, audit it, draw the plot: either generation."""
+    from titan_rocm.adapters.tt022.preflight import _one_line
+    from titan_rocm.adapters.tt022.train import LaunchError, single_process_environment
     from titan_rocm.numerics.audit import AuditError
-    from titan_rocm.preflight import _one_line
-    from titan_rocm.train import LaunchError, single_process_environment
 
     try:
         single_process_environment()
@@ -263,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
     except BadInput as exc:
         result = error_dict(str(exc), world)
     except Exception as exc:  # noqa: BLE001 - one sentence and the JSON, never a traceback
-        from titan_rocm.preflight import _one_line
+        from titan_rocm.adapters.tt022.preflight import _one_line
 
         result = error_dict(f"the audit failed: {_one_line(exc)}", world)
     finally:

@@ -40,7 +40,7 @@ PASSTHROUGH = True
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``titan-rocm plan``; unknown options are TorchTitan's."""
-    from titan_rocm.preflight import DEFAULT_LAUNCHER, LAUNCHERS
+    from titan_rocm.adapters.tt022.preflight import DEFAULT_LAUNCHER, LAUNCHERS
 
     parser.epilog = EPILOG
     parser.allow_abbrev = False  # a TorchTitan flag must never be taken for a prefix of ours
@@ -106,8 +106,8 @@ TT030_FLAGS: tuple[str, ...] = ("--module", "--config")
 def _torchtitan_help() -> int:
     from torchtitan.config import ConfigManager
 
-    from titan_rocm.config import CONFIG_MODULE
-    from titan_rocm.preflight import prog_name
+    from titan_rocm.adapters.tt022.config import CONFIG_MODULE
+    from titan_rocm.adapters.tt022.preflight import prog_name
 
     with prog_name("titan-rocm plan"):
         try:
@@ -124,7 +124,7 @@ def _torchtitan_help_030() -> int:
 
 
 def _plan_022(args: argparse.Namespace, passthrough: list[str]) -> dict:
-    from titan_rocm.plan import make_plan
+    from titan_rocm.adapters.tt022.plan import make_plan
 
     return make_plan(
         passthrough, arch=args.arch, world_size=args.world_size, nnodes=args.nnodes,
@@ -135,9 +135,9 @@ def _plan_022(args: argparse.Namespace, passthrough: list[str]) -> dict:
 
 def _plan_030(args: argparse.Namespace, passthrough: list[str]) -> dict:
     """TorchTitan 0.3.0's plan (titan_rocm.torchtitan.plan); its errors as StartupError.
-    The 0.2.2 start-up checks (titan_rocm.preflight) and --launcher do not apply."""
-    from titan_rocm.preflight import StartupError
-    from titan_rocm.torchtitan.plan import PlanError, make_plan
+    The 0.2.2 start-up checks (titan_rocm.adapters.tt022.preflight) and --launcher do not apply."""
+    from titan_rocm.adapters.tt022.preflight import StartupError
+    from titan_rocm.adapters.tt030.plan import PlanError, make_plan
 
     try:
         return make_plan(passthrough, arch=args.arch, size=args.world_size, nnodes=args.nnodes,
@@ -161,9 +161,9 @@ def _refuse_early(args: argparse.Namespace, passthrough: list[str], tt030: bool)
     Raises:
         CommandError: the reason, as the full plan would give it.
     """
+    from titan_rocm.adapters.tt022.job_args import CONFIG_FILE_FLAGS, JobArgsError, load_toml
+    from titan_rocm.adapters.tt022.preflight import StartupError, check_world_flags
     from titan_rocm.archs import arch_facts
-    from titan_rocm.job_args import CONFIG_FILE_FLAGS, JobArgsError, load_toml
-    from titan_rocm.preflight import StartupError, check_world_flags
 
     try:
         check_world_flags(args.world_size, args.nnodes, args.nproc_per_node)
@@ -195,7 +195,7 @@ def _refuse_early(args: argparse.Namespace, passthrough: list[str], tt030: bool)
 def run(args: argparse.Namespace) -> int:
     """Print the plan; 0 on success, 2 on a bad job, flag, architecture or start-up failure."""
     from titan_rocm import torchtitan_version
-    from titan_rocm.preflight import StartupError
+    from titan_rocm.adapters.tt022.preflight import StartupError
 
     tt030 = torchtitan_version.series() == "0.3"
     if args.help_torchtitan:

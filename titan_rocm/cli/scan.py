@@ -18,9 +18,8 @@ from typing import Any
 
 from titan_rocm.files import TooLargeError, read_regular
 from titan_rocm.progress import Progress
-from titan_rocm.settings import DEFAULT_HAZARD_RULE
-from titan_rocm.workarounds.triton_war.hazards import CLI_RULES
-from titan_rocm.workarounds.triton_war.scan import (
+from titan_rocm.scanner.hazards import CLI_RULES
+from titan_rocm.scanner.scan import (
     ScanReport,
     Search,
     find_amdgcn_files,
@@ -28,6 +27,7 @@ from titan_rocm.workarounds.triton_war.scan import (
     note_cut_kernels,
     scan_text,
 )
+from titan_rocm.settings import DEFAULT_HAZARD_RULE
 
 MAX_FILE_BYTES = 64 << 20
 """The largest AMDGCN file scanned (it is read whole and parsed, about 3 times its size in

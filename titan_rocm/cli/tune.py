@@ -102,9 +102,9 @@ def _error(message: str) -> int:
 
 
 def _collect(args: argparse.Namespace) -> int:
+    from titan_rocm.adapters.tt022.job_args import CONFIG_FILE_FLAGS, JobArgsError, flag_value
     from titan_rocm.files import OutputError, check_output
-    from titan_rocm.job_args import CONFIG_FILE_FLAGS, JobArgsError, flag_value
-    from titan_rocm.tuning.collect import CollectError, collect
+    from titan_rocm.tuner.collect import CollectError, collect
 
     try:  # before the training step: a step's work is never lost to an unwritable -o
         config = flag_value(args.passthrough, CONFIG_FILE_FLAGS)
@@ -116,8 +116,9 @@ def _collect(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from titan_rocm.files import OutputError, check_output
-    from titan_rocm.tuning import problems, runner
-    from titan_rocm.tuning.faults import FaultSpecError, disk_full_after, from_env
+    from titan_rocm.testing.faults import FaultSpecError, disk_full_after, from_env
+    from titan_rocm.tuner import runner
+    from titan_rocm.tuning import problems
     from titan_rocm.tuning.records import load_state
 
     try:

@@ -28,7 +28,7 @@ def clean_name(name: str) -> str:
 
 
 def _job_of(model: nn.Module) -> Any:
-    from titan_rocm.converters.converter import JOB_ATTR
+    from titan_rocm.adapters.tt022.converters.converter import JOB_ATTR
 
     return model.__dict__.get(JOB_ATTR) or getattr(model, "_titan_rocm_job", None)
 

@@ -46,6 +46,6 @@ class Seam:
 
     def step(self, trainer: Any, labels: Any) -> Any:
         """0.3.0's forward and backward (:func:`titan_rocm.torchtitan.audit.trainer_step`)."""
-        from titan_rocm.torchtitan.audit import trainer_step
+        from titan_rocm.adapters.tt030.audit import trainer_step
 
         return trainer_step(trainer, labels)

@@ -1,26 +1,13 @@
-"""titan-rocm for TorchTitan 0.3.0: a trainer adapter (0.2.2 uses the converters instead).
+"""``titan_rocm.torchtitan``, the path users type.
 
-One line in a config function, ``return rocm(deepseek_v3_16b())``, or on the command line
-with any stock config::
-
-    python -m torchtitan.train --module titan_rocm.torchtitan.configs --config deepseek_v3_16b \\
-        [--rocm.moe_eager_compile off]
-
-Importing this package with another TorchTitan installed raises
-:class:`~titan_rocm.torchtitan_version.TorchTitanVersionError` naming the entry point that
-fits it. Docs: docs/torchtitan-0.3.md.
+The package moved to ``titan_rocm.adapters.tt030``; its names are here, and each of its
+modules is a shim beside this file.
 """
 
-from titan_rocm.torchtitan_version import require
+import importlib
 
-require("0.3", "titan_rocm.torchtitan (the TorchTitan 0.3.0 adapter)")
-
-from titan_rocm.settings import RocmSettings  # noqa: E402
-from titan_rocm.torchtitan.trainer import (  # noqa: E402
-    RocmTrainer,
-    RocmTrainerMixin,
-    rocm,
-    rocm_trainer_class,
-)
-
-__all__ = ["RocmSettings", "RocmTrainer", "RocmTrainerMixin", "rocm", "rocm_trainer_class"]
+_module = importlib.import_module("titan_rocm.adapters.tt030")
+globals().update({k: v for k, v in vars(_module).items() if not k.startswith("__")})
+__doc__ = _module.__doc__
+if hasattr(_module, "__all__"):
+    __all__ = list(_module.__all__)

@@ -1,65 +1,11 @@
-"""Every stock TorchTitan 0.3.0 config, with titan-rocm: ``--module titan_rocm.torchtitan.configs``.
+"""``titan_rocm.torchtitan.configs``, the path users type.
 
-``python -m torchtitan.train --module titan_rocm.torchtitan.configs --config deepseek_v3_16b``
-calls ``deepseek_v3_16b`` from this module, which is TorchTitan's own config function of that
-name (looked up in ``torchtitan.models.<model>.config_registry``) wrapped in
-:func:`~titan_rocm.torchtitan.rocm`. The command line is then parsed against
-``RocmTrainer.Config``: TorchTitan's flags and ``--rocm.*`` together.
+The module moved to ``titan_rocm.adapters.tt030.configs``; this name is that module
+itself (one module object, whichever path imports it).
 """
 
-from __future__ import annotations
-
 import importlib
-from collections.abc import Callable
-from typing import Any
+import sys
 
-from titan_rocm.torchtitan.trainer import rocm
-
-
-def _registries(name: str = "") -> list[Any]:
-    """TorchTitan's model config registries, the one ``name`` starts with first."""
-    from torchtitan.models import _supported_models
-
-    order = sorted(_supported_models, key=lambda m: (not name.startswith(m + "_"), -len(m), m))
-    modules = []
-    for model in order:
-        try:
-            modules.append(importlib.import_module(f"torchtitan.models.{model}.config_registry"))
-        except ImportError:  # a model whose optional dependencies are missing
-            continue
-    return modules
-
-
-def _stock_names(module: Any) -> list[str]:
-    return [n for n, v in vars(module).items()
-            if callable(v) and not isinstance(v, type) and n[:1].islower()
-            and getattr(v, "__module__", None) == module.__name__]
-
-
-def stock_config(name: str) -> Callable[[], Any]:
-    """TorchTitan's config function ``name``.
-
-    Raises:
-        AttributeError: no model registry has it (TorchTitan then lists what this module has).
-    """
-    for module in _registries(name):
-        if name in _stock_names(module):
-            return getattr(module, name)
-    raise AttributeError(f"no TorchTitan 0.3.0 config function named {name!r}")
-
-
-def __getattr__(name: str) -> Callable[[], Any]:
-    if name.startswith("__"):
-        raise AttributeError(name)
-    stock = stock_config(name)
-
-    def config() -> Any:
-        return rocm(stock())
-
-    config.__name__ = config.__qualname__ = name
-    config.__doc__ = f"TorchTitan's {stock.__module__}.{name}() with titan-rocm."
-    return config
-
-
-def __dir__() -> list[str]:
-    return sorted({n for module in _registries() for n in _stock_names(module)})
+_module = importlib.import_module("titan_rocm.adapters.tt030.configs")
+sys.modules[__name__] = _module

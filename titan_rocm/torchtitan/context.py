@@ -1,67 +1,11 @@
-"""Build the version-neutral :class:`~titan_rocm.workarounds.base.Context` from TorchTitan
-0.3.0's ``Trainer.Config`` and ``ParallelDims``: the only place workarounds' view of a 0.3.0
-job is made."""
+"""``titan_rocm.torchtitan.context``, the path users type.
 
-from __future__ import annotations
+The module moved to ``titan_rocm.adapters.tt030.context``; this name is that module
+itself (one module object, whichever path imports it).
+"""
 
-from typing import Any
+import importlib
+import sys
 
-from titan_rocm import platform, torchtitan_version
-from titan_rocm.settings import RocmSettings, coerce
-from titan_rocm.workarounds.base import TORCHTITAN_030, CompileSettings, Context, Parallelism
-from titan_rocm.workarounds.seams import TT030
-
-QUANTIZED_EXPERTS = {"Float8": "quantize.grouped_mm.float8", "MXFP8": "quantize.grouped_mm.mx"}
-"""0.3.0 has no converter names: its quantization converters subclass the experts' class
-(``Float8<cls>``, ``MXFP8<cls>``) in the model config tree. They are named here as 0.2.2 names
-them, so the workarounds decide with one vocabulary."""
-
-
-def quantized_experts(model_config: Any) -> tuple[str, ...]:
-    """The 0.2.2 names of the experts quantizations in a 0.3.0 model config tree."""
-    from torchtitan.models.common.moe import GroupedExperts
-
-    found: set[str] = set()
-    for _fqn, experts, _parent, _attr in model_config.traverse(GroupedExperts.Config):
-        owner = getattr(type(experts), "_owner", None)
-        name = getattr(owner, "__name__", "")
-        found.update(n for prefix, n in QUANTIZED_EXPERTS.items() if name.startswith(prefix))
-    return tuple(sorted(found))
-
-
-def job_context(config: Any, parallel_dims: Any, settings: RocmSettings | None = None,
-                parallelize_fn: Any = None) -> Context:
-    """The :class:`Context` of a TorchTitan 0.3.0 job.
-
-    Args:
-        config: the job's ``Trainer.Config`` (any subclass).
-        parallel_dims: its ``ParallelDims`` (None: one rank).
-        settings: titan-rocm's settings (default: the config's ``rocm`` field, else defaults).
-        parallelize_fn: the model's stock parallelize function (default: the model spec's).
-
-    Raises:
-        ValueError: a ``rocm`` value is not accepted (naming it and what is).
-    """
-    settings = coerce(getattr(config, "rocm", None) if settings is None else settings)
-    spec = config.model_spec
-    compile_config = config.compile
-    return Context(
-        settings=settings,
-        platform=platform.current(),
-        model_name=getattr(spec, "name", None),
-        flavor=getattr(spec, "flavor", None),
-        compile=CompileSettings(
-            enable=bool(compile_config.enable),
-            backend=compile_config.backend or "inductor",
-            components=tuple(compile_config.components),
-        ),
-        parallel=Parallelism.of(parallel_dims),
-        training_dtype=str(config.training.dtype),
-        mixed_precision_param=str(config.training.mixed_precision_param),
-        deterministic=bool(config.debug.deterministic),
-        converters=quantized_experts(spec.model) if spec is not None else (),
-        parallelize_fn=parallelize_fn or getattr(spec, "parallelize_fn", None),
-        framework=TORCHTITAN_030,
-        # Seams of the installed TorchTitan that moved (e.g. main's folded token layout).
-        generation=TT030.with_moved(torchtitan_version.detect().moved),
-    )
+_module = importlib.import_module("titan_rocm.adapters.tt030.context")
+sys.modules[__name__] = _module

@@ -29,10 +29,10 @@ from typing import Any
 from torchtitan.config import override
 from torchtitan.protocols.model import BaseModel
 
+from titan_rocm.adapters.tt030.job import RocmJob
+from titan_rocm.adapters.tt030.trainer import RocmTrainerMixin
 from titan_rocm.log import log
 from titan_rocm.settings import check_section
-from titan_rocm.torchtitan.job import RocmJob
-from titan_rocm.torchtitan.trainer import RocmTrainerMixin
 
 ENTRY = "titan_rocm.torchtitan.override.rocm"
 """What users list in ``--override.imports``."""

@@ -3,9 +3,9 @@ and the one gating vocabulary (a job's runner, ``JobWorkarounds``, and its ``Dec
 :mod:`titan_rocm.workarounds.job`).
 
 A workaround is one fix (precision casts, mixed MoE compile, ...). It never reads a
-TorchTitan config object: a TorchTitan adapter (``titan_rocm.converters`` for 0.2.2) builds a
-version-neutral :class:`Context` from its own job description, and asks each workaround in
-turn. The gate means the same everywhere:
+TorchTitan config object: a TorchTitan adapter (``titan_rocm.adapters.tt022.converters``
+for 0.2.2) builds a version-neutral :class:`Context` from its own job description, and asks
+each workaround in turn. The gate means the same everywhere:
 
 - ``on`` **requires**: at start-up, :meth:`Workaround.require` raises ``ValueError`` with the
   sentence :meth:`Workaround.unmet` returns when the machine lacks what the fix needs;

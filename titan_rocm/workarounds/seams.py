@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 TORCHTITAN_022 = "torchtitan 0.2.2"
-"""``Context.framework`` of a job built by the 0.2.2 converters (``titan_rocm.converters``)."""
+"""``Context.framework`` of a job built by the 0.2.2 converters
+(``titan_rocm.adapters.tt022.converters``)."""
 TORCHTITAN_030 = "torchtitan 0.3.0"
 """``Context.framework`` of a job built by the 0.3.0 trainer adapter (``titan_rocm.torchtitan``)."""
 

@@ -251,14 +251,17 @@ def _aiters_own_backward(call: AttentionCall) -> str:
         return (f"aiter's varlen gate needs equal q/k and v head dims on every arch, so it runs "
                 f"CK {ck} too")
     gfx, release = call.dispatch_gfx, call.release
-    if gfx != "gfx950":
+    told_facts = ARCHS.get(gfx or "")
+    if told_facts is None or not told_facts.aiter_fmha_v3_bwd_qk192_v128:
+        # aiter's gate for the arch it is told has no such kernel to send the call to (only
+        # gfx950's has: archs.py).
         return (f"aiter's own gates pick CK {ck} too when get_gfx() answers {gfx}; calling it "
                 "directly keeps a mis-detected get_gfx() from sending it to fmha_v3_bwd")
-    told = f"aiter's get_gfx() answers gfx950 on this {call.arch}"
+    told = f"aiter's get_gfx() answers {gfx} on this {call.arch}"
     if release is None:
-        return f"{told}: its gfx950 gate may send this call to fmha_v3_bwd, which {call.arch} lacks"
+        return f"{told}: its {gfx} gate may send this call to fmha_v3_bwd, which {call.arch} lacks"
     if call.causal and not release.bwd_v3_qk192_v128_causal_on_gfx950:
-        return (f"{told}, but aiter {release.name}'s gfx950 gate takes this shape only without "
+        return (f"{told}, but aiter {release.name}'s {gfx} gate takes this shape only without "
                 f"a causal mask, so it would run CK {ck} as well")
     return (f"{told}: aiter {release.name} would send this call to fmha_v3_bwd, which {call.arch} "
             "lacks ('invalid argument for fmha_v3_bwd')")

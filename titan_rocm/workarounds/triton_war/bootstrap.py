@@ -26,8 +26,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 
 from titan_rocm._after_import import AfterImport
-from titan_rocm.settings import DEFAULT_HAZARD_RULE
-from titan_rocm.workarounds.triton_war.names import (
+from titan_rocm.scanner.names import (
     ENV_ENABLE,
     ENV_RULE,
     ENV_STATS_DIR,
@@ -35,6 +34,7 @@ from titan_rocm.workarounds.triton_war.names import (
     RULE_NAMES,
     WORKER_ENV,
 )
+from titan_rocm.settings import DEFAULT_HAZARD_RULE
 
 _TRIGGER = "triton"
 

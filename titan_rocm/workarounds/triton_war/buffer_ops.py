@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from titan_rocm.scanner.names import BUFFER_OPS_ENV
 from titan_rocm.workarounds.triton_war.compile_lock import COMPILE_LOCK
-from titan_rocm.workarounds.triton_war.names import BUFFER_OPS_ENV
 
 
 @contextlib.contextmanager

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from titan_rocm.log import log
+from titan_rocm.scanner.names import BUFFER_OPS_ENV, RULE_NAMES
 from titan_rocm.settings import DEFAULT_HAZARD_RULE
 from titan_rocm.workarounds.triton_war import stats
 from titan_rocm.workarounds.triton_war.buffer_ops import (
@@ -41,7 +42,6 @@ from titan_rocm.workarounds.triton_war.buffer_ops import (
     cache_env_fn,
 )
 from titan_rocm.workarounds.triton_war.compile_lock import COMPILE_LOCK
-from titan_rocm.workarounds.triton_war.names import BUFFER_OPS_ENV, RULE_NAMES
 
 _MARK = "__titan_rocm_triton_war__"
 # Where Triton and Inductor look ``compile`` up: (module name, attribute).
@@ -60,8 +60,8 @@ class HazardousKernelError(RuntimeError):
 
 
 def scan_amdgcn(text: str, arch: str | None, rule: str) -> Any:
-    """The default scanner: :func:`titan_rocm.workarounds.triton_war.scan.scan_text`."""
-    from titan_rocm.workarounds.triton_war.scan import scan_text
+    """The default scanner: :func:`titan_rocm.scanner.scan.scan_text`."""
+    from titan_rocm.scanner.scan import scan_text
 
     return scan_text(text, arch=arch, rule=rule)
 

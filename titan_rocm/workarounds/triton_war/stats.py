@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from titan_rocm.log import log_once
-from titan_rocm.workarounds.triton_war.names import ENV_STATS_DIR
+from titan_rocm.scanner.names import ENV_STATS_DIR
 
 __all__ = ["Stats", "collect", "local", "record"]
 

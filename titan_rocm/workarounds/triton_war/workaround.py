@@ -20,9 +20,9 @@ from typing import Any
 import torch.nn as nn
 
 from titan_rocm.log import log, log_once
+from titan_rocm.scanner.names import ENV_ENABLE, ENV_STATS_DIR
 from titan_rocm.workarounds.base import Context, Workaround
 from titan_rocm.workarounds.triton_war import bootstrap, cache_tag, stats
-from titan_rocm.workarounds.triton_war.names import ENV_ENABLE, ENV_STATS_DIR
 
 WORKER_REACH = (
     "sitecustomize: titan-rocm's _boot directory first on sys.path/PYTHONPATH, gated by "

@@ -1,0 +1,1 @@
+"""titan-rocm's tests (a package: helpers import as tests.support.<name>)."""

@@ -1,0 +1,148 @@
+"""The CPU trainer the audit tests build: tests/support/cpu_trainer.py's real TorchTitan 0.2.2
+trainer, parallelised and compiled by the model's own ``parallelize_fn`` (Inductor's CPU
+backend), as ``Trainer.__init__`` does on a GPU. For ``titan-rocm audit --trainer
+tests.support.audit_trainer:AuditTrainer`` (with the repository root on ``PYTHONPATH``) and
+in-process tests.
+
+At import it lets TorchTitan's MoE run on CPU (its token counting and padding are GPU-only,
+see moe_test_models.cpu_histc / cpu_permute_indices), process-wide: this module is only ever
+imported by the audit tests' own processes and cases.
+
+Faults come from titan-rocm's own injector (``TITAN_ROCM_DEBUG_CORRUPT``, compiled code only;
+docs/numerics-audit-fault.md), installed by the converters this trainer runs.
+"""
+
+from __future__ import annotations
+
+if __package__ in (None, ""):  # run as a script: tests.support imports need the repo root
+    import sys as _sys
+    from pathlib import Path as _Path
+
+    _sys.path.insert(0, str(_Path(__file__).resolve().parents[2]))
+
+import sys
+from typing import Any
+
+import torch
+
+from tests.support.cpu_trainer import TINY, CpuTrainer
+
+
+def _cpu_moe() -> None:
+    import types
+
+    import torchtitan.models.moe.moe as moe_module
+
+    from tests.support.moe_test_models import cpu_histc, cpu_permute_indices
+
+    if getattr(torch.histc, "__name__", "") != "histc_any_dtype":  # once per process
+        for_good = types.SimpleNamespace(setattr=setattr)
+        cpu_histc(for_good)
+        cpu_permute_indices(for_good, moe_module)
+
+
+_cpu_moe()
+
+
+COMPILED_CALLS: list[int] = [0]
+"""Calls of compiled graphs made by the ``audit_counting`` backend (Inductor, counted)."""
+
+
+def _counting_backend(gm: Any, example_inputs: Any) -> Any:
+    from torch._inductor.compile_fx import compile_fx
+
+    compiled = compile_fx(gm, example_inputs)
+
+    def run(*args: Any) -> Any:
+        COMPILED_CALLS[0] += 1
+        return compiled(*args)
+
+    return run
+
+
+if "audit_counting" not in torch._dynamo.list_backends(exclude_tags=()):
+    torch._dynamo.register_backend(_counting_backend, name="audit_counting")
+
+
+class AuditTrainer(CpuTrainer):
+    """CpuTrainer with the job's ParallelDims and the model's own ``parallelize_fn``."""
+
+    patch_for_cpu = True
+
+    def parallel_dims_for(self, job_config: Any, world: int) -> Any:
+        from torchtitan.distributed import ParallelDims
+
+        p = job_config.parallelism
+        dims = ParallelDims(
+            dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
+            cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
+            pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
+            etp=p.expert_tensor_parallel_degree, world_size=world,
+        )
+        if world > 1:
+            dims.build_mesh()
+        return dims
+
+    def parallelize(self, model: Any) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        self.train_spec.parallelize_fn(model, self.parallel_dims, self.job_config)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                # gloo has no PREMUL_SUM; TorchTitan's divide factor is 1, so a plain sum is
+                # what NCCL computes (as tests/support/moe_scope_worker.py does).
+                module.set_force_sum_reduction_for_comms(True)
+
+
+__all__ = ["TINY", "AuditTrainer"]
+
+
+LLAMA = ["--model.name", "llama3", "--model.flavor", "debugmodel"]
+DEEPSEEK = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel"]
+COMPILED = ["--model.converters", "rocm", "--compile.enable",
+            "--activation_checkpoint.mode", "none"]
+
+
+def audit_job(args: list[str], tokens: int | None = None, chunks: int | None = None) -> Any:
+    """Build the AuditTrainer of ``cpu_trainer.job_config(COMPILED + args)`` in this process
+    and audit one micro-batch; the :class:`AuditResult` (process group left for the caller)."""
+    from tests.support.cpu_trainer import job_config
+    from titan_rocm.adapters.tt022.config import settings_from
+    from titan_rocm.numerics.audit import audit_022
+    from titan_rocm.numerics.stats import AuditSettings
+
+    jc = job_config(COMPILED + list(args))
+    torch._dynamo.reset()
+    trainer = AuditTrainer(jc)
+    input_dict, labels = next(iter(trainer.dataloader))
+    model = trainer.model_parts[0]
+    before = [b.clone() for b in model.buffers()], torch.get_rng_state()
+    result = audit_022(trainer, input_dict, labels, AuditSettings.of(settings_from(jc)), tokens,
+                       chunks)
+    # What the audit must leave as it found it (the MoE token counts are buffers).
+    assert all(torch.equal(a, b) for a, b in zip(before[0], model.buffers(), strict=True))
+    assert torch.equal(before[1], torch.get_rng_state())
+    assert all(p.grad is None for p in model.parameters())
+    return result
+
+
+if __name__ == "__main__":
+    # The clean-run measurements docs/numerics-audit.md quotes:
+    #   python tests/support/audit_trainer.py [seeds]
+    import titan_rocm  # noqa: F401
+
+    seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    for name, model in (("llama3", LLAMA), ("deepseek_v3", DEEPSEEK)):
+        ratios, fractions, errs = [], [], []
+        for seed in range(seeds):
+            r = audit_job(model + ["--debug.seed", str(seed)])
+            ratios += [p.ratio for p in r.parameters if p.numel]
+            fractions += [p.outlier_fraction for p in r.parameters if p.numel]
+            errs += [p.err_job for p in r.parameters if p.numel]
+            print(f"{name} seed {seed}: {'flagged' if r.flagged else 'ok'}; worst ratio "
+                  f"{max(p.ratio for p in r.parameters):.3g}, worst outliers "
+                  f"{max(p.outlier_fraction for p in r.parameters):.3g}, loss err_job "
+                  f"{r.loss['err_job']:.3g}, err_eager {r.loss['err_eager']:.3g}",
+                  flush=True)
+        print(f"{name}: {len(ratios)} gradients; ratio max {max(ratios):.3g}; outlier "
+              f"fraction max {max(fractions):.3g}; err_job max {max(errs):.3g}", flush=True)

@@ -1,0 +1,119 @@
+"""Fixtures and references for the MLA tests: the fake aiter in both generations, simulated
+ROCm facts, reference attention.
+
+tests/conftest.py makes the fixtures available; an MLA test module marks itself
+``pytestmark = pytest.mark.usefixtures("clean_mla_state")``. ``fake_aiter_path`` is parametrized
+over the two fake generations (``tests/fake_aiter/pypi_0_1_7`` and ``tests/fake_aiter/main``),
+so every test that takes it runs against both, through their ``torch.ops.aiter`` schemas as
+with the real aiter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import importlib
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from titan_rocm import log as titan_log
+from titan_rocm import platform, torchtitan_version
+from titan_rocm.platform import PlatformFacts
+from titan_rocm.workarounds.mla_attention import guard, op, route_log
+from titan_rocm.workarounds.mla_attention.workaround import DEEPSEEK_PARALLELIZE
+
+FAKE_AITER = Path(__file__).resolve().parents[1] / "fake_aiter"
+GENERATIONS = {"0.1.7": "pypi_0_1_7", "main": "main"}
+"""Fake generation -> its directory under tests/fake_aiter."""
+
+
+def drop_aiter_modules() -> None:
+    """Forget every imported aiter module and the fake's ``torch.ops.aiter`` ops."""
+    support = sys.modules.get("fake_aiter_support")
+    if support is not None:
+        support.destroy()
+    for name in [m for m in sys.modules if m == "aiter" or m.startswith("aiter.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def clean_mla_state(monkeypatch) -> Iterator[None]:
+    """Each test starts and ends without aiter loaded, guard hooks, logged routes or SAC ops
+    (0.2.2: in DeepSeek's ``_op_sac_save_list``; 0.3.0: in ``_get_default_save_ops``)."""
+    monkeypatch.delenv("GPU_ARCHS", raising=False)
+    drop_aiter_modules()
+    yield
+    guard.uninstall()
+    drop_aiter_modules()
+    route_log.forget()
+    titan_log.forget("mla_")
+    if torchtitan_version.series() == "0.3":
+        from titan_rocm.workarounds.mla_attention import tt030
+
+        tt030.restore_op_sac()
+    else:
+        save_list = importlib.import_module(DEEPSEEK_PARALLELIZE)._op_sac_save_list
+        save_list.difference_update(op.FORWARD_OPS)
+
+
+@pytest.fixture(params=list(GENERATIONS))
+def fake_aiter_path(request, monkeypatch) -> str:
+    """One fake aiter generation importable (nothing imported yet); its name."""
+    monkeypatch.syspath_prepend(str(FAKE_AITER))
+    monkeypatch.syspath_prepend(str(FAKE_AITER / GENERATIONS[request.param]))
+    importlib.invalidate_caches()
+    return request.param
+
+
+@pytest.fixture
+def fake_aiter(fake_aiter_path) -> Any:
+    """The fake aiter imported; its control module (device gfx942, no calls yet)."""
+    fake = importlib.import_module("aiter._fake")
+    importlib.import_module("aiter.ops.mha")
+    fake.reset("gfx942")
+    return fake
+
+
+@contextlib.contextmanager
+def on_rocm(arch: str, fake: Any = None, aiter: str | None = None) -> Iterator[PlatformFacts]:
+    """Simulated ROCm facts for ``arch`` with the fake's generation of aiter (its ``get_gfx()``
+    predicted from ``GPU_ARCHS`` as the fake answers it); the fake's device set to ``arch``."""
+    if fake is not None:
+        fake.reset(arch)
+    generation = aiter or (fake.GENERATION if fake is not None else "main")
+    with platform.override(PlatformFacts.simulated_rocm(arch, aiter=generation)) as facts:
+        yield facts
+
+
+def cpu_facts(**changes: Any) -> PlatformFacts:
+    """A CPU-only torch build's facts."""
+    facts = PlatformFacts("2.13", None, None, 0, None, None, None, "3.9.0", False)
+    return dataclasses.replace(facts, **changes)
+
+
+def qkv(batch=2, seqlen=32, heads=4, qk=192, v=128, dtype=torch.bfloat16, seed=0):
+    """bshd q, k, v (aiter's layout) as leaf tensors needing grad."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = ((batch, seqlen, heads, qk), (batch, seqlen, heads, qk), (batch, seqlen, heads, v))
+    return [torch.randn(s, generator=gen).to(dtype).requires_grad_() for s in shapes]
+
+
+def reference(q, k, v, scale, dout, attn_mask=None):
+    """fp32 SDPA of bshd inputs, causal or under ``attn_mask``: (out, dq, dk, dv)."""
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(
+        qf.transpose(1, 2), kf.transpose(1, 2), vf.transpose(1, 2), scale=scale,
+        is_causal=attn_mask is None, attn_mask=attn_mask,
+    ).transpose(1, 2)
+    out.backward(dout.float())
+    return out.detach(), qf.grad, kf.grad, vf.grad
+
+
+def assert_matches(got, want, tol=2e-2):
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)

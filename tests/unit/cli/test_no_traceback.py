@@ -1,0 +1,99 @@
+"""Odd input ends in one sentence and exit 2, never a traceback, and nothing is lost: deeply
+nested or huge TOML (plan, tune collect), an output that cannot be written (checked before the
+training step), 0.3.0's flags under 0.2.2, a truncated or huge AMDGCN file (scan)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from titan_rocm.adapters.tt022.job_args import MAX_TOML_BYTES
+from titan_rocm.cli import main
+
+REPO = Path(__file__).resolve().parents[3]
+CORPUS = REPO / "tests" / "corpus" / "amdgcn"
+
+DEEP = {
+    "array": "x = " + "[" * 5000 + "]" * 5000 + "\n",
+    "inline table": "x = " + "{a = " * 3000 + "1" + "}" * 3000 + "\n",
+    "mixed": "[job]\nx = " + "[{a = " * 1500 + "1" + "}]" * 1500 + "\n",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(DEEP))
+def test_plan_refuses_deeply_nested_toml(kind: str, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text(DEEP[kind])
+    assert main(["plan", "--job.config_file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "nested deeper than TOML readers accept" in err and "Traceback" not in err
+
+
+def test_plan_refuses_a_huge_toml_before_reading_it(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "comments.toml"
+    with path.open("w") as f:
+        line = "# a comment\n" * 4096
+        while f.tell() <= MAX_TOML_BYTES:
+            f.write(line)
+    assert main(["plan", "--job.config_file", str(path)]) == 2
+    assert "accepted: a TOML file of at most 16 MiB" in capsys.readouterr().err
+
+
+def test_plan_on_0_2_2_names_0_3_0s_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--module", "llama3", "--config=llama3_debugmodel"]) == 2
+    err = capsys.readouterr().err
+    assert "--config and --module are TorchTitan 0.3.0's flags" in err
+    assert "--job.config_file FILE" in err
+
+
+def _collect(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "titan_rocm.cli", "tune", "collect", *args],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+
+def test_tune_collect_refuses_bad_input_before_the_training_step(tmp_path: Path) -> None:
+    config = tmp_path / "job.toml"
+    config.write_text('[model]\nname = "llama3"\n')
+    (tmp_path / "dir").mkdir()
+    deep = tmp_path / "deep.toml"
+    deep.write_text(DEEP["array"])
+    cases = [
+        (["-o", "dir", "--job.config_file", str(config)], "is a directory, not a regular file"),
+        (["-o", "nowhere/p.jsonl", "--job.config_file", str(config)], "does not exist"),
+        (["-o", "/proc/p.jsonl", "--job.config_file", str(config)], "cannot write there"),
+        (["-o", str(config), "--job.config_file", str(config)], "(the same file)"),
+        (["-o", "p.jsonl", "--job.config_file", str(deep)], "nested deeper"),
+    ]
+    for args, said in cases:
+        done = _collect(tmp_path, *args)
+        assert done.returncode == 2 and said in done.stderr, (args, done.stderr[-2000:])
+        assert "Traceback" not in done.stderr
+    assert config.read_text() == '[model]\nname = "llama3"\n'
+
+
+def test_scan_says_a_file_ends_before_its_kernel(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    whole = (CORPUS / "matmul-gfx942-nobuf.amdgcn").read_bytes()
+    cut = tmp_path / "cut.amdgcn"
+    cut.write_bytes(whole[: len(whole) // 3])
+    assert main(["scan", str(cut)]) == 0
+    out, err = capsys.readouterr()
+    assert f"{cut} ends before its kernel matmul does" in err
+    assert "1 file(s) end before their kernel does" in out
+    assert main(["scan", str(CORPUS / "matmul-gfx942-nobuf.amdgcn")]) == 0
+    assert "ends before" not in "".join(capsys.readouterr())
+
+
+def test_scan_refuses_a_file_larger_than_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from titan_rocm.cli import scan
+
+    monkeypatch.setattr(scan, "MAX_FILE_BYTES", 1 << 10)
+    big = CORPUS / "matmul-gfx942-nobuf.amdgcn"
+    assert main(["scan", str(big)]) == 2
+    assert "not scanned: " in capsys.readouterr().err

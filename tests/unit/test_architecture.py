@@ -1,0 +1,337 @@
+"""The import graph keeps the shape docs/architecture.md draws: no circles, adapters above
+workarounds, workarounds on their own base, tools beside them.
+
+Read from the source with ``ast`` (nothing is imported), every import statement counted,
+those inside functions too; only ``if TYPE_CHECKING:`` blocks are left out.
+"""
+
+from __future__ import annotations
+
+import ast
+import typing
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "titan_rocm"
+
+# The floors, lowest first. A module may import its own floor and those below.
+FACTS = ("titan_rocm.archs", "titan_rocm.platform", "titan_rocm.settings", "titan_rocm.log",
+         "titan_rocm.guard_message", "titan_rocm._after_import", "titan_rocm.torchtitan_version",
+         "titan_rocm.files", "titan_rocm.numbers", "titan_rocm.progress", "titan_rocm.measured")
+WORKAROUNDS = "titan_rocm.workarounds"
+SHARED_WORKAROUND_MODULES = {
+    f"{WORKAROUNDS}.base", f"{WORKAROUNDS}.registry", f"{WORKAROUNDS}.moe_blocks",
+    f"{WORKAROUNDS}.job", f"{WORKAROUNDS}.seams",
+}
+TOOLS = ("titan_rocm.logs", "titan_rocm.gemm_tables", "titan_rocm.numerics")
+"""Tools beside the workarounds: platform facts only, never a workaround or an adapter."""
+# Full module names, written out: the layout move (issue 23) rewrites them by module path.
+TUNING_LOOKUP = ("titan_rocm.tuning.problems", "titan_rocm.tuning.records",
+                 "titan_rocm.tuning.table", "titan_rocm.tuning.env", "titan_rocm.tuning.choices")
+"""What training reads of the tuner (rocm.gemm_lookup stands on it): below the workarounds."""
+TUNING_DRIVER = ("titan_rocm.tuner.collect", "titan_rocm.tuner.runner",
+                 "titan_rocm.tuner.minesweeper", "titan_rocm.tuner.settings")
+"""``titan-rocm tune``'s driver: a tool that may act as an adapter (it builds Contexts)."""
+NUMERICS_DRIVER = ("titan_rocm.numerics.audit", "titan_rocm.numerics.attribution",
+                   "titan_rocm.numerics.seams_tt022", "titan_rocm.numerics.seams_tt030")
+"""The numerics audit's passes, attribution and per-generation seams: like the tuner's driver,
+a tool that acts as an adapter (it runs the trainer's step and reads the job's decisions).
+The rest of titan_rocm.numerics (statistics, report, the test fault) is a plain tool; the
+workaround ``numerics_audit`` calls the driver at the step, as ``titan-rocm audit`` does."""
+SCANNER = ("titan_rocm.scanner.amdgcn", "titan_rocm.scanner.hazards",
+           "titan_rocm.scanner.scan", "titan_rocm.scanner.names")
+"""The AMDGCN parser, rules and scanner behind ``titan-rocm scan``: no torch, no Triton."""
+ADAPTERS = (
+    "titan_rocm.adapters",  # tt022/ and tt030/, one folder per TorchTitan generation
+    "titan_rocm.plan_format",  # both plans' printing
+    # the paths users type, shims of the modules in adapters/ (torchtitan/override.py is real)
+    "titan_rocm.torchtitan",
+    "titan_rocm.config",
+    "titan_rocm._registration",
+    "titan_rocm.train",
+)
+CLI = ("titan_rocm.cli",)
+TEST_ONLY = ("titan_rocm.testing.faults", "titan_rocm.testing.graph_audit")
+"""Code that exists for tests and worker processes; the runtime never imports it."""
+TEST_ONLY_IMPORTERS = {
+    # The minesweeper's worker processes inject the faults the tests ask for (env var).
+    "titan_rocm.tuner.minesweeper",
+    # `titan-rocm tune run` validates the fault spec of that env var before starting workers.
+    "titan_rocm.cli.tune",
+    # The results writer simulates the full disk a test asks for (TITAN_ROCM_TUNE_DISK_FULL_AFTER).
+    "titan_rocm.tuner.runner",
+}
+FORBIDDEN_IN_WORKAROUNDS = (
+    "torchtitan.config",
+    *ADAPTERS,
+    "titan_rocm.tuner",
+    "titan_rocm.cli",
+    "titan_rocm.logs",
+)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _in(name: str, roots: tuple[str, ...]) -> bool:
+    return any(name == r or name.startswith(r + ".") for r in roots)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(name: str) -> set[str]:
+    """Every module ``name`` imports (titan_rocm modules resolved, others as written)."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                candidate = f"{base}.{alias.name}"
+                found.add(candidate if candidate in MODULES else base)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    found.discard(name)
+    return found
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+
+
+def internal(name: str) -> set[str]:
+    return {m for m in GRAPH[name] if m in MODULES}
+
+
+def workaround_of(name: str) -> str | None:
+    """The workaround package (or module) ``name`` belongs to; None for shared modules."""
+    if not name.startswith(WORKAROUNDS + ".") or name in SHARED_WORKAROUND_MODULES:
+        return None
+    return ".".join(name.split(".")[:3])
+
+
+def test_the_graph_was_read() -> None:
+    assert "titan_rocm.workarounds.base" in GRAPH["titan_rocm.adapters.tt022.converters.converter"]
+    assert len(MODULES) > 40
+
+
+def test_no_import_circle() -> None:
+    # Tarjan's strongly connected components over titan_rocm's own modules.
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(internal(v)):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(GRAPH):
+        if v not in index:
+            connect(v)
+    assert circles == []
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if m.startswith(WORKAROUNDS)])
+def test_workarounds_stand_on_their_own_base(name: str) -> None:
+    bad = sorted(m for m in GRAPH[name]
+                 for f in FORBIDDEN_IN_WORKAROUNDS if m == f or m.startswith(f + "."))
+    assert bad == [], f"{name} imports {bad}"
+    mine = workaround_of(name)
+    others = sorted(m for m in internal(name)
+                    if workaround_of(m) is not None and workaround_of(m) != mine)
+    assert others == [], f"{name} reads another workaround's internals: {others}"
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if m in FACTS])
+def test_platform_facts_import_nothing_above_them(name: str) -> None:
+    assert sorted(m for m in internal(name) if m not in FACTS) == []
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES
+                                  if m.startswith(TOOLS) and not _in(m, NUMERICS_DRIVER)])
+def test_tools_do_not_reach_into_workarounds_or_adapters(name: str) -> None:
+    above = sorted(m for m in internal(name) if _in(m, (WORKAROUNDS, *ADAPTERS)))
+    assert above == [], f"{name} imports {above}"
+
+
+def floor_of(name: str) -> str | None:
+    """Which floor module ``name`` is on (docs/architecture.md), None for an unplaced one."""
+    if name == "titan_rocm" or name == "titan_rocm.assets":
+        return "package"
+    # The packages the layout move (issue 23) makes: their __init__ is on their files' floor.
+    for floor, roots in (("test-only", (*TEST_ONLY, "titan_rocm.testing")),
+                         ("scanner", (*SCANNER, "titan_rocm.scanner")),
+                         ("facts", FACTS),
+                         ("tuner", (*TUNING_DRIVER, *NUMERICS_DRIVER, "titan_rocm.tuner")),
+                         ("tools", TOOLS), ("tuning", TUNING_LOOKUP),
+                         ("adapters", ADAPTERS), ("cli", CLI),
+                         ("workarounds", (WORKAROUNDS,)), ("tuning", ("titan_rocm.tuning",))):
+        if _in(name, roots):
+            return floor
+    return None
+
+
+def test_every_module_is_on_a_floor() -> None:
+    """A new module or package (another engineer's, a merge's) is placed here on purpose,
+    with the rules of its floor, or this fails naming it."""
+    assert sorted(m for m in MODULES if floor_of(m) is None) == []
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if m.startswith("titan_rocm.cli")])
+def test_the_cli_is_above_everything_and_nothing_imports_it(name: str) -> None:
+    importers = sorted(m for m in MODULES if name in internal(m) and not _in(m, CLI))
+    assert importers == [], f"{importers} import the command line module {name}"
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if _in(m, TUNING_LOOKUP)])
+def test_what_training_reads_of_the_tuner_stands_below_the_workarounds(name: str) -> None:
+    above = sorted(m for m in internal(name)
+                   if floor_of(m) not in ("facts", "tuning", "tools", "scanner"))
+    assert above == [], f"{name} imports {above}"
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if _in(m, TUNING_DRIVER + TEST_ONLY)])
+def test_the_tuner_driver_is_imported_by_no_workaround(name: str) -> None:
+    importers = sorted(m for m in MODULES if name in internal(m) and floor_of(m) == "workarounds")
+    assert importers == [], f"workarounds {importers} import the tuner driver {name}"
+
+
+@pytest.mark.parametrize("name", SCANNER)
+def test_the_scanner_needs_no_torch_no_triton_and_no_workaround(name: str) -> None:
+    assert name in MODULES
+    heavy = sorted(m for m in GRAPH[name] if _in(m, ("torch", "triton", "titan_rocm.log")))
+    assert heavy == [], f"{name} imports {heavy}"
+    above = sorted(m for m in internal(name) if floor_of(m) not in ("facts", "scanner"))
+    assert above == [], f"{name} imports {above}"
+
+
+def test_runtime_modules_never_import_test_only_code() -> None:
+    bad = sorted(f"{m} -> {t}" for m in MODULES for t in TEST_ONLY
+                 if t in internal(m) and m not in TEST_ONLY_IMPORTERS and m not in TEST_ONLY)
+    assert bad == []
+
+
+def test_settings_modes_and_the_registry_name_the_same_workarounds() -> None:
+    from typing import get_type_hints
+
+    from titan_rocm.settings import Mode, RocmSettings
+    from titan_rocm.workarounds.registry import WORKAROUNDS as REGISTERED
+
+    hints = get_type_hints(RocmSettings)
+    modes = [name for name, hint in hints.items() if hint == Mode]
+    # numerics_audit is a schedule (off | first_step | every_n_steps), not on/auto/off: its
+    # field is named after the workaround and "off" does nothing, as for every mode.
+    scheduled = [name for name, hint in hints.items()
+                 if name in REGISTERED and hint != Mode and "off" in typing.get_args(hint)]
+    assert modes and sorted(modes + scheduled) == sorted(REGISTERED)
+    assert all(name not in modes for name in scheduled)
+
+
+def test_every_seam_module_a_generation_names_exists() -> None:
+    from titan_rocm.workarounds.registry import WORKAROUNDS as REGISTERED
+    from titan_rocm.workarounds.seams import GENERATIONS
+
+    for generation in GENERATIONS.values():
+        for workaround, target in generation.seams.items():
+            assert workaround in REGISTERED
+            module, _, cls = target.partition(":")
+            assert module in MODULES and cls in _defined_names(module), target
+
+
+def _defined_names(name: str) -> set[str]:
+    """Names module ``name`` binds at top level (defs, classes, assignments, imports), and,
+    for a package, its submodules: what ``from name import X`` can find."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and \
+                node in tree.body:
+            names.add(node.name)
+    for node in tree.body:
+        targets: list[ast.AST] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            targets = [node.target]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.If, ast.Try)):  # TYPE_CHECKING, version fallbacks
+            for sub in ast.walk(node):
+                if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                    names.update((a.asname or a.name).split(".")[0] for a in sub.names)
+                elif isinstance(sub, (ast.FunctionDef, ast.ClassDef)):
+                    names.add(sub.name)
+                elif isinstance(sub, ast.Assign):
+                    targets += sub.targets
+        for target in targets:
+            names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    prefix = name + "."
+    names.update(m[len(prefix):].split(".")[0] for m in MODULES if m.startswith(prefix))
+    for node in tree.body:  # names a module still answers after they moved (``_MOVED``)
+        if isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "_MOVED" for t in node.targets):
+            names.update(ast.literal_eval(node.value))
+    return names
+
+
+def test_every_name_imported_from_titan_rocm_exists() -> None:
+    """A rename that misses one importer (often a lazy import inside a function, which only
+    runs on a rarely used path) fails here, not in a user's hands. Importers: the package,
+    the tests and the benchmarks."""
+    importers = {**MODULES, **{str(f.relative_to(PACKAGE.parent)): f
+                               for d in ("tests", "benchmarks")
+                               for f in sorted((PACKAGE.parent / d).rglob("*.py"))}}
+    missing = []
+    for name, path in importers.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module in MODULES):
+                continue
+            defined = _defined_names(node.module)
+            missing += [f"{name}: {node.module}.{a.name}" for a in node.names
+                        if a.name != "*" and a.name not in defined]
+    assert missing == []

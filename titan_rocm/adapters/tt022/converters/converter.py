@@ -1,0 +1,82 @@
+"""TorchTitan 0.2.2's converter class for titan-rocm: runs a fixed list of workarounds.
+
+TorchTitan instantiates one converter per name in ``[model] converters`` and calls
+``convert(model)`` on each in order. The first titan-rocm converter to convert a model makes
+the job's :class:`~titan_rocm.workarounds.base.JobWorkarounds` (every workaround of every
+titan-rocm converter the job lists, decided once) and keeps it on the model, so a workaround
+listed twice (``rocm`` and ``rocm.grouped_mm``) applies once and each workaround can ask
+whether another one runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch.nn as nn
+
+from titan_rocm.adapters.tt022.converters.context import job_context
+from titan_rocm.workarounds.base import Workaround
+from titan_rocm.workarounds.job import Decision, JobWorkarounds
+from titan_rocm.workarounds.registry import WORKAROUNDS, workaround_class
+
+UMBRELLA = "rocm"
+"""The converter that runs every workaround; ``rocm.<name>`` runs one."""
+
+JOB_ATTR = "_titan_rocm_job"
+"""Attribute of a converted model: its job's :class:`JobWorkarounds`."""
+
+
+def workarounds_of(converter_names: list[str] | tuple[str, ...]) -> list[str]:
+    """The workarounds the titan-rocm converters among ``converter_names`` run, in apply order."""
+    wanted: set[str] = set()
+    for name in converter_names:
+        if name == UMBRELLA:
+            wanted.update(WORKAROUNDS)
+        elif name.startswith(UMBRELLA + ".") and name[len(UMBRELLA) + 1:] in WORKAROUNDS:
+            wanted.add(name[len(UMBRELLA) + 1:])
+    return [name for name in WORKAROUNDS if name in wanted]
+
+
+class RocmConverter:
+    """A TorchTitan model converter running a fixed list of workarounds."""
+
+    converter_name: ClassVar[str]
+    workaround_names: ClassVar[tuple[str, ...]]
+
+    def __init__(self, job_config: Any, parallel_dims: Any) -> None:
+        self.ctx = job_context(job_config, parallel_dims)
+        self.workarounds: dict[str, Workaround] = {
+            cls.name: cls(self.ctx) for cls in self.workaround_classes()
+        }
+        for w in self.workarounds.values():
+            w.require()  # `on` fails here, at start-up, naming what is missing
+        self.decisions: list[Decision] = []
+        self._job: JobWorkarounds | None = None
+
+    @classmethod
+    def workaround_classes(cls) -> list[type[Workaround]]:
+        """The workaround classes this converter runs, in order (looked up by name)."""
+        return [workaround_class(name) for name in cls.workaround_names]
+
+    def _job_of(self, model: nn.Module) -> JobWorkarounds:
+        job = model.__dict__.get(JOB_ATTR)
+        if job is None:
+            names = workarounds_of(self.ctx.converters)
+            names += [n for n in self.workarounds if n not in names]
+            job = JobWorkarounds(self.ctx, names, self.workarounds)
+            model.__dict__[JOB_ATTR] = job
+        else:
+            job.adopt(self.workarounds, model)
+        return job
+
+    def convert(self, model: nn.Module) -> None:
+        """Apply every workaround whose gate holds; log one line per workaround."""
+        self._job = self._job_of(model)
+        self.decisions += self._job.apply_all(self.workarounds, model, self.converter_name)
+
+    def post_optimizer_hook(self, model: nn.Module | list[nn.Module]) -> None:
+        """Forward TorchTitan's post-optimizer hook to the workarounds this converter applied."""
+        parts = model if isinstance(model, list) else [model]
+        if self._job is not None:
+            for w in self._job.applied(self.converter_name):
+                w.post_optimizer_hook(parts)

@@ -1,0 +1,130 @@
+"""Prepare TorchTitan command-line arguments for titan-rocm's own entry points.
+
+``titan-rocm plan`` and ``python -m titan_rocm.train`` accept exactly TorchTitan's flags.
+Before handing them to TorchTitan's ``ConfigManager`` they make sure ``[rocm]`` and
+``--rocm.*`` parse (by adding ``--job.custom_config_module titan_rocm.config`` when the job
+names no config module) and check the TOML's ``[rocm]`` table with a message that lists
+the accepted keys and values, which TorchTitan's own check does not.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from titan_rocm.adapters.tt022.config import CONFIG_MODULE
+from titan_rocm.files import TooLargeError, read_regular
+from titan_rocm.settings import check_section
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
+CONFIG_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
+MAX_TOML_BYTES = 16 << 20
+"""The largest job TOML read (a TorchTitan job file is a few KiB): a bigger one is refused
+before it is read, so memory stays bounded (tomllib keeps the whole text and more)."""
+
+
+class JobArgsError(ValueError):
+    """The job's arguments or TOML file cannot be used; the message says why."""
+
+
+def flag_value(args: Sequence[str], names: Sequence[str]) -> str | None:
+    """Value of the first of ``names`` in ``args`` (``--flag value`` or ``--flag=value``).
+
+    Kept by hand, not asked of TorchTitan's ``ConfigManager``: importing it imports torch
+    (10-20 s on a login node), and ``plan`` refuses a missing TOML before that. It reads a
+    flag as TorchTitan 0.2.2 does (``_maybe_load_toml``, ``_maybe_add_custom_config``: the
+    first occurrence); ``tests/tt022/test_job_args.py`` holds it to their answers on generated
+    command lines. A flag with no value after it is refused here, where TorchTitan would stop
+    later (its parser) or fail with an IndexError.
+    """
+    for i, arg in enumerate(args):
+        key, sep, value = arg.partition("=")
+        if key in names:
+            if sep:
+                return value
+            if i + 1 < len(args):
+                return args[i + 1]
+            raise JobArgsError(f"{key} needs a value")
+    return None
+
+
+def module_and_config(args: Sequence[str]) -> tuple[str | None, str | None]:
+    """``--module`` and ``--config`` as TorchTitan 0.3.0's ``ConfigManager._load_config``
+    reads them: one pass over both, each flag consuming its value, the last occurrence wins
+    (held to it by the 0.3.0 suite). None for one that is absent or left without a value."""
+    found: dict[str, str | None] = {"--module": None, "--config": None}
+    i = 0
+    while i < len(args):
+        key, sep, value = args[i].partition("=")
+        if key in found:
+            if sep:
+                found[key] = value
+            elif i + 1 < len(args):
+                found[key] = args[i + 1]
+                i += 1
+        i += 1
+    return found["--module"], found["--config"]
+
+
+def load_toml(args: Sequence[str]) -> dict[str, Any]:
+    """The job's TOML file as a dict (empty when no ``--job.config_file`` is given)."""
+    path = flag_value(args, CONFIG_FILE_FLAGS)
+    if path is None:
+        return {}
+    try:
+        return tomllib.loads(read_regular(path, MAX_TOML_BYTES).decode("utf-8"))
+    except TooLargeError as exc:
+        raise JobArgsError(
+            f"--job.config_file {path!r}: {exc.size} bytes, not a job file; accepted: a TOML "
+            f"file of at most {MAX_TOML_BYTES >> 20} MiB") from None
+    except RecursionError:  # tomllib recurses once per level of nesting
+        raise JobArgsError(
+            f"--job.config_file {path!r}: arrays or inline tables nested deeper than TOML "
+            "readers accept (a job file nests a few levels)") from None
+    except FileNotFoundError:
+        raise JobArgsError(f"--job.config_file {path!r}: no such file") from None
+    except OSError as exc:
+        raise JobArgsError(f"--job.config_file {path!r}: cannot read ({exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise JobArgsError(f"--job.config_file {path!r}: not valid TOML ({exc})") from None
+    except UnicodeDecodeError as exc:  # TOML is UTF-8 text; a binary file is not
+        raise JobArgsError(
+            f"--job.config_file {path!r}: not a TOML file (byte {exc.start} is not UTF-8 text)"
+        ) from None
+
+
+def config_module(args: Sequence[str], toml: dict[str, Any]) -> Any:
+    """The job's ``custom_config_module`` as TorchTitan 0.2.2 reads it: the flag, else the
+    TOML's ``[job]`` value (None: neither; not checked to be a string)."""
+    module = flag_value(args, CONFIG_MODULE_FLAGS)
+    if module is None:
+        job = toml.get("job")
+        module = job.get("custom_config_module") if isinstance(job, dict) else None
+    return module
+
+
+def prepare(args: Sequence[str]) -> list[str]:
+    """Arguments for TorchTitan's ConfigManager, with titan-rocm's config module ensured.
+
+    Raises:
+        JobArgsError: unreadable TOML, or a ``[rocm]`` key/value titan-rocm does not accept.
+    """
+    args = list(args)
+    toml = load_toml(args)
+    module = config_module(args, toml)
+    if "rocm" in toml:
+        try:
+            check_section(toml["rocm"])
+        except ValueError as exc:
+            raise JobArgsError(str(exc)) from None
+    if not module:
+        # A job with its own config module keeps it; it must then carry the `rocm` field
+        # itself (subclass titan_rocm.config.JobConfig) for [rocm] to parse.
+        args += ["--job.custom_config_module", CONFIG_MODULE]
+    return args

@@ -1,0 +1,119 @@
+"""``python -m titan_rocm.train`` / ``titan-rocm-train``: TorchTitan's trainer with titan-rocm.
+
+Runs ``torchtitan.train`` exactly as ``python -m torchtitan.train`` would (as ``__main__``,
+unchanged, nothing patched on the trainer module), after three things that otherwise need
+lines in the TOML: titan-rocm's converters are registered (no ``custom_import`` needed),
+``[rocm]`` / ``--rocm.*`` parse (``job.custom_config_module`` is added when absent), and the
+TOML's ``[rocm]`` table is checked with a message listing accepted keys and values.
+
+Works under torchrun: ``torchrun --nproc_per_node=8 -m titan_rocm.train --job.config_file X``,
+and alone as one process: without torchrun's environment it sets the one-rank environment
+``torchrun --standalone --nproc_per_node=1`` would give its worker (TorchTitan reads
+``LOCAL_RANK`` unconditionally). Exit codes: TorchTitan's; 2 for a bad TOML, ``[rocm]``
+value or torchrun environment before TorchTitan starts; 130 on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import socket
+import sys
+from collections.abc import MutableMapping, Sequence
+
+from titan_rocm.adapters.tt022.job_args import JobArgsError, prepare
+from titan_rocm.torchtitan_version import TorchTitanVersionError, require
+
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+"""What torchrun (or any launcher TorchTitan supports) sets for every worker."""
+
+
+class LaunchError(ValueError):
+    """The process environment is neither torchrun's nor a plain single process."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the OS picks it, as torchrun --standalone does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def single_process_environment(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
+    """Give a process started without torchrun the environment of torchrun's only worker.
+
+    Sets only what is absent (a ``MASTER_PORT`` of the user's is kept) and nothing at all
+    when torchrun's variables are present. Returns what it set.
+
+    Raises:
+        LaunchError: some but not all of RANK, LOCAL_RANK, WORLD_SIZE are set (a launcher
+            that sets part of them cannot be completed safely).
+    """
+    present = [v for v in RANK_VARIABLES if v in environ]
+    if present:
+        missing = [v for v in RANK_VARIABLES if v not in environ]
+        if missing:
+            raise LaunchError(
+                f"{', '.join(f'{v}={environ[v]}' for v in present)} set but "
+                f"{', '.join(missing)} not: start the job with torchrun (which sets all of "
+                "them), or unset them for a single process"
+            )
+        return {}
+    host = environ.get("MASTER_ADDR", "127.0.0.1")
+    wanted = {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0",
+        "ROLE_WORLD_SIZE": "1", "ROLE_NAME": "default", "MASTER_ADDR": host,
+    }
+    if "MASTER_PORT" not in environ:
+        wanted["MASTER_PORT"] = str(free_port(host if host != "localhost" else "127.0.0.1"))
+    added = {k: v for k, v in wanted.items() if k not in environ}
+    environ.update(added)
+    return added
+
+
+def _fail(message: str) -> None:
+    print(f"titan-rocm: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run TorchTitan's training entry point with ``argv`` (default ``sys.argv[1:]``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    from titan_rocm.adapters.tt022.config import JobConfig
+    from titan_rocm.adapters.tt022.preflight import StartupError, bool_flags, check_bool_flags
+
+    try:
+        require("0.2", "python -m titan_rocm.train")
+        args = prepare(args)
+        check_bool_flags(args, bool_flags(JobConfig))
+    except (JobArgsError, StartupError, TorchTitanVersionError) as exc:
+        _fail(str(exc))
+    if "torchtitan.config.manager" in sys.modules:
+        # ConfigManager.parse_args binds sys.argv[1:] as its default when its module is
+        # first imported; after that, a new sys.argv would be ignored.
+        raise RuntimeError(
+            "titan_rocm.train.main must run before torchtitan.config is imported; "
+            "start it as `python -m titan_rocm.train` or `titan-rocm-train`"
+        )
+    try:
+        added = single_process_environment()
+    except LaunchError as exc:
+        _fail(str(exc))
+    if added:
+        shown = ", ".join(f"{k}={added[k]}" for k in ("RANK", "WORLD_SIZE", "MASTER_PORT")
+                          if k in added)
+        print(f"titan-rocm: no torchrun environment: one process ({shown}), as "
+              "torchrun --standalone --nproc_per_node=1 would start it", file=sys.stderr)
+    import titan_rocm  # noqa: F401 - registers the converters when TorchTitan loads
+
+    sys.argv = ["torchtitan.train", *args]
+    try:
+        runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)
+    except KeyboardInterrupt:
+        print("titan-rocm: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""The titan-rocm workarounds of one TorchTitan 0.3.0 trainer: decided once, applied to the
+whole model where 0.2.2's converters ran, and called back at the trainer's seams.
+
+Where, in ``Trainer.__init__`` (``torchtitan/trainer.py``), and why there:
+
+- ``init_distributed()`` returns the ``ParallelDims``: the :class:`Context` is built then, and
+  every ``on`` workaround checks what it needs (start-up fails with the sentence), before
+  the model exists.
+- The model spec's ``parallelize_fn`` (and ``pipelining_fn``, which receives the whole model
+  under pipeline parallelism) are wrapped: the wrapper decides every workaround on the built
+  model (on the meta device, before any parallelism: where 0.2.2's converters ran), applies
+  them in order with one log line each, runs the stock function (activation checkpointing,
+  ``apply_compile`` in place, FSDP), then takes the blocks a workaround marked eager out of
+  their compile (:func:`~titan_rocm.workarounds.moe_blocks.realize_eager_marks`). The loss is
+  ``torch.compile``d earlier in ``__init__``, but Inductor reads its configuration (precision
+  casts) when it first compiles a graph, at the first forward in ``train()``: applying here
+  is before that.
+- After ``__init__``: the applied workarounds' :class:`~titan_rocm.workarounds.base.TrainerSeam`
+  objects are attached to the trainer, and the optimizers' post-step hook forwards to
+  ``post_optimizer_hook`` (as 0.2.2's converter container did) and then the seams.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch.nn as nn
+
+from titan_rocm.adapters.tt030.context import job_context
+from titan_rocm.log import log
+from titan_rocm.settings import RocmSettings
+from titan_rocm.workarounds.base import Context, TrainerSeam, Workaround
+from titan_rocm.workarounds.job import Decision, JobWorkarounds
+from titan_rocm.workarounds.moe_blocks import realize_eager_marks
+from titan_rocm.workarounds.registry import WORKAROUNDS
+
+BY = "rocm (torchtitan 0.3.0)"
+"""Who applied the workarounds, in decisions (0.2.2 names the converter)."""
+WRAPPED_ATTR = "titan_rocm_job"
+"""Set on a wrapped parallelize/pipelining function: the :class:`RocmJob` that wrapped it."""
+
+
+def unwrapped(fn: Any) -> Any:
+    """``fn`` without a titan-rocm wrapper (a config reused for a second trainer)."""
+    while getattr(fn, WRAPPED_ATTR, None) is not None:
+        fn = fn.__wrapped__
+    return fn
+
+
+class RocmJob:
+    """titan-rocm's state for one trainer."""
+
+    def __init__(self, settings: RocmSettings, names: list[str] | None = None) -> None:
+        self.settings = settings
+        self.names = list(WORKAROUNDS) if names is None else names
+        self.ctx: Context | None = None
+        self.workarounds: JobWorkarounds | None = None
+        self.decisions: list[Decision] = []
+        self._model_done = False
+
+    # -- start-up ------------------------------------------------------------------------------
+    def start(self, config: Any, parallel_dims: Any, parallelize_fn: Any = None) -> Context:
+        """Build the context and the workarounds; ``on`` ones fail here naming what is missing.
+
+        Raises:
+            ValueError: a setting is not accepted, or an ``on`` workaround cannot apply.
+        """
+        parallelize_fn = unwrapped(parallelize_fn or config.model_spec.parallelize_fn)
+        self.ctx = job_context(config, parallel_dims, self.settings, parallelize_fn)
+        self.workarounds = JobWorkarounds(self.ctx, self.names)
+        self.workarounds.require()
+        return self.ctx
+
+    def wrap_parallelize(self, parallelize_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``parallelize_fn`` with the workarounds applied before, and eager marks realized
+        after (pipeline parallelism calls it once per stage)."""
+
+        parallelize_fn = unwrapped(parallelize_fn)
+
+        @functools.wraps(parallelize_fn)
+        def parallelize(model: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
+            self.apply(model)
+            result = parallelize_fn(model, *args, **kwargs)
+            parallelized = model if result is None else result
+            eager = realize_eager_marks(parallelized)
+            if eager:
+                log.info("titan-rocm: after %s, blocks run eager: %s",
+                         getattr(parallelize_fn, "__name__", "parallelize_fn"), eager)
+            return result
+
+        setattr(parallelize, WRAPPED_ATTR, self)
+        return parallelize
+
+    def wrap_pipelining(self, pipelining_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``pipelining_fn`` with the workarounds applied to the whole model first."""
+
+        pipelining_fn = unwrapped(pipelining_fn)
+
+        @functools.wraps(pipelining_fn)
+        def pipelining(model: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            self.apply(model)
+            return pipelining_fn(model, *args, **kwargs)
+
+        setattr(pipelining, WRAPPED_ATTR, self)
+        return pipelining
+
+    def apply(self, model: nn.Module) -> list[Decision]:
+        """Decide and apply every workaround on the whole model, once; one log line each."""
+        if self._model_done:
+            return self.decisions
+        assert self.workarounds is not None, "RocmJob.start() runs first (init_distributed)"
+        self._model_done = True
+        self.decisions = self.workarounds.apply_all(self.names, model, BY)
+        return self.decisions
+
+    @property
+    def applied(self) -> list[Workaround]:
+        """The workarounds that applied, in apply order (none before :meth:`apply`)."""
+        return self.workarounds.applied() if self.workarounds is not None else []
+
+    @property
+    def seams(self) -> list[TrainerSeam]:
+        """The trainer seams of the workarounds that applied."""
+        return [w.trainer_seam for w in self.applied if w.trainer_seam is not None]
+
+    # -- the trainer's seams -------------------------------------------------------------------
+    def attach(self, trainer: Any) -> None:
+        """The trainer is built: attach the seams, hook the optimizers' step."""
+        for seam in self.seams:
+            seam.attach(trainer)
+        if self.applied:
+            trainer.optimizers.register_step_post_hook(
+                lambda *args, **kwargs: self.after_optimizer_step(trainer)
+            )
+
+    def after_optimizer_step(self, trainer: Any) -> None:
+        """Every optimizer step: the workarounds' post-optimizer hooks, then the seams."""
+        for w in self.applied:
+            w.post_optimizer_hook(trainer.model_parts)
+        for seam in self.seams:
+            seam.after_optimizer_step(trainer)
+
+    def train_step(self, run: Callable[..., Any], step: int, *args: Any, **kwargs: Any) -> Any:
+        """Run the trainer's ``train_step`` for ``step`` between the seams' calls."""
+        for seam in self.seams:
+            seam.before_step(step)
+        try:
+            return run(*args, **kwargs)
+        except Exception as error:
+            for seam in self.seams:
+                seam.step_failed(error, step)  # may raise its own verdict instead
+            raise
+
+    def after_forward_backward(self, loss: Any, labels: Any, global_valid_tokens: Any) -> None:
+        """One ``forward_backward_step`` returned ``loss``."""
+        for seam in self.seams:
+            seam.after_forward_backward(loss, labels, global_valid_tokens)
+
+    def close(self) -> None:
+        """The trainer closes."""
+        for seam in self.seams:
+            seam.close()

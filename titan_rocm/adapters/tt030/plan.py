@@ -1,0 +1,248 @@
+"""``titan-rocm plan --module M --config F [flags] [--arch gfx942]`` for TorchTitan 0.3.0 jobs.
+
+Reads the job as ``python -m torchtitan.train`` would (TorchTitan's ``ConfigManager``: the
+config function, then the command line through tyro), builds the model on the meta device
+as ``Trainer.__init__`` does (``update_from_config``, then ``model_config.build()``), and runs
+the same :class:`~titan_rocm.torchtitan.job.RocmJob` a ``RocmTrainer`` would, under the real
+or a simulated platform. The result has the shape of the 0.2.2 plan
+(:func:`titan_rocm.adapters.tt022.plan.make_plan`) and prints with the same formatter.
+
+titan-rocm runs in a 0.3.0 job when its config is a ``RocmTrainer`` config (``rocm(cfg)``,
+``--module titan_rocm.torchtitan.configs``) or when it lists the override entry; otherwise the
+plan says so and shows what the defaults would do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from titan_rocm import platform
+from titan_rocm.adapters.meta import on_meta
+from titan_rocm.adapters.tt022.job_args import CONFIG_FILE_FLAGS, flag_value, module_and_config
+from titan_rocm.adapters.tt022.preflight import (
+    PlanError,
+    StartupError,
+    WorldSize,
+    degrees,
+    world_size,
+)
+from titan_rocm.adapters.tt030.job import RocmJob
+from titan_rocm.plan_format import PLAN_SCHEMA
+from titan_rocm.settings import RocmSettings, check_section
+from titan_rocm.torchtitan.override import ENTRY
+from titan_rocm.workarounds.base import planning
+from titan_rocm.workarounds.moe_blocks import EAGER_MOE, eager_mark, plan_blocks
+
+NOT_CHECKED = [
+    "TorchTitan 0.3.0's batch-size arithmetic and pipelining support (0.2.2's plan checks "
+    "them; this one checks the parallel degrees and the expert mesh only)",
+]
+"""What a 0.3.0 plan does not check that a 0.2.2 plan does; printed under "not simulated"."""
+
+NOT_ATTACHED = (
+    "titan-rocm is not attached to this job: use --module titan_rocm.torchtitan.configs, "
+    f"return rocm(cfg) from the config function, or add --override.imports {ENTRY}; "
+    "shown: what its defaults would do"
+)
+
+
+def parse_job(args: Sequence[str]) -> Any:
+    """The job's ``Trainer.Config``, parsed by TorchTitan 0.3.0's own ``ConfigManager``.
+
+    Raises:
+        PlanError: ``--module``/``--config`` missing or unknown, or a flag TorchTitan rejects.
+    """
+    from torchtitan.config import ConfigManager
+
+    if any(arg.partition("=")[0] in CONFIG_FILE_FLAGS for arg in args):
+        raise PlanError(
+            "--job.config_file is TorchTitan 0.2.2's; torchtitan 0.3.0 is installed: "
+            "plan a 0.3.0 job with --module M --config F"
+        )
+    for flag in ("--module", "--config"):
+        value = flag_value(args, (flag,))
+        if value is not None and not value.strip():
+            raise PlanError(f"{flag} {value!r} is not valid; accepted: "
+                            + ("a module such as llama3, deepseek_v3 or "
+                               "titan_rocm.torchtitan.configs" if flag == "--module" else
+                               "the name of a config function of the module"))
+    _load_config(list(args))
+    try:
+        return ConfigManager().parse_args(list(args))
+    except SystemExit as exc:  # tyro prints its own message for bad flags
+        raise PlanError(f"TorchTitan rejected the arguments (exit {exc.code})") from None
+    except (ValueError, TypeError, ImportError, AssertionError) as exc:
+        raise PlanError(str(exc)) from None
+
+
+def _load_config(args: list[str]) -> None:
+    """Run the job's config function as TorchTitan's ``ConfigManager`` does (its
+    ``_load_config``), turning what the user's module or function does wrong into one
+    sentence: a syntax error, an exception, endless recursion, ``sys.exit``, or a return
+    value that is not a config."""
+    from torchtitan.config import ConfigManager
+
+    load = getattr(ConfigManager(), "_load_config", None)
+    if load is None:  # another 0.3.x: parse_args reports what it can
+        return
+    job = " ".join(f"{f} {flag_value(args, (f,))}" for f in ("--module", "--config")
+                   if flag_value(args, (f,)) is not None)
+    try:
+        loaded, _ = load(args)
+    except SyntaxError as exc:
+        raise PlanError(f"{job}: the module does not compile: {exc.filename}, line "
+                        f"{exc.lineno}: {exc.msg}") from None
+    except RecursionError:
+        raise PlanError(f"{job}: the config function recursed without end "
+                        "(RecursionError)") from None
+    except SystemExit as exc:
+        raise PlanError(f"{job}: importing the module or calling the config function called "
+                        f"sys.exit({exc.code!r}) instead of returning a config") from None
+    except (ValueError, ImportError) as exc:  # TorchTitan's own messages: module, function
+        raise PlanError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - the user's code: one sentence, no traceback
+        raise PlanError(f"{job}: the config function raised {type(exc).__name__}: "
+                        f"{exc}") from None
+    if not dataclasses.is_dataclass(loaded) or isinstance(loaded, type):
+        raise PlanError(f"{job}: the config function returned {loaded!r:.80} "
+                        f"({type(loaded).__name__}); accepted: a Trainer.Config (e.g. "
+                        "return rocm(cfg))")
+
+
+def settings_of(config: Any) -> tuple[RocmSettings, str | None]:
+    """titan-rocm's settings for the job, and how it is attached (None: it is not)."""
+    settings = getattr(config, "rocm", None)
+    if isinstance(settings, RocmSettings):
+        return settings, f"{type(config).__qualname__} (rocm(cfg))"
+    for entry in config.override.imports:
+        target, kwargs = (entry, {}) if isinstance(entry, str) else entry
+        if target == ENTRY:
+            try:
+                return check_section(dict(kwargs)), f"--override.imports {ENTRY}"
+            except ValueError as exc:
+                raise PlanError(str(exc)) from None
+    return RocmSettings(), None
+
+
+def _parallel_dims(config: Any, size: int | None, nnodes: int | None,
+                   nproc_per_node: int | None) -> tuple[Any, WorldSize]:
+    """The job's ``ParallelDims`` on the world size given, or the smallest its degrees fit
+    (the same rule as 0.2.2's plan, :func:`titan_rocm.adapters.tt022.preflight.world_size`), and
+    that size."""
+    from torchtitan.distributed import ParallelDims
+
+    try:
+        world = world_size(degrees(config), size, nnodes, nproc_per_node)
+    except StartupError as exc:
+        raise PlanError(str(exc)) from None
+    try:
+        dims = ParallelDims.from_config(config.parallelism, world.size)
+    except AssertionError as exc:
+        raise PlanError(f"parallelism does not fit world size {world.size}: {exc}") from None
+    check_expert_mesh(dims, world)
+    return dims, world
+
+
+def check_expert_mesh(dims: Any, world: WorldSize) -> None:
+    """The arithmetic of 0.3.0's expert mesh, which ``ParallelDims`` leaves to ``build_mesh``
+    at start-up (torchtitan 0.3.0 ``distributed/parallel_dims.py``: ``efsdp = fsdp * tp //
+    ep``, then the world is unflattened into ``(pp, dp_replicate, efsdp, ep)``, which needs
+    ``ep`` to divide ``dp_shard x cp x tp``), as 0.2.2's plan checks its own.
+
+    Raises:
+        PlanError: the expert mesh cannot be built on this world size.
+    """
+    dense = dims.dp_shard * dims.cp * dims.tp
+    if dims.ep > 1 and dense % dims.ep:
+        raise PlanError(
+            f"expert_parallel_degree {dims.ep} does not divide dp_shard {dims.dp_shard} x cp "
+            f"{dims.cp} x tp {dims.tp} = {dense} on world size {world.size} ({world.source}), "
+            "so TorchTitan 0.3.0 cannot build its expert device mesh (ParallelDims.build_mesh)"
+        )
+
+
+def build_meta_model(config: Any) -> torch.nn.Module:
+    """The job's model on the meta device, as ``Trainer.__init__`` builds it."""
+    if config.model_spec is None:
+        raise PlanError("the config function returned a config without model_spec")
+    model_config = config.model_spec.model
+    try:
+        model_config.update_from_config(config=config)
+    except (ValueError, NotImplementedError, AssertionError) as exc:
+        raise PlanError(str(exc)) from None
+    return on_meta(model_config.build, config.training.dtype)
+
+
+def compile_per_block(model: torch.nn.Module, enabled: bool) -> dict[str, str]:
+    """What each block will run as: 0.3.0's ``apply_compile`` compiles every block whole, in
+    place; a block a workaround marked runs eager after ``parallelize_fn``."""
+    if not enabled:
+        return {}
+    result = {}
+    for layer_id, how in plan_blocks(model).items():
+        marked = eager_mark(model.layers[layer_id])
+        stock = "fullgraph, in place (stock apply_compile" + (
+            ", MoE block included)" if how == EAGER_MOE else ")")
+        result[layer_id] = marked or stock
+    return result
+
+
+def make_plan(args: Sequence[str], *, arch: str | None = None, size: int | None = None,
+              nnodes: int | None = None, nproc_per_node: int | None = None,
+              aiter: str | None = None, primus_turbo: str | None = None) -> dict[str, Any]:
+    """Work out what the TorchTitan 0.3.0 job in ``args`` would get from titan-rocm
+    (``arch``, ``aiter``, ``primus_turbo``: the simulated machine; ``size``, ``nnodes``,
+    ``nproc_per_node``: its ranks; both as for 0.2.2's plan).
+
+    Raises:
+        PlanError: bad arguments, config, setting, architecture or aiter choice.
+    """
+    config = parse_job(args)
+    settings, attached = settings_of(config)
+    try:
+        facts = platform.planned_facts(arch, aiter, primus_turbo)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    with platform.override(facts), planning():
+        model = build_meta_model(config)
+        job = RocmJob(settings)
+        parallel_dims, world = _parallel_dims(config, size, nnodes, nproc_per_node)
+        try:
+            job.start(config, parallel_dims)
+        except ValueError as exc:
+            raise PlanError(str(exc)) from None
+        decisions = job.apply(model)
+    spec = config.model_spec
+    per_block = plan_blocks(model)
+    module, name = module_and_config(args)
+    fn = spec.parallelize_fn
+    plan = {
+        "schema": PLAN_SCHEMA,
+        "config_file": f"--module {module} --config {name}",
+        "model": {
+            "name": spec.name,
+            "flavor": spec.flavor,
+            "blocks": len(per_block),
+            "moe_blocks": sum(how == EAGER_MOE for how in per_block.values()),
+            "parallelize_fn": f"{fn.__module__}.{fn.__name__}",
+        },
+        "platform": {"summary": facts.describe(), "simulated": facts.simulated,
+                     "is_rocm": facts.is_rocm, "arch": facts.gfx_arch},
+        "torchtitan": "0.3.0",
+        "world_size": world.to_dict(),
+        "converters": [attached] if attached else [],
+        "other_converters": [],
+        "titan_rocm_listed": attached is not None,
+        "not_listed_advice": NOT_ATTACHED,
+        "not_checked": NOT_CHECKED,
+        "settings": dataclasses.asdict(settings),
+        "workarounds": [d.to_dict() for d in decisions],
+        "compile": {"enabled": job.ctx is not None and job.ctx.compile.model,
+                    "blocks": compile_per_block(model, bool(config.compile.enable and
+                                                            "model" in config.compile.components))},
+    }
+    return plan

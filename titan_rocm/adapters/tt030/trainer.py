@@ -1,0 +1,135 @@
+"""``RocmTrainer``: TorchTitan 0.3.0's ``Trainer`` with titan-rocm, and ``rocm(cfg)``.
+
+TorchTitan 0.3.0 builds whatever trainer class a config belongs to (``config.build()`` in
+``torchtitan/train.py``), and parses the command line against that config's class (tyro), so
+a ``Trainer.Config`` subclass with a ``rocm: RocmSettings`` field is all it takes for the
+stock entry point to build titan-rocm's trainer and accept ``--rocm.*`` flags.
+:func:`rocm_trainer_class` makes that pair for any trainer class (cached, one per class);
+:data:`RocmTrainer` is the one for TorchTitan's own ``Trainer``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchtitan.trainer import Trainer
+
+from titan_rocm.adapters.tt030.job import RocmJob
+from titan_rocm.settings import RocmSettings, check_section, coerce
+
+
+class RocmTrainerMixin:
+    """titan-rocm at a TorchTitan 0.3.0 trainer's own methods (first in the bases).
+
+    ``__init__`` wraps the model spec's parallelize/pipelining functions (a copy of the spec:
+    the config the user built is left as it was); ``init_distributed`` builds the job's
+    context once the ``ParallelDims`` exist; ``train_step``, ``forward_backward_step`` and
+    ``close`` call the applied workarounds' seams (:class:`~titan_rocm.torchtitan.job.RocmJob`).
+    """
+
+    _rocm: RocmJob
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        job = RocmJob(coerce(getattr(config, "rocm", None)))
+        self._rocm = job
+        spec = config.model_spec
+        if spec is not None:
+            # Trainer.__init__ reads config.model_spec before anything else; a copy keeps the
+            # wrapping to this trainer.
+            config.model_spec = dataclasses.replace(
+                spec,
+                parallelize_fn=job.wrap_parallelize(spec.parallelize_fn),
+                pipelining_fn=(job.wrap_pipelining(spec.pipelining_fn)
+                               if spec.pipelining_fn is not None else None),
+            )
+            self._rocm_parallelize_fn = spec.parallelize_fn
+        super().__init__(config, *args, **kwargs)
+        job.attach(self)
+
+    def init_distributed(self) -> Any:
+        parallel_dims = super().init_distributed()  # type: ignore[misc]
+        self._rocm.start(self.config, parallel_dims,  # type: ignore[attr-defined]
+                         getattr(self, "_rocm_parallelize_fn", None))
+        return parallel_dims
+
+    def train_step(self, data_iterator: Any) -> Any:
+        return self._rocm.train_step(super().train_step,  # type: ignore[misc]
+                                     self.step, data_iterator)  # type: ignore[attr-defined]
+
+    def forward_backward_step(self, *, input_dict: Any, labels: Any,
+                              global_valid_tokens: Any) -> Any:
+        loss = super().forward_backward_step(  # type: ignore[misc]
+            input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
+        )
+        self._rocm.after_forward_backward(loss, labels, global_valid_tokens)
+        return loss
+
+    def close(self) -> None:
+        try:
+            job = getattr(self, "_rocm", None)
+            if job is not None:
+                job.close()
+        finally:
+            super().close()  # type: ignore[misc]
+
+
+@functools.cache
+def rocm_trainer_class(base: type) -> type:
+    """``Rocm<base>``: ``base`` (a TorchTitan 0.3.0 trainer class) with titan-rocm, whose
+    ``Config`` adds ``rocm: RocmSettings``. One class per ``base``; a titan-rocm class is
+    returned as it is."""
+    if issubclass(base, RocmTrainerMixin):
+        return base
+    if not (isinstance(base, type) and issubclass(base, Trainer)):
+        raise TypeError(f"rocm_trainer_class needs a TorchTitan Trainer class, got {base!r}")
+    name = f"Rocm{base.__name__}"
+    namespace = {
+        "__annotations__": {"rocm": RocmSettings},
+        "rocm": field(default_factory=RocmSettings),
+        "__module__": __name__,
+        "__qualname__": f"{name}.Config",
+        "__doc__": f"{base.__qualname__}.Config with titan-rocm's settings (``--rocm.*``).",
+    }
+    config_class = dataclass(kw_only=True, slots=True)(type("Config", (base.Config,), namespace))
+    return type(name, (RocmTrainerMixin, base), {
+        "Config": config_class,
+        "__module__": __name__,
+        "__qualname__": name,
+        "__doc__": f"TorchTitan's {base.__qualname__} with titan-rocm's workarounds.",
+    })
+
+
+RocmTrainer = rocm_trainer_class(Trainer)
+"""TorchTitan 0.3.0's ``Trainer`` with titan-rocm."""
+
+
+def rocm(config: Any, **settings: Any) -> Any:
+    """``config`` (a TorchTitan 0.3.0 ``Trainer.Config``, of any trainer class) as a config of
+    that trainer with titan-rocm, ``settings`` changing titan-rocm's defaults::
+
+        def deepseek_v3_16b_rocm() -> Trainer.Config:
+            return rocm(deepseek_v3_16b(), grouped_mm_backend="loop")
+
+    Every field of ``config`` is kept (the new config shares its nested objects, as
+    ``dataclasses.replace`` would); calling it again on its result changes the settings.
+
+    Raises:
+        ValueError: a setting is unknown or its value is not accepted (naming both and what
+            is accepted).
+        TypeError: ``config`` is not a TorchTitan 0.3.0 trainer config.
+    """
+    owner = getattr(type(config), "_owner", None)
+    if owner is None or not dataclasses.is_dataclass(config):
+        raise TypeError(
+            f"rocm() needs a TorchTitan 0.3.0 Trainer.Config, got {type(config).__qualname__}"
+        )
+    cls = rocm_trainer_class(owner)
+    values = dataclasses.asdict(coerce(getattr(config, "rocm", None)))
+    values.update(settings)
+    merged = check_section(values)  # ValueError: unknown key or bad value, with what is accepted
+    kept = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)
+            if f.init and f.name != "rocm"}
+    return cls.Config(**kept, rocm=merged)
