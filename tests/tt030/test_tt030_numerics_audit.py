@@ -1,6 +1,6 @@
 """The numerics audit on TorchTitan 0.3.0 (docs/numerics-audit.md): the real 0.3.0 trainer on
 CPU (tests/tt030/tt030_harness.py), compiled with titan-rocm, audited through the API
-(:func:`titan_rocm.torchtitan.audit.audit_030`), ``titan-rocm audit --module M --config F``
+(:func:`titan_rocm.adapters.tt030.audit.audit_030`), ``titan-rocm audit --module M --config F``
 (in process) and ``rocm.numerics_audit`` inside ``Trainer.train()`` (the adapter's seam)."""
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def test_0_3_0_reference_in_runs_of_rows_is_the_whole_batchs(cpu_harness: Any) -
     """0.3.0's step (``post_dataloading_process`` + ``_forward_backward_body``, the loss over
     the step's token count) with the eager and reference passes in 2 runs of one row: the
     whole 2-row micro-batch's loss and errors, the token count put back."""
+    from titan_rocm.adapters.tt030.audit import audit_030
     from titan_rocm.numerics.stats import AuditSettings
-    from titan_rocm.torchtitan.audit import audit_030
 
     trainer = cpu_harness.build(_config(cpu_harness, "llama3", seed=2))
     try:

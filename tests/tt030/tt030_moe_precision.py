@@ -37,7 +37,7 @@ def _trainer() -> Any:
     from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_debugmodel
     from tt030_harness import Harness
 
-    from titan_rocm.torchtitan import rocm
+    from titan_rocm.adapters.tt030 import rocm
 
     harness = Harness.install(pytest.MonkeyPatch(), Path(tempfile.mkdtemp()))
     config = harness.config(deepseek_v3_debugmodel(), layers=2, steps=1, compile=True, seed=0)
@@ -49,8 +49,8 @@ def audit_with_routing(trainer: Any, batch: Any, hold: bool) -> None:
     """The audit of ``batch``, with each pass's selected experts recorded per MoE layer."""
     from torchtitan.models.common.moe import TokenChoiceTopKRouter
 
+    import titan_rocm.adapters.tt030.audit as audit030
     import titan_rocm.numerics.audit as audit
-    import titan_rocm.torchtitan.audit as audit030
     from titan_rocm.numerics.stats import AuditSettings
 
     routes: dict[str, dict[str, torch.Tensor]] = {}

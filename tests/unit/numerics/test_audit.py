@@ -647,7 +647,7 @@ def test_applied_workarounds_notes_reach_the_audit_result() -> None:
     applied workarounds; one that has nothing to say adds no note."""
     from types import SimpleNamespace
 
-    from titan_rocm.converters.converter import JOB_ATTR
+    from titan_rocm.adapters.tt022.converters.converter import JOB_ATTR
     from titan_rocm.numerics.attribution import attribute
     from titan_rocm.tuning.choices import LookupStats
     from titan_rocm.workarounds.base import CompileSettings, Context
