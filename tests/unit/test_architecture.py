@@ -249,6 +249,20 @@ def test_the_scanner_needs_no_torch_no_triton_and_no_workaround(name: str) -> No
     assert above == [], f"{name} imports {above}"
 
 
+GENERATIONS = ("titan_rocm.adapters.tt022", "titan_rocm.adapters.tt030")
+"""One adapter folder per TorchTitan generation: what both need lives in adapters.common
+(and adapters.meta), so a generation can be added or dropped alone."""
+
+
+@pytest.mark.parametrize("generation", GENERATIONS)
+def test_an_adapter_imports_no_other_generation(generation: str) -> None:
+    others = tuple(g for g in GENERATIONS if g != generation)
+    mine = [m for m in MODULES if _in(m, (generation,))]
+    assert mine, generation
+    bad = sorted(f"{m} -> {t}" for m in mine for t in internal(m) if _in(t, others))
+    assert bad == []
+
+
 def test_runtime_modules_never_import_test_only_code() -> None:
     bad = sorted(f"{m} -> {t}" for m in MODULES for t in TEST_ONLY
                  if t in internal(m) and m not in TEST_ONLY_IMPORTERS and m not in TEST_ONLY)

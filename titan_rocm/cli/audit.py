@@ -104,7 +104,7 @@ def _trainer_class(spec: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's module
-        from titan_rocm.adapters.tt022.preflight import _one_line
+        from titan_rocm.adapters.common import one_line as _one_line
 
         raise BadInput(f"--trainer {spec!r}: cannot import {module_name} ({_one_line(exc)})"
                        ) from None
@@ -197,7 +197,7 @@ def _settings(config: Any) -> Any:
 def _audit_job(args: argparse.Namespace, build: Any, audit: Any, settings: Any,
                tokens: int | None, chunks: int | None) -> dict[str, Any]:
     """Build the trainer, take one micro-batch, audit it, draw the plot: either generation."""
-    from titan_rocm.adapters.tt022.preflight import _one_line
+    from titan_rocm.adapters.common import one_line as _one_line
     from titan_rocm.adapters.tt022.train import LaunchError, single_process_environment
     from titan_rocm.numerics.audit import AuditError
 
@@ -263,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
     except BadInput as exc:
         result = error_dict(str(exc), world)
     except Exception as exc:  # noqa: BLE001 - one sentence and the JSON, never a traceback
-        from titan_rocm.adapters.tt022.preflight import _one_line
+        from titan_rocm.adapters.common import one_line as _one_line
 
         result = error_dict(f"the audit failed: {_one_line(exc)}", world)
     finally:

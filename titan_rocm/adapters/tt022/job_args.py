@@ -13,6 +13,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from titan_rocm.adapters.common import (  # noqa: F401 - names 0.2.2's callers import here
+    CONFIG_FILE_FLAGS,
+    JobArgsError,
+    flag_value,
+    module_and_config,
+)
 from titan_rocm.adapters.tt022.config import CONFIG_MODULE
 from titan_rocm.files import TooLargeError, read_regular
 from titan_rocm.settings import check_section
@@ -22,54 +28,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
 CONFIG_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
 MAX_TOML_BYTES = 16 << 20
 """The largest job TOML read (a TorchTitan job file is a few KiB): a bigger one is refused
 before it is read, so memory stays bounded (tomllib keeps the whole text and more)."""
-
-
-class JobArgsError(ValueError):
-    """The job's arguments or TOML file cannot be used; the message says why."""
-
-
-def flag_value(args: Sequence[str], names: Sequence[str]) -> str | None:
-    """Value of the first of ``names`` in ``args`` (``--flag value`` or ``--flag=value``).
-
-    Kept by hand, not asked of TorchTitan's ``ConfigManager``: importing it imports torch
-    (10-20 s on a login node), and ``plan`` refuses a missing TOML before that. It reads a
-    flag as TorchTitan 0.2.2 does (``_maybe_load_toml``, ``_maybe_add_custom_config``: the
-    first occurrence); ``tests/tt022/test_job_args.py`` holds it to their answers on generated
-    command lines. A flag with no value after it is refused here, where TorchTitan would stop
-    later (its parser) or fail with an IndexError.
-    """
-    for i, arg in enumerate(args):
-        key, sep, value = arg.partition("=")
-        if key in names:
-            if sep:
-                return value
-            if i + 1 < len(args):
-                return args[i + 1]
-            raise JobArgsError(f"{key} needs a value")
-    return None
-
-
-def module_and_config(args: Sequence[str]) -> tuple[str | None, str | None]:
-    """``--module`` and ``--config`` as TorchTitan 0.3.0's ``ConfigManager._load_config``
-    reads them: one pass over both, each flag consuming its value, the last occurrence wins
-    (held to it by the 0.3.0 suite). None for one that is absent or left without a value."""
-    found: dict[str, str | None] = {"--module": None, "--config": None}
-    i = 0
-    while i < len(args):
-        key, sep, value = args[i].partition("=")
-        if key in found:
-            if sep:
-                found[key] = value
-            elif i + 1 < len(args):
-                found[key] = args[i + 1]
-                i += 1
-        i += 1
-    return found["--module"], found["--config"]
 
 
 def load_toml(args: Sequence[str]) -> dict[str, Any]:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import math
 import os
 import subprocess
 import sys
@@ -39,6 +38,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from titan_rocm.adapters.common import (  # noqa: F401 - names 0.2.2's callers import here
+    DEGREE_NAMES,
+    PlanError,
+    StartupError,
+    WorldSize,
+    check_counts,
+    check_world_flags,
+    degrees,
+    world_size,
+)
+from titan_rocm.adapters.common import one_line as _one_line
 from titan_rocm.adapters.tt022.config import CONFIG_MODULE
 from titan_rocm.adapters.tt022.job_args import (
     JobArgsError,
@@ -46,7 +56,6 @@ from titan_rocm.adapters.tt022.job_args import (
     load_toml,
     prepare,
 )
-from titan_rocm.numbers import MAX_RANKS, RANKS
 from titan_rocm.settings import check_section
 
 LAUNCHERS: tuple[str, ...] = ("torchtitan", "titan-rocm")
@@ -61,29 +70,6 @@ _LAUNCH_LINES = {
 _IMPORT_FLAGS = ("--experimental.custom_import", "--experimental.custom-import")
 _ROCM_PREFIXES = ("--rocm.", "--rocm-")
 _BOOL_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0"})
-
-
-class StartupError(ValueError):
-    """The job would stop at start-up; the message says why, in one sentence, and the fix."""
-
-
-class PlanError(StartupError):
-    """The job cannot be planned (either TorchTitan generation); the message says why."""
-
-
-@dataclass(frozen=True)
-class WorldSize:
-    """The number of ranks a plan assumes, and where that number came from."""
-
-    size: int
-    source: str
-    """``--world-size``, ``--nnodes x --nproc-per-node`` or ``derived``."""
-    detail: str
-    """One sentence: how it was obtained."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
-        return dataclasses.asdict(self)
 
 
 @dataclass
@@ -362,15 +348,6 @@ def parse_config(args: Sequence[str], launcher: str = DEFAULT_LAUNCHER,
                            ) from None
 
 
-def _one_line(exc: BaseException) -> str:
-    if exc.args and all(isinstance(a, str) for a in exc.args):
-        text = " ".join(a.strip() for a in exc.args)
-    else:
-        text = str(exc)
-    text = " ".join(text.split())
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
 # --- 2. Trainer.__init__'s import ---------------------------------------------------------
 
 
@@ -394,103 +371,6 @@ def check_custom_import(job_config: Any) -> None:
 
 # --- 3. world size and ParallelDims --------------------------------------------------------
 
-_DEGREE_NAMES = {
-    "dp_replicate": "data_parallel_replicate_degree",
-    "dp_shard": "data_parallel_shard_degree",
-    "cp": "context_parallel_degree",
-    "tp": "tensor_parallel_degree",
-    "pp": "pipeline_parallel_degree",
-    "ep": "expert_parallel_degree",
-    "etp": "expert_tensor_parallel_degree",
-}
-
-
-def degrees(job_config: Any) -> dict[str, int]:
-    """The job's parallel degrees under ParallelDims' short names (1 for a degree the job's
-    TorchTitan has no field for)."""
-    p = job_config.parallelism
-    return {short: getattr(p, long, 1) for short, long in _DEGREE_NAMES.items()}
-
-
-def _check_counts(size: int | None, nnodes: int | None, nproc_per_node: int | None) -> None:
-    for value, flag in ((size, "--world-size"), (nnodes, "--nnodes"),
-                        (nproc_per_node, "--nproc-per-node")):
-        if value is not None:
-            try:
-                RANKS.parse(value, flag)
-            except ValueError as exc:
-                raise StartupError(str(exc)) from None
-
-
-def check_world_flags(size: int | None, nnodes: int | None, nproc_per_node: int | None) -> None:
-    """The world-size flags on their own (torch-free, so plan refuses them at once).
-
-    Raises:
-        StartupError: a count below 1, or ``--world-size`` disagreeing with the other two.
-    """
-    _check_counts(size, nnodes, nproc_per_node)
-    if nnodes is not None or nproc_per_node is not None:
-        nodes, per_node = nnodes or 1, nproc_per_node or 1
-        if size is not None and size != nodes * per_node:
-            raise StartupError(
-                f"--world-size {size} disagrees with --nnodes {nodes} x --nproc-per-node "
-                f"{per_node} = {nodes * per_node}; give one or the other"
-            )
-
-
-def world_size(
-    d: dict[str, int],
-    size: int | None = None,
-    nnodes: int | None = None,
-    nproc_per_node: int | None = None,
-) -> WorldSize:
-    """The world size a plan uses: given, or the smallest the degrees ``d`` fit.
-
-    Args:
-        d: the job's degrees (:func:`degrees`).
-        size: ``--world-size``.
-        nnodes, nproc_per_node: as on the job's torchrun line (``--nnodes 2
-            --nproc-per-node 8`` is 16 ranks; ``--nnodes`` alone counts 1 per node).
-
-    Raises:
-        StartupError: a count below 1, or ``--world-size`` disagreeing with the other two.
-    """
-    check_world_flags(size, nnodes, nproc_per_node)
-    for short, value in d.items():  # 10**20 would make the mesh arithmetic run for ever
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_RANKS:
-            raise StartupError(
-                f"[parallelism] {_DEGREE_NAMES[short]} = {value} is not valid; accepted: "
-                f"{RANKS.accepted()} (or -1 for data_parallel_shard_degree)")
-    if nnodes is not None or nproc_per_node is not None:
-        nodes, per_node = nnodes or 1, nproc_per_node or 1
-        product = nodes * per_node
-        return WorldSize(
-            product, "--nnodes x --nproc-per-node",
-            f"{nodes} node(s) x {per_node} process(es) per node, as torchrun would start",
-        )
-    if size is not None:
-        return WorldSize(size, "--world-size", f"{size} rank(s), given with --world-size")
-    if any(not isinstance(v, int) or isinstance(v, bool) for v in d.values()):
-        return WorldSize(1, "derived", "1 (degrees are not all integers)")
-    shard, note = d["dp_shard"], ""
-    if shard < 1:
-        # dp_shard = -1 takes every rank left over; the smallest world leaves it the least
-        # that keeps the expert mesh whole (EP x ETP must divide dp_shard x cp x tp).
-        experts = max(d["ep"], 1) * max(d["etp"], 1)
-        shard = experts // math.gcd(experts, max(d["cp"] * d["tp"], 1))
-        note = (f" (data_parallel_shard_degree = -1 taken at its smallest, {shard}"
-                + (f", that expert parallel {d['ep']} x ETP {d['etp']} fits" if shard > 1 else "")
-                + ")")
-    size = d["dp_replicate"] * shard * d["cp"] * d["tp"] * d["pp"]
-    how = (f"dp_replicate {d['dp_replicate']} x dp_shard {shard} x cp {d['cp']} x tp {d['tp']} "
-           f"x pp {d['pp']}{note}")
-    return WorldSize(
-        size, "derived",
-        f"{size} = {how}; no --world-size or --nnodes/--nproc-per-node was given, and the "
-        "plan (FSDP or not, which kernels) can change with the real number of ranks",
-    )
-
-
 def check_parallelism(d: dict[str, int], world: WorldSize) -> Any:
     """TorchTitan 0.2.2's ``ParallelDims`` for degrees ``d`` (:func:`degrees`) on ``world``,
     with the arithmetic of the device mesh it builds at start-up.
@@ -505,12 +385,12 @@ def check_parallelism(d: dict[str, int], world: WorldSize) -> Any:
     for short, value in d.items():
         if not isinstance(value, int) or isinstance(value, bool):
             raise StartupError(
-                f"[parallelism] {_DEGREE_NAMES[short]} = {value!r} is not an integer"
+                f"[parallelism] {DEGREE_NAMES[short]} = {value!r} is not an integer"
             )
     for short in ("dp_replicate", "cp", "tp", "pp", "ep", "etp"):
         if d[short] < 1:
             raise StartupError(
-                f"[parallelism] {_DEGREE_NAMES[short]} = {d[short]}, but TorchTitan 0.2.2 "
+                f"[parallelism] {DEGREE_NAMES[short]} = {d[short]}, but TorchTitan 0.2.2 "
                 "requires every degree to be >= 1 except data_parallel_shard_degree (which "
                 "may be -1)"
             )
@@ -717,7 +597,7 @@ def check_job(
     """
     if launcher not in LAUNCHERS:
         raise StartupError(f"unknown launcher {launcher!r}; accepted: {', '.join(LAUNCHERS)}")
-    _check_counts(world_size_flag, nnodes, nproc_per_node)  # bad flags before the TOML
+    check_counts(world_size_flag, nnodes, nproc_per_node)  # bad flags before the TOML
     job_config = parse_config(args, launcher, prog)
     check_custom_import(job_config)
     d = degrees(job_config)

@@ -21,15 +21,17 @@ from typing import Any
 import torch
 
 from titan_rocm import platform
-from titan_rocm.adapters.meta import on_meta
-from titan_rocm.adapters.tt022.job_args import CONFIG_FILE_FLAGS, flag_value, module_and_config
-from titan_rocm.adapters.tt022.preflight import (
+from titan_rocm.adapters.common import (
+    CONFIG_FILE_FLAGS,
     PlanError,
     StartupError,
     WorldSize,
     degrees,
+    flag_value,
+    module_and_config,
     world_size,
 )
+from titan_rocm.adapters.meta import on_meta
 from titan_rocm.adapters.tt030.job import RocmJob
 from titan_rocm.plan_format import PLAN_SCHEMA
 from titan_rocm.settings import RocmSettings, check_section
@@ -131,7 +133,7 @@ def settings_of(config: Any) -> tuple[RocmSettings, str | None]:
 def _parallel_dims(config: Any, size: int | None, nnodes: int | None,
                    nproc_per_node: int | None) -> tuple[Any, WorldSize]:
     """The job's ``ParallelDims`` on the world size given, or the smallest its degrees fit
-    (the same rule as 0.2.2's plan, :func:`titan_rocm.adapters.tt022.preflight.world_size`), and
+    (the same rule as 0.2.2's plan, :func:`titan_rocm.adapters.common.world_size`), and
     that size."""
     from torchtitan.distributed import ParallelDims
 

@@ -1,0 +1,203 @@
+"""What both TorchTitan adapters (``tt022/``, ``tt030/``) and the CLI share, from neither
+generation: the one error a job's start-up or plan raises, the world size a plan assumes
+from the job's parallel degrees, and the command-line flag readers that need no torch.
+
+Each adapter keeps what is its generation's own (0.2.2's ``preflight`` mirrors TorchTitan
+0.2.2's start-up checks; 0.3.0's plan asks 0.3.0's config); neither adapter imports the
+other (``tests/unit/test_architecture.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from titan_rocm.numbers import MAX_RANKS, RANKS
+
+CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
+"""TorchTitan 0.2.2's TOML flag (0.3.0 takes ``--module M --config F`` instead)."""
+
+
+class StartupError(ValueError):
+    """The job would stop at start-up; the message says why, in one sentence, and the fix."""
+
+
+class PlanError(StartupError):
+    """The job cannot be planned (either TorchTitan generation); the message says why."""
+
+
+@dataclass(frozen=True)
+class WorldSize:
+    """The number of ranks a plan assumes, and where that number came from."""
+
+    size: int
+    source: str
+    """``--world-size``, ``--nnodes x --nproc-per-node`` or ``derived``."""
+    detail: str
+    """One sentence: how it was obtained."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form."""
+        return dataclasses.asdict(self)
+
+
+class JobArgsError(ValueError):
+    """The job's arguments or TOML file cannot be used; the message says why."""
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: message`` on one line (the sentence every refusal ends with)."""
+    if exc.args and all(isinstance(a, str) for a in exc.args):
+        text = " ".join(a.strip() for a in exc.args)
+    else:
+        text = str(exc)
+    text = " ".join(text.split())
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+# --- the world size a plan assumes ----------------------------------------------------
+
+DEGREE_NAMES = {
+    "dp_replicate": "data_parallel_replicate_degree",
+    "dp_shard": "data_parallel_shard_degree",
+    "cp": "context_parallel_degree",
+    "tp": "tensor_parallel_degree",
+    "pp": "pipeline_parallel_degree",
+    "ep": "expert_parallel_degree",
+    "etp": "expert_tensor_parallel_degree",
+}
+
+
+def degrees(job_config: Any) -> dict[str, int]:
+    """The job's parallel degrees under ParallelDims' short names (1 for a degree the job's
+    TorchTitan has no field for)."""
+    p = job_config.parallelism
+    return {short: getattr(p, long, 1) for short, long in DEGREE_NAMES.items()}
+
+
+def check_counts(size: int | None, nnodes: int | None, nproc_per_node: int | None) -> None:
+    """Each world-size flag given is a rank count (``numbers.RANKS``).
+
+    Raises:
+        StartupError: one that is not, naming it and what is accepted.
+    """
+    for value, flag in ((size, "--world-size"), (nnodes, "--nnodes"),
+                        (nproc_per_node, "--nproc-per-node")):
+        if value is not None:
+            try:
+                RANKS.parse(value, flag)
+            except ValueError as exc:
+                raise StartupError(str(exc)) from None
+
+
+def check_world_flags(size: int | None, nnodes: int | None, nproc_per_node: int | None) -> None:
+    """The world-size flags on their own (torch-free, so plan refuses them at once).
+
+    Raises:
+        StartupError: a count below 1, or ``--world-size`` disagreeing with the other two.
+    """
+    check_counts(size, nnodes, nproc_per_node)
+    if nnodes is not None or nproc_per_node is not None:
+        nodes, per_node = nnodes or 1, nproc_per_node or 1
+        if size is not None and size != nodes * per_node:
+            raise StartupError(
+                f"--world-size {size} disagrees with --nnodes {nodes} x --nproc-per-node "
+                f"{per_node} = {nodes * per_node}; give one or the other"
+            )
+
+
+def world_size(
+    d: dict[str, int],
+    size: int | None = None,
+    nnodes: int | None = None,
+    nproc_per_node: int | None = None,
+) -> WorldSize:
+    """The world size a plan uses: given, or the smallest the degrees ``d`` fit.
+
+    Args:
+        d: the job's degrees (:func:`degrees`).
+        size: ``--world-size``.
+        nnodes, nproc_per_node: as on the job's torchrun line (``--nnodes 2
+            --nproc-per-node 8`` is 16 ranks; ``--nnodes`` alone counts 1 per node).
+
+    Raises:
+        StartupError: a count below 1, or ``--world-size`` disagreeing with the other two.
+    """
+    check_world_flags(size, nnodes, nproc_per_node)
+    for short, value in d.items():  # 10**20 would make the mesh arithmetic run for ever
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_RANKS:
+            raise StartupError(
+                f"[parallelism] {DEGREE_NAMES[short]} = {value} is not valid; accepted: "
+                f"{RANKS.accepted()} (or -1 for data_parallel_shard_degree)")
+    if nnodes is not None or nproc_per_node is not None:
+        nodes, per_node = nnodes or 1, nproc_per_node or 1
+        product = nodes * per_node
+        return WorldSize(
+            product, "--nnodes x --nproc-per-node",
+            f"{nodes} node(s) x {per_node} process(es) per node, as torchrun would start",
+        )
+    if size is not None:
+        return WorldSize(size, "--world-size", f"{size} rank(s), given with --world-size")
+    if any(not isinstance(v, int) or isinstance(v, bool) for v in d.values()):
+        return WorldSize(1, "derived", "1 (degrees are not all integers)")
+    shard, note = d["dp_shard"], ""
+    if shard < 1:
+        # dp_shard = -1 takes every rank left over; the smallest world leaves it the least
+        # that keeps the expert mesh whole (EP x ETP must divide dp_shard x cp x tp).
+        experts = max(d["ep"], 1) * max(d["etp"], 1)
+        shard = experts // math.gcd(experts, max(d["cp"] * d["tp"], 1))
+        note = (f" (data_parallel_shard_degree = -1 taken at its smallest, {shard}"
+                + (f", that expert parallel {d['ep']} x ETP {d['etp']} fits" if shard > 1 else "")
+                + ")")
+    size = d["dp_replicate"] * shard * d["cp"] * d["tp"] * d["pp"]
+    how = (f"dp_replicate {d['dp_replicate']} x dp_shard {shard} x cp {d['cp']} x tp {d['tp']} "
+           f"x pp {d['pp']}{note}")
+    return WorldSize(
+        size, "derived",
+        f"{size} = {how}; no --world-size or --nnodes/--nproc-per-node was given, and the "
+        "plan (FSDP or not, which kernels) can change with the real number of ranks",
+    )
+
+
+# --- flags read without torch ----------------------------------------------------------
+
+def flag_value(args: Sequence[str], names: Sequence[str]) -> str | None:
+    """Value of the first of ``names`` in ``args`` (``--flag value`` or ``--flag=value``).
+
+    Kept by hand, not asked of TorchTitan's ``ConfigManager``: importing it imports torch
+    (10-20 s on a login node), and ``plan`` refuses a missing TOML before that. It reads a
+    flag as TorchTitan 0.2.2 does (``_maybe_load_toml``, ``_maybe_add_custom_config``: the
+    first occurrence); ``tests/tt022/test_job_args.py`` holds it to their answers on generated
+    command lines. A flag with no value after it is refused here, where TorchTitan would stop
+    later (its parser) or fail with an IndexError.
+    """
+    for i, arg in enumerate(args):
+        key, sep, value = arg.partition("=")
+        if key in names:
+            if sep:
+                return value
+            if i + 1 < len(args):
+                return args[i + 1]
+            raise JobArgsError(f"{key} needs a value")
+    return None
+
+
+def module_and_config(args: Sequence[str]) -> tuple[str | None, str | None]:
+    """``--module`` and ``--config`` as TorchTitan 0.3.0's ``ConfigManager._load_config``
+    reads them: one pass over both, each flag consuming its value, the last occurrence wins
+    (held to it by the 0.3.0 suite). None for one that is absent or left without a value."""
+    found: dict[str, str | None] = {"--module": None, "--config": None}
+    i = 0
+    while i < len(args):
+        key, sep, value = args[i].partition("=")
+        if key in found:
+            if sep:
+                found[key] = value
+            elif i + 1 < len(args):
+                found[key] = args[i + 1]
+                i += 1
+        i += 1
+    return found["--module"], found["--config"]
