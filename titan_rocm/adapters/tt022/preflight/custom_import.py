@@ -1,0 +1,30 @@
+"""Check 2: ``Trainer.__init__``'s ``[experimental] custom_import``.
+
+Part of :mod:`titan_rocm.adapters.tt022.preflight` (one module per TorchTitan check it
+mirrors, so a check TorchTitan drops can be dropped here alone)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from titan_rocm.adapters.common import StartupError
+from titan_rocm.adapters.common import one_line as _one_line
+from titan_rocm.adapters.tt022.preflight.parse_args import _import
+
+
+def check_custom_import(job_config: Any) -> None:
+    """Import ``[experimental] custom_import`` as ``Trainer.__init__`` does first thing.
+
+    Raises:
+        StartupError: the module cannot be imported.
+    """
+    name = job_config.experimental.custom_import
+    if not name:
+        return
+    try:
+        _import(name)
+    except Exception as exc:
+        raise StartupError(
+            f"[experimental] custom_import = {name!r} cannot be imported ({_one_line(exc)}); "
+            "TorchTitan 0.2.2 imports it first thing at start-up"
+        ) from None

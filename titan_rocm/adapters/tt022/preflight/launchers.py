@@ -1,0 +1,16 @@
+"""How a 0.2.2 job is started (the launcher decides who registers titan-rocm).
+
+Part of :mod:`titan_rocm.adapters.tt022.preflight` (one module per TorchTitan check it
+mirrors, so a check TorchTitan drops can be dropped here alone)."""
+
+from __future__ import annotations
+
+LAUNCHERS: tuple[str, ...] = ("torchtitan", "titan-rocm")
+"""How the job starts: ``torchrun ... -m torchtitan.train`` (the documented way, default)
+or ``torchrun ... -m titan_rocm.train`` / ``titan-rocm-train``."""
+DEFAULT_LAUNCHER = "torchtitan"
+
+LAUNCH_LINES = {
+    "torchtitan": "torchrun -m torchtitan.train",
+    "titan-rocm": "python -m titan_rocm.train",
+}

@@ -1,0 +1,80 @@
+"""Check 3: the degrees against the world size, as ``ParallelDims`` and its mesh check them.
+
+Part of :mod:`titan_rocm.adapters.tt022.preflight` (one module per TorchTitan check it
+mirrors, so a check TorchTitan drops can be dropped here alone)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from titan_rocm.adapters.common import (
+    DEGREE_NAMES,
+    StartupError,
+    WorldSize,
+)
+from titan_rocm.adapters.common import one_line as _one_line
+
+
+def check_parallelism(d: dict[str, int], world: WorldSize) -> Any:
+    """TorchTitan 0.2.2's ``ParallelDims`` for degrees ``d`` (:func:`degrees`) on ``world``,
+    with the arithmetic of the device mesh it builds at start-up.
+
+    Raises:
+        StartupError: a degree that ParallelDims or its mesh would refuse, with the reason.
+    """
+    from torchtitan.distributed import ParallelDims
+
+    size = world.size
+    given = f"world size {size} ({world.source})"
+    for short, value in d.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise StartupError(
+                f"[parallelism] {DEGREE_NAMES[short]} = {value!r} is not an integer"
+            )
+    for short in ("dp_replicate", "cp", "tp", "pp", "ep", "etp"):
+        if d[short] < 1:
+            raise StartupError(
+                f"[parallelism] {DEGREE_NAMES[short]} = {d[short]}, but TorchTitan 0.2.2 "
+                "requires every degree to be >= 1 except data_parallel_shard_degree (which "
+                "may be -1)"
+            )
+    if not (d["dp_shard"] == -1 or d["dp_shard"] >= 1):
+        raise StartupError(
+            f"[parallelism] data_parallel_shard_degree = {d['dp_shard']}, but TorchTitan "
+            "0.2.2 accepts -1 (every rank left over) or a degree >= 1"
+        )
+    fixed = d["dp_replicate"] * d["cp"] * d["tp"] * d["pp"]
+    shard = d["dp_shard"]
+    if shard == -1:
+        shard = size // fixed
+        if shard < 1:
+            raise StartupError(
+                f"data_parallel_shard_degree = -1 leaves {size} // (dp_replicate "
+                f"{d['dp_replicate']} x cp {d['cp']} x tp {d['tp']} x pp {d['pp']}) = "
+                f"{shard} ranks to shard over on {given}; it needs at least {fixed} ranks"
+            )
+    if fixed * shard != size:
+        raise StartupError(
+            f"the degrees do not fit {given}: dp_replicate({d['dp_replicate']}) * "
+            f"dp_shard({shard}) * cp({d['cp']}) * tp({d['tp']}) * pp({d['pp']}) = "
+            f"{fixed * shard}, and TorchTitan 0.2.2 requires it to equal the world size"
+        )
+    if d["ep"] > 1 and d["etp"] not in (d["tp"], 1):
+        raise StartupError(
+            f"expert_tensor_parallel_degree = {d['etp']} with expert parallel "
+            f"{d['ep']}: TorchTitan 0.2.2 supports only ETP = TP ({d['tp']}) or ETP = 1"
+        )
+    dense = shard * d["cp"] * d["tp"]
+    experts = d["ep"] * d["etp"]
+    if dense % experts:
+        raise StartupError(
+            f"expert_parallel_degree {d['ep']} x expert_tensor_parallel_degree {d['etp']} = "
+            f"{experts} does not divide dp_shard {shard} x cp {d['cp']} x tp {d['tp']} = "
+            f"{dense} on {given}, so TorchTitan 0.2.2 cannot build its expert device mesh"
+        )
+    try:
+        return ParallelDims(world_size=size, **d)
+    except AssertionError as exc:  # a check of a newer ParallelDims not mirrored above
+        raise StartupError(
+            f"the degrees do not fit {given}: {_one_line(exc)}"
+        ) from None

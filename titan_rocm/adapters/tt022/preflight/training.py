@@ -1,0 +1,42 @@
+"""Check 4: the train spec, pipelining support and the batch-size arithmetic.
+
+Part of :mod:`titan_rocm.adapters.tt022.preflight` (one module per TorchTitan check it
+mirrors, so a check TorchTitan drops can be dropped here alone)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from titan_rocm.adapters.common import StartupError
+
+
+def check_training(job_config: Any, parallel_dims: Any) -> None:
+    """The train spec lookup, pipelining support and batch-size checks of Trainer.__init__.
+
+    Raises:
+        StartupError: with TorchTitan's reason.
+    """
+    from torchtitan.protocols.train_spec import get_train_spec
+
+    try:
+        spec = get_train_spec(job_config.model.name)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
+    if parallel_dims.pp_enabled and not spec.pipelining_fn:
+        raise StartupError(
+            f"Pipeline Parallel is enabled but {job_config.model.name} does not support "
+            "pipelining (TorchTitan 0.2.2)"
+        )
+    t = job_config.training
+    batch_degree = parallel_dims.dp_replicate * parallel_dims.dp_shard
+    if t.local_batch_size < 1:
+        raise StartupError(f"[training] local_batch_size = {t.local_batch_size}: it must be >= 1")
+    global_batch = t.global_batch_size
+    if global_batch < 0:
+        global_batch = t.local_batch_size * batch_degree
+    if global_batch == 0 or global_batch % (t.local_batch_size * batch_degree):
+        raise StartupError(
+            "global batch size must be multiple of local batch size times data-parallel "
+            f"degree ({global_batch} % ({t.local_batch_size} * {batch_degree}) != 0) "
+            "(TorchTitan 0.2.2; -1 means local batch size times data-parallel degree)"
+        )
