@@ -44,8 +44,8 @@ def _config(cpu_harness: Any, model: str = "llama3", **settings: Any) -> Any:
     seed = settings.pop("seed", 0)
     steps = settings.pop("steps", 1)
     config = cpu_harness.config(make(), layers=2, steps=steps, compile=True, seed=seed)
-    # One CPU rank is still FSDP-wrapped by 0.3.0; its bf16 all-gather cannot be raised for
-    # the reference (the audit refuses it, naming this flag).
+    # One CPU rank is still FSDP-wrapped by 0.3.0; float32 parameters keep these cases' job
+    # pass in float32 (the bf16 default is its own case below).
     config.training.mixed_precision_param = "float32"
     return rocm(config, **settings)
 
@@ -78,6 +78,31 @@ def test_clean_compiled_0_3_0_trainer_is_ok(cpu_harness: Any) -> None:
         assert r.reference_dtype == "float32" and r.job_dtype == "float32"  # FSDP: float32
         assert r.attribution.compiled("layers.0.attention.wq.weight")
         assert math.isfinite(r.loss["job"]) and r.loss["job"] > 0
+
+
+@pytest.mark.slow
+def test_0_3_0_default_bf16_fsdp_is_audited_at_its_own_precision(cpu_harness: Any) -> None:
+    """0.3.0's default bfloat16 FSDP parameters (one rank is FSDP-wrapped): the job and eager
+    passes compute in bf16, the reference all-gathers the float32 shards as they are; the
+    experts' and every other gradient judged against bf16's eager error, ok."""
+    from torchtitan.models.llama3.config_registry import llama3_debugmodel as make
+
+    from titan_rocm.adapters.tt030 import rocm
+    from titan_rocm.adapters.tt030.audit import audit_030
+    from titan_rocm.numerics.stats import AuditSettings
+
+    config = cpu_harness.config(make(), layers=2, steps=1, compile=True, seed=0)
+    config.training.mixed_precision_param = "bfloat16"
+    trainer = cpu_harness.build(rocm(config))
+    try:
+        input_dict, labels = next(iter(trainer.dataloader))
+        r = audit_030(trainer, input_dict, labels, AuditSettings.of(trainer.config.rocm))
+    finally:
+        trainer.close()
+    assert not r.flagged, [p.reason for p in r.parameters if p.flagged]
+    assert (r.job_dtype, r.reference_dtype) == ("bfloat16", "float32")
+    errs = sorted(p.err_eager for p in r.parameters if p.numel)
+    assert 1e-3 < errs[len(errs) // 2] < 2e-2, errs  # bf16's error, not 0
 
 
 @pytest.mark.slow

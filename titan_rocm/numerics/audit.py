@@ -219,11 +219,29 @@ def high_precision(trainer: Any, dtype: torch.dtype) -> Iterator[None]:
         if groups:
             for group in groups:
                 for fsdp_param in group.fsdp_params:
-                    # float32 parameters (run_passes refused lower ones): only the gradient
-                    # reduction may be in a lower dtype; None reduces in the parameter's.
+                    # The sharded parameters are the job's float32 originals: the pass
+                    # all-gathers them as they are (no param_dtype) into buffers of its own
+                    # and reduces in their dtype; the job's bf16 buffers are put back after.
                     if getattr(fsdp_param, "reduce_dtype", None) is not None:
                         fsdp_saved.append((fsdp_param, "reduce_dtype", fsdp_param.reduce_dtype))
                         fsdp_param.reduce_dtype = None
+                    if getattr(fsdp_param, "param_dtype", None) is not None:
+                        if not isinstance(getattr(fsdp_param, "all_gather_outputs", None), list):
+                            raise AuditError(
+                                f"FSDP mixed precision ({str(fsdp_param.param_dtype)[6:]} "
+                                "parameters) cannot be raised for the reference pass by this "
+                                "torch's FSDP: audit this job with "
+                                "--training.mixed_precision_param float32, or without FSDP on "
+                                "fewer GPUs")
+                        fsdp_saved += [(fsdp_param, "param_dtype", fsdp_param.param_dtype),
+                                       (fsdp_param, "all_gather_outputs",
+                                        fsdp_param.all_gather_outputs)]
+                        fsdp_param.param_dtype = None
+                        fsdp_param.all_gather_outputs = []
+                        if hasattr(fsdp_param, "_unsharded_param"):
+                            fsdp_saved.append((fsdp_param, "_unsharded_param",
+                                               fsdp_param._unsharded_param))
+                            del fsdp_param._unsharded_param
         else:
             for part in trainer.model_parts:
                 tensors = list(part.parameters()) + list(part.buffers())
@@ -422,14 +440,6 @@ def run_passes(
         raise AuditError(f"--reference-chunks {chunks} is not valid for this micro-batch; "
                          f"accepted: a whole number from 1 to its {rows} row(s)")
     job_dtype = job_dtype_of(trainer, params)
-    if is_fsdp(model_parts) and job_dtype.itemsize < 4:
-        # FSDP2 allocates its all-gather buffers and unsharded parameters in the policy's
-        # dtype at its first forward; they cannot be raised for one pass and put back.
-        raise AuditError(
-            f"FSDP mixed precision ({str(job_dtype).removeprefix('torch.')} parameters) "
-            "cannot be raised for the reference pass: audit this job with "
-            "--training.mixed_precision_param float32, or without FSDP on fewer GPUs"
-        )
     times: dict[str, float] = {}
     losses: dict[str, float] = {}
     grads: dict[str, dict[str, torch.Tensor | None]] = {}

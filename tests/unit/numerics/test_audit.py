@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -491,22 +492,71 @@ def test_cli_bad_input_exits_2_with_one_sentence_and_json(
 
 
 @pytest.mark.slow
-def test_cli_two_rank_fsdp_one_shared_verdict(tests_on_path: None) -> None:
+@pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
+def test_cli_two_rank_fsdp_one_shared_verdict(tests_on_path: None, param_dtype: str) -> None:
     """Two gloo ranks, FSDP over both: each compares its shards, the sums are all-reduced,
-    both ranks log the same verdict and exit 1 (corrupted) - rank 0 prints."""
-    done = _cli("--model.converters", "rocm", "--compile.enable",
-                "--activation_checkpoint.mode", "none",
-                "--parallelism.data_parallel_shard_degree", "2", "--json",
-                "--training.mixed_precision_param", "float32",
-                env={"TITAN_ROCM_DEBUG_CORRUPT": "block=0,fraction=0.03"}, nproc=2)
+    both ranks log the same verdict; clean ok, corrupted exit 1 - rank 0 prints. With
+    TorchTitan's default bfloat16 FSDP parameters the job and eager passes compute in bf16
+    and the reference all-gathers the float32 shards as they are (FSDP's param_dtype lifted
+    for that pass): bf16's eager error, not 0, is what the job is judged against."""
+    args = ("--model.converters", "rocm", "--compile.enable", "--activation_checkpoint.mode",
+            "none", "--parallelism.data_parallel_shard_degree", "2", "--json",
+            "--training.mixed_precision_param", param_dtype)
+    clean = _cli(*args, nproc=2)
+    assert clean.returncode == 0, clean.stderr[-3000:]
+    ok = json.loads(clean.stdout)
+    assert ok["verdict"] == "ok" and ok["job_dtype"] == param_dtype
+    assert ok["reference_dtype"] == "float32"  # FSDP: parameters are not re-typed
+    errs = [p["err_eager"] for p in ok["parameters"] if p["numel"]]
+    if param_dtype == "bfloat16":
+        assert 1e-3 < statistics.median(errs) < 2e-2, errs  # bf16's error, against float32
+    else:
+        assert max(errs) < 1e-5, errs
+    done = _cli(*args, env={"TITAN_ROCM_DEBUG_CORRUPT": "block=0,fraction=0.03"}, nproc=2)
     assert done.returncode == 1, done.stderr[-3000:]
     out = json.loads(done.stdout)
     assert out["world_size"] == 2 and out["verdict"] == "flagged"
-    assert out["reference_dtype"] == "float32"  # FSDP: parameters are not re-typed
     flagged = {b["block"] for b in out["blocks"] if b["flagged"]}
     assert "0" in flagged <= {"0", "(outside blocks)"}
     for rank in (0, 1):
         assert f"rank {rank} of 2: verdict flagged" in done.stderr
+
+
+def _fsdp_bf16_losses(tmp_path: Path, audit: str) -> dict[int, tuple[float | None, ...]]:
+    """Rank 0's logged (loss, grad norm) per step of 5 steps of llama3 debug, compiled, FSDP
+    over two gloo ranks with TorchTitan's default bfloat16 FSDP parameters."""
+    from titan_rocm.logs.parse import parse_text
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get(
+        "PYTHONPATH", "")]))
+    env.pop("TITAN_ROCM_DEBUG_CORRUPT", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--tee",
+           "3", "--master_port", str(29_500 + os.getpid() % 400 + (audit != "off")),
+           "-m", "tests.support.audit_train_main", "--model.converters", "rocm",
+           "--compile.enable", "--activation_checkpoint.mode", "none", "--training.steps",
+           "5", "--metrics.log_freq", "1", "--parallelism.data_parallel_shard_degree", "2",
+           "--training.mixed_precision_param", "bfloat16", "--rocm.numerics_audit", audit]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
+                          cwd=tmp_path)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-3000:]
+    if audit != "off":
+        assert "numerics audit: OK (128 tokens, 2 rank(s); job bfloat16, eager bfloat16, " \
+               "reference float32)" in text, text[-3000:]
+    records = [r for r in parse_text(text).train_records if r.rank in (None, 0)]
+    return {r.step: (r.loss, r.grad_norm) for r in records}
+
+
+@pytest.mark.slow
+def test_in_training_audit_under_bf16_fsdp_leaves_the_trajectory_bit_identical(
+        tmp_path: Path) -> None:
+    """The reference pass lifts FSDP's bfloat16 param_dtype for itself (its own float32
+    all-gather buffers) and puts the job's back: 5 steps over two ranks with the audit at
+    step 1 log every loss and grad norm exactly as without it."""
+    plain = _fsdp_bf16_losses(tmp_path, "off")
+    audited = _fsdp_bf16_losses(tmp_path, "first_step")
+    assert sorted(plain) == [1, 2, 3, 4, 5]
+    assert audited == plain  # floats compared exactly, as the log prints them
 
 
 @pytest.mark.slow
