@@ -642,16 +642,30 @@ def refuse_unsupported(trainer: Any) -> None:
                          "memory per GPU")
 
 
-def audit_022(trainer: Any, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
-              settings: AuditSettings, tokens: int | None = None,
-              chunks: int | None = None) -> AuditResult:
-    """Audit a built TorchTitan 0.2.2 trainer on one micro-batch (on its device); ``chunks``
-    as :func:`run_passes` takes it."""
+def audit_micro_batch(trainer: Any, step_of: Callable[[Any, torch.Tensor], Step],
+                      input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
+                      settings: AuditSettings, tokens: int | None = None,
+                      chunks: int | None = None) -> AuditResult:
+    """Audit a built trainer on one micro-batch (its first ``tokens``), moved to the trainer's
+    device, with the step ``step_of(trainer, labels)`` makes (each TorchTitan generation's
+    own); ``chunks`` as :func:`run_passes` takes it.
+
+    Raises:
+        AuditError: pipeline parallelism, or the reference would not fit (one sentence).
+    """
     refuse_unsupported(trainer)
     device = torch.device(getattr(trainer, "device", "cpu"))
     input_dict, labels = take_tokens(input_dict, labels, tokens)
     input_dict = {k: v.to(device) if isinstance(v, torch.Tensor) else v
                   for k, v in input_dict.items()}
     labels = labels.to(device)
-    return run_passes(trainer, trainer_step(trainer, labels), input_dict, labels, settings,
-                      chunks)
+    return run_passes(trainer, step_of(trainer, labels), input_dict, labels, settings, chunks)
+
+
+def audit_022(trainer: Any, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
+              settings: AuditSettings, tokens: int | None = None,
+              chunks: int | None = None) -> AuditResult:
+    """Audit a built TorchTitan 0.2.2 trainer on one micro-batch (:func:`audit_micro_batch`
+    with 0.2.2's ``forward_backward_step``)."""
+    return audit_micro_batch(trainer, trainer_step, input_dict, labels, settings, tokens,
+                             chunks)

@@ -23,9 +23,7 @@ import torch
 from titan_rocm.numerics.audit import (
     AuditResult,
     Step,
-    refuse_unsupported,
-    run_passes,
-    take_tokens,
+    audit_micro_batch,
 )
 from titan_rocm.numerics.stats import AuditSettings
 
@@ -63,20 +61,14 @@ def trainer_step(trainer: Any, labels: torch.Tensor) -> Step:
 def audit_030(trainer: Any, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
               settings: AuditSettings, tokens: int | None = None,
               chunks: int | None = None) -> AuditResult:
-    """Audit a built TorchTitan 0.3.0 trainer on one micro-batch (on its device); ``chunks``
-    as :func:`~titan_rocm.numerics.audit.run_passes` takes it.
+    """Audit a built TorchTitan 0.3.0 trainer on one micro-batch
+    (:func:`~titan_rocm.numerics.audit.audit_micro_batch` with 0.3.0's step, above).
 
     Raises:
         AuditError: pipeline parallelism, or the reference would not fit (one sentence).
     """
-    refuse_unsupported(trainer)
-    device = torch.device(trainer.device)
-    input_dict, labels = take_tokens(input_dict, labels, tokens)
-    input_dict = {k: v.to(device) if isinstance(v, torch.Tensor) else v
-                  for k, v in input_dict.items()}
-    labels = labels.to(device)
-    return run_passes(trainer, trainer_step(trainer, labels), input_dict, labels, settings,
-                      chunks)
+    return audit_micro_batch(trainer, trainer_step, input_dict, labels, settings, tokens,
+                             chunks)
 
 
 def quiet_job(config: Any) -> None:
