@@ -739,15 +739,25 @@ def graph_inspection(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 _WRITE_LOCK = threading.Lock()
 
 
+def store_result(out: Path, logs: Path, summary: dict[str, Any]) -> None:
+    """A stored result, as :func:`open_stored` reads it: ``summary`` as summary.json and the
+    ``logs`` folder as logs.tar.gz, each written beside and moved into place (every benchmark
+    stores after every run, so a timeout or a kill mid-write keeps the last whole pair)."""
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, default=str))
+    tmp.replace(out / "summary.json")
+    with tarfile.open(out / "logs.tar.gz.tmp", "w:gz") as tar:
+        tar.add(logs, arcname="logs")
+    (out / "logs.tar.gz.tmp").replace(out / "logs.tar.gz")
+
+
 def write_results(out: Path, logs: Path, environment: dict[str, Any],
                   results: dict[str, Any]) -> dict[str, Any]:
     """Write summary.json and logs.tar.gz (after every run: a timeout keeps what finished)."""
     with _WRITE_LOCK:
         figures = figures_of(results)
-        summary = {"environment": environment, "figures": figures, "runs": results}
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-        with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
-            tar.add(logs, arcname="logs")
+        store_result(out, logs, {"environment": environment, "figures": figures,
+                                 "runs": results})
         return figures
 
 

@@ -52,7 +52,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tarfile
 import tempfile
 from datetime import datetime
 from pathlib import Path
@@ -66,6 +65,7 @@ from benchmarks.gpu_validation import (  # noqa: E402
     StoredResultError,
     analyse,
     launch,
+    store_result,
     stored_runs,
 )
 
@@ -236,9 +236,7 @@ def write_results(out: Path, logs: Path, environment: dict[str, Any],
                "runs": {n: {k: r[k] for k in ("name", "exit", "wall_s", "expect_failure",
                                               "triton_war_stats", "loss")}
                         for n, r in results.items()}}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
-        tar.add(logs, arcname="logs")
+    store_result(out, logs, summary)
     return figures
 
 

@@ -36,7 +36,6 @@ import os
 import re
 import statistics
 import sys
-import tarfile
 import tempfile
 import time
 from datetime import datetime
@@ -458,9 +457,9 @@ def first_step_figures(plain: dict[str, Any], audited: dict[str, Any]) -> dict[s
 
 def store(out: Path, logs: Path, summary: dict[str, Any]) -> None:
     """summary.json and logs.tar.gz (after every run: a timeout keeps what finished)."""
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
-        tar.add(logs, arcname="logs")
+    from benchmarks.gpu_validation import store_result
+
+    store_result(out, logs, summary)
 
 
 def reanalyse(directory: Path) -> dict[str, Any]:

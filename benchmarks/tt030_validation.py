@@ -39,7 +39,6 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -56,6 +55,7 @@ from gpu_validation import (  # noqa: E402
     _ratio,
     analyse,
     run_logged,
+    store_result,
     stored_runs,
 )
 
@@ -339,12 +339,7 @@ def write(out: Path, logs: Path, environment: dict[str, Any], probe_result: Any,
     figs = figures(results, probe_result)
     summary = {"environment": environment, "probe": probe_result, "figures": figs,
                "runs": results}
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, default=str))
-    tmp.replace(out / "summary.json")
-    with tarfile.open(out / "logs.tar.gz.tmp", "w:gz") as tar:
-        tar.add(logs, arcname="logs")
-    (out / "logs.tar.gz.tmp").replace(out / "logs.tar.gz")
+    store_result(out, logs, summary)
     return figs
 
 

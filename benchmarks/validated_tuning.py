@@ -35,7 +35,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -283,12 +282,6 @@ def _reruns(path: Path) -> int:
     return again
 
 
-def _store(out: Path, logs: Path, summary: dict[str, Any]) -> None:
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    with tarfile.open(out / "logs.tar.gz", "w:gz") as tar:
-        tar.add(logs, arcname="logs")
-
-
 def reanalyse(directory: Path) -> dict[str, Any]:
     """Recompute every figure from ``summary.json`` + ``logs.tar.gz`` (+ tune files), on CPU."""
     from benchmarks.gpu_validation import open_stored
@@ -349,8 +342,10 @@ def main() -> int:
         "command": " ".join(sys.argv), "steps": args.steps, "repeats": args.repeats,
         "max_mm_configs": args.max_mm_configs, "wrong_blocks": WRONG_BLOCKS,
         "variants": variants}}
+    from benchmarks.gpu_validation import store_result
+
     summary["phases"] = tune(args.out, logs, args.max_mm_configs)
-    _store(args.out, logs, summary)
+    store_result(args.out, logs, summary)
     order = [v for v in TRAINING_VARIANTS[:3] if v in variants]
     names = [f"{v}@{i}" for i in range(args.repeats)
              for v in (order if i % 2 == 0 else order[::-1])]
@@ -359,7 +354,7 @@ def main() -> int:
         summary["phases"][name] = train(name, args.out, logs, args.max_mm_configs, args.steps,
                                         extra)
         summary["figures"] = figures(args.out, logs)
-        _store(args.out, logs, summary)
+        store_result(args.out, logs, summary)
         print(f"[{name}] {summary['phases'][name]}", flush=True)
     print(json.dumps(summary["figures"], indent=2, default=str))
     return 0
