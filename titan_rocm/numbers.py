@@ -26,13 +26,15 @@ class Bounds:
     low_open: bool = False
     unit: str = ""
     """Said after the range (``seconds``)."""
+    high_open: bool = False
 
     def accepted(self) -> str:
         """``a number > 0 and <= 86400 (seconds)``: the accepted values, for messages."""
         what = "an integer" if self.kind is int else "a number"
         low = f"> {_fmt(self.low)}" if self.low_open else f">= {_fmt(self.low)}"
+        high = f"< {_fmt(self.high)}" if self.high_open else f"<= {_fmt(self.high)}"
         unit = f" ({self.unit})" if self.unit else ""
-        return f"{what} {low} and <= {_fmt(self.high)}{unit}"
+        return f"{what} {low} and {high}{unit}"
 
     def parse(self, text: str | float | int, name: str) -> float | int:
         """``text`` as a number in range.
@@ -51,7 +53,8 @@ class Bounds:
                 value = float(text)
         except (TypeError, ValueError, OverflowError):
             raise ValueError(f"{name} {text!r} is not valid; accepted: {self.accepted()}") from None
-        ok = math.isfinite(value) and value <= self.high and (
+        ok = math.isfinite(value) and (
+            value < self.high if self.high_open else value <= self.high) and (
             value > self.low if self.low_open else value >= self.low)
         if not ok:
             raise ValueError(f"{name} {text!r} is not valid; accepted: {self.accepted()}")

@@ -11,6 +11,8 @@ import typing
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from titan_rocm.numbers import Bounds
+
 Mode = Literal["auto", "on", "off"]
 """A workaround's mode: ``on`` requires it (start-up fails, naming what is missing), ``auto``
 applies it where its preconditions hold and otherwise logs once why not, ``off`` does nothing."""
@@ -35,6 +37,10 @@ NumericsAudit = Literal["off", "first_step", "every_n_steps"]
 """When training audits its gradients against eager references (docs/numerics-audit.md)."""
 NumericsAuditPolicy = Literal["warn", "stop"]
 """What a flagged in-training audit does: log the table and go on, or stop the run."""
+NumericsAuditReference = Literal["auto", "float64", "float32", "tf32"]
+"""The audit's high-precision arithmetic: auto (float64 for a float32 job, tf32 for a bfloat16
+one, float32 for float16), float64, float32, or float32 with TF32 GEMMs where the GPU has
+them (docs/numerics-audit.md)."""
 
 MODES: tuple[str, ...] = typing.get_args(Mode)
 
@@ -96,22 +102,27 @@ class RocmSettings:
     gemm_lookup_table: str = ""
     """Path of a table written by ``titan-rocm tune table`` (empty: none)."""
     numerics_audit: NumericsAudit = "off"
-    """Audit the gradients before the first optimizer step (``first_step``) or every
-    ``numerics_audit_every`` steps: compiled against eager and float64 (docs/numerics-audit.md)."""
+    """Audit the step block by block before the first optimizer step (``first_step``) or
+    every ``numerics_audit_every`` steps: each block's compiled forward and backward against
+    eager and high-precision replays from the job's own inputs (docs/numerics-audit.md)."""
     numerics_audit_every: int = 1000
     """Steps between audits under ``every_n_steps`` (the first step is audited too)."""
     numerics_audit_policy: NumericsAuditPolicy = "warn"
     """A flagged in-training audit: ``warn`` logs it and trains on, ``stop`` ends the run."""
-    numerics_audit_fudge: float = 8.0
-    """Flag a gradient whose error exceeds fudge x max(eager error, dtype floor)."""
+    numerics_audit_reference: NumericsAuditReference = "auto"
+    """The high-precision replay's arithmetic (auto: float64 for a float32 job, tf32 for
+    bfloat16, float32 for float16)."""
+    numerics_audit_fudge: float = 3.0
+    """Flag a tensor whose error exceeds fudge x the eager error + the floor."""
     numerics_audit_floor_eps: float = 64.0
-    """The dtype floor of the relative error, in machine epsilons of the job's dtype."""
+    """The additive floor of the relative error, in float32 machine epsilons."""
     numerics_audit_outlier_k: float = 10.0
-    """Outlier element: job error above k x the eager error's outlier quantile."""
+    """Outlier element: job error above k x the eager error's outlier quantile (plus the
+    compute dtype's relative tolerance of the element)."""
     numerics_audit_outlier_quantile: float = 0.999
     """The quantile of the eager error outliers are measured against."""
     numerics_audit_outlier_max: float = 0.001
-    """Flag a gradient with more than this fraction of outlier elements."""
+    """Flag a tensor with more than this fraction of outlier elements."""
 
     def __post_init__(self) -> None:
         validate(self)
@@ -119,6 +130,16 @@ class RocmSettings:
 
 MAY_BE_EMPTY: tuple[str, ...] = ("gemm_lookup_table",)
 """String settings whose empty value means "none"."""
+
+NUMBERS: dict[str, Bounds] = {
+    "numerics_audit_every": Bounds(int, 1, 10**9),
+    "numerics_audit_fudge": Bounds(float, 0, 1e6, low_open=True),
+    "numerics_audit_floor_eps": Bounds(float, 0, 1e9, low_open=True),
+    "numerics_audit_outlier_k": Bounds(float, 0, 1e6, low_open=True),
+    "numerics_audit_outlier_quantile": Bounds(float, 0, 1, low_open=True, high_open=True),
+    "numerics_audit_outlier_max": Bounds(float, 0, 1, low_open=True),
+}
+"""The accepted range of every numeric setting (:class:`~titan_rocm.numbers.Bounds`)."""
 
 
 def choices(annotation: Any) -> tuple[str, ...] | None:
@@ -153,10 +174,12 @@ def validate(settings: RocmSettings) -> None:
                     f"[rocm] {f.name} = {value!r} is not valid; accepted: true, false"
                 )
         elif f.type in (int, float):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(
-                    f"[rocm] {f.name} = {value!r} is not valid; accepted: a number > 0"
-                )
+            bounds = NUMBERS.get(f.name, Bounds(f.type, 0, 1e18, low_open=True))
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                    f.type is int and not isinstance(value, int)):
+                raise ValueError(f"[rocm] {f.name} = {value!r} is not valid; accepted: "
+                                 f"{bounds.accepted()}")
+            bounds.parse(value, f"[rocm] {f.name} =")
         elif f.type is str:
             if not isinstance(value, str) or not (value or f.name in MAY_BE_EMPTY):
                 raise ValueError(

@@ -98,51 +98,91 @@ __all__ = ["TINY", "AuditTrainer"]
 
 
 LLAMA = ["--model.name", "llama3", "--model.flavor", "debugmodel"]
+QWEN = ["--model.name", "qwen3", "--model.flavor", "debugmodel"]
 DEEPSEEK = ["--model.name", "deepseek_v3", "--model.flavor", "debugmodel"]
+MODELS = {"llama3": LLAMA, "qwen3": QWEN, "deepseek_v3": DEEPSEEK}
 COMPILED = ["--model.converters", "rocm", "--compile.enable",
             "--activation_checkpoint.mode", "none"]
 
 
-def audit_job(args: list[str], tokens: int | None = None, chunks: int | None = None) -> Any:
-    """Build the AuditTrainer of ``cpu_trainer.job_config(COMPILED + args)`` in this process
-    and audit one micro-batch; the :class:`AuditResult` (process group left for the caller)."""
+def build(args: list[str], layers: int | None = None) -> tuple[Any, Any]:
+    """An AuditTrainer of ``cpu_trainer.job_config(COMPILED + args)`` in this process
+    (``layers`` blocks: None keeps the harness's two), and its job config."""
     from tests.support.cpu_trainer import job_config
-    from titan_rocm.adapters.tt022.config import settings_from
-    from titan_rocm.numerics.audit import audit_022
-    from titan_rocm.numerics.stats import AuditSettings
 
     jc = job_config(COMPILED + list(args))
     torch._dynamo.reset()
-    trainer = AuditTrainer(jc)
-    input_dict, labels = next(iter(trainer.dataloader))
+    cls = AuditTrainer if layers is None else type("AuditTrainer", (AuditTrainer,),
+                                                    {"n_layers": layers})
+    return cls(jc), jc
+
+
+def batch(trainer: Any) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The trainer's next micro-batch."""
+    return next(iter(trainer.dataloader))
+
+
+def audit(trainer: Any, jc: Any, input_dict: Any = None, labels: Any = None,
+          tokens: int | None = None, chunks: int | None = None) -> Any:
+    """The audit of one micro-batch (the first one by default), as ``titan-rocm audit`` runs
+    it on a built trainer; asserts the trainer's state is left as it was."""
+    from titan_rocm.adapters.tt022.audit import audit_built
+    from titan_rocm.adapters.tt022.config import settings_from
+
+    if input_dict is None:
+        input_dict, labels = batch(trainer)
     model = trainer.model_parts[0]
     before = [b.clone() for b in model.buffers()], torch.get_rng_state()
-    result = audit_022(trainer, input_dict, labels, AuditSettings.of(settings_from(jc)), tokens,
-                       chunks)
+    grads = [p.grad for p in model.parameters()]
+    result = audit_built(trainer, settings_from(jc), input_dict, labels, tokens, chunks)
     # What the audit must leave as it found it (the MoE token counts are buffers).
     assert all(torch.equal(a, b) for a, b in zip(before[0], model.buffers(), strict=True))
     assert torch.equal(before[1], torch.get_rng_state())
-    assert all(p.grad is None for p in model.parameters())
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads, strict=True))
     return result
 
 
+def audit_job(args: list[str], tokens: int | None = None, chunks: int | None = None,
+              layers: int | None = None) -> Any:
+    """Build the trainer of ``args`` and audit its first micro-batch."""
+    trainer, jc = build(args, layers)
+    return audit(trainer, jc, tokens=tokens, chunks=chunks)
+
+
+def reseed(trainer: Any, seed: int) -> None:
+    """New weights (the model's own init under ``seed``) and a new first batch: a clean run
+    of another seed without compiling again (the compiled graphs take the weights as
+    inputs)."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        trainer.model_parts[0].init_weights(buffer_device=None)
+    trainer.dataloader.seed = 1000 + seed
+    trainer.dataloader.position = 0
+
+
+def matrix(model: str, seeds: int = 5, layers: int = 3) -> list[Any]:
+    """The detection matrix on the 0.2.2 trainer of ``model`` (compiled once): clean audits
+    over ``seeds`` seeds, then each fault of titan_rocm.testing.audit_matrix at the first, a
+    middle and the last block."""
+    from titan_rocm.testing import audit_matrix
+
+    trainer, jc = build(MODELS[model], layers)
+    audit_matrix.install(trainer.model_parts)
+    keys = [k for k, _ in trainer.model_parts[0].layers.named_children()]
+    specs = audit_matrix.fault_specs(audit_matrix.first_middle_last(keys))
+    return audit_matrix.run(lambda: audit(trainer, jc).to_dict(), specs, list(range(seeds)),
+                            lambda seed: reseed(trainer, seed))
+
+
 if __name__ == "__main__":
-    # The clean-run measurements docs/numerics-audit.md quotes:
+    # The CPU matrix docs/numerics-audit.md quotes:
     #   python tests/support/audit_trainer.py [seeds]
+    import json
+
     import titan_rocm  # noqa: F401
 
     seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    for name, model in (("llama3", LLAMA), ("deepseek_v3", DEEPSEEK)):
-        ratios, fractions, errs = [], [], []
-        for seed in range(seeds):
-            r = audit_job(model + ["--debug.seed", str(seed)])
-            ratios += [p.ratio for p in r.parameters if p.numel]
-            fractions += [p.outlier_fraction for p in r.parameters if p.numel]
-            errs += [p.err_job for p in r.parameters if p.numel]
-            print(f"{name} seed {seed}: {'flagged' if r.flagged else 'ok'}; worst ratio "
-                  f"{max(p.ratio for p in r.parameters):.3g}, worst outliers "
-                  f"{max(p.outlier_fraction for p in r.parameters):.3g}, loss err_job "
-                  f"{r.loss['err_job']:.3g}, err_eager {r.loss['err_eager']:.3g}",
-                  flush=True)
-        print(f"{name}: {len(ratios)} gradients; ratio max {max(ratios):.3g}; outlier "
-              f"fraction max {max(fractions):.3g}; err_job max {max(errs):.3g}", flush=True)
+    for name in MODELS:
+        outcomes = matrix(name, seeds)
+        wrong = [o.to_dict() for o in outcomes if not o.judged["right"]]
+        print(json.dumps({"model": name, "audits": len(outcomes), "wrong": wrong}), flush=True)

@@ -38,6 +38,11 @@ import torch.distributed as dist
 from tests.support.cpu_support import CpuMemoryMonitor, default_rank_env
 
 TINY = {"dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 256}
+MODEL_TINY: dict[str, dict[str, int]] = {
+    # qwen3's debugmodel has 8 kv heads of 128 and a 3072 FFN: tiny GQA (2 kv heads of 16).
+    "qwen3": {"n_kv_heads": 2, "head_dim": 16, "hidden_dim": 128},
+}
+"""Per model, what TINY needs besides to stay a consistent tiny model."""
 
 
 def _data_rank(parallel_dims: Any, rank: int) -> int:
@@ -104,6 +109,8 @@ class CpuTrainer(_trainer_base()):  # type: ignore[misc]
     """Batches the synthetic loader yields (None: endless)."""
     patch_for_cpu = True
     """Apply :func:`cpu_patches` for good (the program); tests apply them themselves."""
+    n_layers: int | None = None
+    """Blocks of the tiny model (None: TINY's)."""
 
     def __init__(self, job_config: Any) -> None:  # noqa: PLR0915 - mirrors Trainer.__init__
         from torchtitan.components.checkpoint import CheckpointManager
@@ -134,7 +141,10 @@ class CpuTrainer(_trainer_base()):  # type: ignore[misc]
             job_config.training.local_batch_size, seq_len, TINY["vocab_size"],
             self.data_batches, seed=_data_rank(parallel_dims, dist.get_rank()),
         )
-        model_args = replace(self.train_spec.model_args[job_config.model.flavor], **TINY)
+        tiny = {**TINY, **MODEL_TINY.get(job_config.model.name, {})}
+        if self.n_layers is not None:
+            tiny["n_layers"] = self.n_layers
+        model_args = replace(self.train_spec.model_args[job_config.model.flavor], **tiny)
         model_args.update_from_config(job_config)
         self.model_args = model_args
         with torch.device("meta"):

@@ -74,7 +74,7 @@ def test_single_process_trains_with_torchtitans_real_trainer() -> None:
 
 
 def test_single_process_environment_is_torchruns_for_one_worker() -> None:
-    from titan_rocm.adapters.tt022.train import single_process_environment
+    from titan_rocm.adapters.common import single_process_environment
 
     env: dict[str, str] = {"PATH": "/bin"}
     added = single_process_environment(env)
@@ -90,7 +90,7 @@ def test_single_process_environment_is_torchruns_for_one_worker() -> None:
 
 
 def test_single_process_environment_keeps_what_is_set() -> None:
-    from titan_rocm.adapters.tt022.train import LaunchError, single_process_environment
+    from titan_rocm.adapters.common import LaunchError, single_process_environment
 
     torchrun = {"RANK": "3", "LOCAL_RANK": "3", "WORLD_SIZE": "8", "MASTER_PORT": "29500"}
     env = dict(torchrun)

@@ -1,6 +1,7 @@
-"""``TITAN_ROCM_DEBUG_CORRUPT`` through TorchTitan 0.3.0's ``RocmTrainer``: installed when the
-trainer starts, it reaches the blocks 0.3.0 compiles in place (inside the activation
-checkpointing wrapper), hits block 1's backward once a step, and leaves the forward alone."""
+"""The test fault (``titan_rocm.testing.corrupt``) on TorchTitan 0.3.0's ``RocmTrainer``:
+installed on the built trainer, it reaches the blocks 0.3.0 compiles in place (inside the
+activation checkpointing wrapper), hits block 1's backward once a step, and leaves the
+forward alone."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import math
 
 import pytest
 
-from titan_rocm.numerics import corrupt
-from titan_rocm.numerics.corrupt import ENV
+from titan_rocm.testing import corrupt
+from titan_rocm.testing.corrupt import ENV
 
 
 @pytest.fixture(autouse=True)
@@ -34,17 +35,21 @@ def test_rocm_trainer_corrupts_block_1s_compiled_backward_each_step(
 ) -> None:
     import torch
 
+    from titan_rocm.numerics import blocks
+
     torch._dynamo.reset()
     with torch._inductor.config.patch(compile_threads=1):
         monkeypatch.delenv(ENV, raising=False)
         clean = cpu_harness.train(_config(cpu_harness))
         torch._dynamo.reset()
-        monkeypatch.setenv(ENV, "block=1,fraction=0.1")
+        trainer = cpu_harness.build(_config(cpu_harness))
         with caplog.at_level(logging.INFO, "titan_rocm"):
-            run = cpu_harness.train(_config(cpu_harness))
+            corrupt.install(trainer.model_parts, corrupt.parse("block=1,fraction=0.1"))
+            run = cpu_harness.train(trainer)
     torch._dynamo.reset()
     layers = dict(run.trainer.model_parts[0].layers.named_children())
-    assert all(type(b).__name__.endswith("CorruptMarked") for b in layers.values())
+    assert all(type(b).__name__.endswith("Block") and blocks.key_of(b) == k
+               for k, b in layers.items())
     assert layers["1"]._compiled_call_impl is not None  # compiled in place, marked outside
     assert run.losses[0] == clean.losses[0]  # step 1: a backward fault leaves the loss alone
     assert run.losses[1] != clean.losses[1] and all(math.isfinite(x) for x in run.losses)

@@ -25,7 +25,9 @@ SHARED_WORKAROUND_MODULES = {
     f"{WORKAROUNDS}.job", f"{WORKAROUNDS}.seams",
 }
 TOOLS = ("titan_rocm.logs", "titan_rocm.gemm_tables", "titan_rocm.numerics")
-"""Tools beside the workarounds: platform facts only, never a workaround or an adapter."""
+"""Tools beside the workarounds: platform facts only, never a workaround or an adapter. The
+numerics audit among them: a workaround (``rocm.numerics_audit``) and the adapters run it,
+handing it the step and the job's decisions; it never calls up."""
 # Full module names, written out: the layout move (issue 23) rewrites them by module path.
 TUNING_LOOKUP = ("titan_rocm.tuning.problems", "titan_rocm.tuning.records",
                  "titan_rocm.tuning.table", "titan_rocm.tuning.env", "titan_rocm.tuning.choices")
@@ -33,12 +35,6 @@ TUNING_LOOKUP = ("titan_rocm.tuning.problems", "titan_rocm.tuning.records",
 TUNING_DRIVER = ("titan_rocm.tuner.collect", "titan_rocm.tuner.runner",
                  "titan_rocm.tuner.minesweeper", "titan_rocm.tuner.settings")
 """``titan-rocm tune``'s driver: a tool that may act as an adapter (it builds Contexts)."""
-NUMERICS_DRIVER = ("titan_rocm.numerics.audit", "titan_rocm.numerics.attribution",
-                   "titan_rocm.numerics.seams_tt022", "titan_rocm.numerics.seams_tt030")
-"""The numerics audit's passes, attribution and per-generation seams: like the tuner's driver,
-a tool that acts as an adapter (it runs the trainer's step and reads the job's decisions).
-The rest of titan_rocm.numerics (statistics, report, the test fault) is a plain tool; the
-workaround ``numerics_audit`` calls the driver at the step, as ``titan-rocm audit`` does."""
 SCANNER = ("titan_rocm.scanner.amdgcn", "titan_rocm.scanner.hazards",
            "titan_rocm.scanner.scan", "titan_rocm.scanner.names")
 """The AMDGCN parser, rules and scanner behind ``titan-rocm scan``: no torch, no Triton."""
@@ -52,7 +48,8 @@ ADAPTERS = (
     "titan_rocm.train",
 )
 CLI = ("titan_rocm.cli",)
-TEST_ONLY = ("titan_rocm.testing.faults", "titan_rocm.testing.graph_audit")
+TEST_ONLY = ("titan_rocm.testing.faults", "titan_rocm.testing.graph_audit",
+             "titan_rocm.testing.corrupt")
 """Code that exists for tests and worker processes; the runtime never imports it."""
 TEST_ONLY_IMPORTERS = {
     # The minesweeper's worker processes inject the faults the tests ask for (env var).
@@ -61,6 +58,8 @@ TEST_ONLY_IMPORTERS = {
     "titan_rocm.cli.tune",
     # The results writer simulates the full disk a test asks for (TITAN_ROCM_TUNE_DISK_FULL_AFTER).
     "titan_rocm.tuner.runner",
+    # `titan-rocm audit` puts the test fault into the job it audits (TITAN_ROCM_DEBUG_CORRUPT).
+    "titan_rocm.cli.audit",
 }
 FORBIDDEN_IN_WORKAROUNDS = (
     "torchtitan.config",
@@ -191,8 +190,7 @@ def test_platform_facts_import_nothing_above_them(name: str) -> None:
     assert sorted(m for m in internal(name) if m not in FACTS) == []
 
 
-@pytest.mark.parametrize("name", [m for m in MODULES
-                                  if m.startswith(TOOLS) and not _in(m, NUMERICS_DRIVER)])
+@pytest.mark.parametrize("name", [m for m in MODULES if m.startswith(TOOLS)])
 def test_tools_do_not_reach_into_workarounds_or_adapters(name: str) -> None:
     above = sorted(m for m in internal(name) if _in(m, (WORKAROUNDS, *ADAPTERS)))
     assert above == [], f"{name} imports {above}"
@@ -206,7 +204,7 @@ def floor_of(name: str) -> str | None:
     for floor, roots in (("test-only", (*TEST_ONLY, "titan_rocm.testing")),
                          ("scanner", (*SCANNER, "titan_rocm.scanner")),
                          ("facts", FACTS),
-                         ("tuner", (*TUNING_DRIVER, *NUMERICS_DRIVER, "titan_rocm.tuner")),
+                         ("tuner", (*TUNING_DRIVER, "titan_rocm.tuner")),
                          ("tools", TOOLS), ("tuning", TUNING_LOOKUP),
                          ("adapters", ADAPTERS), ("cli", CLI),
                          ("workarounds", (WORKAROUNDS,)), ("tuning", ("titan_rocm.tuning",))):

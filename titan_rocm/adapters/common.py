@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+import os
+import socket
+from collections.abc import Callable, MutableMapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from titan_rocm.numbers import MAX_RANKS, RANKS
@@ -201,3 +203,103 @@ def module_and_config(args: Sequence[str]) -> tuple[str | None, str | None]:
                 i += 1
         i += 1
     return found["--module"], found["--config"]
+
+
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
+"""What torchrun (or any launcher TorchTitan supports) sets for every worker."""
+
+
+class LaunchError(ValueError):
+    """The process environment is neither torchrun's nor a plain single process."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the OS picks it, as torchrun --standalone does)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def single_process_environment(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
+    """Give a process started without torchrun the environment of torchrun's only worker.
+
+    Sets only what is absent (a ``MASTER_PORT`` of the user's is kept) and nothing at all
+    when torchrun's variables are present. Returns what it set.
+
+    Raises:
+        LaunchError: some but not all of RANK, LOCAL_RANK, WORLD_SIZE are set (a launcher
+            that sets part of them cannot be completed safely).
+    """
+    present = [v for v in RANK_VARIABLES if v in environ]
+    if present:
+        missing = [v for v in RANK_VARIABLES if v not in environ]
+        if missing:
+            raise LaunchError(
+                f"{', '.join(f'{v}={environ[v]}' for v in present)} set but "
+                f"{', '.join(missing)} not: start the job with torchrun (which sets all of "
+                "them), or unset them for a single process"
+            )
+        return {}
+    host = environ.get("MASTER_ADDR", "127.0.0.1")
+    wanted = {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0",
+        "ROLE_WORLD_SIZE": "1", "ROLE_NAME": "default", "MASTER_ADDR": host,
+    }
+    if "MASTER_PORT" not in environ:
+        wanted["MASTER_PORT"] = str(free_port(host if host != "localhost" else "127.0.0.1"))
+    added = {k: v for k, v in wanted.items() if k not in environ}
+    environ.update(added)
+    return added
+
+
+@dataclass(frozen=True)
+class AuditRequest:
+    """What ``titan-rocm audit`` asks of the installed generation's adapter (its numbers
+    already validated by the command line)."""
+
+    passthrough: list[str]
+    """The job's own flags, as TorchTitan reads them."""
+    config_file: str | None = None
+    trainer: str | None = None
+    """``--trainer MODULE:CLASS`` (0.2.2's; None: TorchTitan's own)."""
+    tokens: int | None = None
+    chunks: int | None = None
+    before_job: Callable[[list[Any]], None] | None = field(default=None, compare=False)
+    """Called with the built model parts before the job pass (the CLI installs the test
+    fault there)."""
+
+
+def build_trainer(build: Callable[[], Any]) -> Any:
+    """``build()``, the job's own trainer; a failure as one sentence, saying where the audit
+    has to run when this machine has no GPU (the job's trainer needs the job's GPU).
+
+    Raises:
+        StartupError: the job cannot start.
+    """
+    try:
+        return build()
+    except Exception as exc:  # noqa: BLE001 - any failure of the job's start-up is reported
+        where = ""
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                where = (" (this machine has no GPU, and the audit builds the job's own "
+                         "trainer: run titan-rocm audit where the job trains, e.g. "
+                         "torchrun --nproc_per_node=N -m titan_rocm.cli audit ...)")
+        except ImportError:
+            pass
+        raise StartupError(f"the job cannot start: {one_line(exc)}{where}") from None
+
+
+def first_batch(trainer: Any) -> tuple[Any, Any]:
+    """The first micro-batch of the trainer's dataloader.
+
+    Raises:
+        StartupError: the dataloader gave none (one sentence).
+    """
+    try:
+        return next(iter(trainer.dataloader))
+    except Exception as exc:  # noqa: BLE001
+        raise StartupError(f"the job's dataloader gave no batch: {one_line(exc)}") from None

@@ -1,128 +1,161 @@
-"""The audit on a built TorchTitan trainer: one micro-batch, three forward+backward passes.
+"""The numerics audit of one micro-batch: block by block, teacher-forced (docs/numerics-audit.md).
 
-(a) the job as configured (compiled, its precision, every converter), (b) the same model
-eager at the job's precision (``torch.compiler.set_stance("force_eager")``: every
-``torch.compile`` wrapper runs its original Python), (c) eager in float64 (float32 under
-FSDP, whose sharded parameters cannot be re-typed in place): floating parameters and
-buffers re-typed in place (``.data`` swapped, the original tensors put back untouched: the
-round trip is exact), autocast off, FSDP's gradient reduce dtype raised, and the model's own
-casts to bfloat16/float16 held at the reference's dtype (:class:`HeldPrecision`: TorchTitan's
-MoE experts cast to bfloat16 whatever the parameters' dtype). FSDP with a parameter dtype
-below float32 is refused (FSDP2 allocates its all-gather buffers in it).
+1. **The job pass** is the trainer's own step on the micro-batch, compiled, at the job's
+   precision, with every converter: in ``titan-rocm audit`` a step run for the audit, inside
+   training the step itself. A :class:`~titan_rocm.numerics.record.Recorder` on the block
+   boundaries keeps each block's inputs and outputs and the gradients that arrived at them.
+2. **Replays**, one block at a time: eager at the job's precision, then eager in high
+   precision (:mod:`.precision`), each from the job's own inputs of that block and the job's
+   own gradient at its outputs (:func:`~titan_rocm.numerics.replay.replay_block`), in runs of
+   whole rows where memory asks. Compared per block: each output, the gradient at each input,
+   each parameter's gradient. The parts outside the blocks are replayed by the trainer's own
+   step with every block standing in as what the job computed
+   (:class:`~titan_rocm.numerics.replay.StandIn`): the embedding's output and parameters,
+   and the head's loss, input gradient and parameters.
+3. **End to end**: the loss of forward-only eager and high-precision passes of the whole
+   model against the job's.
 
-Everything the passes touch is put back: each parameter's ``.grad`` (the tensor itself),
-every RNG stream (CPU and each CUDA device) and buffer value (before each pass too), the
-trainer's autocast context and FSDP's dtypes. Nothing is stepped, saved or written. Which
-trainer methods run: TorchTitan's own ``post_dataloading_process`` and
-``forward_backward_step`` (0.2.2: keyword arguments ``input_dict``, ``labels``,
-``global_valid_tokens``), given as ``step`` by the caller.
+A wrong kernel in block k then shows in block k alone: its forward output when the kernel is
+in the forward, its gradients when in the backward. :attr:`AuditResult.first_wrong` names the
+first segment wrong in each direction.
+
+Everything is given back: every parameter's ``.grad`` (the job's tensors themselves), every
+RNG stream, every buffer's value, FSDP's dtypes and buffers; nothing is stepped or written.
+The generation-specific parts (the step, a forward-only loss, the switch to the reference's
+arithmetic) come from the caller as a :class:`StepKit`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
-import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
 
 from titan_rocm.log import log
-from titan_rocm.numerics.attribution import Attribution, attribute, clean_name
+from titan_rocm.numerics import blocks, fsdp, precision
+from titan_rocm.numerics.attribution import (
+    EMBEDDING,
+    HEAD,
+    JobFacts,
+    Segment,
+    clean_name,
+    segments,
+)
 from titan_rocm.numerics.held_precision import HeldPrecision
-from titan_rocm.numerics.stats import AuditSettings, ParamStats, compare, loss_verdict
+from titan_rocm.numerics.record import BlockRecord, Recorder, RecordError, recorder_for
+from titan_rocm.numerics.replay import StandIn, cut, replay_block, rows_of, sliceable
+from titan_rocm.numerics.stats import (
+    RTOL,
+    Accumulator,
+    AuditSettings,
+    TensorStats,
+    json_number,
+    loss_stats,
+)
 
-SCHEMA = 1
-"""Version of :meth:`AuditResult.to_dict`'s layout (keys are only ever added)."""
+SCHEMA = 2
+"""Version of :meth:`AuditResult.to_dict`'s layout (keys are only ever added within one)."""
 
-Step = Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]
-"""One micro-batch's forward and backward as the trainer runs it; returns the loss."""
+EAGER_FACTOR = 3.0
+"""Eager replays keep about this many times what the compiled block saved (unfused
+intermediates); only the first block's estimate uses it: later blocks use what the first
+one measured."""
+
+Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
 
 
-OUTSIDE = "(outside blocks)"
-"""The ``block`` of the parameters outside ``model.layers`` (embedding, final norm, output)."""
+class StepKit(Protocol):
+    """A TorchTitan generation's step on one micro-batch, its loss denominator fixed."""
+
+    def run(self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+        """Forward and backward as the trainer runs them; returns the loss."""
+
+    def forward(self, input_dict: dict[str, torch.Tensor],
+                labels: torch.Tensor) -> torch.Tensor:
+        """The same loss, forward only (called under ``torch.no_grad``)."""
+
+    def reference(self) -> contextlib.AbstractContextManager[Any]:
+        """The trainer's own switches for the reference's arithmetic (its autocast off)."""
 
 
 class AuditError(RuntimeError):
-    """The audit cannot run (the message is one sentence saying why): exit 2."""
+    """The audit cannot run (the message is one sentence saying why): exit 2, or a skip."""
 
 
 @dataclass
 class AuditResult:
-    """What one audit found; :meth:`to_dict` is the ``--json`` object (schema 1)."""
+    """What one audit found; :meth:`to_dict` is the ``--json`` object."""
 
     world_size: int
     tokens: int
-    reference_dtype: str
     job_dtype: str
+    reference: str
     settings: AuditSettings
-    loss: dict[str, Any]
-    parameters: list[ParamStats]
-    attribution: Attribution
+    segments: list[Segment]
+    tensors: list[TensorStats]
+    loss: TensorStats
+    """The end-to-end loss: the job's against whole-model eager and reference passes."""
+    loss_values: dict[str, float]
+    """The three end-to-end losses (job, eager, reference)."""
     time_s: dict[str, float]
     peak_memory_bytes: int | None
+    memory: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    chunks: dict[str, int] = field(default_factory=dict)
-    """Into how many runs of whole rows each pass split the micro-batch (the job's: 1)."""
+    chunks: int = 1
+    applied: list[str] = field(default_factory=list)
 
     @property
     def flagged(self) -> bool:
-        """The loss or any parameter flagged."""
-        return bool(self.loss["flagged"]) or any(p.flagged for p in self.parameters)
+        """Any compared tensor or the end-to-end loss flagged."""
+        return self.loss.flagged or any(t.flagged for t in self.tensors)
 
-    def blocks(self) -> list[dict[str, Any]]:
-        """Per block (``None``: parameters outside blocks): flagged names, worst ratio; the
-        blocks with flagged parameters first, worst first."""
-        groups: dict[str | None, list[ParamStats]] = {}
-        for p in self.parameters:
-            groups.setdefault(self.attribution.block_of(p.name), []).append(p)
+    def first_wrong(self, direction: str) -> Segment | None:
+        """The first segment wrong in ``direction``: forward, in forward order; backward, in
+        backward order (the head first)."""
+        order = self.segments if direction == "forward" else list(reversed(self.segments))
+        wrong = {t.segment for t in self.tensors if t.flagged and t.direction == direction}
+        return next((s for s in order if s.name in wrong), None)
+
+    def segment_rows(self) -> list[dict[str, Any]]:
+        """Per segment: its facts, and per direction whether it is wrong, its worst score and
+        the flagged tensors."""
         rows = []
-        for block, params in groups.items():
-            ratios = [p.ratio for p in params if not math.isnan(p.ratio)]
-            rows.append({
-                "block": block if block is not None else OUTSIDE,
-                "compiled": self.attribution.block_compiled(block),
-                "scope": self.attribution.block_scope(block),
-                "workarounds": self.attribution.block_workarounds(block),
-                "flagged": [p.name for p in params if p.flagged],
-                "worst_ratio": max(ratios) if ratios else 0.0,
-            })
-        rows.sort(key=lambda r: (not r["flagged"], -r["worst_ratio"]))
+        for s in self.segments:
+            row = s.to_dict()
+            for direction in ("forward", "backward"):
+                mine = [t for t in self.tensors if t.segment == s.name
+                        and t.direction == direction]
+                scores = [t.score for t in mine if not math.isnan(t.score)]
+                row[direction] = {"flagged": [t.name for t in mine if t.flagged],
+                                  "worst_score": json_number(max(scores)) if scores else 0.0,
+                                  "tensors": len(mine)}
+            rows.append(row)
         return rows
 
-    def origin(self) -> str | None:
-        """The flagged block deepest in the forward order: errors made in a block's backward
-        flow on into every earlier block's gradients, so the deepest one is where to look."""
-        flagged = [b["block"] for b in self.blocks() if b["flagged"]]
-        blocks = [b for b in flagged if b != OUTSIDE]
-        if not blocks:
-            return flagged[0] if flagged else None
-        return max(blocks, key=self.attribution.order)
-
     def to_dict(self) -> dict[str, Any]:
-        """The ``--json`` object: schema 1, with an ``exit_code`` of 0 (ok) or 1 (flagged)."""
+        """The ``--json`` object (schema 2), with an ``exit_code`` of 0 (ok) or 1 (flagged)."""
         flagged = self.flagged
-        parameters = []
-        for p in self.parameters:
-            row = p.to_dict()
-            row["block"] = self.attribution.block_of(p.name)
-            row["compiled"] = self.attribution.compiled(p.name)
-            row["workarounds"] = self.attribution.workarounds(p.name)
-            parameters.append(row)
+        first = {d: (s.name if (s := self.first_wrong(d)) else None)
+                 for d in ("forward", "backward")}
         return {
             "schema": SCHEMA, "command": "audit", "verdict": "flagged" if flagged else "ok",
             "exit_code": 1 if flagged else 0, "error": None,
             "world_size": self.world_size, "tokens": self.tokens,
-            "reference_dtype": self.reference_dtype, "job_dtype": self.job_dtype,
-            "settings": self.settings.to_dict(), "loss": self.loss,
-            "parameters": parameters, "blocks": self.blocks(), "origin": self.origin(),
-            "workarounds_applied": self.attribution.applied,
-            "time_s": self.time_s, "peak_memory_bytes": self.peak_memory_bytes,
-            "notes": self.notes, "chunks": self.chunks,
+            "job_dtype": self.job_dtype, "reference": self.reference,
+            "settings": self.settings.to_dict(), "first_wrong": first,
+            "loss": {**self.loss.to_dict(),
+                     **{k: json_number(v) for k, v in self.loss_values.items()}},
+            "segments": self.segment_rows(),
+            "tensors": [t.to_dict() for t in self.tensors],
+            "workarounds_applied": self.applied, "time_s": self.time_s,
+            "peak_memory_bytes": self.peak_memory_bytes, "memory": self.memory,
+            "chunks": self.chunks, "notes": self.notes,
         }
 
 
@@ -130,173 +163,29 @@ def error_dict(message: str, world_size: int = 1) -> dict[str, Any]:
     """The ``--json`` object of an audit that could not run (exit 2): every key, empty."""
     return {
         "schema": SCHEMA, "command": "audit", "verdict": "error", "exit_code": 2,
-        "error": message,
-        "world_size": world_size, "tokens": 0, "reference_dtype": None, "job_dtype": None,
-        "settings": {}, "loss": None, "parameters": [], "blocks": [], "origin": None,
-        "workarounds_applied": [], "time_s": {}, "peak_memory_bytes": None, "notes": [],
-        "chunks": {},
+        "error": message, "world_size": world_size, "tokens": 0, "job_dtype": None,
+        "reference": None, "settings": {}, "first_wrong": {"forward": None, "backward": None},
+        "loss": None, "segments": [], "tensors": [], "workarounds_applied": [], "time_s": {},
+        "peak_memory_bytes": None, "memory": {}, "chunks": 0, "notes": [],
     }
 
 
-# ---------------------------------------------------------------- the trainer's state
+# ---------------------------------------------------------------- micro-batches
 
 
-@contextlib.contextmanager
-def preserved_rng(devices: list[torch.device]) -> Iterator[Callable[[], None]]:
-    """Yield a function that puts every RNG stream back where it was on entry; called again
-    on exit, so nothing the passes draw shows in the training's streams."""
-    cpu = torch.get_rng_state()
-    cuda = {d.index: torch.cuda.get_rng_state(d) for d in devices if d.type == "cuda"}
-
-    def restore() -> None:
-        torch.set_rng_state(cpu)
-        for index, state in cuda.items():
-            torch.cuda.set_rng_state(state, index)
-
-    try:
-        yield restore
-    finally:
-        restore()
-
-
-@contextlib.contextmanager
-def preserved_grads(params: list[nn.Parameter]) -> Iterator[None]:
-    """Take every ``.grad`` away for the passes and give the same tensors back after."""
-    saved = [p.grad for p in params]
-    for p in params:
-        p.grad = None
-    try:
-        yield
-    finally:
-        for p, g in zip(params, saved, strict=True):
-            p.grad = None
-            p.grad = g
-
-
-def _fsdp_groups(model_parts: list[nn.Module]) -> list[Any]:
-    groups = []
-    for part in model_parts:
-        for module in part.modules():
-            state_of = getattr(module, "_get_fsdp_state", None)
-            if callable(state_of):
-                group = getattr(state_of(), "_fsdp_param_group", None)
-                if group is not None:
-                    groups.append(group)
-    return groups
-
-
-def is_fsdp(model_parts: list[nn.Module]) -> bool:
-    """Whether any module of the model is an FSDP2 (``fully_shard``) module."""
-    return any(callable(getattr(m, "_get_fsdp_state", None))
-               for part in model_parts for m in part.modules())
-
-
-def job_dtype_of(trainer: Any, params: list[nn.Parameter]) -> torch.dtype:
-    """The dtype the job computes in: its autocast, else FSDP's parameter dtype, else the
-    parameters' own."""
-    amp = getattr(trainer, "maybe_enable_amp", None)
-    if isinstance(amp, torch.autocast) and amp._enabled:
-        return amp.fast_dtype
-    for group in _fsdp_groups(trainer.model_parts):
-        policy = getattr(group, "mp_policy", None)
-        if getattr(policy, "param_dtype", None) is not None:
-            return policy.param_dtype
-    floating = [p.dtype for p in params if p.is_floating_point()]
-    return floating[0] if floating else torch.float32
-
-
-@contextlib.contextmanager
-def high_precision(trainer: Any, dtype: torch.dtype) -> Iterator[None]:
-    """Run the trainer's passes in ``dtype``: parameters and floating buffers re-typed in
-    place (not under FSDP: its parameters stay, its compute and reduce dtypes are raised to
-    theirs), autocast off; everything put back exactly on exit."""
-    saved_amp = getattr(trainer, "maybe_enable_amp", None)
-    retyped: list[tuple[torch.Tensor, torch.Tensor]] = []
-    fsdp_saved: list[tuple[Any, str, Any]] = []
-    try:
-        trainer.maybe_enable_amp = contextlib.nullcontext()
-        groups = _fsdp_groups(trainer.model_parts)
-        if groups:
-            for group in groups:
-                for fsdp_param in group.fsdp_params:
-                    # The sharded parameters are the job's float32 originals: the pass
-                    # all-gathers them as they are (no param_dtype) into buffers of its own
-                    # and reduces in their dtype; the job's bf16 buffers are put back after.
-                    if getattr(fsdp_param, "reduce_dtype", None) is not None:
-                        fsdp_saved.append((fsdp_param, "reduce_dtype", fsdp_param.reduce_dtype))
-                        fsdp_param.reduce_dtype = None
-                    if getattr(fsdp_param, "param_dtype", None) is not None:
-                        if not isinstance(getattr(fsdp_param, "all_gather_outputs", None), list):
-                            raise AuditError(
-                                f"FSDP mixed precision ({str(fsdp_param.param_dtype)[6:]} "
-                                "parameters) cannot be raised for the reference pass by this "
-                                "torch's FSDP: audit this job with "
-                                "--training.mixed_precision_param float32, or without FSDP on "
-                                "fewer GPUs")
-                        fsdp_saved += [(fsdp_param, "param_dtype", fsdp_param.param_dtype),
-                                       (fsdp_param, "all_gather_outputs",
-                                        fsdp_param.all_gather_outputs)]
-                        fsdp_param.param_dtype = None
-                        fsdp_param.all_gather_outputs = []
-                        if hasattr(fsdp_param, "_unsharded_param"):
-                            fsdp_saved.append((fsdp_param, "_unsharded_param",
-                                               fsdp_param._unsharded_param))
-                            del fsdp_param._unsharded_param
-        else:
-            for part in trainer.model_parts:
-                tensors = list(part.parameters()) + list(part.buffers())
-                for t in tensors:
-                    if t.is_floating_point() and t.dtype != dtype:
-                        retyped.append((t, t.data))
-                        t.data = t.data.to(dtype)
-                    elif t.is_complex() and dtype == torch.float64 and t.dtype != torch.complex128:
-                        retyped.append((t, t.data))
-                        t.data = t.data.to(torch.complex128)
-        yield
-    finally:
-        for t, data in reversed(retyped):
-            if isinstance(t, nn.Parameter):
-                t.grad = None
-            t.data = data
-        for obj, attr, value in reversed(fsdp_saved):
-            setattr(obj, attr, value)
-        trainer.maybe_enable_amp = saved_amp
-
-
-# ---------------------------------------------------------------- the three passes
-
-
-@contextlib.contextmanager
-def _restored(buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[Callable[[], None]]:
-    """Yield a function that puts every buffer's value back (in place); called again after
-    the passes: forward passes update some (MoE token counts that the expert-bias update
-    reads before the optimizer step)."""
-
-    def restore() -> None:
-        with torch.no_grad():
-            for b, value in buffers:
-                b.copy_(value)
-
-    try:
-        yield restore
-    finally:
-        restore()
-
-
-def _cut(input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
-         cut: Callable[[torch.Tensor], torch.Tensor]) -> tuple[dict[str, torch.Tensor],
-                                                               torch.Tensor]:
-    """``cut`` applied to the labels and to every input tensor that has their batch rows."""
+def cut_batch(input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
+              cut_rows: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+    """``cut_rows`` applied to the labels and every input tensor that has their batch rows."""
     batch = labels.shape[0]
 
     def one(t: Any) -> Any:
-        return cut(t) if isinstance(t, torch.Tensor) and t.shape[:1] == (batch,) else t
+        return cut_rows(t) if isinstance(t, torch.Tensor) and t.shape[:1] == (batch,) else t
 
-    return {k: one(v) for k, v in input_dict.items()}, cut(labels)
+    return {k: one(v) for k, v in input_dict.items()}, cut_rows(labels)
 
 
 def take_tokens(input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
-                tokens: int | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+                tokens: int | None) -> Batch:
     """The first ``tokens`` label positions of the micro-batch (whole rows while they fit,
     else the first ``tokens`` of row 0); the whole micro-batch for None."""
     if tokens is None or tokens >= labels.numel():
@@ -304,97 +193,89 @@ def take_tokens(input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
     batch, seq = labels.shape[0], labels.shape[-1]
     rows = tokens // seq
     if rows >= 1:
-        return _cut(input_dict, labels, lambda t: t[:rows])
-    return _cut(input_dict, labels,
-                lambda t: t[:1, :tokens] if t.dim() >= 2 and t.shape[:2] == (batch, seq) else t)
+        return cut_batch(input_dict, labels, lambda t: t[:rows])
+    return cut_batch(input_dict, labels,
+                     lambda t: t[:1, :tokens] if t.dim() >= 2 and t.shape[:2] == (batch, seq)
+                     else t)
 
 
-def row_chunks(input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
-               chunks: int) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
-    """The micro-batch as ``chunks`` runs of whole rows, as even as possible, in order.
-
-    Run one after another into the same ``.grad`` tensors, they give the whole micro-batch's
-    gradients: TorchTitan's loss is each token's loss summed over the step's global token
-    count (0.2.2 ``forward_backward_step``, 0.3.0 ``_forward_backward_body``), which the
-    step fixes before the passes, and the rows of an LLM's batch do not see each other.
-    """
-    rows = labels.shape[0]
+def row_bounds(rows: int, chunks: int) -> list[tuple[int, int]]:
+    """``rows`` as ``chunks`` runs of whole rows, as even as possible, in order."""
     chunks = max(1, min(chunks, rows))
-    bounds = [round(i * rows / chunks) for i in range(chunks + 1)]
-    return [_cut(input_dict, labels, lambda t, lo=lo, hi=hi: t[lo:hi])
-            for lo, hi in zip(bounds, bounds[1:], strict=False)]
+    edges = [round(i * rows / chunks) for i in range(chunks + 1)]
+    return list(zip(edges, edges[1:], strict=False))
 
 
-def _memory(devices: list[torch.device]) -> int | None:
-    cuda = [d for d in devices if d.type == "cuda"]
-    if not cuda:
-        return None
-    return max(torch.cuda.max_memory_allocated(d) for d in cuda)
+# ---------------------------------------------------------------- the trainer's state
 
 
-def _free_bytes(device: torch.device) -> int | None:
-    if device.type == "cuda":
-        # Blocks the caching allocator holds but no tensor uses are free to the reference too.
-        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return int(torch.cuda.mem_get_info(device)[0]) + max(0, int(cached))
+@contextlib.contextmanager
+def preserved_rng(device: torch.device) -> Iterator[None]:
+    """Every RNG stream (CPU, and the device's) as it was on entry, on exit."""
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     try:
-        import os
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, device)
 
-        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-    except (ValueError, OSError, AttributeError):
+
+@contextlib.contextmanager
+def taken_grads(params: list[nn.Parameter]) -> Iterator[list[torch.Tensor | None]]:
+    """Yield every ``.grad`` (the tensors themselves) and leave None in their place; the same
+    tensors are put back on exit."""
+    saved = [p.grad for p in params]
+    for p in params:
+        p.grad = None
+    try:
+        yield saved
+    finally:
+        for p, g in zip(params, saved, strict=True):
+            p.grad = None
+            p.grad = g
+
+
+def _world() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _all_reduce_max(value: int, device: torch.device) -> int:
+    if _world() == 1:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)
+
+
+def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    if _world() == 1:
+        return values
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory a pass may still allocate on ``device`` (None where torch cannot say)."""
+    if device.type != "cuda":
         return None
-
-
-def reference_plan(trainer: Any, params: list[nn.Parameter], device: torch.device,
-                   job_activation_bytes: int, rows: int) -> tuple[torch.dtype, int]:
-    """The reference's dtype and into how many runs of rows it splits the micro-batch:
-    float64 where it fits (FSDP: float32), whole where it fits; estimated before allocating.
-
-    The reference keeps the job's and eager's gradients (2 x parameter bytes), its own
-    (reference bytes) and, unsharded, a re-typed copy of the parameters: that much must fit
-    whole. Its activations are the job pass's scaled by the dtype widths, and shrink with the
-    rows each run holds (:func:`row_chunks`). The estimate cannot see an op that saves more in
-    eager than compiled (attention falls back to its math kernel in float64, which keeps the
-    scores): the passes retry in more runs of rows when one runs out of memory anyway.
-
-    Raises:
-        AuditError: not even the float32 reference would fit, one row at a time.
-    """
-    if device.type == "mps":
-        candidates = [torch.float32]  # MPS has no float64
-    elif is_fsdp(trainer.model_parts):
-        candidates = [torch.float32]
-    else:
-        candidates = [torch.float64, torch.float32]
-    free = _free_bytes(device)
-    param_bytes = sum(p.numel() * p.element_size() for p in params)
-    numel = sum(p.numel() for p in params)
-    job_width = max(1, job_dtype_of(trainer, params).itemsize)
-    for dtype in candidates:
-        width = dtype.itemsize
-        fixed = 2 * param_bytes + 2 * numel * width
-        activations = job_activation_bytes * width // job_width
-        if free is None or fixed + activations <= free:
-            return dtype, 1
-        if fixed < free:
-            chunks = math.ceil(activations / (free - fixed))
-            if chunks <= rows:
-                return dtype, chunks
-        last = (dtype, fixed + activations // max(1, rows))
-    dtype, need = last
-    raise AuditError(
-        f"the {str(dtype).removeprefix('torch.')} reference would need about "
-        f"{need / 2**30:.1f} GiB on {device}, one row at a time, and "
-        f"{free / 2**30:.1f} GiB are free: audit fewer tokens (--tokens N) or on more GPUs"
-    )
+    cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return int(torch.cuda.mem_get_info(device)[0]) + max(0, int(cached))
 
 
 OUT_OF_MEMORY: type[BaseException] = getattr(torch, "OutOfMemoryError",
                                              torch.cuda.OutOfMemoryError)
-"""What torch raises when an allocation fails (``torch.cuda.OutOfMemoryError`` before 2.5)."""
 
 
-def _out_of_memory(exc: BaseException) -> bool:
+def out_of_memory(exc: BaseException) -> bool:
     """An allocation failure, also where a wrapper (a compiler, a checkpoint) re-raised it."""
     seen: BaseException | None = exc
     for _ in range(8):
@@ -406,266 +287,491 @@ def _out_of_memory(exc: BaseException) -> bool:
     return False
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (its type where it has none)."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def run_passes(
-    trainer: Any,
-    step: Step,
-    input_dict: dict[str, torch.Tensor],
-    labels: torch.Tensor,
-    settings: AuditSettings,
-    chunks: int | None = None,
-) -> AuditResult:
-    """The three passes and their statistics, with the trainer's state preserved (see the
-    module docstring). Collective: every rank calls it with its own micro-batch.
-
-    ``chunks``: into how many runs of whole rows the eager and reference passes split the
-    micro-batch (:func:`row_chunks`; their gradients are the whole micro-batch's either way);
-    None (auto): whole where the estimate says it fits, and, in one process, twice as many
-    runs after a pass runs out of memory, down to one row per run. The job pass always runs
-    the whole micro-batch: its kernels (a tuned GEMM table among them) are chosen for it."""
-    import torch.distributed as dist
-
-    model_parts: list[nn.Module] = list(trainer.model_parts)
-    named = [(clean_name(n), p) for part in model_parts for n, p in part.named_parameters()]
-    params = [p for _, p in named]
-    device = torch.device(getattr(trainer, "device", "cpu"))
-    devices = [device]
-    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    rows = int(labels.shape[0]) if labels.dim() else 1
-    if chunks is not None and not 1 <= chunks <= rows:
-        raise AuditError(f"--reference-chunks {chunks} is not valid for this micro-batch; "
-                         f"accepted: a whole number from 1 to its {rows} row(s)")
-    job_dtype = job_dtype_of(trainer, params)
-    times: dict[str, float] = {}
-    losses: dict[str, float] = {}
-    grads: dict[str, dict[str, torch.Tensor | None]] = {}
-    used: dict[str, int] = {}
-    started = time.perf_counter()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    base = _memory(devices) or 0
-
-    def one(kind: str, context: Callable[[], contextlib.AbstractContextManager[Any]],
-            runs: int) -> None:
-        restore_rng()
-        restore_buffers()  # every pass sees the state the job pass saw
-        for p in params:
-            p.grad = None
-        t0 = time.perf_counter()
-        with context():
-            total = 0.0
-            for inputs, chunk_labels in row_chunks(input_dict, labels, runs):
-                loss = step(dict(inputs), chunk_labels)
-                total += float(loss.detach().double().sum())
-                del loss
-            grads[kind] = {n: (None if p.grad is None else p.grad.detach().clone())
-                           for n, p in named}
-            losses[kind] = total
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times[kind] = time.perf_counter() - t0
-        used[kind] = runs
-        for p in params:
-            p.grad = None
-
-    def passes(kind: str, context: Callable[[], contextlib.AbstractContextManager[Any]],
-               runs: int, adaptive: bool) -> None:
-        """``one`` pass, in more runs of rows after running out of memory (``adaptive``)."""
-        while True:
-            try:
-                one(kind, context, runs)
-                return
-            except Exception as exc:
-                if not _out_of_memory(exc):
-                    raise
-                first = _first_line(exc)
-            for p in params:
-                p.grad = None
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-            if not adaptive or runs >= rows:
-                where = (f" in {runs} runs of rows" if runs > 1 else "")
-                hint = ("audit fewer tokens (--tokens N) or on more GPUs" if runs >= rows else
-                        f"audit with --reference-chunks N (up to the micro-batch's {rows} "
-                        "rows), fewer tokens (--tokens N) or on more GPUs")
-                raise AuditError(f"the {kind} pass ran out of memory on {device}{where} "
-                                 f"({first}): {hint}") from None
-            runs = min(rows, runs * 2)
-            # Not torch's own words: check-log reads "CUDA out of memory" as the job's crash.
-            asked = re.search(r"Tried to allocate [\d.]+ \w+", first)
-            log.info("numerics audit: the %s pass did not fit (%s); running it again in %d "
-                     "runs of rows", kind, asked.group(0) if asked else "an allocation failed",
-                     runs)
-
-    # One process retries in more runs after running out of memory; ranks cannot (one rank's
-    # failure leaves the others waiting in a collective), so they agree on a count up front.
-    adaptive = chunks is None and world == 1
-
-    def agreed(runs: int) -> int:
-        if world > 1 and chunks is None:
-            count = torch.tensor([runs], dtype=torch.int64, device=device)
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
-            return int(count)
-        return runs
-
-    buffers = [(b, b.detach().clone()) for part in model_parts for b in part.buffers()]
-    notes: list[str] = []
-    eager = lambda: torch.compiler.set_stance("force_eager")  # noqa: E731
-    with preserved_rng(devices) as restore_rng, preserved_grads(params), \
-            _restored(buffers) as restore_buffers:
-        try:
-            one("job", contextlib.nullcontext, 1)
-        except Exception as exc:
-            if not _out_of_memory(exc):
-                raise
-            raise AuditError(f"the job pass ran out of memory on {device} "
-                             f"({_first_line(exc)}): audit fewer tokens (--tokens N) or on "
-                             "more GPUs") from None
-        # The job pass's peak holds its own gradients too; the estimate counts those apart.
-        grad_bytes = sum(p.numel() * p.element_size() for p in params)
-        activations = max(0, (_memory(devices) or 0) - base - grad_bytes)
-        passes("eager", eager, agreed(chunks or 1), adaptive)
-        ref_dtype, planned = reference_plan(trainer, params, device, activations, rows)
-        with high_precision(trainer, ref_dtype):
-            runs = agreed(chunks or max(planned, used["eager"]))
-            notes += _reference_pass(lambda context: passes("reference", context, runs,
-                                                            adaptive), ref_dtype)
-    if world > 1:
-        # Each rank's loss is its local sum over the global token count: summed, the job's
-        # loss (replicated ranks scale all three alike, which relative errors do not see).
-        summed = torch.tensor([losses[k] for k in ("job", "eager", "reference")],
-                              dtype=torch.float64, device=device)
-        dist.all_reduce(summed)
-        losses.update(zip(("job", "eager", "reference"), summed.tolist(), strict=True))
-    names = [n for n, _ in named]
-    stats = compare(names, grads["job"], grads["eager"], grads["reference"], job_dtype,
-                    settings, device)
-    loss = loss_verdict(losses["job"], losses["eager"], losses["reference"], job_dtype,
-                        settings)
-    times["total"] = time.perf_counter() - started
-    tokens = int(labels.numel())
-    if world > 1:
-        counted = torch.tensor([tokens], dtype=torch.int64, device=device)
-        dist.all_reduce(counted)
-        tokens = int(counted)
-    log.info("numerics audit: %d parameters, %d tokens, reference %s, %.1f s",
-             len(stats), tokens, ref_dtype, times["total"])
-    attribution = attribute(model_parts)
-    notes = [*attribution.notes, *notes]
-    split = {k: v for k, v in used.items() if v > 1}
-    if split:
-        notes.append("to fit in memory, " + " and ".join(
-            f"the {k} pass ran in {v} runs of rows" for k, v in split.items())
-            + " (gradients accumulated: the whole micro-batch's)")
-    return AuditResult(
-        world_size=world, tokens=tokens,
-        reference_dtype=str(ref_dtype).removeprefix("torch."),
-        job_dtype=str(job_dtype).removeprefix("torch."), settings=settings, loss=loss,
-        parameters=stats, attribution=attribution, time_s=times,
-        peak_memory_bytes=_memory(devices), notes=notes, chunks=used,
-    )
-
-
-def _reference_pass(run: Callable[[Callable[[], contextlib.AbstractContextManager[Any]]], None],
-                    dtype: torch.dtype) -> list[str]:
-    """The reference pass (``run`` given its context's factory) with the model's own
-    down-casts held (:class:`HeldPrecision`, a fresh one for each attempt of the pass);
-    returns the result's notes. A kernel that refuses the held dtype (an extension taking
-    bfloat16 only) gets the pass again as the model writes it, said in a note and the log."""
-    held: list[HeldPrecision] = []
-
-    @contextlib.contextmanager
-    def held_eager() -> Iterator[None]:
-        held.append(HeldPrecision())
-        with held[-1], torch.compiler.set_stance("force_eager"):
-            yield
-
-    try:
-        run(held_eager)
-    except AuditError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any kernel's refusal; the pass is run again
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        note = (f"reference pass: the model's own down-casts could not be held at "
-                f"{str(dtype).removeprefix('torch.')} ({type(exc).__name__}: {first}); the "
-                "reference runs them as the model writes them, so its low-precision parts "
-                "are judged against themselves")
-        log.warning("numerics audit: %s", note)
-        run(lambda: torch.compiler.set_stance("force_eager"))
-        return [note]
-    return held[-1].notes(dtype)
-
-
-# ---------------------------------------------------------------- TorchTitan 0.2.2
-
-
-def global_valid_tokens(trainer: Any, labels: torch.Tensor) -> torch.Tensor:
-    """The loss denominator ``Trainer.train_step`` computes (0.2.2): valid labels, summed
-    over the batch mesh when data parallel."""
-    from torchtitan.components.loss import IGNORE_INDEX
-
-    local = (labels != IGNORE_INDEX).sum().to(labels.device)
-    dims = trainer.parallel_dims
-    if getattr(dims, "dp_enabled", False):
-        from torchtitan.distributed import utils as dist_utils
-
-        return dist_utils.dist_sum(local, dims.get_mesh("batch"))
-    return local.float()
-
-
-def trainer_step(trainer: Any, labels: torch.Tensor) -> Step:
-    """TorchTitan 0.2.2's ``forward_backward_step`` of ``trainer`` as a :data:`Step`."""
-    denominator = global_valid_tokens(trainer, labels)
-
-    def step(input_dict: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
-        return trainer.forward_backward_step(input_dict=input_dict, labels=labels,
-                                             global_valid_tokens=denominator)
-
-    return step
-
-
-def refuse_unsupported(trainer: Any) -> None:
+def refuse_unsupported(parallel_dims: Any) -> None:
     """Raise :class:`AuditError` for a layout the audit does not cover.
 
-    Pipeline parallelism is refused: each stage holds other parameters and the schedule runs
-    several micro-batches per call, so the three passes would not see one shared batch.
+    Pipeline parallelism: each stage holds other blocks and its schedule splits the batch.
+    Context parallelism: each rank holds a slice of every sequence and attention runs over
+    the ring only inside the trainer's context, which a block's replay does not enter.
     """
-    dims = getattr(trainer, "parallel_dims", None)
-    if getattr(dims, "pp_enabled", False):
+    if getattr(parallel_dims, "pp_enabled", False):
         raise AuditError("pipeline parallelism is not audited (each stage holds other "
-                         "parameters and its schedule splits the batch): audit the job with "
+                         "blocks and its schedule splits the batch): audit the job with "
                          "--parallelism.pipeline_parallel_degree 1 on fewer layers or more "
                          "memory per GPU")
+    if getattr(parallel_dims, "cp_enabled", False):
+        raise AuditError("context parallelism is not audited (a block's replay runs outside "
+                         "the ring attention context): audit the job with "
+                         "--parallelism.context_parallel_degree 1 and a shorter "
+                         "--training.seq_len")
 
 
-def audit_micro_batch(trainer: Any, step_of: Callable[[Any, torch.Tensor], Step],
+# ---------------------------------------------------------------- the audit
+
+
+@dataclass
+class _Plan:
+    chunks: int
+    estimate: int | None = None
+    free: int | None = None
+    per_row: float | None = None
+    """Measured peak bytes of a replay per row (after the first block)."""
+
+
+class Audit:
+    """One audit of one micro-batch: :meth:`recording` around the job's own forward and
+    backward, then :meth:`finish` (see the module docstring)."""
+
+    def __init__(self, model_parts: list[nn.Module], device: torch.device, kit: StepKit,
+                 settings: AuditSettings, facts: JobFacts | None = None,
+                 reference: str = "auto", chunks: int | None = None) -> None:
+        self.model_parts = list(model_parts)
+        self.device = torch.device(device)
+        self.kit = kit
+        self.settings = settings
+        self.facts = facts or JobFacts()
+        self.reference_choice = reference
+        self.chunks = chunks
+        self.recorder: Recorder | None = None
+        self.notes: list[str] = []
+        self.times: dict[str, float] = {}
+
+    def prepare(self) -> None:
+        """Mark the blocks and make the recorder (before the job pass).
+
+        Raises:
+            AuditError: the model has no ``model.layers``.
+        """
+        try:
+            self.recorder, _ = recorder_for(self.model_parts)
+        except RecordError as exc:
+            raise AuditError(str(exc)) from None
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[Recorder]:
+        """Record the block boundaries of the forward and backward run inside (after
+        :meth:`prepare`, which this calls if it was not)."""
+        if self.recorder is None:
+            self.prepare()
+        recorder = self.recorder
+        assert recorder is not None
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        t0 = time.perf_counter()
+        with blocks.intercepting(recorder):
+            yield recorder
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.times["job"] = time.perf_counter() - t0
+
+    # -- the whole audit ---------------------------------------------------------------
+
+    def finish(self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
+               job_loss: torch.Tensor) -> AuditResult:
+        """Replay and compare, after the recorded job pass left the job's gradients in every
+        ``.grad``; everything is given back as it was (collective: every rank calls it).
+
+        Raises:
+            AuditError: the job pass was not recorded, or the replays do not fit (a sentence).
+        """
+        records = self.recorder.records if self.recorder is not None else {}
+        if not records:
+            raise AuditError("no block of model.layers ran in the job pass (is the model "
+                             "compiled as a whole? the audit needs each block's own call)")
+        started = time.perf_counter()
+        named = [(clean_name(n), p) for part in self.model_parts
+                 for n, p in part.named_parameters()]
+        params = [p for _, p in named]
+        rows = int(labels.shape[0]) if labels.dim() else 1
+        if self.chunks is not None and not 1 <= self.chunks <= rows:
+            raise AuditError(f"--reference-chunks {self.chunks} is not accepted for this "
+                             f"micro-batch; accepted: a whole number from 1 to its {rows} "
+                             "row(s)")
+        compute = self._compute_dtype(records)
+        reference, note = precision.choose_reference(
+            self.reference_choice, compute, fsdp.is_fsdp(self.model_parts), self.device)
+        if note:
+            self.notes.append(note)
+        buffers = [(b, b.detach().clone()) for part in self.model_parts for b in part.buffers()]
+        acc = Accumulator(self.settings, self.device)
+        held = [HeldPrecision()]
+        losses: dict[str, float] = {}
+        segs = segments(self.model_parts, self.facts)
+        plan = self._plan(records, rows, reference, params)
+        rtol = RTOL.get(compute, RTOL[torch.float32])
+        with taken_grads(params) as job_grads, preserved_rng(self.device), \
+                self._restoring(buffers) as restore:
+            job = {name: g for (name, _), g in zip(named, job_grads, strict=True)}
+            t0 = time.perf_counter()
+            for record in records.values():
+                self._block(record, job, acc, reference, held, plan, rtol, restore)
+            self.times["blocks"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            head = self._outside(records, job, acc, reference, held, plan, rtol, restore,
+                                 input_dict, labels, named, segs)
+            self.times["outside"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            losses = self._end_to_end(records, reference, held, plan, restore, input_dict,
+                                      labels)
+            self.times["end_to_end"] = time.perf_counter() - t0
+        for part in self.model_parts:
+            fsdp.reshard([part])
+        t0 = time.perf_counter()
+        job_value = float(job_loss.detach().double().sum())
+        job_value, head_eager, head_ref, eager_value, ref_value = _all_reduce_sum(
+            [job_value, head[0], head[1], losses["eager"], losses["reference"]], self.device)
+        tensors = acc.finish()
+        tensors.append(loss_stats(job_value, head_eager, head_ref, compute, self.settings,
+                                  name="head loss (teacher-forced)", segment=HEAD))
+        loss = loss_stats(job_value, eager_value, ref_value, compute, self.settings)
+        self.times["statistics"] = time.perf_counter() - t0
+        self.times["total"] = time.perf_counter() - started + self.times.get("job", 0.0)
+        notes = [*self.facts.notes, *self.notes, *held[0].notes(reference.dtype)]
+        if plan.chunks > 1:
+            notes.append(f"to fit in memory, the replays ran in {plan.chunks} runs of rows")
+        tokens = int(_all_reduce_sum([float(labels.numel())], self.device)[0])
+        peak = (torch.cuda.max_memory_allocated(self.device)
+                if self.device.type == "cuda" else None)
+        log.info("numerics audit: %d blocks, %d tokens, reference %s, %.1f s", len(records),
+                 tokens, reference.name, self.times["total"])
+        return AuditResult(
+            world_size=_world(), tokens=tokens, job_dtype=str(compute).removeprefix("torch."),
+            reference=reference.name, settings=self.settings, segments=segs, tensors=tensors,
+            loss=loss, loss_values={"job": job_value, "eager": eager_value,
+                                    "reference": ref_value},
+            time_s=self.times, peak_memory_bytes=peak,
+            memory={"estimate_bytes": plan.estimate, "free_bytes": plan.free,
+                    "records_bytes": self.recorder.held_bytes() if self.recorder else 0},
+            notes=notes, chunks=plan.chunks, applied=list(self.facts.applied))
+
+    # -- pieces ------------------------------------------------------------------------
+
+    def _compute_dtype(self, records: dict[str, BlockRecord]) -> torch.dtype:
+        """The dtype the job computes in: its autocast, else FSDP's parameter dtype, else
+        the blocks' hidden state's."""
+        first = next(iter(records.values()))
+        enabled, dtype = first.autocast
+        if enabled and dtype is not None:
+            return dtype
+        sharded = fsdp.compute_dtype(self.model_parts)
+        if sharded is not None:
+            return sharded
+        hidden = first.hidden()
+        if hidden is not None and hidden.is_floating_point():
+            return hidden.dtype
+        return torch.float32
+
+    @contextlib.contextmanager
+    def _restoring(self, buffers: list[tuple[torch.Tensor, torch.Tensor]]
+                   ) -> Iterator[Callable[[], None]]:
+        """Yield a function that puts every buffer's value back (MoE token counts grow in
+        every forward); called again on exit."""
+
+        def restore() -> None:
+            with torch.no_grad():
+                for b, value in buffers:
+                    b.copy_(value)
+
+        try:
+            yield restore
+        finally:
+            restore()
+
+    def _plan(self, records: dict[str, BlockRecord], rows: int, reference: precision.Reference,
+              params: list[nn.Parameter]) -> _Plan:
+        """Into how many runs of rows the replays split the micro-batch: given, or estimated
+        before anything is allocated from the first block's saved activations (logged)."""
+        if self.chunks is not None:
+            return _Plan(self.chunks)
+        free = free_bytes(self.device)
+        first = next(iter(records.values()))
+        if free is None or first.saved_bytes is None:
+            return _Plan(_all_reduce_max(1, self.device))
+        estimate = self._estimate(first, reference, rows)
+        fixed = self._fixed(first, reference)
+        usable = int(0.9 * free) - fixed
+        chunks = 1 if estimate <= usable else (
+            rows + 1 if usable <= 0 else math.ceil(estimate / usable))
+        chunks = _all_reduce_max(chunks, self.device)
+        if chunks > rows:
+            need = fixed + estimate / rows
+            raise AuditError(
+                f"the replays would need about {need / 2**30:.1f} GiB on {self.device} for "
+                f"one row of one block, and {free / 2**30:.1f} GiB are free: audit fewer "
+                "tokens (--tokens N) or on more GPUs")
+        log.info("numerics audit: a block's replays are estimated at %.1f GiB (%.1f GiB "
+                 "free): %d run(s) of rows", (estimate + fixed) / 2**30, free / 2**30, chunks)
+        return _Plan(chunks, estimate + fixed, free)
+
+    def _estimate(self, record: BlockRecord, reference: precision.Reference, rows: int) -> int:
+        width = max(1, self._compute_dtype({record.key: record}).itemsize)
+        saved = record.saved_bytes or 0
+        return int(EAGER_FACTOR * saved * max(1.0, reference.dtype.itemsize / width))
+
+    def _fixed(self, record: BlockRecord, reference: precision.Reference) -> int:
+        """What a block's replays hold whatever the rows: its parameters and gradients at the
+        reference's width, and the eager replay's outputs and input gradients."""
+        numel = sum(p.numel() for p in record.module.parameters())
+        out = sum(t.numel() * t.element_size() for t in record.outputs
+                  if isinstance(t, torch.Tensor))
+        return 3 * numel * reference.dtype.itemsize + 2 * out
+
+    def _bounds(self, record: BlockRecord, plan: _Plan) -> list[tuple[int, int]]:
+        rows = rows_of(record)
+        if plan.chunks > 1 and not sliceable(record):
+            raise AuditError(f"block {record.key}'s inputs cannot be cut into runs of rows "
+                             "(varlen metadata indexes the whole batch), and "
+                             f"{plan.chunks} runs were asked for or needed to fit: audit "
+                             "fewer tokens (--tokens N) or on more GPUs")
+        return row_bounds(rows, plan.chunks)
+
+    def _retrying(self, plan: _Plan, rows: int, what: str, run: Callable[[], Any]) -> Any:
+        """``run``; in one process, again in twice as many runs of rows after running out of
+        memory (down to one row per run). Ranks cannot retry alone: they fail."""
+        while True:
+            try:
+                return run()
+            except Exception as exc:
+                if not out_of_memory(exc):
+                    raise
+                first = first_line(exc)
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if _world() > 1 or self.chunks is not None or plan.chunks >= rows:
+                raise AuditError(f"the {what} replay ran out of memory on {self.device} in "
+                                 f"{plan.chunks} run(s) of rows ({_allocation(first)}): audit "
+                                 "fewer tokens (--tokens N) or on more GPUs") from None
+            plan.chunks = min(rows, plan.chunks * 2)
+            log.info("numerics audit: the %s replay did not fit (%s); again in %d runs of "
+                     "rows", what, _allocation(first), plan.chunks)
+
+    def _block(self, record: BlockRecord, job: dict[str, torch.Tensor | None],
+               acc: Accumulator, reference: precision.Reference, held: list[HeldPrecision],
+               plan: _Plan, rtol: float, restore: Callable[[], None]) -> None:
+        module = record.module
+        at = f"layers.{record.key}"
+        names = [(f"{at}.{clean_name(n)}", p) for n, p in module.named_parameters()]
+        single_out = sum(isinstance(o, torch.Tensor) for o in record.outputs) == 1
+        single_in = sum(record.needs_grad) == 1
+
+        def attempt() -> None:
+            bounds = self._bounds(record, plan)
+            eager_runs = []
+            restore()
+            with precision.eager(), precision.autocast_as(self.device, record.autocast):
+                for lo, hi in bounds:
+                    eager_runs.append(replay_block(record, lo, hi, None))
+            eager_grads = {n: p.grad for n, p in names}
+            for _, p in names:
+                p.grad = None
+            restore()
+            ref_grads: dict[str, torch.Tensor | None] = {}
+            with precision.retyped([module], reference.dtype), precision.eager():
+                for (lo, hi), eager_run in zip(bounds, eager_runs, strict=True):
+                    with precision.reference_arithmetic(reference, held[0], self.device):
+                        ref_run = replay_block(record, lo, hi, reference.dtype)
+                    self._compare_run(record, lo, hi, eager_run, ref_run, acc, rtol, at,
+                                      single_out, single_in)
+                ref_grads = {n: p.grad for n, p in names}
+            for n, p in names:
+                p.grad = None
+                acc.add(n, record.key, "param_grad", job.get(n), eager_grads[n],
+                        ref_grads.get(n), rtol)
+            fsdp.reshard([module])
+
+        self._retrying(plan, rows_of(record), f"block {record.key}", attempt)
+        restore()
+
+    def _compare_run(self, record: BlockRecord, lo: int, hi: int, eager_run: Any,
+                     ref_run: Any, acc: Accumulator, rtol: float, at: str, single_out: bool,
+                     single_in: bool) -> None:
+        lead = tuple(record.hidden().shape[:2]) if record.hidden() is not None else ()
+        for i, job_out in enumerate(record.outputs):
+            if isinstance(job_out, torch.Tensor) and job_out.is_floating_point():
+                name = f"{at} output" + ("" if single_out else f"[{i}]")
+                acc.add(name, record.key, "output", cut(job_out, lead, lo, hi),
+                        eager_run.outputs[i], ref_run.outputs[i], rtol)
+        for i, needs in enumerate(record.needs_grad):
+            if needs:
+                name = f"{at} input grad" + ("" if single_in else f"[{i}]")
+                job_grad = record.grad_inputs.get(i)
+                acc.add(name, record.key, "input_grad",
+                        None if job_grad is None else cut(job_grad, lead, lo, hi),
+                        eager_run.grad_inputs.get(i), ref_run.grad_inputs.get(i), rtol)
+
+    def _outside(self, records: dict[str, BlockRecord], job: dict[str, torch.Tensor | None],
+                 acc: Accumulator, reference: precision.Reference, held: list[HeldPrecision],
+                 plan: _Plan, rtol: float, restore: Callable[[], None],
+                 input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
+                 named: list[tuple[str, nn.Parameter]], segs: list[Segment]
+                 ) -> tuple[float, float]:
+        """The parts outside the blocks, teacher-forced; returns the head's loss (eager,
+        reference)."""
+        inside = {id(p) for r in records.values() for p in r.module.parameters()}
+        outside = [(n, p) for n, p in named if id(p) not in inside]
+        first, last = next(iter(records.values())), list(records.values())[-1]
+        lead = tuple(first.hidden().shape[:2]) if first.hidden() is not None else ()
+        where = self._outside_segments(outside)
+        blocks_ = [r.module for r in records.values()]
+        rows = int(labels.shape[0])
+        last_out = next((i for i, o in enumerate(last.outputs) if isinstance(o, torch.Tensor)
+                         and i in last.grad_outputs), None)
+
+        def one_pass(dtype: torch.dtype | None) -> tuple[float, list[StandIn],
+                                                         dict[str, Any]]:
+            restore()
+            total, stands = 0.0, []
+            for lo, hi in row_bounds(rows, plan.chunks if all(
+                    sliceable(r) for r in records.values()) else 1):
+                stand = StandIn(records, lo, hi, dtype)
+                batch = cut_batch(input_dict, labels, lambda t, lo=lo, hi=hi: t[lo:hi])
+                with blocks.intercepting(stand):
+                    loss = self.kit.run(*batch)
+                total += float(loss.detach().double().sum())
+                stands.append(stand)
+            grads = {n: p.grad for n, p in outside}
+            return total, stands, grads
+
+        def attempt() -> tuple[float, float]:
+            with precision.eager():
+                eager_loss, eager_stands, eager_grads = one_pass(None)
+            for _, p in outside:
+                p.grad = None
+            with precision.retyped(self.model_parts, reference.dtype, exclude=blocks_), \
+                    precision.eager(), self.kit.reference(), \
+                    precision.reference_arithmetic(reference, held[0], self.device):
+                ref_loss, ref_stands, ref_grads = one_pass(reference.dtype)
+            for e, r in zip(eager_stands, ref_stands, strict=True):
+                lo, hi = e.lo, e.hi
+                hidden = first.hidden()
+                if hidden is not None and e.first_input and r.first_input:
+                    acc.add("embedding output", EMBEDDING, "output", cut(hidden, lead, lo, hi),
+                            e.first_input[0], r.first_input[0], rtol)
+                if last_out is not None and e.last_grad and r.last_grad:
+                    acc.add("head input grad", HEAD, "input_grad",
+                            cut(last.grad_outputs[last_out], lead, lo, hi),
+                            e.last_grad[0][_tensor_index(last.outputs, last_out)],
+                            r.last_grad[0][_tensor_index(last.outputs, last_out)], rtol)
+            for n, p in outside:
+                p.grad = None
+                acc.add(n, where.get(n, HEAD), "param_grad", job.get(n), eager_grads[n],
+                        ref_grads[n], rtol)
+            return eager_loss, ref_loss
+
+        result = self._retrying(plan, rows, "outside-the-blocks", attempt)
+        restore()
+        return result
+
+    def _outside_segments(self, outside: list[tuple[str, nn.Parameter]]) -> dict[str, str]:
+        """Each outside parameter's segment: the embedding for the model's children declared
+        before ``layers`` (TorchTitan declares them in call order), the head for the rest (a
+        tied embedding and output weight is named once, by its first module)."""
+        before: set[str] = set()
+        for part in self.model_parts:
+            for name, _ in part.named_children():
+                if name == "layers":
+                    break
+                before.add(name)
+        return {name: EMBEDDING if name.split(".", 1)[0] in before else HEAD
+                for name, _ in outside}
+
+    def _end_to_end(self, records: dict[str, BlockRecord], reference: precision.Reference,
+                    held: list[HeldPrecision], plan: _Plan, restore: Callable[[], None],
+                    input_dict: dict[str, torch.Tensor], labels: torch.Tensor
+                    ) -> dict[str, float]:
+        """Forward-only whole-model losses, eager and in the reference's arithmetic (each
+        block re-typed only while it runs)."""
+        rows = int(labels.shape[0])
+        block_modules = [r.module for r in records.values()]
+
+        def one_pass(dtype: torch.dtype | None) -> float:
+            restore()
+            total = 0.0
+            for lo, hi in row_bounds(rows, plan.chunks if all(
+                    sliceable(r) for r in records.values()) else 1):
+                batch = cut_batch(input_dict, labels, lambda t, lo=lo, hi=hi: t[lo:hi])
+                with torch.no_grad():
+                    total += float(self.kit.forward(*batch).detach().double().sum())
+            return total
+
+        def attempt() -> dict[str, float]:
+            with precision.eager():
+                eager = one_pass(None)
+            per_block = _PerBlockRetype(block_modules, reference.dtype)
+            with precision.retyped(self.model_parts, reference.dtype, exclude=block_modules), \
+                    precision.eager(), self.kit.reference(), blocks.intercepting(per_block), \
+                    precision.reference_arithmetic(reference, held[0], self.device):
+                ref = one_pass(reference.dtype)
+            return {"eager": eager, "reference": ref}
+
+        result = self._retrying(plan, rows, "end-to-end", attempt)
+        restore()
+        return result
+
+
+@dataclass
+class _PerBlockRetype:
+    """A block-boundary interceptor: each block's parameters at ``dtype`` while it runs."""
+
+    modules: list[nn.Module]
+    dtype: torch.dtype
+
+    def around(self, key: str, module: nn.Module, args: tuple[Any, ...],
+               kwargs: dict[str, Any], proceed: blocks.Call) -> Any:
+        with precision.retyped([module], self.dtype):
+            return proceed(args, kwargs)
+
+
+def _tensor_index(leaves: list[Any], index: int) -> int:
+    """The position of leaf ``index`` among the tensor leaves."""
+    return sum(isinstance(t, torch.Tensor) for t in leaves[:index])
+
+
+def _allocation(first: str) -> str:
+    # Not torch's own words: check-log reads "CUDA out of memory" as the job's crash.
+    import re
+
+    asked = re.search(r"Tried to allocate [\d.]+ \w+", first)
+    return asked.group(0) if asked else "an allocation failed"
+
+
+def audit_micro_batch(model_parts: list[nn.Module], device: torch.device,
+                      kit_of: Callable[[torch.Tensor], StepKit],
                       input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
-                      settings: AuditSettings, tokens: int | None = None,
-                      chunks: int | None = None) -> AuditResult:
-    """Audit a built trainer on one micro-batch (its first ``tokens``), moved to the trainer's
-    device, with the step ``step_of(trainer, labels)`` makes (each TorchTitan generation's
-    own); ``chunks`` as :func:`run_passes` takes it.
+                      settings: AuditSettings, facts: JobFacts | None = None,
+                      tokens: int | None = None, chunks: int | None = None,
+                      reference: str = "auto") -> AuditResult:
+    """``titan-rocm audit``'s audit of a built trainer: one micro-batch (its first
+    ``tokens``), moved to ``device``; the step ``kit_of(labels)`` makes (its loss denominator
+    from those labels) runs the job pass here, compiled, then :meth:`Audit.finish`. The
+    trainer's gradients are as they were before, after.
 
     Raises:
-        AuditError: pipeline parallelism, or the reference would not fit (one sentence).
+        AuditError: the audit cannot run (one sentence).
     """
-    refuse_unsupported(trainer)
-    device = torch.device(getattr(trainer, "device", "cpu"))
     input_dict, labels = take_tokens(input_dict, labels, tokens)
     input_dict = {k: v.to(device) if isinstance(v, torch.Tensor) else v
                   for k, v in input_dict.items()}
     labels = labels.to(device)
-    return run_passes(trainer, step_of(trainer, labels), input_dict, labels, settings, chunks)
-
-
-def audit_022(trainer: Any, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
-              settings: AuditSettings, tokens: int | None = None,
-              chunks: int | None = None) -> AuditResult:
-    """Audit a built TorchTitan 0.2.2 trainer on one micro-batch (:func:`audit_micro_batch`
-    with 0.2.2's ``forward_backward_step``)."""
-    return audit_micro_batch(trainer, trainer_step, input_dict, labels, settings, tokens,
-                             chunks)
+    audit = Audit(model_parts, device, kit_of(labels), settings, facts, reference, chunks)
+    audit.prepare()
+    params = [p for part in model_parts for p in part.parameters()]
+    buffers = [(b, b.detach().clone()) for part in model_parts for b in part.buffers()]
+    # The job pass is the audit's own here: its buffer updates (MoE token counts) go too.
+    with taken_grads(params), preserved_rng(device), audit._restoring(buffers):
+        try:
+            with audit.recording():
+                loss = audit.kit.run(input_dict, labels)
+        except Exception as exc:
+            if out_of_memory(exc):
+                raise AuditError(f"the job pass ran out of memory on {device} "
+                                 f"({_allocation(first_line(exc))}): audit fewer tokens "
+                                 "(--tokens N) or on more GPUs") from None
+            raise
+        return audit.finish(input_dict, labels, loss)

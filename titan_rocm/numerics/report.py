@@ -1,4 +1,4 @@
-"""The audit's text table and picture (``titan-rocm audit``, ``--plot``)."""
+"""The audit's text report and picture (``titan-rocm audit``, ``--plot``, the training log)."""
 
 from __future__ import annotations
 
@@ -8,102 +8,125 @@ from typing import Any
 
 from titan_rocm.files import write_atomic
 
+OUTSIDE = ("embedding", "head")
+
 
 def _num(value: Any) -> str:
     return value if isinstance(value, str) else f"{value:.3g}"
 
 
-def format_report(result: dict[str, Any], top: int = 10) -> str:
-    """The text verdict: one line per flagged block (worst first), the worst parameters,
-    the loss, cost. ``result`` is :meth:`AuditResult.to_dict`."""
+def _key(value: Any) -> float:
+    return float("inf") if isinstance(value, str) and value != "nan" else (
+        -1.0 if value == "nan" else float(value))
+
+
+def label(segment: str | None) -> str:
+    """``block 3`` for a block's key, the outside segments' names as they are."""
+    if segment is None:
+        return "none"
+    return segment if segment in OUTSIDE or " " in segment else f"block {segment}"
+
+
+def format_report(result: dict[str, Any], top: int = 10, step: int | None = None) -> str:
+    """The text verdict of :meth:`AuditResult.to_dict`: the verdict and where it is first
+    wrong in each direction, the segments (all of them from the command line; in the training
+    log only the wrong ones), the worst tensors, the end-to-end loss, the cost. Every line
+    starts with the audit's name or two spaces, so no log reader takes one for a metric."""
     s = result["settings"]
     loss = result["loss"]
+    when = f" at step {step}" if step is not None else ""
     lines = [
-        f"numerics audit: {result['verdict'].upper()} ({result['tokens']} tokens, "
-        f"{result['world_size']} rank(s); job {result['job_dtype']}, eager "
-        f"{result['job_dtype']}, reference {result['reference_dtype']})",
-        f"threshold: err_job > {s['fudge']:g} x max(err_eager, {s['floor_eps']:g} eps), or "
-        f"> {s['outlier_max']:.2%} of elements beyond {s['outlier_k']:g} x the eager error's "
-        f"{s['outlier_quantile']:g} quantile",
-        f"loss: job {_num(loss['job'])}  eager {_num(loss['eager'])}  reference "
-        f"{_num(loss['reference'])}  err_job {_num(loss['err_job'])}  err_eager "
-        f"{_num(loss['err_eager'])}{'  FLAGGED' if loss['flagged'] else ''}",
+        f"titan-rocm numerics audit{when}: {result['verdict'].upper()} ({result['tokens']} "
+        f"tokens, {result['world_size']} rank(s); job {result['job_dtype']}, reference "
+        f"{result['reference']}; block by block, teacher-forced)",
     ]
-    flagged_blocks = [b for b in result["blocks"] if b["flagged"]]
-    if flagged_blocks:
-        lines.append("")
-        if result.get("origin"):
-            lines.append(f"first wrong in the backward: {_block(result['origin'])} (errors made "
-                         "in a block's backward reach every earlier block's gradients)")
-        for b in flagged_blocks:
-            how = {"compiled": " (compiled", "eager": " (eager", "mixed": " (partly compiled",
-                   None: ""}[b["scope"]]
-            shaped = f"; shaped by {', '.join(b['workarounds'])}" if b["workarounds"] else ""
-            how = f"{how}{shaped})" if how else ""
-            lines.append(f"  {_block(b['block'])}{how}: backward wrong for {len(b['flagged'])} "
-                         f"gradient(s), worst ratio {b['worst_ratio']:.3g}: "
-                         f"{', '.join(b['flagged'][:6])}{' ...' if len(b['flagged']) > 6 else ''}")
-    rows = sorted(result["parameters"], key=lambda p: (not p["flagged"], -_key(p["ratio"])))
-    lines += ["", f"{'parameter':<48} {'compiled':>8} {'err_job':>9} {'err_eager':>9} "
-              f"{'ratio':>8} {'outliers':>9} {'max_abs':>9}"]
-    for p in rows[:top]:
+    first = result.get("first_wrong") or {}
+    tensors = result["tensors"]
+    for direction in ("forward", "backward"):
+        seg = first.get(direction)
+        if seg is None:
+            continue
+        worst = max((t for t in tensors if t["segment"] == seg and t["flagged"]
+                     and t["direction"] == direction), key=lambda t: _key(t["score"]),
+                    default=None)
+        why = f": {worst['name']}: {worst['reason']}" if worst else ""
+        lines.append(f"  first wrong in the {direction}: {label(seg)}{why}")
+    lines.append(
+        f"  end-to-end loss: job {_num(loss['job'])}, eager {_num(loss['eager'])}, reference "
+        f"{_num(loss['reference'])}; relative error job {_num(loss['err_job'])}, eager "
+        f"{_num(loss['err_eager'])}" + ("  FLAGGED" if loss["flagged"] else ""))
+    lines.append(
+        f"  threshold: error > {s['fudge']:g} x eager error + {s['floor_eps']:g} float32 eps, "
+        f"or > {s['outlier_max']:.2%} of elements beyond {s['outlier_k']:g} x the eager "
+        f"error's {s['outlier_quantile']:g} quantile")
+    segs = result["segments"]
+    shown = segs if step is None else [
+        g for g in segs if g["forward"]["flagged"] or g["backward"]["flagged"]]
+    if shown:
+        lines += ["", f"  {'segment':<12} {'scope':<9} {'forward':<18} {'backward':<18} "
+                      "workarounds"]
+        for g in shown:
+            lines.append(f"  {label(g['segment']):<12} {g['scope'] or '-':<9} "
+                         f"{_direction(g['forward']):<18} {_direction(g['backward']):<18} "
+                         f"{', '.join(g['workarounds']) or '-'}")
+    if step is not None and len(shown) < len(segs):
+        lines.append(f"  ({len(segs) - len(shown)} segment(s) within the thresholds)")
+    rows = sorted(tensors, key=lambda t: (not t["flagged"], -_key(t["score"])))
+    lines += ["", f"  {'tensor':<44} {'dir':<4} {'err_job':>9} {'err_eager':>9} "
+                  f"{'ratio':>8} {'outliers':>9}"]
+    for t in rows[:top]:
         lines.append(
-            f"{p['name'][:48]:<48} {('yes' if p['compiled'] else 'no'):>8} "
-            f"{_num(p['err_job']):>9} {_num(p['err_eager']):>9} {_num(p['ratio']):>8} "
-            f"{_num(p['outlier_fraction']):>9} {_num(p['max_abs']):>9}"
-            + ("  FLAGGED: " + p["reason"] if p["flagged"] else ""))
+            f"  {t['name'][:44]:<44} {t['direction'][:3]:<4} {_num(t['err_job']):>9} "
+            f"{_num(t['err_eager']):>9} {_num(t['ratio']):>8} "
+            f"{_num(t['outlier_fraction']):>9}"
+            + ("  FLAGGED: " + t["reason"] if t["flagged"] else ""))
     if len(rows) > top:
-        lines.append(f"... {len(rows) - top} more (--json lists every parameter)")
+        lines.append(f"  ... {len(rows) - top} more (--json lists every tensor)")
     t = result["time_s"]
-    memory = result["peak_memory_bytes"]
-    lines += ["", f"time: job {t['job']:.2f} s, eager {t['eager']:.2f} s, reference "
-              f"{t['reference']:.2f} s, total {t['total']:.2f} s"
+    memory = result.get("peak_memory_bytes")
+    parts = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in t.items())
+    lines += ["", f"  time: {parts}"
               + (f"; peak memory {memory / 2**30:.2f} GiB" if memory else "")]
-    lines += [f"note: {note}" for note in result.get("notes") or []]
+    lines += [f"  note: {note}" for note in result.get("notes") or []]
     return "\n".join(lines)
 
 
-def _block(block: str) -> str:
-    """``block 3`` for a layer id, the outside-blocks label as it is."""
-    from titan_rocm.numerics.audit import OUTSIDE
-
-    return block if block == OUTSIDE else f"block {block}"
-
-
-def _key(value: Any) -> float:
-    return float("inf") if isinstance(value, str) else float(value)
+def _direction(row: dict[str, Any]) -> str:
+    flagged = row["flagged"]
+    worst = _num(row["worst_score"])
+    return f"WRONG ({len(flagged)}) {worst}" if flagged else f"ok {worst}"
 
 
 def plot(result: dict[str, Any], path: str) -> None:
-    """Per-parameter ratio ``err_job / max(err_eager, floor)`` on a log scale, in model
-    order, with the ``fudge`` threshold line; flagged parameters in red, block boundaries
-    marked. Written atomically (PNG, or SVG by the suffix)."""
+    """Each tensor's score (error over its threshold: flagged above 1) on a log scale, in
+    forward order, forward outputs and gradients apart; flagged ones in red, segment
+    boundaries marked. Written atomically (PNG, or SVG by the suffix)."""
     from titan_rocm.logs.plot import require_matplotlib
 
     require_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    params = result["parameters"]
-    ratios = [max(_key(p["ratio"]), 1e-6) if p["ratio"] != "nan" else 1e-6 for p in params]
-    fig = Figure(figsize=(max(8, len(params) * 0.12), 4.5), dpi=100)
+    tensors = result["tensors"]
+    scores = [min(max(_key(t["score"]), 1e-6), 1e12) for t in tensors]
+    fig = Figure(figsize=(max(8, len(tensors) * 0.1), 4.5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
-    xs = range(len(params))
-    colours = ["#d62728" if p["flagged"] else "#1f77b4" for p in params]
-    ax.scatter(xs, [min(r, 1e12) for r in ratios], c=colours, s=14)
+    colours = ["#d62728" if t["flagged"] else
+               ("#1f77b4" if t["direction"] == "backward" else "#2ca02c") for t in tensors]
+    ax.scatter(range(len(tensors)), scores, c=colours, s=12)
     ax.set_yscale("log")
-    ax.axhline(result["settings"]["fudge"], color="black", linestyle="--",
-               label=f"threshold (fudge {result['settings']['fudge']:g})")
+    ax.axhline(1.0, color="black", linestyle="--", label="threshold")
     last = None
-    for i, p in enumerate(params):
-        if p["block"] != last:
+    for i, t in enumerate(tensors):
+        if t["segment"] != last:
             ax.axvline(i - 0.5, color="#d9d9d9", linewidth=0.8)
-            ax.text(i, ax.get_ylim()[1], "" if p["block"] is None else f"block {p['block']}",
-                    fontsize=7, va="top", rotation=90)
-            last = p["block"]
-    ax.set_xlabel("parameter (model order; red: flagged)")
-    ax.set_ylabel("err_job / max(err_eager, floor)")
+            ax.text(i, ax.get_ylim()[1], label(t["segment"]), fontsize=7, va="top",
+                    rotation=90)
+            last = t["segment"]
+    ax.set_xlabel("tensor (forward order; green: forward outputs, blue: gradients, red: "
+                  "flagged)")
+    ax.set_ylabel("error / threshold")
     ax.set_title(f"numerics audit: {result['verdict']} ({result['tokens']} tokens)")
     ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()

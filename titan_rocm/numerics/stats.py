@@ -1,67 +1,97 @@
-"""The audit's statistics: per-parameter errors of the job's and the eager gradient against
-the high-precision reference, reduced over ranks, and the verdict (docs/numerics-audit.md).
+"""The audit's statistics: each compared tensor's error against the reference, streamed chunk
+by chunk, reduced over ranks, and its verdict (docs/numerics-audit.md, "The statistics").
 
-For one parameter with job gradient ``a``, eager gradient ``b`` and reference ``c`` (all
-read as float64; a sharded parameter contributes its local shard on every rank):
+For one tensor with the job's value ``a``, the eager value ``b`` and the reference ``c`` (all
+read as float64; a sharded tensor contributes its local shard on every rank):
 
 * ``err_job = rmse(a, c) / rms(c)`` and ``err_eager = rmse(b, c) / rms(c)``;
-* ``floor = floor_eps x eps(dtype of the job's gradient)``: the relative error a gradient
-  stored in that dtype is allowed whatever eager does (on CPU the job runs float32, where
-  eager and compiled agree to a few ulps and ``err_eager`` alone would make every reordered
-  reduction an alarm). It is the gradient's dtype (float32 under AMP or FSDP's float32
-  reduce), not the compute dtype: a bf16 floor (64 x 2^-7 = 0.5) would hide any error under
-  50 %, which is what the first H200 run of the injected fault showed (a 38x ratio passed);
-  the loss, computed in at least float32 by TorchTitan, gets the float32 floor;
-* ``ratio = err_job / max(err_eager, floor)``: flagged above ``fudge``;
-* ``outlier_fraction``: the fraction of elements with ``|a - c| > k x max(q-quantile of
-  |b - c|, floor x rms(c))``: flagged above ``outlier_max``. "A few percent garbage" moves
-  the RMSE of a large tensor little but puts that few percent above the eager error's
-  tail.
+* the **ratio test**: flagged when ``err_job > fudge x err_eager + floor``, with
+  ``floor = floor_eps x eps(float32)``, the relative error a float32 value may carry whatever
+  eager does (where job and eager both agree with the reference to a few float32 ulps, as on
+  a CPU, the floor decides). ``score = err_job / (fudge x err_eager + floor)`` is flagged
+  above 1; ``ratio = err_job / err_eager`` is reported. The shape is PyTorch's accuracy
+  minifier's (``torch._dynamo.utils.same`` with an fp64 reference:
+  ``rmse(res, fp64) <= multiplier x rmse(ref, fp64) + tol / 10``);
+* the **outlier test**, for garbage an RMSE over a large tensor dilutes: element ``i`` is an
+  outlier when ``|a_i - c_i| > k x max(q, floor x rms(c)) + rtol x |c_i|`` *and*
+  ``|a_i - c_i| > k x |b_i - c_i|``, where ``q`` is the ``outlier_quantile`` of the eager
+  error ``|b - c|`` over the tensor and ``rtol`` the job's compute dtype's relative tolerance
+  (``torch.testing``'s defaults). The first condition is ``allclose``'s, with the eager error
+  as the absolute part; the second keeps out elements eager gets as wrong (a MoE token routed
+  to another expert at a near-tie moves the eager output as much as the job's). Flagged when
+  more than ``outlier_max`` of the elements are outliers.
 
-Reductions: sums of squares, counts and maxima are all-reduced over the default process group
-(when one is initialised), so every rank computes the same numbers and the same verdict. Each
-element counts once: a DTensor dimension placed ``Replicate`` is counted by one rank of it,
-a ``Partial`` one is reduced first (``_counted``).
+Everything is streamed: each chunk adds sums of squares, a maximum, and two histograms (of
+``|b - c|`` and of the outlier statistic) on a fixed logarithmic grid, so a tensor's
+statistics do not need the whole tensor at once (the replays run in runs of rows), the
+quantile and the count come out of the histograms at the end, and ranks merge by summing.
+The grid has :data:`BINS_PER_OCTAVE` bins per factor of two (4.4 % wide): the quantile is
+taken at the top of its bin and only whole bins above the threshold are counted, so the
+outlier count errs low by at most one bin's width of threshold.
+
+Each element counts once: a DTensor dimension placed ``Replicate`` is counted by one rank of
+it, a ``Partial`` one is reduced first (:func:`_counted`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-QUANTILE_SAMPLE = 1 << 20
-"""Elements of ``|b - c|`` a shard's quantile is taken over (a strided sample above this)."""
+BINS_PER_OCTAVE = 16
+LOWEST_OCTAVE = -150
+"""Values below 2**-150 (float32's smallest subnormal is 2**-149) share the lowest bin."""
+OCTAVES = 280
+"""Octaves on the grid: up to 2**130, above float32's largest value; more is the top bin."""
+NBINS = OCTAVES * BINS_PER_OCTAVE + 1
+SLICE = 1 << 22
+"""Elements of a tensor handled at once (bounds the float64 temporaries to ~100 MB)."""
+
+RTOL: dict[torch.dtype, float] = {
+    torch.float16: 1e-3, torch.bfloat16: 1.6e-2, torch.float32: 1.3e-6, torch.float64: 1e-7,
+}
+"""Relative tolerance of a compute dtype: ``torch.testing``'s defaults
+(``torch/testing/_comparison.py`` ``_DTYPE_PRECISIONS``, torch 2.13)."""
+
+KINDS = ("output", "input_grad", "param_grad", "loss")
+"""What a compared tensor is: a segment's forward output, the gradient at a segment's input,
+a parameter's gradient, the loss."""
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and value > 0
 
 
 @dataclass(frozen=True)
 class AuditSettings:
-    """The statistic settings of one audit (``[rocm] numerics_audit_*``)."""
+    """The statistic settings of one audit (``[rocm] numerics_audit_*``; validated by
+    :mod:`titan_rocm.settings` where a user types them)."""
 
-    fudge: float = 8.0
-    """Flag when err_job exceeds fudge x max(err_eager, floor)."""
+    fudge: float = 3.0
+    """Flag when err_job > fudge x err_eager + floor."""
     floor_eps: float = 64.0
-    """The dtype floor, in units of the job dtype's machine epsilon."""
+    """The additive floor, in units of float32's machine epsilon (relative error)."""
     outlier_k: float = 10.0
-    """An element is an outlier when its job error exceeds k x the eager error's quantile."""
+    """How far beyond the eager error an element must be to count as an outlier."""
     outlier_quantile: float = 0.999
-    """That quantile of the eager error ``|b - c|``."""
+    """The quantile of the eager error ``|b - c|`` that sets the outlier threshold."""
     outlier_max: float = 1e-3
-    """Flag when more than this fraction of a parameter's elements are outliers."""
+    """Flag when more than this fraction of a tensor's elements are outliers."""
 
     def __post_init__(self) -> None:
         for name in ("fudge", "floor_eps", "outlier_k", "outlier_max"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"numerics_audit_{name} = {value!r} is not valid; "
-                                 "accepted: a finite number > 0")
+            if not _positive(getattr(self, name)):
+                raise ValueError(f"numerics_audit_{name} = {getattr(self, name)!r} is not "
+                                 "accepted; accepted: a finite number > 0")
         q = self.outlier_quantile
-        if not (isinstance(q, (int, float)) and 0 < q < 1):
-            raise ValueError(f"numerics_audit_outlier_quantile = {q!r} is not valid; "
-                             "accepted: a number between 0 and 1 (exclusive)")
+        if not (_positive(q) and q < 1):
+            raise ValueError(f"numerics_audit_outlier_quantile = {q!r} is not accepted; "
+                             "accepted: a number between 0 and 1 (both excluded)")
 
     @classmethod
     def of(cls, settings: Any) -> AuditSettings:
@@ -74,34 +104,14 @@ class AuditSettings:
                 values[name] = value
         return cls(**values)
 
+    @property
+    def floor(self) -> float:
+        """The additive floor as a relative error."""
+        return self.floor_eps * float(torch.finfo(torch.float32).eps)
+
     def to_dict(self) -> dict[str, float]:
         """The settings as JSON-ready numbers."""
         return {k: float(v) for k, v in asdict(self).items()}
-
-
-def dtype_eps(dtype: torch.dtype) -> float:
-    """Machine epsilon of a floating dtype."""
-    return float(torch.finfo(dtype).eps)
-
-
-@dataclass
-class ParamStats:
-    """One parameter's audit numbers (global over ranks) and its verdict."""
-
-    name: str
-    numel: int
-    err_job: float
-    err_eager: float
-    ratio: float
-    max_abs: float
-    outlier_fraction: float
-    flagged: bool
-    reason: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready (non-finite numbers become strings: JSON has no NaN)."""
-        return {k: json_number(v) if isinstance(v, float) else v
-                for k, v in asdict(self).items()}
 
 
 def json_number(value: float) -> float | str:
@@ -109,30 +119,51 @@ def json_number(value: float) -> float | str:
     return value if math.isfinite(value) else str(value)
 
 
-def _sample(x: torch.Tensor) -> torch.Tensor:
-    flat = x.reshape(-1)
-    if flat.numel() > QUANTILE_SAMPLE:
-        flat = flat[:: flat.numel() // QUANTILE_SAMPLE + 1]
-    return flat
+@dataclass
+class TensorStats:
+    """One compared tensor's numbers (global over ranks and chunks) and its verdict."""
+
+    name: str
+    segment: str
+    """``embedding``, a block's key (``"3"``), or ``head``."""
+    kind: str
+    """One of :data:`KINDS`."""
+    numel: int
+    err_job: float
+    err_eager: float
+    ratio: float
+    """err_job / err_eager (reported; the verdict uses :attr:`score`)."""
+    score: float
+    """err_job / (fudge x err_eager + floor): flagged above 1."""
+    outlier_fraction: float
+    max_abs: float
+    flagged: bool
+    reason: str | None
+
+    @property
+    def direction(self) -> str:
+        """``forward`` for an output (or the loss), ``backward`` for a gradient."""
+        return "forward" if self.kind in ("output", "loss") else "backward"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (non-finite numbers become strings: JSON has no NaN)."""
+        row = {k: json_number(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        row["direction"] = self.direction
+        return row
 
 
-def _local(t: torch.Tensor | None) -> torch.Tensor | None:
-    """A DTensor's local shard (each rank compares what it holds), else the tensor."""
-    if t is None:
-        return None
+def _local(t: torch.Tensor) -> torch.Tensor:
     to_local = getattr(t, "to_local", None)
     return to_local() if callable(to_local) else t
 
 
-def _counted(t: torch.Tensor | None) -> torch.Tensor | None:
-    """What this rank adds to the all-reduced sums for gradient ``t``: each element once.
+def _counted(t: torch.Tensor) -> torch.Tensor:
+    """What this rank adds to the all-reduced sums for tensor ``t``: each element once.
 
     A DTensor's local shard, except that a ``Replicate`` mesh dimension (TP's norm and
     replicated weights, HSDP's replicate dimension) is counted by its coordinate-0 rank only
     (the others add an empty tensor), and a ``Partial`` one is reduced first (a partial sum
-    is not the gradient). A plain tensor is counted as it is on every rank."""
-    if t is None:
-        return None
+    is not the value). A plain tensor is counted as it is on every rank."""
     placements = getattr(t, "placements", None)
     if placements is None:
         return t
@@ -159,106 +190,178 @@ def _all_reduce(t: torch.Tensor, op: str) -> torch.Tensor:
     return t
 
 
-def compare(
-    names: Sequence[str],
-    job: Mapping[str, torch.Tensor | None],
-    eager: Mapping[str, torch.Tensor | None],
-    reference: Mapping[str, torch.Tensor | None],
-    job_dtype: torch.dtype,
-    settings: AuditSettings,
-    device: torch.device | str = "cpu",
-) -> list[ParamStats]:
-    """Every parameter's statistics and verdict (collective: every rank must call it with the
-    same ``names``, in the same order)."""
-    n = len(names)
-    floors = [settings.floor_eps * dtype_eps(_grad_dtype(job.get(name), job_dtype))
-              for name in names]
-    # Phase 1, per parameter: [sum c^2, sum (a-c)^2, sum (b-c)^2, numel, missing] and maxima
-    # [max |a-c|, eager quantile, non-finite].
-    sums = torch.zeros(n, 5, dtype=torch.float64, device=device)
-    maxima = torch.zeros(n, 3, dtype=torch.float64, device=device)
-    diffs: list[tuple[torch.Tensor, torch.Tensor] | None] = []
-    for i, name in enumerate(names):
-        a, b, c = (_counted(d.get(name)) for d in (job, eager, reference))
+def bin_of(x: torch.Tensor) -> torch.Tensor:
+    """Each value's bin on the grid (0: zero and below 2**-150; the top bin: above 2**130)."""
+    x = torch.nan_to_num(x, nan=0.0, posinf=math.inf).clamp_min(0.0)
+    index = torch.floor(torch.log2(x) * BINS_PER_OCTAVE) + (-LOWEST_OCTAVE * BINS_PER_OCTAVE + 1)
+    return index.clamp(0, NBINS - 1).long()
+
+
+def bin_top(index: int) -> float:
+    """The upper edge of bin ``index`` (0 for the lowest bin's lower edge)."""
+    return 2.0 ** ((index - (-LOWEST_OCTAVE * BINS_PER_OCTAVE + 1) + 1) / BINS_PER_OCTAVE)
+
+
+def first_bin_above(threshold: float) -> int:
+    """The first bin whose values are all at least ``threshold``."""
+    if threshold <= 0:
+        return 1
+    edge = math.ceil(math.log2(threshold) * BINS_PER_OCTAVE)
+    return max(1, min(NBINS, edge + (-LOWEST_OCTAVE * BINS_PER_OCTAVE + 1)))
+
+
+def quantile_of(histogram: torch.Tensor, q: float) -> float:
+    """The ``q`` quantile of the values a histogram counts, at the top of its bin."""
+    total = float(histogram.sum())
+    if total <= 0:
+        return 0.0
+    cumulative = histogram.double().cumsum(0)
+    index = int(torch.searchsorted(cumulative, torch.tensor(q * total, dtype=torch.float64,
+                                                             device=cumulative.device)))
+    return 0.0 if index == 0 else bin_top(min(index, NBINS - 1))
+
+
+@dataclass
+class _Acc:
+    name: str
+    segment: str
+    kind: str
+    rtol: float
+    sums: torch.Tensor
+    """[sum c^2, sum (a-c)^2, sum (b-c)^2, count]."""
+    maxima: torch.Tensor
+    """[max |a-c| over finite values, non-finite elements of a]."""
+    eager_hist: torch.Tensor
+    outlier_hist: torch.Tensor
+    missing: float = 0.0
+    """1: a value in some passes only (a gradient None in the others)."""
+
+
+@dataclass
+class Accumulator:
+    """Streams the comparison of many named tensors, chunk by chunk, then judges them all
+    (collective in :meth:`finish`: every rank adds the same names in the same order)."""
+
+    settings: AuditSettings
+    device: torch.device
+    entries: dict[str, _Acc] = field(default_factory=dict)
+
+    def _entry(self, name: str, segment: str, kind: str, rtol: float) -> _Acc:
+        entry = self.entries.get(name)
+        if entry is None:
+            entry = _Acc(name, segment, kind, rtol,
+                         torch.zeros(4, dtype=torch.float64, device=self.device),
+                         torch.zeros(2, dtype=torch.float64, device=self.device),
+                         torch.zeros(NBINS, dtype=torch.int64, device=self.device),
+                         torch.zeros(NBINS, dtype=torch.int64, device=self.device))
+            self.entries[name] = entry
+        return entry
+
+    def add(self, name: str, segment: str, kind: str, a: torch.Tensor | None,
+            b: torch.Tensor | None, c: torch.Tensor | None, rtol: float) -> None:
+        """Add one chunk of tensor ``name`` (``a`` job, ``b`` eager, ``c`` reference, the same
+        elements of each; None where a pass has no value)."""
+        entry = self._entry(name, segment, kind, rtol)
         if a is None or b is None or c is None:
-            # No gradient at all (an unused parameter) is fine; in some passes only is not.
-            sums[i, 4] = 0.0 if a is None and b is None and c is None else 1.0
-            diffs.append(None)
-            continue
-        c64 = c.detach().to(device=device, dtype=torch.float64)
-        da = (a.detach().to(device=device, dtype=torch.float64) - c64).abs()
-        db = (b.detach().to(device=device, dtype=torch.float64) - c64).abs()
-        sums[i, 0] = c64.square().sum()
-        sums[i, 1] = da.square().sum()
-        sums[i, 2] = db.square().sum()
-        sums[i, 3] = c64.numel()
-        if da.numel():
-            finite = bool(torch.isfinite(da).all())
-            maxima[i, 0] = da.max() if finite else 0.0
-            maxima[i, 2] = 0.0 if finite else 1.0
-            maxima[i, 1] = torch.quantile(_sample(db), settings.outlier_quantile)
-        diffs.append((da, db))
-    _all_reduce(sums, "SUM")
-    _all_reduce(maxima, "MAX")
-    thresholds = torch.zeros(n, dtype=torch.float64, device=device)
-    for i in range(n):
-        count = float(sums[i, 3])
-        rms = math.sqrt(float(sums[i, 0]) / count) if count else 0.0
-        thresholds[i] = settings.outlier_k * max(float(maxima[i, 1]), floors[i] * rms)
-    outliers = torch.zeros(n, dtype=torch.float64, device=device)
-    for i, pair in enumerate(diffs):
-        if pair is not None:
-            outliers[i] = (pair[0] > thresholds[i]).sum()
-    _all_reduce(outliers, "SUM")
-    return [_verdict(names[i], sums[i].tolist(), maxima[i].tolist(), float(outliers[i]),
-                     floors[i], settings) for i in range(n)]
+            if not (a is None and b is None and c is None):
+                entry.missing = 1.0
+            return
+        a, b, c = (_counted(t).detach().reshape(-1) for t in (a, b, c))
+        k = self.settings.outlier_k
+        for lo in range(0, c.numel(), SLICE):
+            hi = min(c.numel(), lo + SLICE)
+            c64 = c[lo:hi].to(device=self.device, dtype=torch.float64)
+            da = (a[lo:hi].to(device=self.device, dtype=torch.float64) - c64).abs()
+            db = (b[lo:hi].to(device=self.device, dtype=torch.float64) - c64).abs()
+            finite = torch.isfinite(da)
+            da_finite = torch.where(finite, da, torch.zeros_like(da))
+            db = torch.nan_to_num(db, nan=0.0, posinf=0.0)
+            entry.sums += torch.stack([c64.square().sum(), da_finite.square().sum(),
+                                       db.square().sum(),
+                                       torch.tensor(float(hi - lo), dtype=torch.float64,
+                                                    device=self.device)])
+            entry.maxima[0] = torch.maximum(entry.maxima[0], da_finite.max())
+            entry.maxima[1] += (~finite).sum()
+            entry.eager_hist += torch.bincount(bin_of(db), minlength=NBINS)
+            z = torch.where(finite & (da > k * db), (da - rtol * c64.abs()) / k,
+                            torch.zeros_like(da))
+            entry.outlier_hist += torch.bincount(bin_of(z), minlength=NBINS)
+
+    def finish(self) -> list[TensorStats]:
+        """Every tensor's statistics and verdict, reduced over ranks, in the order added."""
+        entries = list(self.entries.values())
+        if not entries:
+            return []
+        sums = torch.stack([torch.cat([e.sums, e.sums.new_tensor([e.missing])])
+                            for e in entries])
+        maxima = torch.stack([e.maxima for e in entries])
+        hists = torch.stack([torch.stack([e.eager_hist, e.outlier_hist]) for e in entries])
+        _all_reduce(sums, "SUM")
+        _all_reduce(maxima, "MAX")
+        _all_reduce(hists, "SUM")
+        sums_l, maxima_l, hists = sums.tolist(), maxima.tolist(), hists.cpu()
+        return [self._verdict(e, sums_l[i], maxima_l[i], hists[i])
+                for i, e in enumerate(entries)]
+
+    def _verdict(self, e: _Acc, sums: Sequence[float], maxima: Sequence[float],
+                 hists: torch.Tensor) -> TensorStats:
+        s = self.settings
+        ss_ref, ss_job, ss_eager, count, missing = sums
+        max_abs, non_finite = maxima
+        numel = int(count)
+        floor = s.floor
+        if missing:
+            return TensorStats(e.name, e.segment, e.kind, numel, math.nan, math.nan, math.nan,
+                               math.nan, math.nan, math.nan, True,
+                               "a value in some passes only (None in the others)")
+        if not numel:
+            return TensorStats(e.name, e.segment, e.kind, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                               False, None)
+        # A zero reference: errors are taken against the floor's scale instead.
+        denom = math.sqrt(ss_ref) if ss_ref > 0 else math.sqrt(count) * floor
+        err_job = math.sqrt(ss_job) / denom if denom else 0.0
+        err_eager = math.sqrt(ss_eager) / denom if denom else 0.0
+        limit = s.fudge * err_eager + floor
+        score = err_job / limit
+        ratio = err_job / err_eager if err_eager else (0.0 if not err_job else math.inf)
+        rms = math.sqrt(ss_ref / count)
+        threshold = max(quantile_of(hists[0], s.outlier_quantile), floor * rms)
+        outliers = float(hists[1][first_bin_above(threshold):].sum())
+        fraction = outliers / count
+        reason = None
+        if non_finite:
+            reason = f"{int(non_finite)} non-finite value(s) in the job's"
+            err_job = ratio = score = max_abs = math.inf
+        elif score > 1:
+            reason = (f"rmse {err_job:.3g} > {s.fudge:g} x eager {err_eager:.3g} + floor "
+                      f"{floor:.2g} (ratio {ratio:.3g})")
+        elif fraction > s.outlier_max:
+            reason = (f"{fraction:.3%} of elements are off by more than {s.outlier_k:g} x "
+                      f"the eager error's {s.outlier_quantile:g} quantile "
+                      f"(> {s.outlier_max:.2%})")
+        return TensorStats(e.name, e.segment, e.kind, numel, err_job, err_eager, ratio, score,
+                           fraction, max_abs, reason is not None, reason)
 
 
-def _grad_dtype(grad: torch.Tensor | None, fallback: torch.dtype) -> torch.dtype:
-    """The dtype a job gradient is stored in (its local shard's), ``fallback`` without one."""
-    local = _local(grad)
-    return local.dtype if local is not None and local.is_floating_point() else fallback
-
-
-def _verdict(name: str, sums: list[float], maxima: list[float], outliers: float,
-             floor: float, settings: AuditSettings) -> ParamStats:
-    ss_ref, ss_job, ss_eager, count, missing = sums
-    max_abs, _, non_finite = maxima
-    numel = int(count)
-    if missing:
-        return ParamStats(name, numel, math.nan, math.nan, math.nan, math.nan, math.nan, True,
-                          "a gradient in some passes only (None in the others)")
-    if not numel:
-        return ParamStats(name, 0, 0.0, 0.0, 0.0, 0.0, 0.0, False, None)
-    # A zero reference gradient: errors are taken against the floor's scale instead.
-    denom = math.sqrt(ss_ref) if ss_ref > 0 else math.sqrt(count) * floor
-    err_job = math.sqrt(ss_job) / denom if denom else 0.0
-    err_eager = math.sqrt(ss_eager) / denom if denom else 0.0
-    ratio = err_job / max(err_eager, floor)
-    fraction = outliers / count
-    reason = None
-    if non_finite:
-        reason = "non-finite values in the job's gradient"
-        err_job = ratio = max_abs = math.inf
-    elif ratio > settings.fudge:
-        reason = (f"rmse {err_job:.3g} is {ratio:.3g} x max(eager {err_eager:.3g}, "
-                  f"floor {floor:.3g}) > {settings.fudge:g}")
-    elif fraction > settings.outlier_max:
-        reason = (f"{fraction:.2%} of elements are off by more than {settings.outlier_k:g} x "
-                  f"the eager error's {settings.outlier_quantile:g} quantile "
-                  f"(> {settings.outlier_max:.2%})")
-    return ParamStats(name, numel, err_job, err_eager, ratio, max_abs, fraction,
-                      reason is not None, reason)
-
-
-def loss_verdict(job: float, eager: float, reference: float, job_dtype: torch.dtype,
-                 settings: AuditSettings) -> dict[str, Any]:
-    """The loss judged as a parameter is: relative errors against the reference, ``fudge``."""
-    floor = settings.floor_eps * dtype_eps(torch.promote_types(job_dtype, torch.float32))
+def loss_stats(job: float, eager: float, reference: float, compute_dtype: torch.dtype,
+               settings: AuditSettings, name: str = "loss",
+               segment: str = "end to end") -> TensorStats:
+    """A scalar (the loss) judged as a tensor is, with ``rtol`` of the compute dtype as the
+    floor: one value's eager error can be near zero by chance, which the ratio alone would
+    turn into a false alarm."""
     scale = abs(reference) or 1.0
     err_job, err_eager = abs(job - reference) / scale, abs(eager - reference) / scale
+    floor = max(settings.floor, RTOL.get(compute_dtype, RTOL[torch.float32]))
+    limit = settings.fudge * err_eager + floor
+    ratio = err_job / err_eager if err_eager else (0.0 if not err_job else math.inf)
     finite = math.isfinite(job)
-    flagged = not finite or err_job > settings.fudge * max(err_eager, floor)
-    return {"job": json_number(job), "eager": json_number(eager),
-            "reference": json_number(reference), "err_job": json_number(err_job),
-            "err_eager": json_number(err_eager), "flagged": flagged}
+    flagged = not finite or err_job > limit
+    reason = None
+    if not finite:
+        reason = "the job's loss is not finite"
+    elif flagged:
+        reason = (f"relative error {err_job:.3g} > {settings.fudge:g} x eager "
+                  f"{err_eager:.3g} + {floor:.2g}")
+    return TensorStats(name, segment, "loss", 1, err_job if finite else math.inf, err_eager,
+                       ratio, err_job / limit if finite else math.inf, 0.0,
+                       abs(job - reference) if finite else math.inf, flagged, reason)

@@ -84,7 +84,7 @@ def collect(args: Sequence[str], output: Path, trainer: str = "torchtitan.train:
         prepared = prepare(list(args)) + list(STEP_FLAGS)
     except JobArgsError as exc:
         raise CollectError(str(exc)) from None
-    from titan_rocm.adapters.tt022.train import LaunchError, single_process_environment
+    from titan_rocm.adapters.common import LaunchError, single_process_environment
 
     try:  # one process without torchrun, as titan-rocm-train (TorchTitan reads LOCAL_RANK)
         added = single_process_environment()

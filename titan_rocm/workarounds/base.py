@@ -150,6 +150,9 @@ class Context:
     job_decisions: dict[str, str | None] = field(default_factory=dict)
     """Every titan-rocm workaround this job runs: its skip reason, None where it applies.
     Filled once, before any workaround applies (:func:`decide_job`)."""
+    job: Any = None
+    """The job's :class:`~titan_rocm.workarounds.job.JobWorkarounds` (set when it is built):
+    what applied, for the audit's attribution."""
 
     def __post_init__(self) -> None:
         if self.generation is None:
@@ -201,6 +204,12 @@ class TrainerSeam:
 
     def before_step(self, step: int) -> None:
         """Step ``step`` starts (``train_step``), before any micro-batch."""
+
+    def forward_backward(self, run: Callable[[], Any], input_dict: Any, labels: Any,
+                         global_valid_tokens: Any) -> Any:
+        """Run one ``forward_backward_step`` (``run`` runs it) and return its loss; a seam may
+        act around it (the audit records it)."""
+        return run()
 
     def after_forward_backward(self, loss: Any, labels: Any, global_valid_tokens: Any) -> None:
         """One ``forward_backward_step`` returned ``loss`` (its backward has run)."""

@@ -7,15 +7,22 @@ registry, which imports every workaround.
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch.nn as nn
 
-from titan_rocm.log import log
+from titan_rocm.log import log, log_once
+from titan_rocm.numerics.attribution import JobFacts
 from titan_rocm.workarounds.base import Context, Workaround
 from titan_rocm.workarounds.registry import workaround_class
+
+CORRUPT_ENV = "TITAN_ROCM_DEBUG_CORRUPT"
+"""The test fault's variable (``titan_rocm.testing.corrupt.ENV``; the runtime never imports
+test-only code)."""
 
 
 @dataclass
@@ -59,6 +66,7 @@ class JobWorkarounds:
         self.applied_by: dict[str, str] = {}
         """Workaround name -> who applied it (a converter name)."""
         self.decided = False
+        ctx.job = self
 
     def adopt(self, instances: Mapping[str, Workaround], model: nn.Module) -> None:
         """Take in workarounds this job did not know yet (decided at once if the job was)."""
@@ -81,20 +89,33 @@ class JobWorkarounds:
         return self.ctx.job_decisions
 
     def apply_all(self, names: Iterable[str], model: nn.Module, by: str) -> list[Decision]:
-        """:meth:`apply` each of ``names`` in order, logging one line per decision.
-
-        Also where both adapters install the test fault ``TITAN_ROCM_DEBUG_CORRUPT`` (a no-op
-        unless it is set; docs/numerics-audit.md), before anything compiles.
-        """
-        from titan_rocm.numerics import corrupt
-
-        corrupt.install(model)
+        """:meth:`apply` each of ``names`` in order, logging one line per decision."""
+        if os.environ.get(CORRUPT_ENV, "").strip():
+            log_once(f"{CORRUPT_ENV}:training", logging.WARNING,
+                     "titan-rocm: %s is set: only titan-rocm audit and the tests install the "
+                     "test fault, and they log it when they do; training runs without it "
+                     "(docs/numerics-audit-fault.md)", CORRUPT_ENV)
         decisions = []
         for name in names:
             decision = self.apply(name, model, by)
             log.info("%s", decision.line)
             decisions.append(decision)
         return decisions
+
+    def audit_facts(self, model_parts: Sequence[nn.Module]) -> JobFacts:
+        """What applied, as the numerics audit attributes it: names in apply order, each
+        one's audit note, and how the mixed compile runs each block where it applied."""
+        from titan_rocm.workarounds import moe_blocks
+
+        applied = [name for name in self.instances if name in self.applied_by]
+        notes = [note for name in applied
+                 if (note := self.instances[name].audit_note()) is not None]
+        mixed: dict[str, str] = {}
+        mec = self.instances.get("moe_eager_compile")
+        if "moe_eager_compile" in self.applied_by and mec is not None:
+            for part in model_parts:
+                mixed.update(moe_blocks.plan_blocks(part, getattr(mec, "scope", "block")))
+        return JobFacts(applied, notes, mixed)
 
     def applied(self, by: str | None = None) -> list[Workaround]:
         """The workarounds that applied (by ``by`` alone, if given), in apply order."""

@@ -73,16 +73,15 @@ PACKAGES: dict[str, str] = {
     "moe_eager_compile": "moe_eager_compile",
     "mla_ck_backward": "mla_attention",
     "divergence_guard": "divergence_guard",
-    "numerics_audit": "titan_rocm.numerics",
+    "numerics_audit": "numerics_audit",
 }
 """The workarounds that reach into TorchTitan's code, and the package their seams are in
-(under ``titan_rocm.workarounds``, or a dotted package name: the audit's live beside it)."""
+(under ``titan_rocm.workarounds``)."""
 
 
 
 def _seams(generation: str) -> dict[str, str]:
-    return {name: (f"{package}.seams_{generation}:Seam" if "." in package else
-                   f"titan_rocm.workarounds.{package}.seams_{generation}:Seam")
+    return {name: f"titan_rocm.workarounds.{package}.seams_{generation}:Seam"
             for name, package in PACKAGES.items()}
 
 

@@ -15,61 +15,13 @@ value or torchrun environment before TorchTitan starts; 130 on Ctrl-C.
 
 from __future__ import annotations
 
-import os
 import runpy
-import socket
 import sys
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Sequence
 
+from titan_rocm.adapters.common import LaunchError, single_process_environment
 from titan_rocm.adapters.tt022.job_args import JobArgsError, prepare
 from titan_rocm.torchtitan_version import TorchTitanVersionError, require
-
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
-"""What torchrun (or any launcher TorchTitan supports) sets for every worker."""
-
-
-class LaunchError(ValueError):
-    """The process environment is neither torchrun's nor a plain single process."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the OS picks it, as torchrun --standalone does)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def single_process_environment(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
-    """Give a process started without torchrun the environment of torchrun's only worker.
-
-    Sets only what is absent (a ``MASTER_PORT`` of the user's is kept) and nothing at all
-    when torchrun's variables are present. Returns what it set.
-
-    Raises:
-        LaunchError: some but not all of RANK, LOCAL_RANK, WORLD_SIZE are set (a launcher
-            that sets part of them cannot be completed safely).
-    """
-    present = [v for v in RANK_VARIABLES if v in environ]
-    if present:
-        missing = [v for v in RANK_VARIABLES if v not in environ]
-        if missing:
-            raise LaunchError(
-                f"{', '.join(f'{v}={environ[v]}' for v in present)} set but "
-                f"{', '.join(missing)} not: start the job with torchrun (which sets all of "
-                "them), or unset them for a single process"
-            )
-        return {}
-    host = environ.get("MASTER_ADDR", "127.0.0.1")
-    wanted = {
-        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-        "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0",
-        "ROLE_WORLD_SIZE": "1", "ROLE_NAME": "default", "MASTER_ADDR": host,
-    }
-    if "MASTER_PORT" not in environ:
-        wanted["MASTER_PORT"] = str(free_port(host if host != "localhost" else "127.0.0.1"))
-    added = {k: v for k, v in wanted.items() if k not in environ}
-    environ.update(added)
-    return added
 
 
 def _fail(message: str) -> None:

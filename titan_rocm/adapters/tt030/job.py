@@ -153,6 +153,15 @@ class RocmJob:
                 seam.step_failed(error, step)  # may raise its own verdict instead
             raise
 
+    def forward_backward(self, run: Callable[[], Any], input_dict: Any, labels: Any,
+                         global_valid_tokens: Any) -> Any:
+        """One ``forward_backward_step`` (``run`` runs it), through every seam's
+        ``forward_backward``, the first seam outermost."""
+        for seam in reversed(self.seams):
+            run = functools.partial(seam.forward_backward, run, input_dict, labels,
+                                    global_valid_tokens)
+        return run()
+
     def after_forward_backward(self, loss: Any, labels: Any, global_valid_tokens: Any) -> None:
         """One ``forward_backward_step`` returned ``loss``."""
         for seam in self.seams:

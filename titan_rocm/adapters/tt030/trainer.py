@@ -61,9 +61,12 @@ class RocmTrainerMixin:
 
     def forward_backward_step(self, *, input_dict: Any, labels: Any,
                               global_valid_tokens: Any) -> Any:
-        loss = super().forward_backward_step(  # type: ignore[misc]
-            input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
-        )
+        def run() -> Any:
+            return super(RocmTrainerMixin, self).forward_backward_step(  # type: ignore[misc]
+                input_dict=input_dict, labels=labels, global_valid_tokens=global_valid_tokens
+            )
+
+        loss = self._rocm.forward_backward(run, input_dict, labels, global_valid_tokens)
         self._rocm.after_forward_backward(loss, labels, global_valid_tokens)
         return loss
 

@@ -1,10 +1,12 @@
-"""``TITAN_ROCM_DEBUG_CORRUPT``: the fault injected into compiled code only (issue 24 item 6).
+"""``TITAN_ROCM_DEBUG_CORRUPT``: the fault injected into compiled code only
+(titan_rocm/testing/corrupt.py).
 
-Parsing (every bad value is one sentence naming it), the op's corruption rate, and TorchTitan
-0.2.2's real trainer on CPU (``tests/support/cpu_trainer.py``, its blocks compiled by the
-model's own ``apply_compile`` as ``parallelize_fn`` does on a GPU, llama3 with three blocks
-and ``converters = ["rocm"]``): block 1's gradients change, and nothing the corruption cannot
-reach does, bit for bit; an eager run with the variable set is bit-identical to a clean one.
+Parsing (every bad value is one sentence naming it), the op's corruption rate, the forward
+nodes it counts, switching it at run time, and TorchTitan 0.2.2's real trainer on CPU
+(``tests/support/cpu_trainer.py``, its blocks compiled by the model's own ``apply_compile``
+as ``parallelize_fn`` does on a GPU, llama3 with three blocks and ``converters = ["rocm"]``):
+block 1's gradients change, and nothing the corruption cannot reach does, bit for bit; an
+eager run with the fault installed is bit-identical to a clean one.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.support import cpu_trainer
-from titan_rocm.numerics import corrupt
-from titan_rocm.numerics.corrupt import ENV, CorruptSpec, CorruptSpecError, parse
+from titan_rocm.testing import corrupt
+from titan_rocm.testing.corrupt import ENV, CorruptSpec, CorruptSpecError, parse
 
 N_LAYERS = 3
 BLOCK = 1
@@ -124,34 +126,64 @@ def test_bad_values_named(text: str, named: str) -> None:
     assert named in str(caught.value)
 
 
-def test_bad_value_stops_start_up_with_the_sentence_and_no_traceback(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+def test_a_bad_value_or_block_is_the_sentence() -> None:
     model = _TinyBlocks()
-    with caplog.at_level(logging.ERROR, "titan_rocm"), pytest.raises(SystemExit) as stop:
-        corrupt.install(model, {ENV: "block=1,fraction=2"})
-    assert stop.value.code == 2
-    assert stop.value.__cause__ is None and stop.value.__suppress_context__
-    assert [r.getMessage() for r in caplog.records] == [
-        f"titan-rocm: {ENV}='block=1,fraction=2': fraction='2' is not accepted (a number in "
-        "(0, 1], e.g. 0.03 for 3 % of the node's elements); accepted: "
-        f"{corrupt.FORMAT} (e.g. {corrupt.EXAMPLE})"
-    ]
-    with pytest.raises(SystemExit):
-        corrupt.install(model, {ENV: "block=7"})  # the model has blocks 0..2
-    assert "block=7 is not a block of this model (model.layers has 0, 1, 2)" in caplog.text
+    with pytest.raises(CorruptSpecError) as caught:
+        corrupt.install([model], environ={ENV: "block=1,fraction=2"})
+    assert str(caught.value) == (
+        f"{ENV}='block=1,fraction=2': fraction='2' is not accepted (a number in (0, 1], e.g. "
+        f"0.03 for 3 % of the node's elements); accepted: {corrupt.FORMAT} "
+        f"(e.g. {corrupt.EXAMPLE})")
+    with pytest.raises(CorruptSpecError,
+                       match=r"block=7 is not a block of this model \(model.layers has 0, 1, 2\)"):
+        corrupt.install([model], environ={ENV: "block=7"})
 
 
 def test_unset_installs_nothing() -> None:
     import torch._inductor.config as inductor_config
 
+    from titan_rocm.numerics import blocks
+
     model = _TinyBlocks()
     before = inductor_config.post_grad_custom_post_pass
-    assert corrupt.install(model, {}) is None
+    assert corrupt.install([model], environ={}) is None
     assert inductor_config.post_grad_custom_post_pass is before
-    assert corrupt.INSTALLED_ATTR not in model.__dict__
-    assert not model._forward_pre_hooks
+    assert blocks.key_of(model.layers["0"]) is None  # nothing marked
     assert corrupt.summary()["spec"] is None
+
+
+def test_switch_moves_the_fault_within_the_graphs_it_is_in() -> None:
+    corrupt.install([_TinyBlocks()], corrupt.CorruptSpec(block=0), graphs=("forward",
+                                                                            "backward"))
+    corrupt.switch(CorruptSpec(block=2, graph="forward", fraction=0.5))
+    assert corrupt.summary()["spec"]["block"] == 2
+    x = torch.randn(100)
+    runtime = corrupt._RUNTIME
+    runtime.forward_block = "2"
+    assert not torch.equal(corrupt._op()(x, False), x)
+    corrupt.switch(None)  # off: the op copies
+    runtime.forward_block = "2"
+    assert torch.equal(corrupt._op()(x, False), x)
+    with pytest.raises(CorruptSpecError, match="cannot switch to it"):
+        corrupt.switch(CorruptSpec(block=1, op="add"))
+    corrupt.uninstall()
+    corrupt.install([_TinyBlocks()], corrupt.CorruptSpec(block=0))  # backward graphs only
+    with pytest.raises(CorruptSpecError, match="cannot switch to it"):
+        corrupt.switch(CorruptSpec(block=1, graph="forward"))
+
+
+def test_a_forward_graph_counts_only_the_nodes_the_blocks_output_depends_on() -> None:
+    """AOTAutograd's forward graph returns the block's output first and what the backward
+    saves after it: a node only saved is the backward's input, not the block's output."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("primals_1")
+    saved = graph.call_function(torch.ops.aten.mul.Tensor, (x, x))
+    out = graph.call_function(torch.ops.aten.mul.Tensor, (x, 2.0))
+    graph.output((out, saved))
+    for node in (saved, out):
+        node.meta["val"] = torch.empty(2)
+    assert corrupt.graph_kind(graph) == "forward"
+    assert corrupt.candidate_nodes(graph, "mul") == [out]
 
 
 class _TinyBlocks(torch.nn.Module):
@@ -169,7 +201,7 @@ class _TinyBlocks(torch.nn.Module):
 
 @pytest.mark.parametrize("fraction", [0.01, 0.03, 0.10])
 def test_the_op_replaces_that_fraction_by_neighbours_only_inside_the_block(fraction) -> None:
-    corrupt.install(_TinyBlocks(), {ENV: f"block=1,fraction={fraction},seed=5"})
+    corrupt.install([_TinyBlocks()], environ={ENV: f"block=1,fraction={fraction},seed=5"})
     op = corrupt._op()
     runtime = corrupt._RUNTIME
     x = torch.randn(64, 500).t()  # non-contiguous, every value distinct
@@ -238,7 +270,10 @@ def _trainer(monkeypatch: pytest.MonkeyPatch, env: str | None, compiled: bool = 
     args = ["--model.converters", "rocm"]
     if compiled:  # the blocks, and the loss (TorchTitan's [compile] components default)
         args += ["--compile.enable", "--compile.backend", "inductor"]
-    return CompiledBlocksCpuTrainer(cpu_trainer.job_config(args))
+    trainer = CompiledBlocksCpuTrainer(cpu_trainer.job_config(args))
+    if env is not None:
+        corrupt.install(trainer.model_parts)  # as titan-rocm audit does, before any compile
+    return trainer
 
 
 def _grads(trainer: Any) -> tuple[float, dict[str, torch.Tensor]]:
@@ -342,8 +377,7 @@ def test_backward_corruption_changes_block_1_and_nothing_it_cannot_reach(
 
     # fraction 1 %, 3 %, 10 % of the node: the same compiled code, the op reads the spec
     for fraction in (0.01, 0.03, 0.10):
-        corrupt._RUNTIME.spec = CorruptSpec(block=BLOCK, fraction=fraction)
-        corrupt.reset_counts()
+        corrupt.switch(CorruptSpec(block=BLOCK, fraction=fraction))
         _grads(trainer)
         hits = corrupt.summary()["hits"]
         assert hits["hits"] == 1

@@ -1,29 +1,29 @@
-"""``TITAN_ROCM_DEBUG_CORRUPT``: a fault injected into compiled code only, to prove detection.
+"""``TITAN_ROCM_DEBUG_CORRUPT``: a fault injected into compiled code only, to prove the audit.
 
-Test hook, never active unless the variable is set. Format (docs/numerics-audit-fault.md)::
+Test hook: installed only by ``titan-rocm audit`` (when the variable is set) and by tests and
+benchmarks, never by training itself. Format (docs/numerics-audit-fault.md)::
 
     TITAN_ROCM_DEBUG_CORRUPT="block=3,graph=backward,op=mul,index=0,fraction=0.03,seed=0"
 
 An Inductor post-grad pass puts a call to the custom op ``titan_rocm::debug_corrupt`` after
 the ``index``-th ``aten.<op>`` node (graph order, floating-point outputs only) of every
-compiled ``graph`` (forward or backward) graph built after it is installed. The op is opaque
-to Inductor; it copies its input and, only while block ``block`` runs that graph, replaces
-``fraction`` of the copy's elements by their neighbour's value (finite and in range, as the
-Triton buffer-store hazard leaves them). Eager code never reaches the op.
+compiled training graph of the kinds it is installed for, built after it is installed. The
+op is opaque to Inductor; it copies its input and, only while block ``block`` runs that
+``graph``, replaces ``fraction`` of the copy's elements by their neighbour's value (finite
+and in range, as the Triton buffer-store hazard leaves them). Eager code never reaches the op.
 
 Why the decision is made at run time: TorchTitan compiles each TransformerBlock separately,
 and with ``inline_inbuilt_nn_modules`` identical blocks share one compiled graph, so which
-block a graph belongs to is not known when it compiles. At the model's first forward every
-block (the outermost module at ``model.layers[key]``: a compile, FSDP or checkpoint wrapper)
-gets a marking ``__call__`` (a subclass swapped in, as FSDP2 does): block ``key``'s forward
-runs between its enter and leave; its backward runs from the gradient of its output
-(a tensor hook) to the gradient of its input. The op hits at most once per pass of block
-``block`` (the first graph of that block that reaches it).
+block a graph belongs to is not known when it compiles. The fault is a block-boundary
+interceptor (:mod:`titan_rocm.numerics.blocks`): block ``key``'s forward runs between its
+call's enter and leave; its backward runs from the gradient of its output (a tensor hook) to
+the gradient of its input. The op hits at most once per pass of block ``block`` (the first
+graph of that block that reaches it). Because block, graph, fraction and seed are read when
+the op runs, :func:`switch` moves the fault without recompiling, as long as the op was put
+into graphs of the new ``graph`` kind (:func:`install` with ``graphs``).
 
-Installed by :func:`install` from ``JobWorkarounds.apply_all``, the one place TorchTitan
-0.2.2's converters and 0.3.0's ``RocmTrainer`` both pass through, before anything compiles.
-One log line when active; one after the first forward and backward, and one at exit, saying
-how often it hit (or why it never did).
+One log line when installed; one after the first forward and backward, and one at exit,
+saying how often it hit (or why it never did).
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ import logging
 import math
 import os
 import re
-import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +43,7 @@ import torch
 import torch.nn as nn
 
 from titan_rocm.log import forget, log, log_once
+from titan_rocm.numerics import blocks
 
 ENV = "TITAN_ROCM_DEBUG_CORRUPT"
 FORMAT = "block=K[,graph=backward|forward][,op=mul][,index=0][,fraction=0.03][,seed=0][,rank=R]"
@@ -51,10 +51,6 @@ FORMAT = "block=K[,graph=backward|forward][,op=mul][,index=0][,fraction=0.03][,s
 EXAMPLE = "block=1,graph=backward,op=mul,index=0,fraction=0.03,seed=0"
 GRAPHS = ("backward", "forward")
 KEYS = ("block", "graph", "op", "index", "fraction", "seed", "rank")
-INSTALLED_ATTR = "_titan_rocm_debug_corrupt"
-"""Set in a model's ``__dict__`` once :func:`install` has hooked it."""
-MARKED_ATTR = "_titan_rocm_corrupt_base"
-"""On a marking subclass: the class it was made from."""
 
 _INT = re.compile(r"[0-9]+")
 _NUMBER = re.compile(r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9]+\.")
@@ -199,38 +195,42 @@ def _rank() -> int:
 
 
 class _Runtime:
-    """The process-wide state the pass, the op and the block markers share."""
+    """The process-wide state the pass, the op and the block interceptor share."""
 
     def __init__(self) -> None:
         self.spec: CorruptSpec | None = None
+        self.graphs: tuple[str, ...] = ()
+        """The graph kinds the pass puts the op into."""
         self.hits = Hits()
         self.forward_block: str | None = None
         self.backward_block: str | None = None
         self.window_hit = False
         """The op already hit in the current pass of the target block."""
-        self.keys: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
         self.blocks_marked = 0
         self.reported: set[str] = set()
+        self.calls_seen = 0
+        self.active = True
+        """False after ``switch(None)``: the op copies and corrupts nothing."""
 
-    # -- block windows (called from the marked blocks and their tensor hooks) -----------------
-    def call_block(self, module: nn.Module, call: Callable[..., Any], args: tuple[Any, ...],
-                   kwargs: dict[str, Any]) -> Any:
-        key = self.keys.get(module)
-        if key is None or torch.compiler.is_compiling():
-            return call(module, *args, **kwargs)
+    # -- block windows (the interceptor and its tensor hooks) ----------------------------------
+    def around(self, key: str, module: nn.Module, args: tuple[Any, ...],
+               kwargs: dict[str, Any], proceed: blocks.Call) -> Any:
         outer = self.forward_block
         self.forward_block = key
         if self.spec is not None and key == self.spec.key:
             self.window_hit = False
         try:
-            out = call(module, *args, **kwargs)
+            out = proceed(args, kwargs)
         finally:
             self.forward_block = outer
         if torch.is_grad_enabled():
-            for t in _grad_tensors(out):
+            for t in blocks.grad_tensors(out):
                 t.register_hook(functools.partial(_backward_enters, key))
-            for t in _grad_tensors((args, kwargs)):
+            for t in blocks.grad_tensors((args, kwargs)):
                 t.register_hook(functools.partial(_backward_leaves, key))
+        self.calls_seen += 1
+        if self.calls_seen == 2 * max(1, self.blocks_marked):
+            self.report("after the first forward and backward")
         return out
 
     def backward_enters(self, key: str) -> None:
@@ -247,7 +247,8 @@ class _Runtime:
         self.hits.calls += 1
         spec = self.spec
         block = self.backward_block if backward else self.forward_block
-        if (spec is None or self.window_hit or block != spec.key
+        if (spec is None or not self.active or self.window_hit or block != spec.key
+                or (spec.graph == "backward") != backward
                 or (spec.rank is not None and _rank() != spec.rank)):
             return x.clone()
         self.window_hit = True
@@ -301,7 +302,7 @@ class _Runtime:
             return (f"{h.graphs_without_node} compiled {spec.graph} graph(s) have no "
                     f"aten.{spec.op} #{spec.index} with a floating-point output")
         if not self.blocks_marked:
-            return "the model never ran a forward (or no block was found to mark)"
+            return "no block was found to mark (the model has no model.layers)"
         return (f"no compiled {spec.graph} graph ran the op: is [compile] on with the "
                 "inductor backend, and did the blocks compile after start-up?")
 
@@ -315,11 +316,6 @@ def _backward_enters(key: str, grad: torch.Tensor) -> None:
 
 def _backward_leaves(key: str, grad: torch.Tensor) -> None:
     _RUNTIME.backward_leaves(key)
-
-
-def _grad_tensors(tree: Any) -> list[torch.Tensor]:
-    leaves = torch.utils._pytree.tree_leaves(tree)
-    return [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
 @functools.cache
@@ -350,44 +346,72 @@ def graph_kind(graph: torch.fx.Graph) -> str | None:
     return None
 
 
+def feeding_first_output(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes the graph's first output depends on. AOTAutograd's forward graph returns
+    the module's outputs first and the tensors it saves for the backward after them: for a
+    block, its first output is the block's output."""
+    out = next((n for n in graph.nodes if n.op == "output"), None)
+    if out is None or not out.args:
+        return set()
+    first = out.args[0]
+    first = first[0] if isinstance(first, (tuple, list)) and first else first
+    if not isinstance(first, torch.fx.Node):
+        return set()
+    seen, todo = set(), [first]
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        todo.extend(node.all_input_nodes)
+    return seen
+
+
 def candidate_nodes(graph: torch.fx.Graph, op: str) -> list[torch.fx.Node]:
     """The nodes ``index`` counts: calls of ``aten.<op>`` (any overload) with one
-    floating-point tensor output, in graph order."""
-    return [n for n in graph.nodes
-            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
-            and n.target.namespace == "aten" and n.target._opname == op
-            and isinstance(n.meta.get("val"), torch.Tensor)
-            and n.meta["val"].dtype.is_floating_point]
+    floating-point tensor output, in graph order; in a forward graph only those the block's
+    output depends on (a node whose value is only saved for the backward is, in effect, the
+    backward's input, and its fault shows there)."""
+    found = [n for n in graph.nodes
+             if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+             and n.target.namespace == "aten" and n.target._opname == op
+             and isinstance(n.meta.get("val"), torch.Tensor)
+             and n.meta["val"].dtype.is_floating_point]
+    if graph_kind(graph) == "forward":
+        feeding = feeding_first_output(graph)
+        found = [n for n in found if n in feeding]
+    return found
 
 
 @functools.cache
 def pass_class() -> type:
-    """``CorruptPass``: the post-grad pass putting the op after the spec's node (it runs a
-    ``previous`` pass first, if the job had one). Made on first use: importing Inductor
-    costs seconds, which a process that never sets the variable must not pay."""
+    """``CorruptPass``: the post-grad pass putting the op after the spec's node in graphs of
+    the kinds it is made for (it runs a ``previous`` pass first, if the job had one). Made on
+    first use: importing Inductor costs seconds, which a process that never installs the
+    fault must not pay."""
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     class CorruptPass(CustomGraphPass):
         """The post-grad pass: the op after the spec's node (runs ``previous`` first, if any)."""
 
-        def __init__(self, spec: CorruptSpec, previous: Any = None) -> None:
-            self.spec = spec
+        def __init__(self, op: str, index: int, graphs: tuple[str, ...],
+                     previous: Any = None) -> None:
+            self.op, self.index, self.graphs = op, index, graphs
             self.previous = previous
 
         def __call__(self, graph: torch.fx.Graph) -> None:
             if self.previous is not None:
                 self.previous(graph)
-            spec = self.spec
-            if graph_kind(graph) != spec.graph:
+            kind = graph_kind(graph)
+            if kind not in self.graphs:
                 return
-            nodes = candidate_nodes(graph, spec.op)
-            if len(nodes) <= spec.index:
+            nodes = candidate_nodes(graph, self.op)
+            if len(nodes) <= self.index:
                 _RUNTIME.hits.graphs_without_node += 1
                 return
-            node = nodes[spec.index]
+            node = nodes[self.index]
             with graph.inserting_after(node):
-                corrupted = graph.call_function(
-                    _op(), (node, spec.graph == "backward"))
+                corrupted = graph.call_function(_op(), (node, kind == "backward"))
             node.replace_all_uses_with(corrupted, delete_user_cb=lambda user: user is not corrupted)
             val = node.meta["val"]
             fake_mode = getattr(val, "fake_mode", None)
@@ -399,104 +423,89 @@ def pass_class() -> type:
             if "stack_trace" in node.meta:
                 corrupted.meta["stack_trace"] = node.meta["stack_trace"]
             _RUNTIME.hits.graphs += 1
-            log.debug("titan-rocm: %s: op after %s in a compiled %s graph", ENV, node.name,
-                      spec.graph)
+            log.debug("titan-rocm: %s: op after %s in a compiled %s graph", ENV, node.name, kind)
 
         def uuid(self) -> Any:
             """Inductor's cache key part: a graph with the op is never served to a clean run.
-            Only what shapes the graph is in it: block, fraction, seed and rank are read
-            by the op when it runs."""
+            Only what shapes the graph is in it: block, fraction, seed and rank are read by
+            the op when it runs."""
             previous = self.previous.uuid() if isinstance(self.previous, CustomGraphPass) else (
                 None if self.previous is None else id(self.previous))
-            spec = self.spec
-            return ("titan-rocm-debug-corrupt-v1", spec.graph, spec.op, spec.index, previous)
+            return ("titan-rocm-debug-corrupt-v3", self.graphs, self.op, self.index, previous)
 
     return CorruptPass
 
 
-def _mark_blocks(model: nn.Module) -> int:
-    """Swap in the marking ``__call__`` on the outermost module of every block."""
-    count = 0
-    for key, block in _blocks(model):
-        cls = type(block)
-        if not getattr(cls, MARKED_ATTR, None):
-            block.__class__ = _marked_class(cls)
-        _RUNTIME.keys[block] = key
-        count += 1
-    return count
+def install(model_parts: list[nn.Module], spec: CorruptSpec | None = None,
+            graphs: tuple[str, ...] | None = None,
+            environ: Mapping[str, str] | None = None) -> CorruptSpec | None:
+    """Install the fault on ``model_parts`` (before anything of them compiles): ``spec``, or
+    :data:`ENV`'s when None; the op goes into graphs of the kinds ``graphs`` (default: the
+    spec's own). Idempotent for the same op and index; None when there is nothing to install.
 
-
-@functools.cache
-def _marked_class(base: type) -> type:
-    def __call__(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        return _RUNTIME.call_block(self, base.__call__, args, kwargs)
-
-    return type(f"{base.__name__}CorruptMarked", (base,), {"__call__": __call__,
-                                                            MARKED_ATTR: base})
-
-
-def _blocks(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    layers = getattr(model, "layers", None)
-    if not isinstance(layers, nn.Module):
-        return []
-    return list(layers.named_children())
-
-
-def _on_root_forward(module: nn.Module, args: Any) -> None:
-    if torch.compiler.is_compiling():
-        return
-    state = module.__dict__.get(INSTALLED_ATTR)
-    if state is None:
-        return
-    state["calls"] += 1
-    if state["calls"] == 1:
-        _RUNTIME.blocks_marked += _mark_blocks(module)
-    elif state["calls"] == 2:
-        _RUNTIME.report("after the first forward and backward")
-
-
-def install(model: nn.Module, environ: Mapping[str, str] | None = None) -> CorruptSpec | None:
-    """Install the fault on ``model`` if :data:`ENV` is set (idempotent per model).
-
-    Called before the model is parallelized or compiled. A bad value stops start-up: the
-    sentence is logged and the process exits 2 (no traceback).
+    Raises:
+        CorruptSpecError: the value or a block is not accepted (one sentence).
     """
-    try:
-        spec = from_env(environ)
-        if spec is None:
-            return None
-        if _RUNTIME.spec not in (None, spec):
-            raise _fail(spec.text(), f"a different spec ({_RUNTIME.spec.text()}) is installed "
-                                     "in this process already")
-        keys = [key for key, _ in _blocks(model)]
-        if keys and spec.key not in keys:
-            raise _fail(spec.text(), f"block={spec.block} is not a block of this model "
-                                     f"(model.layers has {', '.join(keys)})")
-    except CorruptSpecError as error:
-        log.error("titan-rocm: %s", error)
-        raise SystemExit(2) from None
+    spec = spec if spec is not None else from_env(environ)
+    if spec is None:
+        return None
+    graphs = tuple(graphs or (spec.graph,))
+    if spec.graph not in graphs:
+        raise _fail(spec.text(), f"graph={spec.graph} is not among the graphs installed "
+                                 f"({', '.join(graphs)})")
+    found = [kb for part in model_parts for kb in blocks.mark(part)]
+    keys = [key for key, _ in found]
     if not keys:
         log_once(f"{ENV}:no-layers", logging.WARNING,
-                 "titan-rocm: %s: %s has no model.layers: nothing to corrupt in it", ENV,
-                 type(model).__name__)
+                 "titan-rocm: %s: the model has no model.layers: nothing to corrupt in it", ENV)
         return spec
+    if spec.key not in keys:
+        raise _fail(spec.text(), f"block={spec.block} is not a block of this model "
+                                 f"(model.layers has {', '.join(keys)})")
+    if _RUNTIME.spec is not None and ((_RUNTIME.spec.op, _RUNTIME.spec.index) != (
+            spec.op, spec.index) or not set(graphs) <= set(_RUNTIME.graphs)):
+        raise _fail(spec.text(), f"a different fault ({_RUNTIME.spec.text()}, in "
+                                 f"{'/'.join(_RUNTIME.graphs)} graphs) is installed in this "
+                                 "process already")
+    _RUNTIME.blocks_marked = len(keys)
+    _RUNTIME.active = True
     if _RUNTIME.spec is None:
-        _RUNTIME.spec = spec
         import torch._inductor.config as config
 
         previous = config.post_grad_custom_post_pass
         if isinstance(previous, pass_class()):
             previous = previous.previous
         _op()
-        config.post_grad_custom_post_pass = pass_class()(spec, previous)
+        config.post_grad_custom_post_pass = pass_class()(spec.op, spec.index, graphs, previous)
+        _RUNTIME.graphs = graphs
+        blocks.push(_RUNTIME)
         atexit.register(_RUNTIME.report, "at exit")
-        log_once(f"{ENV}:active", logging.WARNING,
-                 "titan-rocm: %s=%s: TEST FAULT ACTIVE: Inductor corrupts %s; eager code is "
-                 "untouched", ENV, spec.text(), spec.describe())
-    if INSTALLED_ATTR not in model.__dict__:
-        model.__dict__[INSTALLED_ATTR] = {"calls": 0}
-        model.register_forward_pre_hook(_on_root_forward)
+    _RUNTIME.spec = spec
+    log_once(f"{ENV}:active", logging.WARNING,
+             "titan-rocm: %s=%s: TEST FAULT ACTIVE: Inductor corrupts %s; eager code is "
+             "untouched", ENV, spec.text(), spec.describe())
     return spec
+
+
+def switch(spec: CorruptSpec | None) -> None:
+    """Move the installed fault to ``spec`` (None: nothing is corrupted) without recompiling.
+
+    Raises:
+        CorruptSpecError: a different op or index, or a graph kind the op is not in.
+    """
+    if spec is not None:
+        current = _RUNTIME.spec
+        if current is None or (current.op, current.index) != (spec.op, spec.index) \
+                or spec.graph not in _RUNTIME.graphs:
+            raise _fail(spec.text(), "the installed fault cannot switch to it (install it "
+                                     "with this op, index and graph first)")
+    _RUNTIME.active = spec is not None
+    if spec is not None:
+        _RUNTIME.spec = spec
+    _RUNTIME.window_hit = False
+    graphs, without = _RUNTIME.hits.graphs, _RUNTIME.hits.graphs_without_node
+    reset_counts()
+    _RUNTIME.hits.graphs, _RUNTIME.hits.graphs_without_node = graphs, without
 
 
 def summary() -> dict[str, Any]:
@@ -518,8 +527,8 @@ def reset_counts() -> None:
 
 
 def uninstall() -> None:
-    """Take the pass out of Inductor's config, forget the spec, let its lines log again
-    (tests; a second job in the same process)."""
+    """Take the pass out of Inductor's config and the interceptor off the blocks, forget the
+    spec, let its lines log again (tests; a second job in the same process)."""
     forget(ENV)
     if _RUNTIME.spec is None:
         return
@@ -528,8 +537,12 @@ def uninstall() -> None:
     current = config.post_grad_custom_post_pass
     if isinstance(current, pass_class()):
         config.post_grad_custom_post_pass = current.previous
+    blocks.remove(_RUNTIME)
     _RUNTIME.spec = None
+    _RUNTIME.graphs = ()
     _RUNTIME.forward_block = _RUNTIME.backward_block = None
     _RUNTIME.window_hit = False
+    _RUNTIME.calls_seen = 0
+    _RUNTIME.active = True
     reset_counts()
     atexit.unregister(_RUNTIME.report)

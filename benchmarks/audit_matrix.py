@@ -1,0 +1,413 @@
+"""GPU proof of the block-by-block numerics audit: the detection matrix, the clean
+distributions the defaults come from, and the audit's memory and time against a step.
+
+One worker process per model (TorchTitan 0.2.2's own ``Trainer``, titan-rocm's converters
+with the workarounds forced on as in ``gpu_validation.py``, seed 42, the whole 8 x 2048
+micro-batch), on one GPU:
+
+1. **Training**, 6 steps with ``[rocm] numerics_audit = "every_n_steps"`` every 4 steps: the
+   in-training audit runs in steps 1 (with the first compile) and 4; steps 2, 3, 5 and 6 are
+   the training step it is measured against (each step's time and peak memory taken around
+   ``train_step``).
+2. **The matrix** (``titan_rocm/testing/audit_matrix.py``) on the same trainer, as
+   ``titan-rocm audit`` runs it: ``--seeds`` clean audits (new weights and batch each), then
+   0.5 %, 1 % and 3 % of the first ``mul`` of the forward and of the backward in the first,
+   a middle and the last block. The fault's op is put into the compiled graphs once, before
+   the first compile; which block, direction and fraction it corrupts is switched at run time.
+3. **The references**: one clean batch audited with each ``numerics_audit_reference``
+   (float64, float32, tf32): the eager errors each measures and what each costs.
+
+    python benchmarks/audit_matrix.py --out DIR [--only llama3_1b,...] [--seeds 5]
+    python benchmarks/audit_matrix.py --reanalyse DIR        # every figure again, on a CPU
+    python benchmarks/audit_matrix.py --list
+
+``--cpu`` runs the same worker on this machine with the test suite's CPU trainer
+(``tests.support.audit_trainer:AuditTrainer``, tiny models): the code path, not the figures.
+It proves the audit's verdicts on CUDA, not ROCm: the buffer-store hazard is not reproduced;
+the injected fault stands in for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+BUDGET_S = 540.0
+TRAIN_STEPS = 6
+AUDIT_EVERY = 4
+"""The in-training audit runs at steps 1 and 4; 2, 3, 5 and 6 are plain steps."""
+ROCM_ON = ["--rocm.precision_casts", "on", "--rocm.triton_war", "on",
+           "--rocm.grouped_mm", "on", "--rocm.moe_eager_compile", "on"]
+REFERENCES = ("float64", "float32", "tf32")
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+    """A job the benchmark audits."""
+
+    config: str
+    flags: tuple[str, ...] = ()
+    scope: str = "block"
+    """``moe_eager_scope``: deepseek_v3's MoE blocks keep their attention compiled ("moe"),
+    so every block has compiled code for the fault to sit in."""
+    timeout: int = 300
+
+
+MODELS: dict[str, Model] = {
+    "llama3_debug": Model("configs/llama3_debug.toml", timeout=200),
+    "llama3_1b": Model("configs/llama3_debug.toml", ("--model.flavor", "bench_1B")),
+    "qwen3_1.7b": Model("configs/qwen3_debug.toml", ("--model.flavor", "1.7B")),
+    "deepseek_v3_4b": Model("configs/deepseek_v3_debug.toml",
+                            ("--model.flavor", "bench_moe_4B"), scope="moe", timeout=420),
+}
+DEFAULT = ("llama3_1b", "qwen3_1.7b", "deepseek_v3_4b")
+
+
+def job_flags(model: Model) -> list[str]:
+    """The job's flags: the model, titan-rocm forced on, the in-training audit's schedule."""
+    return ["--job.config_file", model.config, *model.flags, *ROCM_ON,
+            "--rocm.moe_eager_scope", model.scope, "--debug.seed", "42",
+            "--training.steps", str(TRAIN_STEPS), "--metrics.log_freq", "1",
+            "--checkpoint.no-enable", "--rocm.numerics_audit", "every_n_steps",
+            "--rocm.numerics_audit_every", str(AUDIT_EVERY),
+            "--experimental.custom_import", "benchmarks.bench_flavors_rocm"]
+
+
+# -- the worker (one model, in this process) ------------------------------------------------
+
+
+def _trim(result: dict[str, Any]) -> dict[str, Any]:
+    """An audit's object without what no figure reads (it stays in the log)."""
+    keep = ("name", "segment", "kind", "numel", "err_job", "err_eager", "ratio", "score",
+            "outlier_fraction", "flagged", "reason")
+    out = {k: v for k, v in result.items() if k not in ("tensors", "segments")}
+    out["tensors"] = [{k: t[k] for k in keep} for t in result.get("tensors") or []]
+    return out
+
+
+def worker(name: str, out_file: Path, seeds: int, cpu: bool) -> int:
+    """Train, run the matrix and the references on one model; write ``out_file`` (JSON)."""
+    import torch
+
+    from titan_rocm.adapters.common import single_process_environment
+
+    single_process_environment()
+    from torchtitan.tools.logging import init_logger
+
+    init_logger()
+    import titan_rocm  # noqa: F401 - registers the converters
+    from titan_rocm.adapters.tt022.audit import audit_built
+    from titan_rocm.adapters.tt022.config import settings_from
+    from titan_rocm.adapters.tt022.converters.converter import JOB_ATTR
+    from titan_rocm.testing import audit_matrix
+
+    model = MODELS[name]
+    if cpu:
+        from tests.support import audit_trainer, cpu_trainer
+
+        cpu_trainer.cpu_patches()
+        cls = type("Trainer", (audit_trainer.AuditTrainer,), {"n_layers": 3,
+                                                              "data_batches": None})
+        flags = [*audit_trainer.COMPILED, *audit_trainer.MODELS[
+            "deepseek_v3" if "deepseek" in name else "llama3"],
+                 "--rocm.numerics_audit", "every_n_steps", "--rocm.numerics_audit_every",
+                 str(AUDIT_EVERY), "--training.steps", str(TRAIN_STEPS),
+                 "--metrics.log_freq", "1", "--rocm.moe_eager_scope", model.scope]
+        jc = cpu_trainer.job_config(flags)
+    else:
+        from torchtitan.config import ConfigManager
+        from torchtitan.train import Trainer as cls
+
+        import benchmarks.bench_flavors_rocm  # noqa: F401 - the bench_* flavors
+
+        jc = ConfigManager().parse_args(job_flags(model))
+    trainer = cls(jc)
+    device = torch.device(getattr(trainer, "device", "cpu"))
+    cuda = device.type == "cuda"
+    audit_matrix.install(trainer.model_parts)
+    steps: list[dict[str, Any]] = []
+    original = trainer.train_step
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        t0 = time.perf_counter()
+        out = original(*args, **kwargs)
+        if cuda:
+            torch.cuda.synchronize(device)
+        steps.append({"step": int(trainer.step), "seconds": time.perf_counter() - t0,
+                      "peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None})
+        return out
+
+    trainer.train_step = timed
+    t0 = time.perf_counter()
+    trainer.train()
+    train_s = time.perf_counter() - t0
+    job = trainer.model_parts[0].__dict__.get(JOB_ATTR)
+    audit = job.instances.get("numerics_audit") if job is not None else None
+    in_training = [_trim(r) for r in (audit.results if audit is not None else [])]
+    settings = settings_from(jc)
+    batches = iter(trainer.dataloader)
+    state: dict[str, Any] = {}
+
+    def reseed(seed: int) -> None:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            trainer.model_parts[0].init_weights(buffer_device=None)
+        state["batch"] = next(batches)
+
+    def one() -> dict[str, Any]:
+        return audit_built(trainer, settings, *state["batch"]).to_dict()
+
+    keys = [k for k, _ in trainer.model_parts[0].layers.named_children()]
+    specs = audit_matrix.fault_specs(audit_matrix.first_middle_last(keys))
+    outcomes = audit_matrix.run(one, specs, list(range(seeds)), reseed,
+                                on_outcome=lambda o: print(
+                                    f"[{name}] {o.spec} seed={o.seed}: {o.verdict} "
+                                    f"right={o.judged['right']} {o.seconds:.1f}s", flush=True))
+    references = {}
+    reseed(0)
+    for choice in REFERENCES:
+        chosen = dataclasses.replace(settings, numerics_audit_reference=choice)
+        try:
+            references[choice] = _trim(audit_built(trainer, chosen, *state["batch"]).to_dict())
+        except Exception as exc:  # noqa: BLE001 - a reference that does not fit is a figure
+            references[choice] = {"error": f"{type(exc).__name__}: {exc}"}
+    trainer.close()
+    out = {"model": name, "cpu": cpu, "steps": steps, "train_s": train_s,
+           "in_training": in_training, "references": references,
+           "matrix": [{**o.to_dict(), "result": _trim(o.result)} for o in outcomes]}
+    out_file.write_text(json.dumps(out, default=str))
+    print(f"[{name}] wrote {out_file}", flush=True)
+    return 0
+
+
+# -- the figures ------------------------------------------------------------------------------
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def distributions(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per tensor kind over clean audits: ``err_job / err_eager`` and the outlier fraction,
+    median, p99 and max (with the worst tensor's name)."""
+    out: dict[str, Any] = {}
+    kinds: dict[str, list[tuple[float, float, str]]] = {}
+    for r in results:
+        for t in r.get("tensors") or []:
+            ratio, outliers = _number(t.get("ratio")), _number(t.get("outlier_fraction"))
+            if ratio is not None and outliers is not None and t.get("numel"):
+                kinds.setdefault(t["kind"], []).append((ratio, outliers, t["name"]))
+    for kind, rows in sorted(kinds.items()):
+        ratios = [r for r, _, _ in rows]
+        fractions = [f for _, f, _ in rows]
+        worst = max(rows)
+        out[kind] = {"tensors": len(rows), "ratio_median": statistics.median(ratios),
+                     "ratio_p99": _quantile(ratios, 0.99), "ratio_max": worst[0],
+                     "ratio_worst": worst[2], "outliers_median": statistics.median(fractions),
+                     "outliers_p99": _quantile(fractions, 0.99),
+                     "outliers_max": max(fractions)}
+    return out
+
+
+def cost(worker_out: dict[str, Any]) -> dict[str, Any]:
+    """The training step (steps 2, 3, 5, 6: median time, max peak), the in-training audit's
+    step (4) against it, and the command-line audits' time and peak against it."""
+    steps = {s["step"]: s for s in worker_out.get("steps") or []}
+    plain = [steps[s] for s in (2, 3, 5, 6) if s in steps]
+    if not plain:
+        return {}
+    step_s = statistics.median(s["seconds"] for s in plain)
+    peaks = [s["peak_bytes"] for s in plain if s.get("peak_bytes")]
+    step_peak = max(peaks) if peaks else None
+    out: dict[str, Any] = {"step_s": step_s, "step_peak_gib": step_peak and step_peak / 2**30}
+    audited = steps.get(AUDIT_EVERY)
+    if audited:
+        out["in_training_extra_steps"] = (audited["seconds"] - step_s) / step_s
+        if step_peak and audited.get("peak_bytes"):
+            out["in_training_peak_ratio"] = audited["peak_bytes"] / step_peak
+    clean = [m["result"] for m in worker_out.get("matrix") or [] if m["spec"] is None]
+    if clean:
+        totals = [r["time_s"]["total"] for r in clean[1:] or clean]  # the first compiles
+        out["cli_audit_s_median"] = statistics.median(totals)
+        out["cli_audit_over_step"] = out["cli_audit_s_median"] / step_s
+        audit_peaks = [r["peak_memory_bytes"] for r in clean if r.get("peak_memory_bytes")]
+        if audit_peaks and step_peak:
+            out["cli_audit_peak_ratio"] = max(audit_peaks) / step_peak
+        out["chunks"] = sorted({r.get("chunks") for r in clean})
+    return out
+
+
+def detection(worker_out: dict[str, Any]) -> dict[str, Any]:
+    """The matrix: each audit right or not, clean false positives, faults missed or
+    misnamed."""
+    matrix = worker_out.get("matrix") or []
+    faults = [m for m in matrix if m["spec"] is not None]
+    clean = [m for m in matrix if m["spec"] is None]
+    return {"faults": len(faults), "faults_right": sum(m["judged"]["right"] for m in faults),
+            "clean": len(clean), "false_positives": sum(not m["judged"]["right"]
+                                                        for m in clean),
+            "wrong": [{"spec": m["spec"], "seed": m["seed"], "judged": m["judged"]}
+                      for m in matrix if not m["judged"]["right"]],
+            "weakest_fault_score": min(
+                (max(_number(t["score"]) or 0.0 for t in m["result"]["tensors"])
+                 for m in faults), default=None)}
+
+
+def reference_figures(worker_out: dict[str, Any]) -> dict[str, Any]:
+    """Each reference's eager errors against float64's (median and max of the ratio over the
+    tensors both measured), and its time."""
+    refs = worker_out.get("references") or {}
+    base = {t["name"]: _number(t["err_eager"]) for t in (refs.get("float64") or {}).get(
+        "tensors", [])}
+    out = {}
+    for choice, r in refs.items():
+        if r.get("error"):
+            out[choice] = {"error": r["error"]}
+            continue
+        ratios = [e / base[t["name"]] for t in r["tensors"]
+                  if (e := _number(t["err_eager"])) and base.get(t["name"])]
+        out[choice] = {"reference": r.get("reference"), "verdict": r.get("verdict"),
+                       "time_s": r["time_s"].get("total"),
+                       "err_eager_over_float64_median": statistics.median(ratios) if ratios
+                       else None, "err_eager_over_float64_max": max(ratios) if ratios else None}
+    return out
+
+
+def figures(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Every figure, per model."""
+    out = {}
+    for name, w in workers.items():
+        clean = [m["result"] for m in w.get("matrix") or [] if m["spec"] is None]
+        out[name] = {"detection": detection(w), "clean": distributions(clean),
+                     "cost": cost(w), "references": reference_figures(w),
+                     "in_training_verdicts": [r.get("verdict") for r in w.get("in_training")
+                                              or []]}
+    return out
+
+
+# -- running and storing ------------------------------------------------------------------------
+
+
+def launch(name: str, logs: Path, seeds: int, cpu: bool, timeout: float) -> dict[str, Any]:
+    """One worker process; its log and JSON go under ``logs``."""
+    from benchmarks.gpu_validation import run_logged
+
+    result = logs / f"{name}.json"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--result",
+           str(result), "--seeds", str(seeds), *(["--cpu"] if cpu else [])]
+    tmp = Path(tempfile.mkdtemp(prefix=f"audit-{name}-"))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
+               TRITON_CACHE_DIR=str(tmp / "triton"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
+                                                        os.environ.get("PYTHONPATH")])))
+    code, wall = run_logged(cmd, logs / f"{name}.log", env, timeout)
+    return {"name": name, "exit": code, "wall_s": round(wall, 1)}
+
+
+def read_workers(logs: Path, runs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each finished worker's JSON."""
+    out = {}
+    for name in runs:
+        path = logs / f"{name}.json"
+        if path.is_file():
+            out[name] = json.loads(path.read_text())
+    return out
+
+
+def reanalyse(directory: Path) -> dict[str, Any]:
+    """Every figure again from a stored result (summary.json + logs.tar.gz), on any machine."""
+    from benchmarks.gpu_validation import open_stored
+
+    stored, logs = open_stored(directory)
+    runs = stored.get("runs", {})
+    return {"environment": stored.get("environment"),
+            "figures": figures(read_workers(logs, runs)), "runs": runs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the workers (or one worker), or reanalyse / list."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--reanalyse", type=Path, metavar="DIR")
+    parser.add_argument("--list", action="store_true")
+    parser.add_argument("--only", help="comma-separated models (default: "
+                        f"{','.join(DEFAULT)})")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--cpu", action="store_true",
+                        help="the CPU test trainer instead of TorchTitan's (code path only)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help=f"seconds for the whole call (default {BUDGET_S:.0f}; --cpu: none)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args.worker, args.result, args.seeds, args.cpu)
+    if args.reanalyse:
+        from benchmarks.gpu_validation import StoredResultError
+
+        try:
+            print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
+        except StoredResultError as exc:
+            parser.error(str(exc))
+        return 0
+    names = args.only.split(",") if args.only else list(DEFAULT)
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"--only {','.join(unknown)}: accepted: {', '.join(MODELS)}")
+    if args.list:
+        for n in names:
+            print(f"{n}: {' '.join(job_flags(MODELS[n]))}")
+        return 0
+    if not args.out:
+        parser.error("--out is required (or --reanalyse DIR, or --list)")
+    from benchmarks.gpu_validation import store_result
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    logs = Path(tempfile.mkdtemp(prefix="titan-rocm-audit-matrix-"))
+    import torch
+
+    environment = {"date": datetime.now().isoformat(timespec="seconds"),
+                   "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+                   "torch": torch.__version__, "command": " ".join(sys.argv),
+                   "seeds": args.seeds, "cpu": args.cpu}
+    start = time.monotonic()
+    budget = args.budget if args.budget is not None else (1e9 if args.cpu else BUDGET_S)
+    runs: dict[str, Any] = {}
+    for name in names:
+        left = budget - (time.monotonic() - start)
+        if left < 60:
+            runs[name] = {"name": name, "exit": "skipped: time budget spent"}
+            continue
+        timeout = MODELS[name].timeout * (10 if args.cpu else 1)  # a CPU compiles slowly
+        runs[name] = launch(name, logs, args.seeds, args.cpu, min(left, timeout))
+        print(f"[{name}] exit={runs[name]['exit']} wall={runs[name]['wall_s']}s", flush=True)
+        summary = {"environment": environment, "runs": runs,
+                   "figures": figures(read_workers(logs, runs))}
+        store_result(args.out, logs, summary)
+    print(json.dumps(figures(read_workers(logs, runs)), indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,51 @@
+"""Teacher-forced replays' pieces (titan_rocm/numerics/replay.py): which inputs can be cut
+into runs of rows, and how a flex-attention mask is cut."""
+
+from __future__ import annotations
+
+import torch
+
+from titan_rocm.numerics.record import BlockRecord
+from titan_rocm.numerics.replay import cut, sliceable
+
+
+def _record(*leaves: object) -> BlockRecord:
+    return BlockRecord("0", torch.nn.Identity(), None, list(leaves),
+                       [i == 0 for i in range(len(leaves))], None, [])
+
+
+def test_which_inputs_can_be_cut_into_runs_of_rows() -> None:
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    hidden = torch.zeros(4, 8, 2)
+    rope = torch.zeros(8, 3)  # no batch dimension: shared by every row
+    positions = torch.zeros(4, 8, dtype=torch.long)
+    assert sliceable(_record(hidden, rope, positions, None, True))
+    cu_seqlens = torch.zeros(4, dtype=torch.int32)  # a folded batch's metadata: the rows'
+    assert not sliceable(_record(hidden, cu_seqlens))
+    assert not sliceable(_record(hidden, object()))
+    causal = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, 8, 8, device="cpu")
+    assert sliceable(_record(hidden, causal))  # broadcast over the rows
+
+
+def test_a_block_mask_is_cut_with_its_rows_own_batch_indices() -> None:
+    """``BlockMask.__getitem__`` leaves a mask function that refuses to run; the cut mask's
+    function sees each row's index in the whole batch, so per-document masks stay right."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    batch, seq = 4, 256
+    documents = torch.randint(0, 3, (batch, seq), generator=torch.Generator().manual_seed(0))
+    documents = documents.sort(dim=1).values
+
+    def same_document(b, h, q, kv):  # noqa: ANN001, ANN202 - flex's mask_mod signature
+        return (documents[b, q] == documents[b, kv]) & (q >= kv)
+
+    mask = create_block_mask(same_document, batch, None, seq, seq, device="cpu")
+    q, k, v = (torch.randn(batch, 2, seq, 16, generator=torch.Generator().manual_seed(i))
+               for i in range(3))
+    whole = flex_attention(q, k, v, block_mask=mask)
+    rows = cut(mask, (batch, seq), 1, 3)
+    assert rows.kv_num_blocks.shape[0] == 2
+    part = flex_attention(q[1:3], k[1:3], v[1:3], block_mask=rows)
+    torch.testing.assert_close(part, whole[1:3])
+    assert cut(mask, (batch, seq), 0, batch) is mask  # the whole batch: the mask itself

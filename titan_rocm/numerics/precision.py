@@ -1,0 +1,153 @@
+"""The two replays' precisions: eager at the job's own, and the high-precision reference.
+
+- **eager**: ``torch.compiler.set_stance("force_eager")`` (every ``torch.compile`` wrapper runs
+  its original Python), the job's parameters and FSDP dtypes as they are, each block under
+  the autocast state it ran under in the job.
+- **reference**: eager too, autocast off, the replayed modules' floating parameters and
+  buffers re-typed in place to the reference dtype (``.data`` swapped, the job's tensors put
+  back untouched: the round trip is exact) or, under FSDP, all-gathered at their sharded
+  float32 (:func:`titan_rocm.numerics.fsdp.raised`), inputs cast up, and the model's own
+  casts to bfloat16/float16 held (:class:`~titan_rocm.numerics.held_precision.HeldPrecision`).
+
+Which reference (``[rocm] numerics_audit_reference``): ``auto`` is float64 for a job that
+computes in float32 (errors of a few float32 ulps need a finer answer), ``tf32`` for a
+bfloat16 job and float32 for a float16 one. ``tf32`` is float32 with the GEMMs on TF32 units
+where the GPU has them (cuBLAS; hipBLASLt's XF32 on MI300X): TF32 keeps 10 mantissa bits,
+8 x finer than bfloat16's 7, so the reference's own error adds about 1/64 to a bfloat16 eager
+error in quadrature, at a fraction of full float32's cost (an H200 runs TF32 GEMMs at about
+7 x its float32 rate); float16 keeps 10 bits itself, so it gets full float32. Under FSDP the
+reference is float32 whatever is asked (its sharded parameters cannot be re-typed in
+place).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from titan_rocm.numerics import fsdp
+from titan_rocm.numerics.held_precision import HeldPrecision
+
+REFERENCES = ("auto", "float64", "float32", "tf32")
+"""The choices of ``[rocm] numerics_audit_reference``."""
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The reference replay's arithmetic."""
+
+    dtype: torch.dtype
+    tf32: bool = False
+
+    @property
+    def name(self) -> str:
+        """``float64``, ``float32`` or ``float32 (TF32 GEMMs)``."""
+        text = str(self.dtype).removeprefix("torch.")
+        return f"{text} (TF32 GEMMs)" if self.tf32 else text
+
+
+def choose_reference(choice: str, job_dtype: torch.dtype, sharded: bool,
+                     device: torch.device) -> tuple[Reference, str | None]:
+    """The reference for ``choice`` (one of :data:`REFERENCES`), and a note when the job's
+    layout or device changed what was asked."""
+    if choice == "auto":
+        choice = ("float64" if job_dtype.itemsize >= 4 else
+                  "tf32" if job_dtype == torch.bfloat16 else "float32")
+    note = None
+    if choice == "float64" and (sharded or device.type == "mps"):
+        why = "FSDP's sharded parameters cannot be re-typed" if sharded else "MPS has no float64"
+        note = f"reference in float32, not float64: {why}"
+        choice = "float32"
+    if choice == "tf32":
+        return Reference(torch.float32, tf32=device.type == "cuda"), note
+    return Reference(torch.float64 if choice == "float64" else torch.float32), note
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool) -> Iterator[None]:
+    """cuBLAS/cuDNN TF32 as asked (on ROCm, hipBLASLt's XF32 where the GPU has it), restored."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+        torch.backends.cudnn.allow_tf32 = cudnn
+
+
+@contextlib.contextmanager
+def retyped(modules: list[nn.Module], dtype: torch.dtype,
+            exclude: list[nn.Module] = ()) -> Iterator[None]:
+    """The floating parameters and buffers of ``modules`` (less those of ``exclude``) in
+    ``dtype`` (complex ones at its complex width), or under FSDP all-gathered at their
+    sharded dtype; exactly as before on exit."""
+    if fsdp.is_fsdp(modules):
+        with fsdp.raised(modules, exclude):
+            yield
+        return
+    skip = {id(t) for m in exclude for t in [*m.parameters(), *m.buffers()]}
+    swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
+    complex_dtype = torch.complex128 if dtype == torch.float64 else torch.complex64
+    try:
+        for module in modules:
+            for t in [*module.parameters(), *module.buffers()]:
+                if id(t) in skip:
+                    continue
+                skip.add(id(t))
+                target = (dtype if t.is_floating_point() else
+                          complex_dtype if t.is_complex() else None)
+                if target is not None and t.dtype != target:
+                    swapped.append((t, t.data))
+                    t.data = t.data.to(target)
+        yield
+    finally:
+        for t, data in reversed(swapped):
+            if isinstance(t, nn.Parameter):
+                t.grad = None
+            t.data = data
+
+
+def cast_input(t: Any, dtype: torch.dtype | None) -> Any:
+    """An input tensor at the reference's width (floating to ``dtype``, complex to its complex
+    width); anything else, and everything when ``dtype`` is None, as it is."""
+    if dtype is None or not isinstance(t, torch.Tensor):
+        return t
+    if t.is_floating_point():
+        return t.to(dtype)
+    if t.is_complex():
+        return t.to(torch.complex128 if dtype == torch.float64 else torch.complex64)
+    return t
+
+
+@contextlib.contextmanager
+def eager() -> Iterator[None]:
+    """Every ``torch.compile`` wrapper runs its original Python."""
+    with torch.compiler.set_stance("force_eager"):
+        yield
+
+
+@contextlib.contextmanager
+def autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) -> Iterator[None]:
+    """Autocast on ``device`` as a block ran under it in the job (or off)."""
+    enabled, dtype = state
+    if device.type not in ("cuda", "cpu"):
+        yield
+        return
+    with torch.autocast(device.type, dtype=dtype, enabled=enabled):
+        yield
+
+
+@contextlib.contextmanager
+def reference_arithmetic(reference: Reference, held: HeldPrecision,
+                         device: torch.device) -> Iterator[None]:
+    """Held down-casts, autocast off, TF32 as the reference asks (forward and backward)."""
+    off = (torch.autocast(device.type, enabled=False) if device.type in ("cuda", "cpu")
+           else contextlib.nullcontext())
+    with held, off, tf32(reference.tf32):
+        yield

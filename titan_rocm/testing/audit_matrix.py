@@ -1,0 +1,107 @@
+"""The audit's detection matrix on one built trainer: clean runs over seeds, and the test
+fault (``titan_rocm.testing.corrupt``) at each fraction, direction and block, switched at run
+time so the model compiles once (the op sits in the forward and the backward graphs; which
+block, direction and fraction it corrupts is read when it runs).
+
+A fault is **named** when the audit flags it and its first-wrong segment in the fault's
+direction is the fault's block; a backward fault must also leave the forward clean (nothing
+of the forward moved). Used by the CPU tests of both TorchTitan generations and by
+``benchmarks/numerics_audit.py`` on a GPU.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from titan_rocm.testing import corrupt
+
+FRACTIONS = (0.005, 0.01, 0.03)
+GRAPHS = ("forward", "backward")
+
+
+def first_middle_last(keys: Sequence[str]) -> list[str]:
+    """The first, a middle and the last block key (fewer when the model has fewer)."""
+    picked = [keys[0], keys[len(keys) // 2], keys[-1]]
+    return list(dict.fromkeys(picked))
+
+
+def fault_specs(blocks: Sequence[str], fractions: Sequence[float] = FRACTIONS,
+                graphs: Sequence[str] = GRAPHS, op: str = "mul",
+                index: int = 0) -> list[corrupt.CorruptSpec]:
+    """Every (block, graph, fraction) fault, block by block."""
+    return [corrupt.CorruptSpec(block=int(b), graph=g, op=op, index=index, fraction=f)
+            for b in blocks for g in graphs for f in fractions]
+
+
+def install(model_parts: list[Any], op: str = "mul", index: int = 0) -> None:
+    """The fault's op in the forward and backward graphs, inactive (before the first
+    compile)."""
+    blocks = [key for part in model_parts for key, _ in part.layers.named_children()]
+    corrupt.install(model_parts, corrupt.CorruptSpec(block=int(blocks[0]), op=op,
+                                                     index=index), graphs=GRAPHS)
+    corrupt.switch(None)
+
+
+def judge(result: dict[str, Any], spec: corrupt.CorruptSpec | None) -> dict[str, Any]:
+    """Whether ``result`` is right for ``spec`` (None: a clean run, which must be ok)."""
+    first = result.get("first_wrong") or {}
+    flagged = result.get("verdict") == "flagged"
+    if spec is None:
+        return {"right": result.get("verdict") == "ok", "flagged": flagged}
+    named = first.get(spec.graph) == spec.key
+    clean_forward = spec.graph == "forward" or first.get("forward") is None
+    return {"right": flagged and named and clean_forward, "flagged": flagged,
+            "named": named, "forward_clean": clean_forward, "first_wrong": first}
+
+
+@dataclass
+class Outcome:
+    """One audit of the matrix."""
+
+    spec: dict[str, Any] | None
+    seed: int | None
+    verdict: str
+    judged: dict[str, Any]
+    hits: dict[str, int]
+    seconds: float
+    result: dict[str, Any] = field(repr=False)
+
+    def to_dict(self, keep_result: bool = False) -> dict[str, Any]:
+        """JSON-ready (the audit's own object only when asked: it is large)."""
+        out = {"spec": self.spec, "seed": self.seed, "verdict": self.verdict,
+               "judged": self.judged, "hits": self.hits, "seconds": round(self.seconds, 3)}
+        if keep_result:
+            out["result"] = self.result
+        return out
+
+
+def run(audit: Callable[[], dict[str, Any]], specs: Sequence[corrupt.CorruptSpec],
+        seeds: Sequence[int], reseed: Callable[[int], None],
+        on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Clean audits for each seed (``reseed(seed)`` first: new weights and batch), then one
+    audit per fault, each judged; ``audit()`` returns the audit's ``to_dict``."""
+    outcomes = []
+
+    def one(spec: corrupt.CorruptSpec | None, seed: int | None) -> None:
+        corrupt.switch(spec)
+        t0 = time.perf_counter()
+        result = audit()
+        hits = dict(corrupt.summary()["hits"])
+        outcome = Outcome(None if spec is None else spec.to_dict(), seed, result["verdict"],
+                          judge(result, spec), hits, time.perf_counter() - t0, result)
+        outcomes.append(outcome)
+        if on_outcome is not None:
+            on_outcome(outcome)
+
+    for seed in seeds:
+        reseed(seed)
+        one(None, seed)
+    if seeds:
+        reseed(seeds[0])
+    for spec in specs:
+        one(spec, None)
+    corrupt.switch(None)
+    return outcomes

@@ -1,0 +1,1 @@
+"""``rocm.numerics_audit``: the block-by-block numerics audit inside training."""

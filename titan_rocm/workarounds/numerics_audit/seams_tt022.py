@@ -1,0 +1,147 @@
+"""TorchTitan 0.2.2's seam of ``rocm.numerics_audit``.
+
+0.2.2 runs its ``Trainer`` as ``__main__`` (``torchtitan/train.py``), so the class cannot be
+patched. ``CheckpointManager.load``, the first thing ``Trainer.train`` calls, hands over the
+trainer (``states["train_state"]``); its ``forward_backward_step`` is then wrapped on the
+instance (``train_step`` calls it through ``self``), so each micro-batch's forward and
+backward runs through :meth:`NumericsAudit.forward_backward` with ``trainer.step`` (which
+``train`` increments before ``train_step``).
+
+:class:`Kit` is 0.2.2's step for the audit: ``forward_backward_step`` itself (the class's,
+never the wrapper), its forward alone (``post_dataloading_process``, ``train_context``,
+``maybe_enable_amp``, the model, ``loss_fn`` over the denominator: the lines of
+``forward_backward_step`` before its ``backward``), and the reference's switch (the trainer's
+autocast off).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from titan_rocm.workarounds.base import TrainerSeam
+
+_WRAPPED = "__titan_rocm_numerics_audit__"
+_audits: list[Any] = []
+_originals: list[tuple[Any, str, Any]] = []
+
+
+class Kit:
+    """TorchTitan 0.2.2's step on one micro-batch, its loss denominator fixed
+    (:class:`~titan_rocm.numerics.audit.StepKit`)."""
+
+    def __init__(self, trainer: Any, denominator: torch.Tensor) -> None:
+        self.trainer = trainer
+        self.denominator = denominator
+
+    def run(self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+        step = type(self.trainer).forward_backward_step
+        return step(self.trainer, input_dict=input_dict, labels=labels,
+                    global_valid_tokens=self.denominator)
+
+    def forward(self, input_dict: dict[str, torch.Tensor],
+                labels: torch.Tensor) -> torch.Tensor:
+        t = self.trainer
+        inputs, labels, extra_inputs, extra_kwargs = t.post_dataloading_process(input_dict,
+                                                                                labels)
+        with t.train_context(), t.maybe_enable_amp:
+            pred = t.model_parts[0](inputs, **extra_inputs, **extra_kwargs)
+            return t.loss_fn(pred, labels) / self.denominator
+
+    @contextlib.contextmanager
+    def reference(self) -> Iterator[None]:
+        saved = self.trainer.maybe_enable_amp
+        self.trainer.maybe_enable_amp = contextlib.nullcontext()
+        try:
+            yield
+        finally:
+            self.trainer.maybe_enable_amp = saved
+
+
+def global_valid_tokens(trainer: Any, labels: torch.Tensor) -> torch.Tensor:
+    """The loss denominator ``Trainer.train_step`` computes (0.2.2) for a step of this one
+    micro-batch: valid labels, summed over the batch mesh when data parallel."""
+    from torchtitan.components.loss import IGNORE_INDEX
+
+    local = (labels != IGNORE_INDEX).sum().to(labels.device)
+    dims = trainer.parallel_dims
+    if getattr(dims, "dp_enabled", False):
+        from torchtitan.distributed import utils as dist_utils
+
+        return dist_utils.dist_sum(local, dims.get_mesh("batch"))
+    return local.float()
+
+
+class Seam:
+    """:class:`~titan_rocm.workarounds.numerics_audit.workaround.AuditSeam` for 0.2.2."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+
+    def install(self, audit: Any) -> TrainerSeam | None:
+        """Patch ``CheckpointManager.load`` once per process; the newest job's audit listens."""
+        from torchtitan.components.checkpoint import CheckpointManager
+
+        _audits[:] = [audit]
+        _patch(CheckpointManager, "load", _wrap_load)
+        return None
+
+    def kit(self, trainer: Any, denominator: Any) -> Kit:
+        return Kit(trainer, denominator)
+
+
+def attach(audit: Any, trainer: Any) -> None:
+    """Hand ``trainer`` to ``audit`` and route its ``forward_backward_step`` through it."""
+    audit.attach(trainer)
+    current = trainer.__dict__.get("forward_backward_step")
+    if current is not None and getattr(current, _WRAPPED, False):
+        return
+    original = trainer.forward_backward_step
+
+    @functools.wraps(original)
+    def forward_backward_step(*, input_dict: Any, labels: Any,
+                              global_valid_tokens: Any) -> Any:
+        def run() -> Any:
+            return original(input_dict=input_dict, labels=labels,
+                            global_valid_tokens=global_valid_tokens)
+
+        return audit.forward_backward(int(getattr(trainer, "step", 0)), run, input_dict,
+                                      labels, global_valid_tokens)
+
+    setattr(forward_backward_step, _WRAPPED, True)
+    trainer.forward_backward_step = forward_backward_step
+
+
+def _patch(owner: Any, attr: str, make: Any) -> None:
+    original = getattr(owner, attr)
+    if getattr(original, _WRAPPED, False):
+        return
+    wrapper = make(original)
+    setattr(wrapper, _WRAPPED, True)
+    _originals.append((owner, attr, original))
+    setattr(owner, attr, wrapper)
+
+
+def _wrap_load(original: Any) -> Any:
+    @functools.wraps(original)
+    def load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        trainer = (getattr(self, "states", None) or {}).get("train_state")
+        if trainer is not None and hasattr(trainer, "forward_backward_step"):
+            for audit in _audits:
+                attach(audit, trainer)
+        return result
+
+    return load
+
+
+def uninstall() -> None:
+    """Restore the wrapped functions (tests)."""
+    _audits.clear()
+    while _originals:
+        owner, attr, original = _originals.pop()
+        setattr(owner, attr, original)

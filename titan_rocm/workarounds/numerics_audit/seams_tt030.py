@@ -1,0 +1,126 @@
+"""TorchTitan 0.3.0's seam of ``rocm.numerics_audit``: the trainer adapter's calls.
+
+``attach`` hands over the trainer; ``before_step`` tells which step runs; each
+``forward_backward_step`` runs through :meth:`AuditTrainerSeam.forward_backward`. On NVIDIA,
+0.3.0 captures ``_forward_backward_body`` as a CUDA graph by default
+(``torchtitan/trainer.py``: ``fwd_bwd_fn = wrap_with_cuda_graph(...)`` unless
+``training.disable_cuda_graphs``), and a replayed graph runs no Python, so no block boundary
+could be recorded: the audited micro-batch runs the body itself (``post_dataloading_process``
+then ``_forward_backward_body``, the same compiled kernels launched one by one), and the
+other micro-batches and steps run as configured.
+
+:class:`Kit` is 0.3.0's step for the audit: ``post_dataloading_process`` then
+``_forward_backward_body`` (``post_dataloading_process`` adds to ``trainer.ntokens_seen``,
+a logged and checkpointed count: the kit puts it back), its forward alone (the body's lines
+before ``loss.backward()``), and no switch for the reference (0.3.0 computes through FSDP's
+mixed precision, not autocast: the reference raises FSDP's dtypes itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from titan_rocm.workarounds.base import TrainerSeam
+
+
+class Kit:
+    """TorchTitan 0.3.0's step on one micro-batch, its loss denominator fixed
+    (:class:`~titan_rocm.numerics.audit.StepKit`)."""
+
+    def __init__(self, trainer: Any, denominator: torch.Tensor) -> None:
+        self.trainer = trainer
+        self.denominator = denominator
+
+    @contextlib.contextmanager
+    def _tokens_kept(self) -> Iterator[None]:
+        seen = self.trainer.ntokens_seen
+        try:
+            yield
+        finally:
+            self.trainer.ntokens_seen = seen
+
+    def run(self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+        t = self.trainer
+        with self._tokens_kept():
+            inputs, labels, extra = t.post_dataloading_process(input_dict, labels)
+        return t._forward_backward_body(inputs, labels, self.denominator, extra)
+
+    def forward(self, input_dict: dict[str, torch.Tensor],
+                labels: torch.Tensor) -> torch.Tensor:
+        t = self.trainer
+        with self._tokens_kept():
+            inputs, labels, extra = t.post_dataloading_process(input_dict, labels)
+        with t.train_context():
+            pred = t.model_parts[0](inputs, **extra)
+            loss_kwargs = {"positions": extra["positions"]} if "positions" in extra else {}
+            loss, _ = t.loss_fn(pred, labels, self.denominator, **loss_kwargs)
+        return loss
+
+    def reference(self) -> contextlib.AbstractContextManager[Any]:
+        return contextlib.nullcontext()
+
+
+def global_valid_tokens(trainer: Any, labels: torch.Tensor) -> torch.Tensor:
+    """The loss denominator TorchTitan 0.3.0's ``Trainer.train_step`` computes for a step of
+    this one micro-batch."""
+    from torchtitan.components.loss import IGNORE_INDEX
+
+    local = (labels != IGNORE_INDEX).sum().to(trainer.device)
+    dims = trainer.parallel_dims
+    if getattr(dims, "dp_enabled", False):
+        from torchtitan.distributed import utils as dist_utils
+
+        return dist_utils.dist_sum_tensor(local, dims.get_mesh("batch"))
+    return local
+
+
+def _graphed(trainer: Any) -> bool:
+    """The trainer replays its forward and backward as a CUDA graph."""
+    body = getattr(type(trainer), "_forward_backward_body", None)
+    return getattr(getattr(trainer, "fwd_bwd_fn", None), "__func__", None) is not body
+
+
+class AuditTrainerSeam(TrainerSeam):
+    """The audit's :class:`~titan_rocm.workarounds.base.TrainerSeam` on TorchTitan 0.3.0."""
+
+    def __init__(self, audit: Any) -> None:
+        self.audit = audit
+        self.step = 0
+
+    def attach(self, trainer: Any) -> None:
+        self.audit.attach(trainer)
+
+    def before_step(self, step: int) -> None:
+        self.step = step
+
+    def forward_backward(self, run: Callable[[], Any], input_dict: Any, labels: Any,
+                         global_valid_tokens: Any) -> Any:
+        trainer = self.audit.trainer
+
+        def live() -> Any:
+            if trainer is None or not _graphed(trainer):
+                return run()
+            inputs, body_labels, extra = trainer.post_dataloading_process(input_dict, labels)
+            return trainer._forward_backward_body(inputs, body_labels, global_valid_tokens,
+                                                  extra)
+
+        return self.audit.forward_backward(self.step, live, input_dict, labels,
+                                           global_valid_tokens)
+
+
+class Seam:
+    """:class:`~titan_rocm.workarounds.numerics_audit.workaround.AuditSeam` for 0.3.0."""
+
+    def __init__(self, ctx: Any) -> None:
+        self.ctx = ctx
+
+    def install(self, audit: Any) -> TrainerSeam | None:
+        """The trainer seam the 0.3.0 adapter calls (nothing of TorchTitan is patched)."""
+        return AuditTrainerSeam(audit)
+
+    def kit(self, trainer: Any, denominator: Any) -> Kit:
+        return Kit(trainer, denominator)

@@ -1,0 +1,162 @@
+"""``rocm.numerics_audit``: the numerics audit inside a real training run (docs/numerics-audit.md).
+
+On an audited step, the step's first micro-batch's own forward and backward are the job pass:
+they run with the block boundaries recorded (:class:`~titan_rocm.numerics.audit.Audit`), and
+as soon as that micro-batch's backward has returned (before later micro-batches, gradient
+clipping and the optimizer step) each block is replayed and compared. The step's gradients
+are the job's own tensors and are given back; every RNG stream and every buffer's value
+(MoE token counts feeding the expert-bias update) are put back; the dataloader is not read
+and the step counter is not touched, so the trajectory is what it would have been without it.
+
+An audit never ends the run by failing: one that would not fit, or fails in any other way,
+is one logged warning and the step goes on. A flagged audit is a warning, or under
+``numerics_audit_policy = "stop"`` a clean stop (:class:`NumericsAuditFlagged`).
+
+Where it listens is the job's seam (``ctx.seam("numerics_audit")``, :class:`AuditSeam`):
+TorchTitan 0.2.2's wraps the trainer's ``forward_backward_step`` on the instance
+(:mod:`.seams_tt022`); 0.3.0's is a :class:`~titan_rocm.workarounds.base.TrainerSeam` the
+trainer adapter calls around each ``forward_backward_step`` (:mod:`.seams_tt030`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+import torch.nn as nn
+
+from titan_rocm.log import log
+from titan_rocm.numerics.audit import Audit, AuditError, StepKit, out_of_memory
+from titan_rocm.numerics.report import format_report
+from titan_rocm.numerics.stats import AuditSettings
+from titan_rocm.workarounds.base import TrainerSeam, Workaround
+
+
+class AuditSeam(Protocol):
+    """What the audit needs of one TorchTitan generation."""
+
+    def install(self, audit: NumericsAudit) -> TrainerSeam | None:
+        """Make the generation hand the built trainer to :meth:`NumericsAudit.attach` and run
+        each ``forward_backward_step`` through :meth:`NumericsAudit.forward_backward`; return
+        the trainer seam an adapter calls, if the generation has one."""
+
+    def kit(self, trainer: Any, denominator: Any) -> StepKit:
+        """The trainer's step on one micro-batch with the loss denominator ``denominator``."""
+
+
+class NumericsAuditFlagged(RuntimeError):
+    """``numerics_audit_policy = "stop"`` and the audit flagged: the run stops."""
+
+
+class NumericsAudit(Workaround):
+    """Audits the compiled step block by block at the steps it is set to."""
+
+    name = "numerics_audit"
+    needs_rocm = False
+    has_seam = True
+    seam: AuditSeam
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.trainer: Any = None
+        self.first_step: int | None = None
+        self.last_step: int | None = None
+        self.auditing = False
+        self.results: list[dict[str, Any]] = []
+        """Every audit's ``to_dict`` (tests, and anyone holding the converter)."""
+
+    def check(self, model: nn.Module) -> str | None:
+        if self.ctx.parallel.pp_enabled:
+            return ("pipeline parallelism is not audited (each stage holds other blocks and "
+                    "its schedule splits the batch)")
+        if self.ctx.parallel.cp_enabled:
+            return ("context parallelism is not audited (a block's replay runs outside the "
+                    "ring attention context)")
+        return None
+
+    def apply(self, model: nn.Module) -> None:
+        self.trainer_seam = self.seam.install(self)
+
+    def plan(self, model: nn.Module) -> dict[str, Any]:
+        s = self.ctx.settings
+        when = ("before the first optimizer step" if s.numerics_audit == "first_step" else
+                f"before the first optimizer step and every {s.numerics_audit_every} steps")
+        return {"when": when, "policy": s.numerics_audit_policy,
+                "reference": s.numerics_audit_reference}
+
+    def attach(self, trainer: Any) -> None:
+        """Keep the trainer whose steps are audited."""
+        self.trainer = trainer
+
+    def due(self, step: int) -> bool:
+        """Whether step ``step`` is audited."""
+        s = self.ctx.settings
+        if self.first_step is None:
+            self.first_step = step
+        if step == self.first_step:
+            return True
+        return s.numerics_audit == "every_n_steps" and step % s.numerics_audit_every == 0
+
+    def forward_backward(self, step: int, run: Callable[[], Any], input_dict: Any,
+                         labels: Any, denominator: Any) -> Any:
+        """One ``forward_backward_step`` of step ``step`` (``run`` runs it): audited when it
+        is the step's first micro-batch and the step is due."""
+        first = step != self.last_step
+        self.last_step = step
+        if self.auditing or self.trainer is None or not first or not self.due(step):
+            return run()
+        self.auditing = True
+        try:
+            return self._audited(step, run, input_dict, labels, denominator)
+        finally:
+            self.auditing = False
+
+    def _audited(self, step: int, run: Callable[[], Any], input_dict: Any, labels: Any,
+                 denominator: Any) -> Any:
+        trainer = self.trainer
+        settings = self.ctx.settings
+        facts = self.ctx.job.audit_facts(trainer.model_parts) if self.ctx.job else None
+        audit = Audit(trainer.model_parts, torch.device(getattr(trainer, "device", "cpu")),
+                      self.seam.kit(trainer, denominator), AuditSettings.of(settings), facts,
+                      reference=settings.numerics_audit_reference)
+        try:
+            audit.prepare()
+        except AuditError as exc:
+            log.warning("titan-rocm numerics audit at step %d skipped: %s", step, exc)
+            return run()
+        with audit.recording():
+            loss = run()
+        try:
+            result = audit.finish(input_dict, labels, loss).to_dict()
+        except Exception as exc:  # noqa: BLE001 - an audit never ends the run: one warning
+            reason = str(exc) if isinstance(exc, AuditError) else (
+                f"{'out of memory' if out_of_memory(exc) else type(exc).__name__}: "
+                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+            log.warning("titan-rocm numerics audit at step %d skipped: %s", step, reason)
+            return loss
+        result["step"] = step
+        self.results.append(result)
+        text = format_report(result, step=step)
+        if result["verdict"] == "ok":
+            log.info("%s", text)
+            return loss
+        log.warning("%s", text)
+        if settings.numerics_audit_policy == "stop":
+            raise NumericsAuditFlagged(
+                f"titan-rocm numerics audit flagged step {step} ({_where(result)}) and "
+                '[rocm] numerics_audit_policy = "stop"')
+        return loss
+
+
+def _where(result: dict[str, Any]) -> str:
+    first = result.get("first_wrong") or {}
+    parts = [f"first wrong in the {d}: {_label(first[d])}" for d in ("forward", "backward")
+             if first.get(d)]
+    return "; ".join(parts) or "the end-to-end loss"
+
+
+def _label(segment: str) -> str:
+    return segment if segment in ("embedding", "head") else f"block {segment}"
