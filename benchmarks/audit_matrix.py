@@ -140,17 +140,31 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool) -> int:
     audit_matrix.install(trainer.model_parts)
     steps: list[dict[str, Any]] = []
     original = trainer.train_step
+    peaks: list[int] = []
+    monitor = getattr(getattr(trainer, "metrics_processor", None), "device_memory_monitor",
+                      None)
+    if cuda and monitor is not None:
+        # TorchTitan resets the peak when it logs a step (inside train_step): keep it first.
+        reset = monitor.reset_peak_stats
+
+        def keep_then_reset(*args: Any, **kwargs: Any) -> Any:
+            peaks.append(torch.cuda.max_memory_allocated(device))
+            return reset(*args, **kwargs)
+
+        monitor.reset_peak_stats = keep_then_reset
 
     def timed(*args: Any, **kwargs: Any) -> Any:
         if cuda:
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
+        peaks.clear()
         t0 = time.perf_counter()
         out = original(*args, **kwargs)
         if cuda:
             torch.cuda.synchronize(device)
-        steps.append({"step": int(trainer.step), "seconds": time.perf_counter() - t0,
-                      "peak_bytes": torch.cuda.max_memory_allocated(device) if cuda else None})
+        seconds = time.perf_counter() - t0
+        peak = max([*peaks, torch.cuda.max_memory_allocated(device)]) if cuda else None
+        steps.append({"step": int(trainer.step), "seconds": seconds, "peak_bytes": peak})
         return out
 
     trainer.train_step = timed

@@ -574,7 +574,8 @@ class Audit:
             ref_grads: dict[str, torch.Tensor | None] = {}
             with precision.retyped([module], reference.dtype), precision.eager():
                 for (lo, hi), eager_run in zip(bounds, eager_runs, strict=True):
-                    with precision.reference_arithmetic(reference, held[0], self.device):
+                    with precision.reference_arithmetic(reference, held[0], self.device,
+                                                        [module]):
                         ref_run = replay_block(record, lo, hi, reference.dtype)
                     self._compare_run(record, lo, hi, eager_run, ref_run, acc, rtol, at,
                                       single_out, single_in)
@@ -645,7 +646,8 @@ class Audit:
                 p.grad = None
             with precision.retyped(self.model_parts, reference.dtype, exclude=blocks_), \
                     precision.eager(), self.kit.reference(), \
-                    precision.reference_arithmetic(reference, held[0], self.device):
+                    precision.reference_arithmetic(reference, held[0], self.device,
+                                                   self.model_parts):
                 ref_loss, ref_stands, ref_grads = one_pass(reference.dtype)
             for e, r in zip(eager_stands, ref_stands, strict=True):
                 lo, hi = e.lo, e.hi
@@ -706,7 +708,8 @@ class Audit:
             per_block = _PerBlockRetype(block_modules, reference.dtype)
             with precision.retyped(self.model_parts, reference.dtype, exclude=block_modules), \
                     precision.eager(), self.kit.reference(), blocks.intercepting(per_block), \
-                    precision.reference_arithmetic(reference, held[0], self.device):
+                    precision.reference_arithmetic(reference, held[0], self.device,
+                                                   self.model_parts):
                 ref = one_pass(reference.dtype)
             return {"eager": eager, "reference": ref}
 

@@ -82,20 +82,31 @@ def _marked_class(base: type) -> type:
     return type(f"{base.__name__}Block", (base,), {"__call__": __call__, MARKED_ATTR: base})
 
 
+class _Chain:
+    """The interceptors of one block call, as ``proceed`` callables (an object, not a
+    closure that names itself: such a closure is a reference cycle that would keep the
+    interceptors, and the recorder's tensors, alive until the garbage collector runs)."""
+
+    __slots__ = ("call", "key", "module", "stack")
+
+    def __init__(self, stack: list[Interceptor], key: str, module: nn.Module,
+                 call: Callable[..., Any]) -> None:
+        self.stack, self.key, self.module, self.call = stack, key, module, call
+
+    def __call__(self, i: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if i == len(self.stack):
+            return self.call(self.module, *args, **kwargs)
+        return self.stack[i].around(self.key, self.module, args, kwargs,
+                                    functools.partial(self, i + 1))
+
+
 def _dispatch(module: nn.Module, call: Callable[..., Any], args: tuple[Any, ...],
               kwargs: dict[str, Any]) -> Any:
     key = _STATE.keys.get(module)
     if key is None or not _STATE.stack or torch.compiler.is_compiling():
         return call(module, *args, **kwargs)
     _STATE.seen += 1
-    stack = list(_STATE.stack)
-
-    def proceed_from(i: int) -> Call:
-        if i == len(stack):
-            return lambda a, k: call(module, *a, **k)
-        return lambda a, k: stack[i].around(key, module, a, k, proceed_from(i + 1))
-
-    return proceed_from(0)(args, kwargs)
+    return _Chain(list(_STATE.stack), key, module, call)(0, args, kwargs)
 
 
 def call_block(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

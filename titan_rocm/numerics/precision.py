@@ -144,10 +144,41 @@ def autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) ->
 
 
 @contextlib.contextmanager
-def reference_arithmetic(reference: Reference, held: HeldPrecision,
-                         device: torch.device) -> Iterator[None]:
-    """Held down-casts, autocast off, TF32 as the reference asks (forward and backward)."""
+def efficient_attention(modules: list[nn.Module]) -> Iterator[None]:
+    """The memory-efficient SDPA kernel first in TorchTitan's attention modules, while the
+    reference runs. TorchTitan's ``ScaledDotProductAttention`` (0.2.2
+    ``torchtitan/models/attention.py``, 0.3.0 ``torchtitan/models/common/attention.py``,
+    both as released) keeps an instance list ``sdpa_backends`` of cuDNN, flash and math and
+    runs under ``sdpa_kernel(self.sdpa_backends, set_priority=True)``: in float32 only math
+    takes the inputs, and math keeps every score of the sequence (a 1.5B llama's block
+    needs 4 GiB more per row of 2048 tokens). The memory-efficient kernel takes float32
+    (float64 still falls to math); eager replays keep the job's own choice."""
+    try:
+        from torch.nn.attention import SDPBackend
+    except ImportError:
+        yield
+        return
+    saved: list[tuple[nn.Module, Any]] = []
+    try:
+        for root in modules:
+            for module in root.modules():
+                backends = module.__dict__.get("sdpa_backends")
+                if isinstance(backends, list) and \
+                        SDPBackend.EFFICIENT_ATTENTION not in backends:
+                    saved.append((module, backends))
+                    module.sdpa_backends = [SDPBackend.EFFICIENT_ATTENTION, *backends]
+        yield
+    finally:
+        for module, backends in reversed(saved):
+            module.sdpa_backends = backends
+
+
+@contextlib.contextmanager
+def reference_arithmetic(reference: Reference, held: HeldPrecision, device: torch.device,
+                         modules: list[nn.Module]) -> Iterator[None]:
+    """Held down-casts, autocast off, TF32 as the reference asks, the memory-efficient
+    attention kernel first in ``modules`` (forward and backward)."""
     off = (torch.autocast(device.type, enabled=False) if device.type in ("cuda", "cpu")
            else contextlib.nullcontext())
-    with held, off, tf32(reference.tf32):
+    with held, off, tf32(reference.tf32), efficient_attention(modules):
         yield

@@ -49,3 +49,20 @@ def test_a_block_mask_is_cut_with_its_rows_own_batch_indices() -> None:
     part = flex_attention(q[1:3], k[1:3], v[1:3], block_mask=rows)
     torch.testing.assert_close(part, whole[1:3])
     assert cut(mask, (batch, seq), 0, batch) is mask  # the whole batch: the mask itself
+
+
+def test_the_reference_puts_the_memory_efficient_attention_kernel_first() -> None:
+    """TorchTitan's attention modules keep ``sdpa_backends`` (cuDNN, flash, math) per
+    instance; in float32 only math takes the inputs, so the reference asks for the
+    memory-efficient kernel first while it runs, and puts the job's list back."""
+    from torch.nn.attention import SDPBackend
+
+    from titan_rocm.numerics.precision import efficient_attention
+
+    attention = torch.nn.Module()
+    job = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    attention.sdpa_backends = job
+    model = torch.nn.Sequential(attention)
+    with efficient_attention([model]):
+        assert attention.sdpa_backends == [SDPBackend.EFFICIENT_ATTENTION, *job]
+    assert attention.sdpa_backends is job
