@@ -564,14 +564,17 @@ class Audit:
             bounds = self._bounds(record, plan)
             eager_runs = []
             restore()
+            t0 = time.perf_counter()
             with precision.eager(), precision.autocast_as(self.device, record.autocast):
                 for lo, hi in bounds:
                     eager_runs.append(replay_block(record, lo, hi, None))
+            self._tick("blocks_eager", t0)
             eager_grads = {n: p.grad for n, p in names}
             for _, p in names:
                 p.grad = None
             restore()
             ref_grads: dict[str, torch.Tensor | None] = {}
+            t0 = time.perf_counter()
             with precision.retyped([module], reference.dtype), precision.eager():
                 for (lo, hi), eager_run in zip(bounds, eager_runs, strict=True):
                     with precision.reference_arithmetic(reference, held[0], self.device,
@@ -580,6 +583,7 @@ class Audit:
                     self._compare_run(record, lo, hi, eager_run, ref_run, acc, rtol, at,
                                       single_out, single_in)
                 ref_grads = {n: p.grad for n, p in names}
+            self._tick("blocks_reference", t0)
             for n, p in names:
                 p.grad = None
                 acc.add(n, record.key, "param_grad", job.get(n), eager_grads[n],
@@ -588,6 +592,12 @@ class Audit:
 
         self._retrying(plan, rows_of(record), f"block {record.key}", attempt)
         restore()
+
+    def _tick(self, what: str, since: float) -> None:
+        """Add the seconds since ``since`` to ``time_s[what]`` (the device's work included)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.times[what] = self.times.get(what, 0.0) + time.perf_counter() - since
 
     def _compare_run(self, record: BlockRecord, lo: int, hi: int, eager_run: Any,
                      ref_run: Any, acc: Accumulator, rtol: float, at: str, single_out: bool,
