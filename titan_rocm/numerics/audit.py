@@ -108,6 +108,9 @@ class AuditResult:
     memory: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     chunks: int = 1
+    """Runs of rows each block's replays took."""
+    outside_chunks: int = 1
+    """Runs of rows the parts outside the blocks took."""
     applied: list[str] = field(default_factory=list)
 
     @property
@@ -155,7 +158,8 @@ class AuditResult:
             "tensors": [t.to_dict() for t in self.tensors],
             "workarounds_applied": self.applied, "time_s": self.time_s,
             "peak_memory_bytes": self.peak_memory_bytes, "memory": self.memory,
-            "chunks": self.chunks, "notes": self.notes,
+            "chunks": self.chunks, "outside_chunks": self.outside_chunks,
+            "notes": self.notes,
         }
 
 
@@ -166,7 +170,8 @@ def error_dict(message: str, world_size: int = 1) -> dict[str, Any]:
         "error": message, "world_size": world_size, "tokens": 0, "job_dtype": None,
         "reference": None, "settings": {}, "first_wrong": {"forward": None, "backward": None},
         "loss": None, "segments": [], "tensors": [], "workarounds_applied": [], "time_s": {},
-        "peak_memory_bytes": None, "memory": {}, "chunks": 0, "notes": [],
+        "peak_memory_bytes": None, "memory": {}, "chunks": 0, "outside_chunks": 0,
+        "notes": [],
     }
 
 
@@ -320,8 +325,9 @@ class _Plan:
     chunks: int
     estimate: int | None = None
     free: int | None = None
-    per_row: float | None = None
-    """Measured peak bytes of a replay per row (after the first block)."""
+    outside: int = 1
+    """Runs of rows of the parts outside the blocks (their logits, over a vocabulary of
+    100k and more, outweigh a block)."""
 
 
 class Audit:
@@ -433,8 +439,9 @@ class Audit:
         self.times["statistics"] = time.perf_counter() - t0
         self.times["total"] = time.perf_counter() - started + self.times.get("job", 0.0)
         notes = [*self.facts.notes, *self.notes, *held[0].notes(reference.dtype)]
-        if plan.chunks > 1:
-            notes.append(f"to fit in memory, the replays ran in {plan.chunks} runs of rows")
+        if plan.chunks > 1 or plan.outside > 1:
+            notes.append(f"to fit in memory, the blocks' replays ran in {plan.chunks} run(s) "
+                         f"of rows and the rest in {plan.outside}")
         tokens = int(_all_reduce_sum([float(labels.numel())], self.device)[0])
         peak = (torch.cuda.max_memory_allocated(self.device)
                 if self.device.type == "cuda" else None)
@@ -448,7 +455,8 @@ class Audit:
             time_s=self.times, peak_memory_bytes=peak,
             memory={"estimate_bytes": plan.estimate, "free_bytes": plan.free,
                     "records_bytes": self.recorder.held_bytes() if self.recorder else 0},
-            notes=notes, chunks=plan.chunks, applied=list(self.facts.applied))
+            notes=notes, chunks=plan.chunks, outside_chunks=plan.outside,
+            applied=list(self.facts.applied))
 
     # -- pieces ------------------------------------------------------------------------
 
@@ -488,7 +496,7 @@ class Audit:
         """Into how many runs of rows the replays split the micro-batch: given, or estimated
         before anything is allocated from the first block's saved activations (logged)."""
         if self.chunks is not None:
-            return _Plan(self.chunks)
+            return _Plan(self.chunks, outside=self.chunks)
         free = free_bytes(self.device)
         first = next(iter(records.values()))
         if free is None or first.saved_bytes is None:
@@ -505,9 +513,29 @@ class Audit:
                 f"the replays would need about {need / 2**30:.1f} GiB on {self.device} for "
                 f"one row of one block, and {free / 2**30:.1f} GiB are free: audit fewer "
                 "tokens (--tokens N) or on more GPUs")
-        log.info("numerics audit: a block's replays are estimated at %.1f GiB (%.1f GiB "
-                 "free): %d run(s) of rows", (estimate + fixed) / 2**30, free / 2**30, chunks)
-        return _Plan(chunks, estimate + fixed, free)
+        head = self._head_bytes(params, rows, reference)
+        outside = _all_reduce_max(min(rows, max(chunks, math.ceil(
+            head / max(estimate + fixed, 2**30)))), self.device)
+        log.info("numerics audit: a block's replays are estimated at %.1f GiB, the head's "
+                 "at %.1f GiB (%.1f GiB free): %d run(s) of rows for the blocks, %d for the "
+                 "rest", (estimate + fixed) / 2**30, head / 2**30, free / 2**30, chunks,
+                 outside)
+        return _Plan(chunks, estimate + fixed, free, outside)
+
+    def _head_bytes(self, params: list[nn.Parameter], rows: int,
+                    reference: precision.Reference) -> int:
+        """The head's replay: its logits over the vocabulary (the widest two-dimensional
+        parameter outside the blocks: the output projection or the embedding), at least
+        float32 (the loss casts them), about four times over (logits, their log-softmax,
+        and both gradients)."""
+        inside = {id(p) for r in (self.recorder.records.values() if self.recorder else [])
+                  for p in r.module.parameters()}
+        vocab = max((int(p.shape[0]) for p in params if id(p) not in inside
+                     and p.dim() == 2), default=0)
+        first = next(iter(self.recorder.records.values())) if self.recorder else None
+        hidden = first.hidden() if first is not None else None
+        seq = int(hidden.shape[1]) if hidden is not None and hidden.dim() >= 2 else 1
+        return 4 * rows * seq * vocab * max(4, reference.dtype.itemsize)
 
     def _estimate(self, record: BlockRecord, reference: precision.Reference, rows: int) -> int:
         width = max(1, self._compute_dtype({record.key: record}).itemsize)
@@ -531,9 +559,11 @@ class Audit:
                              "fewer tokens (--tokens N) or on more GPUs")
         return row_bounds(rows, plan.chunks)
 
-    def _retrying(self, plan: _Plan, rows: int, what: str, run: Callable[[], Any]) -> Any:
+    def _retrying(self, plan: _Plan, rows: int, what: str, run: Callable[[], Any],
+                  field: str = "chunks") -> Any:
         """``run``; in one process, again in twice as many runs of rows after running out of
-        memory (down to one row per run). Ranks cannot retry alone: they fail."""
+        memory (down to one row per run; ``field`` is the plan's count it doubles). Ranks
+        cannot retry alone: they fail."""
         while True:
             try:
                 return run()
@@ -543,13 +573,14 @@ class Audit:
                 first = first_line(exc)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            if _world() > 1 or self.chunks is not None or plan.chunks >= rows:
+            runs = getattr(plan, field)
+            if _world() > 1 or self.chunks is not None or runs >= rows:
                 raise AuditError(f"the {what} replay ran out of memory on {self.device} in "
-                                 f"{plan.chunks} run(s) of rows ({_allocation(first)}): audit "
+                                 f"{runs} run(s) of rows ({_allocation(first)}): audit "
                                  "fewer tokens (--tokens N) or on more GPUs") from None
-            plan.chunks = min(rows, plan.chunks * 2)
+            setattr(plan, field, min(rows, runs * 2))
             log.info("numerics audit: the %s replay did not fit (%s); again in %d runs of "
-                     "rows", what, _allocation(first), plan.chunks)
+                     "rows", what, _allocation(first), getattr(plan, field))
 
     def _block(self, record: BlockRecord, job: dict[str, torch.Tensor | None],
                acc: Accumulator, reference: precision.Reference, held: list[HeldPrecision],
@@ -638,7 +669,7 @@ class Audit:
                                                          dict[str, Any]]:
             restore()
             total, stands = 0.0, []
-            for lo, hi in row_bounds(rows, plan.chunks if all(
+            for lo, hi in row_bounds(rows, plan.outside if all(
                     sliceable(r) for r in records.values()) else 1):
                 stand = StandIn(records, lo, hi, dtype)
                 batch = cut_batch(input_dict, labels, lambda t, lo=lo, hi=hi: t[lo:hi])
@@ -676,7 +707,7 @@ class Audit:
                         ref_grads[n], rtol)
             return eager_loss, ref_loss
 
-        result = self._retrying(plan, rows, "outside-the-blocks", attempt)
+        result = self._retrying(plan, rows, "outside-the-blocks", attempt, "outside")
         restore()
         return result
 
@@ -705,7 +736,7 @@ class Audit:
         def one_pass(dtype: torch.dtype | None) -> float:
             restore()
             total = 0.0
-            for lo, hi in row_bounds(rows, plan.chunks if all(
+            for lo, hi in row_bounds(rows, plan.outside if all(
                     sliceable(r) for r in records.values()) else 1):
                 batch = cut_batch(input_dict, labels, lambda t, lo=lo, hi=hi: t[lo:hi])
                 with torch.no_grad():
@@ -723,7 +754,7 @@ class Audit:
                 ref = one_pass(reference.dtype)
             return {"eager": eager, "reference": ref}
 
-        result = self._retrying(plan, rows, "end-to-end", attempt)
+        result = self._retrying(plan, rows, "end-to-end", attempt, "outside")
         restore()
         return result
 
