@@ -99,7 +99,7 @@ class CheckResult:
             return [f"{self.path}: error: {self.error}"]
         v = self.verdict
         if v.status == FLAGGED:
-            return [f"{self.path}: NUMERICS AUDIT FLAGGED at step {v.step}: {v.reason}"]
+            return [f"{self.path}: NUMERICS AUDIT FLAGGED: {v.reason}"]
         if v.status == OK:
             out = [f"{self.path}: ok: {v.reason[:-1]} ({self.log.format})."]
             if v.note:
