@@ -10,6 +10,10 @@ that refuses an input too large to read bounded says so (``refused``) and stays 
 - ``check-log``: a TorchTitan log of metric lines (every line a distinct step: the worst case;
   memory grows with the distinct steps logged, about 70 bytes each, not with the lines);
 - ``check-log`` on a log whose metric lines repeat 1,000 steps (several ranks, restarts);
+- ``compare`` of two such logs (a baseline and a run), both kinds: it reads each log lean,
+  keeping per rank one entry per distinct step in arrays (8 to 25 bytes a step) and counts of
+  the distinct throughput values, so memory does not grow with the metric lines; with every
+  line a distinct step it grows with the steps (its text report prints the same figures);
 - ``scan``: an AMDGCN file (the committed corpus kernel repeated: memory is about 3 times the
   file, read whole and parsed), and one past the 64 MiB the scanner reads (refused, named as
   not scanned, never read);
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,6 +44,7 @@ _CHILD = """
 import resource, sys
 sys.path.insert(0, {repo!r})
 kind, path = sys.argv[1], sys.argv[2]
+more = sys.argv[3:]  # compare: the run's log beside the baseline's
 if kind == "toml":
     from titan_rocm.adapters.tt022.job_args import JobArgsError, load_toml
     try:
@@ -50,7 +56,7 @@ else:
     from titan_rocm.cli import main
     import io, contextlib
     with contextlib.redirect_stdout(io.StringIO()):
-        code = main([kind, path])
+        code = main([kind, path, *more])
 print(code, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
 """
 
@@ -71,9 +77,9 @@ def _write_repeated(path: Path, size: int, chunk: Callable[[int], bytes]) -> Non
 
 def make_input(kind: str, path: Path, size: int) -> None:
     """Write the input of ``kind`` at about ``size`` bytes to ``path``."""
-    if kind == "check-log distinct steps":
+    if kind.endswith("distinct steps"):
         _write_repeated(path, size, lambda i: _metric_line(i + 1))
-    elif kind == "check-log 1,000 steps":
+    elif kind.endswith("1,000 steps"):
         _write_repeated(path, size, lambda i: _metric_line(i % 1000 + 1))
     elif kind.startswith("scan"):
         text = CORPUS.read_bytes()
@@ -109,10 +115,21 @@ class Row:
 
 
 def peak(kind: str, path: Path) -> tuple[int, float]:
-    """(exit code, peak RSS in MiB) of one reader on ``path``, in a fresh process."""
+    """(exit code, peak RSS in MiB) of one reader on ``path`` (compare: on ``path`` and its
+    copy, a second run), in a fresh process."""
     cli = {"plan TOML": "toml"}.get(kind.split(" (")[0], kind.split()[0])
-    done = subprocess.run([sys.executable, "-c", _CHILD.format(repo=str(REPO)), cli, str(path)],
-                          capture_output=True, text=True, check=False)
+    more = []
+    if cli == "compare":
+        run = path.with_name(path.name + "-run")
+        shutil.copyfile(path, run)
+        more = [str(run)]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _CHILD.format(repo=str(REPO)), cli, str(path), *more],
+            capture_output=True, text=True, check=False)
+    finally:
+        for extra in more:
+            Path(extra).unlink()
     code, rss_kib = done.stderr.strip().splitlines()[-1].split()
     return int(code), int(rss_kib) / 1024
 
@@ -120,6 +137,8 @@ def peak(kind: str, path: Path) -> tuple[int, float]:
 CASES: tuple[tuple[str, int, int], ...] = (
     ("check-log distinct steps", 2 << 20, 80 << 20),
     ("check-log 1,000 steps", 2 << 20, 80 << 20),
+    ("compare 1,000 steps", 2 << 20, 80 << 20),
+    ("compare distinct steps", 2 << 20, 80 << 20),
     ("scan", 2 << 20, 60 << 20),
     ("scan (past 64 MiB: refused)", 2 << 20, 1 << 30),
     ("plan TOML", 1 << 20, 12 << 20),

@@ -27,8 +27,9 @@ MoEEagerScope = Literal["block", "moe"]
 or only its MoE module (attention and norms then compile; docs/moe-eager-compile.md)."""
 MoECombine = Literal["fp32", "bf16"]
 """How the MoE modules ``rocm.moe_eager_compile`` keeps eager (TorchTitan 0.2.2) combine their
-experts' outputs: TorchTitan's bmm over an FP32 copy, or AMD-AGI/Primus PR #962's weighted sum
-over the BF16 outputs (no FP32 copy kept for the backward; docs/moe-eager-compile.md)."""
+experts' outputs: TorchTitan's bmm over an FP32 copy, or the weighted sum of AMD-AGI/Primus PR
+#962 (merged) over the BF16 outputs (no FP32 copy kept for the backward;
+docs/moe-eager-compile.md)."""
 GroupedMMPrecision = Literal["auto", "bf16", "fp8"]
 """The precision of the ``primus_turbo`` grouped-MM backend (docs/grouped-mm.md)."""
 DocumentMasks = Literal["keep", "drop"]
@@ -59,9 +60,10 @@ class RocmSettings:
     """Compile dense TransformerBlocks whole (fullgraph); leave MoE blocks eager."""
     moe_eager_scope: MoEEagerScope = "block"
     """What stays eager in each MoE block: the whole block (``block``, the fix AMD-AGI/Primus
-    PR #962 validated on MI300X); or only its MoE module (router, token permutation, experts,
-    shared experts), with attention and norms compiled fullgraph (``moe``: faster on an H200,
-    unvalidated on ROCm, where Primus found compiling the outer MoE block still NaNs)."""
+    PR #962, merged, validated on MI300X); or only its MoE module (router, token permutation,
+    experts, shared experts), with attention and norms compiled fullgraph (``moe``: faster on
+    an H200, unvalidated on ROCm, where Primus found compiling the outer MoE block still
+    NaNs)."""
     moe_combine: MoECombine = "fp32"
     """How eager MoE modules combine their experts' outputs: ``fp32`` (TorchTitan's bmm over
     an FP32 copy) or ``bf16`` (Primus's weighted sum, no FP32 copy; TorchTitan 0.2.2 only)."""

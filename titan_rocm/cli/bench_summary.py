@@ -43,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     logs, unreadable = [], []
     for path in args.logs:
         try:
-            logs.append(parse_file(path, args.format))
+            # Lean: memory grows with the distinct steps and figure values, not the lines.
+            logs.append(parse_file(path, args.format, lean=True, warmup=args.warmup))
         except UnreadableLog as exc:
             unreadable.append(exc)
     summary = summarize(logs, args.warmup, unreadable)

@@ -13,8 +13,10 @@ HELP = (
     "be finite, and say whether the run finished. Exit 0: at least one training step, all "
     "finite (a log that ends in a crash after finite steps is reported as incomplete, still "
     "0); 1: a non-finite value or the divergence guard's stop message; 2: nothing to check "
-    "(unreadable or not a regular file, no metric line, or no training step); 3 with "
-    "--require-complete: every value finite, but a run did not finish."
+    "(unreadable or not a regular file, no metric line, no training step, or the middle of "
+    "a line over 1 MiB not read); 3 with --require-complete: every value finite, but a run "
+    "did not finish; 4: every value finite, but the in-training numerics audit flagged a "
+    "step."
 )
 
 

@@ -1,7 +1,7 @@
 """Is every logged loss and grad norm of a training log finite? (``titan-rocm check-log``).
 
-Exit codes (per file; several files: 1 if any diverged, else 2 if any gave 2, else 3 if any
-gave 3, else 0):
+Exit codes (per file; several files: 1 if any diverged, else 4 if any was flagged, else 2 if
+any gave 2, else 3 if any gave 3, else 0):
 
 ====  =====================================================================================
 0     at least one training step, every loss and grad norm finite (``ok``); also a run that
@@ -10,9 +10,13 @@ gave 3, else 0):
 1     a non-finite value, or the divergence guard's stop message (``diverged``)
 2     nothing to check: unreadable or not a regular file, no metric line (``empty``), or
       no training step (a start-up crash, only validation lines), or bytes of it not read
-      (a line longer than 1 MiB without a line end): an unchecked log is not a pass
+      (the middle of a line longer than 1 MiB without a line end): an unchecked log is not
+      a pass
 3     only with ``--require-complete``: ``incomplete`` after finite steps (the run crashed;
       a CI step that must see the run finish reads this code)
+4     ``flagged``: every value finite, but the in-training numerics audit flagged a step
+      (its report or the stop policy's exception is in the log): the compiled gradients
+      were wrong there
 ====  =====================================================================================
 """
 
@@ -23,13 +27,23 @@ from pathlib import Path
 from typing import Any
 
 from titan_rocm.logs.parse import ParsedLog, Record, UnreadableLog, parse_file
-from titan_rocm.logs.verdict import DIVERGED, INCOMPLETE, OK, Verdict, first_bad, verdict_of
+from titan_rocm.logs.verdict import (
+    DIVERGED,
+    FLAGGED,
+    INCOMPLETE,
+    OK,
+    Verdict,
+    first_bad,
+    verdict_of,
+)
 
 EXIT_OK = 0
 EXIT_NONFINITE = 1
 EXIT_ERROR = 2
 EXIT_INCOMPLETE = 3
 """``--require-complete``: every value finite, but the log ends in a crash."""
+EXIT_FLAGGED = 4
+"""Every value finite, but the in-training numerics audit flagged a step."""
 
 
 def first_bad_per_rank(records: list[Record]) -> dict[int | None, Record]:
@@ -45,6 +59,8 @@ def exit_code_of(verdict: Verdict) -> int:
     """check-log's exit code for a verdict (see the module docstring)."""
     if verdict.status == DIVERGED:
         return EXIT_NONFINITE
+    if verdict.status == FLAGGED:
+        return EXIT_FLAGGED
     if verdict.unread_bytes:
         return EXIT_ERROR
     if verdict.status == OK or (verdict.status == INCOMPLETE and verdict.train_steps):
@@ -66,8 +82,9 @@ class CheckResult:
 
     @property
     def status(self) -> str:
-        """``ok``, ``nonfinite`` or ``error``: what the exit code means."""
-        return {EXIT_OK: "ok", EXIT_NONFINITE: "nonfinite"}.get(self.exit_code, "error")
+        """``ok``, ``nonfinite``, ``flagged`` or ``error``: what the exit code means."""
+        return {EXIT_OK: "ok", EXIT_NONFINITE: "nonfinite", EXIT_FLAGGED: "flagged"}.get(
+            self.exit_code, "error")
 
     def _found(self) -> str:
         assert self.log is not None and self.verdict is not None
@@ -81,6 +98,8 @@ class CheckResult:
         if self.log is None or self.verdict is None:
             return [f"{self.path}: error: {self.error}"]
         v = self.verdict
+        if v.status == FLAGGED:
+            return [f"{self.path}: NUMERICS AUDIT FLAGGED: {v.reason}"]
         if v.status == OK:
             out = [f"{self.path}: ok: {v.reason[:-1]} ({self.log.format})."]
             if v.note:
@@ -92,6 +111,9 @@ class CheckResult:
                 out.append(
                     f"  Every loss and grad norm logged before it is finite; {self._found()}."
                 )
+            elif v.train_steps:
+                out.append(f"  Every loss and grad norm read is finite; {self._found()}; "
+                           "the bytes not read leave the log unchecked, so it does not pass.")
             else:
                 out.append("  No training step to check, so this log does not pass.")
             return out
@@ -160,11 +182,14 @@ def check_file(path: str | Path, fmt: str = "auto") -> CheckResult:
 
 
 def combined_exit_code(results: list[CheckResult], require_complete: bool = False) -> int:
-    """1 if any log diverged (a definite finding), else 2 if any was not checked, else (with
-    ``require_complete``) 3 if any run did not finish, else 0."""
+    """1 if any log diverged (a definite finding), else 4 if any audit flagged (another),
+    else 2 if any was not checked, else (with ``require_complete``) 3 if any run did not
+    finish, else 0."""
     codes = {r.exit_code for r in results}
     if EXIT_NONFINITE in codes:
         return EXIT_NONFINITE
+    if EXIT_FLAGGED in codes:
+        return EXIT_FLAGGED
     if EXIT_ERROR in codes or not results:
         return EXIT_ERROR
     if require_complete and any(r.verdict is not None and r.verdict.status == INCOMPLETE

@@ -29,19 +29,27 @@ than a few repeats can bound, while the loss is what "the same run" means.
 tokens/s uses TFLOP/s, then iteration time (inverted, so above 1 is faster).
 
 Exit codes: 0 every run within noise (or, without repeats, every run valid); 1 a run differs
-from the baseline, or a run (baseline, other or repeat) diverged or did not finish; 2 bad input.
+from the baseline, or a run (baseline, other or repeat) diverged, was flagged by its numerics
+audit or did not finish; 2 bad input.
+
+Memory: each log is read lean (:mod:`titan_rocm.logs.tables`): per rank one entry per
+distinct step, in arrays, and counts of distinct throughput values; curves, differences and
+bands are arrays too (:class:`~titan_rocm.logs.tables.StepValues`), so memory grows with the
+distinct steps, not with the metric lines (``benchmarks/reader_memory.py``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from array import array
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from titan_rocm.logs.parse import ParsedLog, parse_file
 from titan_rocm.logs.summary import DEFAULT_WARMUP, Summary, summarize
+from titan_rocm.logs.tables import StepValues
 from titan_rocm.logs.verdict import EMPTY, OK, Verdict
 from titan_rocm.numbers import Bounds
 
@@ -71,10 +79,10 @@ class CompareError(Exception):
 class Series:
     """One run's training curve on one rank: step -> value, as logged (non-finite kept)."""
 
-    loss: dict[int, float]
-    grad_norm: dict[int, float]
+    loss: Mapping[int, float]
+    grad_norm: Mapping[int, float]
 
-    def values(self, metric: str) -> dict[int, float]:
+    def values(self, metric: str) -> Mapping[int, float]:
         """``loss`` or ``grad_norm``."""
         return self.loss if metric == "loss" else self.grad_norm
 
@@ -86,23 +94,16 @@ class Series:
 
 def series_of(log: ParsedLog, rank: int | None) -> Series:
     """The training curve of ``rank`` (None: lines without a rank prefix); the first line of
-    a step wins where a rank logged it twice."""
-    loss: dict[int, float] = {}
-    grad_norm: dict[int, float] = {}
-    for r in log.records:
-        if r.kind != "train" or r.rank != rank:
-            continue
-        if r.loss is not None:
-            loss.setdefault(r.step, r.loss)
-        if r.grad_norm is not None:
-            grad_norm.setdefault(r.step, r.grad_norm)
-    return Series(loss, grad_norm)
+    a step wins where a rank logged it twice (each of loss and grad norm)."""
+    curve = log.curves.get(rank)
+    if curve is None:
+        return Series(StepValues(), StepValues())
+    return Series(*curve.series())
 
 
 def train_ranks(log: ParsedLog) -> list[int | None]:
     """The ranks with training-step lines, untagged (None) first."""
-    ranks = {r.rank for r in log.records if r.kind == "train"}
-    return sorted(ranks, key=lambda r: -1 if r is None else r)
+    return sorted(log.curves, key=lambda r: -1 if r is None else r)
 
 
 @dataclass
@@ -145,7 +146,7 @@ def load_run(path: str | Path, label: str, fmt: str = "auto",
         UnreadableLog: the file cannot be read.
         CompareError: the log holds no metric line (nothing to compare).
     """
-    log = parse_file(path, fmt)
+    log = parse_file(path, fmt, lean=True, warmup=warmup)
     summary = summarize([log], warmup)
     verdict = summary.verdict  # always set for a log that was read
     assert verdict is not None
@@ -154,15 +155,35 @@ def load_run(path: str | Path, label: str, fmt: str = "auto",
     return Run(label, str(path), log, verdict, summary)
 
 
-def relative(base: dict[int, float], other: dict[int, float]) -> dict[int, float]:
+def _common(base: StepValues, other: StepValues) -> tuple[array, array, array]:
+    """The steps both have, ascending, with each one's value there (a merge of the two
+    sorted step arrays)."""
+    steps, mine, theirs = array("q"), array("d"), array("d")
+    a, b = base.steps, other.steps
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i] < b[j]:
+            i += 1
+        elif a[i] > b[j]:
+            j += 1
+        else:
+            steps.append(a[i])
+            mine.append(base.values[i])
+            theirs.append(other.values[j])
+            i += 1
+            j += 1
+    return steps, mine, theirs
+
+
+def relative(base: Mapping[int, float], other: Mapping[int, float]) -> StepValues:
     """``(other - base) / |base|`` at the steps both have finite (base non-zero); a
     difference too large for a float (loss 1e308 against -1e308, a base of 1e-300) is held at
     :data:`CEILING`, so it is outside every band and still a finite JSON number."""
-    out = {}
-    for step in sorted(base.keys() & other.keys()):
-        b, o = base[step], other[step]
+    out = StepValues()
+    for step, b, o in zip(*_common(StepValues.of(base), StepValues.of(other)), strict=True):
         if math.isfinite(b) and math.isfinite(o) and b != 0:
-            out[step] = _finite((o - b) / abs(b))
+            out.steps.append(step)
+            out.values.append(_finite((o - b) / abs(b)))
     return out
 
 
@@ -176,18 +197,22 @@ def _finite(value: float) -> float:
 
 
 def noise_band(
-    base: dict[int, float], repeats: Sequence[dict[int, float]], tolerance: float
-) -> dict[int, float]:
+    base: Mapping[int, float], repeats: Sequence[Mapping[int, float]], tolerance: float
+) -> StepValues:
     """At each baseline step, the largest ``|relative difference|`` of any repeat at that
     step or before, at least ``tolerance`` (see the module docstring for why)."""
+    base = StepValues.of(base)
     diffs = [relative(base, rep) for rep in repeats]
-    band: dict[int, float] = {}
+    at = [0] * len(diffs)  # each difference's next step (its steps are the baseline's)
+    band = StepValues()
     widest = tolerance
-    for step in sorted(base):
-        for d in diffs:
-            if step in d:
-                widest = max(widest, abs(d[step]))
-        band[step] = widest
+    for step in base.steps:
+        for k, d in enumerate(diffs):
+            if at[k] < len(d.steps) and d.steps[at[k]] == step:
+                widest = max(widest, abs(d.values[at[k]]))
+                at[k] += 1
+        band.steps.append(step)
+        band.values.append(widest)
     return band
 
 
@@ -196,9 +221,9 @@ class MetricDiff:
     """How one metric of a run differs from the baseline's on one rank."""
 
     metric: str
-    rel: dict[int, float]
-    """Relative difference per common finite step."""
-    band: dict[int, float] | None
+    rel: Mapping[int, float]
+    """Relative difference per common finite step, ascending."""
+    band: Mapping[int, float] | None
     """Noise band per baseline step (None: no repeats; the tolerance alone then)."""
     tolerance: float
 
@@ -250,7 +275,8 @@ class RankComparison:
 
     rank: int | None
     base_rank: int | None
-    steps_in_common: tuple[int, ...]
+    steps_in_common: Sequence[int]
+    """Ascending."""
     diffs: dict[str, MetricDiff]
 
     @property
@@ -374,7 +400,7 @@ class Comparison:
     warmup: int
     plot_rank: int | None = None
     """The rank the picture shows (the first compared)."""
-    bands: dict[str, dict[int, float]] = field(default_factory=dict)
+    bands: dict[str, Mapping[int, float]] = field(default_factory=dict)
     """The noise band of each metric on :attr:`plot_rank`."""
 
     @property
@@ -439,9 +465,9 @@ def compare(
     """
     tolerance = TOLERANCE.parse(tolerance_pct, "--tolerance") / 100
     usable = [r for r in repeats if r.valid]
-    band_cache: dict[tuple[int | None, str], dict[int, float] | None] = {}
+    band_cache: dict[tuple[int | None, str], StepValues | None] = {}
 
-    def band(rank: int | None, metric: str) -> dict[int, float] | None:
+    def band(rank: int | None, metric: str) -> StepValues | None:
         if not usable:
             return None
         key = (rank, metric)
@@ -461,7 +487,7 @@ def compare(
                               band(base_rank, m), tolerance)
                 for m in METRICS
             }
-            steps = tuple(sorted(mine.loss.keys() & theirs.loss.keys()))
+            steps = _common(StepValues.of(mine.loss), StepValues.of(theirs.loss))[0]
             ranks.append(RankComparison(rank, base_rank, steps, diffs))
         results.append(RunComparison(run, ranks, throughput(run, baseline), bool(usable)))
     plot_rank = next((rc.ranks[0].base_rank for rc in results if rc.ranks), None)

@@ -1,12 +1,17 @@
 """Find training-metric lines of TorchTitan and Megatron-LM inside real, messy logs.
 
-TorchTitan 0.2.2 (``MetricsProcessor.log``) prints, on log steps only::
+TorchTitan 0.2.2 and 0.3.0 (``MetricsProcessor.log`` in ``torchtitan/components/metrics.py``:
+0.2.2 lines 461-470, 0.3.0 lines 523-532) print, on log steps only::
 
     step: 12  loss:  7.12345  grad_norm:  1.2345  memory: 12.34GiB(8.80%)  tps: 1,234
     tflops: 56.78  mfu: 5.74%
 
-(one line, coloured with ANSI codes unless ``[metrics] disable_color_printing``) and, for
-validation, ``validate step: 10  loss:  7.1234  memory: ...  tps: ...``.
+(one line, coloured with ANSI codes unless ``[metrics] disable_color_printing``; 0.3.0 prints
+``mfu: N/A`` where the peak FLOPs are unknown) and, for validation (``log_validation``: 0.2.2
+lines 504-510, 0.3.0 lines 566-572), ``validate step: 10  loss:  7.1234  memory: ...  tps:
+...``. A loss is read only where that line has it: right after ``step: N``. Any other line
+that names a loss (a numerics audit report's ``loss: job 8.09  eager 8.09 ...``, a user's
+print) is not a metric line and is never read as one (see :func:`_anchored`).
 
 Megatron-LM (``training_log``) prints one ``|``-separated line per log interval::
 
@@ -46,6 +51,7 @@ from typing import Any
 from titan_rocm.files import NotRegularFileError, open_regular
 from titan_rocm.guard_message import NUMBER, fmt_value
 from titan_rocm.guard_message import PATTERN as GUARD_PATTERN
+from titan_rocm.logs.tables import Curve, Figures
 
 FORMATS: tuple[str, ...] = ("auto", "torchtitan", "megatron")
 TORCHTITAN = "torchtitan"
@@ -54,11 +60,15 @@ GUARD_FORMAT = "titan-rocm"
 FORMAT_NAMES: dict[str, str] = {TORCHTITAN: "TorchTitan", MEGATRON: "Megatron-LM"}
 
 MAX_LINE_BYTES = 1 << 20
-"""A physical line longer than this is cut to its first MAX_LINE_BYTES bytes (a metric line is
-a few hundred bytes; a log with no newline at all must not be read into memory whole). Lines
+"""A physical line longer than this is cut: its first MAX_LINE_BYTES bytes and its last
+:data:`TAIL_BYTES` (where a metric line glued to the end of other output would be) are read,
+the bytes between them skipped, and reading goes on after the line's end (a metric line is a
+few hundred bytes; a log with no newline at all must not be read into memory whole). Lines
 end at ``\n`` and at a lone ``\r`` (progress bars redraw with it), and NUL bytes (the head
 ``copytruncate`` leaves) are dropped, so neither makes a line long; the bytes a cut skips
 are counted (:attr:`ParsedLog.skipped_bytes`) and a log with any is never ``ok``."""
+TAIL_BYTES = 1 << 16
+"""How much of the end of a cut line is read."""
 
 # ANSI escape sequences: CSI (colours, cursor moves) and the two-character forms.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -77,8 +87,12 @@ _NUM_GROUPED = (
 )
 
 _TT_STEP = re.compile(r"(?P<validate>validate\s+)?\bstep:\s*(?P<step>\d{1,18})(?!\d)")
+# What may stand between two fields of a metric line: TorchTitan's two spaces (its colour
+# codes are removed first), or the "|", "," and ";" some log shippers put there.
+_SEP = r"[\s|,;]*"
+# The loss right after "step: N" (matched at the start of the text after the step).
+_TT_LOSS = re.compile(rf"{_SEP}loss:\s*(?P<v>{_NUM})(?![\w.])", re.IGNORECASE)
 _TT_FIELDS: dict[str, re.Pattern[str]] = {
-    "loss": re.compile(rf"\bloss:\s*(?P<v>{_NUM})(?![\w.])", re.IGNORECASE),
     "grad_norm": re.compile(rf"\bgrad_norm:\s*(?P<v>{_NUM})(?![\w.])", re.IGNORECASE),
     "memory": re.compile(rf"\bmemory:\s*(?P<v>{_NUM})\s*GiB", re.IGNORECASE),
     "tps": re.compile(rf"\btps:\s*(?P<v>{_NUM_GROUPED})(?![\w.])", re.IGNORECASE),
@@ -98,6 +112,28 @@ _NAMED_VALUE = re.compile(
     r"(?<![\w])(?P<name>[a-z][a-z_ ]{0,40}?loss|loss|grad[_ ]norm)\s*:[ \t]*(?P<v>[^\s|]*)",
     re.IGNORECASE)
 _READABLE = re.compile(rf"{_NUM}[,;]?", re.IGNORECASE)
+# TorchTitan's neighbours of a named loss or grad norm on its metric line: what comes right
+# before it (the whole line) or right after its value (a piece of the line that another
+# rank's output split off, which starts at the loss or the grad norm).
+_TT_BEFORE: dict[str, re.Pattern[str]] = {
+    "loss": re.compile(rf"\bstep:\s*\d{{1,18}}{_SEP}$", re.IGNORECASE),
+    "grad_norm": re.compile(rf"\bloss:\s*[^\s|]+{_SEP}$", re.IGNORECASE),
+}
+_TT_AFTER: dict[str, re.Pattern[str]] = {
+    "loss": re.compile(rf"{_SEP}(?:grad_norm|memory):", re.IGNORECASE),
+    "grad_norm": re.compile(rf"{_SEP}memory:", re.IGNORECASE),
+}
+_BEFORE_CHARS = 120
+"""How far before a named value its neighbour is looked for (a step and separators)."""
+
+# The numerics audit in training (rocm.numerics_audit, docs/numerics-audit.md) logs its report
+# under a header naming the step; the report's first line carries the verdict. A run the
+# audit stops (numerics_audit_policy = "stop") ends with the exception naming the step.
+_AUDIT_HEADER = re.compile(r"titan-rocm numerics audit at step (?P<step>\d{1,18})\b")
+_AUDIT_VERDICT = re.compile(r"\bnumerics audit: (?P<verdict>[A-Za-z]+)\b")
+_AUDIT_STOP = re.compile(r"titan-rocm numerics audit flagged step (?P<step>\d{1,18})\b")
+_AUDIT_LOOKAHEAD = 5
+"""Lines after an audit header within which its verdict line is looked for."""
 
 
 def to_float(text: str) -> float:
@@ -294,45 +330,58 @@ class ParsedLog:
     data``, ``binary data``); None for text."""
     skipped_bytes: int = 0
     """Bytes not read because a line ran past :data:`MAX_LINE_BYTES` without a line end."""
+    cut_lines: list[int] = field(default_factory=list)
+    """Line numbers of the lines cut so (their first and last bytes read)."""
     lean: bool = False
-    """Keep only a finite training record's step and rank, not the record (check-log: memory
-    then grows with the distinct steps logged, not with the metric lines)."""
+    """Keep a finite training line only in :attr:`curves` (and :attr:`figures`), not as a
+    record: memory then grows with the distinct steps logged, not with the metric lines."""
+    figures: Figures | None = None
+    """The throughput figures gathered while reading (:func:`parse_file` with ``warmup``)."""
     metric_lines: int = 0
     """Metric lines found in the asked-for format (kept or, when lean, counted only)."""
     trains_added: int = 0
     last_train_step: int | None = None
-    lean_steps: set[int] = field(default_factory=set)
-    lean_ranks: set[int] = field(default_factory=set)
-    _lean_formats: set[str] = field(default_factory=set)
+    curves: dict[int | None, Curve] = field(default_factory=dict)
+    """Each rank's training curve (None: lines without a rank prefix), every training line
+    finite or not; the one source of the steps and ranks trained."""
+    train_formats: set[str] = field(default_factory=set)
+    audits_ok: int = 0
+    """In-training numerics audits whose verdict line says OK."""
+    audits_flagged: list[AuditMark] = field(default_factory=list)
+    """In-training numerics audits that flagged (one per step), in log order."""
 
     def add(self, record: Record) -> None:
         """Keep ``record`` if its format was asked for; else count it in :attr:`excluded`.
-        A lean log keeps a finite training record as its step and rank only."""
+        A training line goes into its rank's curve; a lean log keeps a finite one only
+        there."""
         if not (self.fmt in ("auto", record.format) or record.format == GUARD_FORMAT):
             self.excluded[record.format] = self.excluded.get(record.format, 0) + 1
             return
         self.metric_lines += 1
+        if self.figures is not None:
+            self.figures.add(record)
         if record.kind == "train":
             self.trains_added += 1
             self.last_train_step = record.step
+            self.train_formats.add(record.format)
+            curve = self.curves.get(record.rank)
+            if curve is None:
+                curve = self.curves[record.rank] = Curve()
+            curve.add(record.step, record.loss, record.grad_norm)
             if self.lean and record.finite:
-                self._lean_formats.add(record.format)
-                self.lean_steps.add(record.step)
-                if record.rank is not None:
-                    self.lean_ranks.add(record.rank)
                 return
         self.records.append(record)
 
     def train_steps(self) -> set[int]:
         """The distinct training steps logged."""
-        return {r.step for r in self.records if r.kind == "train"} | self.lean_steps
+        return {step for curve in self.curves.values() for step in curve.steps}
 
     @property
     def formats(self) -> list[str]:
         """The log formats of the metric lines found, sorted (guard messages not counted)."""
         found = {r.format for r in self.records
                  if r.format != GUARD_FORMAT and r.kind != "unreadable"}
-        return sorted(found | ({TORCHTITAN, MEGATRON} & self._lean_formats))
+        return sorted(found | ({TORCHTITAN, MEGATRON} & self.train_formats))
 
     @property
     def format(self) -> str | None:
@@ -344,13 +393,27 @@ class ParsedLog:
 
     @property
     def train_records(self) -> list[Record]:
-        """The training-step records."""
+        """The training-step records kept (a lean log keeps the non-finite ones only)."""
         return [r for r in self.records if r.kind == "train"]
 
     @property
     def ranks(self) -> list[int]:
-        """The ranks named by the records' prefixes, sorted."""
-        return sorted({r.rank for r in self.records if r.rank is not None} | self.lean_ranks)
+        """The ranks named by the metric lines' prefixes, sorted."""
+        return sorted({r.rank for r in self.records if r.rank is not None}
+                      | {rank for rank in self.curves if rank is not None})
+
+
+@dataclass(frozen=True)
+class AuditMark:
+    """An in-training numerics audit the log shows flagged."""
+
+    step: int
+    line: int
+    rank: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"step", "line", "rank"}``."""
+        return {"step": self.step, "line": self.line, "rank": self.rank}
 
 
 def _segments(line: str) -> Iterator[tuple[int | None, str]]:
@@ -383,13 +446,14 @@ def _torchtitan(text: str, rank: int | None, line_no: int, log: ParsedLog) -> No
     steps = list(_TT_STEP.finditer(text))
     for i, m in enumerate(steps):
         body = text[m.end(): steps[i + 1].start() if i + 1 < len(steps) else len(text)]
-        loss = _field(_TT_FIELDS["loss"], body)
-        if loss is None:
-            # "step: N  loss:" cut short is a truncated metric line; "step: N" alone in some
-            # other message is not a metric line at all.
-            if re.match(r"\s*loss:", body) and log.fmt in ("auto", TORCHTITAN):
+        loss_match = _TT_LOSS.match(body)
+        if loss_match is None:
+            # "step: N  loss:" cut short is a truncated metric line; "step: N" without the
+            # loss right after it (some other message) is not a metric line at all.
+            if re.match(rf"{_SEP}loss:", body) and log.fmt in ("auto", TORCHTITAN):
                 log.truncated.append(line_no)
             continue
+        loss = to_float(loss_match.group("v"))
         log.add(
             Record(
                 format=TORCHTITAN,
@@ -509,6 +573,7 @@ class _Parser:
             raise ValueError(f"log format {fmt!r} is not valid; accepted: {', '.join(FORMATS)}")
         self.log = ParsedLog(source=source, fmt=fmt, lean=lean)
         self._crash_line = 0  # where the current traceback started (its exception line follows)
+        self._audit: tuple[int, int, int | None] | None = None  # a header's (step, line, rank)
 
     def feed(self, chunk: str) -> None:
         """One or more whole lines (line ends optional)."""
@@ -532,6 +597,10 @@ class _Parser:
                     last_train = i
             if named:
                 self._unreadable(first + i, line, log.records[count:])
+        if "numerics audit" in chunk:
+            for i, line in enumerate(lines):
+                if "numerics audit" in line:
+                    self._audit_line(first + i, line)
         # 2. How the log ends: only lines after the chunk's last training step can hold it
         # (a crash marker followed by a step was a warning the run survived).
         if last_train >= 0:
@@ -561,6 +630,8 @@ class _Parser:
                     continue  # "loss:" at the end of a cut line: a truncated line
                 if _READABLE.fullmatch(raw) and math.isfinite(to_float(raw.rstrip(",;"))):
                     continue
+                if not _anchored(segment, m):
+                    continue  # not on a metric line: some other message naming a loss
                 name = " ".join(m.group("name").lower().split())
                 name = "grad_norm" if name == "grad norm" else name
                 if any(not math.isfinite(r.checked_values().get(name, 0.0)) for r in found):
@@ -573,6 +644,35 @@ class _Parser:
                     format=TORCHTITAN, kind="unreadable", step=at, rank=rank, line=line_no,
                     losses=() if is_grad else ((name, nan),),
                     grad_norm=nan if is_grad else None, raw=raw[:_TEXT_MAX]))
+
+    def _audit_line(self, line_no: int, line: str) -> None:
+        """Follow the in-training numerics audit's report: its header names the step, the
+        verdict line after it says OK or FLAGGED; the stop policy's exception names the
+        step it flagged."""
+        log = self.log
+        if self._audit is not None and line_no - self._audit[1] > _AUDIT_LOOKAHEAD:
+            self._audit = None
+        for rank, segment in _segments(line):
+            stop = _AUDIT_STOP.search(segment)
+            if stop:
+                self._flagged(int(stop.group("step")), line_no, rank)
+                continue
+            header = _AUDIT_HEADER.search(segment)
+            if header:
+                self._audit = (int(header.group("step")), line_no, rank)
+            verdict = _AUDIT_VERDICT.search(segment, header.end() if header else 0)
+            if verdict and self._audit is not None:
+                step, _, at = self._audit
+                self._audit = None
+                said = verdict.group("verdict").upper()
+                if said == "OK":
+                    log.audits_ok += 1
+                elif said == "FLAGGED":
+                    self._flagged(step, line_no, at if at is not None else rank)
+
+    def _flagged(self, step: int, line_no: int, rank: int | None) -> None:
+        if all(mark.step != step for mark in self.log.audits_flagged):
+            self.log.audits_flagged.append(AuditMark(step, line_no, rank))
 
     def _end_line(self, line_no: int, line: str) -> None:
         if self._crash_line and line_no - self._crash_line > _EXCEPTION_LOOKAHEAD:
@@ -598,6 +698,19 @@ class _Parser:
             kind = _CRASH_KINDS[m.lastgroup][0]
             log.crash = Crash(line_no, rank, kind, _shorten(segment))
             self._crash_line = line_no if m.lastgroup == "traceback" else 0
+
+
+def _anchored(segment: str, m: re.Match[str]) -> bool:
+    """Whether the named value ``m`` stands where a metric line has it: TorchTitan's loss
+    right after ``step: N`` or right before the grad norm (a piece split off the line), its
+    grad norm right after the loss's value or right before ``memory:``; a Megatron-LM loss
+    or grad norm after the line's iteration (or validation) marker."""
+    name = m.group("name").lower()
+    if name in _TT_BEFORE:
+        before = segment[max(0, m.start() - _BEFORE_CHARS):m.start()]
+        if _TT_BEFORE[name].search(before) or _TT_AFTER[name].match(segment, m.end()):
+            return True
+    return any(p.search(segment, 0, m.start()) for p in (_MG_ITERATION, _MG_VALIDATION))
 
 
 def parse_lines(chunks: Iterable[str], fmt: str = "auto", source: str = "<text>") -> ParsedLog:
@@ -685,56 +798,114 @@ def _cut(data: bytes) -> int:
     return max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1)) + 1
 
 
+def _first_end(data: bytes) -> int:
+    """Just after the first line end in ``data`` (a ``\n``, a ``\r\n`` or a lone ``\r``);
+    0 when there is none; -1 when the only one is a ``\r`` as the last byte (half of a
+    ``\r\n`` or not: the next block says)."""
+    n, r = data.find(b"\n"), data.find(b"\r")
+    if r != -1 and (n == -1 or r < n):
+        if r + 1 == len(data):
+            return -1
+        return r + 2 if data[r + 1] == 0x0A else r + 1
+    return n + 1
+
+
+class _LongLine:
+    """A line past :data:`MAX_LINE_BYTES`: its head, its last :data:`TAIL_BYTES` so far, and
+    how many bytes came after the head."""
+
+    def __init__(self, head: bytes, rest: bytes) -> None:
+        self.head = head
+        self.tail = bytearray()
+        self.after_head = 0
+        self.cr_last = False  # the bytes so far end in a "\r" that may end the line
+        self.extend(rest)
+
+    def extend(self, data: bytes) -> None:
+        self.after_head += len(data)
+        self.tail += data
+        if len(self.tail) > TAIL_BYTES:
+            del self.tail[: len(self.tail) - TAIL_BYTES]
+        self.cr_last = self.tail.endswith(b"\r")
+
+    def text(self) -> tuple[str, int]:
+        """The line as read (head, a mark naming the bytes skipped, tail: the mark keeps a
+        field at the end of the head from reading as the neighbour of one at the start of
+        the tail) and the number of bytes skipped."""
+        skipped = self.after_head - len(self.tail)
+        tail = bytes(self.tail)
+        while tail[:1] and 0x80 <= tail[0] < 0xC0:  # a UTF-8 sequence cut at its start
+            tail = tail[1:]
+        mark = f" [titan-rocm: {skipped} bytes not read] " if skipped else ""
+        return (self.head.decode("utf-8", errors="replace") + mark
+                + tail.decode("utf-8", errors="replace")), skipped
+
+
 def _blocks(handle: Any, name: str, log: ParsedLog | None = None) -> Iterator[str]:
     """The file's text in blocks of about 256 KiB that end at a line end, so that memory
     does not grow with the file. Cut at line-end bytes (never inside a UTF-8 sequence, never
     between ``\r`` and ``\n``), a block decodes to exactly the text whole-file decoding
-    gives, without its NUL bytes. A line still unfinished after MAX_LINE_BYTES is cut there
-    and the rest of it skipped, counted in ``log.skipped_bytes``.
+    gives, without its NUL bytes. A line still unfinished after MAX_LINE_BYTES is read as
+    its head and its last TAIL_BYTES, one line, once it ends; the bytes between them are
+    skipped, counted in ``log.skipped_bytes`` (the line's number in ``log.cut_lines``), and
+    reading goes on after it.
     """
     carry = b""
-    skipping = False  # inside the rest of a line already cut
+    long: _LongLine | None = None
     try:
         while data := handle.read(_BLOCK_BYTES):
             if b"\x00" in data:
                 data = data.replace(b"\x00", b"")
-            if skipping:
-                end = _cut(data)
-                if end == 0:
-                    if log is not None:
-                        log.skipped_bytes += len(data)
+            if long is not None:
+                end = 0 if long.cr_last and data[:1] != b"\n" else _first_end(data)
+                if end <= 0 and not long.cr_last:
+                    long.extend(data)  # the line goes on
                     continue
-                if log is not None:
-                    log.skipped_bytes += end
-                data, skipping = data[end:], False
+                long.extend(data[:max(end, 0)])
+                yield from _end_long(long, log)
+                long, data = None, data[max(end, 0):]
             data = carry + data
             end = _cut(data)
             carry = data[end:]
             if end:
                 yield data[:end].decode("utf-8", errors="replace")
-            if len(carry) >= MAX_LINE_BYTES:
-                yield carry[:MAX_LINE_BYTES].decode("utf-8", errors="replace") + "\n"
-                if log is not None:
-                    log.skipped_bytes += len(carry) - MAX_LINE_BYTES
-                carry, skipping = b"", True
-        if carry:
+            # A "\r" at the end of carry may end its line: it is no part of the line's length.
+            if len(carry) - carry.endswith(b"\r") >= MAX_LINE_BYTES:
+                long = _LongLine(carry[:MAX_LINE_BYTES], carry[MAX_LINE_BYTES:])
+                carry = b""
+        if long is not None:
+            yield from _end_long(long, log)
+        elif carry:
             yield carry.decode("utf-8", errors="replace")
     except OSError as exc:
         raise UnreadableLog(name, str(exc.strerror or exc)) from exc
 
 
-def parse_file(path: str | Path, fmt: str = "auto", lean: bool = False) -> ParsedLog:
+def _end_long(long: _LongLine, log: ParsedLog | None) -> Iterator[str]:
+    text, skipped = long.text()
+    yield text
+    if log is not None and skipped:  # the consumer has read the line: log.lines is its number
+        log.skipped_bytes += skipped
+        log.cut_lines.append(log.lines)
+
+
+def parse_file(path: str | Path, fmt: str = "auto", lean: bool = False,
+               warmup: int | None = None) -> ParsedLog:
     """:func:`parse_lines` of a file, streamed in blocks of 256 KiB that end at line ends
     (``-`` is not special).
 
     Undecodable bytes become U+FFFD; a file whose first bytes are not text is still parsed,
     and :attr:`ParsedLog.binary` says what it looks like. ``lean``: see :attr:`ParsedLog.lean`.
+    ``warmup``: gather :attr:`ParsedLog.figures` for that warm-up while reading (what
+    bench-summary and compare publish; a lean log has no other source of them).
 
     Raises:
         UnreadableLog: the path is missing, not a regular file, or cannot be read.
         ValueError: ``fmt`` is not one of :data:`FORMATS`.
     """
     parser = _Parser(fmt, str(path), lean)
+    if warmup is not None:
+        parser.log.figures = Figures(warmup)
     with os.fdopen(_open_regular(path), "rb", buffering=1 << 16) as handle:
         try:
             parser.log.binary = sniff_binary(handle.peek(1 << 16)[: 1 << 16])

@@ -5,13 +5,16 @@ iteration time (Megatron-LM) over the training steps after warm-up, the memory p
 number of steps parsed. Only a run whose verdict (:mod:`titan_rocm.logs.verdict`) is ``ok``
 and whose every throughput, timing and memory figure is finite and not negative is
 ``valid: true``; any other run is ``valid: false`` with the reason and gets no figure at all.
+The figures come from :class:`~titan_rocm.logs.tables.Figures`, gathered while a log is read
+(a lean log) or from its kept records: the same numbers either way.
 
 Exit codes:
 
 ====  =====================================================================================
 0     valid: the figures may be published
-1     not a valid benchmark: the run diverged, did not finish (``incomplete``: a crash, or
-      no training step), or logged a non-finite or negative throughput/memory figure
+1     not a valid benchmark: the run diverged, its numerics audit flagged a step, it did
+      not finish (``incomplete``: a crash, no training step, or bytes not read), or it
+      logged a non-finite or negative throughput/memory figure
 2     nothing to summarize: a file unreadable or not a regular file, no metric line at all
       (``empty``), no training step after ``--warmup``, or no throughput figure logged
 ====  =====================================================================================
@@ -20,14 +23,31 @@ Exit codes:
 from __future__ import annotations
 
 import math
-import statistics
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from titan_rocm.guard_message import fmt_value
-from titan_rocm.logs.parse import GUARD_FORMAT, ParsedLog, Record, UnreadableLog, json_value
-from titan_rocm.logs.verdict import EMPTY, OK, Verdict, verdict_of
+from titan_rocm.logs.parse import (
+    GUARD_FORMAT,
+    TORCHTITAN,
+    ParsedLog,
+    Record,
+    UnreadableLog,
+    json_value,
+)
+from titan_rocm.logs.tables import (
+    FIGURE_FIELDS,
+    THROUGHPUT_FIELDS,
+    Figures,
+    distinct_count,
+    median,
+)
+from titan_rocm.logs.verdict import EMPTY, FLAGGED, INCOMPLETE, OK, Verdict, verdict_of
+
+__all__ = ["DEFAULT_WARMUP", "FIGURE_FIELDS", "THROUGHPUT_FIELDS", "Stat", "Summary",
+           "figures_of", "summarize"]
 
 EXIT_VALID = 0
 EXIT_INVALID = 1
@@ -35,10 +55,6 @@ EXIT_NOTHING = 2
 
 DEFAULT_WARMUP = 1
 """Steps excluded from throughput: TorchTitan's step-1 line includes start-up and compile."""
-
-THROUGHPUT_FIELDS: tuple[str, ...] = ("tps", "tflops", "mfu", "iteration_ms")
-FIGURE_FIELDS: tuple[str, ...] = (*THROUGHPUT_FIELDS, "memory_gib")
-"""Every figure bench-summary publishes from a record: each must be finite and >= 0."""
 
 
 @dataclass(frozen=True)
@@ -51,11 +67,12 @@ class Stat:
     count: int
 
     @classmethod
-    def of(cls, values: list[float]) -> Stat | None:
-        """The statistics of ``values``, or None when there are none."""
-        if not values:
+    def of(cls, counts: Counter[float]) -> Stat | None:
+        """The statistics of the values ``counts`` holds (value -> how many times), or None
+        when there are none."""
+        if not counts:
             return None
-        return cls(statistics.median(values), min(values), max(values), len(values))
+        return cls(median(counts), min(counts), max(counts), sum(counts.values()))
 
     def to_dict(self) -> dict[str, float | str | int | None]:
         """``{"median", "min", "max", "count"}`` (strict JSON)."""
@@ -143,18 +160,22 @@ def _invalid(sources: list[str], warmup: int, reason: str, code: int, **kw: Any)
     return Summary(sources, warmup, valid=False, reason=reason, exit_code=code, **kw)
 
 
-def bad_figure(records: Sequence[Record], peaks_gib: Sequence[float] = ()) -> str | None:
-    """The first non-finite or negative throughput, timing or memory figure, as a sentence
-    (None: every figure is publishable)."""
-    for r in records:
-        for name in FIGURE_FIELDS:
-            value = getattr(r, name)
-            if value is not None and not (math.isfinite(value) and value >= 0):
-                rank = f" on rank {r.rank}" if r.rank is not None else ""
-                return (
-                    f"{name} is {fmt_value(value)} at {r.kind} step {r.step}{rank} "
-                    f"(line {r.line}): a non-finite or negative figure cannot be published."
-                )
+def figures_of(log: ParsedLog, warmup: int) -> Figures:
+    """``log``'s figures for ``warmup``: those gathered while it was read, or from its records.
+
+    Raises:
+        ValueError: ``log`` is lean (its finite lines are not kept) and was read for another
+            warm-up (a programming error: read it with ``parse_file(..., warmup=warmup)``).
+    """
+    if log.figures is not None and log.figures.warmup == warmup:
+        return log.figures
+    if log.lean:
+        raise ValueError(f"{log.source} was read lean for warm-up "
+                         f"{log.figures.warmup if log.figures else None}, not {warmup}")
+    return Figures.of(log.records, warmup)
+
+
+def _bad_peak(peaks_gib: Sequence[float]) -> str | None:
     for peak in peaks_gib:
         if not (math.isfinite(peak) and peak >= 0):
             return (
@@ -164,14 +185,25 @@ def bad_figure(records: Sequence[Record], peaks_gib: Sequence[float] = ()) -> st
     return None
 
 
-def measured_stats(records: Sequence[Record], warmup: int) -> dict[str, Stat | None]:
-    """Median, min and max of each throughput field over the training steps after ``warmup``:
+def _stats(figures: Sequence[Figures]) -> dict[str, Stat | None]:
+    """Median, min and max of each throughput field over the training steps after warm-up:
     the figures bench-summary publishes (and compare's throughput ratio uses)."""
-    measured = [r for r in records if r.kind == "train" and r.step > warmup]
-    return {
-        name: Stat.of([v for r in measured if (v := getattr(r, name)) is not None])
-        for name in THROUGHPUT_FIELDS
-    }
+    stats: dict[str, Stat | None] = {}
+    for name in THROUGHPUT_FIELDS:
+        counts: Counter[float] = Counter()
+        for f in figures:
+            counts.update(f.counts[name])
+        stats[name] = Stat.of(counts)
+    return stats
+
+
+def _reason(verdict: Verdict) -> str:
+    if verdict.status == INCOMPLETE and not verdict.unread_bytes:
+        return verdict.reason + " A run that did not finish is not a valid benchmark."
+    if verdict.status == FLAGGED:
+        return verdict.reason + " A run whose compiled gradients are wrong is not a valid " \
+            "benchmark."
+    return verdict.reason
 
 
 def summarize(logs: Sequence[ParsedLog], warmup: int = DEFAULT_WARMUP,
@@ -191,31 +223,34 @@ def summarize(logs: Sequence[ParsedLog], warmup: int = DEFAULT_WARMUP,
     sources = [log.source for log in logs] + [e.path for e in unreadable]
     if unreadable:
         return _invalid(sources, warmup, " ".join(map(str, unreadable)), EXIT_NOTHING)
-    records = [r for log in logs for r in log.records]
-    formats = sorted({r.format for r in records if r.format != GUARD_FORMAT})
+    formats = sorted(
+        {r.format for log in logs for r in log.records if r.format != GUARD_FORMAT}
+        | {f for log in logs for f in log.train_formats}
+        | ({TORCHTITAN} if any(r.kind == "unreadable" for log in logs for r in log.records)
+           else set()))
     verdict = verdict_of(logs)
     common: dict[str, Any] = {
         "format": (formats[0] if len(formats) == 1 else "mixed") if formats else None,
         "steps_parsed": verdict.train_steps,
         "last_step": verdict.last_step,
-        "ranks": tuple(sorted({r.rank for r in records if r.rank is not None})),
+        "ranks": tuple(sorted({rank for log in logs for rank in log.ranks})),
         "verdict": verdict,
     }
     if verdict.status == EMPTY:
         return _invalid(sources, warmup, verdict.reason, EXIT_NOTHING, **common)
     if verdict.status != OK:
-        reason = verdict.reason
-        if verdict.first_bad is None:
-            reason += " A run that did not finish is not a valid benchmark."
         return _invalid(
-            sources, warmup, reason, EXIT_INVALID, first_bad=verdict.first_bad, **common
+            sources, warmup, _reason(verdict), EXIT_INVALID, first_bad=verdict.first_bad,
+            **common
         )
+    figures = [figures_of(log, warmup) for log in logs]
     peaks = [p for log in logs for p in log.memory_peaks_gib]
-    figure = bad_figure(records, peaks)
+    figure = next((f.bad for f in figures if f.bad is not None), None) or _bad_peak(peaks)
     if figure is not None:
         return _invalid(sources, warmup, figure, EXIT_INVALID, **common)
-    stats = measured_stats(records, warmup)
-    measured = {r.step for r in records if r.kind == "train" and r.step > warmup}
+    stats = _stats(figures)
+    measured, _ = distinct_count((c.steps for log in logs for c in log.curves.values()),
+                                 above=warmup)
     if not measured:
         return _invalid(
             sources, warmup,
@@ -228,9 +263,9 @@ def summarize(logs: Sequence[ParsedLog], warmup: int = DEFAULT_WARMUP,
             sources, warmup, "the measured steps log no throughput or timing figure.",
             EXIT_NOTHING, **common,
         )
-    peaks += [r.memory_gib for r in records if r.memory_gib is not None]
+    peaks += [f.memory_peak for f in figures if f.memory_peak is not None]
     return Summary(
         sources, warmup, valid=True, reason=None, exit_code=EXIT_VALID,
-        steps_measured=len(measured), stats=stats,
+        steps_measured=measured, stats=stats,
         memory_peak_gib=max(peaks) if peaks else None, **common,
     )

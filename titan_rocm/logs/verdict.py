@@ -5,10 +5,15 @@ compare): did it train, finitely, to the end?
                 not end in a crash;
 ``diverged``    a non-finite loss or grad norm (or Megatron's nan-iteration count, or the
                 titan-rocm divergence guard's stop message) at step N;
+``flagged``     every value finite, but the in-training numerics audit
+                (``[rocm] numerics_audit``) flagged step N: its compiled gradients disagree
+                with eager and float64 (the audit's report, or the stop policy's exception,
+                is in the log; docs/numerics-audit.md);
 ``incomplete``  the log ends in a crash (traceback, OOM, signal, collective error) after its
                 last training step, or has metric lines but no training step at all, or
-                bytes of it were not read (a line longer than 1 MiB without a line end:
-                a metric line in it could be missed, so such a log is never ``ok``);
+                bytes of it were not read (the middle of a line longer than 1 MiB without a
+                line end: a metric line in it could be missed, so such a log is never
+                ``ok``);
 ``empty``       no metric line and no crash: nothing a training log would show.
 
 A crash marker followed by more training steps is a warning the run survived, not an end;
@@ -28,16 +33,20 @@ from titan_rocm.logs.parse import (
     FORMAT_NAMES,
     FORMATS,
     MAX_LINE_BYTES,
+    TAIL_BYTES,
+    AuditMark,
     Crash,
     ParsedLog,
     Record,
 )
+from titan_rocm.logs.tables import distinct_count
 
 OK = "ok"
 DIVERGED = "diverged"
+FLAGGED = "flagged"
 INCOMPLETE = "incomplete"
 EMPTY = "empty"
-STATUSES: tuple[str, ...] = (OK, DIVERGED, INCOMPLETE, EMPTY)
+STATUSES: tuple[str, ...] = (OK, DIVERGED, FLAGGED, INCOMPLETE, EMPTY)
 
 
 def first_bad(records: Sequence[Record]) -> Record | None:
@@ -69,17 +78,25 @@ class Verdict:
     """Something a reader should know about an ``ok`` run (a crash after completion)."""
     unread_bytes: int = 0
     """Bytes of the logs not read (over-long lines): the verdict cannot be ``ok``."""
+    audit: AuditMark | None = None
+    """``flagged``: the first step the in-training numerics audit flagged."""
 
     @property
     def step(self) -> int | None:
-        """``diverged``: the first non-finite step; otherwise the last training step."""
-        return self.first_bad.step if self.first_bad is not None else self.last_step
+        """``diverged``: the first non-finite step; ``flagged``: the step the audit flagged;
+        otherwise the last training step."""
+        if self.first_bad is not None:
+            return self.first_bad.step
+        return self.audit.step if self.audit is not None else self.last_step
 
     @property
     def label(self) -> str:
-        """``ok``, ``diverged at step 7``, ``incomplete`` or ``empty``."""
+        """``ok``, ``diverged at step 7``, ``numerics audit flagged at step 1``,
+        ``incomplete`` or ``empty``."""
         if self.status == DIVERGED:
             return f"diverged at step {self.step}"
+        if self.status == FLAGGED:
+            return f"numerics audit flagged at step {self.step}"
         return self.status
 
     def to_dict(self) -> dict[str, Any]:
@@ -96,6 +113,7 @@ class Verdict:
             "crash_file": self.source if self.crash else None,
             "note": self.note,
             "unread_bytes": self.unread_bytes,
+            "audit_flagged": self.audit.to_dict() if self.audit else None,
         }
 
 
@@ -118,6 +136,47 @@ def _diverged(bad: Record) -> str:
         f"the run diverged at {kind}step {bad.step}{rank} (line {bad.line}): "
         f"{bad.describe()}."
     )
+
+
+def _first_flagged(logs: Sequence[ParsedLog]) -> tuple[ParsedLog, AuditMark] | None:
+    marks = [(mark.step, i, mark) for i, log in enumerate(logs) for mark in log.audits_flagged]
+    if not marks:
+        return None
+    _, i, mark = min(marks, key=lambda m: m[:2])
+    return logs[i], mark
+
+
+def _ending_crash(log: ParsedLog) -> Crash | None:
+    """The crash the log ends in (None: none, or one after training completed)."""
+    crash = log.crash
+    if crash is not None and (log.completed_line is None or log.completed_line > crash.line):
+        return crash
+    return None
+
+
+def _flagged(log: ParsedLog, mark: AuditMark, crash: Crash | None, several: bool, steps: int,
+             unread: int) -> str:
+    where = f"line {mark.line} of {log.source}" if several else f"line {mark.line}"
+    rank = f", rank {mark.rank}" if mark.rank is not None else ""
+    after = (f"; every loss and grad norm logged is finite over {steps} training step(s)"
+             if steps else "; no training step was logged")
+    ended = f", and the log ends in a crash ({_crash_text(log, crash, several)})" if crash else ""
+    unread_note = f" ({unread} byte(s) of the log were not read)" if unread else ""
+    return (f"the in-training numerics audit flagged step {mark.step} ({where}{rank}): the "
+            f"compiled gradients disagree with eager and float64 there{after}{ended}"
+            f"{unread_note}.")
+
+
+def _unread(logs: Sequence[ParsedLog], unread: int) -> str:
+    cut = [(log, line) for log in logs for line in log.cut_lines]
+    several = len(logs) > 1
+    where = ", ".join(f"line {line} of {log.source}" if several else f"line {line}"
+                      for log, line in cut[:3]) + (" ..." if len(cut) > 3 else "")
+    return (f"{unread} byte(s) of the log were not read: {len(cut)} line(s) ran past "
+            f"{MAX_LINE_BYTES} bytes without a line end ({where}); the first "
+            f"{MAX_LINE_BYTES} and the last {TAIL_BYTES} bytes of each, and every line after, "
+            "were read, but a loss or grad norm in the bytes between would be missed, so this "
+            "log is not a pass.")
 
 
 def _nothing_found(log: ParsedLog) -> str:
@@ -152,38 +211,34 @@ def _crash_text(log: ParsedLog, crash: Crash, several: bool) -> str:
 def verdict_of(logs: Sequence[ParsedLog]) -> Verdict:
     """The verdict on one run whose lines are spread over ``logs`` (one file per rank, or one)."""
     records = [r for log in logs for r in log.records]
-    train_steps = sorted(set().union(*(log.train_steps() for log in logs)))
-    common: dict[str, Any] = {
-        "train_steps": len(train_steps),
-        "last_step": train_steps[-1] if train_steps else None,
-    }
+    count, last = distinct_count(c.steps for log in logs for c in log.curves.values())
+    common: dict[str, Any] = {"train_steps": count, "last_step": last}
     unread = sum(log.skipped_bytes for log in logs)
     bad = first_bad(records)
     if bad is not None:
         return Verdict(DIVERGED, _diverged(bad), first_bad=bad, unread_bytes=unread, **common)
+    flagged = _first_flagged(logs)
+    if flagged is not None:
+        log, mark = flagged
+        crash = _ending_crash(log)
+        return Verdict(FLAGGED, _flagged(log, mark, crash, len(logs) > 1, count, unread),
+                       audit=mark, crash=crash, source=log.source, unread_bytes=unread,
+                       **common)
     if unread:
-        return Verdict(
-            INCOMPLETE,
-            f"{unread} byte(s) of the log were not read (a line ran past "
-            f"{MAX_LINE_BYTES} bytes without a line end): a loss or grad norm in them would "
-            "be missed, so this log is not a pass.", unread_bytes=unread, **common)
-    ending = [
-        (log, log.crash) for log in logs
-        if log.crash is not None
-        and (log.completed_line is None or log.completed_line > log.crash.line)
-    ]
+        return Verdict(INCOMPLETE, _unread(logs, unread), unread_bytes=unread, **common)
+    ending = [(log, crash) for log in logs if (crash := _ending_crash(log)) is not None]
     if ending:
         log, crash = ending[0]
         crash_text = _crash_text(log, crash, len(logs) > 1)
-        if train_steps:
+        if count:
             reason = (
                 f"the run did not finish: after its last logged training step "
-                f"{train_steps[-1]} the log ends in a crash ({crash_text})."
+                f"{last} the log ends in a crash ({crash_text})."
             )
         else:
             reason = f"the run crashed before its first training step ({crash_text})."
         return Verdict(INCOMPLETE, reason, crash=crash, source=log.source, **common)
-    if not train_steps:
+    if not count:
         validation = sum(1 for r in records if r.kind == "validation")
         truncated = sum(len(log.truncated) for log in logs)
         if validation or truncated:
@@ -209,8 +264,8 @@ def verdict_of(logs: Sequence[ParsedLog]) -> Verdict:
         )
     return Verdict(
         OK,
-        f"every loss and grad norm is finite over {len(train_steps)} training step(s), "
-        f"the last step {train_steps[-1]}.",
+        f"every loss and grad norm is finite over {count} training step(s), "
+        f"the last step {last}.",
         crash=after[0][1] if after else None,
         source=after[0][0].source if after else None,
         note=note,

@@ -2,7 +2,7 @@
 
 The ROCm step-1 NaN that ``rocm.moe_eager_compile`` exists for came from whole-block MoE
 compile putting EP dispatch/combine and FSDP hooks into one Inductor graph (AMD-AGI/Primus
-PR #962). Inductor compiles exactly the graphs Dynamo hands to the compile backend, so a
+PR #962, merged). Inductor compiles exactly the graphs Dynamo hands to the compile backend, so a
 backend that records every graph sees everything that is compiled (compiled autograd off,
 as in TorchTitan 0.2.2). :func:`audit` reads one such ``torch.fx.GraphModule`` and lists
 what it must not contain:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from hypothesis import strategies as st
 
 from tests.support.compare_logs import BASE, STEPS, curve, log_maker, noisy, repeats, tt_log
 from titan_rocm.cli import main
-from titan_rocm.logs.compare import compare, load_run, noise_band, relative
+from titan_rocm.logs.compare import compare, load_run, noise_band, relative, series_of
+from titan_rocm.logs.parse import parse_file
 from titan_rocm.logs.summary import summarize
 
 
@@ -144,7 +146,7 @@ def test_an_invalid_repeat_is_left_out_and_named(capsys, logs) -> None:
 def test_throughput_ratio_is_bench_summary_median(capsys, logs, tmp_path) -> None:
     base, fast = logs("base", BASE, tps=40_000.0), logs("fast", BASE, tps=44_000.0)
     code, data = run_json(capsys, "--warmup", "20", base, fast)
-    medians = [summarize([load_run(p, "x").log], warmup=20).stats["tps"].median
+    medians = [summarize([load_run(p, "x", warmup=20).log], warmup=20).stats["tps"].median
                for p in (base, fast)]
     assert data["runs"][0]["throughput"] == {
         "field": "tps", "ratio": medians[1] / medians[0], "median": medians[1],
@@ -294,3 +296,58 @@ def test_the_picture_draws_each_curve_in_its_units(logs) -> None:
     steps, low, high = bands(c)["difference"]
     assert high == [-x for x in low]
     assert max(high) == pytest.approx(max(map(abs, rep_diff.values())))
+
+
+# -- lean reading: the same figures as every line kept --------------------------------------
+
+FIXTURE_LOGS = sorted((Path(__file__).resolve().parents[2] / "fixtures" / "logs").glob("*.log"))
+
+
+def tt_line(step: int, loss: float, gn: str | None = "1.0", rank: int | None = None) -> str:
+    prefix = f"[rank{rank}]:" if rank is not None else ""
+    grad = f"  grad_norm: {gn}" if gn is not None else ""
+    return (f"{prefix}step: {step:2d}  loss: {loss:.5f}{grad}  memory: 3.00GiB(2.00%)  "
+            f"tps: {900 + step:,}  tflops: 1.00  mfu: 1.00%\n")
+
+
+def _series_from_records(log, rank):
+    """The curve as every record kept reads it: the first line of a step wins, per metric."""
+    loss, grad_norm = {}, {}
+    for r in log.records:
+        if r.kind == "train" and r.rank == rank:
+            if r.loss is not None:
+                loss.setdefault(r.step, r.loss)
+            if r.grad_norm is not None:
+                grad_norm.setdefault(r.step, r.grad_norm)
+    return loss, grad_norm
+
+
+@pytest.mark.parametrize("path", FIXTURE_LOGS, ids=lambda p: p.name)
+def test_lean_reading_gives_the_figures_of_every_line_kept(path: Path, tmp_path: Path) -> None:
+    """compare and bench-summary read logs lean (a curve per rank in arrays, counts of each
+    throughput value): every summary field and every curve equals what the records give. A
+    restart (steps logged again, a grad norm only on the repeat) and two ranks interleaved
+    in reverse are added to each fixture."""
+    text = path.read_text(errors="replace")
+    extra = ("".join(tt_line(s, 5 - s / 100, gn=None) for s in (3, 2, 1))
+             + "".join(tt_line(s, 4.0, rank=r) for s in (2, 1) for r in (1, 0)))
+    mixed = tmp_path / "mixed.log"
+    mixed.write_text(text + "\n" + extra)
+    for p in (path, mixed):
+        full = parse_file(p)
+        for warmup in (0, 1, 10):
+            lean = parse_file(p, lean=True, warmup=warmup)
+            summary = summarize([lean], warmup)
+            assert repr(summary.to_dict()) == repr(summarize([full], warmup).to_dict())
+            for name, stat in (summary.stats or {}).items():
+                values = [v for r in full.records if r.kind == "train" and r.step > warmup
+                          and (v := getattr(r, name)) is not None]
+                assert (stat is None) == (not values)
+                if stat is not None:  # statistics' own figures, from every line kept
+                    assert (stat.median, stat.min, stat.max, stat.count) == (
+                        statistics.median(values), min(values), max(values), len(values))
+        for rank in {r.rank for r in full.records if r.kind == "train"}:
+            got = series_of(lean, rank)
+            want = _series_from_records(full, rank)
+            assert repr([sorted(got.loss.items()), sorted(got.grad_norm.items())]) == repr(
+                [sorted(want[0].items()), sorted(want[1].items())]), rank

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from titan_rocm.cli import main
 from titan_rocm.logs.parse import (
     MAX_LINE_BYTES,
+    TAIL_BYTES,
     UnreadableLog,
     parse_file,
     parse_lines,
@@ -299,12 +300,15 @@ def test_a_generator_of_lines_is_read_lazily() -> None:
 
 
 def test_an_overlong_line_is_cut_not_read_whole(tmp_path) -> None:
-    """Past MAX_LINE_BYTES the rest of a physical line is skipped (a metric there is lost:
-    a real metric line is a few hundred bytes); the next line is read as usual."""
+    """Past MAX_LINE_BYTES a physical line is read as its first MAX_LINE_BYTES and its last
+    TAIL_BYTES (a metric line glued to the end of other output is there), the bytes between
+    skipped and counted; the next line is read as usual, at its own number."""
     path = tmp_path / "long.log"
     path.write_bytes(b"x" * (2 * MAX_LINE_BYTES) + tt(1).encode() + b"\n" + tt(2).encode())
     log = parse_file(path)
-    assert log.lines == 2 and [(r.step, r.line) for r in log.records] == [(2, 2)]
+    assert log.lines == 2 and [(r.step, r.line) for r in log.records] == [(1, 1), (2, 2)]
+    assert log.skipped_bytes == MAX_LINE_BYTES + len(tt(1)) + 1 - TAIL_BYTES
+    assert log.cut_lines == [1]
 
 
 FIXTURE_OK = [HealthCheck.function_scoped_fixture]  # each example writes its own file

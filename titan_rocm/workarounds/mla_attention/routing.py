@@ -18,8 +18,8 @@ What titan-rocm routes, and why (docs/mla-ck-backward.md):
   forward that the real arch does not have in that release.
 - The backward of q/k 128, v 128 stays with aiter's own dispatch, which runs its fmha_v3 ASM
   kernel on gfx942 (and gfx950): aiter's gates take the shape and the kernel tables have it, in
-  PyPI 0.1.7.post2 and on main. Primus (PR #962) sends it to CK on gfx942; aiter's sources say
-  the ASM kernel is there, so titan-rocm does not (per-arch fact
+  PyPI 0.1.7.post2 and on main. Primus (PR #962, merged) sends it to CK on gfx942; aiter's
+  sources say the ASM kernel is there, so titan-rocm does not (per-arch fact
   ``aiter_fmha_v3_bwd_qk128_v128``). The route names the kernel aiter picks and why.
 - Everything else goes to aiter's own dispatch: other shapes (v padded to 192 among them:
   gfx942's fmha_v3 backward has q/k 192 = v 192 kernels in 0.1.7 and on main), and the gfx950
@@ -40,7 +40,7 @@ MLA_QK_HEAD_DIM = 192
 MLA_V_HEAD_DIM = 128
 """v head dim of DeepSeek V3 MLA."""
 QK128_V128 = (128, 128)
-"""q/k 128, v 128: the other shape Primus (PR #962) sends to CK on gfx942."""
+"""q/k 128, v 128: the other shape Primus (PR #962, merged) sends to CK on gfx942."""
 PRIMUS_QK128 = ("Primus PR #962 sends q/k 128, v 128 to CK on gfx942; aiter's gates and "
                 "kernel tables show the ASM kernel is there, so titan-rocm leaves it to aiter "
                 "(docs/mla-ck-backward.md)")

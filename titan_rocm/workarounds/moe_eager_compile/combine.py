@@ -4,9 +4,10 @@ outputs.
 TorchTitan 0.2.2's ``MoE.forward`` (``torchtitan/models/moe/moe.py``) weights each token's
 ``top_k`` expert outputs with ``torch.bmm(top_scores, routed_output_unsorted.float())``: an
 FP32 copy of every routed output, which autograd keeps for the backward of every MoE layer.
-AMD-AGI/Primus PR #962 (``primus/backends/torchtitan/patches/dsv3_v022_perf_patches.py``,
-commit 64c3261b, ``_moe_forward_bf16_combine``) replaces it with a weighted sum over the
-BF16 outputs, "dropping the fp32 activation copy retained across MoE layers".
+AMD-AGI/Primus PR #962, merged
+(``primus/backends/torchtitan/patches/dsv3_v022_perf_patches.py``, commit 64c3261b, the PR's
+head, ``_moe_forward_bf16_combine``) replaces it with a weighted sum over the BF16 outputs,
+"dropping the fp32 activation copy retained across MoE layers".
 
 ``"bf16"`` does that here: the MoE modules that ``rocm.moe_eager_compile`` keeps eager get a
 subclass of their own class whose ``forward`` differs from the stock one only in that

@@ -143,7 +143,7 @@ def make_mixed_apply_compile(
         """titan-rocm mixed compile: dense blocks fullgraph, MoE blocks eager (by scope)."""
         # capture_scalar_outputs is left as it is: stock llama4 turns it on for the MoE pieces
         # it compiles (.item() as unbacked symbols), none of which the mixed compile compiles;
-        # AMD-AGI/Primus's dense-only compile (PR #962) leaves it off as well.
+        # AMD-AGI/Primus's dense-only compile (PR #962, merged) leaves it off as well.
         done = compile_blocks(model, compile_config.backend, scope)
         dense = sum(1 for d in done.values() if d.startswith(FULLGRAPH))
         if scope == "moe":
