@@ -407,6 +407,29 @@ def test_malformed_input_exits_2_and_writes_nothing(capsys, tmp_path, data, mess
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("second", ["solidx", " solidx", "splitK", "gfx"])
+def test_a_column_the_rules_read_named_twice_is_refused(capsys, tmp_path, second):
+    """aiter's pandas reader uses the first column spelt exactly ``solidx`` and renames the
+    next ``solidx.1`` (pandas 2.2.3 and 3.1.1, run); with ``" solidx"`` it uses the *other*
+    one. Read either way, an unsafe split-K opus row could pass: the table is refused."""
+    # solidx 250 is a gfx950 split-K opus kernel; 5 is not (and the name says neither).
+    unsafe_first = row("gfx950", "256", "opus", "250", "opus_gemm_512x256")
+    last = {"solidx": "5", " solidx": "5", "splitK": "0", "gfx": "gfx950"}[second]
+    source = write(tmp_path, "t.csv", f"{HEADER},{second}\n{unsafe_first},{last}\n".encode())
+    code, out, err = run_cli(capsys, str(source), "--check", "--aiter", "main")
+    assert code == 2 and out == ""
+    name = second.strip()
+    assert f"t.csv:1: the header names column {name!r} twice" in err
+    assert "keep one" in err
+
+
+def test_a_column_the_rules_do_not_read_may_repeat(capsys, tmp_path):
+    safe = row("gfx950", "256", "torch", "0", "native")
+    source = write(tmp_path, "t.csv", f"{HEADER},us\n{safe},3.0\n".encode())
+    code, _, _ = run_cli(capsys, str(source), "--check")
+    assert code == 0
+
+
 def test_unknown_gfx_on_non_opus_row_is_kept(capsys, tmp_path):
     data = f"{HEADER}\n{row('gfx1100', '48', 'torch', '0', 'native')}\n"
     source = write(tmp_path, "t.csv", data.encode())
