@@ -28,12 +28,52 @@ from titan_rocm.archs import ArchFacts, arch_facts, normalize_arch
 
 AITER_DISTRIBUTIONS: tuple[str, ...] = ("amd-aiter", "aiter")
 """Distribution names aiter installs under (PyPI wheel, source build)."""
-AITER_CHOICES: tuple[str, ...] = ("0.1.7", "main", "absent")
-"""What ``titan-rocm plan --aiter`` can simulate: the PyPI release, aiter main, no aiter."""
-SIMULATED_AITER_VERSIONS: dict[str, str] = {"0.1.7": "0.1.7.post2.dev18", "main": "main"}
-"""The version string a simulated aiter reports (PyPI's current wheel; ``main``)."""
+
+
+@dataclass(frozen=True)
+class SimulatedAiter:
+    """One aiter ``--aiter`` can simulate: the version it reports and where its facts were read.
+
+    ``titan-rocm plan --aiter`` and ``titan-rocm gemm-tables --aiter`` both take their choices
+    from :data:`SIMULATED_AITERS` (the gemm-tables rules of each are in
+    ``titan_rocm.gemm_tables.rules.SIMULATED``, keyed by the same names).
+    """
+
+    version: str
+    """What the simulated aiter reports as its version (sets its API generation and the MLA
+    release facts, ``titan_rocm.workarounds.mla_attention.aiter_releases``)."""
+    label: str
+    """A few words for ``--help``."""
+    read_at: str
+    """The aiter the facts were read from: repository, tag or commit, date."""
+
+
+SIMULATED_AITERS: dict[str, SimulatedAiter] = {
+    "0.1.7": SimulatedAiter(
+        "0.1.7.post2.dev18", "PyPI's wheel, the default of plan",
+        "PyPI amd-aiter 0.1.7.post2.dev18 (ROCm/aiter tag v0.1.7.post2, 169acef)"),
+    "e4048607": SimulatedAiter(
+        "main e4048607", "aiter main at e4048607 (2026-08-22)",
+        "ROCm/aiter main at e4048607 (2026-08-22)"),
+    "main": SimulatedAiter(
+        "main", "the newest aiter main read (2026-12-01)",
+        "ROCm/aiter main as read on 2026-12-01: e4048607 and the merged #4875, #4916 and "
+        "#4961 (#4715 open)"),
+}
+"""``--aiter`` choice → the aiter it simulates. ``main`` is the newest aiter main read;
+``e4048607`` keeps the main read before it. docs/gemm-tables.md and docs/plan.md cite what
+each holds."""
+AITER_CHOICES: tuple[str, ...] = (*SIMULATED_AITERS, "absent")
+"""What ``titan-rocm plan --aiter`` and ``titan-rocm gemm-tables --aiter`` accept: the PyPI
+release, aiter main at e4048607, the newest aiter main read, no aiter."""
 DEFAULT_SIMULATED_AITER = "0.1.7"
 """``pip install amd-aiter`` installs 0.1.7.post2.dev18 (the newest wheel on PyPI)."""
+
+
+def aiter_choices_help() -> str:
+    """The ``--aiter`` choices with what each simulates, for both commands' ``--help``."""
+    named = [f"{name}: {aiter.label}" for name, aiter in SIMULATED_AITERS.items()]
+    return "; ".join([*named, "absent: no aiter"])
 API_GENERATIONS: tuple[str, ...] = ("0.1.7", "main")
 """aiter's Python API generations: ``0.1.7`` (``_flash_attn_forward`` without ``sink_size`` and
 fp8 descales) and ``main`` (0.1.8 and later, which added them; ``sink``/``d_sink`` in the
@@ -151,7 +191,7 @@ def simulated_aiter(
     if choice == "absent":
         return None
     gfx, source = predicted_aiter_gfx(device_arch, env)
-    return AiterFacts(SIMULATED_AITER_VERSIONS[choice], gfx, f"simulated; {source}")
+    return AiterFacts(SIMULATED_AITERS[choice].version, gfx, f"simulated; {source}")
 
 
 @dataclass(frozen=True)

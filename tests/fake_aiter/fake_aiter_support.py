@@ -36,6 +36,10 @@ DEVICE_ARCH = "gfx942"
 CALLS: list[tuple[str, dict[str, Any]]] = []
 """(kernel name, details) for every kernel-level call, in order."""
 
+FLYDSL_AVAILABLE = True
+"""What aiter main's ``is_flydsl_available()`` answers (the ``flydsl`` package installed, with
+kernels for the device); :func:`reset` sets it back to True."""
+
 _LIBRARY: torch.library.Library | None = None
 
 
@@ -49,10 +53,11 @@ def names() -> list[str]:
 
 
 def reset(device_arch: str = "gfx942") -> None:
-    """Forget recorded calls and set the pretend device arch."""
-    global DEVICE_ARCH
+    """Forget recorded calls, set the pretend device arch, FlyDSL installed."""
+    global DEVICE_ARCH, FLYDSL_AVAILABLE
     CALLS.clear()
     DEVICE_ARCH = device_arch
+    FLYDSL_AVAILABLE = True
 
 
 def destroy() -> None:

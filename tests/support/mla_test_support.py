@@ -3,9 +3,11 @@ ROCm facts, reference attention.
 
 tests/conftest.py makes the fixtures available; an MLA test module marks itself
 ``pytestmark = pytest.mark.usefixtures("clean_mla_state")``. ``fake_aiter_path`` is parametrized
-over the two fake generations (``tests/fake_aiter/pypi_0_1_7`` and ``tests/fake_aiter/main``),
-so every test that takes it runs against both, through their ``torch.ops.aiter`` schemas as
-with the real aiter.
+over aiter's two API generations, each served by one fake (``tests/fake_aiter/pypi_0_1_7``, and
+``tests/fake_aiter/e4048607`` for main: the main that ``aiter_releases`` describes), so every
+test that takes it runs against both, through their ``torch.ops.aiter`` schemas as with the real
+aiter. ``tests/fake_aiter/main`` (the newest main read, with ROCm/aiter#4875's FlyDSL varlen
+backward) is not among them yet.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from titan_rocm.workarounds.mla_attention import guard, op, route_log
 from titan_rocm.workarounds.mla_attention.workaround import DEEPSEEK_PARALLELIZE
 
 FAKE_AITER = Path(__file__).resolve().parents[1] / "fake_aiter"
-GENERATIONS = {"0.1.7": "pypi_0_1_7", "main": "main"}
-"""Fake generation -> its directory under tests/fake_aiter."""
+GENERATIONS = {"0.1.7": "pypi_0_1_7", "main": "e4048607"}
+"""aiter API generation -> the fake under tests/fake_aiter that serves it."""
 
 
 def drop_aiter_modules() -> None:
@@ -82,12 +84,12 @@ def fake_aiter(fake_aiter_path) -> Any:
 
 @contextlib.contextmanager
 def on_rocm(arch: str, fake: Any = None, aiter: str | None = None) -> Iterator[PlatformFacts]:
-    """Simulated ROCm facts for ``arch`` with the fake's generation of aiter (its ``get_gfx()``
+    """Simulated ROCm facts for ``arch`` with the aiter the fake stands for (its ``get_gfx()``
     predicted from ``GPU_ARCHS`` as the fake answers it); the fake's device set to ``arch``."""
     if fake is not None:
         fake.reset(arch)
-    generation = aiter or (fake.GENERATION if fake is not None else "main")
-    with platform.override(PlatformFacts.simulated_rocm(arch, aiter=generation)) as facts:
+    choice = aiter or (fake.CHOICE if fake is not None else "main")
+    with platform.override(PlatformFacts.simulated_rocm(arch, aiter=choice)) as facts:
         yield facts
 
 

@@ -51,13 +51,15 @@ def test_mismatch_and_description():
                                 "(last entry of GPU_ARCHS='gfx942;gfx950')")
 
 
-@pytest.mark.parametrize(("choice", "version"), [("0.1.7", "0.1.7.post2.dev18"), ("main", "main")])
-def test_simulated_platforms_carry_the_chosen_aiter(choice, version, monkeypatch):
+@pytest.mark.parametrize(("choice", "version", "api"), [
+    ("0.1.7", "0.1.7.post2.dev18", "0.1.7"), ("e4048607", "main e4048607", "main"),
+    ("main", "main", "main")])
+def test_simulated_platforms_carry_the_chosen_aiter(choice, version, api, monkeypatch):
     monkeypatch.setenv("GPU_ARCHS", "gfx942;gfx950")
     facts = PlatformFacts.simulated_rocm("gfx942", aiter=choice)
     assert facts.aiter_spec_found and facts.aiter.version == version
     assert facts.aiter.gfx == "gfx950" and facts.aiter.mismatch(facts.gfx_arch)
-    assert f"aiter {version} (API {choice})" in facts.describe()
+    assert f"aiter {version} (API {api})" in facts.describe()
 
 
 def test_simulated_platform_without_aiter():
@@ -67,7 +69,7 @@ def test_simulated_platform_without_aiter():
 
 
 def test_bad_simulated_aiter_names_the_value_and_the_choices():
-    accepted = "aiter = '0.2' is not valid; accepted: 0.1.7, main, absent"
+    accepted = "aiter = '0.2' is not valid; accepted: 0.1.7, e4048607, main, absent"
     with pytest.raises(ValueError, match=accepted):
         PlatformFacts.simulated_rocm("gfx942", aiter="0.2")
 

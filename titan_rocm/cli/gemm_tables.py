@@ -22,7 +22,7 @@ from titan_rocm.gemm_tables.capture_safe import (
     totals,
 )
 from titan_rocm.gemm_tables.policy import POLICIES
-from titan_rocm.platform import AITER_CHOICES
+from titan_rocm.platform import AITER_CHOICES, aiter_choices_help
 
 HELP = (
     "Make aiter's tuned BF16 GEMM tables (AITER_CONFIG_GEMM_BF16) safe for HIP-graph "
@@ -73,9 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--aiter",
         metavar="{" + ",".join(AITER_CHOICES) + "}",
         help="the aiter that will read the tables, as titan-rocm plan --aiter names it "
-        "(0.1.7: PyPI's wheel; main: aiter main e4048607; absent: not known, every rule "
-        "applies); default: the aiter installed here, read from its sources (no aiter "
-        "installed: every rule applies)",
+        f"({aiter_choices_help()}: every rule applies); default: the aiter installed here, "
+        "read from its sources (no aiter installed: every rule applies)",
     )
     safe.add_argument(
         "--check",

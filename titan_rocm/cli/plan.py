@@ -14,7 +14,7 @@ import sys
 
 from titan_rocm.cli import CommandError
 from titan_rocm.numbers import RANKS
-from titan_rocm.platform import AITER_CHOICES
+from titan_rocm.platform import AITER_CHOICES, aiter_choices_help
 
 HELP = (
     "Check a TorchTitan job the way TorchTitan starts it and, if it would start, build its "
@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--aiter",
         choices=AITER_CHOICES,
-        help="with --arch: the aiter the simulated machine has (default 0.1.7, the PyPI wheel)",
+        help=f"with --arch: the aiter the simulated machine has ({aiter_choices_help()}; "
+        "default 0.1.7)",
     )
     parser.add_argument(
         "--primus-turbo",

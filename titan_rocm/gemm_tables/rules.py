@@ -5,8 +5,8 @@ Each :class:`CaptureRule` names the rows it removes, what goes wrong when such a
 inside a HIP/CUDA graph, where aiter's source shows it, and the aiter change that ends it.
 Whether a rule holds depends on the aiter the job runs, so it is decided from that aiter's
 own Python sources (:func:`detect`: a marker of the fix, not a version string), or from
-``--aiter`` (:data:`titan_rocm.platform.AITER_CHOICES`: facts read at the tags named in
-:data:`SIMULATED`); with no aiter known every rule holds (:func:`unknown_aiter`).
+``--aiter`` (:data:`titan_rocm.platform.AITER_CHOICES`: facts read at the tags and commits
+named in :data:`SIMULATED`); with no aiter known every rule holds (:func:`unknown_aiter`).
 Docs: docs/gemm-tables.md ("The rules").
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from titan_rocm.archs import ArchFacts
 from titan_rocm.gemm_tables.policy import judge, parse_integer
-from titan_rocm.platform import AITER_CHOICES
+from titan_rocm.platform import AITER_CHOICES, SIMULATED_AITERS
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,8 @@ class AiterRules:
     """The rules in force and how the aiter they describe was known."""
 
     known_as: str
-    """``installed at PATH``, ``--aiter main``, or ``unknown`` (every rule holds)."""
+    """``installed at PATH``, ``--aiter NAME: what it simulates``, or ``unknown`` (every rule
+    holds)."""
     states: tuple[RuleState, ...]
 
     def holding(self) -> list[CaptureRule]:
@@ -225,7 +226,7 @@ SIMULATED: dict[str, dict[str, tuple[bool, str]]] = {
             "aiter 0.1.7 (169acef) dispatches no FlyDSL kernel (tuned_gemm.py solMap)",
         ),
     },
-    "main": {
+    "e4048607": {
         "asm-splitk-semaphore": (
             True,
             f"{AITER_MAIN}: #4494 was reverted (#4709) and #4916 is not in it",
@@ -233,8 +234,30 @@ SIMULATED: dict[str, dict[str, tuple[bool, str]]] = {
         "opus-splitk-workspace": (True, f"{AITER_MAIN}: #4961 is not in it"),
         "flydsl-splitk-counter": (True, f"{AITER_MAIN}: #4715 is not in it"),
     },
+    "main": {
+        "asm-splitk-semaphore": (
+            False,
+            "aiter main has ROCm/aiter#4916 (merged): under capture get_semaphore_workspace "
+            "hands each launch its own slot of a pool allocated before capture and zeroes it "
+            "inside the graph (is_current_stream_capturing, _get_captured_semaphore_workspace "
+            "in aiter/ops/gemm_op_a16w16.py; PR head 0e8c750d)",
+        ),
+        "opus-splitk-workspace": (
+            False,
+            "aiter main has ROCm/aiter#4961 (merged): every split-K kid gets a torch.empty "
+            "workspace per launch (_execute_a16w16 in aiter/ops/opus/gemm/gemm_op_a16w16.py at "
+            "534a0fc2; _build_a16w16_workspace_spec in aiter/ops/opus/launch_plan.py at "
+            "1f24221f), which a capture allocates from the graph's pool",
+        ),
+        "flydsl-splitk-counter": (
+            True,
+            "aiter main: ROCm/aiter#4715 is still open; _get_split_k_tensors "
+            "(aiter/ops/flydsl/gemm_kernels.py) still zeroes its counter once per stream",
+        ),
+    },
 }
-"""``--aiter`` choice → rule → (holds, why), read from aiter's sources at those commits."""
+"""``--aiter`` choice (:data:`titan_rocm.platform.SIMULATED_AITERS`) → rule → (holds, why),
+read from aiter's sources at the commits named."""
 
 
 def unknown_aiter(reason: str) -> AiterRules:
@@ -257,7 +280,7 @@ def simulated(choice: str) -> AiterRules:
         return unknown_aiter("--aiter absent: no aiter to read")
     facts = SIMULATED[choice]
     return AiterRules(
-        known_as=f"--aiter {choice}",
+        known_as=f"--aiter {choice}: {SIMULATED_AITERS[choice].read_at}",
         states=tuple(RuleState(rule, *facts[rule.name]) for rule in RULES),
     )
 

@@ -26,6 +26,9 @@ REQUIRED_COLUMNS: tuple[str, ...] = ("cu_num", "libtype", "solidx", "kernelName"
 OPTIONAL_ARCH_COLUMN = "gfx"
 """The architecture column of current aiter tables; older tables only have ``cu_num``."""
 
+DECIDING_COLUMNS: tuple[str, ...] = (*REQUIRED_COLUMNS, OPTIONAL_ARCH_COLUMN, "splitK")
+"""Every column the capture rules read; none may be named twice (:func:`repeated_column`)."""
+
 MAX_RECORD_BYTES = 1 << 20
 """The longest record read (1 MiB): aiter's rows are about 200 bytes, so a longer one is a
 quote never closed or not a table, and holding it would make memory grow with the file."""
@@ -135,6 +138,27 @@ def _chunks(handle: BinaryIO, path: Path) -> Iterator[bytes]:
         yield chunk
 
 
+def repeated_column(columns: tuple[str, ...]) -> str | None:
+    """Why the header cannot be judged, when it names a column of :data:`DECIDING_COLUMNS`
+    twice (names compared stripped); None when it does not.
+
+    aiter reads its tables with ``pandas.read_csv``, which keeps the first column spelt exactly
+    ``solidx`` under that name and renames a later one ``solidx.1``; a name with a space
+    (``" solidx"``) is another column to pandas, so which value aiter uses depends on spacing
+    these stripped names do not keep. Either guess could pass an unsafe row.
+    """
+    for name in DECIDING_COLUMNS:
+        places = [str(i) for i, column in enumerate(columns, start=1) if column == name]
+        if len(places) > 1:
+            times = "twice" if len(places) == 2 else f"{len(places)} times"
+            where = f"{', '.join(places[:-1])} and {places[-1]}"
+            return (f"the header names column {name!r} {times} (columns {where}): aiter's "
+                    f"pandas reader uses the first spelt exactly {name!r} and renames the "
+                    f"next {name + '.1'!r}, so which one decides is not certain; keep one "
+                    f"{name!r} column")
+    return None
+
+
 class Table:
     """An open tuned GEMM table: its header, then its records read one at a time.
 
@@ -156,6 +180,9 @@ class Table:
             raise GemmTableError(f"{path}:{header_line}: not UTF-8 text ({exc})") from None
         self.header = TableLine(header_line, header_raw, None)
         self.columns = tuple(c.strip() for c in _parse(header_text, f"{path}:{header_line}"))
+        repeated = repeated_column(self.columns)
+        if repeated is not None:
+            raise GemmTableError(f"{path}:{header_line}: {repeated}")
         missing = [c for c in REQUIRED_COLUMNS if c not in self.columns]
         if missing:
             raise GemmTableError(

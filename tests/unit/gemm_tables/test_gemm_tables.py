@@ -407,6 +407,29 @@ def test_malformed_input_exits_2_and_writes_nothing(capsys, tmp_path, data, mess
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("second", ["solidx", " solidx", "splitK", "gfx"])
+def test_a_column_the_rules_read_named_twice_is_refused(capsys, tmp_path, second):
+    """aiter's pandas reader uses the first column spelt exactly ``solidx`` and renames the
+    next ``solidx.1`` (pandas 2.2.3 and 3.1.1, run); with ``" solidx"`` it uses the *other*
+    one. Read either way, an unsafe split-K opus row could pass: the table is refused."""
+    # solidx 250 is a gfx950 split-K opus kernel; 5 is not (and the name says neither).
+    unsafe_first = row("gfx950", "256", "opus", "250", "opus_gemm_512x256")
+    last = {"solidx": "5", " solidx": "5", "splitK": "0", "gfx": "gfx950"}[second]
+    source = write(tmp_path, "t.csv", f"{HEADER},{second}\n{unsafe_first},{last}\n".encode())
+    code, out, err = run_cli(capsys, str(source), "--check", "--aiter", "e4048607")
+    assert code == 2 and out == ""
+    name = second.strip()
+    assert f"t.csv:1: the header names column {name!r} twice" in err
+    assert "keep one" in err
+
+
+def test_a_column_the_rules_do_not_read_may_repeat(capsys, tmp_path):
+    safe = row("gfx950", "256", "torch", "0", "native")
+    source = write(tmp_path, "t.csv", f"{HEADER},us\n{safe},3.0\n".encode())
+    code, _, _ = run_cli(capsys, str(source), "--check")
+    assert code == 0
+
+
 def test_unknown_gfx_on_non_opus_row_is_kept(capsys, tmp_path):
     data = f"{HEADER}\n{row('gfx1100', '48', 'torch', '0', 'native')}\n"
     source = write(tmp_path, "t.csv", data.encode())
@@ -425,7 +448,7 @@ def test_bad_options_exit_2(capsys, tmp_path, tables):
     code, report = run_json(capsys, table, "--check", "--aiter", "0.1.8")
     assert code == 2 and report == {  # the one --json error envelope (titan_rocm.cli)
         "schema": 1, "command": "gemm-tables", "exit_code": 2,
-        "error": "--aiter '0.1.8' is not valid; accepted: 0.1.7, main, absent"}
+        "error": "--aiter '0.1.8' is not valid; accepted: 0.1.7, e4048607, main, absent"}
     code, _, err = run_cli(capsys, str(tmp_path / "nope.csv"), "--check")
     assert code == 2 and "cannot read" in err
 
@@ -612,17 +635,24 @@ def by_rule(report: dict) -> dict[str, int]:
 
 def test_counts_on_tables_composed_like_aiters(capsys, tmp_path):
     inputs = aiter_like_tables(tmp_path)
-    code, report = run_json(capsys, *inputs, "-o", str(tmp_path / "out"), "--aiter", "main")
+    code, report = run_json(capsys, *inputs, "-o", str(tmp_path / "out"),
+                            "--aiter", "e4048607")
     assert code == 0
     assert (report["rows"], report["unsafe_rows"], report["disagreements"]) == (3338, 928, 0)
     assert by_rule(report) == {"asm-splitk-semaphore": 216, "opus-splitk-workspace": 106,
                                "flydsl-splitk-counter": 606}
     assert by_arch(report) == {"gfx942": (127, 95), "gfx950": (1369, 833), "gfx1250": (914, 0)}
-    code, report = run_json(capsys, *inputs, "--check", "--policy", "all-opus", "--aiter", "main")
+    code, report = run_json(capsys, *inputs, "--check", "--policy", "all-opus",
+                            "--aiter", "e4048607")
     assert code == 1
     assert report["unsafe_rows"] == 1081
     assert by_rule(report)["opus-splitk-workspace"] == 259
     assert by_arch(report) == {"gfx942": (23, 199), "gfx950": (1320, 882), "gfx1250": (914, 0)}
+    # aiter main has #4916 and #4961: only the FlyDSL rows go (the docs' per-rule line).
+    code, report = run_json(capsys, *inputs, "--check", "--aiter", "main")
+    assert (code, report["unsafe_rows"]) == (1, 606)
+    assert {r["name"]: r["kept_as_fixed"] for r in report["rules"]} == {
+        "asm-splitk-semaphore": 216, "opus-splitk-workspace": 106, "flydsl-splitk-counter": 0}
     # aiter 0.1.7 has none of the three hazards: nothing removed, each rule's rows counted.
     code, report = run_json(capsys, *inputs, "--check", "--aiter", "0.1.7")
     assert (code, report["unsafe_rows"]) == (0, 0)

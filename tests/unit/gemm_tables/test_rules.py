@@ -15,7 +15,7 @@ from titan_rocm.cli import main
 from titan_rocm.gemm_tables import rules as rules_module
 from titan_rocm.gemm_tables.capture_safe import capture_safe
 from titan_rocm.gemm_tables.rules import RULE_NAMES, RULES, detect, simulated
-from titan_rocm.platform import AITER_CHOICES
+from titan_rocm.platform import AITER_CHOICES, SIMULATED_AITERS
 
 # One row of each kind a rule decides about, and what removes it when every rule holds.
 KINDS = {
@@ -152,7 +152,8 @@ def test_no_aiter_known_applies_every_rule_and_says_so(capsys, kinds_table, monk
 
 @pytest.mark.parametrize(("choice", "holding"), [
     ("0.1.7", set()),
-    ("main", set(RULE_NAMES)),
+    ("e4048607", set(RULE_NAMES)),
+    ("main", {"flydsl-splitk-counter"}),
     ("absent", set(RULE_NAMES)),
 ])
 def test_aiter_option_names_the_release_as_plan_does(capsys, kinds_table, monkeypatch,
@@ -166,17 +167,70 @@ def test_aiter_option_names_the_release_as_plan_does(capsys, kinds_table, monkey
     report = json.loads(capsys.readouterr().out)
     assert code == (1 if holding else 0)
     assert {r["name"] for r in report["rules"] if r["holds"]} == holding
-    assert report["aiter"] == ("unknown" if choice == "absent" else f"--aiter {choice}")
+    assert report["aiter"] == ("unknown" if choice == "absent" else
+                               f"--aiter {choice}: {SIMULATED_AITERS[choice].read_at}")
     expected = expected_lines(rows, holding)
     assert report["unsafe_rows"] == sum(len(v) for v in expected.values())
     assert report["files"][0]["removed_by_rule"] == {k: len(v) for k, v in expected.items()}
 
 
 def test_aiter_choices_are_plans():
-    assert set(AITER_CHOICES) == {"0.1.7", "main", "absent"}
+    assert AITER_CHOICES == ("0.1.7", "e4048607", "main", "absent")
     assert set(rules_module.SIMULATED) == set(AITER_CHOICES) - {"absent"}
-    for choice in ("0.1.7", "main"):
+    for choice in rules_module.SIMULATED:
         assert [s.rule.name for s in simulated(choice).states] == list(RULE_NAMES)
+
+
+def test_an_installed_aiter_with_the_fixes_main_has_is_judged_as_aiter_main(tmp_path):
+    # #4916 and #4961 in the tree, #4715 not: what --aiter main says of the newest main.
+    tree = fake_aiter(tmp_path / "site", {"asm-splitk-semaphore", "opus-splitk-workspace"})
+    holds = {s.rule.name: s.holds for s in detect(tree).states}
+    assert holds == {s.rule.name: s.holds for s in simulated("main").states}
+    assert holds == {"asm-splitk-semaphore": False, "opus-splitk-workspace": False,
+                     "flydsl-splitk-counter": True}
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("choice", AITER_CHOICES)
+def test_plan_and_gemm_tables_simulate_the_same_aiter(capsys, kinds_table, choice):
+    """``titan-rocm plan --aiter X`` and ``titan-rocm gemm-tables --aiter X`` run with each
+    choice: the aiter the plan's machine reports (platform line, MLA routing) is the one whose
+    capture rules gemm-tables applies, both from titan_rocm.platform.SIMULATED_AITERS."""
+    config = str(REPO / "configs" / "deepseek_v3_debug.toml")
+    assert main(["plan", "--arch", "gfx942", "--aiter", choice, "--job.config_file", config,
+                 "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    mla = next(w for w in plan["workarounds"] if w["workaround"] == "mla_ck_backward")
+    code = main(["gemm-tables", "capture-safe", str(kinds_table[0]), "--check", "--json",
+                 "--aiter", choice])
+    tables = json.loads(capsys.readouterr().out)
+    holding = {r["name"] for r in tables["rules"] if r["holds"]}
+    assert code == (1 if holding else 0)
+    aiter = SIMULATED_AITERS.get(choice)
+    if aiter is None:  # absent: the plan has no aiter, gemm-tables knows none
+        assert "aiter absent" in plan["platform"]["summary"] and not mla["applied"]
+        assert tables["aiter"] == "unknown" and holding == set(RULE_NAMES)
+        return
+    assert f"aiter {aiter.version} (API " in plan["platform"]["summary"]
+    assert mla["applied"] and mla["details"]["aiter"]["version"] == aiter.version
+    assert tables["aiter"] == f"--aiter {choice}: {aiter.read_at}"
+    assert holding == {name for name, (holds, _) in rules_module.SIMULATED[choice].items()
+                       if holds}
+
+
+def test_plan_and_gemm_tables_refuse_the_same_names(capsys, kinds_table):
+    config = str(REPO / "configs" / "deepseek_v3_debug.toml")
+    assert main(["plan", "--arch", "gfx942", "--aiter", "0.2", "--job.config_file",
+                 config]) == 2
+    plan_err = capsys.readouterr().err
+    assert main(["gemm-tables", "capture-safe", str(kinds_table[0]), "--check",
+                 "--aiter", "0.2"]) == 2
+    tables_err = capsys.readouterr().err
+    choices = ", ".join(f"'{c}'" for c in AITER_CHOICES)
+    assert f"invalid choice: '0.2' (choose from {choices})" in plan_err
+    assert f"accepted: {', '.join(AITER_CHOICES)}" in tables_err
 
 
 def test_a_bad_aiter_value_exits_2_naming_the_choices(capsys, kinds_table):
@@ -184,8 +238,8 @@ def test_a_bad_aiter_value_exits_2_naming_the_choices(capsys, kinds_table):
     assert main(["gemm-tables", "capture-safe", str(path), "--check", "--aiter", "0.2"]) == 2
     err = capsys.readouterr().err
     assert err == ("titan-rocm gemm-tables: --aiter '0.2' is not valid; accepted: 0.1.7, "
-                   "main, absent\n")
-    with pytest.raises(ValueError, match="accepted: 0.1.7, main, absent"):
+                   "e4048607, main, absent\n")
+    with pytest.raises(ValueError, match="accepted: 0.1.7, e4048607, main, absent"):
         simulated("0.2")
 
 
@@ -197,11 +251,11 @@ def test_asm_rows_without_a_split_are_removed_and_a_bad_split_names_the_line(tmp
         lines.append(base.format(split))
     path = tmp_path / "t.csv"
     path.write_text("\n".join(lines) + "\n")
-    result = capture_safe([path], None, check=True, aiter="main")
+    result = capture_safe([path], None, check=True, aiter="e4048607")
     assert [n.line for n in result.files[0].removed.kept] == [2, 4, 5]
     path.write_text(HEADER + "\n" + base.format("two") + "\n")
     with pytest.raises(ValueError, match=rf"{path}:2: splitK 'two' is not an integer"):
-        capture_safe([path], None, check=True, aiter="main")
+        capture_safe([path], None, check=True, aiter="e4048607")
 
 
 # --- what docs/gemm-tables.md says -----------------------------------------------------------
@@ -227,7 +281,7 @@ def test_doc_quotes_the_rule_lines(capsys, tmp_path, monkeypatch):
     out, err = capsys.readouterr()
     assert code == 0
     lines = out.splitlines()
-    start = lines.index("aiter: --aiter main")
+    start = lines.index(f"aiter: --aiter main: {SIMULATED_AITERS['main'].read_at}")
     produced = lines[start:start + 5]
     text = DOC.read_text()
     block = text.split("<!-- rule-lines -->")[1].split("<!-- /rule-lines -->")[0]

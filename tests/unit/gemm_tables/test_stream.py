@@ -45,7 +45,7 @@ def test_a_record_longer_than_the_limit_is_refused_with_its_line(tmp_path, monke
     path = tmp_path / "t.csv"
     path.write_bytes(b"gfx,cu_num,libtype,solidx,kernelName\n" + b"x" * 200)
     with pytest.raises(CaptureSafeError, match=rf"{path}:2: a record longer than 64 bytes"):
-        capture_safe([path], None, check=True, aiter="main")
+        capture_safe([path], None, check=True, aiter="e4048607")
     with pytest.raises(table_module.GemmTableError, match="line 2: a record longer"):
         split_records(b'a\n"' + b"y\n" * 40)
 
@@ -70,7 +70,7 @@ def test_the_reader_holds_one_record_at_a_time(tmp_path, monkeypatch):
     path = tmp_path / "big_bf16_tuned_gemm.csv"
     make_table(path, {k: v * 4 for k, v in AITER_COMPOSITION.items()}, seed=3)
     assert path.stat().st_size > 4 * table_module.CHUNK_BYTES
-    result = capture_safe([path], tmp_path / "out", aiter="main")
+    result = capture_safe([path], tmp_path / "out", aiter="e4048607")
     assert result.files[0].rows == 4 * 3338
     assert reads and all(0 < size <= table_module.CHUNK_BYTES for size in reads)
 
@@ -82,14 +82,14 @@ def test_listed_rows_are_bounded_and_the_rest_counted(capsys, tmp_path, monkeypa
     other = tmp_path / "u_bf16_tuned_gemm.csv"
     make_table(other, {("gfx942", "asm", "splitk"): 3}, seed=2)
     code = main(["gemm-tables", "capture-safe", str(path), str(other), "--check",
-                 "--aiter", "main"])
+                 "--aiter", "e4048607"])
     out = capsys.readouterr().out
     assert code == 1
     assert out.count(": unsafe: ") == 5
     assert "... 10 more unsafe row(s) not listed (the first 5 are); all are counted" in out
     assert "would remove 15 of 15 rows" in out
     main(["gemm-tables", "capture-safe", str(path), str(other), "--check", "--json",
-          "--aiter", "main"])
+          "--aiter", "e4048607"])
     report = json.loads(capsys.readouterr().out)
     files = report["files"]
     assert [len(f["removed_rows"]) for f in files] == [5, 0]
@@ -122,7 +122,7 @@ def test_a_reader_closing_the_pipe_gets_no_traceback(tmp_path):
     path = tmp_path / "t_bf16_tuned_gemm.csv"
     make_table(path, {("gfx950", "asm", "splitk"): 3000}, seed=1)
     proc = subprocess.Popen([sys.executable, "-m", "titan_rocm.cli", "gemm-tables",
-                             "capture-safe", str(path), "--check", "--aiter", "main"],
+                             "capture-safe", str(path), "--check", "--aiter", "e4048607"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     proc.stdout.readline()
@@ -171,7 +171,8 @@ def test_no_input_or_option_gives_a_traceback_and_json_stays_json(capsys, tmp_pa
     args += data.draw(st.sampled_from([[], ["--policy", "all-opus"], ["--policy", "x"]]))
     args += data.draw(st.sampled_from([[], ["--arch", "gfx950"], ["--arch", "gfx1"],
                                        ["--arch", ""]]))
-    args += data.draw(st.sampled_from([[], ["--aiter", "main"], ["--aiter", "0.1.7"],
+    args += data.draw(st.sampled_from([[], ["--aiter", "main"], ["--aiter", "e4048607"],
+                                       ["--aiter", "0.1.7"],
                                        ["--aiter", "absent"], ["--aiter", "nan"]]))
     as_json = data.draw(st.booleans())
     code = main(["gemm-tables", "capture-safe", *args, *(["--json"] if as_json else [])])

@@ -1,4 +1,5 @@
-"""Fake aiter, aiter main (e4048607, 2026-08-22) generation (see tests/fake_aiter/README.md)."""
+"""Fake aiter, aiter main generation: e4048607 (2026-08-22) and ROCm/aiter#4875 merged after it
+(see tests/fake_aiter/README.md)."""
 
 import logging
 

@@ -1,6 +1,8 @@
-"""Fake ``aiter.ops.mha`` of aiter main (ROCm/aiter e4048607, 2026-08-22).
+"""Fake ``aiter.ops.mha`` of aiter main: ROCm/aiter e4048607 (2026-08-22), and in the ``main``
+generation also ROCm/aiter#4875, merged after it (the ``e4048607`` generation is this module
+without it: ``_FLYDSL_VARLEN_BACKWARD``, from ``aiter._fake.CHOICE``).
 
-Names, parameter lists, wrapper shapes and dispatch gates as in that commit's
+Names, parameter lists, wrapper shapes and dispatch gates as in e4048607's
 ``aiter/ops/mha.py``. Against PyPI 0.1.7 (``../pypi_0_1_7``): the kernels and
 ``_flash_attn_forward`` take ``sink_size``, fp8 descales and ``sink_ptr`` (from v0.1.8), the
 backwards ``sink``/``d_sink`` (from v0.1.12); ``_flash_attn_backward`` marks only
@@ -15,6 +17,11 @@ backwards ``sink``/``d_sink`` (from v0.1.12); ``_flash_attn_backward`` marks onl
   (causal too, since v0.1.11), no window; fmha_v3 when accepted and ``seqlen_q > 16``.
 - ``_flash_attn_varlen_forward``: the forward gate without a seqlen threshold, and
   ``logits_soft_cap == 0``; ``_flash_attn_varlen_backward``: ``hdim_q == hdim_v`` everywhere.
+- ``main`` only, #4875 (``can_impl_fmha_bwd_flydsl`` in ``_flash_attn_varlen_backward``, read at
+  the PR head 90efdcb4): before both fmha_v3 gates, ``get_gfx() == "gfx942"``, q/k 192 with
+  v 128, causal, self-attention (one ``cu_seqlens`` tensor for q and k, equal max lengths), no
+  GQA/dropout/alibi/window/sink/padded ``cu_seqlens``, bf16 and contiguous, and FlyDSL installed
+  send the call to ``flydsl_flash_attn_varlen_bwd``; ``deterministic`` is not read.
 
 ``can_impl_fmha_v3_bwd`` and the varlen backward's gates are the same in both releases and live
 in ``fake_aiter_support``; this module imports them under aiter's names.
@@ -33,10 +40,13 @@ from fake_aiter_support import (
 )
 from torch import Generator, Tensor
 
+from aiter._fake import CHOICE
 from aiter.jit.utils.chip_info import get_gfx
 from aiter.jit.utils.torch_guard import torch_compile_guard
 
 _kernel = make_kernel("main")
+_FLYDSL_VARLEN_BACKWARD = CHOICE == "main"
+"""ROCm/aiter#4875 is in this aiter (not in e4048607)."""
 
 
 @compile_ops(_kernel)
@@ -489,6 +499,26 @@ def _flash_attn_varlen_forward(
                           cu_seqlens_k_padded=cu_seqlens_k_padded, sink_ptr=sink_ptr)
 
 
+def _flydsl_backward_ok(dout, q, k, v, out, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                        max_seqlen_q, max_seqlen_k, dropout_p, causal, left, right,
+                        alibi_slopes, cu_seqlens_q_padded, cu_seqlens_k_padded, sink,
+                        d_sink) -> bool:
+    """#4875's ``can_impl_fmha_bwd_flydsl`` (q/k 192, v 128 causal varlen self-attention on
+    what ``get_gfx()`` calls gfx942)."""
+    from aiter.ops.flydsl.utils import is_flydsl_available
+
+    return (get_gfx() == "gfx942" and alibi_slopes is None and dropout_p == 0.0
+            and q.shape[-1] == 192 and v.shape[-1] == 128 and q.shape[-2] == v.shape[-2]
+            and not sliding_window(left, right) and causal and sink is None and d_sink is None
+            and cu_seqlens_q_padded is None and cu_seqlens_k_padded is None
+            and cu_seqlens_q.data_ptr() == cu_seqlens_k.data_ptr()
+            and max_seqlen_q == max_seqlen_k
+            and all(x.dtype == torch.bfloat16 for x in (q, k, v, out, dout))
+            and all(x.is_contiguous() for x in (q, k, v, out, dout))
+            and all(x is None or x.is_contiguous() for x in (dq, dk, dv))
+            and is_flydsl_available())
+
+
 def _flash_attn_varlen_backward(
     dout: Tensor,
     q: Tensor,
@@ -524,6 +554,17 @@ def _flash_attn_varlen_backward(
     v3 = varlen_v3_backward(q, v, dropout_p, deterministic, alibi_slopes, left, right,
                             is_v3_atomic_fp32)
     dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
+    # Evaluated after maybe_contiguous, as in aiter: the gate reads contiguity.
+    if _FLYDSL_VARLEN_BACKWARD and _flydsl_backward_ok(
+            dout, q, k, v, out, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+            max_seqlen_k, dropout_p, causal, left, right, alibi_slopes, cu_seqlens_q_padded,
+            cu_seqlens_k_padded, sink, d_sink):
+        from aiter.ops.flydsl.fmha_kernels import flydsl_flash_attn_varlen_bwd
+
+        _, _, _, softmax_d = flydsl_flash_attn_varlen_bwd(
+            dout, q, k, v, out, softmax_lse, dq, dk, dv, cu_seqlens_q, max_seqlen_q,
+            max_seqlen_k, softmax_scale)
+        return softmax_d
     args = (dout, q, k, v, out, softmax_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
             max_seqlen_k, dropout_p, softmax_scale, zero_tensors, causal, left, right,
             deterministic)
