@@ -1,30 +1,14 @@
-"""GPU proof of the numerics audit (issue 24 item 8; issue 27 with ``--ngpu 2``).
+"""The stored GPU results of the whole-model numerics audit (schema 1), re-analysed.
 
-One call on one GPU (from the repository root, titan-rocm and TorchTitan 0.2.2 importable),
-within 9 minutes:
+    python benchmarks/numerics_audit.py --reanalyse \
+        benchmarks/results/2026-12-01-h200/numerics-audit-2
 
-    python benchmarks/numerics_audit.py --out results/                # 1 GPU
-    python benchmarks/numerics_audit.py --ngpu 2 --out results/       # 2 GPUs (issue 27)
-    python benchmarks/numerics_audit.py --reanalyse results/          # the figures again, CPU
-    python benchmarks/numerics_audit.py --list [--ngpu 2]             # the runs, nothing run
-
-One GPU: ``titan-rocm audit --json`` of llama3 1.5B (``bench_1B``), qwen3 1.7B and deepseek_v3
-3.9B (``bench_moe_4B``), each with ``converters = ["rocm"]`` and every workaround forced on
-as in ``gpu_validation.py``; llama3 1.5B again with ``TITAN_ROCM_DEBUG_CORRUPT`` (3 % of the
-first ``mul`` of block 3's compiled backward), which must be flagged and name block 3; and a
-few training steps of each model's same job for the step time and memory the audit's cost is
-set against (those after the audits, skipped when the time budget is spent: the summary says
-so). Two GPUs: deepseek_v3 debug with FSDP 2 x EP 2 and llama3 debug with TP 2, each clean
-and corrupted (block 1), and llama3 debug with FSDP 2 trained with and without
-``rocm.numerics_audit = first_step`` (the later steps' losses must be equal).
-
-Each audit runs this script as its torchrun worker (``TITAN_ROCM_BENCH_AUDIT_CHILD=1``):
-the benchmark flavors are registered, then ``titan-rocm audit`` runs with the flags, and at
-exit the fault's counts are printed (``TITAN_ROCM_CORRUPT_SUMMARY {json}``). Writes
-``summary.json`` and ``logs.tar.gz`` to ``--out`` after every run.
-
-It proves the audit's verdicts on CUDA, not ROCm: the buffer-store hazard is not reproduced;
-the injected fault stands in for it.
+These are the runs of the audit before it compared block by block
+(``benchmarks/results/2026-12-01-h200/``: ``numerics-audit-1``, ``-2``, ``audit-table-*``):
+``titan-rocm audit --json`` of llama3 1.5B, qwen3 1.7B and deepseek_v3 3.9B, a fault in
+llama3's block 3, a few training steps, and the validated GEMM table against ATen-only. Their
+figures stay reproducible here; the block-by-block audit's runs are
+``benchmarks/audit_matrix.py``'s.
 """
 
 from __future__ import annotations
@@ -32,13 +16,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import re
 import statistics
 import sys
-import tempfile
-import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +27,7 @@ sys.path.insert(0, str(REPO))
 
 CHILD_ENV = "TITAN_ROCM_BENCH_AUDIT_CHILD"
 SUMMARY_MARK = "TITAN_ROCM_CORRUPT_SUMMARY "
-CORRUPT_ENV = "TITAN_ROCM_DEBUG_CORRUPT"  # titan_rocm.numerics.corrupt.ENV
-BUDGET_S = 530.0
+CORRUPT_ENV = "TITAN_ROCM_DEBUG_CORRUPT"  # titan_rocm.testing.corrupt.ENV
 """A run starts only if it ends (by its timeout) within this many seconds of the call's
 start: the call stays inside 9 minutes with the final write."""
 SEED = ["--debug.seed", "42"]
@@ -175,39 +154,7 @@ def cases(ngpu: int) -> list[Case]:
     ]
 
 
-# -- running ------------------------------------------------------------------------------------
-
-def child(argv: list[str]) -> int:
-    """The torchrun worker of an audit: ``titan-rocm audit`` with the benchmark flavors."""
-    import atexit
-
-    import benchmarks.bench_flavors  # noqa: F401 - registers bench_1B / bench_moe_4B
-    from titan_rocm.cli import main as cli
-
-    def summary() -> None:
-        from titan_rocm.numerics import corrupt
-
-        print(SUMMARY_MARK + json.dumps(corrupt.summary()), flush=True)
-
-    atexit.register(summary)
-    return cli(["audit", *argv])
-
-
-def launch(case: Case, logs: Path, gpu_ids: list[int]) -> dict[str, Any]:
-    """Run ``case`` through gpu_validation's launcher (fresh caches, its own port, the log)."""
-    from benchmarks.gpu_validation import Run
-    from benchmarks.gpu_validation import launch as run_launch
-
-    runner = "numerics_audit.py" if case.kind == "audit" else "torchtitan_runner.py"
-    # One compile cache for the call: a model's training run finds its audit's clean graphs
-    # (the corrupted ones carry the fault's pass in their cache key: never shared).
-    run = Run(case.name, MODELS[case.model].config, case.flags(), gpus=case.gpus,
-              env=case.env(), expect_failure=case.expect_exit != 0, timeout=case.timeout,
-              shared_cache=True, runner=runner)
-    return run_launch(run, logs, gpu_ids)
-
-
-# -- analysis -------------------------------------------------------------------------------------
+# -- analysis -----------------------------------------------------------------------------------
 
 _PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:")
 
@@ -453,14 +400,7 @@ def first_step_figures(plain: dict[str, Any], audited: dict[str, Any]) -> dict[s
         "train_step_s": plain.get("step_s")}
 
 
-# -- storing ------------------------------------------------------------------------------------
-
-def store(out: Path, logs: Path, summary: dict[str, Any]) -> None:
-    """summary.json and logs.tar.gz (after every run: a timeout keeps what finished)."""
-    from benchmarks.gpu_validation import store_result
-
-    store_result(out, logs, summary)
-
+# -- the stored results ---------------------------------------------------------------------------
 
 def reanalyse(directory: Path) -> dict[str, Any]:
     """Every figure again from a stored result (summary.json + logs.tar.gz), on any machine."""
@@ -479,82 +419,20 @@ def reanalyse(directory: Path) -> dict[str, Any]:
             "runs": results}
 
 
-def run_cases(todo: list[Case], out: Path, logs: Path, environment: dict[str, Any],
-              budget: float, run: Any = None) -> dict[str, Any]:
-    """Run ``todo`` in order (``run``: the launcher, :func:`launch` by default), skipping a
-    case whose timeout would end past ``budget`` seconds; store after every run."""
-    run = run or launch
-    start = time.monotonic()
-    raws: dict[str, Any] = {}
-    results: dict[str, Any] = {}
-
-    def summary() -> dict[str, Any]:
-        return {"environment": environment, "figures": figures(results),
-                "runs": {**raws, **{n: {**raws[n], **results[n]} for n in results}}}
-
-    for case in todo:
-        if time.monotonic() - start + case.timeout > budget:
-            raws[case.name] = {"name": case.name, "exit": "skipped: time budget spent"}
-            continue
-        raw = run(case, logs, list(range(case.gpus)))
-        raws[case.name] = {k: raw.get(k) for k in ("name", "exit", "wall_s")}
-        results[case.name] = analyse(case, raw)
-        store(out, logs, summary())
-        print(f"[{case.name}] exit={raw['exit']} (expected {case.expect_exit}) "
-              f"wall={raw['wall_s']}s", flush=True)
-    final = summary()
-    store(out, logs, final)
-    return final
-
-
 def main(argv: list[str] | None = None) -> int:
-    """Run one call's cases, or reanalyse / list them."""
+    """Reanalyse a stored result."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ngpu", type=int, choices=[1, 2], default=1)
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--reanalyse", type=Path, metavar="DIR",
+    parser.add_argument("--reanalyse", type=Path, metavar="DIR", required=True,
                         help="recompute the figures of a stored result directory (no GPU)")
-    parser.add_argument("--list", action="store_true", help="print the runs and exit")
-    parser.add_argument("--only", help="comma-separated case names to keep")
-    parser.add_argument("--budget", type=float, default=BUDGET_S,
-                        help="a run starts only if its timeout ends within this many seconds "
-                        f"of the start (default {BUDGET_S:.0f})")
     args = parser.parse_args(argv)
-    if args.reanalyse:
-        from benchmarks.gpu_validation import StoredResultError
+    from benchmarks.gpu_validation import StoredResultError
 
-        try:
-            print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
-        except StoredResultError as exc:
-            parser.error(str(exc))
-        return 0
-    keep = set(args.only.split(",")) if args.only else None
-    todo = [c for c in cases(args.ngpu) if keep is None or c.name in keep]
-    if args.list:
-        for c in todo:
-            env = " ".join(f"{k}={v!r}" for k, v in c.env().items())
-            print(f"{c.name}: gpus={c.gpus} {env} {MODELS[c.model].config} {' '.join(c.flags())}")
-        return 0
-    if not args.out:
-        parser.error("--out is required (or --reanalyse DIR, or --list)")
-    import torch
-
-    if torch.cuda.device_count() < args.ngpu:
-        print(f"--ngpu {args.ngpu}: this machine has {torch.cuda.device_count()} GPU(s)",
-              file=sys.stderr)
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
-    logs = Path(tempfile.mkdtemp(prefix="titan-rocm-audit-logs-"))
-    environment = {"date": datetime.now().isoformat(timespec="seconds"),
-                   "gpu": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
-                   "torch": torch.__version__, "triton": __import__("triton").__version__,
-                   "command": " ".join(sys.argv)}
-    summary = run_cases(todo, args.out, logs, environment, args.budget)
-    print(json.dumps({"figures": summary["figures"]}, indent=2, default=str))
+    try:
+        print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
+    except StoredResultError as exc:
+        parser.error(str(exc))
     return 0
 
 
 if __name__ == "__main__":
-    if os.environ.get(CHILD_ENV) == "1":
-        sys.exit(child(sys.argv[1:]))
     sys.exit(main())

@@ -9,7 +9,7 @@ see moe_test_models.cpu_histc / cpu_permute_indices), process-wide: this module 
 imported by the audit tests' own processes and cases.
 
 Faults come from titan-rocm's own injector (``TITAN_ROCM_DEBUG_CORRUPT``, compiled code only;
-docs/numerics-audit-fault.md), installed by the converters this trainer runs.
+docs/numerics-audit-fault.md), installed on the built model when the variable is set.
 """
 
 from __future__ import annotations
@@ -65,9 +65,17 @@ if "audit_counting" not in torch._dynamo.list_backends(exclude_tags=()):
 
 
 class AuditTrainer(CpuTrainer):
-    """CpuTrainer with the job's ParallelDims and the model's own ``parallelize_fn``."""
+    """CpuTrainer with the job's ParallelDims and the model's own ``parallelize_fn``; with
+    ``TITAN_ROCM_DEBUG_CORRUPT`` set, the test fault installed on the built model (a test
+    harness installs it; training never does)."""
 
     patch_for_cpu = True
+
+    def __init__(self, job_config: Any) -> None:
+        super().__init__(job_config)
+        from titan_rocm.testing import corrupt
+
+        corrupt.install(self.model_parts)
 
     def parallel_dims_for(self, job_config: Any, world: int) -> Any:
         from torchtitan.distributed import ParallelDims

@@ -14,25 +14,26 @@ import pytest
 from test_tt030_numerics_audit import _clean_state  # noqa: F401 - its autouse fixture
 
 from tests.support.log_tools import run_tools, torchtitan_log
-from titan_rocm.numerics import corrupt
-from titan_rocm.numerics.corrupt import ENV
+from titan_rocm.testing import corrupt
 
 
-def _train(cpu_harness: Any, log: Path, steps: int) -> Path:
+def _train(cpu_harness: Any, log: Path, steps: int, fault: str | None = None) -> Path:
     """llama3 debug (2 layers) compiled, ``steps`` steps, the audit before step 1's optimizer
-    step, colours on as TorchTitan's default; the log written to ``log``."""
+    step, colours on as TorchTitan's default, the test fault ``fault`` installed on the built
+    trainer; the log written to ``log``."""
     import torch
     from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
     from titan_rocm.adapters.tt030 import rocm
-    from titan_rocm.workarounds import numerics_audit
 
     config = cpu_harness.config(llama3_debugmodel(), layers=2, steps=steps, compile=True)
     config.training.mixed_precision_param = "float32"
     config.metrics.disable_color_printing = False
     with torchtitan_log(log):
-        cpu_harness.train(rocm(config, numerics_audit="first_step"))
-    numerics_audit.uninstall()
+        trainer = cpu_harness.build(rocm(config, numerics_audit="first_step"))
+        if fault is not None:
+            corrupt.install(trainer.model_parts, corrupt.parse(fault))
+        cpu_harness.train(trainer)
     corrupt.uninstall()
     torch._dynamo.reset()
     assert "numerics audit" in log.read_text()  # the audit ran and reported
@@ -40,16 +41,15 @@ def _train(cpu_harness: Any, log: Path, steps: int) -> Path:
 
 
 @pytest.mark.slow
-def test_real_audited_runs_clean_and_flagged(cpu_harness: Any, tmp_path: Path,
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_real_audited_runs_clean_and_flagged(cpu_harness: Any, tmp_path: Path) -> None:
     clean = _train(cpu_harness, tmp_path / "clean.log", steps=3)
     tools = run_tools(clean, clean)
     assert tools.check_code == 0 and tools.check["steps_parsed"] == 3, tools.check
     assert tools.bench_code == 0 and tools.bench["valid"] is True, tools.bench["reason"]
     assert tools.compare_code == 0 and tools.compare["compare_verdict"] == "unqualified"
 
-    monkeypatch.setenv(ENV, "block=0,fraction=0.03")
-    flagged = _train(cpu_harness, tmp_path / "flagged.log", steps=2)
+    flagged = _train(cpu_harness, tmp_path / "flagged.log", steps=2,
+                     fault="block=0,fraction=0.03")
     tools = run_tools(flagged, clean)
     assert tools.check_code == 4 and tools.check["verdict"]["step"] == 1, tools.check
     assert tools.check["verdict"]["status"] == "flagged" and tools.check["steps_parsed"] == 2

@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "titan_rocm"
 
 # The floors, lowest first. A module may import its own floor and those below.
 FACTS = ("titan_rocm.archs", "titan_rocm.platform", "titan_rocm.settings", "titan_rocm.log",
-         "titan_rocm.guard_message", "titan_rocm._after_import", "titan_rocm.torchtitan_version",
+         "titan_rocm.guard_message", "titan_rocm.audit_message", "titan_rocm._after_import",
+         "titan_rocm.torchtitan_version",
          "titan_rocm.files", "titan_rocm.numbers", "titan_rocm.progress", "titan_rocm.measured")
 WORKAROUNDS = "titan_rocm.workarounds"
 SHARED_WORKAROUND_MODULES = {

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from titan_rocm import audit_message
 from titan_rocm.files import NotRegularFileError, open_regular
 from titan_rocm.guard_message import NUMBER, fmt_value
 from titan_rocm.guard_message import PATTERN as GUARD_PATTERN
@@ -126,14 +127,6 @@ _TT_AFTER: dict[str, re.Pattern[str]] = {
 _BEFORE_CHARS = 120
 """How far before a named value its neighbour is looked for (a step and separators)."""
 
-# The numerics audit in training (rocm.numerics_audit, docs/numerics-audit.md) logs its report
-# under a header naming the step; the report's first line carries the verdict. A run the
-# audit stops (numerics_audit_policy = "stop") ends with the exception naming the step.
-_AUDIT_HEADER = re.compile(r"titan-rocm numerics audit at step (?P<step>\d{1,18})\b")
-_AUDIT_VERDICT = re.compile(r"\bnumerics audit: (?P<verdict>[A-Za-z]+)\b")
-_AUDIT_STOP = re.compile(r"titan-rocm numerics audit flagged step (?P<step>\d{1,18})\b")
-_AUDIT_LOOKAHEAD = 5
-"""Lines after an audit header within which its verdict line is looked for."""
 
 
 def to_float(text: str) -> float:
@@ -573,7 +566,6 @@ class _Parser:
             raise ValueError(f"log format {fmt!r} is not valid; accepted: {', '.join(FORMATS)}")
         self.log = ParsedLog(source=source, fmt=fmt, lean=lean)
         self._crash_line = 0  # where the current traceback started (its exception line follows)
-        self._audit: tuple[int, int, int | None] | None = None  # a header's (step, line, rank)
 
     def feed(self, chunk: str) -> None:
         """One or more whole lines (line ends optional)."""
@@ -646,29 +638,21 @@ class _Parser:
                     grad_norm=nan if is_grad else None, raw=raw[:_TEXT_MAX]))
 
     def _audit_line(self, line_no: int, line: str) -> None:
-        """Follow the in-training numerics audit's report: its header names the step, the
-        verdict line after it says OK or FLAGGED; the stop policy's exception names the
-        step it flagged."""
+        """Follow the in-training numerics audit: its verdict line names the step and says OK
+        or FLAGGED; the stop policy's exception names the step it flagged
+        (:mod:`titan_rocm.audit_message` owns both wordings)."""
         log = self.log
-        if self._audit is not None and line_no - self._audit[1] > _AUDIT_LOOKAHEAD:
-            self._audit = None
         for rank, segment in _segments(line):
-            stop = _AUDIT_STOP.search(segment)
+            stop = audit_message.STOP.search(segment)
             if stop:
                 self._flagged(int(stop.group("step")), line_no, rank)
                 continue
-            header = _AUDIT_HEADER.search(segment)
-            if header:
-                self._audit = (int(header.group("step")), line_no, rank)
-            verdict = _AUDIT_VERDICT.search(segment, header.end() if header else 0)
-            if verdict and self._audit is not None:
-                step, _, at = self._audit
-                self._audit = None
-                said = verdict.group("verdict").upper()
-                if said == "OK":
+            verdict = audit_message.VERDICT.search(segment)
+            if verdict:
+                if verdict.group("verdict") == "OK":
                     log.audits_ok += 1
-                elif said == "FLAGGED":
-                    self._flagged(step, line_no, at if at is not None else rank)
+                else:
+                    self._flagged(int(verdict.group("step")), line_no, rank)
 
     def _flagged(self, step: int, line_no: int, rank: int | None) -> None:
         if all(mark.step != step for mark in self.log.audits_flagged):

@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 from typing import Any
 
+from titan_rocm import audit_message
 from titan_rocm.files import write_atomic
 
 OUTSIDE = ("embedding", "head")
@@ -34,9 +35,8 @@ def format_report(result: dict[str, Any], top: int = 10, step: int | None = None
     starts with the audit's name or two spaces, so no log reader takes one for a metric."""
     s = result["settings"]
     loss = result["loss"]
-    when = f" at step {step}" if step is not None else ""
     lines = [
-        f"titan-rocm numerics audit{when}: {result['verdict'].upper()} ({result['tokens']} "
+        f"{audit_message.verdict_line(result['verdict'], step)} ({result['tokens']} "
         f"tokens, {result['world_size']} rank(s); job {result['job_dtype']}, reference "
         f"{result['reference']}; block by block, teacher-forced)",
     ]

@@ -1,4 +1,5 @@
-"""benchmarks/numerics_audit.py on CPU: its runs, and every figure from synthetic logs.
+"""benchmarks/numerics_audit.py on CPU: every figure of the stored schema-1 results, from
+synthetic logs and a real one.
 
 The logs are written as a GPU call would leave them: torchrun's ``[rankN]:`` prefixes, the
 audit's ``--json`` object pretty-printed by rank 0 (the contract the audit keeps), the
@@ -15,7 +16,6 @@ from typing import Any
 import pytest
 
 from tests.support.benchmark_loader import load_benchmark
-from titan_rocm.numerics import corrupt
 
 bench = load_benchmark("numerics_audit")
 
@@ -79,52 +79,6 @@ def _train_log(losses: list[float], tps: int = 40_000, start_s: int = 0) -> str:
         for i, loss in enumerate(losses))
 
 
-def test_the_one_gpu_call_audits_three_models_and_corrupts_one() -> None:
-    runs = {c.name: c for c in bench.cases(1)}
-    audits = [c for c in runs.values() if c.kind == "audit"]
-    assert {c.model for c in audits} == {"llama3_1b", "qwen3_1.7b", "deepseek_v3_4b",
-                                         "llama3_1b_full"}
-    table = runs["llama3_1b_full_audit_table"].flags()
-    assert table[table.index("--rocm.gemm_lookup_table") + 1] == bench.TABLE[-1]
-    assert (bench.REPO / bench.TABLE[-1]).is_file() and "--tokens" not in table
-    assert "--rocm.gemm_lookup" not in runs["llama3_1b_full_audit_aten"].flags()
-    bad = [c for c in audits if c.corrupt]
-    assert [c.name for c in bad] == ["llama3_1b_audit_corrupt"] and bad[0].expect_exit == 1
-    spec = corrupt.parse(bad[0].env()[corrupt.ENV])  # the benchmark's spec is accepted
-    assert (spec.block, spec.graph, spec.fraction) == (3, "backward", 0.03)
-    assert bench.CORRUPT_ENV == corrupt.ENV
-    for c in audits:
-        flags = c.flags()
-        assert "--json" in flags and c.env()[bench.CHILD_ENV] == "1"
-        assert "--rocm.triton_war" in flags  # workarounds forced on, as gpu_validation's
-    trains = [c for c in runs.values() if c.kind == "train"]
-    assert all("--json" not in c.flags() and bench.CHILD_ENV not in c.env() for c in trains)
-    # the most important first: the budget cuts from the end
-    assert list(runs)[:2] == ["llama3_1b_audit", "llama3_1b_audit_corrupt"]
-    assert bench.MODELS["deepseek_v3_4b"].flags[-1] == "bench_moe_4B"
-    big = runs["deepseek_v3_4b_audit"].flags()
-    assert big[big.index("--tokens") + 1] == "2048"  # the float64 reference must fit
-
-
-def test_the_two_gpu_call_is_issue_27() -> None:
-    runs = {c.name: c for c in bench.cases(2)}
-    assert all(c.gpus == 2 for c in runs.values())
-    ep = runs["deepseek_v3_fsdp2_ep2_audit_corrupt"].flags()
-    assert ep[ep.index("--parallelism.expert_parallel_degree") + 1] == "2"
-    tp = runs["llama3_tp2_audit"].flags()
-    assert tp[tp.index("--parallelism.tensor_parallel_degree") + 1] == "2"
-    audited = runs["llama3_fsdp2_train_first_step_audit"].flags()
-    assert audited[audited.index("--rocm.numerics_audit") + 1] == "first_step"
-    assert "--rocm.numerics_audit" not in runs["llama3_fsdp2_train"].flags()
-
-
-def test_list_prints_every_run(capsys: pytest.CaptureFixture[str]) -> None:
-    assert bench.main(["--list", "--ngpu", "2"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert len(out) == len(bench.cases(2))
-    assert "TITAN_ROCM_DEBUG_CORRUPT='block=1,graph=backward" in out[1]
-
-
 def test_audit_json_is_read_from_rank_0s_prefixed_lines() -> None:
     result = audit_json(CLEAN)
     text = _audit_log(result, ranks=2)
@@ -180,7 +134,9 @@ def _store(tmp_path: Path, logs: dict[str, str], runs: dict[str, Any]) -> Path:
     for name, text in logs.items():
         (log_dir / f"{name}.log").write_text(text)
     out.mkdir()
-    bench.store(out, log_dir, {"environment": {"gpu": "synthetic"}, "runs": runs})
+    from benchmarks.gpu_validation import store_result
+
+    store_result(out, log_dir, {"environment": {"gpu": "synthetic"}, "runs": runs})
     return out
 
 
@@ -253,35 +209,3 @@ def test_a_real_corrupted_audit_log_is_judged_right() -> None:
     assert dist["worst"].startswith("layers.1.") and dist["max"] > 1000
 
 
-def test_the_runner_stores_after_every_run_and_skips_what_the_budget_cannot_hold(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The call's loop with a stand-in launcher writing the logs a GPU run would, each run
-    taking 140 s of a stand-in clock."""
-    clock = [1000.0]
-    monkeypatch.setattr(bench.time, "monotonic", lambda: clock[0])
-    todo = bench.cases(1)
-    texts = {"llama3_1b_audit": _audit_log(audit_json(CLEAN)),
-             "llama3_1b_audit_corrupt": _audit_log(
-                 audit_json(dict(CLEAN, **{"layers.3.w1": 40.0}), {"layers.3.w1"}), hits=1)}
-    seen: list[str] = []
-
-    def fake_launch(case: Any, logs: Path, gpu_ids: list[int]) -> dict[str, Any]:
-        seen.append(case.name)
-        clock[0] += 140.0
-        log = logs / f"{case.name}.log"
-        log.write_text(texts.get(case.name, _train_log([7.5, 7.4])))
-        stored = json.loads((out / "summary.json").read_text()) if len(seen) > 1 else None
-        if stored:  # the previous run was stored before this one started
-            assert seen[-2] in stored["runs"]
-        return {"name": case.name, "exit": case.expect_exit, "wall_s": 1.0, "log": str(log)}
-
-    out, logs = tmp_path / "out", tmp_path / "logs"
-    out.mkdir()
-    logs.mkdir()
-    # 140 s + 150 s (the second run's timeout) fits 301 s; 280 s + 150 s does not
-    summary = bench.run_cases(todo, out, logs, {"gpu": "fake"}, budget=301, run=fake_launch)
-    assert seen == ["llama3_1b_audit", "llama3_1b_audit_corrupt"]
-    skipped = [n for n, r in summary["runs"].items() if str(r["exit"]).startswith("skipped")]
-    assert skipped == [c.name for c in todo[2:]]
-    assert summary["figures"]["corrupt"]["llama3_1b_audit_corrupt"]["origin_is_right"]
-    assert bench.reanalyse(out)["figures"] == summary["figures"]

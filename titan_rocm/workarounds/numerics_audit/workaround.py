@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn as nn
 
+from titan_rocm import audit_message
 from titan_rocm.log import log
 from titan_rocm.numerics.audit import Audit, AuditError, StepKit, out_of_memory
 from titan_rocm.numerics.report import format_report
@@ -123,7 +124,7 @@ class NumericsAudit(Workaround):
         try:
             audit.prepare()
         except AuditError as exc:
-            log.warning("titan-rocm numerics audit at step %d skipped: %s", step, exc)
+            log.warning("%s", audit_message.skipped_line(step, str(exc)))
             return run()
         with audit.recording():
             loss = run()
@@ -135,7 +136,7 @@ class NumericsAudit(Workaround):
                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}")
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
-            log.warning("titan-rocm numerics audit at step %d skipped: %s", step, reason)
+            log.warning("%s", audit_message.skipped_line(step, reason))
             return loss
         result["step"] = step
         self.results.append(result)
@@ -145,9 +146,7 @@ class NumericsAudit(Workaround):
             return loss
         log.warning("%s", text)
         if settings.numerics_audit_policy == "stop":
-            raise NumericsAuditFlagged(
-                f"titan-rocm numerics audit flagged step {step} ({_where(result)}) and "
-                '[rocm] numerics_audit_policy = "stop"')
+            raise NumericsAuditFlagged(audit_message.stopped_line(step, _where(result)))
         return loss
 
 

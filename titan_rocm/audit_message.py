@@ -1,0 +1,41 @@
+"""The numerics audit's report lines in the training log: their wording and the patterns that
+find them.
+
+One owner for a contract between two parts that must not drift apart: the in-training audit
+(``rocm.numerics_audit``) writes its verdict line, a skip or a stop into the training log, and
+the log tools (``titan-rocm check-log``, ``bench-summary``, ``compare``) recognise a flagged
+audit by them (and never take any of its lines for a metric). Both import from here.
+
+Torch-free and TorchTitan-free: the offline log tools import it on any machine.
+"""
+
+from __future__ import annotations
+
+import re
+
+NAME = "titan-rocm numerics audit"
+VERDICTS = ("OK", "FLAGGED")
+
+
+def verdict_line(verdict: str, step: int | None = None) -> str:
+    """``titan-rocm numerics audit at step 4: FLAGGED`` (no step: the command line's)."""
+    at = f" at step {step}" if step is not None else ""
+    return f"{NAME}{at}: {verdict.upper()}"
+
+
+def skipped_line(step: int, reason: str) -> str:
+    """An in-training audit that did not run, and why."""
+    return f"{NAME} at step {step} skipped: {reason}"
+
+
+def stopped_line(step: int, where: str) -> str:
+    """What the stop policy raises (``numerics_audit_policy = "stop"``)."""
+    return (f"{NAME} flagged step {step} ({where}) and "
+            '[rocm] numerics_audit_policy = "stop"')
+
+
+VERDICT = re.compile(rf"{re.escape(NAME)} at step (?P<step>\d{{1,18}}): "
+                     rf"(?P<verdict>{'|'.join(VERDICTS)})\b")
+"""An in-training verdict line; the step and the verdict."""
+STOP = re.compile(rf"{re.escape(NAME)} flagged step (?P<step>\d{{1,18}})\b")
+"""The stop policy's exception, wherever the log prints it."""
