@@ -62,6 +62,6 @@ def job_context(config: Any, parallel_dims: Any, settings: RocmSettings | None =
         converters=quantized_experts(spec.model) if spec is not None else (),
         parallelize_fn=parallelize_fn or getattr(spec, "parallelize_fn", None),
         framework=TORCHTITAN_030,
-        # Seams of the installed TorchTitan that moved (e.g. main's folded token layout).
-        generation=TT030.with_moved(torchtitan_version.detect().moved),
+        # The installed TorchTitan's seams: its variants' (main's folded tokens) and moved ones.
+        generation=TT030.for_installed(torchtitan_version.detect()),
     )
