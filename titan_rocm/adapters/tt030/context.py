@@ -18,8 +18,14 @@ them, so the workarounds decide with one vocabulary."""
 
 
 def quantized_experts(model_config: Any) -> tuple[str, ...]:
-    """The 0.2.2 names of the experts quantizations in a 0.3.0 model config tree."""
-    from torchtitan.models.common.moe import GroupedExperts
+    """The 0.2.2 names of the experts quantizations in a 0.3.0 model config tree (none where
+    TorchTitan has no ``GroupedExperts``: pytorch/torchtitan #4539's ``GroupedLinear``
+    experts, for which ``torchtitan_version`` marks the grouped-MM seam moved, with the
+    reason the plan and the log give)."""
+    try:
+        from torchtitan.models.common.moe import GroupedExperts
+    except ImportError:
+        return ()
 
     found: set[str] = set()
     for _fqn, experts, _parent, _attr in model_config.traverse(GroupedExperts.Config):
