@@ -32,7 +32,9 @@ among them), swaps it in, and puts the configs into the model's own copy of its 
 configs alike to ``model.get_attention_masks``). Then the stock ``parallelize_fn`` shards,
 checkpoints and compiles the blocks with the replacements in them. The work itself is
 0.2.2's: :meth:`~.module.MLAVarlenInnerAttention.within_documents` (packing, the varlen ops,
-routing, fallbacks) and :class:`~.module.MLAInnerAttention` (dense).
+routing, fallbacks) and :class:`~.module.MLAInnerAttention` (dense). Which replacement each
+kind gets is a :class:`Layout`: :data:`BATCHED` here; TorchTitan main's folded ``(T, N, H)``
+tokens take the same seam with :data:`~.tt030_folded.FOLDED`.
 """
 
 from __future__ import annotations
@@ -201,8 +203,6 @@ class Layout:
 BATCHED = Layout({VARLEN: MLAVarlenAttention, DENSE: MLASdpaAttention,
                   DROPPED: MLADroppedMasksAttention}, dropped=DROPPED, sdpa=DENSE)
 """TorchTitan 0.3.0's ``(batch, seqlen, heads, dim)`` (there is no causal-only Flex mask)."""
-REPLACEMENTS = BATCHED.replacements
-"""The replacement of each attention kind on 0.3.0."""
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
