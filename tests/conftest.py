@@ -2,7 +2,7 @@
 
 Two suites share this tree: ``tests/tt030/`` is the TorchTitan 0.3.0 suite (marker
 ``torchtitan030``), everything else the TorchTitan 0.2.2 suite (marker ``torchtitan022``).
-Which TorchTitan is installed is read from package metadata, never by importing it (0.3.0
+Which TorchTitan is installed is read from its files' API, never by importing it (0.3.0
 fixes its device type when first imported). The other suite's test modules are not even
 imported: each becomes one test skipped with the reason, so ``pytest -q`` in either
 environment says what it left out, and ``-m torchtitan030`` / ``-m torchtitan022`` selects
@@ -22,6 +22,9 @@ TT030_SUITE = Path(__file__).resolve().parent / "tt030"
 SUITES = {"0.2": ("torchtitan022", "0.2.2"), "0.3": ("torchtitan030", "0.3.0")}
 """TorchTitan release line -> (its marker, the version its suite is written for)."""
 INSTALLED = torchtitan_version.installed()
+INSTALLED_SERIES = torchtitan_version.series()
+"""The installed TorchTitan's API (its files, not its version string: main says 0.2.2 and has
+0.3's API); None when none is installed."""
 
 
 def suite_of(path: Path) -> str:
@@ -57,10 +60,9 @@ class OtherSuiteItem(pytest.Item):
 
 def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector):
     """Keep the other suite's modules unimported (each imports its own TorchTitan)."""
-    installed_series = torchtitan_version.series(INSTALLED) if INSTALLED else None
-    if installed_series is None and suite_of(module_path) == "0.2":
+    if INSTALLED_SERIES is None and suite_of(module_path) == "0.2":
         return None  # nothing installed: let the 0.2.2 suite fail loudly as it always did
-    if suite_of(module_path) != installed_series:
+    if suite_of(module_path) != INSTALLED_SERIES:
         return OtherSuiteModule.from_parent(parent, path=module_path)
     return None
 
@@ -95,7 +97,7 @@ def _registered_flavors_restored(monkeypatch: pytest.MonkeyPatch) -> None:
     trainer in process (the numerics audit's, the fault's) made every later ``plan`` of a
     deepseek_v3 job see ``use_grouped_mm = false`` and skip ``rocm.grouped_mm``.
     """
-    if torchtitan_version.series(INSTALLED) != "0.2" if INSTALLED else True:
+    if INSTALLED_SERIES != "0.2":
         return
     import copy
 

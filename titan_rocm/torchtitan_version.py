@@ -69,19 +69,52 @@ SHAPES: dict[str, tuple[str, ...]] = {
 }
 """Files (under the ``torchtitan`` package) that each generation's API has, all of them."""
 
+FOLDED_TOKENS = "folded_tokens"
+"""The variant of a 0.3-shaped TorchTitan whose batch is folded into the token dimension:
+pytorch/torchtitan #4121 (commit 73aed7f6) made tokens, positions and hidden states ``[T]`` /
+``[T, D]`` and q/k/v ``(T, N, H)`` instead of ``(B, L, N, H)``. Workarounds whose seam reads the
+attention layout take that variant's seam (``workarounds/seams.py``, ``Generation.variants``)."""
 FOLDED_TOKENS_MARKER = ("config/configs.py", "num_tokens_per_microbatch_per_dp_rank")
-"""A 0.3-shaped TorchTitan that folds the batch into the token dimension: pytorch/torchtitan
-#4121 (commit 73aed7f6) renamed ``training.local_batch_size`` to this field and made q/k/v
-``(T, N, H)`` instead of ``(B, L, N, H)``."""
+"""How :data:`FOLDED_TOKENS` shows in the files: #4121 renamed ``training.local_batch_size`` to
+this field (pytorch/torchtitan b5bcd76c, ``torchtitan/config/configs.py``)."""
 
-FOLDED_TOKENS_MOVES: dict[str, str] = {
-    "mla_ck_backward": (
-        "this TorchTitan folds the batch into the token dimension (q/k/v arrive as (T, N, H), "
-        "pytorch/torchtitan #4121), and titan-rocm's MLA seam reads (B, L, N, H); its "
-        "attention is left as TorchTitan built it"
+
+@dataclass(frozen=True)
+class UnreadShape:
+    """A change to a 0.3-shaped TorchTitan that one workaround's seam was not written
+    against, read from the files: the seam is then moved (``auto`` skips with
+    :attr:`reason`, ``on`` fails with it)."""
+
+    workaround: str
+    path: str
+    """A file under the ``torchtitan`` package."""
+    lacks: str | None
+    """None: the file's existence is the change; else the change is the file lacking this
+    text (or being absent)."""
+    reason: str
+
+
+UNREAD_SHAPES: tuple[UnreadShape, ...] = (
+    # pytorch/torchtitan #4164/#4165 (open at b5bcd76c, where attention is the module
+    # models/common/attention.py): the inner attentions move into a package.
+    UnreadShape(
+        "mla_ck_backward", "models/common/attention/__init__.py", None,
+        "this TorchTitan's attention is a package (torchtitan/models/common/attention/, "
+        "pytorch/torchtitan #4164), not the module attention.py whose FlexAttention and "
+        "VarlenAttention titan-rocm's MLA seam was written against; its attention is left as "
+        "TorchTitan built it",
     ),
-}
-"""Workaround -> why its seam does not fit a TorchTitan with the folded token layout."""
+    # pytorch/torchtitan #4539 (open at b5bcd76c): RoutedExperts' inner GroupedExperts gives
+    # way to w13/w2 GroupedLinear children. The class name is grouped_mm/tt030.py's
+    # EXPERTS_CLASS (a test holds the two equal).
+    UnreadShape(
+        "grouped_mm", "models/common/moe.py", "class GroupedExperts(",
+        "this TorchTitan's torchtitan/models/common/moe.py defines no GroupedExperts, the "
+        "experts class titan-rocm's grouped-MM seam binds (pytorch/torchtitan #4539 replaces "
+        "it with w13/w2 GroupedLinear modules); its experts are left as TorchTitan built them",
+    ),
+)
+"""Changes on TorchTitan main that titan-rocm's seams have not been written against."""
 
 SUPPORTED = "titan-rocm supports TorchTitan 0.2.2 (converters) and 0.3.0 (config functions)"
 
@@ -100,6 +133,8 @@ class Installed:
     """Every marker of :data:`SHAPES` that exists, for the sentence."""
     moved: Mapping[str, str] = field(default_factory=dict)
     """Workaround -> why its seam does not fit this TorchTitan (a known shape that moved)."""
+    variants: tuple[str, ...] = ()
+    """Variants of its shape some seams differ by (:data:`FOLDED_TOKENS`)."""
 
     def describe(self) -> str:
         """One phrase naming it, e.g. ``torchtitan 0.2.2 (with TorchTitan 0.3's API)``."""
@@ -148,10 +183,20 @@ def detect(package_dir: str | Path | None = None) -> Installed:
     # Both (a tree with leftovers of each): the newer API is the one its trainer runs.
     shape = shapes[-1] if shapes else None
     moved: dict[str, str] = {}
-    marker_file, marker = FOLDED_TOKENS_MARKER
-    if shape == "0.3" and marker in _read(root / marker_file):
-        moved.update(FOLDED_TOKENS_MOVES)
-    return Installed(version, str(root), shape, found, moved)  # type: ignore[arg-type]
+    variants: list[str] = []
+    if shape == "0.3":
+        marker_file, marker = FOLDED_TOKENS_MARKER
+        if marker in _read(root / marker_file):
+            variants.append(FOLDED_TOKENS)
+        moved.update((s.workaround, s.reason) for s in UNREAD_SHAPES if _changed(root, s))
+    return Installed(version, str(root), shape, found, moved,  # type: ignore[arg-type]
+                     tuple(variants))
+
+
+def _changed(root: Path, shape: UnreadShape) -> bool:
+    if shape.lacks is None:
+        return (root / shape.path).is_file()
+    return shape.lacks not in _read(root / shape.path)
 
 
 def _read(path: Path) -> str:

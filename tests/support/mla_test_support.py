@@ -119,3 +119,25 @@ def reference(q, k, v, scale, dout, attn_mask=None):
 
 def assert_matches(got, want, tol=2e-2):
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+def assert_compiled_matches_eager(module, compiled, qkv, **kwargs) -> None:
+    """``module`` and ``compiled`` (its ``torch.compile``) on copies of ``qkv``, forward and a
+    backward of ones: the outputs and every gradient equal."""
+    results = []
+    for fn in (module, compiled):
+        q, k, v = (t.detach().clone().requires_grad_() for t in qkv)
+        out = fn(q, k, v, **kwargs)
+        out.backward(torch.ones_like(out))
+        results.append((out.detach(), q.grad, k.grad, v.grad))
+    for eager, comp in zip(*results, strict=True):
+        torch.testing.assert_close(comp, eager)
+
+
+def assert_grads_close(ours: dict, stock: dict, rel: float = 5e-2) -> None:
+    """The same parameters' gradients, each within ``rel`` of the stock one (norm of the
+    difference over the norm)."""
+    assert set(ours) == set(stock)
+    for name, grad in stock.items():
+        diff = (ours[name].float() - grad.float()).norm() / grad.float().norm()
+        assert diff < rel, (name, float(diff))

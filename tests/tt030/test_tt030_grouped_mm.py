@@ -167,3 +167,30 @@ def test_fp8_route_runs_the_float8_experts_and_the_torch_route_still_runs_torcha
     used = int(counts.sum())
     fp8, ref = (outputs[r][0][:used].float() for r in ("primus_turbo:fp8", "torch"))
     assert 0 < (fp8 - ref).norm() / ref.norm() < 0.1
+
+
+def test_a_torchtitan_without_grouped_experts_builds_its_job_with_grouped_mm_skipped(
+        monkeypatch):
+    """pytorch/torchtitan #4539 (open at b5bcd76c) drops GroupedExperts: the job context
+    still builds (no quantized experts to name), and the moved seam (torchtitan_version, from
+    the files) is grouped_mm's one reason."""
+    import dataclasses
+
+    import torchtitan.models.common.moe as moe
+    from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_debugmodel
+
+    from tests.support.mla_test_support import on_rocm
+    from titan_rocm import torchtitan_version
+    from titan_rocm.adapters.tt030.context import job_context
+    from titan_rocm.workarounds.job import JobWorkarounds
+
+    experts = next(s for s in torchtitan_version.UNREAD_SHAPES if s.workaround == "grouped_mm")
+    detect = torchtitan_version.detect
+    monkeypatch.setattr(torchtitan_version, "detect", lambda *a: dataclasses.replace(
+        detect(*a), moved={"grouped_mm": experts.reason}))
+    monkeypatch.delattr(moe, "GroupedExperts")
+    with on_rocm("gfx942"):
+        ctx = job_context(deepseek_v3_debugmodel(), None)
+        assert ctx.converters == ()
+        assert JobWorkarounds(ctx, ["grouped_mm"]).decide(nn.Module()) == {
+            "grouped_mm": experts.reason}

@@ -133,6 +133,31 @@ def document_positions(seq_len: int, starts: list[int] | tuple[int, ...] = ()) -
     return positions
 
 
+def build_bf16(config: Any) -> torch.nn.Module:
+    """The model of ``config`` on CPU, initialised with a fixed seed, bf16 as FSDP's mixed
+    precision computes."""
+    with torch.device("meta"):
+        model = config.model_spec.model.build()
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.init_states(buffer_device=torch.device("cpu"))
+        for p in model.parameters():
+            p.data = p.data.to(torch.bfloat16)
+    return model
+
+
+def convert_mla(config: Any, model: torch.nn.Module, parallel_dims: Any = None,
+                **settings: Any) -> Any:
+    """titan-rocm's 0.3.0 adapter on ``model`` (``mla_ck_backward`` alone): its decision."""
+    from titan_rocm.adapters.tt030.job import RocmJob
+    from titan_rocm.settings import RocmSettings
+
+    job = RocmJob(RocmSettings(**settings), names=["mla_ck_backward"])
+    job.start(config, parallel_dims)
+    return job.apply(model)[0]
+
+
 def causal_sdpa_config() -> Any:
     """A config for :class:`CausalSdpa` (an ``inner_attention``)."""
     return _classes()["CausalSdpa"].Config()

@@ -289,7 +289,8 @@ def test_every_seam_module_a_generation_names_exists() -> None:
     from titan_rocm.workarounds.seams import GENERATIONS
 
     for generation in GENERATIONS.values():
-        for workaround, target in generation.seams.items():
+        variants = [seams.items() for seams in generation.variants.values()]
+        for workaround, target in [*generation.seams.items(), *(i for v in variants for i in v)]:
             assert workaround in REGISTERED
             module, _, cls = target.partition(":")
             assert module in MODULES and cls in _defined_names(module), target

@@ -3,6 +3,7 @@ point; stand-in TorchTitan packages of each shape, and one whose version string 
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -87,8 +88,13 @@ def test_the_0_3_adapter_on_0_2_raises_the_sentence_at_import():
 
 SHAPE_FILES = {
     "0.2": ("protocols/model_converter.py", "config/job_config.py"),
-    "0.3": ("config/configurable.py", "trainer.py", "config/configs.py"),
+    "0.3": ("config/configurable.py", "trainer.py", "config/configs.py",
+            "models/common/moe.py"),
 }
+FILE_TEXT = {"models/common/moe.py": "class GroupedExperts(Module):\n    pass\n"}
+"""What 0.3.0 and main at b5bcd76c have where titan-rocm's seams look."""
+FOLDED_CONFIGS = "class Training:\n    num_tokens_per_microbatch_per_dp_rank: int = 8\n"
+"""A ``config/configs.py`` with #4121's field (pytorch/torchtitan b5bcd76c)."""
 
 
 def stand_in(root, version: str, files=(), configs_text: str = "") -> str:
@@ -99,7 +105,8 @@ def stand_in(root, version: str, files=(), configs_text: str = "") -> str:
     (package / "__init__.py").write_text("raise RuntimeError('stand-in imported')\n")
     for name in files:
         (package / name).parent.mkdir(parents=True, exist_ok=True)
-        (package / name).write_text(configs_text if name == "config/configs.py" else "")
+        (package / name).write_text(FILE_TEXT.get(name, "") if name != "config/configs.py"
+                                    else configs_text)
     info = root / f"torchtitan-{version}.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torchtitan\nVersion: {version}\n")
@@ -127,20 +134,63 @@ def test_each_api_shape_is_detected_from_its_files(tmp_path, shape):
 
 
 def test_a_version_string_that_lies_is_not_believed(tmp_path):
-    # TorchTitan main: assets/version.txt says 0.2.2 (b5bcd76c), its API is 0.3's, and its
-    # batch is folded into the tokens (#4121), which moves MLA's seam.
-    path = stand_in(tmp_path, "0.2.2", SHAPE_FILES["0.3"],
-                    "class Training:\n    num_tokens_per_microbatch_per_dp_rank: int = 8\n")
+    # TorchTitan main: assets/version.txt says 0.2.2 (b5bcd76c), its API is 0.3's; its batch
+    # folded into the tokens (#4121) is a variant, no moved seam.
+    path = stand_in(tmp_path, "0.2.2", SHAPE_FILES["0.3"], FOLDED_CONFIGS)
     out = detect_in(path, (
         "i = v.detect(); print(i.shape); print(sorted(i.moved)); print(v.require('0.3', 'e'))\n"
         "try:\n    v.require('0.2', 'python -m titan_rocm.train')\n"
         "except v.TorchTitanVersionError as e:\n    print(e)"
     ).replace("; print(v.require", "\nprint(v.require"))
     shape, moved, version, sentence = out.splitlines()
-    assert (shape, moved, version) == ("0.3", "['mla_ck_backward']", "0.2.2")
+    assert (shape, moved, version) == ("0.3", "[]", "0.2.2")
     assert sentence.startswith("python -m titan_rocm.train is for TorchTitan 0.2.x, but "
                                "torchtitan 0.2.2 (with TorchTitan 0.3's API) is installed; "
                                "with it, use the trainer adapter")
+
+
+def test_main_s_folded_tokens_are_a_variant_of_the_0_3_shape(tmp_path):
+    main = stand_in(tmp_path / "main", "0.2.2", SHAPE_FILES["0.3"], FOLDED_CONFIGS)
+    release = stand_in(tmp_path / "release", "0.3.0", SHAPE_FILES["0.3"])
+    code = "i = v.detect(); print(i.shape, i.variants, dict(i.moved))"
+    assert detect_in(main, code) == "0.3 ('folded_tokens',) {}"
+    assert detect_in(release, code) == "0.3 () {}"
+
+
+# Each change main has not made at b5bcd76c, made in a stand-in: (the file it adds or
+# empties, the workaround whose seam moves, the reason's words).
+UNREAD = [
+    ("models/common/attention/__init__.py", "", "mla_ck_backward",
+     "this TorchTitan's attention is a package (torchtitan/models/common/attention/, "
+     "pytorch/torchtitan #4164)"),
+    ("models/common/moe.py", "class RoutedExperts(Module):\n    pass\n", "grouped_mm",
+     "this TorchTitan's torchtitan/models/common/moe.py defines no GroupedExperts, the experts "
+     "class titan-rocm's grouped-MM seam binds (pytorch/torchtitan #4539"),
+]
+
+
+@pytest.mark.parametrize(("path", "text", "workaround", "reason"), UNREAD)
+def test_a_change_main_has_not_made_moves_that_seam_with_one_sentence(tmp_path, path, text,
+                                                                     workaround, reason):
+    root = stand_in(tmp_path, "0.2.2", SHAPE_FILES["0.3"], FOLDED_CONFIGS)
+    changed = tmp_path / "torchtitan" / path
+    changed.parent.mkdir(parents=True, exist_ok=True)
+    changed.write_text(text)
+    out = detect_in(root, "import json; i = v.detect(); print(i.variants); "
+                          "print(json.dumps(dict(i.moved)))")
+    variants, moved = out.splitlines()
+    assert variants == "('folded_tokens',)"
+    moved = json.loads(moved)
+    assert list(moved) == [workaround] and moved[workaround].startswith(reason)
+    assert moved[workaround].endswith("left as TorchTitan built them" if workaround ==
+                                      "grouped_mm" else "left as TorchTitan built it")
+
+
+def test_the_experts_marker_is_the_class_grouped_mm_binds():
+    from titan_rocm.workarounds.grouped_mm.tt030 import EXPERTS_CLASS
+
+    experts = next(s for s in torchtitan_version.UNREAD_SHAPES if s.workaround == "grouped_mm")
+    assert experts.lacks == f"class {EXPERTS_CLASS}("
 
 
 def test_a_torchtitan_of_neither_shape_gets_one_sentence(tmp_path):

@@ -12,10 +12,13 @@ workaround, and one :class:`Generation` the adapter passes to its Context.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from titan_rocm.torchtitan_version import FOLDED_TOKENS, Installed
 
 TORCHTITAN_022 = "torchtitan 0.2.2"
 """``Context.framework`` of a job built by the 0.2.2 converters
@@ -39,10 +42,22 @@ class Generation:
     moved: Mapping[str, str] = field(default_factory=dict)
     """Workaround name -> why its seam does not fit the installed TorchTitan (a known API
     shape whose seam moved): ``auto`` skips with it, ``on`` fails start-up with it."""
+    variants: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    """Variant of the installed TorchTitan (``torchtitan_version.Installed.variants``, e.g.
+    ``folded_tokens``) -> workaround name -> ``"module:Class"`` of the seam that variant
+    takes instead of :attr:`seams`'."""
 
     def with_moved(self, moved: Mapping[str, str]) -> Generation:
         """This generation with the installed TorchTitan's moved seams added."""
-        return Generation(self.framework, self.seams, {**self.moved, **moved})
+        return dataclasses.replace(self, moved={**self.moved, **moved})
+
+    def for_installed(self, installed: Installed) -> Generation:
+        """This generation as the installed TorchTitan needs it: the seams of its variants,
+        and its moved seams."""
+        seams = dict(self.seams)
+        for variant in installed.variants:
+            seams.update(self.variants.get(variant, {}))
+        return dataclasses.replace(self, seams=seams).with_moved(installed.moved)
 
     def load(self, name: str, ctx: Any) -> Any:
         """Workaround ``name``'s seam for this generation, built for ``ctx``.
@@ -87,8 +102,14 @@ def _seams(generation: str) -> dict[str, str]:
 
 TT022 = Generation(TORCHTITAN_022, _seams("tt022"))
 """TorchTitan 0.2.2: converters over the TOML JobConfig."""
-TT030 = Generation(TORCHTITAN_030, _seams("tt030"))
-"""TorchTitan 0.3.0 (and main): config functions and ``Trainer.Config``."""
+TT030 = Generation(TORCHTITAN_030, _seams("tt030"), variants={
+    FOLDED_TOKENS: {
+        "mla_ck_backward": "titan_rocm.workarounds.mla_attention.seams_tt030:FoldedSeam",
+    },
+})
+"""TorchTitan 0.3.0 (and main): config functions and ``Trainer.Config``. Main folds the batch
+into the token dimension (q/k/v ``(T, N, H)``), which MLA's seam reads: it takes the folded
+seam there."""
 
 GENERATIONS: dict[str, Generation] = {g.framework: g for g in (TT022, TT030)}
 """The shipped generations by framework name."""

@@ -11,7 +11,7 @@ import torch.nn as nn
 import tests.support.stub_generation as stub
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.settings import RocmSettings
-from titan_rocm.torchtitan_version import FOLDED_TOKENS_MOVES
+from titan_rocm.torchtitan_version import FOLDED_TOKENS, UNREAD_SHAPES, Installed
 from titan_rocm.workarounds.base import TORCHTITAN_030, Context
 from titan_rocm.workarounds.job import JobWorkarounds
 from titan_rocm.workarounds.seams import TT030, Generation
@@ -74,16 +74,33 @@ def test_a_seam_that_does_not_load_says_so_without_a_traceback():
     assert reason.startswith(f"its {stub.FRAMEWORK} seam (no_such_module:Seam) does not load: ")
 
 
-def test_main_folded_layout_moves_mla_seam_auto_skips_and_on_fails_with_the_reason():
-    # What the 0.3.0 adapter builds on TorchTitan main (#4121): the 0.3.0 seams, MLA's moved.
-    main = TT030.with_moved(FOLDED_TOKENS_MOVES)
-    reason = FOLDED_TOKENS_MOVES["mla_ck_backward"]
+MAIN = Installed("0.2.2", "/stand-in", "0.3", variants=(FOLDED_TOKENS,))
+"""What ``torchtitan_version.detect()`` finds on TorchTitan main at b5bcd76c."""
+
+
+def test_main_s_folded_tokens_take_mla_s_folded_seam_and_leave_the_others():
+    main = TT030.for_installed(MAIN)
+    assert main.seams["mla_ck_backward"] == (
+        "titan_rocm.workarounds.mla_attention.seams_tt030:FoldedSeam")
+    assert {k: v for k, v in main.seams.items() if k != "mla_ck_backward"} == {
+        k: v for k, v in TT030.seams.items() if k != "mla_ck_backward"}
+    assert (main.moved, main.framework) == ({}, TT030.framework)
+    assert TT030.for_installed(Installed("0.3.0", "/stand-in", "0.3")) == TT030
+
+
+@pytest.mark.parametrize("shape", UNREAD_SHAPES, ids=lambda s: s.workaround)
+def test_a_change_main_has_not_made_auto_skips_and_on_fails_with_its_sentence(shape):
+    """#4164's attention package (MLA) and #4539's experts (grouped MM), as detect() reports
+    them: the seam moved, whatever variant the rest of main is."""
+    name, reason = shape.workaround, shape.reason
+    main = TT030.for_installed(
+        Installed("0.2.2", "/stand-in", "0.3", moved={name: reason}, variants=(FOLDED_TOKENS,)))
     ctx = Context(platform=ROCM, framework=TORCHTITAN_030, generation=main)
-    assert JobWorkarounds(ctx, ["mla_ck_backward"]).decide(nn.Module()) == {
-        "mla_ck_backward": reason}
-    on = Context(settings=RocmSettings(mla_ck_backward="on"), platform=ROCM,
+    assert JobWorkarounds(ctx, [name]).decide(nn.Module()) == {name: reason}
+    on = Context(settings=RocmSettings(**{name: "on"}), platform=ROCM,
                  framework=TORCHTITAN_030, generation=main)
-    with pytest.raises(ValueError, match="folds the batch into the token dimension"):
-        JobWorkarounds(on, ["mla_ck_backward"]).require()
-    skipped = JobWorkarounds(ctx, ["mla_ck_backward"]).apply("mla_ck_backward", nn.Module(), "x")
+    with pytest.raises(ValueError) as info:
+        JobWorkarounds(on, [name]).require()
+    assert str(info.value) == f'[rocm] {name} = "on" cannot apply: {reason}'
+    skipped = JobWorkarounds(ctx, [name]).apply(name, nn.Module(), "x")
     assert (skipped.applied, skipped.reason, skipped.details) == (False, reason, {})

@@ -18,8 +18,14 @@ them, so the workarounds decide with one vocabulary."""
 
 
 def quantized_experts(model_config: Any) -> tuple[str, ...]:
-    """The 0.2.2 names of the experts quantizations in a 0.3.0 model config tree."""
-    from torchtitan.models.common.moe import GroupedExperts
+    """The 0.2.2 names of the experts quantizations in a 0.3.0 model config tree (none where
+    TorchTitan has no ``GroupedExperts``: pytorch/torchtitan #4539's ``GroupedLinear``
+    experts, for which ``torchtitan_version`` marks the grouped-MM seam moved, with the
+    reason the plan and the log give)."""
+    try:
+        from torchtitan.models.common.moe import GroupedExperts
+    except ImportError:
+        return ()
 
     found: set[str] = set()
     for _fqn, experts, _parent, _attr in model_config.traverse(GroupedExperts.Config):
@@ -62,6 +68,6 @@ def job_context(config: Any, parallel_dims: Any, settings: RocmSettings | None =
         converters=quantized_experts(spec.model) if spec is not None else (),
         parallelize_fn=parallelize_fn or getattr(spec, "parallelize_fn", None),
         framework=TORCHTITAN_030,
-        # Seams of the installed TorchTitan that moved (e.g. main's folded token layout).
-        generation=TT030.with_moved(torchtitan_version.detect().moved),
+        # The installed TorchTitan's seams: its variants' (main's folded tokens) and moved ones.
+        generation=TT030.for_installed(torchtitan_version.detect()),
     )

@@ -4,10 +4,21 @@ name them."""
 from __future__ import annotations
 
 DENSE, FLEX_CAUSAL, VARLEN, DROPPED = "sdpa", "flex", "varlen", "dropped"
+ROWS = "rows"
+"""Document masks dropped on folded tokens (TorchTitan main's ``(T, N, H)``): causal attention
+within each ``max_context_length`` row of the tokens, across documents, through aiter's varlen
+entry points (a folded batch of equal rows is varlen with ``cu_seqlens`` at multiples of the
+row length)."""
 ATTENTION_LABELS = {
     DENSE: "sdpa (causal): aiter dense attention",
     FLEX_CAUSAL: "flex (causal mask): aiter dense attention",
     VARLEN: "varlen (block_causal mask): aiter varlen attention within each document",
     DROPPED: "flex (block_causal mask dropped): aiter dense causal attention across documents",
+    ROWS: "flex (block_causal mask dropped): aiter varlen attention, causal within each "
+          "max_context_length row of the folded tokens, across documents",
 }
 """How each attention kind shows in plans."""
+VARLEN_KINDS = frozenset({VARLEN, ROWS})
+"""Kinds that run through aiter's varlen entry points (``thd`` tensors, ``cu_seqlens``)."""
+DROPPED_KINDS = (DROPPED, ROWS)
+"""Kinds that ignore the per-document masks (``mla_document_masks = "drop"``)."""

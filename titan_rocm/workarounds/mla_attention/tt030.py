@@ -32,7 +32,9 @@ among them), swaps it in, and puts the configs into the model's own copy of its 
 configs alike to ``model.get_attention_masks``). Then the stock ``parallelize_fn`` shards,
 checkpoints and compiles the blocks with the replacements in them. The work itself is
 0.2.2's: :meth:`~.module.MLAVarlenInnerAttention.within_documents` (packing, the varlen ops,
-routing, fallbacks) and :class:`~.module.MLAInnerAttention` (dense).
+routing, fallbacks) and :class:`~.module.MLAInnerAttention` (dense). Which replacement each
+kind gets is a :class:`Layout`: :data:`BATCHED` here; TorchTitan main's folded ``(T, N, H)``
+tokens take the same seam with :data:`~.tt030_folded.FOLDED`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -92,9 +95,7 @@ class MLAVarlenAttention(Module, MLAVarlenInnerAttention):
     def __init__(self, config: Config) -> None:
         # Not VarlenAttention.__init__: it picks a CUDA flash-attention implementation.
         MLAVarlenInnerAttention.__init__(self)
-        if tuple(config.window_size) != CAUSAL_WINDOW:
-            raise ValueError(f"window_size {config.window_size} is not accepted; "
-                             f"MLAVarlenAttention is causal: {CAUSAL_WINDOW}")
+        require_causal(self, config)
 
     def forward(  # type: ignore[override]
         self,
@@ -109,18 +110,36 @@ class MLAVarlenAttention(Module, MLAVarlenInnerAttention):
         **kwargs: Any,
     ) -> Tensor:
         """``VarlenAttention``'s call; returns ``(batch, seqlen, heads, v head dim)``."""
-        if out_transform is not None:
-            raise NotImplementedError("MLAVarlenAttention (rocm.mla_ck_backward) does not "
-                                      "take out_transform; TorchTitan's DeepSeek V3 passes none")
-        if not isinstance(attention_masks, VarlenMetadata):
-            raise TypeError(f"attention_masks must be TorchTitan's VarlenMetadata, got "
-                            f"{type(attention_masks).__name__}")
+        masks = varlen_metadata(self, attention_masks, out_transform)
         # DeepSeek's self-attention: cu_seq_k is cu_seq_q (create_varlen_metadata_for_document).
         out = self.within_documents(
             q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2), v_BLNH.transpose(1, 2),
-            attention_masks.cu_seq_q, attention_masks.max_q, scale=scale, enable_gqa=enable_gqa,
+            masks.cu_seq_q, masks.max_q, scale=scale, enable_gqa=enable_gqa,
         )
         return out.transpose(1, 2)
+
+
+def require_causal(module: nn.Module, config: Any) -> None:
+    """Refuse a varlen config whose window is not causal (the only one replaced)."""
+    if tuple(config.window_size) != CAUSAL_WINDOW:
+        raise ValueError(f"window_size {config.window_size} is not accepted; "
+                         f"{type(module).__name__} is causal: {CAUSAL_WINDOW}")
+
+
+def varlen_metadata(module: nn.Module, attention_masks: Any, out_transform: Any) -> Any:
+    """``attention_masks`` as the ``VarlenMetadata`` a varlen replacement reads.
+
+    Raises:
+        NotImplementedError: an ``out_transform`` (DeepSeek passes none).
+        TypeError: the masks are not TorchTitan's ``VarlenMetadata``.
+    """
+    if out_transform is not None:
+        raise NotImplementedError(f"{type(module).__name__} (rocm.mla_ck_backward) does not "
+                                  "take out_transform; TorchTitan's DeepSeek V3 passes none")
+    if not isinstance(attention_masks, VarlenMetadata):
+        raise TypeError(f"attention_masks must be TorchTitan's VarlenMetadata, got "
+                        f"{type(attention_masks).__name__}")
+    return attention_masks
 
 
 class MLASdpaAttention(Module, MLAInnerAttention):
@@ -169,10 +188,21 @@ class MLADroppedMasksAttention(MLASdpaAttention):
         parallelism splits per microbatch), ignored here."""
 
 
-REPLACEMENTS: dict[str, type[Module]] = {
-    VARLEN: MLAVarlenAttention, DENSE: MLASdpaAttention, DROPPED: MLADroppedMasksAttention,
-}
-"""The replacement of each attention kind on 0.3.0 (there is no causal-only Flex mask)."""
+@dataclass(frozen=True)
+class Layout:
+    """The replacements of one q/k/v layout of the 0.3.0 API: which module each attention
+    kind gets, and which kinds dropped masks and stock SDPA become."""
+
+    replacements: Mapping[str, type[Module]]
+    dropped: str
+    """The kind of per-document attention under ``mla_document_masks = "drop"``."""
+    sdpa: str | None
+    """The kind stock ``ScaledDotProductAttention`` gets; None: left as it is."""
+
+
+BATCHED = Layout({VARLEN: MLAVarlenAttention, DENSE: MLASdpaAttention,
+                  DROPPED: MLADroppedMasksAttention}, dropped=DROPPED, sdpa=DENSE)
+"""TorchTitan 0.3.0's ``(batch, seqlen, heads, dim)`` (there is no causal-only Flex mask)."""
 
 
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -180,19 +210,20 @@ def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return [(fqn, m) for fqn, m in model.named_modules() if isinstance(m, Attention)]
 
 
-def attention_kind(attention: nn.Module, drop_documents: bool) -> str | None:
+def attention_kind(attention: nn.Module, drop_documents: bool,
+                   layout: Layout = BATCHED) -> str | None:
     """Which kind ``attention``'s inner attention gets (it may have it already); None for
     one titan-rocm does not replace."""
     inner = attention.inner_attention
-    for kind, cls in REPLACEMENTS.items():
+    for kind, cls in layout.replacements.items():
         if type(inner) is cls:
             return kind
     causal_varlen = (isinstance(inner, VarlenAttention)
                      and tuple(inner.window_size) == CAUSAL_WINDOW)
     if isinstance(inner, FlexAttention) or causal_varlen:
-        return DROPPED if drop_documents else VARLEN
+        return layout.dropped if drop_documents else VARLEN
     if isinstance(inner, ScaledDotProductAttention):
-        return DENSE
+        return layout.sdpa
     return None
 
 
@@ -213,29 +244,31 @@ def check(model: nn.Module, kinds: dict[str, str | None]) -> str | None:
     return None
 
 
-def _config_of(kind: str, stock: Any) -> Any:
-    """The replacement config of ``kind`` with the fields it shares with ``stock`` (sharding
-    and parameter init, Flex's block size and kernel options, Varlen's window)."""
-    cls = REPLACEMENTS[kind].Config
+def _config_of(cls: type, stock: Any, fields: Mapping[str, Any]) -> Any:
+    """Config ``cls`` with the fields it shares with ``stock`` (sharding and parameter init,
+    Flex's block size and kernel options, Varlen's window), then ``fields``."""
     shared = {f.name: getattr(stock, f.name) for f in dataclasses.fields(cls)
               if f.init and hasattr(stock, f.name)}
-    return cls(**shared)
+    return cls(**{**shared, **fields})
 
 
-def replace(model: nn.Module, kinds: dict[str, str | None]) -> dict[str, int]:
+def replace(model: nn.Module, kinds: dict[str, str | None], layout: Layout = BATCHED,
+            fields: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, int]:
     """Swap each attention's inner attention for the replacement of its kind, built from a
-    config that then stands in the model's own copy of its config tree. Returns how many of
-    each kind were swapped (one already replaced is left as it is)."""
+    config (with ``fields[kind]`` set) that then stands in the model's own copy of its config
+    tree. Returns how many of each kind were swapped (one already replaced is left as it
+    is)."""
     config = copy.deepcopy(model.config)  # the model's copy; the trainer's stays as built
     configs = {fqn: cfg for fqn, cfg, _p, _a in config.traverse(Attention.Config)}
     attentions = dict(attention_modules(model))
     replaced: dict[str, int] = {}
     for fqn, kind in kinds.items():
         attention = attentions[fqn]
-        if kind is None or type(attention.inner_attention) is REPLACEMENTS[kind]:
+        if kind is None or type(attention.inner_attention) is layout.replacements[kind]:
             continue
         node = configs[fqn]
-        node.inner_attention = _config_of(kind, node.inner_attention)
+        node.inner_attention = _config_of(layout.replacements[kind].Config,
+                                          node.inner_attention, (fields or {}).get(kind, {}))
         inner = node.inner_attention.build()
         backends = getattr(attention.inner_attention, "sdpa_backends", None)
         if backends:  # the stock SDPA's, for the fallback

@@ -45,7 +45,12 @@ from titan_rocm.platform import PlatformFacts
 from titan_rocm.workarounds.base import Context, Parallelism, Workaround
 from titan_rocm.workarounds.mla_attention import aiter_api
 from titan_rocm.workarounds.mla_attention.aiter_releases import release_for
-from titan_rocm.workarounds.mla_attention.kinds import ATTENTION_LABELS, DROPPED, VARLEN
+from titan_rocm.workarounds.mla_attention.kinds import (
+    ATTENTION_LABELS,
+    DROPPED_KINDS,
+    VARLEN,
+    VARLEN_KINDS,
+)
 from titan_rocm.workarounds.mla_attention.routing import (
     DTYPES,
     AttentionCall,
@@ -169,12 +174,13 @@ class MLACKBackward(Workaround):
         replaced = self.seam.replace(model, self._kinds(model))
         self._sac_list = self.seam.save_forward_in_op_sac()
         self._replaced = dict(replaced)
-        if replaced[DROPPED]:
+        dropped = sum(replaced[kind] for kind in DROPPED_KINDS)
+        if dropped:
             log.warning(
                 "titan-rocm: mla_ck_backward (mla_document_masks = drop): %d flex attention "
                 "modules with %r masks now run plain causal attention: tokens attend across "
                 "document boundaries",
-                replaced[DROPPED],
+                dropped,
                 self.seam.masks(model),
             )
         if self.ctx.planning:
@@ -280,7 +286,7 @@ class MLACKBackward(Workaround):
         else:
             aiter = facts.aiter
             call = AttentionCall(
-                facts.gfx_arch, qk, qk, v, layout="thd" if kind == VARLEN else "bshd",
+                facts.gfx_arch, qk, qk, v, layout="thd" if kind in VARLEN_KINDS else "bshd",
                 dtype=dtype, deterministic=self.ctx.deterministic,
                 aiter_gfx=aiter.gfx if aiter else None,
                 aiter_version=aiter.version if aiter else None,

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.support.mla_test_support import assert_matches, on_rocm
+from tests.support.mla_test_support import assert_compiled_matches_eager, assert_matches, on_rocm
 from tests.support.moe_test_models import convert, decisions, model_args, parse, world_of_one
 from titan_rocm import platform
 from titan_rocm.platform import PlatformFacts
@@ -214,14 +214,8 @@ def test_torch_compile_fullgraph_matches_eager_across_batches(fake_aiter):
     with on_rocm("gfx942", fake_aiter):
         for eos in layouts:
             spans = document_spans(_tokens(eos), EOS)
-            results = []
-            for fn in (module, compiled):
-                q, k, v = _bhsd(1, seed=len(eos))
-                out = fn(q, k, v, block_mask=spans, scale=0.1)
-                out.backward(torch.ones_like(out))
-                results.append((out.detach(), q.grad, k.grad, v.grad))
-            for eager, comp in zip(*results, strict=True):
-                torch.testing.assert_close(comp, eager)
+            assert_compiled_matches_eager(module, compiled, _bhsd(1, seed=len(eos)),
+                                          block_mask=spans, scale=0.1)
     assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
 
 

@@ -56,6 +56,6 @@ def job_context(job_config: Any, parallel_dims: Any) -> Context:
         converters=tuple(getattr(model, "converters", None) or ()),
         parallelize_fn=parallelize_fn_of(model_name),
         framework=FRAMEWORK,
-        # Seams of the installed TorchTitan that moved (e.g. main's folded token layout).
-        generation=TT022.with_moved(torchtitan_version.detect().moved),
+        # The installed TorchTitan's seams: its variants' (main's folded tokens) and moved ones.
+        generation=TT022.for_installed(torchtitan_version.detect()),
     )
