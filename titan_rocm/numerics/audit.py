@@ -433,9 +433,14 @@ class Audit:
         job_value, head_eager, head_ref, eager_value, ref_value = _all_reduce_sum(
             [job_value, head[0], head[1], losses["eager"], losses["reference"]], self.device)
         tensors = acc.finish()
-        tensors.append(loss_stats(job_value, head_eager, head_ref, compute, self.settings,
+        # A model that casts down on its own (MoE experts in bfloat16 under float32
+        # parameters) computes its loss at that width: its scalars get that dtype's tolerance.
+        casts = getattr(held[0], "casts", {})
+        scalar = torch.bfloat16 if casts.get("bfloat16") else (
+            torch.float16 if casts.get("float16") else compute)
+        tensors.append(loss_stats(job_value, head_eager, head_ref, scalar, self.settings,
                                   name="head loss (teacher-forced)", segment=HEAD))
-        loss = loss_stats(job_value, eager_value, ref_value, compute, self.settings)
+        loss = loss_stats(job_value, eager_value, ref_value, scalar, self.settings)
         self.times["statistics"] = time.perf_counter() - t0
         self.times["total"] = time.perf_counter() - started + self.times.get("job", 0.0)
         notes = [*self.facts.notes, *self.notes, *held[0].notes(reference.dtype)]
@@ -592,6 +597,7 @@ class Audit:
         single_in = sum(record.needs_grad) == 1
 
         def attempt() -> None:
+            scratch = Accumulator(self.settings, self.device)  # merged once the block ran
             bounds = self._bounds(record, plan)
             eager_runs = []
             restore()
@@ -611,18 +617,41 @@ class Audit:
                     with precision.reference_arithmetic(reference, held[0], self.device,
                                                         [module]):
                         ref_run = replay_block(record, lo, hi, reference.dtype)
-                    self._compare_run(record, lo, hi, eager_run, ref_run, acc, rtol, at,
+                    self._compare_run(record, lo, hi, eager_run, ref_run, scratch, rtol, at,
                                       single_out, single_in)
                 ref_grads = {n: p.grad for n, p in names}
             self._tick("blocks_reference", t0)
             for n, p in names:
                 p.grad = None
-                acc.add(n, record.key, "param_grad", job.get(n), eager_grads[n],
-                        ref_grads.get(n), rtol)
+                scratch.add(n, record.key, "param_grad", job.get(n), eager_grads[n],
+                            ref_grads.get(n), rtol)
             fsdp.reshard([module])
+            acc.absorb(scratch)
 
-        self._retrying(plan, rows_of(record), f"block {record.key}", attempt)
+        self._held_or_not(held, lambda: self._retrying(plan, rows_of(record),
+                                                       f"block {record.key}", attempt))
         restore()
+
+    def _held_or_not(self, held: list[Any], run: Callable[[], Any]) -> Any:
+        """``run``; where a kernel refuses the held dtype (an extension taking bfloat16 only),
+        ``run`` again with the model's down-casts as it writes them, said once in a note and
+        the log (its low-precision parts are then judged against themselves)."""
+        try:
+            return run()
+        except Exception as exc:
+            if isinstance(exc, AuditError) or out_of_memory(exc) or \
+                    not isinstance(held[0], HeldPrecision):
+                raise
+            note = (f"reference: the model's own down-casts could not be held "
+                    f"({type(exc).__name__}: {first_line(exc)}); it runs them as the model "
+                    "writes them, so its low-precision parts are judged against themselves")
+            log.warning("numerics audit: %s", note)
+            self.notes.append(note)
+            held[0] = _Unheld()
+            for part in self.model_parts:
+                for p in part.parameters():
+                    p.grad = None
+            return run()
 
     def _tick(self, what: str, since: float) -> None:
         """Add the seconds since ``since`` to ``time_s[what]`` (the device's work included)."""
@@ -707,7 +736,8 @@ class Audit:
                         ref_grads[n], rtol)
             return eager_loss, ref_loss
 
-        result = self._retrying(plan, rows, "outside-the-blocks", attempt, "outside")
+        result = self._held_or_not(held, lambda: self._retrying(
+            plan, rows, "outside-the-blocks", attempt, "outside"))
         restore()
         return result
 
@@ -754,9 +784,24 @@ class Audit:
                 ref = one_pass(reference.dtype)
             return {"eager": eager, "reference": ref}
 
-        result = self._retrying(plan, rows, "end-to-end", attempt, "outside")
+        result = self._held_or_not(held, lambda: self._retrying(
+            plan, rows, "end-to-end", attempt, "outside"))
         restore()
         return result
+
+
+class _Unheld:
+    """The reference's arithmetic without held down-casts (after a kernel refused them)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def notes(self, dtype: torch.dtype) -> list[str]:
+        """Nothing was held."""
+        return []
 
 
 @dataclass

@@ -31,7 +31,6 @@ import torch
 import torch.nn as nn
 
 from titan_rocm.numerics import fsdp
-from titan_rocm.numerics.held_precision import HeldPrecision
 
 REFERENCES = ("auto", "float64", "float32", "tf32")
 """The choices of ``[rocm] numerics_audit_reference``."""
@@ -174,10 +173,11 @@ def efficient_attention(modules: list[nn.Module]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def reference_arithmetic(reference: Reference, held: HeldPrecision, device: torch.device,
+def reference_arithmetic(reference: Reference, held: Any, device: torch.device,
                          modules: list[nn.Module]) -> Iterator[None]:
-    """Held down-casts, autocast off, TF32 as the reference asks, the memory-efficient
-    attention kernel first in ``modules`` (forward and backward)."""
+    """Held down-casts (``held``: a :class:`HeldPrecision`, or a stand-in holding none),
+    autocast off, TF32 as the reference asks, the memory-efficient attention kernel first in
+    ``modules`` (forward and backward)."""
     off = (torch.autocast(device.type, enabled=False) if device.type in ("cuda", "cpu")
            else contextlib.nullcontext())
     with held, off, tf32(reference.tf32), efficient_attention(modules):

@@ -16,6 +16,7 @@ embedding's output (the first block's input) and the gradient at the last block'
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,6 +140,10 @@ def replay_block(record: BlockRecord, lo: int, hi: int, dtype: torch.dtype | Non
                        grad_inputs)
 
 
+def _keep(into: list[torch.Tensor | None], index: int, grad: torch.Tensor) -> None:
+    into[index] = grad.detach()
+
+
 class _Teach(torch.autograd.Function):
     """Forward: the job's outputs. Backward: the job's gradients at the inputs; keeps the
     gradient that arrived at the outputs."""
@@ -200,6 +205,16 @@ class StandIn:
         if inputs and torch.is_grad_enabled():
             out = _Teach.apply(payload, *inputs)
             taught = list(out) if isinstance(out, tuple) else [out]
+        elif torch.is_grad_enabled():
+            # No input needs a gradient (a frozen embedding): the outputs are where the
+            # backward stops, and what arrives at them is kept as _Teach keeps it.
+            taught = [leaves_out[i].clone().requires_grad_(leaves_out[i].is_floating_point())
+                      for i in where]
+            grads: list[torch.Tensor | None] = [None] * len(taught)
+            arrived.append(grads)
+            for j, t in enumerate(taught):
+                if t.requires_grad:
+                    t.register_hook(functools.partial(_keep, grads, j))
         else:
             taught = [leaves_out[i].clone() for i in where]
         for i, t in zip(where, taught, strict=True):

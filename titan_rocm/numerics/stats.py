@@ -297,6 +297,17 @@ class Accumulator:
             z = ((da - rtol * cw.abs()) / k)[candidates]
             entry.outlier_hist += torch.bincount(bin_of(z), minlength=NBINS)
 
+    def absorb(self, other: Accumulator) -> None:
+        """Add what ``other`` gathered (a replay's own, merged once it has run whole)."""
+        for name, theirs in other.entries.items():
+            mine = self._entry(name, theirs.segment, theirs.kind, theirs.rtol)
+            mine.sums += theirs.sums
+            mine.maxima[0] = torch.maximum(mine.maxima[0], theirs.maxima[0])
+            mine.maxima[1] += theirs.maxima[1]
+            mine.eager_hist += theirs.eager_hist
+            mine.outlier_hist += theirs.outlier_hist
+            mine.missing = max(mine.missing, theirs.missing)
+
     def finish(self) -> list[TensorStats]:
         """Every tensor's statistics and verdict, reduced over ranks, in the order added."""
         entries = list(self.entries.values())

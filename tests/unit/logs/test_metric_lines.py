@@ -83,7 +83,7 @@ def test_a_metric_line_or_a_piece_of_one_still_counts(line: str) -> None:
 
 
 def test_a_clean_audited_run_passes_every_tool() -> None:
-    assert "numerics audit: OK" in CLEAN.read_text()  # the report is there, and not a metric
+    assert "numerics audit at step 1: OK" in CLEAN.read_text()  # the report, not a metric
     tools = run_tools(CLEAN, CLEAN)
     assert tools.check_code == 0 and tools.check["steps_parsed"] == 5, tools.check
     assert tools.bench_code == 0 and tools.bench["valid"] is True
@@ -129,8 +129,8 @@ def test_a_divergence_outranks_a_flagged_audit(tmp_path: Path) -> None:
 
 
 def test_an_audit_verdict_without_its_header_is_not_an_audit(tmp_path: Path) -> None:
-    """The verdict word counts only under the audit's header: a line that merely says
-    "numerics audit: FLAGGED" (a comment, a doc quote) flags nothing."""
+    """The verdict counts only on the audit's own verdict line, which names its step: a line that says
+    "numerics audit: FLAGGED" (a comment, a doc quote: no step) flags nothing."""
     log = parse_text("\n".join([tt(1), "numerics audit: FLAGGED (quoted)", tt(2)]) + "\n")
     assert log.audits_flagged == [] and log.audits_ok == 0
     out = json.dumps([m.to_dict() for m in parse_file(FLAGGED).audits_flagged])

@@ -4,14 +4,14 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import contextlib
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from titan_rocm.numerics.audit import run_passes
+from titan_rocm.numerics.audit import audit_micro_batch
 from titan_rocm.numerics.held_precision import HeldPrecision, grouped_mm_per_group
 from titan_rocm.numerics.stats import AuditSettings
 
@@ -39,18 +39,44 @@ class Experts(torch.nn.Module):
                                  offs=OFFS).type_as(x)
 
 
-def _audit(model: torch.nn.Module, forward: Any, rows: int = 16, dim: int = 16) -> Any:
-    """``run_passes`` on a one-module trainer whose step runs ``forward`` (the job pass's
-    compiled code, eager under the other passes' ``force_eager``) and a square loss."""
-    x = torch.randn(rows, dim, generator=torch.Generator().manual_seed(1))
+class _Kit:
+    """A model whose one block is ``block`` (the job's: compiled, or wrapped to misbehave) and
+    a square loss, as a :class:`~titan_rocm.numerics.audit.StepKit`."""
 
-    def step(inputs: dict[str, Any], labels: Any) -> Any:
-        loss = forward(inputs["input"]).square().mean()
+    def __init__(self, block: torch.nn.Module) -> None:
+        self.model = torch.nn.Module()
+        self.model.layers = torch.nn.ModuleDict({"0": block})
+
+    def forward(self, inputs: dict[str, Any], labels: Any) -> Any:
+        return self.model.layers["0"](inputs["input"]).square().mean()
+
+    def run(self, inputs: dict[str, Any], labels: Any) -> Any:
+        loss = self.forward(inputs, labels)
         loss.backward()
         return loss
 
-    trainer = SimpleNamespace(model_parts=[model], device="cpu", maybe_enable_amp=None)
-    return run_passes(trainer, step, {"input": x}, torch.zeros(rows), AuditSettings())
+    def reference(self) -> Any:
+        return contextlib.nullcontext()
+
+
+def _audit(block: torch.nn.Module, rows: int = 16, dim: int = 16) -> Any:
+    """The audit of a one-block model (its rows one micro-batch row each: a grouped GEMM's
+    groups span rows, so the replays run whole)."""
+    x = torch.randn(1, rows, dim, generator=torch.Generator().manual_seed(1))
+    kit = _Kit(block)
+    return audit_micro_batch([kit.model], torch.device("cpu"), lambda labels: kit,
+                             {"input": x}, torch.zeros(1, rows), AuditSettings()).to_dict()
+
+
+class _Rows(torch.nn.Module):
+    """``module`` applied to the rows of a (1, rows, dim) hidden state."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x[0])[None]
 
 
 @pytest.fixture
@@ -69,34 +95,39 @@ def test_the_models_own_bfloat16_gemms_are_judged_against_a_high_precision_refer
     the float64 reference ran the same bfloat16 GEMMs as eager, ``err_eager`` was ~0 and every
     expert weight was flagged (this test fails so); held, both passes are ~bfloat16 eps from
     the reference and the audit is ok, saying what it held."""
-    model = Experts()
-    r = _audit(model, torch.compile(model))
-    by_name = {p.name: p for p in r.parameters}
-    assert not r.flagged, [p.reason for p in r.parameters if p.flagged]
+    block = _Rows(Experts())
+    r = _audit(torch.compile(block))
+    by_name = {t["name"]: t for t in r["tensors"]}
+    assert r["verdict"] == "ok", [t for t in r["tensors"] if t["flagged"]]
     for name in ("w1", "w2", "w3"):
-        p = by_name[name]
-        assert 1e-4 < p.err_eager < 2e-2 and p.ratio < 2, p  # bfloat16's error, honestly
-    assert r.reference_dtype == "float64"
+        t = by_name[f"layers.0.inner.{name}"]
+        assert 1e-4 < t["err_eager"] < 2e-2 and t["ratio"] < 2, t  # bfloat16's error
+    assert r["reference"] == "float64"
     assert any("down-casts held at float64 (" in n and "grouped GEMM(s)" in n
-               for n in r.notes), r.notes
+               for n in r["notes"]), r["notes"]
 
 
 def test_a_wrong_expert_is_still_flagged_against_the_held_reference(
         _fresh_dynamo: None) -> None:
     """The held reference does not hide a fault in the low-precision part: the job's expert
     output 5 % too large (a wrong kernel) is flagged on every expert weight."""
-    model = Experts()
-    inner = torch.compile(model)
-    calls = []
+    class Wrong(torch.nn.Module):
+        """The experts' compiled forward, 5 % too large while compiled code runs (the job);
+        eager replays run the experts as written."""
 
-    def compiled(x: torch.Tensor) -> torch.Tensor:
-        calls.append(1)
-        out = inner(x)
-        return out * 1.05 if len(calls) == 1 else out  # the job pass only
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Experts()
 
-    r = _audit(model, compiled)
-    flagged = {p.name for p in r.parameters if p.flagged}
-    assert flagged == {"w1", "w2", "w3"}, [(p.name, p.ratio) for p in r.parameters]
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.inner(x[0])[None]
+            return out * 1.05 if torch.compiler.is_compiling() else out
+
+    r = _audit(torch.compile(Wrong()))
+    assert r["first_wrong"]["forward"] == "0"
+    flagged = {t["name"] for t in r["tensors"] if t["flagged"]}
+    assert {"layers.0 output", "layers.0.inner.w1", "layers.0.inner.w2",
+            "layers.0.inner.w3"} <= flagged, r["tensors"]
 
 
 @pytest.mark.parametrize("shape_a,shape_b,offs", [
@@ -173,9 +204,8 @@ def test_a_kernel_refusing_the_held_dtype_gets_the_pass_as_written_and_a_note() 
                 raise RuntimeError("the kernel takes bfloat16 inputs only")
             return (xb @ self.w.bfloat16()).type_as(x)
 
-    model = Strict()
-    r = _audit(model, model, rows=4, dim=8)
-    assert not r.flagged
-    assert any("could not be held at float64 (RuntimeError: the kernel takes bfloat16" in n
-               for n in r.notes), r.notes
+    r = _audit(_Rows(Strict()), rows=4, dim=8)
+    assert r["verdict"] == "ok"
+    assert any("down-casts could not be held (RuntimeError: the kernel takes bfloat16" in n
+               for n in r["notes"]), r["notes"]
 
