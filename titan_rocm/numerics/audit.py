@@ -32,7 +32,9 @@ import torch
 import torch.nn as nn
 
 from titan_rocm.log import log
+from titan_rocm.numerics import fsdp
 from titan_rocm.numerics.attribution import Attribution, attribute, clean_name
+from titan_rocm.numerics.fsdp import is_fsdp
 from titan_rocm.numerics.held_precision import HeldPrecision
 from titan_rocm.numerics.stats import AuditSettings, ParamStats, compare, loss_verdict
 
@@ -173,34 +175,18 @@ def preserved_grads(params: list[nn.Parameter]) -> Iterator[None]:
             p.grad = g
 
 
-def _fsdp_groups(model_parts: list[nn.Module]) -> list[Any]:
-    groups = []
-    for part in model_parts:
-        for module in part.modules():
-            state_of = getattr(module, "_get_fsdp_state", None)
-            if callable(state_of):
-                group = getattr(state_of(), "_fsdp_param_group", None)
-                if group is not None:
-                    groups.append(group)
-    return groups
-
-
-def is_fsdp(model_parts: list[nn.Module]) -> bool:
-    """Whether any module of the model is an FSDP2 (``fully_shard``) module."""
-    return any(callable(getattr(m, "_get_fsdp_state", None))
-               for part in model_parts for m in part.modules())
-
-
 def job_dtype_of(trainer: Any, params: list[nn.Parameter]) -> torch.dtype:
-    """The dtype the job computes in: its autocast, else FSDP's parameter dtype, else the
-    parameters' own."""
+    """The dtype the job computes in: its autocast, else FSDP's (read per parameter:
+    :func:`~titan_rocm.numerics.fsdp.compute_dtype`), else the parameters' own."""
     amp = getattr(trainer, "maybe_enable_amp", None)
     if isinstance(amp, torch.autocast) and amp._enabled:
         return amp.fast_dtype
-    for group in _fsdp_groups(trainer.model_parts):
-        policy = getattr(group, "mp_policy", None)
-        if getattr(policy, "param_dtype", None) is not None:
-            return policy.param_dtype
+    try:
+        fsdp_dtype = fsdp.compute_dtype(trainer.model_parts)
+    except fsdp.FSDPLayoutError as exc:
+        raise AuditError(str(exc)) from None
+    if fsdp_dtype is not None:
+        return fsdp_dtype
     floating = [p.dtype for p in params if p.is_floating_point()]
     return floating[0] if floating else torch.float32
 
@@ -212,37 +198,16 @@ def high_precision(trainer: Any, dtype: torch.dtype) -> Iterator[None]:
     theirs), autocast off; everything put back exactly on exit."""
     saved_amp = getattr(trainer, "maybe_enable_amp", None)
     retyped: list[tuple[torch.Tensor, torch.Tensor]] = []
-    fsdp_saved: list[tuple[Any, str, Any]] = []
+    stack = contextlib.ExitStack()
     try:
         trainer.maybe_enable_amp = contextlib.nullcontext()
-        groups = _fsdp_groups(trainer.model_parts)
-        if groups:
-            for group in groups:
-                for fsdp_param in group.fsdp_params:
-                    # The sharded parameters are the job's float32 originals: the pass
-                    # all-gathers them as they are (no param_dtype) into buffers of its own
-                    # and reduces in their dtype; the job's bf16 buffers are put back after.
-                    if getattr(fsdp_param, "reduce_dtype", None) is not None:
-                        fsdp_saved.append((fsdp_param, "reduce_dtype", fsdp_param.reduce_dtype))
-                        fsdp_param.reduce_dtype = None
-                    if getattr(fsdp_param, "param_dtype", None) is not None:
-                        if not isinstance(getattr(fsdp_param, "all_gather_outputs", None), list):
-                            raise AuditError(
-                                f"FSDP mixed precision ({str(fsdp_param.param_dtype)[6:]} "
-                                "parameters) cannot be raised for the reference pass by this "
-                                "torch's FSDP: audit this job with "
-                                "--training.mixed_precision_param float32, or without FSDP on "
-                                "fewer GPUs")
-                        fsdp_saved += [(fsdp_param, "param_dtype", fsdp_param.param_dtype),
-                                       (fsdp_param, "all_gather_outputs",
-                                        fsdp_param.all_gather_outputs)]
-                        fsdp_param.param_dtype = None
-                        fsdp_param.all_gather_outputs = []
-                        if hasattr(fsdp_param, "_unsharded_param"):
-                            fsdp_saved.append((fsdp_param, "_unsharded_param",
-                                               fsdp_param._unsharded_param))
-                            del fsdp_param._unsharded_param
-        else:
+        try:
+            groups = fsdp.param_groups(trainer.model_parts)
+            if groups:
+                stack.enter_context(fsdp.raised_to_sharded_dtype(trainer.model_parts))
+        except fsdp.FSDPLayoutError as exc:
+            raise AuditError(str(exc)) from None
+        if not groups:
             for part in trainer.model_parts:
                 tensors = list(part.parameters()) + list(part.buffers())
                 for t in tensors:
@@ -258,8 +223,7 @@ def high_precision(trainer: Any, dtype: torch.dtype) -> Iterator[None]:
             if isinstance(t, nn.Parameter):
                 t.grad = None
             t.data = data
-        for obj, attr, value in reversed(fsdp_saved):
-            setattr(obj, attr, value)
+        stack.close()
         trainer.maybe_enable_amp = saved_amp
 
 
