@@ -158,16 +158,17 @@ def raised_to_sharded_dtype(modules: Iterable[nn.Module]) -> Iterator[None]:
     Each state's forward casts its floating inputs up to its parameters' sharded dtype
     instead of down to ``param_dtype`` (a raised block after one that is not gets the other's
     low-precision output, exactly widened), and its outputs no more. Each ``FSDPParam`` with a
-    ``param_dtype`` gets none and an empty ``all_gather_outputs``
-    list, and loses its ``_unsharded_param``: the next unshard all-gathers the shards as they
-    are into buffers of its own and makes a new unsharded parameter from them, so the job's
-    low-precision buffers and unsharded parameters are neither written nor freed; its
-    ``reduce_dtype`` is lifted too. Must be entered after FSDP's lazy init (the job's first
-    forward), which would set the dtypes again.
+    ``param_dtype`` gets none and an empty ``all_gather_outputs`` list, and loses its
+    ``_unsharded_param``: the next unshard all-gathers the shards as they are into buffers of
+    its own and makes a new unsharded parameter from them, so the job's low-precision buffers
+    and unsharded parameters are neither written nor freed; its ``reduce_dtype`` is lifted
+    too. Must be entered after FSDP's lazy init (the job's first forward), which would set
+    the dtypes again.
 
     Raises:
         FSDPLayoutError: a parameter has a ``param_dtype`` but this torch's FSDP has no
-            list of all-gather buffers to swap, or FSDP has not initialized its dtypes yet.
+            list of all-gather buffers to swap, FSDP has not initialized its dtypes yet, or
+            the state is not laid out as the module docstring says.
     """
     saved: list[tuple[Any, str, Any]] = []
     try:
