@@ -384,8 +384,16 @@ class Audit:
         ``.grad``; everything is given back as it was (collective: every rank calls it).
 
         Raises:
-            AuditError: the job pass was not recorded, or the replays do not fit (a sentence).
+            AuditError: the job pass was not recorded, the replays do not fit, or this
+                torch's FSDP is not one the audit reads (a sentence).
         """
+        try:
+            return self._finish(input_dict, labels, job_loss)
+        except fsdp.FSDPLayoutError as exc:
+            raise AuditError(str(exc)) from None
+
+    def _finish(self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
+                job_loss: torch.Tensor) -> AuditResult:
         records = self.recorder.records if self.recorder is not None else {}
         if not records:
             raise AuditError("no block of model.layers ran in the job pass (is the model "

@@ -6,8 +6,8 @@
 - **reference**: eager too, autocast off, the replayed modules' floating parameters and
   buffers re-typed in place to the reference dtype (``.data`` swapped, the job's tensors put
   back untouched: the round trip is exact) or, under FSDP, all-gathered at their sharded
-  float32 (:func:`titan_rocm.numerics.fsdp.raised`), inputs cast up, and the model's own
-  casts to bfloat16/float16 held (:class:`~titan_rocm.numerics.held_precision.HeldPrecision`).
+  float32 (:func:`titan_rocm.numerics.fsdp.raised_to_sharded_dtype`), inputs cast up, and
+  the model's own casts to bfloat16/float16 held (:class:`~titan_rocm.numerics.held_precision.HeldPrecision`).
 
 Which reference (``[rocm] numerics_audit_reference``): ``auto`` is float64 for a job that
 computes in float32 (errors of a few float32 ulps need a finer answer), ``tf32`` for a
@@ -87,7 +87,7 @@ def retyped(modules: list[nn.Module], dtype: torch.dtype,
     ``dtype`` (complex ones at its complex width), or under FSDP all-gathered at their
     sharded dtype; exactly as before on exit."""
     if fsdp.is_fsdp(modules):
-        with fsdp.raised(modules, exclude):
+        with fsdp.raised_to_sharded_dtype(modules, exclude):
             yield
         return
     skip = {id(t) for m in exclude for t in [*m.parameters(), *m.buffers()]}

@@ -35,11 +35,25 @@ from torch._inductor.choices import InductorChoices
 from torch._inductor.kernel_template_choice import KernelTemplateChoice
 from torch._inductor.lookup_table.choices import LookupTableChoices
 from torch._inductor.select_algorithm import AlgorithmSelectorCache, ExternKernelChoice
-from torch._inductor.template_heuristics.params import DictKernelTemplateParams
 from torch._inductor.virtualized import V
 
 from titan_rocm.log import log, log_once
 from titan_rocm.tuning.problems import GEMM_OPS, Call, Problem, Template, TensorSpec
+
+
+def _template_params_class() -> type:
+    """Inductor's ``DictKernelTemplateParams``: from ``torch._inductor.heuristics.template``
+    where it lives since torch 2.14 (``params.py``:24 in 2.14.1 and 2.15.0), else from torch
+    2.13's ``torch._inductor.template_heuristics`` (``params.py``:24), which 2.14 and 2.15 keep
+    as a re-exporting shim "removed in a future release" (its ``__init__.py``)."""
+    try:
+        from torch._inductor.heuristics.template.params import DictKernelTemplateParams
+    except ImportError:
+        from torch._inductor.template_heuristics.params import DictKernelTemplateParams
+    return DictKernelTemplateParams
+
+
+DictKernelTemplateParams = _template_params_class()
 
 AUTOHEURISTIC_OP = "mm-ah"
 """tuned_mm's extra request for AutoHeuristic's configs: never answered by these handlers."""

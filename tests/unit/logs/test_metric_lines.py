@@ -129,8 +129,8 @@ def test_a_divergence_outranks_a_flagged_audit(tmp_path: Path) -> None:
 
 
 def test_an_audit_verdict_without_its_header_is_not_an_audit(tmp_path: Path) -> None:
-    """The verdict counts only on the audit's own verdict line, which names its step: a line that says
-    "numerics audit: FLAGGED" (a comment, a doc quote: no step) flags nothing."""
+    """The verdict counts only on the audit's own verdict line, which names its step: a line
+    that says "numerics audit: FLAGGED" (a comment, a doc quote: no step) flags nothing."""
     log = parse_text("\n".join([tt(1), "numerics audit: FLAGGED (quoted)", tt(2)]) + "\n")
     assert log.audits_flagged == [] and log.audits_ok == 0
     out = json.dumps([m.to_dict() for m in parse_file(FLAGGED).audits_flagged])

@@ -12,6 +12,7 @@ stream (split there), EOS at the first and at the last position, batch > 1.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import sys
 from types import SimpleNamespace
@@ -325,7 +326,10 @@ def test_converted_model_matches_stock_block_causal_model(fake_aiter, monkeypatc
     from torchtitan.models.deepseek_v3.model import model as deepseek_model
     from torchtitan.protocols.train_spec import get_train_spec
 
-    monkeypatch.setattr(deepseek_model, "create_attention_mask", create_block_mask)  # eager
+    # Eager, on the CPU: create_block_mask's default device is torch.accelerator's current one
+    # (torch 2.13.0 nn/attention/flex_attention.py:1895, 2.15.0:2049), CUDA on a CUDA wheel.
+    monkeypatch.setattr(deepseek_model, "create_attention_mask",
+                        functools.partial(create_block_mask, device="cpu"))
     job = parse("--model.name", "deepseek_v3", "--model.flavor", "debugmodel_flex_attn",
                 "--model.converters", "rocm.mla_ck_backward",
                 "--activation_checkpoint.mode", "selective",
