@@ -7,7 +7,8 @@
   buffers re-typed in place to the reference dtype (``.data`` swapped, the job's tensors put
   back untouched: the round trip is exact) or, under FSDP, all-gathered at their sharded
   float32 (:func:`titan_rocm.numerics.fsdp.raised_to_sharded_dtype`), inputs cast up, and
-  the model's own casts to bfloat16/float16 held (:class:`~titan_rocm.numerics.held_precision.HeldPrecision`).
+  the model's own casts to bfloat16/float16 held
+  (:class:`~titan_rocm.numerics.held_precision.HeldPrecision`).
 
 Which reference (``[rocm] numerics_audit_reference``): ``auto`` is float64 for a job that
 computes in float32 (errors of a few float32 ulps need a finer answer), ``tf32`` for a
