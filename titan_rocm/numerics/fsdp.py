@@ -164,8 +164,9 @@ def raised_to_sharded_dtype(modules: Iterable[nn.Module],
     ``_unsharded_param``: the next unshard all-gathers the shards as they are into buffers of
     its own and makes a new unsharded parameter from them, so the job's low-precision buffers
     and unsharded parameters are neither written nor freed; its ``reduce_dtype`` is lifted
-    too. Must be entered after FSDP's lazy init (the job's first forward), which would set
-    the dtypes again.
+    too. The states' modules are resharded on entry (a module left all-gathered would keep
+    its low-precision parameters) and on exit. Must be entered after FSDP's lazy init (the
+    job's first forward), which would set the dtypes again.
 
     Raises:
         FSDPLayoutError: a parameter has a ``param_dtype`` but this torch's FSDP has no
@@ -179,6 +180,12 @@ def raised_to_sharded_dtype(modules: Iterable[nn.Module],
     for state in states:
         for group in _groups_of(state):
             groups.setdefault(id(group), group)
+    owners = [m for module in modules for m in module.modules()
+              if callable(getattr(m, "_get_fsdp_state", None))
+              and id(m._get_fsdp_state()) in {id(state) for state in states}]
+    # A group left all-gathered (the root after a forward without backward keeps its
+    # low-precision parameters registered) would not all-gather again at the raised dtype.
+    reshard(owners)
     try:
         for state in states:
             _raise_casts(state, saved)
@@ -210,6 +217,7 @@ def raised_to_sharded_dtype(modules: Iterable[nn.Module],
                     del fsdp_param._unsharded_param
         yield
     finally:
+        reshard(owners)  # frees the raised parameters and registers the shards again
         for obj, attr, value in reversed(saved):
             setattr(obj, attr, value)
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
 
 from titan_rocm.numerics import fsdp
 
@@ -104,13 +105,23 @@ def retyped(modules: list[nn.Module], dtype: torch.dtype,
                           complex_dtype if t.is_complex() else None)
                 if target is not None and t.dtype != target:
                     swapped.append((t, t.data))
-                    t.data = t.data.to(target)
+                    _set_data(t, t.data.to(target))
         yield
     finally:
         for t, data in reversed(swapped):
             if isinstance(t, nn.Parameter):
                 t.grad = None
-            t.data = data
+            _set_data(t, data)
+
+
+def _set_data(t: torch.Tensor, data: torch.Tensor) -> None:
+    """``t.data = data``, DTensors (tensor parallelism) included: on a DTensor that swaps the
+    wrapper's metadata only, and its local shard and spec, which its operators read, keep
+    the old dtype (torch 2.13-2.15 ``DTensor``: ``_local_tensor``, ``_spec``)."""
+    t.data = data
+    if isinstance(data, DTensor):
+        t._local_tensor = data._local_tensor
+        t._spec = data._spec
 
 
 def cast_input(t: Any, dtype: torch.dtype | None) -> Any:
