@@ -326,8 +326,13 @@ class _Plan:
     estimate: int | None = None
     free: int | None = None
     outside: int = 1
-    """Runs of rows of the parts outside the blocks (their logits, over a vocabulary of
-    100k and more, outweigh a block)."""
+    """Runs of rows of the reference of the parts outside the blocks (their logits, over a
+    vocabulary of 100k and more, outweigh a block)."""
+    eager: int = 1
+    """Runs of rows of the blocks' eager replays: the whole batch, as the job ran it, unless
+    it ran out of memory."""
+    outside_eager: int = 1
+    """Runs of rows of the eager replay of the parts outside the blocks (likewise)."""
 
 
 class Audit:
@@ -453,8 +458,13 @@ class Audit:
         self.times["total"] = time.perf_counter() - started + self.times.get("job", 0.0)
         notes = [*self.facts.notes, *self.notes, *held[0].notes(reference.dtype)]
         if plan.chunks > 1 or plan.outside > 1:
-            notes.append(f"to fit in memory, the blocks' replays ran in {plan.chunks} run(s) "
-                         f"of rows and the rest in {plan.outside}")
+            notes.append(f"to fit in memory, the blocks' reference replays ran in "
+                         f"{plan.chunks} run(s) of rows and the rest's in {plan.outside}")
+        if plan.eager > 1 or plan.outside_eager > 1:
+            notes.append(f"to fit in memory, the eager replays ran in {plan.eager} run(s) of "
+                         f"rows (the rest's in {plan.outside_eager}): their parameters' "
+                         "gradients are sums of runs, which round less than the job's one "
+                         "sum, so those gradients are judged a little more strictly")
         tokens = int(_all_reduce_sum([float(labels.numel())], self.device)[0])
         peak = (torch.cuda.max_memory_allocated(self.device)
                 if self.device.type == "cuda" else None)
@@ -529,18 +539,25 @@ class Audit:
         head = self._head_bytes(params, rows, reference)
         outside = _all_reduce_max(min(rows, max(chunks, math.ceil(
             head / max(estimate + fixed, 2**30)))), self.device)
-        log.info("numerics audit: a block's replays are estimated at %.1f GiB, the head's "
-                 "at %.1f GiB (%.1f GiB free): %d run(s) of rows for the blocks, %d for the "
-                 "rest", (estimate + fixed) / 2**30, head / 2**30, free / 2**30, chunks,
-                 outside)
-        return _Plan(chunks, estimate + fixed, free, outside)
+        # The eager replays run the whole micro-batch, as the job did, wherever it fits: a
+        # parameter's gradient summed over runs of rows rounds less than the job's one sum.
+        eager_block = int(EAGER_FACTOR * (first.saved_bytes or 0))
+        eager_head = self._head_bytes(params, rows, None)
+        eager = _all_reduce_max(_runs(eager_block, usable, rows), self.device)
+        outside_eager = _all_reduce_max(_runs(eager_head, int(0.9 * free), rows), self.device)
+        log.info("numerics audit: a block's replays are estimated at %.1f GiB (eager %.1f), "
+                 "the head's at %.1f GiB (eager %.1f; %.1f GiB free): the blocks in %d run(s) "
+                 "of rows (eager %d), the rest in %d (eager %d)",
+                 (estimate + fixed) / 2**30, (eager_block + fixed) / 2**30, head / 2**30,
+                 eager_head / 2**30, free / 2**30, chunks, eager, outside, outside_eager)
+        return _Plan(chunks, estimate + fixed, free, outside, eager, outside_eager)
 
     def _head_bytes(self, params: list[nn.Parameter], rows: int,
-                    reference: precision.Reference) -> int:
+                    reference: precision.Reference | None) -> int:
         """The head's replay: its logits over the vocabulary (the widest two-dimensional
         parameter outside the blocks: the output projection or the embedding), at least
         float32 (the loss casts them), about four times over (logits, their log-softmax,
-        and both gradients)."""
+        and both gradients); the eager replay's where ``reference`` is None."""
         inside = {id(p) for r in (self.recorder.records.values() if self.recorder else [])
                   for p in r.module.parameters()}
         vocab = max((int(p.shape[0]) for p in params if id(p) not in inside
@@ -548,7 +565,8 @@ class Audit:
         first = next(iter(self.recorder.records.values())) if self.recorder else None
         hidden = first.hidden() if first is not None else None
         seq = int(hidden.shape[1]) if hidden is not None and hidden.dim() >= 2 else 1
-        return 4 * rows * seq * vocab * max(4, reference.dtype.itemsize)
+        width = 4 if reference is None else max(4, reference.dtype.itemsize)
+        return 4 * rows * seq * vocab * width
 
     def _estimate(self, record: BlockRecord, reference: precision.Reference, rows: int) -> int:
         width = max(1, self._compute_dtype({record.key: record}).itemsize)
@@ -563,14 +581,14 @@ class Audit:
                   if isinstance(t, torch.Tensor))
         return 3 * numel * reference.dtype.itemsize + 2 * out
 
-    def _bounds(self, record: BlockRecord, plan: _Plan) -> list[tuple[int, int]]:
+    def _bounds(self, record: BlockRecord, runs: int) -> list[tuple[int, int]]:
         rows = rows_of(record)
-        if plan.chunks > 1 and not sliceable(record):
+        if runs > 1 and not sliceable(record):
             raise AuditError(f"block {record.key}'s inputs cannot be cut into runs of rows "
-                             "(varlen metadata indexes the whole batch), and "
-                             f"{plan.chunks} runs were asked for or needed to fit: audit "
-                             "fewer tokens (--tokens N) or on more GPUs")
-        return row_bounds(rows, plan.chunks)
+                             f"(varlen metadata indexes the whole batch), and {runs} runs "
+                             "were asked for or needed to fit: audit fewer tokens "
+                             "(--tokens N) or on more GPUs")
+        return row_bounds(rows, runs)
 
     def _retrying(self, plan: _Plan, rows: int, what: str, run: Callable[[], Any],
                   field: str = "chunks") -> Any:
@@ -587,7 +605,8 @@ class Audit:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             runs = getattr(plan, field)
-            if _world() > 1 or self.chunks is not None or runs >= rows:
+            given = self.chunks is not None and field in ("chunks", "outside")
+            if _world() > 1 or given or runs >= rows:
                 raise AuditError(f"the {what} replay ran out of memory on {self.device} in "
                                  f"{runs} run(s) of rows ({_allocation(first)}): audit "
                                  "fewer tokens (--tokens N) or on more GPUs") from None
@@ -598,46 +617,53 @@ class Audit:
     def _block(self, record: BlockRecord, job: dict[str, torch.Tensor | None],
                acc: Accumulator, reference: precision.Reference, held: list[HeldPrecision],
                plan: _Plan, rtol: float, restore: Callable[[], None]) -> None:
+        """One block: its eager replay over the whole micro-batch, as the job ran it (a
+        parameter's gradient summed over runs of rows would round less than the job's one
+        sum, and eager would look better than it is), then its reference replay in the
+        plan's runs of rows, each compared with the same rows of the job's and eager's."""
         module = record.module
         at = f"layers.{record.key}"
         names = [(f"{at}.{clean_name(n)}", p) for n, p in module.named_parameters()]
-        single_out = sum(isinstance(o, torch.Tensor) for o in record.outputs) == 1
-        single_in = sum(record.needs_grad) == 1
+        rows = rows_of(record)
+        eager: dict[str, Any] = {}
 
-        def attempt() -> None:
-            scratch = Accumulator(self.settings, self.device)  # merged once the block ran
-            bounds = self._bounds(record, plan)
-            eager_runs = []
+        def eager_pass() -> None:
             restore()
             t0 = time.perf_counter()
             with precision.eager(), precision.autocast_as(self.device, record.autocast):
-                for lo, hi in bounds:
-                    eager_runs.append(replay_block(record, lo, hi, None))
+                runs = [replay_block(record, lo, hi, None)
+                        for lo, hi in self._bounds(record, plan.eager)]
             self._tick("blocks_eager", t0)
-            eager_grads = {n: p.grad for n, p in names}
+            eager["run"] = _joined(runs)
+            eager["grads"] = {n: p.grad for n, p in names}
             for _, p in names:
                 p.grad = None
+
+        def reference_pass() -> None:
+            scratch = Accumulator(self.settings, self.device)  # merged once the block ran
             restore()
-            ref_grads: dict[str, torch.Tensor | None] = {}
             t0 = time.perf_counter()
             with precision.retyped([module], reference.dtype), precision.eager():
-                for (lo, hi), eager_run in zip(bounds, eager_runs, strict=True):
+                for lo, hi in self._bounds(record, plan.chunks):
                     with precision.reference_arithmetic(reference, held[0], self.device,
                                                         [module]):
                         ref_run = replay_block(record, lo, hi, reference.dtype)
-                    self._compare_run(record, lo, hi, eager_run, ref_run, scratch, rtol, at,
-                                      single_out, single_in)
+                    self._compare_run(record, lo, hi, eager["run"], ref_run, scratch, rtol,
+                                      at)
                 ref_grads = {n: p.grad for n, p in names}
             self._tick("blocks_reference", t0)
             for n, p in names:
                 p.grad = None
-                scratch.add(n, record.key, "param_grad", job.get(n), eager_grads[n],
+                scratch.add(n, record.key, "param_grad", job.get(n), eager["grads"][n],
                             ref_grads.get(n), rtol)
             fsdp.reshard([module])
             acc.absorb(scratch)
 
-        self._held_or_not(held, lambda: self._retrying(plan, rows_of(record),
-                                                       f"block {record.key}", attempt))
+        def both() -> None:
+            self._retrying(plan, rows, f"block {record.key} eager", eager_pass, "eager")
+            self._retrying(plan, rows, f"block {record.key} reference", reference_pass)
+
+        self._held_or_not(held, both)
         restore()
 
     def _held_or_not(self, held: list[Any], run: Callable[[], Any]) -> Any:
@@ -668,21 +694,26 @@ class Audit:
         self.times[what] = self.times.get(what, 0.0) + time.perf_counter() - since
 
     def _compare_run(self, record: BlockRecord, lo: int, hi: int, eager_run: Any,
-                     ref_run: Any, acc: Accumulator, rtol: float, at: str, single_out: bool,
-                     single_in: bool) -> None:
+                     ref_run: Any, acc: Accumulator, rtol: float, at: str) -> None:
+        """Rows ``[lo, hi)`` of the block's outputs and input gradients: the job's, the
+        eager replay's (over the whole batch) and the reference's (over these rows)."""
         lead = tuple(record.hidden().shape[:2]) if record.hidden() is not None else ()
+        single_out = sum(isinstance(o, torch.Tensor) for o in record.outputs) == 1
+        single_in = sum(record.needs_grad) == 1
         for i, job_out in enumerate(record.outputs):
             if isinstance(job_out, torch.Tensor) and job_out.is_floating_point():
                 name = f"{at} output" + ("" if single_out else f"[{i}]")
                 acc.add(name, record.key, "output", cut(job_out, lead, lo, hi),
-                        eager_run.outputs[i], ref_run.outputs[i], rtol)
+                        cut(eager_run.outputs[i], lead, lo, hi), ref_run.outputs[i], rtol)
         for i, needs in enumerate(record.needs_grad):
             if needs:
                 name = f"{at} input grad" + ("" if single_in else f"[{i}]")
                 job_grad = record.grad_inputs.get(i)
+                eager_grad = eager_run.grad_inputs.get(i)
                 acc.add(name, record.key, "input_grad",
                         None if job_grad is None else cut(job_grad, lead, lo, hi),
-                        eager_run.grad_inputs.get(i), ref_run.grad_inputs.get(i), rtol)
+                        None if eager_grad is None else cut(eager_grad, lead, lo, hi),
+                        ref_run.grad_inputs.get(i), rtol)
 
     def _outside(self, records: dict[str, BlockRecord], job: dict[str, torch.Tensor | None],
                  acc: Accumulator, reference: precision.Reference, held: list[HeldPrecision],
@@ -702,12 +733,14 @@ class Audit:
         last_out = next((i for i, o in enumerate(last.outputs) if isinstance(o, torch.Tensor)
                          and i in last.grad_outputs), None)
 
-        def one_pass(dtype: torch.dtype | None) -> tuple[float, list[StandIn],
-                                                         dict[str, Any]]:
+        cuttable = all(sliceable(r) for r in records.values())
+        eager: dict[str, Any] = {}
+
+        def one_pass(dtype: torch.dtype | None, runs: int) -> tuple[float, list[StandIn],
+                                                                    dict[str, Any]]:
             restore()
             total, stands = 0.0, []
-            for lo, hi in row_bounds(rows, plan.outside if all(
-                    sliceable(r) for r in records.values()) else 1):
+            for lo, hi in row_bounds(rows, runs if cuttable else 1):
                 stand = StandIn(records, lo, hi, dtype)
                 batch = cut_batch(input_dict, labels, lambda t, lo=lo, hi=hi: t[lo:hi])
                 with blocks.intercepting(stand):
@@ -715,37 +748,57 @@ class Audit:
                 total += float(loss.detach().double().sum())
                 stands.append(stand)
             grads = {n: p.grad for n, p in outside}
-            return total, stands, grads
-
-        def attempt() -> tuple[float, float]:
-            with precision.eager():
-                eager_loss, eager_stands, eager_grads = one_pass(None)
             for _, p in outside:
                 p.grad = None
+            return total, stands, grads
+
+        def joined(stands: list[StandIn], what: str) -> torch.Tensor | None:
+            pieces = [s.first_input[0] if what == "first" else
+                      s.last_grad[0][_tensor_index(last.outputs, last_out)]
+                      for s in stands if (s.first_input if what == "first" else s.last_grad)]
+            if len(pieces) != len(stands) or any(p is None for p in pieces):
+                return None
+            return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+
+        def eager_pass() -> None:
+            # Whole, as the job ran it (see _block): the parameters' gradients round alike.
+            with precision.eager():
+                eager["loss"], stands, eager["grads"] = one_pass(None, plan.outside_eager)
+            eager["first"] = joined(stands, "first")
+            eager["last"] = joined(stands, "last") if last_out is not None else None
+
+        def reference_pass() -> float:
             with precision.retyped(self.model_parts, reference.dtype, exclude=blocks_), \
                     precision.eager(), self.kit.reference(), \
                     precision.reference_arithmetic(reference, held[0], self.device,
                                                    self.model_parts):
-                ref_loss, ref_stands, ref_grads = one_pass(reference.dtype)
-            for e, r in zip(eager_stands, ref_stands, strict=True):
-                lo, hi = e.lo, e.hi
-                hidden = first.hidden()
-                if hidden is not None and e.first_input and r.first_input:
-                    acc.add("embedding output", EMBEDDING, "output", cut(hidden, lead, lo, hi),
-                            e.first_input[0], r.first_input[0], rtol)
-                if last_out is not None and e.last_grad and r.last_grad:
-                    acc.add("head input grad", HEAD, "input_grad",
-                            cut(last.grad_outputs[last_out], lead, lo, hi),
-                            e.last_grad[0][_tensor_index(last.outputs, last_out)],
-                            r.last_grad[0][_tensor_index(last.outputs, last_out)], rtol)
-            for n, p in outside:
-                p.grad = None
-                acc.add(n, where.get(n, HEAD), "param_grad", job.get(n), eager_grads[n],
-                        ref_grads[n], rtol)
-            return eager_loss, ref_loss
+                ref_loss, ref_stands, ref_grads = one_pass(reference.dtype, plan.outside)
+            scratch = Accumulator(self.settings, self.device)
+            hidden = first.hidden()
+            for r in ref_stands:
+                lo, hi = r.lo, r.hi
+                if hidden is not None and eager["first"] is not None and r.first_input:
+                    scratch.add("embedding output", EMBEDDING, "output",
+                                cut(hidden, lead, lo, hi), cut(eager["first"], lead, lo, hi),
+                                r.first_input[0], rtol)
+                if last_out is not None and eager["last"] is not None and r.last_grad:
+                    scratch.add("head input grad", HEAD, "input_grad",
+                                cut(last.grad_outputs[last_out], lead, lo, hi),
+                                cut(eager["last"], lead, lo, hi),
+                                r.last_grad[0][_tensor_index(last.outputs, last_out)], rtol)
+            for n, _ in outside:
+                scratch.add(n, where.get(n, HEAD), "param_grad", job.get(n),
+                            eager["grads"][n], ref_grads[n], rtol)
+            acc.absorb(scratch)
+            return ref_loss
 
-        result = self._held_or_not(held, lambda: self._retrying(
-            plan, rows, "outside-the-blocks", attempt, "outside"))
+        def both() -> tuple[float, float]:
+            self._retrying(plan, rows, "outside-the-blocks eager", eager_pass, "outside_eager")
+            ref_loss = self._retrying(plan, rows, "outside-the-blocks reference",
+                                      reference_pass, "outside")
+            return eager["loss"], ref_loss
+
+        result = self._held_or_not(held, both)
         restore()
         return result
 
@@ -810,6 +863,28 @@ class _Unheld:
     def notes(self, dtype: torch.dtype) -> list[str]:
         """Nothing was held."""
         return []
+
+
+def _runs(need: int, usable: int, rows: int) -> int:
+    """Runs of rows for a replay needing ``need`` bytes over the whole micro-batch in
+    ``usable`` bytes (at most one run per row)."""
+    if need <= usable:
+        return 1
+    return rows if usable <= 0 else min(rows, math.ceil(need / usable))
+
+
+def _joined(runs: list[Any]) -> Any:
+    """Runs of rows of one block's replay as one (their outputs and input gradients joined
+    along the rows)."""
+    if len(runs) == 1:
+        return runs[0]
+    from titan_rocm.numerics.replay import BlockReplay
+
+    outputs = [torch.cat([r.outputs[i] for r in runs]) if isinstance(o, torch.Tensor) else o
+               for i, o in enumerate(runs[0].outputs)]
+    grads = {i: torch.cat([r.grad_inputs[i] for r in runs]) for i in runs[0].grad_inputs
+             if all(i in r.grad_inputs for r in runs)}
+    return BlockReplay(outputs, grads)
 
 
 @dataclass

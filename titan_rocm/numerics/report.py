@@ -76,7 +76,7 @@ def format_report(result: dict[str, Any], top: int = 10, step: int | None = None
                   f"{'ratio':>8} {'outliers':>9}"]
     for t in rows[:top]:
         lines.append(
-            f"  {t['name'][:44]:<44} {t['direction'][:3]:<4} {_num(t['err_job']):>9} "
+            f"  {t['name'][:44]:<44} {_DIRECTION[t['direction']]:<4} {_num(t['err_job']):>9} "
             f"{_num(t['err_eager']):>9} {_num(t['ratio']):>8} "
             f"{_num(t['outlier_fraction']):>9}"
             + ("  FLAGGED: " + t["reason"] if t["flagged"] else ""))
@@ -89,6 +89,9 @@ def format_report(result: dict[str, Any], top: int = 10, step: int | None = None
               + (f"; peak memory {memory / 2**30:.2f} GiB" if memory else "")]
     lines += [f"  note: {note}" for note in result.get("notes") or []]
     return "\n".join(lines)
+
+
+_DIRECTION = {"forward": "fwd", "backward": "bwd"}
 
 
 def _direction(row: dict[str, Any]) -> str:
