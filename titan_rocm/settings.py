@@ -8,6 +8,7 @@ environment checks all derive from it (:func:`choices`).
 """
 
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -205,6 +206,38 @@ def check_section(section: Any) -> RocmSettings:
         if key not in known:
             raise ValueError(f"[rocm] has unknown key {key!r}; accepted keys: {', '.join(known)}")
     return RocmSettings(**section)
+
+
+def check_flags(args: Sequence[str]) -> None:
+    """Validate the values of ``--rocm.<field> VALUE`` (or ``--rocm.<field>=VALUE``) flags.
+
+    tyro reports a value :func:`validate` rejects only as "Error parsing rocm" in a box the
+    caller cannot read back; checking first gives the sentence that names the value and what
+    is accepted. Values tyro cannot convert (a word for a number) and bare boolean flags are
+    left to tyro, whose box says so.
+
+    Raises:
+        ValueError: naming the key, the bad value and the accepted values.
+    """
+    types = {f.name: f.type for f in fields(RocmSettings)}
+    for i, arg in enumerate(args):
+        if not arg.startswith(("--rocm.", "--rocm-")):
+            continue
+        key, eq, text = arg[len("--rocm."):].partition("=")
+        name = key.replace("-", "_")
+        if name not in types or types[name] is bool:
+            continue
+        if not eq:
+            if i + 1 >= len(args) or args[i + 1].startswith("--"):
+                continue
+            text = args[i + 1]
+        value: Any = text
+        if types[name] in (int, float):
+            try:
+                value = types[name](text)
+            except ValueError:
+                continue
+        RocmSettings(**{name: value})
 
 
 def coerce(settings: Any) -> RocmSettings:

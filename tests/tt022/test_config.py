@@ -10,7 +10,7 @@ from torchtitan.config import ConfigManager
 import titan_rocm
 from titan_rocm.adapters.tt022.config import settings_from
 from titan_rocm.adapters.tt022.job_args import JobArgsError, prepare
-from titan_rocm.settings import MODES, RocmSettings, check_section, mode_fields
+from titan_rocm.settings import MODES, RocmSettings, check_flags, check_section, mode_fields
 
 
 def _write(tmp_path: Path, text: str) -> str:
@@ -85,6 +85,27 @@ def test_bad_cli_value_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
 def test_check_section_messages(section: object, needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
         check_section(section)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--rocm.numerics_audit_outlier_quantile", "1.5"],
+     "numerics_audit_outlier_quantile = 1.5 is not valid; accepted: a number > 0 and < 1"),
+    (["--rocm.numerics_audit_every=0"], "numerics_audit_every = 0 is not valid"),
+    (["--rocm-triton-war", "maybe"], "triton_war = 'maybe' is not valid; accepted: auto, on"),
+])
+def test_check_flags_names_the_bad_value(args: list[str], needle: str) -> None:
+    with pytest.raises(ValueError, match=needle):
+        check_flags(args)
+
+
+@pytest.mark.parametrize("args", [
+    ["--rocm.numerics_audit_outlier_quantile", "0.99", "--rocm.triton_war", "off"],
+    ["--rocm.triton_war_strict", "--training.steps", "2"],  # a bare boolean flag
+    ["--rocm.numerics_audit_every", "x"],  # tyro's own box says a word is not an int
+    ["--training.steps", "0"],  # not ours
+])
+def test_check_flags_leaves_the_rest_to_tyro(args: list[str]) -> None:
+    check_flags(args)
 
 
 def test_every_mode_field_accepts_every_mode() -> None:

@@ -34,7 +34,7 @@ from titan_rocm.adapters.common import (
 from titan_rocm.adapters.meta import on_meta
 from titan_rocm.adapters.tt030.job import RocmJob
 from titan_rocm.plan_format import PLAN_SCHEMA
-from titan_rocm.settings import RocmSettings, check_section
+from titan_rocm.settings import RocmSettings, check_flags, check_section
 from titan_rocm.torchtitan.override import ENTRY
 from titan_rocm.workarounds.base import planning
 from titan_rocm.workarounds.moe_blocks import EAGER_MOE, eager_mark, plan_blocks
@@ -73,6 +73,10 @@ def parse_job(args: Sequence[str]) -> Any:
                                "titan_rocm.torchtitan.configs" if flag == "--module" else
                                "the name of a config function of the module"))
     _load_config(list(args))
+    try:
+        check_flags(args)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
     try:
         return ConfigManager().parse_args(list(args))
     except SystemExit as exc:  # tyro prints its own message for bad flags

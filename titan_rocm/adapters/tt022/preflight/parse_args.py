@@ -25,7 +25,7 @@ from titan_rocm.adapters.tt022.job_args import (
     prepare,
 )
 from titan_rocm.adapters.tt022.preflight.launchers import DEFAULT_LAUNCHER, LAUNCH_LINES, LAUNCHERS
-from titan_rocm.settings import check_section
+from titan_rocm.settings import check_flags, check_section
 
 _IMPORT_FLAGS = ("--experimental.custom_import", "--experimental.custom-import")
 _ROCM_PREFIXES = ("--rocm.", "--rocm-")
@@ -190,6 +190,10 @@ def _arguments(args: Sequence[str], launcher: str) -> tuple[list[str], dict[str,
         toml = load_toml(args)
         prepared = prepare(args) if launcher == "titan-rocm" else list(args)
     except JobArgsError as exc:
+        raise StartupError(str(exc)) from None
+    try:
+        check_flags(prepared)
+    except ValueError as exc:
         raise StartupError(str(exc)) from None
     if launcher == "torchtitan":
         module = config_module(prepared, toml)
