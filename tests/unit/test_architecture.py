@@ -50,7 +50,7 @@ ADAPTERS = (
 )
 CLI = ("titan_rocm.cli",)
 TEST_ONLY = ("titan_rocm.testing.faults", "titan_rocm.testing.graph_audit",
-             "titan_rocm.testing.corrupt")
+             "titan_rocm.testing.corrupt", "titan_rocm.testing.audit_matrix")
 """Code that exists for tests and worker processes; the runtime never imports it."""
 TEST_ONLY_IMPORTERS = {
     # The minesweeper's worker processes inject the faults the tests ask for (env var).
