@@ -1,0 +1,70 @@
+"""``benchmarks/audit_matrix.py`` on a CPU: every stored H200 figure recomputed from the
+stored logs equals the stored summary, and its command line refuses bad input in one
+sentence (the GPU worker itself runs through ``--cpu`` in the audit's slow tests' trainer)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+SCRIPT = ROOT / "benchmarks" / "audit_matrix.py"
+STORED = sorted((ROOT / "benchmarks" / "results").glob("*/audit-matrix-*"))
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+
+
+@functools.cache
+def _reanalysed(directory: Path) -> dict:
+    done = _run("--reanalyse", str(directory))
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_the_stored_runs_are_there() -> None:
+    names = {p.name for p in STORED}
+    assert {"audit-matrix-a", "audit-matrix-b", "audit-matrix-c"} <= names
+
+
+@pytest.mark.parametrize("directory", STORED, ids=lambda p: p.name)
+def test_reanalysis_gives_the_stored_figures(directory: Path) -> None:
+    """Every figure numerics-audit.md quotes comes from these summaries: recomputed from the
+    logs alone, they are the same numbers."""
+    again = _reanalysed(directory)
+    stored = json.loads((directory / "summary.json").read_text())
+    assert again["figures"] == json.loads(json.dumps(stored["figures"]))
+    assert again["figures"], "a stored run without figures proves nothing"
+
+
+def test_the_matrix_figures_the_docs_quote() -> None:
+    """The detection and clean-distribution figures of docs/numerics-audit.md."""
+    h200 = ROOT / "benchmarks" / "results" / "2026-12-02-h200"
+    a = _reanalysed(h200 / "audit-matrix-a")["figures"]
+    c = _reanalysed(h200 / "audit-matrix-c")["figures"]
+    for model in ("llama3_1b", "qwen3_1.7b"):
+        d = a[model]["detection"]
+        assert (d["faults"], d["faults_right"], d["clean"], d["false_positives"]) == (18, 18, 5, 0)
+    d = c["deepseek_v3_4b"]["detection"]
+    assert (d["faults"], d["faults_right"], d["clean"], d["false_positives"]) == (18, 16, 5, 0)
+    worst = c["deepseek_v3_4b"]["clean"]["param_grad"]
+    assert worst["ratio_worst"] == "output.weight" and round(worst["ratio_max"], 3) == 1.911
+    tensors = sum(v["tensors"] for fig in (a["llama3_1b"], a["qwen3_1.7b"],
+                                           c["deepseek_v3_4b"])
+                  for kind, v in fig["clean"].items() if kind != "loss")
+    assert tensors == 3705
+
+
+def test_bad_input_is_one_sentence() -> None:
+    done = _run("--only", "llama9_x", "--list")
+    assert done.returncode == 2
+    assert "--only llama9_x: accepted: " in done.stderr and "Traceback" not in done.stderr
+    missing = _run("--reanalyse", str(ROOT / "benchmarks" / "no-such-run"))
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
