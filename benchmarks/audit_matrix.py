@@ -2,7 +2,7 @@
 distributions the defaults come from, and the audit's memory and time against a step.
 
 One worker process per model (TorchTitan 0.2.2's own ``Trainer``, titan-rocm's converters
-with the workarounds forced on as in ``gpu_validation.py``, seed 42, the whole 8 x 2048
+with the workarounds forced on (``harness.ROCM_ON``), seed 42, the whole 8 x 2048
 micro-batch), on one GPU:
 
 1. **Training**, 6 steps with ``[rocm] numerics_audit = "every_n_steps"`` every 4 steps: the
@@ -17,9 +17,9 @@ micro-batch), on one GPU:
 3. **The references**: one clean batch audited with each ``numerics_audit_reference``
    (float64, float32, tf32): the eager errors each measures and what each costs.
 
-    python benchmarks/audit_matrix.py --out DIR [--only llama3_1b,...] [--seeds 5]
-    python benchmarks/audit_matrix.py --reanalyse DIR        # every figure again, on a CPU
-    python benchmarks/audit_matrix.py --list
+    python -m benchmarks.audit_matrix --out DIR [--only llama3_1b,...] [--seeds 5]
+    python -m benchmarks.audit_matrix --reanalyse DIR        # every figure again, on a CPU
+    python -m benchmarks.audit_matrix --list
 
 ``--cpu`` runs the same worker on this machine with the test suite's CPU trainer
 (``tests.support.audit_trainer:AuditTrainer``, tiny models): the code path, not the figures.
@@ -32,25 +32,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import sys
-import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from benchmarks import harness
+from benchmarks.harness import ROCM_ON, quantile
 
 BUDGET_S = 540.0
 TRAIN_STEPS = 6
 AUDIT_EVERY = 4
 """The in-training audit runs at steps 1 and 4; 2, 3, 5 and 6 are plain steps."""
-ROCM_ON = ["--rocm.precision_casts", "on", "--rocm.triton_war", "on",
-           "--rocm.grouped_mm", "on", "--rocm.moe_eager_compile", "on"]
 REFERENCES = ("float64", "float32", "tf32")
 
 
@@ -213,11 +207,6 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool) -> int:
 # -- the figures ------------------------------------------------------------------------------
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
@@ -237,9 +226,9 @@ def distributions(results: list[dict[str, Any]]) -> dict[str, Any]:
         fractions = [f for _, f, _ in rows]
         worst = max(rows)
         out[kind] = {"tensors": len(rows), "ratio_median": statistics.median(ratios),
-                     "ratio_p99": _quantile(ratios, 0.99), "ratio_max": worst[0],
+                     "ratio_p99": quantile(ratios, 0.99), "ratio_max": worst[0],
                      "ratio_worst": worst[2], "outliers_median": statistics.median(fractions),
-                     "outliers_p99": _quantile(fractions, 0.99),
+                     "outliers_p99": quantile(fractions, 0.99),
                      "outliers_max": max(fractions)}
     return out
 
@@ -324,18 +313,12 @@ def figures(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def launch(name: str, logs: Path, seeds: int, cpu: bool, timeout: float) -> dict[str, Any]:
-    """One worker process; its log and JSON go under ``logs``."""
-    from benchmarks.gpu_validation import run_logged
-
+    """One worker process, fresh caches; its log and JSON go under ``logs``."""
     result = logs / f"{name}.json"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", name, "--result",
+    cmd = [sys.executable, "-m", "benchmarks.audit_matrix", "--worker", name, "--result",
            str(result), "--seeds", str(seeds), *(["--cpu"] if cpu else [])]
-    tmp = Path(tempfile.mkdtemp(prefix=f"audit-{name}-"))
-    env = dict(os.environ, PYTHONUNBUFFERED="1", TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
-               TRITON_CACHE_DIR=str(tmp / "triton"),
-               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO),
-                                                        os.environ.get("PYTHONPATH")])))
-    code, wall = run_logged(cmd, logs / f"{name}.log", env, timeout)
+    env = harness.child_env(harness.fresh_dir(f"audit-{name}"))
+    code, wall = harness.run_logged(cmd, logs / f"{name}.log", env, timeout)
     return {"name": name, "exit": code, "wall_s": round(wall, 1)}
 
 
@@ -351,40 +334,29 @@ def read_workers(logs: Path, runs: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def reanalyse(directory: Path) -> dict[str, Any]:
     """Every figure again from a stored result (summary.json + logs.tar.gz), on any machine."""
-    from benchmarks.gpu_validation import open_stored
-
-    stored, logs = open_stored(directory)
-    runs = stored.get("runs", {})
-    return {"environment": stored.get("environment"),
-            "figures": figures(read_workers(logs, runs)), "runs": runs}
+    with harness.open_stored(directory) as (stored, logs):
+        runs = stored.get("runs", {})
+        return {"environment": stored.get("environment"),
+                "figures": figures(read_workers(logs, runs)), "runs": runs}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the workers (or one worker), or reanalyse / list."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--reanalyse", type=Path, metavar="DIR")
-    parser.add_argument("--list", action="store_true")
+    parser = harness.parser(__doc__)
     parser.add_argument("--only", help="comma-separated models (default: "
                         f"{','.join(DEFAULT)})")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--cpu", action="store_true",
                         help="the CPU test trainer instead of TorchTitan's (code path only)")
-    parser.add_argument("--budget", type=float, default=None,
-                        help=f"seconds for the whole call (default {BUDGET_S:.0f}; --cpu: none)")
+    harness.add_budget(parser, None,
+                       f"seconds for the whole call (default {BUDGET_S:.0f}; --cpu: none)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker, args.result, args.seeds, args.cpu)
     if args.reanalyse:
-        from benchmarks.gpu_validation import StoredResultError
-
-        try:
-            print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
-        except StoredResultError as exc:
-            parser.error(str(exc))
-        return 0
+        return harness.print_reanalysis(parser, reanalyse, args.reanalyse)
     names = args.only.split(",") if args.only else list(DEFAULT)
     unknown = [n for n in names if n not in MODELS]
     if unknown:
@@ -393,33 +365,19 @@ def main(argv: list[str] | None = None) -> int:
         for n in names:
             print(f"{n}: {' '.join(job_flags(MODELS[n]))}")
         return 0
-    if not args.out:
-        parser.error("--out is required (or --reanalyse DIR, or --list)")
-    from benchmarks.gpu_validation import store_result
-
-    args.out.mkdir(parents=True, exist_ok=True)
-    logs = Path(tempfile.mkdtemp(prefix="titan-rocm-audit-matrix-"))
-    import torch
-
-    environment = {"date": datetime.now().isoformat(timespec="seconds"),
-                   "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
-                   "torch": torch.__version__, "command": " ".join(sys.argv),
-                   "seeds": args.seeds, "cpu": args.cpu}
-    start = time.monotonic()
-    budget = args.budget if args.budget is not None else (1e9 if args.cpu else BUDGET_S)
-    runs: dict[str, Any] = {}
+    out = harness.require_out(parser, args)
+    budget = args.budget_s if args.budget_s is not None else (None if args.cpu else BUDGET_S)
+    call = harness.Call(out, lambda c: {"environment": c.environment, "runs": c.results,
+                                        "figures": figures(read_workers(c.logs, c.results))},
+                        budget_s=budget, seeds=args.seeds, cpu=args.cpu)
     for name in names:
-        left = budget - (time.monotonic() - start)
-        if left < 60:
-            runs[name] = {"name": name, "exit": "skipped: time budget spent"}
+        if call.skip_unless(name, 60):
             continue
         timeout = MODELS[name].timeout * (10 if args.cpu else 1)  # a CPU compiles slowly
-        runs[name] = launch(name, logs, args.seeds, args.cpu, min(left, timeout))
-        print(f"[{name}] exit={runs[name]['exit']} wall={runs[name]['wall_s']}s", flush=True)
-        summary = {"environment": environment, "runs": runs,
-                   "figures": figures(read_workers(logs, runs))}
-        store_result(args.out, logs, summary)
-    print(json.dumps(figures(read_workers(logs, runs)), indent=2, default=str))
+        run = call.record(name, launch(name, call.logs, args.seeds, args.cpu,
+                                       min(call.left_s(), timeout)))["runs"][name]
+        print(f"[{name}] exit={run['exit']} wall={run['wall_s']}s", flush=True)
+    print(json.dumps(figures(read_workers(call.logs, call.results)), indent=2, default=str))
     return 0
 
 

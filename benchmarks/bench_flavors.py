@@ -14,6 +14,8 @@ several GPUs); ``qwen3`` has its own 0.6B/1.7B flavors.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torchtitan.models.deepseek_v3 import deepseekv3_args
 from torchtitan.models.deepseek_v3.model.args import DeepSeekV3ModelArgs
 from torchtitan.models.llama3 import llama3_args
@@ -26,30 +28,30 @@ llama3_args.setdefault("bench_1B", TransformerModelArgs(
     multiple_of=256, rope_theta=500000,
 ))
 
-# DeepSeek-V3 16B's shape (dim 2048, MLA with kv_lora_rank 512, 2 shared experts, 1408-wide
-# experts, 102400 vocab) cut to 12 layers and 32 experts (top 6): about 4 B parameters, 1 B
-# active, so MoE compute dominates a step and it trains on one GPU. Plain causal SDPA
-# attention (the 16B flavor's flex block_causal masks are a separate question: see
-# docs/mla-ck-backward.md).
-deepseekv3_args.setdefault("bench_moe_4B", DeepSeekV3ModelArgs(
-    vocab_size=102400, dim=2048, inter_dim=10944, moe_inter_dim=1408, n_layers=12,
-    n_dense_layers=1, n_heads=16,
-    moe_args=MoEArgs(num_experts=32, num_shared_experts=2, top_k=6, score_func="softmax",
-                     route_norm=False, score_before_experts=False),
-    q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-    v_head_dim=128, mscale=0.70,
-))
 
-# DeepSeek-V3 16B's attention exactly (MLA: dim 2048, 16 heads, kv_lora_rank 512, q/k 128+64,
-# v 128, mscale 0.70, flex attention with block_causal document masks) on a two-block model
-# (one dense, one MoE block of 8 small experts) and the 2048-entry debug vocab, so the shipped
-# tokenizer and dataset drive it and a run takes about a minute on one H200
-# (benchmarks/mla_varlen_packing.py).
-deepseekv3_args.setdefault("bench_mla_varlen", DeepSeekV3ModelArgs(
-    vocab_size=2048, dim=2048, inter_dim=5472, moe_inter_dim=1408, n_layers=2,
-    n_dense_layers=1, n_heads=16,
-    moe_args=MoEArgs(num_experts=8, num_shared_experts=2, top_k=2, score_func="softmax",
-                     route_norm=False, score_before_experts=False),
-    q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-    v_head_dim=128, mscale=0.70, attn_type="flex", attn_mask_type="block_causal",
-))
+def _deepseek_16b_mla(experts: int, top_k: int, **shape: Any) -> DeepSeekV3ModelArgs:
+    """DeepSeek-V3 16B's attention and expert shapes (dim 2048, MLA: 16 heads, kv_lora_rank 512,
+    q/k 128+64, v 128, mscale 0.70; 1408-wide experts, 2 shared, softmax routing) with
+    ``experts`` routed experts (``top_k`` per token), the rest of the model from ``shape``."""
+    return DeepSeekV3ModelArgs(
+        dim=2048, moe_inter_dim=1408, n_dense_layers=1, n_heads=16,
+        moe_args=MoEArgs(num_experts=experts, num_shared_experts=2, top_k=top_k,
+                         score_func="softmax", route_norm=False, score_before_experts=False),
+        q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+        v_head_dim=128, mscale=0.70, **shape)
+
+
+# DeepSeek-V3 16B's shape (102400 vocab) cut to 12 layers and 32 experts (top 6): about 4 B
+# parameters, 1 B active, so MoE compute dominates a step and it trains on one GPU. Plain
+# causal SDPA attention (the 16B flavor's flex block_causal masks are a separate question: see
+# docs/mla-ck-backward.md).
+deepseekv3_args.setdefault("bench_moe_4B", _deepseek_16b_mla(
+    32, 6, vocab_size=102400, inter_dim=10944, n_layers=12))
+
+# DeepSeek-V3 16B's attention exactly (with flex attention and block_causal document masks)
+# on a two-block model (one dense, one MoE block of 8 small experts) and the 2048-entry debug
+# vocab, so the shipped tokenizer and dataset drive it and a run takes about a minute on one
+# H200 (benchmarks/mla_varlen_packing.py).
+deepseekv3_args.setdefault("bench_mla_varlen", _deepseek_16b_mla(
+    8, 2, vocab_size=2048, inter_dim=5472, n_layers=2, attn_type="flex",
+    attn_mask_type="block_causal"))

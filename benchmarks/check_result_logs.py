@@ -1,8 +1,8 @@
 """``check-log`` and ``bench-summary`` on every run's log of stored GPU results, one line each.
 
-    python benchmarks/check_result_logs.py benchmarks/results/2026-11-30-h200*/*/
+    python -m benchmarks.check_result_logs benchmarks/results/2026-11-30-h200*/*/
 
-Each DIR holds ``logs.tar.gz`` (as written by ``benchmarks/gpu_validation.py`` or the
+Each DIR holds ``logs.tar.gz`` (as a benchmark's ``--out`` writes it, or the
 ``launcher`` run of ``benchmarks/divergence_guard_overhead.py``). Every row states what it is
 expected to be, and the script checks it:
 
@@ -22,16 +22,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from titan_rocm.logs.check import check_parsed  # noqa: E402
-from titan_rocm.logs.parse import parse_file  # noqa: E402
-from titan_rocm.logs.summary import summarize  # noqa: E402
+from benchmarks.harness import extracted
+from titan_rocm.logs.check import check_parsed
+from titan_rocm.logs.parse import parse_file
+from titan_rocm.logs.summary import summarize
 
 EXPECTED_TO_DIVERGE = ("nan_step", "inject_nan")
 KNOWN_STARTUP_FAILURES: dict[str, str] = {
@@ -118,10 +114,8 @@ def main() -> int:
         if not archive.is_file():
             missing = directory
             break
-        with tempfile.TemporaryDirectory() as tmp:
-            with tarfile.open(archive) as tar:
-                tar.extractall(tmp, filter="data")
-            for log in sorted(Path(tmp).rglob("*.log")):
+        with extracted(directory) as tmp:
+            for log in sorted(tmp.rglob("*.log")):
                 parsed = parse_file(log)
                 check = check_parsed(parsed)
                 summary = summarize([parsed], warmup=args.warmup)

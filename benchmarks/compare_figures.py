@@ -1,6 +1,6 @@
 """The stock-vs-``rocm_on`` pictures of docs/performance.md, from the stored H200 logs.
 
-    python benchmarks/compare_figures.py            # writes docs/images/compare-*.png
+    python -m benchmarks.compare_figures            # writes docs/images/compare-*.png
 
 For llama3 1.5B, qwen3 1.7B and deepseek_v3 3.9B, the throughput suite ran each variant twice
 (mirrored passes, ``@1`` and ``@2``). Each picture is ``titan-rocm compare`` with stock's first
@@ -13,15 +13,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from titan_rocm.logs.compare import compare, load_run  # noqa: E402
-from titan_rocm.logs.plot import plot  # noqa: E402
+from benchmarks.harness import REPO, extracted
+from titan_rocm.logs.compare import compare, load_run
+from titan_rocm.logs.plot import plot
 
 RESULTS = REPO / "benchmarks" / "results"
 FIGURES: dict[str, tuple[str, str]] = {
@@ -37,10 +33,8 @@ SIZE = (1000, 900)
 def make(name: str, out_dir: Path) -> tuple[Path, list[str], int]:
     """Draw one picture into ``out_dir``; return its path, the report and the exit code."""
     folder, prefix = FIGURES[name]
-    with tempfile.TemporaryDirectory() as tmp:
-        with tarfile.open(RESULTS / folder / "logs.tar.gz") as tar:
-            tar.extractall(tmp, filter="data")
-        logs = Path(tmp) / "logs"
+    with extracted(RESULTS / folder) as tmp:
+        logs = tmp / "logs"
 
         def run(variant: str, label: str):
             return load_run(logs / f"{prefix}_{variant}.log", label, warmup=WARMUP)

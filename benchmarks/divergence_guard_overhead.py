@@ -10,29 +10,24 @@ ratios to the guard-off run. Then a run with the test hook ``TITAN_ROCM_DEBUG_IN
 updates run under ``torch.cuda.set_sync_debug_mode("error")``: any device-to-host sync
 raises.
 
-    python benchmarks/divergence_guard_overhead.py --ngpu 1 --out /tmp/guard
-    python benchmarks/divergence_guard_overhead.py --ngpu 2 --out /tmp/guard2   # FSDP
+    python -m benchmarks.divergence_guard_overhead --ngpu 1 --out /tmp/guard
+    python -m benchmarks.divergence_guard_overhead --ngpu 2 --out /tmp/guard2   # FSDP
 
 Run from the repository root (the debug configs' tokenizer and dataset paths are relative).
 The GPU-bound figures (llama3 1.5B, mirrored, ``--reanalyse``) come from
-``benchmarks/gpu_validation.py --suite throughput --models llama3_1b_guard``.
+``python -m benchmarks.gpu_validation --suite throughput --models llama3_1b_guard``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from titan_rocm.logs.check import check_file  # noqa: E402
-from titan_rocm.logs.parse import parse_file  # noqa: E402
-from titan_rocm.logs.summary import summarize  # noqa: E402
+from benchmarks import harness
+from titan_rocm.logs.check import check_file
+from titan_rocm.logs.parse import parse_file
+from titan_rocm.logs.summary import summarize
 
 VARIANTS: dict[str, list[str]] = {
     "guard off": ["--rocm.divergence_guard", "off"],
@@ -69,21 +64,18 @@ def sync_check() -> str:
 
 
 def train(name: str, extra: list[str], args: argparse.Namespace, env: dict[str, str]) -> tuple:
+    """One run of ``--config`` with the guard and ``extra``: its log, exit code, seconds."""
     log = args.out / f"{name.replace(' ', '_')}.log"
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={args.ngpu}",
-        "--local-ranks-filter", ",".join(str(r) for r in range(args.ngpu)), "--tee", "3",
-        "-m", "titan_rocm.train", "--job.config_file", args.config,
-        "--model.converters", "rocm.divergence_guard",
-        "--training.steps", str(args.steps), "--metrics.log_freq", "10", *extra,
-    ]
-    start = time.monotonic()
-    with log.open("w") as out:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-    return log, proc.returncode, time.monotonic() - start
+    cmd = harness.torchrun(args.ngpu, "-m", "titan_rocm.train", "--job.config_file", args.config,
+                           "--model.converters", "rocm.divergence_guard",
+                           "--training.steps", str(args.steps), "--metrics.log_freq", "10",
+                           *extra)
+    code, seconds = harness.run_logged(cmd, log, env, None)
+    return log, code, seconds
 
 
 def main() -> int:
+    """The sync check, the overhead runs, then the injection run; 0 when all passed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/llama3_debug.toml")
     parser.add_argument("--ngpu", type=int, default=1)
@@ -96,8 +88,7 @@ def main() -> int:
                         help="skip the sync check and the overhead runs")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TITAN_ROCM_DEBUG")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env = {k: v for k, v in harness.child_env().items() if not k.startswith("TITAN_ROCM_DEBUG")}
     if not args.inject_only:
         print(sync_check(), flush=True)
         if overhead(args, env):

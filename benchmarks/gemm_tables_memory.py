@@ -1,6 +1,6 @@
 """``titan-rocm gemm-tables capture-safe``: peak memory (RSS) on a small and a 10x larger table.
 
-    python benchmarks/gemm_tables_memory.py [--sizes-mb 5 50] [--out DIR] [--keep]
+    python -m benchmarks.gemm_tables_memory [--sizes-mb 5 50] [--out DIR]
 
 CPU only, torch-free. Generates tuned BF16 GEMM tables of the given sizes (rows of every
 kind aiter's tables hold, made-up values; about 40 % removed by the capture rules), then
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks import harness
 
 HEADER = (
     "gfx,cu_num,M,N,K,bias,dtype,outdtype,scaleAB,bpreshuffle,libtype,solidx,splitK,us,"
@@ -69,7 +69,6 @@ def make_table(path: Path, size_bytes: int, seed: int = 0) -> int:
 
 def child(table: str, outdir: str) -> None:
     """Run the tool in this process; print its exit code and this process's peak RSS."""
-    sys.path.insert(0, str(REPO))
     from titan_rocm.cli import main
 
     with contextlib.redirect_stdout(io.StringIO()):
@@ -80,14 +79,15 @@ def child(table: str, outdir: str) -> None:
 
 def baseline() -> float:
     """Peak RSS (MiB) of a Python process that only imports the tool."""
-    code = (f"import resource, sys; sys.path.insert(0, {str(REPO)!r}); "
-            "import titan_rocm.cli.gemm_tables; "
+    code = ("import resource; import titan_rocm.cli.gemm_tables; "
             "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)")
-    return round(float(subprocess.run([sys.executable, "-c", code], check=True,
-                                      capture_output=True, text=True).stdout), 1)
+    return round(float(subprocess.run([sys.executable, "-c", code], check=True, cwd=harness.REPO,
+                                      env=harness.child_env(), capture_output=True,
+                                      text=True).stdout), 1)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Measure each size in a fresh process; print the figures (and store them with --out)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes-mb", type=float, nargs="+", default=[5.0, 50.0])
     parser.add_argument("--out", type=Path, help="write summary.json here")
@@ -105,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
             table = Path(tmp) / f"t{i}_bf16_tuned_gemm.csv"
             rows = make_table(table, int(size * 1e6), seed=i)
             out = subprocess.run(
-                [sys.executable, __file__, "--child", str(table), str(Path(tmp) / f"out{i}")],
-                check=True, capture_output=True, text=True)
+                [sys.executable, "-m", "benchmarks.gemm_tables_memory", "--child", str(table),
+                 str(Path(tmp) / f"out{i}")], check=True, cwd=harness.REPO,
+                env=harness.child_env(), capture_output=True, text=True)
             measured = json.loads(out.stdout.strip().splitlines()[-1])
             figures.append({"size_mb": round(table.stat().st_size / 1e6, 1), "rows": rows,
                             **measured})

@@ -2,19 +2,19 @@
 
 One command on a GPU box (run from the repository root, titan-rocm importable):
 
-    python benchmarks/gpu_validation.py --suite single --out results/     # 1-2 GPUs
-    python benchmarks/gpu_validation.py --suite dual --out results/       # needs 2 GPUs
-    python benchmarks/gpu_validation.py --suite throughput --models llama3_1b,qwen3_1.7b \
+    python -m benchmarks.gpu_validation --suite single --out results/     # 1-2 GPUs
+    python -m benchmarks.gpu_validation --suite dual --out results/       # needs 2 GPUs
+    python -m benchmarks.gpu_validation --suite throughput --models llama3_1b,qwen3_1.7b \
         --steps 60 --out results/                                        # 1 GPU, ratios
-    python benchmarks/gpu_validation.py --suite fp8 --steps 30 --out results/   # torchao 0.16
-    python benchmarks/gpu_validation.py --suite throughput --models deepseek_v3_4b \
+    python -m benchmarks.gpu_validation --suite fp8 --steps 30 --out results/   # torchao 0.16
+    python -m benchmarks.gpu_validation --suite throughput --models deepseek_v3_4b \
         --steps 30 --out results/                     # 1 GPU: MoE scopes side by side
-    python benchmarks/gpu_validation.py --suite throughput --models llama3_1b_guard \
+    python -m benchmarks.gpu_validation --suite throughput --models llama3_1b_guard \
         --steps 40 --out results/                     # 1 GPU: divergence guard modes
-    python benchmarks/gpu_validation.py --suite throughput --models deepseek_v3_4b_memory \
+    python -m benchmarks.gpu_validation --suite throughput --models deepseek_v3_4b_memory \
         --steps 30 --out results/                     # 1 GPU: capture_scalar_outputs, bf16
                                                       # MoE combine: peak memory, speed
-    python benchmarks/gpu_validation.py --suite moe_graphs --steps 20 --out results/
+    python -m benchmarks.gpu_validation --suite moe_graphs --steps 20 --out results/
                                                       # 2 GPUs: FSDP + EP=2, graphs audited
 
 ``moe_graphs`` runs deepseek_v3 with FSDP 2 x EP 2 under each MoE compile (``moe`` scope,
@@ -31,67 +31,28 @@ kernel compile goes through Triton. ``throughput`` runs each variant of a model 
 order (A B C ... C B A) with one shared compile cache and reports pooled medians and per-pass
 ratios; ``llama3_1b`` and ``qwen3_1.7b`` are GPU-bound sizes (``benchmarks/bench_flavors.py``),
 the debug models are host-bound on an H200 and too noisy for a 1% ratio. ``fp8`` runs the FP8
-debug config stock vs rocm. It prints a table of ratios and writes ``summary.json``,
-``summary.md`` and ``logs.tar.gz`` to ``--out``.
+debug config stock vs rocm. It prints its figures and writes ``summary.json``
+and ``logs.tar.gz`` to ``--out`` after every run; ``--reanalyse DIR`` recomputes them.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import dataclasses
 import json
-import os
-import re
 import statistics
-import subprocess
 import sys
-import tarfile
-import tempfile
 import threading
-import time
-from datetime import datetime
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib
+from benchmarks import harness
+from benchmarks.harness import STOCK, Run, max_rel_diff, ratio, report_value
 
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from titan_rocm.logs.parse import parse_file  # noqa: E402
-
-# Workarounds whose auto gate skips off ROCm, forced on so the CUDA run exercises them.
-ROCM_ON = [
-    "--rocm.precision_casts", "on", "--rocm.triton_war", "on",
-    "--rocm.grouped_mm", "on", "--rocm.moe_eager_compile", "on",
-    # Named, not left to the default (it was "moe" for a while): runs stay comparable across time.
-    "--rocm.moe_eager_scope", "block",
-]
-STOCK = ["--stock"]  # marker: run a copy of the config with titan-rocm taken out
+# Named, not left to the default (it was "moe" for a while): runs stay comparable across time.
+ROCM_ON = [*harness.ROCM_ON, "--rocm.moe_eager_scope", "block"]
 SEED = ["--debug.seed", "42"]
 LOG10 = ["--metrics.log_freq", "10"]
-
-
-@dataclasses.dataclass
-class Run:
-    """One training run."""
-
-    name: str
-    config: str
-    flags: list[str]
-    gpus: int = 1
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
-    expect_failure: bool = False
-    timeout: int = 420
-    shared_cache: bool = False
-    """Use the suite's Inductor/Triton cache (steady-state timing) instead of a cold one."""
-    runner: str = "torchtitan_runner.py"
-    """The module under benchmarks/ that runs TorchTitan's trainer."""
 
 
 def single_suite(steps: int) -> tuple[list[Run], list[Run]]:
@@ -142,7 +103,7 @@ GUARD_TARGET = 0.99
 """Issue 16's target for ``divergence_check = "every_step"``: tokens/s over guard off."""
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class ThroughputModel:
     """One model of the throughput suite: its config and the variants compared on it."""
 
@@ -150,13 +111,13 @@ class ThroughputModel:
     variants: list[tuple[str, list[str]]]
     """(name, flags) pairs, the baseline first: "stock", which every ``*_over_stock`` ratio
     divides by, or (a model without a stock run) its :attr:`also_over` variant."""
-    flags: list[str] = dataclasses.field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
     """Flags every variant gets (e.g. the flavor)."""
     bench_flavors: bool = False
     """Needs ``benchmarks/bench_flavors.py`` (a flavor TorchTitan 0.2.2 does not ship)."""
     also_over: str | None = None
     """A second baseline: every other variant also gets its ratio over this one."""
-    variant_env: dict[str, dict[str, str]] = dataclasses.field(default_factory=dict)
+    variant_env: dict[str, dict[str, str]] = field(default_factory=dict)
     """Environment a variant's runs get on top of the suite's (by variant name)."""
 
 
@@ -280,149 +241,6 @@ def dual_suite(steps: int) -> list[Run]:
     ]
 
 
-_SHARED_CACHE = Path(tempfile.mkdtemp(prefix="titan-rocm-cache-"))
-# Two suites may share a machine (one per GPU): each takes its own port range.
-_PORT = [int(os.environ.get("TITAN_ROCM_BENCH_PORT", "29500"))]
-_PORT_LOCK = threading.Lock()
-
-
-def _port() -> int:
-    with _PORT_LOCK:
-        _PORT[0] += 7
-        return _PORT[0]
-
-
-def run_logged(cmd: list[str], log: Path, env: dict[str, str], timeout: float
-               ) -> tuple[int | str, float]:
-    """Run ``cmd`` from the repository root, its output (after the command line) in ``log``;
-    its exit code (``"timeout"`` when killed) and wall seconds."""
-    start = time.monotonic()
-    with open(log, "w") as f:
-        f.write("$ " + " ".join(cmd) + "\n")
-        f.flush()
-        try:
-            code: int | str = subprocess.run(cmd, cwd=REPO, env=env, stdout=f,
-                                             stderr=subprocess.STDOUT, timeout=timeout).returncode
-        except subprocess.TimeoutExpired:
-            code = "timeout"
-    return code, time.monotonic() - start
-
-
-def launch(run: Run, out: Path, gpu_ids: list[int]) -> dict[str, Any]:
-    """Run ``run`` on ``gpu_ids``; return its raw result (log path, exit code, wall time)."""
-    log = out / f"{run.name}.log"
-    tmp = Path(tempfile.mkdtemp(prefix=f"{run.name}-"))
-    cache = _SHARED_CACHE if run.shared_cache else tmp
-    env = dict(os.environ)
-    # Lane GPU ids count within the GPUs this process was given (a suite pinned to GPU 1
-    # of a two-GPU machine with CUDA_VISIBLE_DEVICES=1 runs there, not on GPU 0).
-    given = os.environ.get("CUDA_VISIBLE_DEVICES")
-    visible = given.split(",") if given else [str(i) for i in range(max(gpu_ids) + 1)]
-    env.update(
-        CUDA_VISIBLE_DEVICES=",".join(visible[i] for i in gpu_ids),
-        TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
-        TRITON_CACHE_DIR=str(cache / "triton"),
-        TITAN_ROCM_TRITON_WAR_STATS_DIR=str(tmp / "war-stats"),
-        COUNT_SYNCS="1",
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(run.env)
-    config, flags = run.config, list(run.flags)
-    if "--stock" in flags:
-        flags.remove("--stock")
-        config = str(stock_config(REPO / run.config, tmp))
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={run.gpus}",
-        f"--master_port={_port()}", "--local-ranks-filter", ",".join(map(str, range(run.gpus))),
-        "--role", "rank", "--tee", "3",
-        str(REPO / "benchmarks" / run.runner),
-        "--job.config_file", config, "--job.dump_folder", str(tmp / "dump"), *flags,
-    ]
-    code, wall = run_logged(cmd, log, env, run.timeout)
-    stats = None
-    stats_dir = tmp / "war-stats"
-    if stats_dir.is_dir():
-        from titan_rocm.workarounds.triton_war import stats as war_stats
-
-        # One file per process that compiled: the trainer and each Inductor compile worker.
-        stats = war_stats.collect(stats_dir).to_dict()
-        stats["files"] = sorted(p.name for p in stats_dir.iterdir())
-    return {"name": run.name, "exit": code, "wall_s": round(wall, 1), "log": str(log),
-            "expect_failure": run.expect_failure, "triton_war_stats": stats}
-
-
-def stock_config(path: Path, tmp: Path) -> Path:
-    """A copy of ``path`` without titan-rocm: no converters, no custom import/config, no [rocm].
-
-    TorchTitan 0.2.2's ``--model.converters`` cannot express an empty list on the command line
-    (it splits "" into [""]), so the stock run gets its own TOML. Other converters (float8)
-    stay.
-    """
-    out, skip = [], False
-    for line in path.read_text().splitlines():
-        stripped = line.strip()
-        if stripped.startswith("["):
-            skip = stripped == "[rocm]"
-        if skip or stripped.startswith(("custom_import", "custom_config_module")):
-            continue
-        if stripped.startswith("converters"):
-            listed = ast.literal_eval(stripped.split("=", 1)[1].split("#", 1)[0].strip())
-            kept = [c for c in listed if c != "rocm" and not c.startswith("rocm.")]
-            line = f"converters = {json.dumps(kept)}"
-        out.append(line)
-    stock = tmp / f"stock-{path.name}"
-    stock.write_text("\n".join(out) + "\n")
-    return stock
-
-
-_TS = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
-_GUARD_LINE = re.compile(r"divergence guard: (\d+) check\(s\), (\d+) of them waited")
-"""The guard's end-of-run line (titan_rocm/workarounds/divergence_guard/monitor.py)."""
-
-
-def _stamp(line: str) -> float | None:
-    m = _TS.search(line)
-    if not m:
-        return None
-    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-
-
-def analyse(raw: dict[str, Any]) -> dict[str, Any]:
-    """Loss curve, throughput, compile time and reports from one run's log."""
-    path = Path(raw["log"])
-    text = path.read_text(errors="replace")
-    parsed = parse_file(path)
-    train = [r for r in parsed.train_records if r.rank in (None, 0)]
-    by_step = {r.step: r for r in train}
-    starts = [_stamp(x) for x in text.splitlines() if "Training starts at step" in x]
-    first = [_stamp(x) for x in text.splitlines() if re.search(r"\bstep:\s*1\b", x)]
-    reports = [json.loads(x.split("TITAN_ROCM_RUN_REPORT ", 1)[1])
-               for x in text.splitlines() if "TITAN_ROCM_RUN_REPORT " in x]
-    tps = [r.tps for s, r in sorted(by_step.items()) if s > 10 and r.tps]
-    return {
-        **raw,
-        "steps_logged": sorted(by_step),
-        "loss": {s: r.loss for s, r in sorted(by_step.items())},
-        "grad_norm": {s: r.grad_norm for s, r in sorted(by_step.items())},
-        "tps_median": statistics.median(tps) if tps else None,
-        "tps_intervals": tps,
-        "memory_gib": max((r.memory_gib or 0 for r in train), default=None),
-        "to_step1_s": (first[0] - starts[0]) if starts and first and starts[0] and first[0]
-        else None,
-        "reports": reports,
-        "guard_lines": [x.strip()[:400] for x in text.splitlines()
-                        if "divergence guard" in x and "diverged" in x][:4],
-        "guard_counts": [{"checks": int(m.group(1)), "waited": int(m.group(2))}
-                         for m in map(_GUARD_LINE.search, text.splitlines()) if m],
-        "titan_rocm_lines": [x.split("titan-rocm:", 1)[1].strip() for x in text.splitlines()
-                             if "titan-rocm: rocm." in x][:12],
-    }
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return round(a / b, 4) if a and b else None
-
-
 def _spread(run: dict[str, Any]) -> tuple[float, float] | None:
     values = run.get("tps_intervals") or []
     return (min(values), max(values)) if values else None
@@ -436,14 +254,12 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         if not stock or not rocm:
             continue
         common = sorted(set(stock["loss"]) & set(rocm["loss"]))
-        rel = [abs(rocm["loss"][s] - stock["loss"][s]) / abs(stock["loss"][s]) for s in common
-               if stock["loss"][s]]
         out[model] = {
-            "tps_ratio_rocm_over_stock": _ratio(rocm["tps_median"], stock["tps_median"]),
+            "tps_ratio_rocm_over_stock": ratio(rocm["tps_median"], stock["tps_median"]),
             # Per-interval spread (min, max): how far apart one run's own intervals are.
             "tps_spread_stock": _spread(stock),
             "tps_spread_rocm": _spread(rocm),
-            "loss_max_rel_diff": round(max(rel), 5) if rel else None,
+            "loss_max_rel_diff": max_rel_diff(rocm["loss"], stock["loss"], 5),
             "loss_step1": (stock["loss"].get(1), rocm["loss"].get(1)),
             "loss_last": (stock["loss"].get(common[-1]) if common else None,
                           rocm["loss"].get(common[-1]) if common else None),
@@ -452,13 +268,13 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         }
     r = results
     if "llama3_rocm" in r and "llama3_rocm_guard_off" in r:
-        syncs = {k: _syncs(r[k])
+        syncs = {k: report_value(r[k], "syncs")
                  for k in ("llama3_rocm_guard_off", "llama3_rocm", "llama3_rocm_every_step")
                  if k in r}
         out["divergence_guard"] = {
-            "tps_ratio_default_over_off": _ratio(r["llama3_rocm"]["tps_median"],
+            "tps_ratio_default_over_off": ratio(r["llama3_rocm"]["tps_median"],
                                                  r["llama3_rocm_guard_off"]["tps_median"]),
-            "tps_ratio_every_step_over_off": _ratio(
+            "tps_ratio_every_step_over_off": ratio(
                 r.get("llama3_rocm_every_step", {}).get("tps_median"),
                 r["llama3_rocm_guard_off"]["tps_median"]),
             "host_syncs_whole_run": syncs,
@@ -467,48 +283,29 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
         out["triton_war_compile"] = {
             "to_step1_s_with": r["llama3_rocm"]["to_step1_s"],
             "to_step1_s_without": r["llama3_rocm_nowar"]["to_step1_s"],
-            "ratio_with_over_without": _ratio(r["llama3_rocm"]["to_step1_s"],
+            "ratio_with_over_without": ratio(r["llama3_rocm"]["to_step1_s"],
                                               r["llama3_rocm_nowar"]["to_step1_s"]),
             "stats_with": r["llama3_rocm"]["triton_war_stats"],
         }
     if "deepseek_v3_rocm" in r and "deepseek_v3_rocm_stock_moe_compile" in r:
         a, b = r["deepseek_v3_rocm"], r["deepseek_v3_rocm_stock_moe_compile"]
         out["moe_compile"] = {
-            "tps_ratio_mixed_over_stock_moe_compile": _ratio(a["tps_median"], b["tps_median"]),
+            "tps_ratio_mixed_over_stock_moe_compile": ratio(a["tps_median"], b["tps_median"]),
             "to_step1_s": {"mixed": a["to_step1_s"], "stock_moe_compile": b["to_step1_s"]},
         }
     if "deepseek_v3_rocm" in r and "deepseek_v3_rocm_loop" in r:
         a, b = r["deepseek_v3_rocm"], r["deepseek_v3_rocm_loop"]
-        common = sorted(set(a["loss"]) & set(b["loss"]))
         out["grouped_mm_loop_vs_torch"] = {
-            "loss_max_rel_diff": round(max(abs(a["loss"][s] - b["loss"][s]) / abs(a["loss"][s])
-                                           for s in common), 5) if common else None,
-            "tps_ratio_loop_over_torch": _ratio(b["tps_median"], a["tps_median"]),
+            "loss_max_rel_diff": max_rel_diff(b["loss"], a["loss"], 5),
+            "tps_ratio_loop_over_torch": ratio(b["tps_median"], a["tps_median"]),
         }
     return out
-
-
-def _tokens_per_step(config: str) -> int | None:
-    """local_batch_size x seq_len of a config (per GPU): tokens/s -> step time."""
-    try:
-        training = tomllib.loads((REPO / config).read_text())["training"]
-        return int(training["local_batch_size"]) * int(training["seq_len"])
-    except (OSError, KeyError, ValueError, tomllib.TOMLDecodeError):
-        return None
-
-
-def _syncs(run: dict[str, Any]) -> int | None:
-    reports = run.get("reports") or []
-    return reports[0].get("syncs") if reports else None
-
 
 def _loss_diff(run: dict[str, Any], stock: list[dict[str, Any]] | None) -> float | None:
     """Largest relative loss difference to the first stock run, over the steps both logged."""
     if not stock:
         return None
-    a, b = run.get("loss") or {}, stock[0].get("loss") or {}
-    rel = [abs(a[s] - b[s]) / abs(b[s]) for s in set(a) & set(b) if b[s]]
-    return round(max(rel), 6) if rel else None
+    return max_rel_diff(run.get("loss") or {}, stock[0].get("loss") or {}, 6)
 
 
 def figures_of(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -526,9 +323,9 @@ def _variant_ratio(table: dict[str, Any], a: str, b: str) -> dict[str, Any] | No
     """tokens/s of variant ``a`` over ``b``: pooled medians, and pass by pass."""
     if a not in table or b not in table:
         return None
-    per_pass = [_ratio(x, y) for x, y in zip(table[a]["tps_median_per_pass"],
+    per_pass = [ratio(x, y) for x, y in zip(table[a]["tps_median_per_pass"],
                                             table[b]["tps_median_per_pass"], strict=False)]
-    return {"pooled": _ratio(table[a]["tps_median"], table[b]["tps_median"]),
+    return {"pooled": ratio(table[a]["tps_median"], table[b]["tps_median"]),
             "per_pass": per_pass}
 
 
@@ -546,7 +343,7 @@ def throughput(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
                     break
     out: dict[str, Any] = {}
     for model, variants in passes.items():
-        tokens = _tokens_per_step(THROUGHPUT[model].config)
+        tokens = harness.tokens_per_step(THROUGHPUT[model].config)
         table: dict[str, Any] = {}
         for variant, runs in variants.items():
             pooled = [t for r in runs for t in (r.get("tps_intervals") or [])]
@@ -562,7 +359,7 @@ def throughput(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
                 "step_ms_median": round(1000 * tokens / median, 2) if tokens and median else None,
                 "peak_memory_gib": [r.get("memory_gib") for r in runs],
                 "to_step1_s": [_round(r.get("to_step1_s")) for r in runs],
-                "host_syncs": [_syncs(r) for r in runs],
+                "host_syncs": [report_value(r, "syncs") for r in runs],
                 "guard_checks": [_guard_checks(r) for r in runs],
                 "exit": [r.get("exit") for r in runs],
             }
@@ -611,11 +408,11 @@ def _side_by_side(table: dict[str, Any], rows: list[tuple[str, str]], base: str
         if variant not in table:
             continue
         row = table[variant]
-        ratio = _variant_ratio(table, variant, base) if variant != base else None
+        over = _variant_ratio(table, variant, base) if variant != base else None
         out.append({
             "variant": variant, "what": label, "tps_median": row["tps_median"],
-            f"ratio_over_{base}": ratio["pooled"] if ratio else None,
-            f"ratio_over_{base}_per_pass": ratio["per_pass"] if ratio else None,
+            f"ratio_over_{base}": over["pooled"] if over else None,
+            f"ratio_over_{base}_per_pass": over["per_pass"] if over else None,
             "step_ms_median": row["step_ms_median"],
             "to_step1_s": row["to_step1_s"], "peak_memory_gib": row["peak_memory_gib"],
             "host_syncs": row["host_syncs"], "guard_checks": row["guard_checks"],
@@ -625,8 +422,8 @@ def _side_by_side(table: dict[str, Any], rows: list[tuple[str, str]], base: str
 
 def _target(table: dict[str, Any], variant: str, base: str, target: float) -> dict[str, Any]:
     """``variant``'s pooled tokens/s over ``base`` against ``target`` (a benchmark's bar)."""
-    ratio = _variant_ratio(table, variant, base)
-    pooled = ratio["pooled"] if ratio else None
+    over = _variant_ratio(table, variant, base)
+    pooled = over["pooled"] if over else None
     return {f"target_over_{base}": target, "pooled": pooled,
             "met": bool(pooled and pooled >= target)}
 
@@ -736,165 +533,96 @@ def graph_inspection(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-_WRITE_LOCK = threading.Lock()
+# -- a call -------------------------------------------------------------------------------------
 
 
-def store_result(out: Path, logs: Path, summary: dict[str, Any]) -> None:
-    """A stored result, as :func:`open_stored` reads it: ``summary`` as summary.json and the
-    ``logs`` folder as logs.tar.gz, each written beside and moved into place (every benchmark
-    stores after every run, so a timeout or a kill mid-write keeps the last whole pair)."""
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, default=str))
-    tmp.replace(out / "summary.json")
-    with tarfile.open(out / "logs.tar.gz.tmp", "w:gz") as tar:
-        tar.add(logs, arcname="logs")
-    (out / "logs.tar.gz.tmp").replace(out / "logs.tar.gz")
+def suite_lanes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[list[Run]]:
+    """The runs of ``--suite`` (kept to ``--only``), in lanes: the single suite has two (one per
+    GPU with ``--lanes 2``), every other one."""
+    if args.suite == "single":
+        lanes = list(single_suite(args.steps))
+    elif args.suite == "fp8":
+        lanes = [fp8_suite(args.steps)]
+    elif args.suite == "throughput":
+        models = [m.strip() for m in args.models.split(",") if m.strip()]
+        unknown = [m for m in models if m not in THROUGHPUT]
+        if unknown:
+            parser.error(f"--models: {unknown} not known; accepted: "
+                         f"{', '.join(sorted(THROUGHPUT))}")
+        lanes = [throughput_suite(args.steps, models)]
+    else:
+        lanes = [(dual_suite if args.suite == "dual" else moe_graphs_suite)(args.steps)]
+    keep = set(args.only.split(",")) if args.only else None
+    return [[r for r in lane if keep is None or r.name in keep] for lane in lanes]
 
 
-def write_results(out: Path, logs: Path, environment: dict[str, Any],
-                  results: dict[str, Any]) -> dict[str, Any]:
-    """Write summary.json and logs.tar.gz (after every run: a timeout keeps what finished)."""
-    with _WRITE_LOCK:
-        figures = figures_of(results)
-        store_result(out, logs, {"environment": environment, "figures": figures,
-                                 "runs": results})
-        return figures
+def summary(call: harness.Call) -> dict[str, Any]:
+    """What a call stores: its environment, every figure, every run's analysis."""
+    return {"environment": call.environment, "figures": figures_of(call.results),
+            "runs": call.results}
 
 
-def _lane(runs: list[Run], gpu: int, out: Path, logs: Path, environment: dict[str, Any],
-          results: dict[str, Any]) -> None:
+def run_lane(call: harness.Call, runs: list[Run], gpu: int) -> None:
+    """``runs`` one after the other: one-GPU runs on ``gpu``, the others on GPUs 0..n-1."""
     for run in runs:
-        ids = [gpu] if run.gpus == 1 else list(range(run.gpus))
-        raw = launch(run, logs, ids)
-        results[run.name] = analyse(raw)
-        write_results(out, logs, environment, results)
-        print(f"[{run.name}] exit={raw['exit']} wall={raw['wall_s']}s", flush=True)
-
-
-class StoredResultError(ValueError):
-    """A ``--reanalyse`` directory is not a stored result; the message says why."""
-
-
-def open_stored(directory: Path) -> tuple[dict[str, Any], Path]:
-    """A stored result's ``summary.json``, and the folder its ``logs.tar.gz`` was extracted to.
-
-    Raises:
-        StoredResultError: either file is missing or unreadable.
-    """
-    try:
-        stored = json.loads((directory / "summary.json").read_text())
-        tmp = Path(tempfile.mkdtemp(prefix="titan-rocm-reanalyse-"))
-        with tarfile.open(directory / "logs.tar.gz") as tar:
-            tar.extractall(tmp, filter="data")
-    except (OSError, ValueError, tarfile.TarError) as exc:
-        raise StoredResultError(
-            f"--reanalyse {directory}: not a stored result ({exc}); accepted: a directory "
-            "holding summary.json and logs.tar.gz as a run with --out wrote them") from None
-    return stored, tmp / "logs"
-
-
-def stored_runs(directory: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """A stored result's summary, and each run's raw result with its log extracted again
-    (runs never started, whose exit says ``skipped...``, are left out of the second)."""
-    stored, logs = open_stored(directory)
-    raws = {}
-    for name, run in stored["runs"].items():
-        if str(run.get("exit")).startswith("skipped"):
-            continue
-        raws[name] = {k: run.get(k) for k in ("name", "exit", "wall_s", "expect_failure",
-                                              "triton_war_stats")}
-        raws[name]["log"] = str(logs / f"{name}.log")
-    return stored, raws
+        call.run(run, harness.analyse, [gpu] if run.gpus == 1 else list(range(run.gpus)))
 
 
 def reanalyse(directory: Path) -> dict[str, Any]:
     """Recompute the figures from a stored result (summary.json + logs.tar.gz), on any machine."""
-    stored, raws = stored_runs(directory)
-    results = {name: analyse(raw) for name, raw in raws.items()}
+    with harness.stored_runs(directory) as (stored, raws):
+        results = {name: harness.analyse(raw) for name, raw in raws.items()}
     return {"environment": stored["environment"], "figures": figures_of(results),
             "runs": {n: {k: r[k] for k in ("exit", "tps_median", "to_step1_s", "memory_gib",
                                              "reports", "guard_lines")}
                      for n, r in results.items()}}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run a suite and print/write its figures."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--suite", choices=["single", "dual", "throughput", "fp8", "moe_graphs"])
     parser.add_argument("--models", default="llama3,qwen3",
                         help=f"throughput suite: comma-separated, of {sorted(THROUGHPUT)}")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--reanalyse", type=Path, metavar="DIR",
-                        help="recompute the figures of a stored result directory (no GPU)")
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--only", help="comma-separated run names to keep")
     parser.add_argument("--lanes", type=int, choices=[1, 2], default=1,
                         help="2: the two lanes run in parallel on two GPUs (faster, noisier: "
                         "one lane's compiles compete with the other's timed steps)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.reanalyse:
-        try:
-            print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
-        except StoredResultError as exc:
-            parser.error(str(exc))
+        return harness.print_reanalysis(parser, reanalyse, args.reanalyse)
+    if not args.suite:
+        parser.error("--suite is required (with --out DIR or --list), or --reanalyse DIR")
+    lanes = suite_lanes(parser, args)
+    if args.list:
+        print("\n".join(run.describe() for lane in lanes for run in lane))
         return 0
-    if not args.suite or not args.out:
-        parser.error("--suite and --out are required (or --reanalyse DIR)")
-    args.out.mkdir(parents=True, exist_ok=True)
-    # Logs go to one archive in --out (the device tool brings back at most 8 files).
-    logs = Path(tempfile.mkdtemp(prefix="titan-rocm-logs-"))
+    out = harness.require_out(parser, args)
     import torch
 
     n_gpu = torch.cuda.device_count()
-    environment = {
-        "date": datetime.now().isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(0) if n_gpu else None,
-        "gpus": n_gpu, "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "command": " ".join(sys.argv),
-    }
-    keep = set(args.only.split(",")) if args.only else None
-    results: dict[str, Any] = {}
-    if args.suite == "single":
-        lanes = [[r for r in lane if keep is None or r.name in keep]
-                 for lane in single_suite(args.steps)]
-        if n_gpu >= 2 and args.lanes == 2:
-            threads = [
-                threading.Thread(target=_lane,
-                                 args=(lane, i, args.out, logs, environment, results))
-                for i, lane in enumerate(lanes)
-            ]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        else:
-            _lane(lanes[0] + lanes[1], 0, args.out, logs, environment, results)
-    elif args.suite in ("throughput", "fp8"):
-        if args.suite == "fp8":
-            runs = fp8_suite(args.steps)
-        else:
-            models = [m.strip() for m in args.models.split(",") if m.strip()]
-            unknown = [m for m in models if m not in THROUGHPUT]
-            if unknown:
-                parser.error(f"--models: {unknown} not known; accepted: "
-                             f"{', '.join(sorted(THROUGHPUT))}")
-            runs = throughput_suite(args.steps, models)
-        _lane([r for r in runs if keep is None or r.name in keep], 0, args.out, logs,
-              environment, results)
+    if args.suite in ("dual", "moe_graphs") and n_gpu < 2:
+        print(f"the {args.suite} suite needs 2 GPUs", file=sys.stderr)
+        return 2
+    # Logs go to one archive in --out (the device tool brings back at most 8 files).
+    call = harness.Call(out, summary)
+    if len(lanes) == 2 and n_gpu >= 2 and args.lanes == 2:
+        threads = [threading.Thread(target=run_lane, args=(call, lane, i))
+                   for i, lane in enumerate(lanes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     else:
-        if n_gpu < 2:
-            print(f"the {args.suite} suite needs 2 GPUs", file=sys.stderr)
-            return 2
-        suite = dual_suite if args.suite == "dual" else moe_graphs_suite
-        _lane([r for r in suite(args.steps) if keep is None or r.name in keep], 0,
-              args.out, logs, environment, results)
-    figures = write_results(args.out, logs, environment, results)
-    print(json.dumps({"environment": environment, "figures": figures}, indent=2, default=str))
-    for name, res in sorted(results.items()):
-        print(f"{name}: exit={res['exit']} tps_median={res['tps_median']} "
-              f"to_step1={res['to_step1_s']} reports={res['reports'][:1]} "
-              f"guard={res['guard_lines'][:1]}")
+        run_lane(call, [r for lane in lanes for r in lane], 0)
+    figures = call.store()["figures"]
+    print(json.dumps({"environment": call.environment, "figures": figures}, indent=2,
+                     default=str))
+    for name, res in sorted(call.results.items()):
+        print(f"{name}: exit={res['exit']} tps_median={res.get('tps_median')} "
+              f"to_step1={res.get('to_step1_s')} reports={(res.get('reports') or [])[:1]} "
+              f"guard={(res.get('guard_lines') or [])[:1]}")
     return 0
 
 

@@ -4,8 +4,8 @@ Runs the MoE experts computation (SwiGLU, forward and backward) of every backend
 the command line on the same inputs, interleaving the backends in each round so machine
 noise hits them alike, and prints the median time per backend and its ratio to ``torch``.
 
-    python benchmarks/grouped_mm_backends.py                      # CPU, BF16, loop vs torch
-    python benchmarks/grouped_mm_backends.py --device cuda --backends torch loop primus_turbo
+    python -m benchmarks.grouped_mm_backends                      # CPU, BF16, loop vs torch
+    python -m benchmarks.grouped_mm_backends --device cuda --backends torch loop primus_turbo
 """
 
 from __future__ import annotations

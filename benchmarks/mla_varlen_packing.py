@@ -3,8 +3,8 @@ one NVIDIA GPU, against stock FlexAttention with the same document masks.
 
 One command, from the repository root (torch, triton and TorchTitan 0.2.2 installed):
 
-    python benchmarks/mla_varlen_packing.py --out benchmarks/results/<dir>
-    python benchmarks/mla_varlen_packing.py --reanalyse benchmarks/results/<dir>   # any machine
+    python -m benchmarks.mla_varlen_packing --out benchmarks/results/<dir>
+    python -m benchmarks.mla_varlen_packing --reanalyse benchmarks/results/<dir>   # any machine
 
 Five runs of the ``bench_mla_varlen`` flavor (benchmarks/bench_flavors.py: DeepSeek-V3 16B's
 attention, block_causal masks, two blocks), the shipped tokenizer and dataset (short documents,
@@ -49,25 +49,13 @@ kernels (the fake's are PyTorch flash), about ROCm or an MI300X, or the routing'
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import tempfile
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks.gpu_validation import (  # noqa: E402
-    Run,
-    StoredResultError,
-    analyse,
-    launch,
-    store_result,
-    stored_runs,
-)
+from benchmarks import harness
+from benchmarks.harness import STOCK, Run
 
 CONFIG = "configs/deepseek_v3_debug.toml"
 RUNS = ("stock_a", "stock_b", "stock_eager", "varlen", "dropped")
@@ -92,7 +80,7 @@ def runs(steps: int) -> list[Run]:
     common = ["--model.flavor", "bench_mla_varlen", "--training.steps", str(steps),
               "--training.local_batch_size", "4", "--debug.seed", "42",
               "--metrics.log_freq", "1"]
-    stock = [*common, "--compile.enable", "--stock", "--experimental.custom_import",
+    stock = [*common, "--compile.enable", *STOCK, "--experimental.custom_import",
              "benchmarks.bench_flavors"]
     eager = [x if x != "--compile.enable" else "--compile.no-enable" for x in stock]
     ours = [*common, "--compile.enable", "--experimental.custom_import",
@@ -101,11 +89,11 @@ def runs(steps: int) -> list[Run]:
     return [
         Run("stock_a", CONFIG, stock, shared_cache=True, timeout=TIMEOUTS["stock_a"]),
         Run("varlen", CONFIG, ours, shared_cache=True, timeout=TIMEOUTS["varlen"],
-            runner="mla_varlen_runner.py"),
+            runner="benchmarks.mla_varlen_runner"),
         Run("stock_b", CONFIG, stock, shared_cache=True, timeout=TIMEOUTS["stock_b"]),
         Run("stock_eager", CONFIG, eager, shared_cache=True, timeout=TIMEOUTS["stock_eager"]),
         Run("dropped", CONFIG, [*ours, "--rocm.mla_document_masks", "drop"], shared_cache=True,
-            timeout=TIMEOUTS["dropped"], runner="mla_varlen_runner.py"),
+            timeout=TIMEOUTS["dropped"], runner="benchmarks.mla_varlen_runner"),
     ]
 
 
@@ -218,8 +206,8 @@ def across_calls(curves: list[dict[str, dict[int, float]]]) -> dict[str, float |
 
 
 def analyse_run(raw: dict[str, Any]) -> dict[str, Any]:
-    """``gpu_validation.analyse`` plus the MLA route lines and fake-kernel counts."""
-    result = analyse(raw)
+    """:func:`harness.analyse` plus the MLA route lines and fake-kernel counts."""
+    result = harness.analyse(raw)
     text = Path(raw["log"]).read_text(errors="replace")
     result["mla_routes"] = sorted({x.split("mla_ck_backward [op] ", 1)[1].split("; why: ", 1)[0]
                                    for x in text.splitlines() if "mla_ck_backward [op] " in x})
@@ -228,16 +216,13 @@ def analyse_run(raw: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def write_results(out: Path, logs: Path, environment: dict[str, Any],
-                  results: dict[str, Any], tolerance: float, early_steps: int) -> dict[str, Any]:
-    """summary.json and logs.tar.gz, rewritten after every run (a timeout keeps the rest)."""
-    figures = figures_of(results, tolerance, early_steps)
-    summary = {"environment": environment, "figures": figures,
-               "runs": {n: {k: r[k] for k in ("name", "exit", "wall_s", "expect_failure",
-                                              "triton_war_stats", "loss")}
-                        for n, r in results.items()}}
-    store_result(out, logs, summary)
-    return figures
+def summary(call: harness.Call, tolerance: float, early_steps: int) -> dict[str, Any]:
+    """What a call stores (after every run: a timeout keeps the rest)."""
+    return {"environment": call.environment,
+            "figures": figures_of(call.results, tolerance, early_steps),
+            "runs": {n: {k: r[k] for k in ("name", "exit", "wall_s", "expect_failure",
+                                           "triton_war_stats", "loss")}
+                     for n, r in call.results.items()}}
 
 
 def _stored_tolerance(figures: dict[str, Any]) -> float:
@@ -245,15 +230,11 @@ def _stored_tolerance(figures: dict[str, Any]) -> float:
     return figures.get("whole_run", figures).get("tolerance", DEFAULT_TOLERANCE)
 
 
-def _stored(directory: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    stored, raws = stored_runs(directory)
-    return stored, {name: analyse_run(raw) for name, raw in raws.items()}
-
-
 def _reanalysed(directory: Path, tolerance: float | None, early_steps: int
                 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """A stored call's figures, and its runs' analyses (the logs are read once)."""
-    stored, results = _stored(directory)
+    with harness.stored_runs(directory) as (stored, raws):
+        results = {name: analyse_run(raw) for name, raw in raws.items()}
     chosen = _stored_tolerance(stored["figures"]) if tolerance is None else tolerance
     return ({"environment": stored["environment"],
              "figures": figures_of(results, chosen, early_steps)}, results)
@@ -278,53 +259,36 @@ def reanalyse_calls(directories: list[Path], tolerance: float | None = None,
     return {"calls": calls, "moved_between_calls": across_calls(curves)}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the five jobs (or re-analyse stored results) and print the figures."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, help="result directory (created)")
-    parser.add_argument("--reanalyse", type=Path, metavar="DIR", nargs="+",
-                        help="recompute the figures of stored result directories (no GPU)")
+    parser = harness.parser(__doc__, reanalyse_many=True)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--early-steps", type=int, default=DEFAULT_EARLY_STEPS,
                         help=f"steps the verdict reads (default {DEFAULT_EARLY_STEPS})")
     parser.add_argument("--tolerance", type=float, default=None,
                         help="whole-run loss band beyond 3 x stock noise, reported beside the "
                              f"verdict (default {DEFAULT_TOLERANCE})")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.early_steps < 1:
         parser.error(f"--early-steps {args.early_steps} is too few; accepted: 1 or more")
     if args.reanalyse:
-        try:
-            figures = (reanalyse(args.reanalyse[0], args.tolerance, args.early_steps)
-                       if len(args.reanalyse) == 1
-                       else reanalyse_calls(args.reanalyse, args.tolerance, args.early_steps))
-        except StoredResultError as exc:
-            parser.error(str(exc))
-        print(json.dumps(figures, indent=2, default=str))
+        if len(args.reanalyse) == 1:
+            return harness.print_reanalysis(parser, reanalyse, args.reanalyse[0],
+                                            args.tolerance, args.early_steps)
+        return harness.print_reanalysis(parser, reanalyse_calls, args.reanalyse,
+                                        args.tolerance, args.early_steps)
+    if args.list:
+        print("\n".join(run.describe() for run in runs(args.steps)))
         return 0
-    if not args.out:
-        parser.error("--out is required (or --reanalyse DIR)")
+    out = harness.require_out(parser, args)
     if args.steps < max(2, args.early_steps):
         parser.error(f"--steps {args.steps} is too few; accepted: "
                      f"{max(2, args.early_steps)} or more (at least --early-steps)")
     tolerance = DEFAULT_TOLERANCE if args.tolerance is None else args.tolerance
-    args.out.mkdir(parents=True, exist_ok=True)
-    logs = Path(tempfile.mkdtemp(prefix="titan-rocm-logs-"))
-    import torch
-
-    environment = {
-        "date": datetime.now().isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "torch": torch.__version__, "triton": __import__("triton").__version__,
-        "command": " ".join(sys.argv),
-    }
-    results: dict[str, Any] = {}
+    call = harness.Call(out, lambda c: summary(c, tolerance, args.early_steps))
     for run in runs(args.steps):
-        raw = launch(run, logs, [0])
-        results[run.name] = analyse_run(raw)
-        figures = write_results(args.out, logs, environment, results, tolerance,
-                                args.early_steps)
-        print(f"[{run.name}] exit={raw['exit']} wall={raw['wall_s']}s", flush=True)
+        call.run(run, analyse_run)
+    figures = call.store()["figures"]
     print(json.dumps(figures, indent=2, default=str))
     return 0 if figures["verdict"] == "pass" else 1
 

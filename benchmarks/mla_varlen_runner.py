@@ -13,7 +13,7 @@ aiter cannot run on an H200. This runner, before TorchTitan's trainer starts:
    behind) on the autograd engine's device thread (a nested backward deadlocks) must not;
 3. pretends the machine is an MI300X (gfx942) with aiter main (``platform.override``), so
    titan-rocm's converter, routing, custom ops, document spans and guard all run as there;
-4. runs ``benchmarks/torchtitan_runner.py`` (TorchTitan's trainer, unchanged), and at exit
+4. runs ``benchmarks.torchtitan_runner`` (TorchTitan's trainer, unchanged), and at exit
    prints ``TITAN_ROCM_MLA_CALLS {json}``: how often each fake aiter kernel ran.
 
 What this exercises for real: the packing of (batch, heads, seqlen, dim) into (tokens, heads,
@@ -29,10 +29,10 @@ import collections
 import contextlib
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.harness import REPO
+
 FAKE_AITER = REPO / "tests" / "fake_aiter"
 
 
@@ -138,7 +138,6 @@ by the garbage collector, which takes the simulated platform away again."""
 
 def prepare() -> None:
     """The fake aiter and the simulated MI300X, in force for the rest of this process."""
-    sys.path.insert(0, str(REPO))
     _INSTALLED.append(install())
 
 

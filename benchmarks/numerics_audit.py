@@ -1,6 +1,6 @@
 """The stored GPU results of the whole-model numerics audit (schema 1), re-analysed.
 
-    python benchmarks/numerics_audit.py --reanalyse \
+    python -m benchmarks.numerics_audit --reanalyse \
         benchmarks/results/2026-12-01-h200/numerics-audit-2
 
 These are the runs of the audit before it compared block by block
@@ -13,76 +13,47 @@ figures stay reproducible here; the block-by-block audit's runs are
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import re
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks import harness
+from benchmarks.harness import quantile
 
-CHILD_ENV = "TITAN_ROCM_BENCH_AUDIT_CHILD"
 SUMMARY_MARK = "TITAN_ROCM_CORRUPT_SUMMARY "
-CORRUPT_ENV = "TITAN_ROCM_DEBUG_CORRUPT"  # titan_rocm.testing.corrupt.ENV
-"""A run starts only if it ends (by its timeout) within this many seconds of the call's
-start: the call stays inside 9 minutes with the final write."""
-SEED = ["--debug.seed", "42"]
-FLAVOR_IMPORT = ["--experimental.custom_import", "benchmarks.bench_flavors_rocm"]
+"""The line the audit worker printed at exit with the fault's counts."""
 
 
-def corrupt_spec(block: int) -> str:
-    """The fault every corrupted run injects: 3 % of block ``block``'s first backward mul."""
-    return f"block={block},graph=backward,op=mul,index=0,fraction=0.03,seed=0"
-
-
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class Model:
-    """A job the benchmark audits: its config and flags, and the block the fault goes in."""
+    """A job the runs audited: its config, and the block the fault went in (3 % of that
+    block's first backward ``mul``)."""
 
     config: str
-    flags: tuple[str, ...] = ()
     corrupt_block: int = 1
-    audit_tokens: int | None = None
-    """``--tokens`` for the audit: the float64 reference of a 1.5B+ model over the config's
-    whole micro-batch (8 x 2048 tokens, logits over a 100k+ vocabulary) does not fit."""
-
-
-def _rocm_on(moe_scope: str = "block") -> list[str]:
-    from benchmarks.gpu_validation import ROCM_ON
-
-    return [*ROCM_ON, "--rocm.moe_eager_scope", moe_scope]
 
 
 MODELS: dict[str, Model] = {
-    "llama3_1b": Model("configs/llama3_debug.toml", ("--model.flavor", "bench_1B"), 3, 2048),
-    "qwen3_1.7b": Model("configs/qwen3_debug.toml", ("--model.flavor", "1.7B"), 3, 2048),
-    # MoE blocks' attention compiled (scope "moe"), so block 1's backward has compiled graphs.
-    "deepseek_v3_4b": Model("configs/deepseek_v3_debug.toml",
-                            ("--model.flavor", "bench_moe_4B"), 1, 2048),
-    "deepseek_v3_fsdp2_ep2": Model(
-        "configs/deepseek_v3_debug.toml",
-        ("--parallelism.expert_parallel_degree", "2",
-         "--parallelism.data_parallel_shard_degree", "2"), 1),
-    # The validated-tuning table (issue 24 item 8): its GEMMs were tuned for this job's whole
-    # 8 x 2048 micro-batch, so the audit takes all of it (no --tokens: other shapes would miss
-    # the table and run ATen); the reference falls back to float32 if float64 does not fit.
-    "llama3_1b_full": Model("configs/llama3_debug.toml",
-                            ("--model.flavor", "bench_1B", "--checkpoint.no-enable"), 3),
-    "llama3_tp2": Model("configs/llama3_debug.toml",
-                        ("--parallelism.tensor_parallel_degree", "2",
-                         "--parallelism.data_parallel_shard_degree", "1"), 1),
-    "llama3_fsdp2": Model("configs/llama3_debug.toml",
-                          ("--parallelism.data_parallel_shard_degree", "2",)),
+    "llama3_1b": Model("configs/llama3_debug.toml", 3),  # --model.flavor bench_1B
+    "qwen3_1.7b": Model("configs/qwen3_debug.toml", 3),  # --model.flavor 1.7B
+    "deepseek_v3_4b": Model("configs/deepseek_v3_debug.toml", 1),  # bench_moe_4B, scope "moe"
+    "deepseek_v3_fsdp2_ep2": Model("configs/deepseek_v3_debug.toml", 1),
+    # The validated-tuning table's job (benchmarks/results/2026-11-30-h200-d/validated-tuning):
+    # bench_1B, the whole 8 x 2048 micro-batch the table's GEMMs were tuned for.
+    "llama3_1b_full": Model("configs/llama3_debug.toml", 3),
+    "llama3_tp2": Model("configs/llama3_debug.toml", 1),
+    "llama3_fsdp2": Model("configs/llama3_debug.toml", 1),
 }
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclass(frozen=True)
 class Case:
-    """One run: an audit (``kind="audit"``) or training steps (``kind="train"``)."""
+    """One stored run: an audit (``kind="audit"``) or training steps (``kind="train"``). Each
+    log's first line is the run's whole command."""
 
     name: str
     model: str
@@ -90,40 +61,11 @@ class Case:
     gpus: int = 1
     corrupt: bool = False
     steps: int = 1
-    extra: tuple[str, ...] = ()
     expect_exit: int = 0
-    timeout: int = 150
-    """Seconds before the run is killed; the budget counts it in full."""
-
-    def flags(self) -> list[str]:
-        """The TorchTitan flags (the audit's passthrough, or the trainer's)."""
-        model = MODELS[self.model]
-        scope = "moe" if self.model.startswith("deepseek") else "block"
-        flags = [*SEED, "--training.steps", str(self.steps), "--metrics.log_freq", "1",
-                 *model.flags, *_rocm_on(scope), *self.extra]
-        if self.kind == "train" and "bench_" in " ".join(model.flags):
-            flags += FLAVOR_IMPORT
-        if self.kind == "audit":
-            flags += ["--json"]
-            if model.audit_tokens:
-                flags += ["--tokens", str(model.audit_tokens)]
-        return flags
-
-    def env(self) -> dict[str, str]:
-        """Environment the run adds."""
-        env = {CHILD_ENV: "1"} if self.kind == "audit" else {}
-        if self.corrupt:
-            env[CORRUPT_ENV] = corrupt_spec(MODELS[self.model].corrupt_block)
-        return env
-
-
-TABLE = ("--rocm.gemm_lookup", "on", "--rocm.gemm_lookup_table",
-         "benchmarks/results/2026-11-30-h200-d/validated-tuning/gemm.json")
-"""The table `benchmarks/validated_tuning.py` built and validated on an H200 (stored)."""
 
 
 def cases(ngpu: int) -> list[Case]:
-    """The runs of one call, most important first (the budget cuts from the end)."""
+    """The runs of a one-GPU (``ngpu=1``) or two-GPU call, most important first."""
     if ngpu == 1:
         return [
             Case("llama3_1b_audit", "llama3_1b", "audit"),
@@ -134,13 +76,9 @@ def cases(ngpu: int) -> list[Case]:
             Case("qwen3_1.7b_train", "qwen3_1.7b", "train", steps=6),
             Case("deepseek_v3_4b_train", "deepseek_v3_4b", "train", steps=6),
             # The stored validated-tuning table against ATen-only, same job, same batch.
-            # Whole micro-batch: the eager and float64 passes split it into runs of rows
-            # where it does not fit (the first attempt ran out of memory without that).
-            Case("llama3_1b_full_audit_aten", "llama3_1b_full", "audit", timeout=240),
-            Case("llama3_1b_full_audit_table", "llama3_1b_full", "audit", extra=TABLE,
-                 timeout=240),
+            Case("llama3_1b_full_audit_aten", "llama3_1b_full", "audit"),
+            Case("llama3_1b_full_audit_table", "llama3_1b_full", "audit"),
         ]
-    first_step = ("--rocm.numerics_audit", "first_step")
     return [
         Case("deepseek_v3_fsdp2_ep2_audit", "deepseek_v3_fsdp2_ep2", "audit", gpus=2),
         Case("deepseek_v3_fsdp2_ep2_audit_corrupt", "deepseek_v3_fsdp2_ep2", "audit", gpus=2,
@@ -149,8 +87,8 @@ def cases(ngpu: int) -> list[Case]:
         Case("llama3_tp2_audit_corrupt", "llama3_tp2", "audit", gpus=2, corrupt=True,
              expect_exit=1),
         Case("llama3_fsdp2_train", "llama3_fsdp2", "train", gpus=2, steps=10),
-        Case("llama3_fsdp2_train_first_step_audit", "llama3_fsdp2", "train", gpus=2, steps=10,
-             extra=first_step),
+        # With rocm.numerics_audit = first_step.
+        Case("llama3_fsdp2_train_first_step_audit", "llama3_fsdp2", "train", gpus=2, steps=10),
     ]
 
 
@@ -216,11 +154,6 @@ def corrupt_summary(text: str) -> dict[str, Any] | None:
     return None
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def ratio_distribution(result: dict[str, Any]) -> dict[str, Any]:
     """err_job / err_eager over the audit's parameters: median, p99, max, and the worst."""
     rows = [p for p in result.get("parameters") or [] if p.get("ratio") is not None]
@@ -229,7 +162,7 @@ def ratio_distribution(result: dict[str, Any]) -> dict[str, Any]:
         return {"parameters": 0}
     worst = max(rows, key=lambda p: float(p["ratio"]))
     return {"parameters": len(ratios), "median": statistics.median(ratios),
-            "p99": _quantile(ratios, 0.99), "max": max(ratios), "worst": worst["name"],
+            "p99": quantile(ratios, 0.99), "max": max(ratios), "worst": worst["name"],
             "flagged": sum(1 for p in rows if p.get("flagged"))}
 
 
@@ -276,7 +209,6 @@ def judge_corrupt(result: dict[str, Any] | None, expected_block: int) -> dict[st
 def train_figures(text: str, tokens_per_step: int | None) -> dict[str, Any]:
     """Losses by step, median step time (steps >= 2, from tokens/s), peak memory, and the
     seconds from "Training starts" to step 1 (where an in-training audit runs), rank 0."""
-    from benchmarks.gpu_validation import _stamp
     from titan_rocm.logs.parse import parse_text
 
     parsed = parse_text(text)
@@ -286,19 +218,13 @@ def train_figures(text: str, tokens_per_step: int | None) -> dict[str, Any]:
     step_s = tokens_per_step / statistics.median(tps) if tps and tokens_per_step else None
     memory = max((r.memory_gib or 0.0 for r in records), default=None)
     lines = rank_lines(text)
-    starts = [_stamp(x) for x in lines if "Training starts at step" in x]
-    first = [_stamp(x) for x in lines if re.search(r"\bstep:\s*1\b", x)]
+    starts = [harness.stamp(x) for x in lines if "Training starts at step" in x]
+    first = [harness.stamp(x) for x in lines if re.search(r"\bstep:\s*1\b", x)]
     to_step1 = (round(first[0] - starts[0], 1)
                 if starts and first and None not in (starts[0], first[0]) else None)
     return {"loss": losses, "step_s": step_s, "tokens_per_step": tokens_per_step,
             "to_step1_s": to_step1,
             "memory_gib": memory if memory else None, "steps": sorted(losses)}
-
-
-def _tokens_per_step(case: Case) -> int | None:
-    from benchmarks.gpu_validation import _tokens_per_step as of_config
-
-    return of_config(MODELS[case.model].config)
 
 
 def analyse(case: Case, raw: dict[str, Any]) -> dict[str, Any]:
@@ -307,7 +233,7 @@ def analyse(case: Case, raw: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"name": case.name, "exit": raw.get("exit"),
                            "wall_s": raw.get("wall_s"), "expect_exit": case.expect_exit}
     if case.kind == "train":
-        out.update(train_figures(text, _tokens_per_step(case)))
+        out.update(train_figures(text, harness.tokens_per_step(MODELS[case.model].config)))
         return out
     result = audit_result(text)
     out["audit"] = None if result is None else {
@@ -382,7 +308,7 @@ def table_figures(aten: dict[str, Any], table: dict[str, Any]) -> dict[str, Any]
     worst = max(ratios, key=ratios.__getitem__)
     values = list(ratios.values())
     return {"parameters": len(values), "median": statistics.median(values),
-            "p99": _quantile(values, 0.99), "max": max(values), "min": min(values),
+            "p99": quantile(values, 0.99), "max": max(values), "min": min(values),
             "worst": worst, "loss_err_job": loss, "verdicts": verdicts}
 
 
@@ -404,34 +330,26 @@ def first_step_figures(plain: dict[str, Any], audited: dict[str, Any]) -> dict[s
 
 def reanalyse(directory: Path) -> dict[str, Any]:
     """Every figure again from a stored result (summary.json + logs.tar.gz), on any machine."""
-    from benchmarks.gpu_validation import open_stored
-
-    stored, logs = open_stored(directory)
     by_case = {c.name: c for n in (1, 2) for c in cases(n)}
-    results = {}
-    for name, run in stored.get("runs", {}).items():
-        if name not in by_case or str(run.get("exit")).startswith("skipped"):
-            continue
-        raw = {"log": str(logs / f"{name}.log"), "exit": run.get("exit"),
-               "wall_s": run.get("wall_s")}
-        results[name] = analyse(by_case[name], raw)
+    with harness.open_stored(directory) as (stored, logs):
+        results = {}
+        for name, run in stored.get("runs", {}).items():
+            if name not in by_case or str(run.get("exit")).startswith("skipped"):
+                continue
+            raw = {"log": str(logs / f"{name}.log"), "exit": run.get("exit"),
+                   "wall_s": run.get("wall_s")}
+            results[name] = analyse(by_case[name], raw)
     return {"environment": stored.get("environment"), "figures": figures(results),
             "runs": results}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Reanalyse a stored result."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reanalyse", type=Path, metavar="DIR", required=True,
-                        help="recompute the figures of a stored result directory (no GPU)")
+    parser = harness.parser(__doc__, runs=False)
     args = parser.parse_args(argv)
-    from benchmarks.gpu_validation import StoredResultError
-
-    try:
-        print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
-    except StoredResultError as exc:
-        parser.error(str(exc))
-    return 0
+    if not args.reanalyse:
+        parser.error("--reanalyse DIR is required")
+    return harness.print_reanalysis(parser, reanalyse, args.reanalyse)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """``titan-rocm plan``: how fast it refuses a bad flag or file, against the full plan.
 
-    python benchmarks/plan_refusal_time.py [--repeat 3] [--json]
+    python -m benchmarks.plan_refusal_time [--repeat 3] [--json]
 
 Runs, side by side in one run on this machine (CPU only), each refusal that needs no torch
 (a missing TOML, ``--world-size 0``, world-size flags that disagree, an unknown ``--arch``,
@@ -19,9 +19,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.harness import REPO
+
 JOB = "configs/llama3_debug.toml"
 TARGET_S = 2.0
 

@@ -1,6 +1,6 @@
 """Peak memory of titan-rocm's readers against the size of their input (CPU only).
 
-    python benchmarks/reader_memory.py [--scale 1.0] [--json]
+    python -m benchmarks.reader_memory [--scale 1.0] [--json]
 
 Each reader runs in a fresh process on a generated input (in a temporary directory) of a
 small and a large size; the table prints both peak RSS figures side by side and their ratio
@@ -36,13 +36,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-CORPUS = REPO / "tests" / "corpus" / "amdgcn" / "matmul-gfx942-nobuf.amdgcn"
+from benchmarks import harness
+
+CORPUS = harness.REPO / "tests" / "corpus" / "amdgcn" / "matmul-gfx942-nobuf.amdgcn"
 
 # Runs one reader and prints its peak RSS (KiB on Linux) as the last line of stderr.
 _CHILD = """
 import resource, sys
-sys.path.insert(0, {repo!r})
 kind, path = sys.argv[1], sys.argv[2]
 more = sys.argv[3:]  # compare: the run's log beside the baseline's
 if kind == "toml":
@@ -125,7 +125,7 @@ def peak(kind: str, path: Path) -> tuple[int, float]:
         more = [str(run)]
     try:
         done = subprocess.run(
-            [sys.executable, "-c", _CHILD.format(repo=str(REPO)), cli, str(path), *more],
+            [sys.executable, "-c", _CHILD, cli, str(path), *more], env=harness.child_env(),
             capture_output=True, text=True, check=False)
     finally:
         for extra in more:

@@ -1,6 +1,6 @@
 """Buffer-store hazard scanner: throughput, cost relative to compiling, and false positives.
 
-    python benchmarks/scanner_throughput.py [--repeat 20] [--no-compile]
+    python -m benchmarks.scanner_throughput [--repeat 20] [--no-compile]
 
 Prints, measured side by side in one run on one core:
 
@@ -17,17 +17,14 @@ Needs triton for parts 2 and 3 (``--no-compile`` uses the committed files instea
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import tempfile
 import time
-from pathlib import Path
+from types import ModuleType
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from titan_rocm.scanner.scan import scan_text  # noqa: E402
+from benchmarks.harness import REPO
+from titan_rocm.scanner.scan import scan_text
 
 CORPUS_DIR = REPO / "tests" / "corpus" / "amdgcn"
 RULES = ("precise", "conservative", "naive")
@@ -55,14 +52,12 @@ def throughput(texts: list[str], repeat: int) -> tuple[float, float]:
     return size / best / 1e6, best
 
 
-def _load_make_corpus():
+def _load_make_corpus() -> ModuleType:
+    """The corpus maker, compiling into a fresh Triton cache (every compile a real one)."""
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="titan-rocm-bench-")
-    path = REPO / "tests" / "corpus" / "make_corpus.py"
-    spec = importlib.util.spec_from_file_location("make_corpus", path)
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules["make_corpus"] = module
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    return module
+    from tests.corpus import make_corpus
+
+    return make_corpus
 
 
 def compile_and_scan() -> list[tuple[str, str, float, float]]:
@@ -87,6 +82,7 @@ def compile_and_scan() -> list[tuple[str, str, float, float]]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Print the three figures."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20, help="throughput passes (best kept)")
     parser.add_argument("--no-compile", action="store_true",

@@ -1,7 +1,8 @@
 """Run TorchTitan's own trainer (``torchtitan.train`` as ``__main__``) and report what happened.
 
-Used by ``benchmarks/gpu_validation.py`` under torchrun. It changes nothing in training: it
-only observes, and at exit prints one line ``TITAN_ROCM_RUN_REPORT {json}`` with
+Every :class:`benchmarks.harness.Run` runs it under torchrun
+(``python -m benchmarks.torchtitan_runner``). It changes nothing in training: it only
+observes, and at exit prints one line ``TITAN_ROCM_RUN_REPORT {json}`` with
 - host syncs counted by ``torch.cuda.set_sync_debug_mode("warn")`` (env ``COUNT_SYNCS=1``),
 - Dynamo's counters (frames compiled, graph breaks),
 - titan-rocm's counters: eager MoE block forwards, grouped-MM backend calls,

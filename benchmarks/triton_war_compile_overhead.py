@@ -1,6 +1,6 @@
 """Compile time with the triton_war wrapper installed / without, on a clean corpus.
 
-    python benchmarks/triton_war_compile_overhead.py [--rounds 5]
+    python -m benchmarks.triton_war_compile_overhead [--rounds 5]
 
 The corpus is the scanner's (tests/corpus/make_corpus.py ``SPECS``: SwiGLU fwd/bwd,
 softmax, layernorm, RMSNorm, matmul...), cross-compiled for gfx942 and gfx950 with buffer
@@ -24,31 +24,19 @@ Needs triton; not torch.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import os
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="titan-rocm-war-bench-")
-os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-os.environ.pop("AMDGCN_USE_BUFFER_OPS", None)
 
 ARCHS = ("gfx942", "gfx950")
 
 
 def _load_corpus():
-    path = REPO / "tests" / "corpus" / "make_corpus.py"
-    spec = importlib.util.spec_from_file_location("titan_rocm_corpus", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.SPECS
+    from tests.corpus import make_corpus
+
+    return make_corpus.SPECS
 
 
 def _source(spec):
@@ -74,12 +62,17 @@ def _pin_one_core() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Compile side by side; print the ratios; 0 when within the targets."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=6,
                         help="compiles per kernel and variant (even: each goes first equally)")
     args = parser.parse_args(argv)
     if args.rounds < 1:
         parser.error(f"--rounds must be >= 1, got {args.rounds}")
+    # Before triton loads: a private cache (every compile real), buffer ops as Triton defaults.
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="titan-rocm-war-bench-")
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    os.environ.pop("AMDGCN_USE_BUFFER_OPS", None)
 
     import triton
     from triton import knobs

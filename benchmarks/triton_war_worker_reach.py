@@ -1,6 +1,6 @@
 """Does the triton_war wrapper see the kernels Inductor compiles in its worker pool? (GPU)
 
-    PYTHONPATH=$PWD python benchmarks/triton_war_worker_reach.py
+    python -m benchmarks.triton_war_worker_reach
 
 Runs one small torch.compile'd function on the GPU twice, each in a fresh interpreter with
 fresh Inductor/Triton caches and Inductor's subprocess compile pool:
@@ -20,14 +20,10 @@ compiles recorded anywhere (``exported``: > 0; ``parent-only``: 0), and exit 0 w
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks import harness
 
 CHILD = """
 import json, os, sys
@@ -51,18 +47,13 @@ print(json.dumps({"pid": os.getpid()}))
 
 
 def run(mode: str) -> dict:
-    tmp = Path(tempfile.mkdtemp(prefix=f"war-reach-{mode}-"))
+    """One fresh interpreter in ``mode``: the compiles each process recorded."""
+    tmp = harness.fresh_dir(f"war-reach-{mode}")
     stats_dir = tmp / "stats"
     stats_dir.mkdir()
-    env = dict(os.environ)
+    env = harness.child_env(tmp, TITAN_ROCM_TRITON_WAR_STATS_DIR=str(stats_dir))
     for key in ("TITAN_ROCM_TRITON_WAR", "TORCHINDUCTOR_COMPILE_THREADS"):
         env.pop(key, None)
-    env.update(
-        TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"),
-        TRITON_CACHE_DIR=str(tmp / "triton"),
-        TITAN_ROCM_TRITON_WAR_STATS_DIR=str(stats_dir),
-        PYTHONPATH=os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-    )
     proc = subprocess.run([sys.executable, "-c", CHILD, mode], env=env, capture_output=True,
                           text=True, timeout=900)
     if proc.returncode != 0:
@@ -83,6 +74,7 @@ def run(mode: str) -> dict:
 
 
 def main() -> int:
+    """Both modes; 0 when only the exported one reached a worker."""
     import torch
 
     if not torch.cuda.is_available():

@@ -2,8 +2,8 @@
 
 One command on a GPU box (repository root; TorchTitan 0.3.0 and titan-rocm importable)::
 
-    python benchmarks/tt030_validation.py --out benchmarks/results/<dir>
-    python benchmarks/tt030_validation.py --reanalyse benchmarks/results/<dir>   # any machine
+    python -m benchmarks.tt030_validation --out benchmarks/results/<dir>
+    python -m benchmarks.tt030_validation --reanalyse benchmarks/results/<dir>   # any machine
 
 1. **Probe** (a subprocess): which TorchTitan and torch, and which torch APIs TorchTitan 0.3.0
    uses that this torch lacks: every ``from torch... import x`` and every ``torch.a.b`` chain in
@@ -25,7 +25,7 @@ One command on a GPU box (repository root; TorchTitan 0.3.0 and titan-rocm impor
    are not redone). A time budget (``--budget-s``) skips what would not finish, and says so.
 
 Writes ``summary.json`` and ``logs.tar.gz`` to ``--out`` after every run; ``--reanalyse``
-recomputes every figure from them (``benchmarks/gpu_validation.py``'s log analysis).
+recomputes every figure from them (``benchmarks/harness.py``'s log analysis).
 """
 
 from __future__ import annotations
@@ -33,31 +33,15 @@ from __future__ import annotations
 import argparse
 import ast
 import concurrent.futures
-import dataclasses
 import importlib
 import json
-import os
 import subprocess
 import sys
-import tempfile
-import threading
-import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from gpu_validation import (  # noqa: E402
-    StoredResultError,
-    _ratio,
-    analyse,
-    run_logged,
-    store_result,
-    stored_runs,
-)
+from benchmarks import harness
+from benchmarks.harness import ROCM_ON, Run, max_rel_diff, ratio, report_value
 
 COMMON = [
     "--dataloader.dataset_path", "./titan_rocm/assets/dataset",
@@ -65,24 +49,12 @@ COMMON = [
     "--metrics.disable_color_printing", "--debug.seed", "42", "--compile.enable",
 ]
 ROCM = "titan_rocm.torchtitan.configs"
-ROCM_ON = ["--rocm.precision_casts", "on", "--rocm.triton_war", "on",
-           "--rocm.grouped_mm", "on", "--rocm.moe_eager_compile", "on"]
+CONFIGS = "benchmarks.tt030_configs"
+"""The GPU-bound configs' module (TorchTitan 0.3.0's ``--module`` takes a dotted path)."""
 INJECT_ENV = "TITAN_ROCM_DEBUG_INJECT_NAN_STEP"
 SHIM_ENV = "TITAN_ROCM_SHIMS"
 """Shims the runner applies (comma-separated); only ``set_timeout`` exists."""
-
-
-@dataclasses.dataclass
-class Run:
-    """One training run of TorchTitan 0.3.0's trainer."""
-
-    name: str
-    module: str
-    config: str
-    flags: list[str]
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
-    expect_failure: bool = False
-    timeout: int = 240
+SHIMS = {SHIM_ENV: "set_timeout"}
 
 
 def runs(steps: int, throughput_steps: int) -> tuple[list[Run], list[Run]]:
@@ -90,9 +62,11 @@ def runs(steps: int, throughput_steps: int) -> tuple[list[Run], list[Run]]:
     then the throughput runs (one at a time, mirrored)."""
     s = ["--training.steps", str(steps), "--metrics.log_freq", "10"]
 
-    def debug(name: str, model: str, rocm: bool, *flags: str, **kw: Any) -> Run:
-        module = ROCM if rocm else model
-        return Run(name, module, f"{model}_debugmodel", [*COMMON, *s, *flags], **kw)
+    def debug(name: str, model: str, rocm: bool, *flags: str, env: dict[str, str] | None = None,
+              **kw: Any) -> Run:
+        return Run(name, f"{model}_debugmodel", [*COMMON, *s, *flags], module=ROCM if rocm
+                   else model, env={**SHIMS, **(env or {})}, timeout=240, shared_cache=True,
+                   **kw)
 
     t = ["--training.steps", str(throughput_steps), "--metrics.log_freq", "5"]
     mirrored = []
@@ -101,8 +75,8 @@ def runs(steps: int, throughput_steps: int) -> tuple[list[Run], list[Run]]:
                          ("d", model)):
             variant = "rocm" if cfg.endswith("_rocm") else "stock"
             flags = [*COMMON, *t, *(ROCM_ON if variant == "rocm" else [])]
-            mirrored.append(Run(f"{model}_{variant}@{tag}", "tt030_configs", cfg, flags,
-                                timeout=300))
+            mirrored.append(Run(f"{model}_{variant}@{tag}", cfg, flags, module=CONFIGS,
+                                env=dict(SHIMS), timeout=300, shared_cache=True))
     return [
         debug("llama3_stock", "llama3", False),
         debug("llama3_rocm", "llama3", True, *ROCM_ON),
@@ -211,13 +185,13 @@ def probe() -> dict[str, Any]:
         k: v for k, v in missing_torch_apis(package).items()
         if k not in result["missing_in_trainer_files"]
     }
-    from torchtitan_runner import apply_shims
+    from benchmarks.torchtitan_runner import apply_shims
 
     result["shims"] = apply_shims()
     errors = {}
     for module in ("torchtitan.train", "torchtitan.models.llama3.config_registry",
                    "torchtitan.models.deepseek_v3.config_registry",
-                   "titan_rocm.torchtitan.configs", "tt030_configs"):
+                   ROCM, CONFIGS):
         try:
             importlib.import_module(module)
         except Exception as exc:  # the probe reports, it never stops
@@ -227,43 +201,10 @@ def probe() -> dict[str, Any]:
     return result
 
 
-# -- running -----------------------------------------------------------------------------------
-
-def command(run: Run, dump: Path, port: int) -> list[str]:
-    """The torchrun command of ``run`` (benchmarks/torchtitan_runner.py: observes only)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
-            f"--master_port={port}", str(REPO / "benchmarks" / "torchtitan_runner.py"),
-            "--module", run.module, "--config", run.config, "--dump_folder", str(dump),
-            *run.flags]
-
-
-def launch(run: Run, logs: Path, cache: Path, port: int) -> dict[str, Any]:
-    """Run ``run``; its raw result (log path, exit code, wall time)."""
-    log = logs / f"{run.name}.log"
-    tmp = Path(tempfile.mkdtemp(prefix=f"{run.name.replace('@', '-')}-"))
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache / "inductor"),
-               TRITON_CACHE_DIR=str(cache / "triton"), PYTHONUNBUFFERED="1",
-               COUNT_SYNCS="1", **{SHIM_ENV: "set_timeout"}, **run.env)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO), str(REPO / "benchmarks"), env.get("PYTHONPATH", "")])
-    cmd = command(run, tmp / "dump", port)
-    code, wall = run_logged(cmd, log, env, run.timeout)
-    return {"name": run.name, "exit": code, "wall_s": round(wall, 1),
-            "log": str(log), "expect_failure": run.expect_failure, "triton_war_stats": None}
-
-
 # -- figures -----------------------------------------------------------------------------------
 
-def _report(run: dict[str, Any], key: str) -> Any:
-    reports = run.get("reports") or []
-    return reports[0].get(key) if reports else None
-
-
 def _loss_rel(a: dict[str, Any], b: dict[str, Any]) -> float | None:
-    common = sorted(set(a.get("loss") or {}) & set(b.get("loss") or {}))
-    rel = [abs(a["loss"][s] - b["loss"][s]) / abs(b["loss"][s]) for s in common
-           if b["loss"][s]]
-    return round(max(rel), 5) if rel else None
+    return max_rel_diff(a.get("loss") or {}, b.get("loss") or {}, 5)
 
 
 def _tps_median(runs: list[dict[str, Any]]) -> float | None:
@@ -291,18 +232,18 @@ def figures(results: dict[str, dict[str, Any]], probe_result: dict[str, Any] | N
                 "loss_max_rel_diff": _loss_rel(rocm, stock),
                 "loss_step1": ((stock.get("loss") or {}).get(1), (rocm.get("loss") or {}).get(1)),
                 "to_step1_s": (stock["to_step1_s"], rocm["to_step1_s"]),
-                "eager_moe_forwards": _report(rocm, "eager_moe_forwards"),
-                "grouped_mm_calls": _report(rocm, "grouped_mm_calls"),
+                "eager_moe_forwards": report_value(rocm, "eager_moe_forwards"),
+                "grouped_mm_calls": report_value(rocm, "grouped_mm_calls"),
                 "titan_rocm_lines": rocm.get("titan_rocm_lines"),
             }
     if "deepseek_v3_rocm" in r and "deepseek_v3_rocm_loop" in r:
         a, b = r["deepseek_v3_rocm"], r["deepseek_v3_rocm_loop"]
         out["grouped_mm_loop_vs_torch"] = {"loss_max_rel_diff": _loss_rel(b, a),
-                                           "grouped_mm_calls": _report(b, "grouped_mm_calls")}
+                                           "grouped_mm_calls": report_value(b, "grouped_mm_calls")}
     if "deepseek_v3_rocm_stock_moe_compile" in r:
         run = r["deepseek_v3_rocm_stock_moe_compile"]
         out["stock_moe_compile"] = {"exit": run["exit"],
-                                    "eager_moe_forwards": _report(run, "eager_moe_forwards")}
+                                    "eager_moe_forwards": report_value(run, "eager_moe_forwards")}
     if "llama3_nan_step7" in r:
         nan = r["llama3_nan_step7"]
         out["nan_injection"] = {"exit": nan["exit"], "stopped_as": nan.get("guard_lines"),
@@ -312,9 +253,9 @@ def figures(results: dict[str, dict[str, Any]], probe_result: dict[str, Any] | N
                   for v in ("stock", "rocm")}
         if passes["stock"] and passes["rocm"]:
             out[f"{model}_throughput"] = {
-                "tps_ratio_rocm_over_stock": _ratio(_tps_median(passes["rocm"]),
+                "tps_ratio_rocm_over_stock": ratio(_tps_median(passes["rocm"]),
                                                     _tps_median(passes["stock"])),
-                "per_pass": [_ratio(b.get("tps_median"), a.get("tps_median"))
+                "per_pass": [ratio(b.get("tps_median"), a.get("tps_median"))
                              for a, b in zip(passes["stock"], passes["rocm"], strict=False)],
                 "loss_max_rel_diff": _loss_rel(passes["rocm"][0], passes["stock"][0]),
                 "exits": {v: [run["exit"] for run in runs] for v, runs in passes.items()},
@@ -323,107 +264,80 @@ def figures(results: dict[str, dict[str, Any]], probe_result: dict[str, Any] | N
 
 
 def analyse_run(raw: dict[str, Any]) -> dict[str, Any]:
-    """:func:`gpu_validation.analyse`, with every logged interval kept (throughput runs log
-    every 5 steps: intervals after step 5 count)."""
-    result = analyse(raw)
+    """:func:`harness.analyse`, with every logged interval kept (throughput runs log every 5
+    steps: intervals after step 5 count)."""
     from titan_rocm.logs.parse import parse_file
 
+    result = harness.analyse(raw)
     train = [t for t in parse_file(Path(raw["log"])).train_records if t.rank in (None, 0)]
     result["tps_intervals_all"] = [t.tps for t in train if t.step > 5 and t.tps]
     return result
 
 
-def write(out: Path, logs: Path, environment: dict[str, Any], probe_result: Any,
-          results: dict[str, Any]) -> dict[str, Any]:
-    """summary.json and logs.tar.gz, after every run (a timeout keeps what finished)."""
-    figs = figures(results, probe_result)
-    summary = {"environment": environment, "probe": probe_result, "figures": figs,
-               "runs": results}
-    store_result(out, logs, summary)
-    return figs
+def summary(environment: dict[str, Any], probe_result: Any, results: dict[str, Any]
+            ) -> dict[str, Any]:
+    """What a call stores: environment, the probe, every figure, every run."""
+    return {"environment": environment, "probe": probe_result,
+            "figures": figures(results, probe_result), "runs": results}
 
 
 def reanalyse(directory: Path) -> dict[str, Any]:
     """Recompute every figure from a stored result, on any machine."""
-    stored, raws = stored_runs(directory)
-    results = {name: analyse_run(raws[name]) if name in raws else run  # skipped: as stored
-               for name, run in stored["runs"].items()}
+    with harness.stored_runs(directory) as (stored, raws):
+        results = {name: analyse_run(raws[name]) if name in raws else run  # skipped: as stored
+                   for name, run in stored["runs"].items()}
     return {"environment": stored["environment"],
             "figures": figures(results, stored.get("probe"))}
 
 
-def main() -> int:
+def run_probe(logs: Path) -> dict[str, Any]:
+    """The probe in a fresh interpreter (this one never imports TorchTitan); its log in
+    ``logs``."""
+    out = subprocess.run([sys.executable, "-m", "benchmarks.tt030_validation", "--probe-only"],
+                         cwd=harness.REPO, env=harness.child_env(), capture_output=True,
+                         text=True, timeout=300)
+    (logs / "probe.log").write_text(out.stdout + out.stderr)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("TT030_PROBE ")), None)
+    return json.loads(line.split(" ", 1)[1]) if line else {"error": out.stderr[-2000:]}
+
+
+def main(argv: list[str] | None = None) -> int:
     """Probe, run what this machine can run, write and print the figures."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--reanalyse", type=Path, metavar="DIR")
+    parser = harness.parser(__doc__)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--throughput-steps", type=int, default=30)
-    parser.add_argument("--budget-s", type=float, default=500.0,
-                        help="skip runs that would start after this many seconds")
+    harness.add_budget(parser, 500.0, "skip runs that would start after this many seconds")
     parser.add_argument("--probe-only", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.probe_only:  # the subprocess
         print("TT030_PROBE " + json.dumps(probe(), default=str), flush=True)
         return 0
     if args.reanalyse:
-        try:
-            print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
-        except StoredResultError as exc:
-            parser.error(str(exc))
+        return harness.print_reanalysis(parser, reanalyse, args.reanalyse)
+    debug, mirrored = runs(args.steps, args.throughput_steps)
+    if args.list:
+        print("\n".join(run.describe() for run in [*debug, *mirrored]))
         return 0
-    if not args.out:
-        parser.error("--out is required (or --reanalyse DIR)")
-    started = time.monotonic()
-    args.out.mkdir(parents=True, exist_ok=True)
-    logs = Path(tempfile.mkdtemp(prefix="titan-rocm-tt030-logs-"))
-    cache = Path(tempfile.mkdtemp(prefix="titan-rocm-tt030-cache-"))
-    import torch
-
-    environment = {
-        "date": datetime.now().isoformat(timespec="seconds"),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "torch": torch.__version__, "command": " ".join(sys.argv),
-        "compile_cache": "shared by every run (warm after a model's first run)",
-    }
-    out = subprocess.run([sys.executable, __file__, "--probe-only"], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
-    (logs / "probe.log").write_text(out.stdout + out.stderr)
-    line = next((x for x in out.stdout.splitlines() if x.startswith("TT030_PROBE ")), None)
-    probe_result = json.loads(line.split(" ", 1)[1]) if line else {"error": out.stderr[-2000:]}
-    results: dict[str, Any] = {}
-    write(args.out, logs, environment, probe_result, results)
+    out = harness.require_out(parser, args)
+    probe_result: dict[str, Any] = {}
+    call = harness.Call(out, lambda c: summary(c.environment, probe_result, c.results),
+                        budget_s=args.budget_s,
+                        compile_cache="shared by every run (warm after a model's first run)")
+    probe_result.update(run_probe(call.logs))
+    call.store()
     print(json.dumps({"probe": probe_result}, indent=2, default=str), flush=True)
     if not probe_result.get("trainer_imports"):
         print("TorchTitan 0.3.0's trainer does not load on this machine: see the probe; "
               "no training run was made", flush=True)
         return 1
-    debug, mirrored = runs(args.steps, args.throughput_steps)
-    ports = iter(range(29600, 30600, 3))
-
-    def one(run: Run) -> None:
-        # A run expected to take ~60 s is not started when it would end past the budget.
-        if time.monotonic() - started + 60 > args.budget_s:
-            with lock:
-                results[run.name] = {"name": run.name, "exit": "skipped: time budget",
-                                     "expect_failure": run.expect_failure}
-            return
-        with lock:
-            port = next(ports)
-        raw = launch(run, logs, cache, port)
-        analysed = analyse_run(raw)
-        with lock:  # the other lane's write() reads results
-            results[run.name] = analysed
-            write(args.out, logs, environment, probe_result, results)
-        print(f"[{run.name}] exit={raw['exit']} wall={raw['wall_s']}s", flush=True)
-
-    lock = threading.Lock()
+    # Two debug runs at a time on the one GPU (host-bound), the throughput runs one at a time;
+    # a run expected to take ~60 s is not started when it would end past the budget.
     with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-        list(pool.map(one, debug))
+        list(pool.map(lambda run: call.run(run, analyse_run), debug))
     for run in mirrored:
-        one(run)
-    figs = write(args.out, logs, environment, probe_result, results)
-    print(json.dumps({"environment": environment, "figures": figs}, indent=2, default=str))
+        call.run(run, analyse_run)
+    figs = call.store()["figures"]
+    print(json.dumps({"environment": call.environment, "figures": figs}, indent=2, default=str))
     return 0
 
 

@@ -2,8 +2,8 @@
 
 One command on one GPU, from the repository root (titan-rocm and TorchTitan 0.2.2 importable):
 
-    python benchmarks/validated_tuning.py --out results/DIR
-    python benchmarks/validated_tuning.py --reanalyse results/DIR     # any machine, no GPU
+    python -m benchmarks.validated_tuning --out results/DIR
+    python -m benchmarks.validated_tuning --reanalyse results/DIR     # any machine, no GPU
 
 On llama3 ``bench_1B`` (benchmarks/bench_flavors.py), bf16, one GPU, it runs:
 
@@ -21,12 +21,11 @@ On llama3 ``bench_1B`` (benchmarks/bench_flavors.py), bf16, one GPU, it runs:
 To fit about 9 minutes on an H200 the candidates are capped at ``--max-mm-configs`` per
 template (Inductor's ``test_configs.max_mm_configs``, in the tuner and in every run alike), 30
 steps (step time: median over steps 10-30), 2 repeats. It writes ``summary.json`` and
-``logs.tar.gz`` (with the tune files) to ``--out`` after every phase.
+``logs.tar.gz`` to ``--out`` after every phase (the tune files beside them).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -35,13 +34,11 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks import harness
 
 WRONG_BLOCKS = "64,64,16"
 """BLOCK_M,BLOCK_N,BLOCK_K of the injected wrong config: it must be among the first
@@ -89,43 +86,37 @@ def child() -> None:
 # -- phases ----------------------------------------------------------------------------------
 
 def _env(tmp: Path, cap: int, **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(TORCHINDUCTOR_CACHE_DIR=str(tmp / "inductor"), TRITON_CACHE_DIR=str(tmp / "triton"),
-               TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0",
-               TITAN_ROCM_TUNE_WRONG_MM=WRONG_BLOCKS, TITAN_ROCM_TUNE_MAX_MM_CONFIGS=str(cap),
-               PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES",
-                                                                         "0"))
-    env["PYTHONPATH"] = f"{REPO}:{env.get('PYTHONPATH', '')}"
-    env.update(extra)
-    return env
+    return harness.child_env(
+        tmp, TORCHINDUCTOR_FX_GRAPH_CACHE="0", TORCHINDUCTOR_AUTOGRAD_CACHE="0",
+        TITAN_ROCM_TUNE_WRONG_MM=WRONG_BLOCKS, TITAN_ROCM_TUNE_MAX_MM_CONFIGS=str(cap),
+        CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES", "0"), **extra)
 
 
 def _sh(cmd: list[str], log: Path, env: dict[str, str], timeout: float) -> dict[str, Any]:
-    from benchmarks.gpu_validation import run_logged
-
-    code, wall = run_logged(cmd, log, env, timeout)
+    code, wall = harness.run_logged(cmd, log, env, timeout)
     return {"exit": code, "wall_s": round(wall, 1), "log": log.name}
 
 
 def _torchrun(*args: str) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
-            f"--master_port={os.environ.get('TITAN_ROCM_BENCH_PORT', '29611')}", *args]
+    return harness.torchrun(1, *args, tee=False)
 
 
-def tune(out: Path, logs: Path, cap: int) -> dict[str, Any]:
-    """collect -> run (killed with SIGKILL after 6 results, resumed) -> table."""
-    tmp = Path(tempfile.mkdtemp(prefix="tune-"))
+def tune(call: harness.Call, cap: int) -> None:
+    """collect -> run (killed with SIGKILL after 6 results, resumed) -> table, each phase
+    recorded as it ends."""
+    out, logs = call.out, call.logs
+    tmp = harness.fresh_dir("tune")
     env = _env(tmp, cap)
-    phases: dict[str, Any] = {}
     problems, results, table = out / "problems.jsonl", out / "results.jsonl", out / "gemm.json"
-    phases["collect"] = _sh(_torchrun("-m", "titan_rocm.cli", "tune", "collect", *BASE,
-                                      "--job.dump_folder", str(tmp / "dump"), "-o", str(problems)),
-                            logs / "collect.log", env, 300)
+    call.record("collect", _sh(_torchrun("-m", "titan_rocm.cli", "tune", "collect", *BASE,
+                                         "--job.dump_folder", str(tmp / "dump"), "-o",
+                                         str(problems)), logs / "collect.log", env, 300))
     run = [sys.executable, "-m", "titan_rocm.cli", "tune", "run", str(problems), "-o",
            str(results), "--gpus", "0", "--timeout", "20", "--json"]
     start = time.monotonic()
     with open(logs / "run_killed.log", "w") as f:
-        proc = subprocess.Popen(run, cwd=REPO, env={**env, "TITAN_ROCM_TUNE_FAULTS": FAULTS},
+        proc = subprocess.Popen(run, cwd=harness.REPO,
+                                env={**env, "TITAN_ROCM_TUNE_FAULTS": FAULTS},
                                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         while proc.poll() is None and _count(results, "result") < 6 and \
                 time.monotonic() - start < 240:
@@ -134,13 +125,13 @@ def tune(out: Path, logs: Path, cap: int) -> dict[str, Any]:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    phases["run_killed"] = {"results_at_kill": killed_with,
-                            "wall_s": round(time.monotonic() - start, 1)}
-    phases["run_resumed"] = _sh(run, logs / "run_resumed.log",
-                                {**env, "TITAN_ROCM_TUNE_FAULTS": FAULTS}, 600)
-    phases["table"] = _sh([sys.executable, "-m", "titan_rocm.cli", "tune", "table", str(results),
-                           "-o", str(table), "--json"], logs / "table.log", env, 60)
-    return phases
+    call.record("run_killed", {"results_at_kill": killed_with,
+                               "wall_s": round(time.monotonic() - start, 1)})
+    call.record("run_resumed", _sh(run, logs / "run_resumed.log",
+                                   {**env, "TITAN_ROCM_TUNE_FAULTS": FAULTS}, 600))
+    call.record("table", _sh([sys.executable, "-m", "titan_rocm.cli", "tune", "table",
+                              str(results), "-o", str(table), "--json"], logs / "table.log",
+                             env, 60))
 
 
 def _count(path: Path, kind: str) -> int:
@@ -157,32 +148,37 @@ VARIANTS: dict[str, list[str]] = {
 }
 
 
-def train(name: str, out: Path, logs: Path, cap: int, steps: int, extra: list[str]) -> dict:
+def train(name: str, out: Path, logs: Path, cap: int, steps: int) -> dict:
     """One training run with fresh caches."""
-    tmp = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    tmp = harness.fresh_dir(name)
     env = _env(tmp, cap)
     variant = name.split("@")[0]
     if variant.startswith("max_autotune"):
         env.update(TORCHINDUCTOR_MAX_AUTOTUNE_GEMM="1",
                    TORCHINDUCTOR_MAX_AUTOTUNE_GEMM_BACKENDS="ATEN,TRITON")
-    flags = [f.replace("{table}", str(out / "gemm.json")) for f in
-             VARIANTS.get(variant.split("_bs")[0], [])]
-    cmd = _torchrun(str(Path(__file__).resolve()), "--child", *BASE, "--training.steps",
-                    str(steps), "--job.dump_folder", str(tmp / "dump"), *flags, *extra)
+    cmd = _torchrun("-m", "benchmarks.validated_tuning", "--child",
+                    *training_flags(name, out, steps), "--job.dump_folder",
+                    str(tmp / "dump"))
     return _sh(cmd, logs / f"{name}.log", env, 900)
+
+
+def training_flags(name: str, out: Path, steps: int) -> list[str]:
+    """The trainer's flags of training run ``name`` (``variant@repeat``; ``_bs4``: a local
+    batch of 4, which the table's GEMMs were not tuned for)."""
+    flags = [f.replace("{table}", str(out / "gemm.json")) for f in
+             VARIANTS.get(name.split("@")[0].split("_bs")[0], [])]
+    batch = ["--training.local_batch_size", "4"] if "bs4" in name else []
+    return [*BASE, "--training.steps", str(steps), *flags, *batch]
 
 
 # -- analysis (CPU) ---------------------------------------------------------------------------
 
-_TS = re.compile(r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
 _AUTOTUNE = re.compile(r"AUTOTUNE mm\(")
 
 
 def analyse_run(log: Path, steps_from: int = 10) -> dict[str, Any]:
     """Loss, time to step 1, median step time (steps >= steps_from), counters of one run."""
-    from benchmarks.gpu_validation import analyse
-
-    raw = analyse({"log": str(log), "name": log.stem, "exit": None, "wall_s": None,
+    raw = harness.analyse({"log": str(log), "name": log.stem, "exit": None, "wall_s": None,
                    "expect_failure": False, "triton_war_stats": None})
     text = log.read_text(errors="replace")
     reports = [json.loads(x.split(REPORT, 1)[1]) for x in text.splitlines() if REPORT in x]
@@ -204,8 +200,7 @@ def _tps(raw: dict[str, Any]) -> dict[int, float]:
 
 
 def _rel(a: dict[int, float], b: dict[int, float]) -> float | None:
-    common = [s for s in a if s in b and b[s]]
-    return round(max(abs(a[s] - b[s]) / abs(b[s]) for s in common), 6) if common else None
+    return harness.max_rel_diff(a, b, 6)
 
 
 def figures(directory: Path, logs: Path) -> dict[str, Any]:
@@ -284,11 +279,9 @@ def _reruns(path: Path) -> int:
 
 def reanalyse(directory: Path) -> dict[str, Any]:
     """Recompute every figure from ``summary.json`` + ``logs.tar.gz`` (+ tune files), on CPU."""
-    from benchmarks.gpu_validation import open_stored
-
-    stored, logs = open_stored(directory)
-    return {"environment": stored.get("environment"), "phases": stored.get("phases"),
-            "figures": figures(directory, logs)}
+    with harness.open_stored(directory) as (stored, logs):
+        return {"environment": stored.get("environment"), "phases": stored.get("phases"),
+                "figures": figures(directory, logs)}
 
 
 def _wrong_params(directory: Path) -> dict[str, int]:
@@ -302,61 +295,58 @@ def _wrong_params(directory: Path) -> dict[str, int]:
 TRAINING_VARIANTS = ("default", "max_autotune", "table", "table_bs4")
 
 
-def main() -> int:
+def training_runs(variants: list[str], repeats: int) -> list[str]:
+    """The training runs after the tune, in order: the first three variants mirrored per
+    repeat, then ``table_bs4`` once."""
+    order = [v for v in TRAINING_VARIANTS[:3] if v in variants]
+    names = [f"{v}@{i}" for i in range(repeats) for v in (order if i % 2 == 0 else order[::-1])]
+    return [*names, *(["table_bs4@0"] if "table_bs4" in variants else [])]
+
+
+def summary(call: harness.Call) -> dict[str, Any]:
+    """What a call stores: environment, the phases, and once a training run ended, figures."""
+    out: dict[str, Any] = {"environment": call.environment, "phases": call.results}
+    if any("@" in name for name in call.results):
+        out["figures"] = figures(call.out, call.logs)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
     """Run the proof (or ``--reanalyse``)."""
-    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
         child()
         return 0
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--reanalyse", type=Path, metavar="DIR")
+    parser = harness.parser(__doc__)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-mm-configs", type=int, default=6)
     parser.add_argument("--variants", default=",".join(TRAINING_VARIANTS),
                         help="training variants to run after the tune (of "
                         f"{', '.join(TRAINING_VARIANTS)})")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(TRAINING_VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {', '.join(unknown)}; accepted: "
                      f"{', '.join(TRAINING_VARIANTS)}")
     if args.reanalyse:
-        from benchmarks.gpu_validation import StoredResultError
-
-        try:
-            print(json.dumps(reanalyse(args.reanalyse), indent=2, default=str))
-        except StoredResultError as exc:
-            parser.error(str(exc))
+        return harness.print_reanalysis(parser, reanalyse, args.reanalyse)
+    names = training_runs(variants, args.repeats)
+    if args.list:
+        print("collect, run (killed, resumed), table: titan-rocm tune of " + " ".join(BASE))
+        for name in names:
+            print(f"{name}: {' '.join(training_flags(name, Path('DIR'), args.steps))}")
         return 0
-    if not args.out:
-        parser.error("--out DIR (or --reanalyse DIR) is required")
-    args.out.mkdir(parents=True, exist_ok=True)
-    logs = Path(tempfile.mkdtemp(prefix="titan-rocm-proof-logs-"))
-    import torch
-
-    summary: dict[str, Any] = {"environment": {
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "torch": torch.__version__, "triton": __import__("triton").__version__,
-        "command": " ".join(sys.argv), "steps": args.steps, "repeats": args.repeats,
-        "max_mm_configs": args.max_mm_configs, "wrong_blocks": WRONG_BLOCKS,
-        "variants": variants}}
-    from benchmarks.gpu_validation import store_result
-
-    summary["phases"] = tune(args.out, logs, args.max_mm_configs)
-    store_result(args.out, logs, summary)
-    order = [v for v in TRAINING_VARIANTS[:3] if v in variants]
-    names = [f"{v}@{i}" for i in range(args.repeats)
-             for v in (order if i % 2 == 0 else order[::-1])]
-    for name in [*names, *(["table_bs4@0"] if "table_bs4" in variants else [])]:
-        extra = ["--training.local_batch_size", "4"] if "bs4" in name else []
-        summary["phases"][name] = train(name, args.out, logs, args.max_mm_configs, args.steps,
-                                        extra)
-        summary["figures"] = figures(args.out, logs)
-        store_result(args.out, logs, summary)
-        print(f"[{name}] {summary['phases'][name]}", flush=True)
-    print(json.dumps(summary["figures"], indent=2, default=str))
+    out = harness.require_out(parser, args)
+    call = harness.Call(out, summary, steps=args.steps, repeats=args.repeats,
+                        max_mm_configs=args.max_mm_configs, wrong_blocks=WRONG_BLOCKS,
+                        variants=variants)
+    tune(call, args.max_mm_configs)
+    for name in names:
+        call.record(name, train(name, out, call.logs, args.max_mm_configs, args.steps))
+        print(f"[{name}] {call.results[name]}", flush=True)
+    print(json.dumps(call.store().get("figures"), indent=2, default=str))
     return 0
 
 

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.benchmark_loader import load_benchmark
+from benchmarks import plan_refusal_time as bench
 from titan_rocm.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
-bench = load_benchmark("plan_refusal_time")
 REFUSALS = {name: case for name, case in bench.CASES.items() if case[1] == 2}
 
 PROBE = (

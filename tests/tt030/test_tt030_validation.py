@@ -4,16 +4,13 @@
 from __future__ import annotations
 
 import json
-import sys
 import tarfile
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-
-import tt030_validation as validation  # noqa: E402
+from benchmarks import tt030_validation as validation
+from benchmarks.harness import store_result
 
 
 def test_probe_finds_torch_names_this_torch_lacks(tmp_path):
@@ -98,7 +95,8 @@ def _stored(tmp_path: Path) -> Path:
     results["llama3_1b_stock@a"] = {"name": "llama3_1b_stock@a", "exit": "skipped: time budget"}
     out = tmp_path / "result"
     out.mkdir()
-    validation.write(out, logs, {"gpu": "test"}, {"trainer_imports": True, "shims": []}, results)
+    store_result(out, logs, validation.summary({"gpu": "test"},
+                                               {"trainer_imports": True, "shims": []}, results))
     return out
 
 

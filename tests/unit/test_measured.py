@@ -5,12 +5,12 @@ figure cannot drift from what was measured; and plan picks the one for the decis
 from __future__ import annotations
 
 import functools
+import importlib
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.benchmark_loader import load_benchmark
 from titan_rocm.measured import FIGURES, Measured, cost_of
 from titan_rocm.plan_format import verdict_lines
 
@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @functools.cache
 def _reanalysed(benchmark: str, folder: str) -> dict[str, Any]:
-    module = load_benchmark(Path(benchmark).stem)
+    module = importlib.import_module(f"benchmarks.{Path(benchmark).stem}")
     return module.reanalyse(REPO / folder)
 
 

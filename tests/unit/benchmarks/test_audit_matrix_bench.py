@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-SCRIPT = ROOT / "benchmarks" / "audit_matrix.py"
 STORED = sorted((ROOT / "benchmarks" / "results").glob("*/audit-matrix-*"))
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "benchmarks.audit_matrix", *args], capture_output=True,
                           text=True, cwd=ROOT, timeout=300)
 
 

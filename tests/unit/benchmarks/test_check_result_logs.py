@@ -25,8 +25,8 @@ def test_stored_table_holds(batch: str) -> None:
     header, table = stored[0], stored[1:]
     dirs = sorted(p for p in (RESULTS / batch).iterdir() if (p / "logs.tar.gz").is_file())
     run = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "check_result_logs.py"), *map(str, dirs)],
-        capture_output=True, text=True, check=False,
+        [sys.executable, "-m", "benchmarks.check_result_logs", *map(str, dirs)],
+        cwd=REPO, capture_output=True, text=True, check=False,
     )
     assert header.endswith(f"(exit {run.returncode})") and run.returncode == 0, run.stderr
     assert run.stdout.splitlines() == table

@@ -24,8 +24,8 @@ VERDICTS = {
 @pytest.mark.slow
 def test_one_command_redraws_every_picture(tmp_path: Path) -> None:
     run = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "compare_figures.py"), "--out", str(tmp_path)],
-        capture_output=True, text=True, check=True,
+        [sys.executable, "-m", "benchmarks.compare_figures", "--out", str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, check=True,
     )
     for name, verdict in VERDICTS.items():
         picture = tmp_path / f"compare-{name}.png"

@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.support.benchmark_loader import load_benchmark
-
-bench = load_benchmark("numerics_audit")
+from benchmarks import numerics_audit as bench
+from benchmarks.harness import store_result
 
 
 def _param(name: str, block: int | None, ratio: float, flagged: bool = False) -> dict[str, Any]:
@@ -134,8 +133,6 @@ def _store(tmp_path: Path, logs: dict[str, str], runs: dict[str, Any]) -> Path:
     for name, text in logs.items():
         (log_dir / f"{name}.log").write_text(text)
     out.mkdir()
-    from benchmarks.gpu_validation import store_result
-
     store_result(out, log_dir, {"environment": {"gpu": "synthetic"}, "runs": runs})
     return out
 

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.benchmark_loader import load_benchmark
+from benchmarks import reader_memory as bench
 
 
 @pytest.mark.slow
 def test_reader_memory_measures_every_reader(tmp_path: Path, monkeypatch) -> None:
-    bench = load_benchmark("reader_memory")
     monkeypatch.setattr(bench, "CASES", (
         ("check-log distinct steps", 1 << 16, 1 << 18),
         ("compare 1,000 steps", 1 << 16, 1 << 18),

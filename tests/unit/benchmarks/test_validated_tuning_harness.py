@@ -5,19 +5,13 @@ from __future__ import annotations
 import json
 import tarfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.support.benchmark_loader import load_benchmark
+from benchmarks import validated_tuning as bench
 from titan_rocm.tuning.records import Appender
 
 WRONG = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64}
-
-
-@pytest.fixture(scope="module")
-def harness() -> ModuleType:
-    return load_benchmark("validated_tuning")
 
 
 def _log(path: Path, start: int, tps: int, loss: float, report: dict, picks: str = "") -> None:
@@ -33,7 +27,7 @@ def _log(path: Path, start: int, tps: int, loss: float, report: dict, picks: str
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_reanalyse_recomputes_every_figure(harness: ModuleType, tmp_path: Path) -> None:
+def test_reanalyse_recomputes_every_figure(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     logs.mkdir()
     _log(logs / "default@0.log", 50, 100_000, 10.0, {"select_algorithm_autotune": 0})
@@ -57,7 +51,7 @@ def test_reanalyse_recomputes_every_figure(harness: ModuleType, tmp_path: Path) 
     results.close()
     (tmp_path / "gemm.json").write_text(json.dumps(
         {"meta": {}, "table": {"x+k": [{"template_id": "aten::mm"}]}}))
-    figures = harness.reanalyse(tmp_path)["figures"]
+    figures = bench.reanalyse(tmp_path)["figures"]
     assert figures["to_step1_table_over_max_autotune"] == pytest.approx(21 / 61, abs=1e-3)
     assert figures["speed_table_over_max_autotune"] == pytest.approx(1.0091, abs=1e-3)
     assert figures["max_autotune_picked_wrong_config"] == 1

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.support.benchmark_loader import load_benchmark
+from benchmarks import gemm_tables_memory
 from tests.support.gemm_table_maker import AITER_COMPOSITION, make_table  # tests/ is on sys.path
 from titan_rocm.cli import BROKEN_PIPE, main
 from titan_rocm.gemm_tables import rules as rules_module
@@ -133,7 +133,7 @@ def test_a_reader_closing_the_pipe_gets_no_traceback(tmp_path):
 
 
 def test_memory_benchmark_runs_and_stores_its_figures(tmp_path):
-    bench = load_benchmark("gemm_tables_memory")
+    bench = gemm_tables_memory
     table = tmp_path / "t.csv"
     rows = bench.make_table(table, 20_000)
     assert 100 < rows < 200 and 20_000 <= table.stat().st_size < 21_000

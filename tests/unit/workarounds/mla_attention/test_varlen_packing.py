@@ -12,13 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from benchmarks import mla_varlen_packing as bench
+from benchmarks import mla_varlen_runner as runner
+from benchmarks.harness import REPO
 from tests.support.mla_test_support import FAKE_AITER, assert_matches
-
-REPO = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(REPO))
-
-from benchmarks import mla_varlen_packing as bench  # noqa: E402
-from benchmarks import mla_varlen_runner as runner  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("clean_mla_state")
 
@@ -191,7 +188,7 @@ def test_run_list_compares_identical_jobs_and_a_negative_control():
                         "dropped": True}
     assert [x for x in runs["stock_eager"].flags if x != "--compile.no-enable"] == [
         x for x in runs["stock_a"].flags if x != "--compile.enable"]
-    assert runs["varlen"].runner == runs["dropped"].runner == "mla_varlen_runner.py"
+    assert runs["varlen"].runner == runs["dropped"].runner == "benchmarks.mla_varlen_runner"
     assert runs["dropped"].flags[-2:] == ["--rocm.mla_document_masks", "drop"]
     assert sum(r.timeout for r in runs.values()) < 600  # the device tool's limit per command
 
@@ -284,8 +281,8 @@ def test_runner_keeps_the_simulated_platform_in_force():
     refused aiter as 'not a ROCm build')."""
     import subprocess
 
-    code = ("import gc, sys; sys.path.insert(0, '.'); from benchmarks import mla_varlen_runner "
-            "as r; r.prepare(); gc.collect(); from titan_rocm import platform; "
+    code = ("import gc; from benchmarks import mla_varlen_runner as r; r.prepare(); "
+            "gc.collect(); from titan_rocm import platform; "
             "print(platform.current().is_rocm, platform.current().gfx_arch)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=REPO, timeout=120)

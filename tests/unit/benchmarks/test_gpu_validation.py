@@ -1,18 +1,14 @@
-"""benchmarks/gpu_validation.py's pure parts, on CPU: the stock TOML and the throughput figures.
+"""benchmarks/gpu_validation.py's pure parts, on CPU: its suites and the throughput figures.
 
 The GPU runs themselves are in benchmarks/results/; these tests keep the analysis honest.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
-import pytest
-
-from tests.support.benchmark_loader import load_benchmark
+from benchmarks import gpu_validation as bench
 
 try:
     import tomllib
@@ -22,26 +18,11 @@ except ModuleNotFoundError:  # Python 3.10
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="module")
-def harness() -> ModuleType:
-    return load_benchmark("gpu_validation")
-
-
-def test_stock_config_drops_titan_rocm_and_keeps_float8(harness: ModuleType,
-                                                        tmp_path: Path) -> None:
-    stock = harness.stock_config(REPO / "configs" / "deepseek_v3_debug_fp8.toml", tmp_path)
-    config = tomllib.loads(stock.read_text())
-    assert config["model"]["converters"] == ["quantize.linear.float8",
-                                             "quantize.grouped_mm.float8"]
-    assert "rocm" not in config and "custom_import" not in config.get("experimental", {})
-    assert "custom_config_module" not in config["job"]
-
-
-def test_throughput_suite_mirrors_the_variants(harness: ModuleType) -> None:
-    names = [r.name for r in harness.throughput_suite(300, ["qwen3"])]
+def test_throughput_suite_mirrors_the_variants() -> None:
+    names = [r.name for r in bench.throughput_suite(300, ["qwen3"])]
     assert names == ["qwen3_stock@1", "qwen3_rocm@1", "qwen3_rocm_on@1",
                      "qwen3_rocm_on@2", "qwen3_rocm@2", "qwen3_stock@2"]
-    assert all(r.shared_cache for r in harness.throughput_suite(300, ["llama3"]))
+    assert all(r.shared_cache for r in bench.throughput_suite(300, ["llama3"]))
 
 
 def _run(tps: list[float], syncs: int) -> dict:
@@ -49,7 +30,7 @@ def _run(tps: list[float], syncs: int) -> dict:
             "memory_gib": 1.0, "reports": [{"syncs": syncs}], "exit": 0}
 
 
-def test_throughput_pools_both_passes_and_ratios_each(harness: ModuleType) -> None:
+def test_throughput_pools_both_passes_and_ratios_each() -> None:
     results = {
         "llama3_stock@1": _run([100.0, 100.0, 100.0], 191),
         "llama3_rocm_on@1": _run([99.0, 99.0, 99.0], 191),
@@ -58,7 +39,7 @@ def test_throughput_pools_both_passes_and_ratios_each(harness: ModuleType) -> No
         "llama3_rocm_on@2": _run([101.0, 101.0, 101.0], 191),
         "llama3_stock@2": _run([102.0, 102.0, 102.0], 191),
     }
-    figures = harness.throughput(results)["llama3"]
+    figures = bench.throughput(results)["llama3"]
     assert figures["tokens_per_step"] == 8 * 2048
     on = figures["variants"]["rocm_on"]
     assert on["intervals"] == 6 and on["tps_median"] == 100.0
@@ -70,13 +51,13 @@ def test_throughput_pools_both_passes_and_ratios_each(harness: ModuleType) -> No
     assert figures["tps_ratio_guard_every_step_over_off"] is None
 
 
-def test_every_throughput_model_has_a_config_and_a_known_flavor(harness: ModuleType) -> None:
+def test_every_throughput_model_has_a_config_and_a_known_flavor() -> None:
     """A typo in a flavor name would only show up on the GPU box: check them here."""
     from torchtitan.protocols.train_spec import get_train_spec
 
     import benchmarks.bench_flavors  # noqa: F401  - registers the bench_* flavors
 
-    for model, spec in harness.THROUGHPUT.items():
+    for model, spec in bench.THROUGHPUT.items():
         baseline = [v for v, _ in spec.variants][0]
         assert baseline in ("stock", spec.also_over), model  # the ratios' baseline
         name = tomllib.loads((REPO / spec.config).read_text())["model"]["name"]
@@ -114,7 +95,7 @@ def _log(path: Path, *, tps: list[float], to_step1: float, memory: float,
     path.write_text("\n".join(lines) + "\n")
 
 
-def _store(harness: ModuleType, directory: Path, runs: dict[str, dict]) -> Path:
+def _store(directory: Path, runs: dict[str, dict]) -> Path:
     """A result directory as the harness writes it: summary.json and logs.tar.gz."""
     import tarfile
 
@@ -139,15 +120,14 @@ SCOPE_RUNS = {  # variant: (tokens/s per pass, to step 1 per pass, peak memory)
 }
 
 
-def test_reanalysis_puts_the_moe_scopes_side_by_side(harness: ModuleType,
-                                                     tmp_path: Path) -> None:
+def test_reanalysis_puts_the_moe_scopes_side_by_side(tmp_path: Path) -> None:
     runs = {}
     for variant, (tps, step1, memory) in SCOPE_RUNS.items():
         for p in (1, 2):
             runs[f"deepseek_v3_4b_{variant}@{p}"] = {
                 "tps": [tps[p - 1]] * 4, "to_step1": step1[p - 1], "memory": memory,
                 "report": {"syncs": 300}}
-    figures = harness.reanalyse(_store(harness, tmp_path, runs))["figures"]
+    figures = bench.reanalyse(_store(tmp_path, runs))["figures"]
     deepseek = figures["throughput"]["deepseek_v3_4b"]
     rows = {r["variant"]: r for r in deepseek["moe_scope_side_by_side"]}
     assert list(rows) == list(SCOPE_RUNS)
@@ -166,17 +146,16 @@ def test_reanalysis_puts_the_moe_scopes_side_by_side(harness: ModuleType,
                                             "pooled": round(29_750 / 30_100, 4), "met": True}
 
 
-def test_moe_scope_target_is_missed_below_0_98(harness: ModuleType) -> None:
+def test_moe_scope_target_is_missed_below_0_98() -> None:
     table = {v: {"tps_median": t, "tps_median_per_pass": [t], "step_ms_median": 1.0,
                  "to_step1_s": [1.0], "peak_memory_gib": [1.0], "host_syncs": [1],
                  "guard_checks": [None]}
              for v, t in (("stock", 100.0), ("rocm_on", 93.0), ("rocm_on_moe_scope", 97.9),
                           ("rocm_on_stock_moe_compile", 100.0))}
-    assert harness.moe_scope_figures(table)["moe_scope_target"]["met"] is False
+    assert bench.moe_scope_figures(table)["moe_scope_target"]["met"] is False
 
 
-def test_reanalysis_puts_the_guard_modes_side_by_side(harness: ModuleType,
-                                                      tmp_path: Path) -> None:
+def test_reanalysis_puts_the_guard_modes_side_by_side(tmp_path: Path) -> None:
     modes = {  # variant: (tokens/s, guard's (checks, waited))
         "rocm_on_guard_off": (57_800, None), "rocm_on": (57_650, (5, 0)),
         "rocm_on_every_step": (57_500, (41, 0)), "rocm_on_every_step_exact": (52_000, (41, 40)),
@@ -184,7 +163,7 @@ def test_reanalysis_puts_the_guard_modes_side_by_side(harness: ModuleType,
     runs = {f"llama3_1b_guard_{v}@{p}": {"tps": [tps] * 3, "to_step1": 6.0, "memory": 37.73,
                                          "report": {"syncs": 218}, "guard": guard}
             for v, (tps, guard) in modes.items() for p in (1, 2)}
-    figures = harness.reanalyse(_store(harness, tmp_path, runs))["figures"]
+    figures = bench.reanalyse(_store(tmp_path, runs))["figures"]
     guard = figures["throughput"]["llama3_1b_guard"]
     rows = {r["variant"]: r for r in guard["guard_side_by_side"]}
     assert rows["rocm_on_every_step"]["ratio_over_rocm_on_guard_off"] == round(57_500 / 57_800, 4)
@@ -198,8 +177,8 @@ def test_reanalysis_puts_the_guard_modes_side_by_side(harness: ModuleType,
     assert not any(k.endswith("_over_stock") for k in guard)  # no stock run in this model
 
 
-def test_memory_suite_forces_capture_scalars_by_environment_only(harness: ModuleType) -> None:
-    runs = {r.name: r for r in harness.throughput_suite(30, ["deepseek_v3_4b_memory"])}
+def test_memory_suite_forces_capture_scalars_by_environment_only() -> None:
+    runs = {r.name: r for r in bench.throughput_suite(30, ["deepseek_v3_4b_memory"])}
     assert list(runs) == [f"deepseek_v3_4b_memory_{v}@{p}" for v, p in (
         ("rocm_on", 1), ("rocm_on_capture_scalars", 1), ("rocm_on_bf16_combine", 1),
         ("rocm_on_bf16_combine", 2), ("rocm_on_capture_scalars", 2), ("rocm_on", 2))]
@@ -213,13 +192,13 @@ def test_memory_suite_forces_capture_scalars_by_environment_only(harness: Module
             == runs["deepseek_v3_4b_memory_rocm_on_capture_scalars@1"].flags)
 
 
-def test_reanalysis_puts_memory_side_by_side(harness: ModuleType, tmp_path: Path) -> None:
+def test_reanalysis_puts_memory_side_by_side(tmp_path: Path) -> None:
     spec = {"rocm_on": (28_000, 66.5), "rocm_on_capture_scalars": (27_900, 67.9),
             "rocm_on_bf16_combine": (28_100, 65.1)}
     runs = {f"deepseek_v3_4b_memory_{v}@{p}": {"tps": [tps] * 3, "to_step1": 9.0,
                                                "memory": memory + p / 10}
             for v, (tps, memory) in spec.items() for p in (1, 2)}
-    figures = harness.reanalyse(_store(harness, tmp_path, runs))["figures"]
+    figures = bench.reanalyse(_store(tmp_path, runs))["figures"]
     memory = figures["throughput"]["deepseek_v3_4b_memory"]
     rows = {r["variant"]: r for r in memory["memory_side_by_side"]}
     assert list(rows) == list(spec)
@@ -237,8 +216,7 @@ def _graph(clean: bool, **flags: list[str]) -> dict:
             "clean": clean}
 
 
-def test_reanalysis_reads_the_graph_audits_of_both_ranks(harness: ModuleType,
-                                                        tmp_path: Path) -> None:
+def test_reanalysis_reads_the_graph_audits_of_both_ranks(tmp_path: Path) -> None:
     clean = {"graphs": [_graph(True), _graph(True)], "eager_moe_forwards": {"1": 20}}
     flagged = {"graphs": [_graph(True), _graph(False, moe=["torch.topk"])]}
     runs = {
@@ -248,7 +226,7 @@ def test_reanalysis_reads_the_graph_audits_of_both_ranks(harness: ModuleType,
     }
     for spec in runs.values():
         spec.update(tps=[80_000.0, 80_000.0], to_step1=12.0, memory=3.4, ranks=2)
-    inspection = harness.reanalyse(_store(harness, tmp_path, runs))["figures"][
+    inspection = bench.reanalyse(_store(tmp_path, runs))["figures"][
         "moe_graph_inspection"]
     moe = inspection["deepseek_v3_ep2_fsdp2_moe_scope_graphs"]
     assert [r["rank"] for r in moe["ranks"]] == [0, 1]
@@ -260,19 +238,19 @@ def test_reanalysis_reads_the_graph_audits_of_both_ranks(harness: ModuleType,
     assert inspection["loss_max_rel_diff_moe_vs_block"] == 0.0
 
 
-def test_a_flagged_graph_under_the_moe_scope_is_not_as_expected(harness: ModuleType) -> None:
+def test_a_flagged_graph_under_the_moe_scope_is_not_as_expected() -> None:
     reports = [{"rank": r, "graphs": [_graph(False, collectives=["all_to_all_single"])]}
                for r in (0, 1)]
     results = {"deepseek_v3_ep2_fsdp2_moe_scope_graphs": {
         "exit": 0, "reports": reports, "loss": {1: 8.0}}}
-    moe = harness.graph_inspection(results)["deepseek_v3_ep2_fsdp2_moe_scope_graphs"]
+    moe = bench.graph_inspection(results)["deepseek_v3_ep2_fsdp2_moe_scope_graphs"]
     assert moe["as_expected"] is False
     assert moe["ranks"][0]["collectives_or_fsdp"] == ["all_to_all_single"]
 
 
-def test_moe_graphs_suite_records_on_two_gpus(harness: ModuleType) -> None:
-    runs = harness.moe_graphs_suite(20)
-    assert [r.name for r in runs] == list(harness.GRAPH_RUNS)
+def test_moe_graphs_suite_records_on_two_gpus() -> None:
+    runs = bench.moe_graphs_suite(20)
+    assert [r.name for r in runs] == list(bench.GRAPH_RUNS)
     for run in runs:
         assert run.gpus == 2 and run.env == {"TITAN_ROCM_RECORD_GRAPHS": "1"}
         assert "titan_rocm_record_inductor" in run.flags
@@ -284,11 +262,8 @@ def test_runner_records_every_graph_it_hands_on() -> None:
     """benchmarks/torchtitan_runner.py's recording backend: audit, then the inner compiler."""
     import torch
 
-    spec = importlib.util.spec_from_file_location(
-        "torchtitan_runner", REPO / "benchmarks" / "torchtitan_runner.py")
-    assert spec is not None and spec.loader is not None
-    runner = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(runner)
+    from benchmarks import torchtitan_runner as runner
+
     runner._register_recording_backend(inner="eager")
     torch._dynamo.reset()
     fn = torch.compile(lambda x: torch.topk(x * 2, 2).values, backend=runner.RECORD_BACKEND)
@@ -296,26 +271,3 @@ def test_runner_records_every_graph_it_hands_on() -> None:
     assert len(runner._graphs) == 1
     assert list(runner._graphs[0]["moe"]) == ["torch._VariableFunctionsClass.topk"]
     assert runner._graphs[0]["clean"] is False
-
-
-@pytest.mark.parametrize("script", ["gpu_validation", "mla_varlen_packing", "tt030_validation",
-                                    "validated_tuning"])
-@pytest.mark.parametrize("kind", ["missing", "not_an_archive"])
-def test_reanalyse_of_a_bad_directory_says_what_is_accepted(script: str, kind: str,
-                                                             tmp_path: Path) -> None:
-    """Every benchmark's --reanalyse reads stored results through open_stored: a directory
-    that is not one is named, with what is accepted, exit 2, no traceback."""
-    import subprocess
-    import sys
-
-    bad = tmp_path / "result"
-    if kind == "not_an_archive":
-        bad.mkdir()
-        (bad / "summary.json").write_text("{}")
-        (bad / "logs.tar.gz").write_text("not a tar archive")
-    run = subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{script}.py"),
-                          "--reanalyse", str(bad)], capture_output=True, text=True, check=False)
-    assert run.returncode == 2, run.stderr
-    assert f"--reanalyse {bad}: not a stored result" in run.stderr
-    assert "accepted: a directory holding summary.json and logs.tar.gz" in run.stderr
-    assert "Traceback" not in run.stderr
