@@ -205,10 +205,10 @@ def run(args: argparse.Namespace) -> int:
     if not tt030:
         named = sorted({a.partition("=")[0] for a in passthrough} & set(TT030_FLAGS))
         if named:
-            print(f"titan-rocm plan: {' and '.join(named)} are TorchTitan 0.3.0's flags (a "
-                  "config function); this environment has TorchTitan 0.2.2, whose jobs are "
-                  "TOML files: plan one with --job.config_file FILE", file=sys.stderr)
-            return 2
+            raise CommandError(
+                f"{' and '.join(named)} are TorchTitan 0.3.0's flags (a config function); "
+                "this environment has TorchTitan 0.2.2, whose jobs are TOML files: plan one "
+                "with --job.config_file FILE")
     if args.config_file is not None:
         passthrough = ["--job.config_file", args.config_file, *passthrough]
     if not passthrough:
