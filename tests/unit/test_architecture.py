@@ -325,10 +325,6 @@ def _defined_names(name: str) -> set[str]:
             names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
     prefix = name + "."
     names.update(m[len(prefix):].split(".")[0] for m in MODULES if m.startswith(prefix))
-    for node in tree.body:  # names a module still answers after they moved (``_MOVED``)
-        if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "_MOVED" for t in node.targets):
-            names.update(ast.literal_eval(node.value))
     return names
 
 
