@@ -26,6 +26,7 @@ import pytest
 
 from titan_rocm.adapters.tt022 import preflight
 from titan_rocm.adapters.tt022.preflight import StartupError, WorldSize
+from titan_rocm.adapters.tt022.preflight.parse_args import _fits
 from titan_rocm.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -309,7 +310,7 @@ def _as_table(dotted: str, value: Any) -> dict[str, Any]:
 
 
 FIELDS = [(name, tp) for name, tp in _leaf_fields(_merged_config_class())
-          if preflight._fits(_wrong_value(tp), tp) is False]
+          if _fits(_wrong_value(tp), tp) is False]
 
 
 def test_every_checked_field_type_is_covered() -> None:
