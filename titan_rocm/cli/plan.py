@@ -135,7 +135,7 @@ def _plan_022(args: argparse.Namespace, passthrough: list[str]) -> dict:
 
 
 def _plan_030(args: argparse.Namespace, passthrough: list[str]) -> dict:
-    """TorchTitan 0.3.0's plan (titan_rocm.torchtitan.plan); its errors as StartupError.
+    """TorchTitan 0.3.0's plan (titan_rocm.adapters.tt030.plan); its errors as StartupError.
     The 0.2.2 start-up checks (titan_rocm.adapters.tt022.preflight) and --launcher do not apply."""
     from titan_rocm.adapters.tt022.preflight import StartupError
     from titan_rocm.adapters.tt030.plan import PlanError, make_plan
