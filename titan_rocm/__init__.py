@@ -2,8 +2,9 @@
 
 ``import titan_rocm`` (what ``[experimental] custom_import = "titan_rocm"`` does) registers
 the converters ``rocm`` and ``rocm.*`` with TorchTitan. The import stays cheap: if
-TorchTitan is not imported yet, registration waits until it is (see ``_registration``),
-so tools such as ``titan-rocm scan`` and Inductor compile workers never load it.
+TorchTitan is not imported yet, registration waits until it is
+(:mod:`titan_rocm.adapters.tt022.registration`), so tools such as ``titan-rocm scan`` and
+Inductor compile workers never load it.
 """
 
 from titan_rocm.adapters.tt022.registration import (

@@ -1,7 +1,5 @@
-"""``titan_rocm.config``, the path users type.
-
-The module moved to ``titan_rocm.adapters.tt022.config``; this name is that module
-itself (one module object, whichever path imports it).
+"""``titan_rocm.config``, the path users type (``custom_config_module``): the module
+:mod:`titan_rocm.adapters.tt022.config` itself (one module object, whichever path imports it).
 """
 
 import importlib

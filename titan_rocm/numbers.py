@@ -1,24 +1,34 @@
 """The one validator of numbers a user types: every numeric option of every command (their
-argparse types) and every numeric setting.
+argparse types), every numeric ``[rocm]`` setting, and the numbers a command checks once it
+knows their range (the rows of a micro-batch, the GPUs of this machine).
 
 ``float("nan")``, ``float("inf")`` and ``int("1" + "0" * 20)`` all parse, and a comparison
 with NaN is always false, so a check such as ``if value <= 0: refuse`` lets NaN through (a
 ``--fudge nan`` tolerance passed every kernel). :class:`Bounds` accepts a finite number
-inside a stated range and names the range when it refuses.
+inside a stated range and names the range when it refuses, always in one shape
+(:func:`refusal`): ``NAME VALUE is not valid; accepted: ...``.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
+
+
+def refusal(name: str, value: object, accepted: str) -> str:
+    """The one sentence every refused value gets: ``{name} {value!r} is not valid; accepted:
+    {accepted}`` (``name`` is the flag, or ``[rocm] key =`` for a setting)."""
+    return f"{name} {value!r} is not valid; accepted: {accepted}"
 
 
 @dataclass(frozen=True)
 class Bounds:
     """A finite ``kind`` (int or float) with ``low <= value <= high`` (``low`` excluded when
-    ``low_open``)."""
+    ``low_open``, ``high`` when ``high_open``), or one of the values ``also`` names."""
 
     kind: type
     low: float
@@ -27,6 +37,8 @@ class Bounds:
     unit: str = ""
     """Said after the range (``seconds``)."""
     high_open: bool = False
+    also: tuple[int, ...] = ()
+    """Values accepted outside the range (``-1``: every rank left over)."""
 
     def accepted(self) -> str:
         """``a number > 0 and <= 86400 (seconds)``: the accepted values, for messages."""
@@ -34,14 +46,22 @@ class Bounds:
         low = f"> {_fmt(self.low)}" if self.low_open else f">= {_fmt(self.low)}"
         high = f"< {_fmt(self.high)}" if self.high_open else f"<= {_fmt(self.high)}"
         unit = f" ({self.unit})" if self.unit else ""
-        return f"{what} {low} and {high}{unit}"
+        extra = "".join(f"{_fmt(v)} or " for v in self.also)
+        return f"{extra}{what} {low} and {high}{unit}"
+
+    def _in_range(self, value: float) -> bool:
+        if value in self.also:
+            return True
+        return math.isfinite(value) and (
+            value < self.high if self.high_open else value <= self.high) and (
+            value > self.low if self.low_open else value >= self.low)
 
     def parse(self, text: str | float | int, name: str) -> float | int:
-        """``text`` as a number in range.
+        """``text`` (what the user typed, or a number) as a number in range.
 
         Raises:
-            ValueError: ``{name} {text!r} is not valid; accepted: ...``, for NaN, infinities,
-                a non-number or a number out of range.
+            ValueError: :func:`refusal`'s sentence, for NaN, infinities, a non-number or a
+                number out of range.
         """
         value: float | int
         try:
@@ -52,28 +72,73 @@ class Bounds:
             else:
                 value = float(text)
         except (TypeError, ValueError, OverflowError):
-            raise ValueError(f"{name} {text!r} is not valid; accepted: {self.accepted()}") from None
-        ok = math.isfinite(value) and (
-            value < self.high if self.high_open else value <= self.high) and (
-            value > self.low if self.low_open else value >= self.low)
-        if not ok:
-            raise ValueError(f"{name} {text!r} is not valid; accepted: {self.accepted()}")
+            raise ValueError(refusal(name, text, self.accepted())) from None
+        if not self._in_range(value):
+            raise ValueError(refusal(name, text, self.accepted()))
         return value
+
+    def check(self, value: Any, name: str) -> float | int:
+        """A value a parser already typed (TOML, a dataclass field, a flag TorchTitan read):
+        a number of ``kind`` (an int for a float too; never a bool, a string or a float
+        for an int), in range.
+
+        Raises:
+            ValueError: :func:`refusal`'s sentence.
+        """
+        numeric = (int,) if self.kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, numeric):
+            raise ValueError(refusal(name, value, self.accepted()))
+        return self.parse(value, name)
+
+    def parse_many(self, text: str, name: str, *, sep: str, form: str,
+                   count: int | None = None, distinct: bool = False,
+                   words: tuple[str, ...] = ()) -> tuple[float | int, ...] | str:
+        """``text`` as numbers separated by ``sep`` (either case; exactly ``count`` of them
+        when given, each once when ``distinct``), each in range, or one of ``words`` as it
+        is (``all``); ``form`` names the layout in the refusal (``WIDTHxHEIGHT``).
+
+        Raises:
+            ValueError: :func:`refusal`'s sentence, naming the whole ``text``.
+        """
+        if text.strip() in words:
+            return text.strip()
+        parts = re.split(re.escape(sep), text, flags=re.IGNORECASE)
+        try:
+            values = tuple(self.parse(part, name) for part in parts)
+        except ValueError:
+            values = ()
+        if not values or (count is not None and len(values) != count) or (
+                distinct and len(set(values)) != len(values)):
+            raise ValueError(refusal(name, text, f"{form}, each {self.accepted()}"))
+        return values
 
     def arg(self, name: str) -> Callable[[str], float | int]:
         """An argparse ``type=`` for option ``name``: its error names the accepted range."""
+        return argparse_type(lambda text: self.parse(text, name), name, self)
 
-        def parse(text: str) -> float | int:
-            try:
-                return self.parse(text, name)
-            except ValueError:
-                # argparse prefixes "argument NAME: "; the message says the rest.
-                raise argparse.ArgumentTypeError(
-                    f"{text!r} is not valid; accepted: {self.accepted()}") from None
+    def arg_many(self, name: str, *, sep: str, form: str, count: int | None = None,
+                 distinct: bool = False, words: tuple[str, ...] = (),
+                 ) -> Callable[[str], tuple[float | int, ...] | str]:
+        """An argparse ``type=`` for an option of several numbers (:meth:`parse_many`)."""
+        return argparse_type(lambda text: self.parse_many(
+            text, name, sep=sep, form=form, count=count, distinct=distinct, words=words),
+            name, self)
 
-        parse.__name__ = self.kind.__name__  # argparse names the type in its fallback message
-        parse.bounds = self  # type: ignore[attr-defined]  # tests find every numeric option
-        return parse
+
+def argparse_type(parse: Callable[[str], Any], name: str, bounds: Bounds) -> Callable[[str], Any]:
+    """An argparse ``type=`` for option ``name`` from ``parse`` (text -> value, a ValueError
+    with :func:`refusal`'s sentence), whose numbers ``bounds`` checks."""
+
+    def parse_option(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            # argparse prefixes "argument NAME: "; the message says the rest.
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{name} ")) from None
+
+    parse_option.__name__ = bounds.kind.__name__  # argparse names it in its fallback message
+    parse_option.bounds = bounds  # type: ignore[attr-defined]  # tests find every numeric option
+    return parse_option
 
 
 def _fmt(value: float) -> str:
@@ -84,5 +149,7 @@ MAX_RANKS = 1 << 20
 """The most ranks (world size, nodes, processes per node, any parallel degree) a plan
 accepts: ten times the largest GPU cluster built so far; a bigger number is a typo."""
 RANKS = Bounds(int, 1, MAX_RANKS)
+DEVICES = Bounds(int, 0, MAX_RANKS - 1)
+"""A device index (``tune run --gpus``); the machine's own count is checked where it is known."""
 STEPS = Bounds(int, 0, 10**18)
 """A step count (``--warmup``): the log parser reads steps of up to 18 digits."""

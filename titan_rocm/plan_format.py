@@ -1,7 +1,7 @@
 """``titan-rocm plan``'s text: the answer first, then the evidence.
 
 The plan (a dict: :func:`titan_rocm.adapters.tt022.plan.make_plan`, or 0.3.0's
-:func:`titan_rocm.torchtitan.plan.make_plan`) prints as
+:func:`titan_rocm.adapters.tt030.plan.make_plan`) prints as
 
 1. a verdict: the job starts; what titan-rocm changes in this run, each change with its
    measured cost and the GPU and benchmark that measured it (:mod:`titan_rocm.measured`);

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from titan_rocm.numbers import Bounds
+from titan_rocm.numbers import Bounds, refusal
 
 Mode = Literal["auto", "on", "off"]
 """A workaround's mode: ``on`` requires it (start-up fails, naming what is missing), ``auto``
@@ -142,7 +142,17 @@ NUMBERS: dict[str, Bounds] = {
     "numerics_audit_outlier_quantile": Bounds(float, 0, 1, low_open=True, high_open=True),
     "numerics_audit_outlier_max": Bounds(float, 0, 1, low_open=True),
 }
-"""The accepted range of every numeric setting (:class:`~titan_rocm.numbers.Bounds`)."""
+"""The accepted range of every numeric setting (:class:`~titan_rocm.numbers.Bounds`): each
+int or float field of :class:`RocmSettings` has one (a test holds it; there is no default)."""
+
+
+def check_number(key: str, value: Any) -> float | int:
+    """``value`` of the numeric setting ``key`` (a :data:`NUMBERS` key), checked.
+
+    Raises:
+        ValueError: ``[rocm] KEY = VALUE is not valid; accepted: ...``.
+    """
+    return NUMBERS[key].check(value, f"[rocm] {key} =")
 
 
 def choices(annotation: Any) -> tuple[str, ...] | None:
@@ -165,29 +175,19 @@ def validate(settings: RocmSettings) -> None:
     """
     for f in fields(settings):
         value = getattr(settings, f.name)
+        name = f"[rocm] {f.name} ="
         accepted = choices(f.type)
         if accepted is not None:
             if value not in accepted:
-                raise ValueError(
-                    f"[rocm] {f.name} = {value!r} is not valid; accepted: {', '.join(accepted)}"
-                )
+                raise ValueError(refusal(name, value, ", ".join(accepted)))
         elif f.type is bool:
             if not isinstance(value, bool):
-                raise ValueError(
-                    f"[rocm] {f.name} = {value!r} is not valid; accepted: true, false"
-                )
+                raise ValueError(refusal(name, value, "true, false"))
         elif f.type in (int, float):
-            bounds = NUMBERS.get(f.name, Bounds(f.type, 0, 1e18, low_open=True))
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-                    f.type is int and not isinstance(value, int)):
-                raise ValueError(f"[rocm] {f.name} = {value!r} is not valid; accepted: "
-                                 f"{bounds.accepted()}")
-            bounds.parse(value, f"[rocm] {f.name} =")
+            check_number(f.name, value)
         elif f.type is str:
             if not isinstance(value, str) or not (value or f.name in MAY_BE_EMPTY):
-                raise ValueError(
-                    f"[rocm] {f.name} = {value!r} is not valid; accepted: a non-empty string"
-                )
+                raise ValueError(refusal(name, value, "a non-empty string"))
 
 
 def check_section(section: Any) -> RocmSettings:

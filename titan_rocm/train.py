@@ -1,7 +1,6 @@
-"""``titan_rocm.train``, the path users type.
-
-The module moved to ``titan_rocm.adapters.tt022.train``; this name is that module
-itself (one module object, whichever path imports it).
+"""``titan_rocm.train``, the path users type (``python -m titan_rocm.train``, and
+``titan-rocm-train``'s ``main``): the module :mod:`titan_rocm.adapters.tt022.train` itself
+(one module object, whichever path imports it).
 """
 
 import importlib

@@ -26,6 +26,7 @@ import pytest
 
 from titan_rocm.adapters.tt022 import preflight
 from titan_rocm.adapters.tt022.preflight import StartupError, WorldSize
+from titan_rocm.adapters.tt022.preflight.parse_args import _fits
 from titan_rocm.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -309,7 +310,7 @@ def _as_table(dotted: str, value: Any) -> dict[str, Any]:
 
 
 FIELDS = [(name, tp) for name, tp in _leaf_fields(_merged_config_class())
-          if preflight._fits(_wrong_value(tp), tp) is False]
+          if _fits(_wrong_value(tp), tp) is False]
 
 
 def test_every_checked_field_type_is_covered() -> None:
@@ -463,6 +464,17 @@ def test_bad_world_size_flags_name_the_accepted_range(
     assert code == 2 and message in error_line(err)
 
 
+@pytest.mark.parametrize("value", ["0", "-3", "1000000001"])
+def test_a_local_batch_size_out_of_range_names_the_range(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = plan_cli(capsys, "--job.config_file", str(CONFIGS / "llama3_debug.toml"),
+                            "--training.local_batch_size", value)
+    assert code == 2 and error_line(err).endswith(
+        f"[training] local_batch_size = {value} is not valid; accepted: an integer >= 1 and "
+        "<= 1000000000")
+
+
 @pytest.mark.parametrize(
     ("world", "degrees", "message"),
     [
@@ -473,8 +485,12 @@ def test_bad_world_size_flags_name_the_accepted_range(
         (2, _degrees(tp=4), "data_parallel_shard_degree = -1 leaves 2 // (dp_replicate 1 x cp 1 "
                             "x tp 4 x pp 1) = 0 ranks"),
         (4, _degrees(ep=2, etp=2), "supports only ETP = TP (1) or ETP = 1"),
-        (1, _degrees(cp=0), "context_parallel_degree = 0, but TorchTitan 0.2.2 requires"),
-        (1, _degrees(dp_shard=0), "data_parallel_shard_degree = 0, but TorchTitan 0.2.2 accepts"),
+        (1, _degrees(cp=0), "[parallelism] context_parallel_degree = 0 is not valid; accepted: "
+                            "an integer >= 1 and <= 1048576"),
+        (1, _degrees(dp_shard=0), "[parallelism] data_parallel_shard_degree = 0 is not valid; "
+                                  "accepted: -1 or an integer >= 1 and <= 1048576"),
+        (1, _degrees(tp="2"), "[parallelism] tensor_parallel_degree = '2' is not valid"),
+        (1, _degrees(pp=True), "[parallelism] pipeline_parallel_degree = True is not valid"),
     ],
 )
 def test_degrees_that_do_not_fit_name_the_reason(
@@ -484,7 +500,7 @@ def test_degrees_that_do_not_fit_name_the_reason(
         preflight.check_parallelism(degrees, WorldSize(world, "--world-size", ""))
     text = str(info.value)
     assert message in text
-    if not any(w in text for w in ("ETP", "requires every", "accepts -1")):  # world-free
+    if not any(w in text for w in ("ETP", "is not valid")):  # world-free
         assert f"world size {world} (--world-size)" in text  # the size and its source
 
 

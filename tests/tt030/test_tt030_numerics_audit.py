@@ -219,10 +219,10 @@ def test_cli_audits_a_0_3_0_job_with_its_workarounds_attributed(
 
 @pytest.mark.parametrize("args,sentence", [
     (["--module", "llama3", "--config", "llama3_debugmodel", "--tokens", "0"],
-     "--tokens '0' is not valid; accepted: an integer >= 1"),
+     "--tokens: '0' is not valid; accepted: an integer >= 1 and <= 1000000000000"),
     (["--job.config_file", "job.toml"], "--job.config_file is TorchTitan 0.2.2's"),
     (["--module", "llama3", "--config", "llama3_debugmodel", "--reference-chunks", "x"],
-     "--reference-chunks 'x' is not valid; accepted: an integer >= 1"),
+     "--reference-chunks: 'x' is not valid; accepted: an integer >= 1 and <= 1000000000"),
     (["--module", "llama3", "--config", "llama3_debugmodel", "--trainer", "a:B"],
      "--trainer 'a:B' is TorchTitan 0.2.2's"),
     (["--module", "llama3", "--config", "no_such_config"], "no_such_config"),

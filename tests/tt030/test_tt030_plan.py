@@ -131,7 +131,7 @@ def test_the_expert_mesh_check_agrees_with_0_3_0s_build_mesh():
 
     from torchtitan.distributed import ParallelDims
 
-    from titan_rocm.adapters.tt022.preflight import WorldSize
+    from titan_rocm.adapters.common import WorldSize
     from titan_rocm.adapters.tt030.plan import PlanError, check_expert_mesh
 
     rng = random.Random(25)

@@ -11,7 +11,7 @@ import pytest
 def test_import_titan_rocm_arms_no_converter_hook_on_0_3():
     # A fresh interpreter: whether the hook is armed is decided at `import titan_rocm`.
     code = (
-        "import sys, titan_rocm; from titan_rocm import _registration as r; "
+        "import sys, titan_rocm; from titan_rocm.adapters.tt022 import registration as r; "
         "print(r._hook.waiting, r._registered)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -42,10 +42,11 @@ SCANNER = ("titan_rocm.scanner.amdgcn", "titan_rocm.scanner.hazards",
 ADAPTERS = (
     "titan_rocm.adapters",  # tt022/ and tt030/, one folder per TorchTitan generation
     "titan_rocm.plan_format",  # both plans' printing
-    # the paths users type, shims of the modules in adapters/ (torchtitan/override.py is real)
+    # the paths users type (tests/unit/test_public_paths.py): shims of modules in adapters/
+    # (titan_rocm.config, titan_rocm.train, titan_rocm.torchtitan.configs), the 0.3.0 names
+    # (titan_rocm.torchtitan), and torchtitan/override.py, a real module
     "titan_rocm.torchtitan",
     "titan_rocm.config",
-    "titan_rocm._registration",
     "titan_rocm.train",
 )
 CLI = ("titan_rocm.cli",)
@@ -325,10 +326,6 @@ def _defined_names(name: str) -> set[str]:
             names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
     prefix = name + "."
     names.update(m[len(prefix):].split(".")[0] for m in MODULES if m.startswith(prefix))
-    for node in tree.body:  # names a module still answers after they moved (``_MOVED``)
-        if isinstance(node, ast.Assign) and any(
-                isinstance(t, ast.Name) and t.id == "_MOVED" for t in node.targets):
-            names.update(ast.literal_eval(node.value))
     return names
 
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from titan_rocm.numbers import MAX_RANKS, RANKS
+from titan_rocm.numbers import MAX_RANKS, RANKS, Bounds
 
 CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
 """TorchTitan 0.2.2's TOML flag (0.3.0 takes ``--module M --config F`` instead)."""
@@ -73,6 +73,28 @@ DEGREE_NAMES = {
 }
 
 
+DEGREES: dict[str, Bounds] = {
+    short: Bounds(int, 1, MAX_RANKS, also=(-1,) if short == "dp_shard" else ())
+    for short in DEGREE_NAMES
+}
+"""The degrees TorchTitan's ``ParallelDims._validate`` accepts (0.2.2 and 0.3.0,
+``torchtitan/distributed/parallel_dims.py``: each >= 1, ``dp_shard`` also -1), up to
+:data:`~titan_rocm.numbers.MAX_RANKS`."""
+
+
+def check_degrees(d: dict[str, Any]) -> None:
+    """Each of the degrees ``d`` (:func:`degrees`) is an integer :data:`DEGREES` accepts.
+
+    Raises:
+        StartupError: ``[parallelism] NAME = VALUE is not valid; accepted: ...``.
+    """
+    for short, value in d.items():
+        try:
+            DEGREES[short].check(value, f"[parallelism] {DEGREE_NAMES[short]} =")
+        except ValueError as exc:
+            raise StartupError(str(exc)) from None
+
+
 def degrees(job_config: Any) -> dict[str, int]:
     """The job's parallel degrees under ParallelDims' short names (1 for a degree the job's
     TorchTitan has no field for)."""
@@ -126,14 +148,11 @@ def world_size(
             --nproc-per-node 8`` is 16 ranks; ``--nnodes`` alone counts 1 per node).
 
     Raises:
-        StartupError: a count below 1, or ``--world-size`` disagreeing with the other two.
+        StartupError: a count or a degree out of range (10**20 would make the mesh
+            arithmetic run for ever), or ``--world-size`` disagreeing with the other two.
     """
     check_world_flags(size, nnodes, nproc_per_node)
-    for short, value in d.items():  # 10**20 would make the mesh arithmetic run for ever
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_RANKS:
-            raise StartupError(
-                f"[parallelism] {DEGREE_NAMES[short]} = {value} is not valid; accepted: "
-                f"{RANKS.accepted()} (or -1 for data_parallel_shard_degree)")
+    check_degrees(d)
     if nnodes is not None or nproc_per_node is not None:
         nodes, per_node = nnodes or 1, nproc_per_node or 1
         product = nodes * per_node
@@ -143,8 +162,6 @@ def world_size(
         )
     if size is not None:
         return WorldSize(size, "--world-size", f"{size} rank(s), given with --world-size")
-    if any(not isinstance(v, int) or isinstance(v, bool) for v in d.values()):
-        return WorldSize(1, "derived", "1 (degrees are not all integers)")
     shard, note = d["dp_shard"], ""
     if shard < 1:
         # dp_shard = -1 takes every rank left over; the smallest world leaves it the least

@@ -2,14 +2,18 @@
 
 Each subcommand lives in its own module ``titan_rocm.cli.<name>`` that defines
 ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``; one that sets
-``PASSTHROUGH = True`` receives the options it does not know in ``args.passthrough``.
+``PASSTHROUGH = True`` receives the options it does not know in ``args.passthrough``; one
+whose ``--json`` report has keys of its own defines ``error_report(message, code) -> dict``,
+its report of a run that could not go on (the keys of :func:`error_envelope` among them).
 Modules are imported only when their subcommand runs, so ``titan-rocm scan`` never pays for torch.
 
-Two promises are kept here, once, for every subcommand:
+Every subcommand refuses bad input the same way: it raises :class:`CommandError` (a
+command's own errors are converted at its boundary), and ``main`` prints the one sentence
+and exits 2. Two promises are kept here, once, for every subcommand:
 
 - With ``--json``, stdout carries exactly one JSON object on every exit path: the command's
-  own report, or the error envelope :func:`error_envelope` (bad flags, bad input a command
-  raises as :class:`CommandError`, Ctrl-C).
+  own report, or its error object (:func:`error_envelope`, or the command's
+  ``error_report``) for bad flags, a :class:`CommandError` and Ctrl-C.
 - A reader that closes the pipe early (``titan-rocm check-log *.log | head -1``) ends the
   command quietly with exit 141 (128 + SIGPIPE, as shells report a command killed by it).
 """
@@ -58,8 +62,9 @@ BROKEN_PIPE = 141
 
 
 class CommandError(Exception):
-    """Bad input a subcommand refuses: ``main`` prints ``titan-rocm <command>: <message>`` on
-    stderr (and the error envelope under ``--json``) and exits with ``code``."""
+    """The one error through which a subcommand refuses bad input or stops (exit 2 unless
+    ``code`` says otherwise): ``main`` prints ``titan-rocm <command>: <message>`` on stderr
+    (and the command's error object under ``--json``) and exits with ``code``."""
 
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
@@ -85,8 +90,16 @@ def error_envelope(command: str, message: str, code: int) -> dict[str, Any]:
     return {"schema": JSON_SCHEMA, "command": command, "exit_code": code, "error": message}
 
 
+def error_report(command: str, message: str, code: int) -> dict[str, Any]:
+    """``command``'s error object: its module's ``error_report`` where it defines one (the
+    module loaded: an interrupt may come before), else :func:`error_envelope`."""
+    module = sys.modules.get(SUBCOMMANDS[command])
+    own = getattr(module, "error_report", None)
+    return own(message, code) if own is not None else error_envelope(command, message, code)
+
+
 def _print_envelope(command: str, message: str, code: int) -> None:
-    print(json.dumps(error_envelope(command, message, code), indent=2))
+    print(json.dumps(error_report(command, message, code), indent=2))
 
 
 def _parser_for(name: str) -> argparse.ArgumentParser:

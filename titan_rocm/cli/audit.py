@@ -5,8 +5,10 @@ Launched like training (``torchrun --nproc_per_node=N -m titan_rocm.cli audit
 --job.config_file X.toml``; TorchTitan 0.3.0: ``... audit --module M --config F``; or alone
 as one process). The installed TorchTitan generation's adapter parses the job, builds its
 own trainer and audits the first micro-batch of its dataloader; nothing is stepped or saved.
-Exit codes: 0 ok, 1 flagged, 2 bad input or the audit cannot run (one sentence), 130
-interrupted. ``--json`` prints one object on every exit path (rank 0). With
+Exit codes: 0 ok, 1 flagged, 2 bad input or the audit cannot run (one sentence: the driver's
+:class:`~titan_rocm.numerics.audit.AuditError` becomes the CLI's ``CommandError`` here), 130
+interrupted. ``--json`` prints one object on every exit path (rank 0), of the report's keys
+(:func:`error_report` when it could not run). With
 ``TITAN_ROCM_DEBUG_CORRUPT`` set, the test fault (``titan_rocm.testing.corrupt``) is put into
 the job's compiled code first.
 """
@@ -19,6 +21,7 @@ import os
 import sys
 from typing import Any
 
+from titan_rocm.cli import CommandError
 from titan_rocm.numbers import Bounds
 
 HELP = (
@@ -55,12 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the job's TOML file (TorchTitan 0.2.2's flag, passed on to it)",
     )
     parser.add_argument(
-        "--tokens", metavar="N",
+        "--tokens", metavar="N", type=TOKENS.arg("--tokens"),
         help="audit only the first N tokens of the micro-batch (whole rows while they fit; "
         "default: the whole micro-batch)",
     )
     parser.add_argument(
-        "--reference-chunks", metavar="N",
+        "--reference-chunks", metavar="N", type=CHUNKS.arg("--reference-chunks"),
         help="replay each block in N runs of whole rows (the job pass always runs the whole "
         "micro-batch; default: whole where the estimate says it fits, and in one process "
         "more runs after running out of memory)",
@@ -80,6 +83,13 @@ def _rank() -> int:
     return int(os.environ.get("RANK", "0") or 0)
 
 
+def error_report(message: str, code: int) -> dict[str, Any]:
+    """The ``--json`` object of an audit that could not run: the report's every key, empty."""
+    from titan_rocm.numerics.audit import error_dict
+
+    return {**error_dict(message), "exit_code": code}
+
+
 def _emit(args: argparse.Namespace, result: dict[str, Any]) -> int:
     code = int(result["exit_code"])
     if result["world_size"] > 1:  # every rank says it: one shared verdict is checkable
@@ -89,24 +99,11 @@ def _emit(args: argparse.Namespace, result: dict[str, Any]) -> int:
         return code
     if args.json:
         print(json.dumps(result, indent=2, default=str))
-    if code == 2:
-        print(f"{PROG}: {result['error']}", file=sys.stderr)
-    elif not args.json:
+    else:
         from titan_rocm.numerics.report import format_report
 
         print(format_report(result))
     return code
-
-
-def _number(text: str | None, bounds: Bounds, flag: str) -> int | None:
-    from titan_rocm.numerics.audit import AuditError
-
-    if text is None:
-        return None
-    try:
-        return int(bounds.parse(text, flag))
-    except ValueError as exc:
-        raise AuditError(str(exc)) from None
 
 
 def _install_fault(model_parts: list[Any]) -> None:
@@ -114,13 +111,12 @@ def _install_fault(model_parts: list[Any]) -> None:
     test-only module is not even imported)."""
     if not os.environ.get(CORRUPT_ENV, "").strip():
         return
-    from titan_rocm.numerics.audit import AuditError
     from titan_rocm.testing import corrupt
 
     try:
         corrupt.install(model_parts)
     except corrupt.CorruptSpecError as exc:
-        raise AuditError(str(exc)) from None
+        raise CommandError(str(exc)) from None
 
 
 def _log_to_stderr() -> None:
@@ -143,17 +139,15 @@ def _log_to_stderr() -> None:
 def _audit(args: argparse.Namespace) -> dict[str, Any]:
     from titan_rocm import adapters
     from titan_rocm.adapters.common import AuditRequest
-    from titan_rocm.numerics.audit import AuditError
 
     request = AuditRequest(
         passthrough=list(args.passthrough), config_file=args.config_file,
-        trainer=args.trainer, tokens=_number(args.tokens, TOKENS, "--tokens"),
-        chunks=_number(args.reference_chunks, CHUNKS, "--reference-chunks"),
+        trainer=args.trainer, tokens=args.tokens, chunks=args.reference_chunks,
         before_job=_install_fault)
     try:
         adapter = adapters.installed("audit")
     except adapters.NoAdapter as exc:
-        raise AuditError(str(exc)) from None
+        raise CommandError(str(exc)) from None
     _log_to_stderr()
     out = adapter.audit(request).to_dict()
     if args.plot and _rank() == 0:
@@ -163,24 +157,33 @@ def _audit(args: argparse.Namespace) -> dict[str, Any]:
         try:
             plot(out, args.plot)
         except (MissingMatplotlib, OSError) as exc:
-            raise AuditError(f"--plot {args.plot!r}: {exc}") from None
+            raise CommandError(f"--plot {args.plot!r}: {exc}") from None
     return out
 
 
 def run(args: argparse.Namespace) -> int:
-    """Audit the job; print the report (or JSON); 0 ok, 1 flagged, 2 cannot run."""
-    from titan_rocm.adapters.common import one_line
-    from titan_rocm.numerics.audit import AuditError, error_dict
+    """Audit the job; print the report (or JSON); 0 ok, 1 flagged.
 
+    Raises:
+        CommandError: the audit cannot run (rank 0; the other ranks return 2 quietly).
+    """
+    from titan_rocm.adapters.common import one_line
+    from titan_rocm.numerics.audit import AuditError
+
+    error = None
     try:
         result = _audit(args)
-    except AuditError as exc:
-        result = error_dict(str(exc))
+    except (AuditError, CommandError) as exc:
+        error = str(exc)
     except Exception as exc:  # noqa: BLE001 - one sentence and the JSON, never a traceback
-        result = error_dict(f"the audit failed: {one_line(exc)}")
+        error = f"the audit failed: {one_line(exc)}"
     finally:
         _close()
-    return _emit(args, result)
+    if error is None:
+        return _emit(args, result)
+    if _rank() != 0:  # one sentence and one JSON object: rank 0's
+        return 2
+    raise CommandError(error)
 
 
 def _close() -> None:

@@ -19,9 +19,8 @@ HELP = (
 )
 
 
-def warmup_arg(text: str) -> int:
-    """``--warmup``: an integer >= 0 (argparse type; also used by ``compare``)."""
-    return int(STEPS.arg("--warmup")(text))
+warmup_arg = STEPS.arg("--warmup")
+"""``--warmup``: an integer >= 0 (argparse type; also used by ``compare``)."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,14 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from pathlib import Path
 
 from titan_rocm.cli import CommandError
 from titan_rocm.cli.bench_summary import warmup_arg
 from titan_rocm.logs.compare import (
     DEFAULT_TOLERANCE_PCT,
-    EXIT_BAD_INPUT,
     TOLERANCE,
     CompareError,
     Run,
@@ -22,6 +20,7 @@ from titan_rocm.logs.compare import (
 )
 from titan_rocm.logs.parse import FORMATS, UnreadableLog
 from titan_rocm.logs.summary import DEFAULT_WARMUP
+from titan_rocm.numbers import Bounds
 
 HELP = (
     "Put training runs side by side: each OTHER log's loss and grad norm against the "
@@ -36,15 +35,8 @@ PLOT_SUFFIXES: tuple[str, ...] = (".png", ".svg")
 DEFAULT_SIZE = (1200, 1100)
 
 
-def _size(text: str) -> tuple[int, int]:
-    m = re.fullmatch(r"\s*(\d{2,5})\s*[xX]\s*(\d{2,5})\s*", text)
-    if not m or not all(200 <= int(v) <= 8000 for v in m.groups()):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not valid; accepted: WIDTHxHEIGHT in pixels, each 200 to 8000 "
-            "(e.g. 1200x1100)")
-    return int(m.group(1)), int(m.group(2))
-
-
+PIXELS = Bounds(int, 200, 8000, unit="pixels")
+_size = PIXELS.arg_many("--size", sep="x", form="WIDTHxHEIGHT (e.g. 1200x1100)", count=2)
 _tolerance = TOLERANCE.arg("--tolerance")
 
 
@@ -78,11 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--format", choices=FORMATS, default="auto",
         help="log format (default: auto, both TorchTitan and Megatron-LM lines)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def _err(message: str) -> int:
-    """Refuse with ``message`` (exit 2; the JSON error envelope under ``--json``)."""
-    raise CommandError(message, EXIT_BAD_INPUT)
 
 
 def _plot_path(text: str) -> Path:
@@ -149,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         repeats = [load(p, f"repeat {i}: {Path(p).name}") for i, p in
                    enumerate(args.noise, start=1)]
     except (CompareError, UnreadableLog) as exc:
-        return _err(str(exc))
+        raise CommandError(str(exc)) from None
     comparison = compare(runs[0], runs[1:], repeats, args.tolerance, args.warmup)
     if plot_path is not None:
         from titan_rocm.logs.plot import plot
@@ -157,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             plot(comparison, plot_path, size=args.size, log_y=args.log_y)
         except OSError as exc:
-            return _err(f"cannot write {plot_path}: {exc.strerror or exc}.")
+            raise CommandError(f"cannot write {plot_path}: {exc.strerror or exc}.") from None
     if args.json:
         print(json.dumps(comparison.to_dict(), indent=2, allow_nan=False))
     else:

@@ -135,7 +135,7 @@ def _plan_022(args: argparse.Namespace, passthrough: list[str]) -> dict:
 
 
 def _plan_030(args: argparse.Namespace, passthrough: list[str]) -> dict:
-    """TorchTitan 0.3.0's plan (titan_rocm.torchtitan.plan); its errors as StartupError.
+    """TorchTitan 0.3.0's plan (titan_rocm.adapters.tt030.plan); its errors as StartupError.
     The 0.2.2 start-up checks (titan_rocm.adapters.tt022.preflight) and --launcher do not apply."""
     from titan_rocm.adapters.tt022.preflight import StartupError
     from titan_rocm.adapters.tt030.plan import PlanError, make_plan
@@ -205,10 +205,10 @@ def run(args: argparse.Namespace) -> int:
     if not tt030:
         named = sorted({a.partition("=")[0] for a in passthrough} & set(TT030_FLAGS))
         if named:
-            print(f"titan-rocm plan: {' and '.join(named)} are TorchTitan 0.3.0's flags (a "
-                  "config function); this environment has TorchTitan 0.2.2, whose jobs are "
-                  "TOML files: plan one with --job.config_file FILE", file=sys.stderr)
-            return 2
+            raise CommandError(
+                f"{' and '.join(named)} are TorchTitan 0.3.0's flags (a config function); "
+                "this environment has TorchTitan 0.2.2, whose jobs are TOML files: plan one "
+                "with --job.config_file FILE")
     if args.config_file is not None:
         passthrough = ["--job.config_file", args.config_file, *passthrough]
     if not passthrough:

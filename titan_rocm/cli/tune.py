@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from titan_rocm.cli import CommandError
-from titan_rocm.numbers import Bounds
+from titan_rocm.numbers import DEVICES, Bounds, argparse_type
 
 HELP = "validated GEMM tuning: collect a job's GEMMs, check and time every kernel, build a table"
 PASSTHROUGH = True  # collect hands TorchTitan's flags on
@@ -46,6 +46,8 @@ def _backends(text: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``tune`` actions to ``parser``."""
+    from titan_rocm.tuner.runner import parse_gpus  # torch-free
+
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     collect = actions.add_parser(
         "collect", help="record every GEMM problem of one step of the job",
@@ -63,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and resume it when it exists.")
     run.add_argument("problems", type=Path, metavar="PROBLEMS")
     run.add_argument("-o", "--output", type=Path, required=True, metavar="RESULTS")
-    run.add_argument("--gpus", default="all", help="all (default) or indices such as 0,1")
+    run.add_argument("--gpus", type=argparse_type(parse_gpus, "--gpus", DEVICES), default="all",
+                     help="all (default) or device indices such as 0,1")
     run.add_argument("--timeout", type=TIMEOUT.arg("--timeout"), default=30.0, metavar="S",
                      help="seconds a candidate may take to run once, and to be timed "
                      "(default 30)")
@@ -96,11 +99,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     table.add_argument("--json", action="store_true", help="print the decisions as JSON")
 
 
-def _error(message: str) -> int:
-    """Refuse with ``message`` (exit 2; the JSON error envelope under ``--json``)."""
-    raise CommandError(message)
-
-
 def _collect(args: argparse.Namespace) -> int:
     from titan_rocm.adapters.tt022.job_args import CONFIG_FILE_FLAGS, JobArgsError, flag_value
     from titan_rocm.files import OutputError, check_output
@@ -111,7 +109,7 @@ def _collect(args: argparse.Namespace) -> int:
         check_output(args.output, [config] if config else [])
         return collect(args.passthrough, args.output, args.trainer)
     except (CollectError, OutputError, JobArgsError) as exc:
-        return _error(str(exc))
+        raise CommandError(str(exc)) from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -132,7 +130,7 @@ def _run(args: argparse.Namespace) -> int:
         code = runner.run(loaded, args.output, args.gpus, options,
                           retry_quarantined=args.retry_quarantined)
     except (problems.ProblemsError, runner.RunError, FaultSpecError, OutputError) as exc:
-        return _error(str(exc))
+        raise CommandError(str(exc)) from None
     summary = runner.summary(load_state(args.output))
     if args.json:
         print(json.dumps(summary))
@@ -177,7 +175,7 @@ def _table(args: argparse.Namespace) -> int:
     from titan_rocm.tuning.records import ResultsError, load_many
 
     if args.output is None and not args.check:
-        return _error("-o TABLE is required (unless --check)")
+        raise CommandError("-o TABLE is required (unless --check)")
     try:
         for path in args.results:
             try:
@@ -189,7 +187,7 @@ def _table(args: argparse.Namespace) -> int:
             _table_file_or_new(args.output)
         built = table.build(load_many(args.results), args.min_speedup)
     except (ResultsError, table.LookupTableError, OutputError) as exc:
-        return _error(str(exc))
+        raise CommandError(str(exc)) from None
     if built.garbled:
         print(f"titan-rocm tune: skipped {built.garbled} garbled line(s) in the results",
               file=sys.stderr)
@@ -197,7 +195,7 @@ def _table(args: argparse.Namespace) -> int:
         try:
             table.write(built, args.output)
         except OSError as exc:
-            return _error(f"{args.output}: cannot write ({exc.strerror or exc})")
+            raise CommandError(f"{args.output}: cannot write ({exc.strerror or exc})") from None
     if args.json:
         print(json.dumps({"meta": built.meta, "entries": len(built.table),
                           "problems": [d.to_dict() for d in built.decisions]}, indent=2))
@@ -216,5 +214,5 @@ def _table(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     """Run ``titan-rocm tune <action>``; return the exit code."""
     if args.action != "collect" and args.passthrough:
-        return _error(f"unrecognized arguments: {' '.join(args.passthrough)}")
+        raise CommandError(f"unrecognized arguments: {' '.join(args.passthrough)}")
     return {"collect": _collect, "run": _run, "table": _table}[args.action](args)

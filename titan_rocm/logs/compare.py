@@ -68,7 +68,6 @@ BASELINE = "baseline"
 
 EXIT_SAME = 0
 EXIT_DIFFERS = 1
-EXIT_BAD_INPUT = 2
 
 
 class CompareError(Exception):

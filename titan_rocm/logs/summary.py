@@ -45,6 +45,7 @@ from titan_rocm.logs.tables import (
     median,
 )
 from titan_rocm.logs.verdict import EMPTY, FLAGGED, INCOMPLETE, OK, Verdict, verdict_of
+from titan_rocm.numbers import STEPS
 
 __all__ = ["DEFAULT_WARMUP", "FIGURE_FIELDS", "THROUGHPUT_FIELDS", "Stat", "Summary",
            "figures_of", "summarize"]
@@ -216,10 +217,9 @@ def summarize(logs: Sequence[ParsedLog], warmup: int = DEFAULT_WARMUP,
         unreadable: the run's files that could not be read (the run is then invalid).
 
     Raises:
-        ValueError: ``warmup`` is negative.
+        ValueError: ``warmup`` is not a step count (:data:`~titan_rocm.numbers.STEPS`).
     """
-    if warmup < 0:
-        raise ValueError(f"--warmup {warmup} is not valid; accepted: an integer >= 0")
+    STEPS.check(warmup, "--warmup")
     sources = [log.source for log in logs] + [e.path for e in unreadable]
     if unreadable:
         return _invalid(sources, warmup, " ".join(map(str, unreadable)), EXIT_NOTHING)

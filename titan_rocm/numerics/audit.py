@@ -38,6 +38,7 @@ import torch
 import torch.nn as nn
 
 from titan_rocm.log import log
+from titan_rocm.numbers import Bounds
 from titan_rocm.numerics import blocks, fsdp, precision
 from titan_rocm.numerics.attribution import (
     EMBEDDING,
@@ -408,10 +409,12 @@ class Audit:
                  for n, p in part.named_parameters()]
         params = [p for _, p in named]
         rows = int(labels.shape[0]) if labels.dim() else 1
-        if self.chunks is not None and not 1 <= self.chunks <= rows:
-            raise AuditError(f"--reference-chunks {self.chunks} is not accepted for this "
-                             f"micro-batch; accepted: a whole number from 1 to its {rows} "
-                             "row(s)")
+        if self.chunks is not None:
+            try:
+                Bounds(int, 1, rows, unit="the micro-batch's rows").check(
+                    self.chunks, "--reference-chunks")
+            except ValueError as exc:
+                raise AuditError(str(exc)) from None
         compute = self._compute_dtype(records)
         reference, note = precision.choose_reference(
             self.reference_choice, compute, fsdp.is_fsdp(self.model_parts), self.device)

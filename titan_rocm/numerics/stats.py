@@ -43,6 +43,8 @@ from typing import Any
 
 import torch
 
+from titan_rocm.settings import check_number
+
 BINS_PER_OCTAVE = 16
 LOWEST_OCTAVE = -150
 """Values below 2**-150 (float32's smallest subnormal is 2**-149) share the lowest bin."""
@@ -67,15 +69,10 @@ KINDS = ("output", "input_grad", "param_grad", "loss")
 a parameter's gradient, the loss."""
 
 
-def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value) and value > 0
-
-
 @dataclass(frozen=True)
 class AuditSettings:
-    """The statistic settings of one audit (``[rocm] numerics_audit_*``; validated by
-    :mod:`titan_rocm.settings` where a user types them)."""
+    """The statistic settings of one audit (``[rocm] numerics_audit_*``, each checked as
+    :func:`titan_rocm.settings.check_number` checks the setting)."""
 
     fudge: float = 3.0
     """Flag when err_job > fudge x err_eager + floor."""
@@ -89,14 +86,8 @@ class AuditSettings:
     """Flag when more than this fraction of a tensor's elements are outliers."""
 
     def __post_init__(self) -> None:
-        for name in ("fudge", "floor_eps", "outlier_k", "outlier_max"):
-            if not _positive(getattr(self, name)):
-                raise ValueError(f"numerics_audit_{name} = {getattr(self, name)!r} is not "
-                                 "accepted; accepted: a finite number > 0")
-        q = self.outlier_quantile
-        if not (_positive(q) and q < 1):
-            raise ValueError(f"numerics_audit_outlier_quantile = {q!r} is not accepted; "
-                             "accepted: a number between 0 and 1 (both excluded)")
+        for name in self.__dataclass_fields__:
+            check_number(f"numerics_audit_{name}", getattr(self, name))
 
     @classmethod
     def of(cls, settings: Any) -> AuditSettings:

@@ -1,13 +1,18 @@
-"""``titan_rocm.torchtitan``, the path users type.
+"""``titan_rocm.torchtitan``: the TorchTitan 0.3.0 paths users type (README.md,
+docs/torchtitan-0.3.md): ``from titan_rocm.torchtitan import rocm``, ``--module
+titan_rocm.torchtitan.configs``, ``--override.imports titan_rocm.torchtitan.override.rocm``.
 
-The package moved to ``titan_rocm.adapters.tt030``; its names are here, and each of its
-modules is a shim beside this file.
+Its names are those of :mod:`titan_rocm.adapters.tt030`, where the code lives; ``configs``
+is that package's module under this path, and ``override`` is a real module of its own
+(TorchTitan 0.3.0 keys an ``@override`` by its function's module).
 """
 
-import importlib
+from titan_rocm.adapters.tt030 import (
+    RocmSettings,
+    RocmTrainer,
+    RocmTrainerMixin,
+    rocm,
+    rocm_trainer_class,
+)
 
-_module = importlib.import_module("titan_rocm.adapters.tt030")
-globals().update({k: v for k, v in vars(_module).items() if not k.startswith("__")})
-__doc__ = _module.__doc__
-if hasattr(_module, "__all__"):
-    __all__ = list(_module.__all__)
+__all__ = ["RocmSettings", "RocmTrainer", "RocmTrainerMixin", "rocm", "rocm_trainer_class"]

@@ -1,7 +1,5 @@
-"""``titan_rocm.torchtitan.configs``, the path users type.
-
-The module moved to ``titan_rocm.adapters.tt030.configs``; this name is that module
-itself (one module object, whichever path imports it).
+"""``titan_rocm.torchtitan.configs``, the path users type (``--module``): the module
+:mod:`titan_rocm.adapters.tt030.configs` itself (one module object, whichever path imports it).
 """
 
 import importlib

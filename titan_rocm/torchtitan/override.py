@@ -10,7 +10,7 @@ TorchTitan 0.3.0 applies overrides inside ``Trainer.__init__`` (``config/overrid
 replaces one node of the config tree and cannot replace the root, so it cannot make the job's
 trainer a ``RocmTrainer``. This one claims the model config (and returns it unchanged), finds
 the trainer being built in the call stack, and does what ``RocmTrainer`` does, on that
-instance: the same :class:`~titan_rocm.torchtitan.job.RocmJob` (context, start-up checks,
+instance: the same :class:`~titan_rocm.adapters.tt030.job.RocmJob` (context, start-up checks,
 decisions, the wrapped parallelize/pipelining functions), and the trainer's ``train_step``,
 ``forward_backward_step`` and ``close`` replaced on the instance by the same calls.
 
@@ -29,13 +29,13 @@ from typing import Any
 from torchtitan.config import override
 from torchtitan.protocols.model import BaseModel
 
-from titan_rocm.adapters.tt030.job import RocmJob
+from titan_rocm.adapters.tt030.job import OVERRIDE_ENTRY, RocmJob
 from titan_rocm.adapters.tt030.trainer import RocmTrainerMixin
 from titan_rocm.log import log
 from titan_rocm.settings import check_section
 
-ENTRY = "titan_rocm.torchtitan.override.rocm"
-"""What users list in ``--override.imports``."""
+ENTRY = OVERRIDE_ENTRY
+"""What users list in ``--override.imports``: this module's :func:`rocm`."""
 
 
 def building_trainer() -> Any:

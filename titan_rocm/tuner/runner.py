@@ -30,6 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from titan_rocm.numbers import DEVICES, Bounds, refusal
 from titan_rocm.progress import Progress
 from titan_rocm.tuner.minesweeper import EXIT_RETIRED
 from titan_rocm.tuning.problems import FORMAT, ProblemsFile
@@ -65,32 +66,42 @@ class Options:
     """The job's ``[rocm]`` settings (from the problems file)."""
 
 
-def device_slots(gpus: str) -> list[str | None]:
-    """``--gpus`` as the values of ``CUDA_VISIBLE_DEVICES`` each worker gets (None: CPU).
+def parse_gpus(text: str, devices: Bounds = DEVICES) -> tuple[int, ...] | str:
+    """``--gpus``: ``all``, or distinct device indices in ``devices``.
 
     Raises:
-        RunError: not ``all`` or a comma-separated list of visible device indices.
+        ValueError: ``--gpus VALUE is not valid; accepted: ...``.
+    """
+    return devices.parse_many(text, "--gpus", sep=",", distinct=True, words=("all",),
+                              form="all, or device indices separated by commas, each once",
+                              )  # type: ignore[return-value]
+
+
+def device_slots(gpus: str | tuple[int, ...]) -> list[str | None]:
+    """``--gpus`` (:func:`parse_gpus`'s value, or its text) as the values of
+    ``CUDA_VISIBLE_DEVICES`` each worker gets (None: CPU).
+
+    Raises:
+        RunError: not ``all`` or distinct indices of this machine's devices.
     """
     import torch
 
+    text = gpus if isinstance(gpus, str) else ",".join(map(str, gpus))
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    try:
+        wanted = parse_gpus(text) if count == 0 else parse_gpus(text, Bounds(int, 0, count - 1))
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
     if count == 0:
-        if gpus not in ("all", ""):
-            raise RunError(f"--gpus {gpus!r}: this machine has no GPU; use --gpus all (CPU)")
+        if wanted != "all":
+            raise RunError(refusal("--gpus", text, "all (this machine has no GPU: the CPU)"))
         return [None]
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     physical = [x.strip() for x in visible.split(",")] if visible else \
         [str(i) for i in range(count)]
-    if gpus == "all":
+    if wanted == "all":
         return physical[:count]
-    try:
-        wanted = [int(x) for x in gpus.split(",")]
-    except ValueError:
-        raise RunError(f"--gpus {gpus!r}: expected 'all' or indices such as 0,1") from None
-    bad = [i for i in wanted if not 0 <= i < count]
-    if bad or len(set(wanted)) != len(wanted):
-        raise RunError(f"--gpus {gpus!r}: each index once, of 0..{count - 1}")
-    return [physical[i] for i in wanted]
+    return [physical[int(i)] for i in wanted]
 
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -521,7 +532,7 @@ class Main:
             self.writer.join(30)
 
 
-def run(problems: ProblemsFile, output: Path, gpus: str = "all",
+def run(problems: ProblemsFile, output: Path, gpus: str | tuple[int, ...] = "all",
         options: Options | None = None, progress: bool | None = None,
         retry_quarantined: bool = False) -> int:
     """Tune every problem; append to ``output`` (resuming it). Returns the exit code.

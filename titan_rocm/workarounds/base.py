@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import importlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
@@ -321,14 +320,3 @@ class Workaround:
         # A seam that cannot be used answers first: check() asks the seam about the model.
         return self.seam_problem() or self.check(model) or self.unmet_reason()
 
-
-_MOVED = {"Decision": "titan_rocm.workarounds.job", "JobWorkarounds": "titan_rocm.workarounds.job"}
-"""Names that moved to :mod:`titan_rocm.workarounds.job` and still import from here, for code
-written before the move (the lead rewrites those imports); read by name, so this module does
-not import the runner that stands on it."""
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        return getattr(importlib.import_module(_MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

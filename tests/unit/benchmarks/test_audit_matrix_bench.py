@@ -17,8 +17,8 @@ STORED = sorted((ROOT / "benchmarks" / "results").glob("*/audit-matrix-*"))
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "benchmarks.audit_matrix", *args], capture_output=True,
-                          text=True, cwd=ROOT, timeout=300)
+    return subprocess.run([sys.executable, "-m", "benchmarks.audit_matrix", *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
 
 
 @functools.cache

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from titan_rocm.cli import BROKEN_PIPE, INTERRUPTED, SUBCOMMANDS, main
+from titan_rocm.cli import BROKEN_PIPE, INTERRUPTED, JSON_SCHEMA, SUBCOMMANDS, main
 
 REPO = Path(__file__).resolve().parents[3]
 LOG = "tests/fixtures/logs/tt_cpu_clean.log"
@@ -28,10 +28,15 @@ ERRORS: dict[str, list[list[str]]] = {
     "compare": [[LOG], [LOG, "/nope.log"], [LOG, LOG, "--plot", "x.gif"]],
     "gemm-tables": [["capture-safe", "/nope.csv", "--check"], ["capture-safe"]],
     "audit": [["--tokens", "0", "--job.config_file", "configs/llama3_debug.toml"],
-              ["--job.config_file", "nope.toml"]],
+              ["--job.config_file", "nope.toml"], ["--plot"]],
     "tune": [["table", "/nope.jsonl", "--check"], ["table", "r.jsonl"],
              ["run", "/nope.jsonl", "-o", "r.jsonl", "--timeout", "0"]],
 }
+
+AUDIT_SCHEMA = 2
+"""The audit's error object is its report with every key empty (numerics/audit.py's
+``error_dict``), under the report's schema; every other command's is the shared envelope."""
+AUDIT_KEYS = {"verdict", "world_size", "tokens", "tensors", "segments", "first_wrong"}
 
 
 def test_every_command_has_error_cases() -> None:
@@ -60,8 +65,11 @@ def test_an_error_under_json_is_one_json_object(command: str, argv: list[str],
     assert report["exit_code"] == code
     assert "Traceback" not in err
     if "error" in report:  # the shared envelope; commands with their own report keep it
-        assert report["command"] == command and report["schema"] == 1 and report["error"]
+        schema = AUDIT_SCHEMA if command == "audit" else JSON_SCHEMA
+        assert report["command"] == command and report["schema"] == schema and report["error"]
         assert report["error"] in err, "the same sentence is on stderr"
+    if command == "audit":  # bad flags too: the audit's keys, as when it cannot run
+        assert AUDIT_KEYS <= set(report) and report["verdict"] == "error", report
 
 
 def test_ctrl_c_under_json_is_one_json_object(monkeypatch: pytest.MonkeyPatch,

@@ -208,7 +208,9 @@ def _bad_inputs(tmp_path: Path, good: Path) -> dict[str, tuple[list[str], str]]:
         "labels": ([str(good), str(good), "--label", "a", "--label", "b", "--label", "c"],
                    "3 --label values for 2 LOG(s)"),
         "same names": ([str(good), str(good)], "the runs' names are not distinct"),
-        "size": ([str(good), str(good), "--size", "10x10"], "accepted: WIDTHxHEIGHT"),
+        "size": ([str(good), str(good), "--size", "10x10"],
+                 "'10x10' is not valid; accepted: WIDTHxHEIGHT (e.g. 1200x1100), each an "
+                 "integer >= 200 and <= 8000 (pixels)"),
         "tolerance": ([str(good), str(good), "--tolerance", "-1"],
                       "accepted: a number >= 0 and <= 1000000 (percent)"),
         "warmup": ([str(good), str(good), "--warmup", "x"], "an integer >= 0"),

@@ -115,7 +115,8 @@ def test_runs_of_rows_give_the_whole_micro_batchs_numbers() -> None:
     # The loss casts the logits to float32 (as TorchTitan's does): float32 rounding.
     assert split["loss"]["reference"] == pytest.approx(whole["loss"]["reference"], rel=1e-6)
     assert row_bounds(8, 3) == [(0, 3), (3, 5), (5, 8)]
-    with pytest.raises(AuditError, match=r"--reference-chunks 6 .* from 1 to its 5 row"):
+    with pytest.raises(AuditError, match=r"^--reference-chunks 6 is not valid; accepted: an "
+                                         r"integer >= 1 and <= 5 \(the micro-batch's rows\)$"):
         _Toy(rows=5).audit(chunks=6)
 
 
@@ -437,11 +438,12 @@ def test_cli_fault_exits_1_naming_its_block_and_direction(tests_on_path: None) -
 
 
 @pytest.mark.parametrize("args,sentence", [
-    (["--tokens", "0"], "--tokens '0' is not valid; accepted: an integer >= 1"),
-    (["--reference-chunks", "x"], "--reference-chunks 'x' is not valid; accepted: an "
-     "integer >= 1"),
-    (["--reference-chunks", "3"], "--reference-chunks 3 is not accepted for this "
-     "micro-batch; accepted: a whole number from 1 to its 2 row(s)"),
+    (["--tokens", "0"], "--tokens: '0' is not valid; accepted: an integer >= 1 and <= "
+     "1000000000000"),
+    (["--reference-chunks", "x"], "--reference-chunks: 'x' is not valid; accepted: an "
+     "integer >= 1 and <= 1000000000"),
+    (["--reference-chunks", "3"], "--reference-chunks 3 is not valid; accepted: an integer "
+     ">= 1 and <= 2 (the micro-batch's rows)"),
     (["--job.config_file", "/nonexistent/job.toml"], "no such file"),
     (["--model.flavor", "no_such_flavor"], "the job cannot start: KeyError"),
     (["--trainer", "nowhere"], "is not MODULE:CLASS"),

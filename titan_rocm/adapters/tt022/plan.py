@@ -21,10 +21,9 @@ from titan_rocm import platform, register_converters
 from titan_rocm.adapters.meta import on_meta
 from titan_rocm.adapters.tt022.config import settings_from
 from titan_rocm.adapters.tt022.converters import RocmConverter, converter_classes
-from titan_rocm.adapters.tt022.preflight import (  # noqa: F401 - PlanError: its importers' name here
+from titan_rocm.adapters.tt022.preflight import (
     DEFAULT_LAUNCHER,
     PlanError,
-    StartupError,
     check_job,
     startup_step,
 )

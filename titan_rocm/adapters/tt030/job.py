@@ -38,6 +38,10 @@ from titan_rocm.workarounds.registry import WORKAROUNDS
 
 BY = "rocm (torchtitan 0.3.0)"
 """Who applied the workarounds, in decisions (0.2.2 names the converter)."""
+OVERRIDE_ENTRY = "titan_rocm.torchtitan.override.rocm"
+"""What users list in ``--override.imports`` to attach a :class:`RocmJob` to a stock trainer:
+the ``@override`` function of :mod:`titan_rocm.torchtitan.override`, whose module and name
+are its key (TorchTitan 0.3.0's ``config/override.py``)."""
 WRAPPED_ATTR = "titan_rocm_job"
 """Set on a wrapped parallelize/pipelining function: the :class:`RocmJob` that wrapped it."""
 

@@ -3,7 +3,7 @@
 Reads the job as ``python -m torchtitan.train`` would (TorchTitan's ``ConfigManager``: the
 config function, then the command line through tyro), builds the model on the meta device
 as ``Trainer.__init__`` does (``update_from_config``, then ``model_config.build()``), and runs
-the same :class:`~titan_rocm.torchtitan.job.RocmJob` a ``RocmTrainer`` would, under the real
+the same :class:`~titan_rocm.adapters.tt030.job.RocmJob` a ``RocmTrainer`` would, under the real
 or a simulated platform. The result has the shape of the 0.2.2 plan
 (:func:`titan_rocm.adapters.tt022.plan.make_plan`) and prints with the same formatter.
 
@@ -32,10 +32,10 @@ from titan_rocm.adapters.common import (
     world_size,
 )
 from titan_rocm.adapters.meta import on_meta
+from titan_rocm.adapters.tt030.job import OVERRIDE_ENTRY as ENTRY
 from titan_rocm.adapters.tt030.job import RocmJob
 from titan_rocm.plan_format import PLAN_SCHEMA
 from titan_rocm.settings import RocmSettings, check_flags, check_section
-from titan_rocm.torchtitan.override import ENTRY
 from titan_rocm.workarounds.base import planning
 from titan_rocm.workarounds.moe_blocks import EAGER_MOE, eager_mark, plan_blocks
 

@@ -27,7 +27,7 @@ class RocmTrainerMixin:
     ``__init__`` wraps the model spec's parallelize/pipelining functions (a copy of the spec:
     the config the user built is left as it was); ``init_distributed`` builds the job's
     context once the ``ParallelDims`` exist; ``train_step``, ``forward_backward_step`` and
-    ``close`` call the applied workarounds' seams (:class:`~titan_rocm.torchtitan.job.RocmJob`).
+    ``close`` call the applied workarounds' seams (:class:`~titan_rocm.adapters.tt030.job.RocmJob`).
     """
 
     _rocm: RocmJob

@@ -2,7 +2,7 @@
 (one each), and their registration.
 
 Importing this package does not import TorchTitan; :func:`register_all` does, and is called
-once TorchTitan's converter registry is loaded (see ``titan_rocm._registration``).
+once TorchTitan's converter registry is loaded (see ``titan_rocm.adapters.tt022.registration``).
 """
 
 from __future__ import annotations

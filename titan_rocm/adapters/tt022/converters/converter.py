@@ -2,7 +2,7 @@
 
 TorchTitan instantiates one converter per name in ``[model] converters`` and calls
 ``convert(model)`` on each in order. The first titan-rocm converter to convert a model makes
-the job's :class:`~titan_rocm.workarounds.base.JobWorkarounds` (every workaround of every
+the job's :class:`~titan_rocm.workarounds.job.JobWorkarounds` (every workaround of every
 titan-rocm converter the job lists, decided once) and keeps it on the model, so a workaround
 listed twice (``rocm`` and ``rocm.grouped_mm``) applies once and each workaround can ask
 whether another one runs.

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from titan_rocm.adapters.common import (
-    DEGREE_NAMES,
     PlanError,
     StartupError,
     WorldSize,
@@ -44,30 +43,14 @@ from titan_rocm.adapters.common import (
 )
 from titan_rocm.adapters.common import one_line as _one_line
 from titan_rocm.adapters.tt022.preflight.custom_import import check_custom_import
-from titan_rocm.adapters.tt022.preflight.launchers import (
-    DEFAULT_LAUNCHER,
-    LAUNCH_LINES,
-    LAUNCHERS,
-)
+from titan_rocm.adapters.tt022.preflight.launchers import DEFAULT_LAUNCHER, LAUNCHERS
 from titan_rocm.adapters.tt022.preflight.model_converters import (
-    _modules_register_titan_rocm,
     check_converters,
     check_quantization,
     registered_converters,
-    titan_rocm_converters,
 )
 from titan_rocm.adapters.tt022.preflight.parallel_dims import check_parallelism
 from titan_rocm.adapters.tt022.preflight.parse_args import (
-    _BOOL_WORDS,
-    _IMPORT_FLAGS,
-    _ROCM_PREFIXES,
-    _arguments,
-    _config_class,
-    _describe,
-    _fits,
-    _hints,
-    _import,
-    _type_name,
     bool_flags,
     check_bool_flags,
     check_toml_types,
@@ -131,42 +114,20 @@ def startup_step(what: str) -> Iterator[None]:
 
 __all__ = [
     "DEFAULT_LAUNCHER",
-    "DEGREE_NAMES",
     "LAUNCHERS",
-    "LAUNCH_LINES",
     "PlanError",
     "Preflight",
     "StartupError",
     "WorldSize",
-    "_BOOL_WORDS",
-    "_IMPORT_FLAGS",
-    "_ROCM_PREFIXES",
-    "_arguments",
-    "_config_class",
-    "_describe",
-    "_fits",
-    "_hints",
-    "_import",
-    "_modules_register_titan_rocm",
-    "_one_line",
-    "_type_name",
     "bool_flags",
     "check_bool_flags",
-    "check_converters",
-    "check_counts",
-    "check_custom_import",
     "check_job",
     "check_parallelism",
-    "check_quantization",
     "check_toml_types",
-    "check_training",
     "check_world_flags",
-    "degrees",
     "parse_config",
     "prog_name",
-    "registered_converters",
     "startup_step",
-    "titan_rocm_converters",
     "world_size",
 ]
-"""Every name of the checks, importable here as before the split (``from preflight import X``)."""
+"""What the plan, the launcher, the audit, the CLI and the tests use of the checks."""

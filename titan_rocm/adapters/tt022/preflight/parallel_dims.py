@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from titan_rocm.adapters.common import (
-    DEGREE_NAMES,
     StartupError,
     WorldSize,
+    check_degrees,
 )
 from titan_rocm.adapters.common import one_line as _one_line
 
@@ -26,23 +26,7 @@ def check_parallelism(d: dict[str, int], world: WorldSize) -> Any:
 
     size = world.size
     given = f"world size {size} ({world.source})"
-    for short, value in d.items():
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise StartupError(
-                f"[parallelism] {DEGREE_NAMES[short]} = {value!r} is not an integer"
-            )
-    for short in ("dp_replicate", "cp", "tp", "pp", "ep", "etp"):
-        if d[short] < 1:
-            raise StartupError(
-                f"[parallelism] {DEGREE_NAMES[short]} = {d[short]}, but TorchTitan 0.2.2 "
-                "requires every degree to be >= 1 except data_parallel_shard_degree (which "
-                "may be -1)"
-            )
-    if not (d["dp_shard"] == -1 or d["dp_shard"] >= 1):
-        raise StartupError(
-            f"[parallelism] data_parallel_shard_degree = {d['dp_shard']}, but TorchTitan "
-            "0.2.2 accepts -1 (every rank left over) or a degree >= 1"
-        )
+    check_degrees(d)  # ParallelDims._validate's ranges
     fixed = d["dp_replicate"] * d["cp"] * d["tp"] * d["pp"]
     shard = d["dp_shard"]
     if shard == -1:

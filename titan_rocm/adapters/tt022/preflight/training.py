@@ -8,6 +8,11 @@ from __future__ import annotations
 from typing import Any
 
 from titan_rocm.adapters.common import StartupError
+from titan_rocm.numbers import Bounds
+
+LOCAL_BATCH = Bounds(int, 1, 10**9)
+"""``[training] local_batch_size``: at least one sequence per rank (0 would divide by zero
+in the global batch's check); a billion is a typo."""
 
 
 def check_training(job_config: Any, parallel_dims: Any) -> None:
@@ -29,8 +34,10 @@ def check_training(job_config: Any, parallel_dims: Any) -> None:
         )
     t = job_config.training
     batch_degree = parallel_dims.dp_replicate * parallel_dims.dp_shard
-    if t.local_batch_size < 1:
-        raise StartupError(f"[training] local_batch_size = {t.local_batch_size}: it must be >= 1")
+    try:
+        LOCAL_BATCH.check(t.local_batch_size, "[training] local_batch_size =")
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
     global_batch = t.global_batch_size
     if global_batch < 0:
         global_batch = t.local_batch_size * batch_degree
