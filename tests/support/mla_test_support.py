@@ -3,11 +3,11 @@ ROCm facts, reference attention.
 
 tests/conftest.py makes the fixtures available; an MLA test module marks itself
 ``pytestmark = pytest.mark.usefixtures("clean_mla_state")``. ``fake_aiter_path`` is parametrized
-over aiter's two API generations, each served by one fake (``tests/fake_aiter/pypi_0_1_7``, and
-``tests/fake_aiter/e4048607`` for main: the main that ``aiter_releases`` describes), so every
-test that takes it runs against both, through their ``torch.ops.aiter`` schemas as with the real
-aiter. ``tests/fake_aiter/main`` (the newest main read, with ROCm/aiter#4875's FlyDSL varlen
-backward) is not among them yet.
+over the ``--aiter`` choices, each served by one fake: ``tests/fake_aiter/pypi_0_1_7`` (API
+generation 0.1.7), ``tests/fake_aiter/e4048607`` (main at e4048607) and ``tests/fake_aiter/main``
+(the newest main read, with ROCm/aiter#4875's FlyDSL varlen backward), so every test that takes
+it runs against all three, through their ``torch.ops.aiter`` schemas as with the real aiter.
+A test tells them apart by ``fake.CHOICE`` (``fake.GENERATION`` is ``main`` for both mains).
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from titan_rocm.workarounds.mla_attention import guard, op, route_log
 from titan_rocm.workarounds.mla_attention.workaround import DEEPSEEK_PARALLELIZE
 
 FAKE_AITER = Path(__file__).resolve().parents[1] / "fake_aiter"
-GENERATIONS = {"0.1.7": "pypi_0_1_7", "main": "e4048607"}
-"""aiter API generation -> the fake under tests/fake_aiter that serves it."""
+GENERATIONS = {"0.1.7": "pypi_0_1_7", "e4048607": "e4048607", "main": "main"}
+"""``--aiter`` choice (``titan_rocm.platform.SIMULATED_AITERS``) -> the fake under
+tests/fake_aiter that stands for it."""
 
 
 def drop_aiter_modules() -> None:
@@ -66,7 +67,7 @@ def clean_mla_state(monkeypatch) -> Iterator[None]:
 
 @pytest.fixture(params=list(GENERATIONS))
 def fake_aiter_path(request, monkeypatch) -> str:
-    """One fake aiter generation importable (nothing imported yet); its name."""
+    """One fake aiter importable (nothing imported yet); its ``--aiter`` choice."""
     monkeypatch.syspath_prepend(str(FAKE_AITER))
     monkeypatch.syspath_prepend(str(FAKE_AITER / GENERATIONS[request.param]))
     importlib.invalidate_caches()
@@ -91,6 +92,15 @@ def on_rocm(arch: str, fake: Any = None, aiter: str | None = None) -> Iterator[P
     choice = aiter or (fake.CHOICE if fake is not None else "main")
     with platform.override(PlatformFacts.simulated_rocm(arch, aiter=choice)) as facts:
         yield facts
+
+
+def varlen_backward_kernel(fake: Any, arch: str = "gfx942") -> str:
+    """The kernel a bf16 causal q/k 192, v 128 varlen backward reaches through titan-rocm with
+    ``fake`` on a device of ``arch`` (``get_gfx()`` answering it): ROCm/aiter#4875's FlyDSL
+    kernel with the newest main on gfx942, CK ``mha_varlen_bwd`` everywhere else."""
+    if (fake.CHOICE, arch) == ("main", "gfx942"):
+        return "flydsl_flash_attn_varlen_bwd"
+    return "mha_varlen_bwd"
 
 
 def cpu_facts(**changes: Any) -> PlatformFacts:

@@ -174,20 +174,32 @@ def test_plan_rejects_unknown_flavor(tmp_path: Path) -> None:
                    "--model.flavor", "huge"])
 
 
+CK_VARLEN_BACKWARD = ("ck (mha_varlen_bwd)", "CK mha_varlen_bwd")
+
+
 @pytest.mark.parametrize(
-    ("aiter", "forward_runs"),
-    [("0.1.7", "CK mha_varlen_fwd"), ("main", "fmha_v3_varlen_fwd (ASM)"), (None, None)],
+    ("aiter", "forward_runs", "backward", "release_facts"),
+    [("0.1.7", "CK mha_varlen_fwd", CK_VARLEN_BACKWARD, "0.1.7"),
+     ("e4048607", "fmha_v3_varlen_fwd (ASM)", CK_VARLEN_BACKWARD, "0.1.16+"),
+     # ROCm/aiter#4875: aiter's own varlen backward runs its FlyDSL kernel on gfx942.
+     ("main", "fmha_v3_varlen_fwd (ASM)",
+      ("aiter (_flash_attn_varlen_backward)", "flydsl_flash_attn_varlen_bwd (FlyDSL)"),
+      "main with #4875"),
+     (None, "CK mha_varlen_fwd", CK_VARLEN_BACKWARD, "0.1.7")],  # default: PyPI
 )
-def test_plan_16b_shows_the_routes_a_user_of_each_aiter_gets(aiter, forward_runs, capsys):
+def test_plan_16b_shows_the_routes_a_user_of_each_aiter_gets(aiter, forward_runs, backward,
+                                                              release_facts, capsys):
     cfg = str(REPO / "configs" / "deepseek_v3_16b_bf16.toml")
     flags = ["--aiter", aiter] if aiter else []
     assert main(["plan", "--arch", "gfx942", *flags, "--job.config_file", cfg, "--json"]) == 0
     mla = _by_name(json.loads(capsys.readouterr().out))["mla_ck_backward"]
     details = mla["details"]
     assert mla["applied"] and details["modules"] == 27
-    assert details["forward_runs"] == (forward_runs or "CK mha_varlen_fwd")  # default: PyPI
-    assert details["backward"] == "ck (mha_varlen_bwd)"
-    assert details["aiter"]["api"] == (aiter or "0.1.7")
+    assert details["forward_runs"] == forward_runs
+    assert (details["backward"], details["backward_runs"]) == backward
+    assert details["aiter"]["api"] == ("0.1.7" if aiter in ("0.1.7", None) else "main")
+    assert details["aiter"]["release_facts"] == release_facts
+    assert details["aiter"]["markers"] == (["#4875"] if aiter == "main" else "none")
 
 
 def test_plan_without_aiter_skips_mla_and_shows_no_routes(capsys):

@@ -25,6 +25,7 @@ from tests.support.mla_test_support import (
     assert_grads_close,
     assert_matches,
     on_rocm,
+    varlen_backward_kernel,
 )
 
 pytestmark = pytest.mark.usefixtures("clean_mla_state")
@@ -133,7 +134,7 @@ def test_converted_deepseek_matches_stock_attention_with_the_same_documents(fake
     assert_grads_close(our_grads, stock_grads)
     names = fake_aiter.names()
     assert names.count(FORWARD[fake_aiter.GENERATION]) == 2, names
-    assert names.count("mha_varlen_bwd") == 2, names
+    assert names.count(varlen_backward_kernel(fake_aiter)) == 2, names
     segments = list(zip(CU_SEQLENS, CU_SEQLENS[1:], strict=False))
     assert all(details["segments"] == segments for _, details in fake_aiter.CALLS)
 
@@ -303,7 +304,7 @@ def test_rocm_trainer_trains_like_stock_attention_with_the_same_documents(cpu_ha
     names = fake_aiter.names()
     # Op SAC saved the forward: one per layer and step, not recomputed in the backward.
     assert names.count(FORWARD[fake_aiter.GENERATION]) == 6, names
-    assert names.count("mha_varlen_bwd") == 6, names
+    assert names.count(varlen_backward_kernel(fake_aiter)) == 6, names
     segments = [(0, 37), (37, 90), (90, 128), (128, 165), (165, 218), (218, 256)]
     assert all(details["segments"] == segments for _, details in fake_aiter.CALLS)
 
@@ -316,10 +317,17 @@ PLAN_KEYS = ["arch", "aiter", "attention", "shape", "forward", "forward_runs", "
 """The plan's MLA details, in 0.2.2's order (docs/mla-ck-backward.md shows them)."""
 
 
-@pytest.mark.parametrize(("aiter", "forward_runs"), [("0.1.7", "CK mha_varlen_fwd"),
-                                                     ("main", "fmha_v3_varlen_fwd (ASM)")])
+CK_BACKWARD = "ck (mha_varlen_bwd)"
+FLYDSL_BACKWARD = "aiter (_flash_attn_varlen_backward)"
+"""aiter main with ROCm/aiter#4875 runs the varlen backward on its FlyDSL kernel (gfx942)."""
+
+
+@pytest.mark.parametrize(("aiter", "forward_runs", "backward"), [
+    ("0.1.7", "CK mha_varlen_fwd", CK_BACKWARD),
+    ("e4048607", "fmha_v3_varlen_fwd (ASM)", CK_BACKWARD),
+    ("main", "fmha_v3_varlen_fwd (ASM)", FLYDSL_BACKWARD)])
 def test_plan_of_deepseek_16b_shows_mla_applied_varlen_with_its_routes(capsys, aiter,
-                                                                       forward_runs):
+                                                                       forward_runs, backward):
     import json
 
     from titan_rocm.cli import main
@@ -333,7 +341,7 @@ def test_plan_of_deepseek_16b_shows_mla_applied_varlen_with_its_routes(capsys, a
     assert details["attention"].startswith("varlen (block_causal mask)")
     assert (details["modules"], details["replaced"], details["dtype"]) == (27, {"varlen": 27},
                                                                            "bfloat16")
-    assert (details["forward_runs"], details["backward"]) == (forward_runs, "ck (mha_varlen_bwd)")
+    assert (details["forward_runs"], details["backward"]) == (forward_runs, backward)
     assert details["op_sac_save_list"].startswith(
         "torchtitan.distributed.activation_checkpoint._get_default_save_ops")
     assert "VarlenMetadata" in details["document_masks"]

@@ -26,6 +26,7 @@ from tests.support.mla_test_support import (
     assert_grads_close,
     assert_matches,
     on_rocm,
+    varlen_backward_kernel,
 )
 from tests.support.tt_main_attention import evaluated, main_attention, sdpa_tokens
 from titan_rocm import torchtitan_version
@@ -133,7 +134,8 @@ def test_converted_main_deepseek_matches_its_flex_attention_per_document(fake_ai
     assert_grads_close(our_grads, stock_grads)
     names = fake_aiter.names()
     assert names.count(FORWARD[fake_aiter.GENERATION]) == 2, names
-    assert names.count("mha_varlen_bwd") == 2, names  # the CK backward, q/k 192 v 128
+    # q/k 192, v 128: the CK backward, or #4875's FlyDSL kernel with the newest main
+    assert names.count(varlen_backward_kernel(fake_aiter)) == 2, names
     segments = list(zip(CU_SEQLENS, CU_SEQLENS[1:], strict=False))
     assert all(details["segments"] == segments for _, details in fake_aiter.CALLS)
 
@@ -157,8 +159,8 @@ def test_stock_varlen_gets_the_folded_replacement_and_main_s_metadata(fake_aiter
     stock_logits, stock_grads = _logits_and_grads(stock, tokens, positions, block_mask)
     assert_matches(ours, stock_logits, tol=3e-2)
     assert_grads_close(our_grads, stock_grads)
-    backward = {"gfx942": "mha_varlen_bwd", "gfx950": "mha_varlen_bwd"}[arch]
-    assert fake_aiter.names().count(backward) == 2  # gfx950: aiter's own dispatch picks CK
+    # gfx950: aiter's own dispatch picks CK
+    assert fake_aiter.names().count(varlen_backward_kernel(fake_aiter, arch)) == 2
 
 
 def test_dropped_masks_run_causal_rows_of_max_context_length_through_varlen(fake_aiter,
@@ -198,7 +200,8 @@ def test_dropped_masks_run_causal_rows_of_max_context_length_through_varlen(fake
         assert_matches(got, ref)
     assert all(details["segments"] == [(0, 16), (16, 32), (32, 40)]
                for _, details in fake_aiter.CALLS)
-    assert fake_aiter.names() == [FORWARD[fake_aiter.GENERATION], "mha_varlen_bwd"]
+    assert fake_aiter.names() == [FORWARD[fake_aiter.GENERATION],
+                                  varlen_backward_kernel(fake_aiter)]
 
 
 def test_replacements_take_main_s_sharding_names_and_the_stock_fields(fake_aiter, main):
@@ -279,9 +282,17 @@ def _plan_args(main: Any) -> list[str]:
             "deepseek_v3_debugmodel_rocm"]
 
 
-@pytest.mark.parametrize(("aiter", "forward_runs"), [("0.1.7", "CK mha_varlen_fwd"),
-                                                     ("main", "fmha_v3_varlen_fwd (ASM)")])
-def test_plan_on_main_applies_mla_with_the_varlen_route(capsys, main, aiter, forward_runs):
+CK_BACKWARD = ("ck (mha_varlen_bwd)", "CK mha_varlen_bwd")
+
+
+@pytest.mark.parametrize(("aiter", "forward_runs", "backward"), [
+    ("0.1.7", "CK mha_varlen_fwd", CK_BACKWARD),
+    ("e4048607", "fmha_v3_varlen_fwd (ASM)", CK_BACKWARD),
+    # ROCm/aiter#4875: aiter's own varlen backward runs its FlyDSL kernel on gfx942.
+    ("main", "fmha_v3_varlen_fwd (ASM)",
+     ("aiter (_flash_attn_varlen_backward)", "flydsl_flash_attn_varlen_bwd (FlyDSL)"))])
+def test_plan_on_main_applies_mla_with_the_varlen_route(capsys, main, aiter, forward_runs,
+                                                         backward):
     import json
 
     from titan_rocm.cli import main as cli
@@ -296,11 +307,10 @@ def test_plan_on_main_applies_mla_with_the_varlen_route(capsys, main, aiter, for
     assert (details["modules"], details["replaced"]) == (6, {"varlen": 6})
     assert (details["forward"], details["forward_runs"]) == (
         "aiter (_flash_attn_varlen_forward)", forward_runs)
-    assert (details["backward"], details["backward_runs"]) == ("ck (mha_varlen_bwd)",
-                                                               "CK mha_varlen_bwd")
+    assert (details["backward"], details["backward_runs"]) == backward
     assert "over the folded tokens" in details["document_masks"]
     assert cli([*args, "--rocm.mla_document_masks", "drop"]) == 0
     text = capsys.readouterr().out
     assert "rocm.mla_ck_backward    applied" in text
     assert "max_context_length row of the folded tokens" in text and "rows: 6" in text
-    assert "backward: ck (mha_varlen_bwd)" in text
+    assert f"backward: {backward[0]}" in text

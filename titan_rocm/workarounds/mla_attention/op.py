@@ -19,6 +19,7 @@ from torch import Tensor
 
 from titan_rocm import platform
 from titan_rocm.workarounds.mla_attention import aiter_api
+from titan_rocm.workarounds.mla_attention.aiter_releases import installed_markers
 from titan_rocm.workarounds.mla_attention.route_log import log_route_once
 from titan_rocm.workarounds.mla_attention.routing import (
     BACKWARD,
@@ -43,6 +44,7 @@ def attention_call(q: Tensor, k: Tensor, v: Tensor, layout: str, **flags: object
         dtype=str(q.dtype),
         aiter_gfx=aiter.gfx if aiter is not None else None,
         aiter_version=aiter.version if aiter is not None else None,
+        aiter_markers=installed_markers(facts),
         **flags,  # type: ignore[arg-type]
     )
 
@@ -203,12 +205,27 @@ def mla_varlen_attn_bwd(
     call = attention_call(q, k, v, "thd", dropout_p=float(dropout_p), causal=bool(causal),
                           deterministic=bool(deterministic))
     route = _routed(BACKWARD, call)
+    given = (q, k, v)
+    if route.contiguous:
+        # Before dq/dk/dv are allocated like q/k/v: the gate reads their contiguity too.
+        dout, q, k, v, out = (t.contiguous() for t in (dout, q, k, v, out))
     values = _backward_values(dout, q, k, v, out, softmax_lse, rng_state, dropout_p,
                               softmax_scale, causal, deterministic)
     values.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                   max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k))
     aiter_api.backward(route.function, values)
-    return values["dq"], values["dk"], values["dv"]
+    dq, dk, dv = (_laid_out_like(values[name], t) for name, t in zip(("dq", "dk", "dv"), given,
+                                                                      strict=True))
+    return dq, dk, dv
+
+
+def _laid_out_like(grad: Tensor, t: Tensor) -> Tensor:
+    """``grad`` with the strides of ``torch.empty_like(t)``, which the fake implementation
+    returns (a copy only where a route's contiguous tensors changed them)."""
+    strides = torch.empty_like(t, device="meta").stride()
+    if grad.stride() == strides:
+        return grad
+    return torch.empty_like(t).copy_(grad)
 
 
 @mla_varlen_attn_bwd.register_fake

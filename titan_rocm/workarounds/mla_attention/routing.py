@@ -1,10 +1,11 @@
 """Which aiter function each MLA attention call gets, forward and backward: a pure decision.
 
 A pure function of the call: the device's real arch, what aiter's ``get_gfx()`` answers, the
-installed aiter version, head dims, dropout, bias/alibi, layout (dense or varlen), dtype,
-causal, deterministic. No torch, no aiter. It reads two tables: the per-arch fact
-``aiter_fmha_v3_bwd_qk192_v128`` in :mod:`titan_rocm.archs`, and the per-release facts in
-:mod:`.aiter_releases` (where each fact was read in aiter's sources).
+installed aiter version and the change markers its files hold, head dims, dropout,
+bias/alibi, layout (dense or varlen), dtype, causal, deterministic. No torch, no aiter. It
+reads two tables: the per-arch facts ``aiter_fmha_v3_bwd_qk192_v128``/``..._qk128_v128`` in
+:mod:`titan_rocm.archs`, and the per-release facts in :mod:`.aiter_releases` (where each fact
+was read in aiter's sources).
 
 What titan-rocm routes, and why (docs/mla-ck-backward.md):
 
@@ -13,6 +14,10 @@ What titan-rocm routes, and why (docs/mla-ck-backward.md):
   (dense) or ``mha_varlen_bwd`` (varlen) directly. aiter's own gates choose the same CK kernel
   when ``get_gfx()`` answers the real arch; calling it directly keeps a mis-detected arch
   (``GPU_ARCHS`` ending in gfx950 on an MI300X) from sending it to ``fmha_v3_bwd``.
+- Except the varlen backward where the installed aiter has ROCm/aiter#4875: its gate sends a
+  causal bf16 call on gfx942 to a FlyDSL kernel validated there, so titan-rocm leaves that call
+  to aiter's own ``_flash_attn_varlen_backward`` (with contiguous tensors, which the gate
+  requires), on the real arch the kernel was written for only.
 - The forward of q/k 192, v 128 calls CK ``mha_fwd`` / ``mha_varlen_fwd`` directly exactly where
   the installed release's forward gate, told ``get_gfx()``'s answer, would pick an fmha_v3 ASM
   forward that the real arch does not have in that release.
@@ -33,7 +38,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from titan_rocm.archs import ARCHS, normalize_arch
-from titan_rocm.workarounds.mla_attention.aiter_releases import AiterRelease, release_for
+from titan_rocm.platform import SIMULATED_AITERS
+from titan_rocm.workarounds.mla_attention.aiter_releases import (
+    SIMULATED_MARKERS,
+    AiterRelease,
+    marker_names,
+    release_for,
+)
 
 MLA_QK_HEAD_DIM = 192
 """q/k head dim of DeepSeek V3 MLA: qk_nope 128 + qk_rope 64."""
@@ -95,6 +106,9 @@ class AttentionCall:
     """What aiter's ``get_gfx()`` answers; None: not known, taken to be :attr:`arch`."""
     aiter_version: str | None = None
     """The installed aiter's version; None: not known."""
+    aiter_markers: frozenset[str] = frozenset()
+    """The aiter changes whose markers the installed aiter's files hold (e.g. ``#4875``;
+    :func:`.aiter_releases.installed_markers`); any iterable of their names."""
 
     def __post_init__(self) -> None:
         for name in ("hdim_q", "hdim_k", "hdim_v"):
@@ -119,6 +133,14 @@ class AttentionCall:
                 f"accepted: {', '.join(DTYPES)}"
             )
         object.__setattr__(self, "dtype", dtype)
+        markers = frozenset(self.aiter_markers)
+        unknown = sorted(markers - set(marker_names()))
+        if unknown:
+            raise ValueError(
+                f"aiter_markers = {', '.join(unknown)} is not valid; accepted: "
+                f"{', '.join(marker_names())}"
+            )
+        object.__setattr__(self, "aiter_markers", markers)
         for name in ("arch", "aiter_gfx"):
             value = getattr(self, name)
             if value is not None:
@@ -142,7 +164,7 @@ class AttentionCall:
     @property
     def release(self) -> AiterRelease | None:
         """The per-release facts of the installed aiter; None when its version is unknown."""
-        return release_for(self.aiter_version)
+        return release_for(self.aiter_version, self.aiter_markers)
 
     @property
     def shape(self) -> str:
@@ -159,6 +181,9 @@ class Route:
     function: str
     kernel: str
     reason: str
+    contiguous: bool = False
+    """Hand aiter contiguous tensors (and contiguous gradients to fill): the gate of the
+    kernel named reads ``is_contiguous()`` (aiter itself fixes only a last-dim stride)."""
 
     @property
     def label(self) -> str:
@@ -166,8 +191,9 @@ class Route:
         return f"{self.backend} ({self.function})"
 
 
-def _route(call: AttentionCall, direction: str, backend: str, kernel: str, why: str) -> Route:
-    return Route(backend, FUNCTIONS[(backend, direction, call.varlen)], kernel, why)
+def _route(call: AttentionCall, direction: str, backend: str, kernel: str, why: str,
+           contiguous: bool = False) -> Route:
+    return Route(backend, FUNCTIONS[(backend, direction, call.varlen)], kernel, why, contiguous)
 
 
 def _ck(call: AttentionCall, direction: str) -> str:
@@ -197,6 +223,9 @@ def route_backward(call: AttentionCall) -> Route:
     unrouted = _unrouted(call, BACKWARD)
     if unrouted is not None:
         return unrouted
+    flydsl = _flydsl_varlen_backward(call)
+    if flydsl is not None:
+        return flydsl
     facts = ARCHS.get(call.arch or "")
     if facts is not None and facts.aiter_fmha_v3_bwd_qk192_v128:
         kernel, why = _aiter_backward_choice(call)
@@ -244,12 +273,57 @@ def _qk128_backward(call: AttentionCall) -> Route:
     return _route(call, BACKWARD, AITER, kernel, f"{why}; {PRIMUS_QK128}")
 
 
+def _flydsl_takes(call: AttentionCall) -> bool:
+    # What can_impl_fmha_bwd_flydsl (#4875) reads that a call carries. titan-rocm's varlen op
+    # meets the rest: one cu_seqlens tensor for q and k, equal maximum lengths and head
+    # counts, no window, sink or padded cu_seqlens. Bias is no varlen parameter.
+    return (call.varlen and call.causal and call.dtype == "bfloat16" and call.dropout_p == 0.0
+            and not call.has_alibi)
+
+
+def _flydsl_varlen_backward(call: AttentionCall) -> Route | None:
+    """The route of a varlen backward that the installed aiter's FlyDSL gate (#4875) takes;
+    None where it does not (the other routes say why)."""
+    release = call.release
+    if release is None or call.dispatch_gfx not in release.varlen_bwd_flydsl_gate:
+        return None
+    if not _flydsl_takes(call):
+        return None
+    kernels = ", ".join(sorted(release.varlen_bwd_flydsl_kernels))
+    if call.arch in release.varlen_bwd_flydsl_kernels:
+        return _route(call, BACKWARD, AITER, "flydsl_flash_attn_varlen_bwd (FlyDSL)", (
+            f"aiter {release.name}'s varlen backward gate (can_impl_fmha_bwd_flydsl, ROCm/aiter "
+            f"#4875) sends causal bf16 q/k 192, v 128 self-attention on {call.arch} to its FlyDSL "
+            f"kernel, which upstream validated on {kernels} against an fp32 reference: "
+            "titan-rocm leaves the call to aiter, with the contiguous tensors the gate requires"
+        ), contiguous=True)
+    ck = _ck(call, BACKWARD)
+    return _route(call, BACKWARD, CK, f"CK {ck}", (
+        f"aiter's get_gfx() answers {call.dispatch_gfx} on this {call.arch}: aiter "
+        f"{release.name}'s varlen backward gate would run its FlyDSL kernel, written and "
+        f"validated for {kernels} only; CK {ck}, which aiter runs when get_gfx() answers "
+        f"{call.arch}, computes it"))
+
+
+def _varlen_gates(call: AttentionCall) -> str:
+    """Why aiter's varlen backward gates leave q/k 192, v 128 to CK (this release, this call)."""
+    release = call.release
+    if release is None or not release.varlen_bwd_flydsl_gate:
+        return "aiter's varlen gate needs equal q/k and v head dims on every arch"
+    if call.dispatch_gfx not in release.varlen_bwd_flydsl_gate:
+        gate = ", ".join(sorted(release.varlen_bwd_flydsl_gate))
+        when = f"only when get_gfx() answers {gate} (here {call.dispatch_gfx})"
+    else:
+        when = "only causal bf16 calls without dropout or alibi"
+    return (f"aiter's fmha_v3 varlen gates need equal q/k and v head dims on every arch, and aiter "
+            f"{release.name}'s FlyDSL gate takes q/k 192, v 128 {when}")
+
+
 def _aiters_own_backward(call: AttentionCall) -> str:
     """What aiter's own backward dispatch would do with this call (arch without the kernel)."""
     ck = _ck(call, BACKWARD)
     if call.varlen:
-        return (f"aiter's varlen gate needs equal q/k and v head dims on every arch, so it runs "
-                f"CK {ck} too")
+        return f"{_varlen_gates(call)}, so it runs CK {ck} too"
     gfx, release = call.dispatch_gfx, call.release
     told_facts = ARCHS.get(gfx or "")
     if told_facts is None or not told_facts.aiter_fmha_v3_bwd_qk192_v128:
@@ -273,7 +347,7 @@ def _aiter_backward_choice(call: AttentionCall) -> tuple[str, str]:
     gfx, release = call.dispatch_gfx, call.release
     if call.varlen:
         return (f"CK {ck}", f"{call.arch}'s fmha_v3 varlen backward has no q/k 192, v 128 kernel "
-                f"and aiter's varlen gate needs equal head dims: aiter runs CK {ck} itself")
+                f"and {_varlen_gates(call)}: aiter runs CK {ck} itself")
     if gfx != call.arch:
         return (f"CK {ck}", f"aiter's get_gfx() answers {gfx} on this {call.arch}: its gates pick "
                 f"CK {ck} (slower than {call.arch}'s fmha_v3 kernel, still correct)")
@@ -346,8 +420,9 @@ class Flags:
 
 DEFAULT_TABLE_ARCHS: tuple[str | None, ...] = ("gfx942", "gfx950")
 """Architectures of the documented route table."""
-DEFAULT_TABLE_VERSIONS: tuple[str, ...] = ("0.1.7.post2.dev18", "main")
-"""aiter versions of the documented route table: the PyPI wheel and aiter main."""
+DEFAULT_TABLE_AITERS: tuple[str, ...] = tuple(SIMULATED_AITERS)
+"""``--aiter`` choices of the documented route table: the PyPI wheel, aiter main at e4048607,
+the newest aiter main read (with #4875)."""
 DEFAULT_TABLE_FLAGS: tuple[Flags, ...] = (Flags(), Flags(layout="thd"))
 """Dense (``bshd``) and varlen (``thd``) causal bf16 calls."""
 
@@ -363,6 +438,7 @@ def route_row(call: AttentionCall) -> dict[str, Any]:
     release = call.release
     return {
         "aiter": call.aiter_version or "unknown",
+        "aiter_markers": sorted(call.aiter_markers),
         "aiter_release": release.name if release else None,
         "arch": arch_label(call.arch),
         "aiter_gfx": call.dispatch_gfx,
@@ -381,17 +457,25 @@ def route_table(
     archs: Iterable[str | None] = DEFAULT_TABLE_ARCHS,
     shapes: Iterable[tuple[int, int]] = ((MLA_QK_HEAD_DIM, MLA_V_HEAD_DIM),),
     flags: Sequence[Flags] = DEFAULT_TABLE_FLAGS,
-    versions: Sequence[str | None] = DEFAULT_TABLE_VERSIONS,
+    aiters: Sequence[str] = DEFAULT_TABLE_AITERS,
     aiter_gfx: str | None = None,
 ) -> list[dict[str, Any]]:
-    """One :func:`route_row` per (aiter version, arch, shape, flags)."""
+    """One :func:`route_row` per (``--aiter`` choice, arch, shape, flags).
+
+    Raises:
+        ValueError: an ``aiters`` entry is not a simulated ``--aiter`` choice (names those).
+    """
     rows: list[dict[str, Any]] = []
-    for version in versions:
+    for choice in aiters:
+        if choice not in SIMULATED_AITERS:
+            raise ValueError(f"aiter = {choice!r} is not valid; accepted: "
+                             f"{', '.join(SIMULATED_AITERS)}")
+        version, markers = SIMULATED_AITERS[choice].version, SIMULATED_MARKERS[choice]
         for arch in archs:
             for qk, v in shapes:
                 for f in flags:
                     call = AttentionCall(arch, qk, qk, v, **asdict(f), aiter_gfx=aiter_gfx,
-                                         aiter_version=version)
+                                         aiter_version=version, aiter_markers=markers)
                     rows.append(route_row(call))
     return rows
 

@@ -44,7 +44,7 @@ from titan_rocm.log import log, log_once
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.workarounds.base import Context, Parallelism, Workaround
 from titan_rocm.workarounds.mla_attention import aiter_api
-from titan_rocm.workarounds.mla_attention.aiter_releases import release_for
+from titan_rocm.workarounds.mla_attention.aiter_releases import installed_markers, release_for
 from titan_rocm.workarounds.mla_attention.kinds import (
     ATTENTION_LABELS,
     DROPPED_KINDS,
@@ -106,10 +106,12 @@ def aiter_summary(facts: PlatformFacts) -> dict[str, Any] | str:
     aiter = facts.aiter
     if aiter is None:
         return "absent" if not facts.aiter_spec_found else "installed (not probed)"
-    release = release_for(aiter.version)
+    markers = installed_markers(facts)
+    release = release_for(aiter.version, markers)
     return {
         "version": aiter.version or "unknown",
         "api": aiter.generation or "unknown",
+        "markers": sorted(markers) or "none",
         "release_facts": release.name if release else "unknown",
         "get_gfx": aiter.gfx,
         "get_gfx_source": aiter.gfx_source,
@@ -290,6 +292,7 @@ class MLACKBackward(Workaround):
                 dtype=dtype, deterministic=self.ctx.deterministic,
                 aiter_gfx=aiter.gfx if aiter else None,
                 aiter_version=aiter.version if aiter else None,
+                aiter_markers=installed_markers(facts),
             )
             forward, backward = route_forward(call), route_backward(call)
             row.update(

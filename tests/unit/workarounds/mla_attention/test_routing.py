@@ -1,5 +1,6 @@
-"""The MLA routing decision, both directions: archs x shapes x flags x aiter releases x what
-aiter's get_gfx() answers; the per-release table; bad input; the documented tables."""
+"""The MLA routing decision, both directions: archs x shapes x flags x aiter releases (and the
+change markers an aiter's files hold) x what aiter's get_gfx() answers; the per-release table;
+bad input; the documented tables."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from titan_rocm import archs
+from titan_rocm.platform import SIMULATED_AITERS
 from titan_rocm.workarounds.mla_attention import aiter_releases
 from titan_rocm.workarounds.mla_attention.aiter_releases import release_for
 from titan_rocm.workarounds.mla_attention.routing import (
@@ -31,6 +33,8 @@ REPO = Path(__file__).resolve().parents[4]
 
 PYPI = "0.1.7.post2.dev18"
 MAIN = "main"
+FLYDSL = frozenset({"#4875"})
+"""The markers of aiter main with ROCm/aiter#4875."""
 ARCHS = ("gfx942", "gfx950", "gfx90a", None)  # None: a CUDA machine
 SHAPES = {"mla": (192, 128), "mha": (128, 128), "mla_v_padded": (192, 192)}
 FLAGS = {
@@ -119,6 +123,78 @@ def test_varlen_backward_never_takes_fmha_v3_for_mla():
         for version in (PYPI, MAIN):
             route = route_backward(_call(arch, "mla", FLAGS["varlen"], aiter_version=version))
             assert route.kernel.startswith("CK mha_varlen_bwd"), (arch, version)
+
+
+# -- #4875: aiter main's FlyDSL varlen backward for q/k 192, v 128 on gfx942 ------------------
+
+
+def test_4875_varlen_backward_on_gfx942_is_left_to_aiters_flydsl_kernel():
+    """aiter main with #4875 sends a causal bf16 varlen q/k 192, v 128 backward on gfx942 to
+    its FlyDSL kernel: titan-rocm leaves it to aiter, asks for contiguous tensors, says why."""
+    call = _call("gfx942", "mla", FLAGS["varlen"], aiter_version=MAIN, aiter_markers=FLYDSL)
+    route = route_backward(call)
+    assert route.label == "aiter (_flash_attn_varlen_backward)"
+    assert route.kernel == "flydsl_flash_attn_varlen_bwd (FlyDSL)" and route.contiguous
+    assert "can_impl_fmha_bwd_flydsl, ROCm/aiter #4875" in route.reason
+    assert "validated on gfx942 against an fp32 reference" in route.reason
+    # The same aiter without the marker (main at e4048607 reports the same version): CK.
+    without = route_backward(_call("gfx942", "mla", FLAGS["varlen"], aiter_version=MAIN))
+    assert without.label == "ck (mha_varlen_bwd)" and not without.contiguous
+    # Deterministic is not read by the gate; the FlyDSL kernel uses no atomics.
+    deterministic = Flags(layout="thd", deterministic=True)
+    assert route_backward(_call("gfx942", "mla", deterministic, aiter_version=MAIN,
+                                aiter_markers=FLYDSL)).kernel == route.kernel
+    # The dense backward is not #4875's: CK, as aiter's own gates pick.
+    dense = route_backward(_call("gfx942", "mla", Flags(), aiter_version=MAIN,
+                                 aiter_markers=FLYDSL))
+    assert dense.label == "ck (mha_bwd)" and "aiter's own gates pick CK mha_bwd too" in dense.reason
+
+
+@pytest.mark.parametrize(("flags", "why"), [
+    (Flags(layout="thd", causal=False), "only causal bf16 calls without dropout or alibi"),
+    (Flags(layout="thd", dtype="float16"), "only causal bf16 calls without dropout or alibi"),
+    (Flags(layout="thd", dropout_p=0.1), "only causal bf16 calls without dropout or alibi"),
+    (Flags(layout="thd", has_alibi=True), "only causal bf16 calls without dropout or alibi"),
+])
+def test_4875_gate_refusals_keep_ck_on_gfx942(flags, why):
+    route = route_backward(_call("gfx942", "mla", flags, aiter_version=MAIN,
+                                 aiter_markers=FLYDSL))
+    assert route.backend == CK and why in route.reason, route.reason
+
+
+@pytest.mark.parametrize(("arch", "aiter_gfx", "backend", "says"), [
+    # An MI300X whose aiter is told gfx950: #4875's gate refuses, aiter runs CK; so does ours.
+    ("gfx942", "gfx950", CK, "FlyDSL gate takes q/k 192, v 128 only when get_gfx() answers "
+     "gfx942 (here gfx950), so it runs CK mha_varlen_bwd too"),
+    # An MI355X whose aiter is told gfx942: aiter would run the gfx942 kernel there: CK.
+    ("gfx950", "gfx942", CK, "would run its FlyDSL kernel, written and validated for gfx942 "
+     "only; CK mha_varlen_bwd, which aiter runs when get_gfx() answers gfx950, computes it"),
+    ("gfx90a", "gfx942", CK, "written and validated for gfx942 only"),
+    # gfx950 told gfx950: the gate is gfx942's; aiter runs CK itself.
+    ("gfx950", None, AITER, "FlyDSL gate takes q/k 192, v 128 only when get_gfx() answers "
+     "gfx942 (here gfx950): aiter runs CK mha_varlen_bwd itself"),
+])
+def test_4875_flydsl_only_on_the_arch_it_was_written_for(arch, aiter_gfx, backend, says):
+    route = route_backward(_call(arch, "mla", FLAGS["varlen"], aiter_gfx=aiter_gfx,
+                                 aiter_version=MAIN, aiter_markers=FLYDSL))
+    assert route.backend == backend and route.kernel == "CK mha_varlen_bwd", route
+    assert says in route.reason, route.reason
+
+
+def test_4875_route_reads_the_release_row(monkeypatch):
+    """Take the gate out of #4875's row: titan-rocm calls CK again; give it gfx950 too: the
+    mis-detected MI355X is left to aiter's FlyDSL kernel."""
+    call = _call("gfx942", "mla", FLAGS["varlen"], aiter_version=MAIN, aiter_markers=FLYDSL)
+    mismatched = _call("gfx950", "mla", FLAGS["varlen"], aiter_gfx="gfx942", aiter_version=MAIN,
+                       aiter_markers=FLYDSL)
+    assert route_backward(call).backend == AITER and route_backward(mismatched).backend == CK
+    *older, last = aiter_releases.RELEASES
+    gone = dataclasses.replace(last, varlen_bwd_flydsl_gate=frozenset())
+    monkeypatch.setattr(aiter_releases, "RELEASES", (*older, gone))
+    assert route_backward(call).backend == CK
+    wider = dataclasses.replace(last, varlen_bwd_flydsl_kernels=frozenset({"gfx942", "gfx950"}))
+    monkeypatch.setattr(aiter_releases, "RELEASES", (*older, wider))
+    assert route_backward(mismatched).kernel == "flydsl_flash_attn_varlen_bwd (FlyDSL)"
 
 
 # -- forward ----------------------------------------------------------------------------------
@@ -242,6 +318,24 @@ def test_release_rows_by_version(version, row):
 @pytest.mark.parametrize("version", [None, "", "unknown", "0+local"])
 def test_unknown_versions_have_no_row(version):
     assert release_for(version) is None
+    assert release_for(version, FLYDSL) is None
+
+
+@pytest.mark.parametrize(
+    ("version", "markers", "row"),
+    [("main", FLYDSL, "main with #4875"), ("0.1.21.dev0", FLYDSL, "main with #4875"),
+     ("0.1.21.dev0", frozenset(), "0.1.16+"), ("main", frozenset(), "0.1.16+"),
+     ("0.1.20.post1", FLYDSL, "0.1.16+"), ("0.1.7.post2.dev18", FLYDSL, "0.1.7")],
+)
+def test_a_marker_row_needs_its_marker_and_its_version(version, markers, row):
+    """aiter main reports a 0.1.21 development version with and without #4875: its files
+    decide."""
+    assert release_for(version, markers).name == row
+
+
+def test_unknown_marker_names_the_value_and_the_accepted_ones():
+    with pytest.raises(ValueError, match=r"aiter_markers = #9999 is not valid; accepted: #4875"):
+        AttentionCall("gfx942", 192, 192, 128, aiter_markers={"#9999"})
 
 
 @st.composite
@@ -263,14 +357,29 @@ def _flags(draw):
     v=st.sampled_from([64, 128, 192, 256]),
     flags=_flags(),
     version=st.sampled_from([PYPI, "0.1.9", "0.1.12", MAIN, None]),
+    markers=st.sampled_from([frozenset(), FLYDSL]),
     aiter_gfx=st.sampled_from([None, "gfx942", "gfx950"]),
 )
-def test_backward_backend_depends_on_shape_and_arch_only(arch, qk, v, flags, version, aiter_gfx):
-    """CK's mha_bwd implements every flag: only the shape and the real arch decide."""
+# The one call #4875's FlyDSL gate takes, which random draws rarely reach.
+@example(arch="gfx942", qk=192, v=128, flags=Flags(layout="thd"), version=MAIN,
+         markers=FLYDSL, aiter_gfx=None)
+def test_backward_backend_depends_on_shape_and_arch_only(arch, qk, v, flags, version, markers,
+                                                         aiter_gfx):
+    """CK's mha_bwd implements every flag: only the shape and the real arch decide, but for
+    the one call #4875's FlyDSL kernel takes on its own arch (left to aiter)."""
     call = AttentionCall(arch, qk, qk, v, **dataclasses.asdict(flags), aiter_gfx=aiter_gfx,
-                         aiter_version=version)
+                         aiter_version=version, aiter_markers=markers)
     route = route_backward(call)
+    flydsl = (arch == "gfx942" and (qk, v) == (192, 128) and version == MAIN and markers
+              and flags.layout == "thd" and flags.causal and flags.dtype.endswith("bfloat16")
+              and flags.dropout_p == 0.0 and not flags.has_alibi
+              and aiter_gfx in (None, "gfx942"))
+    if flydsl:
+        assert (route.backend, route.kernel) == (AITER, "flydsl_flash_attn_varlen_bwd (FlyDSL)")
+        assert route.contiguous
+        return
     assert route.backend == route_backward(AttentionCall(arch, qk, qk, v)).backend
+    assert not route.contiguous
     if route.backend == CK:
         assert (qk, v) == (192, 128) and arch is not None
 
@@ -297,7 +406,7 @@ def test_bad_input_names_value_and_accepted(kwargs, message):
 
 def test_route_table_rows_are_json_and_complete():
     rows = route_table(archs=ARCHS, shapes=list(SHAPES.values()), flags=list(FLAGS.values()))
-    assert len(rows) == 2 * len(ARCHS) * len(SHAPES) * len(FLAGS)
+    assert len(rows) == len(SIMULATED_AITERS) * len(ARCHS) * len(SHAPES) * len(FLAGS)
     json.dumps(rows)
     row = rows[0]
     assert (row["aiter"], row["arch"], row["shape"]) == (PYPI, "gfx942", {"qk": 192, "v": 128})

@@ -21,7 +21,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.support.mla_test_support import assert_compiled_matches_eager, assert_matches, on_rocm
+from tests.support.mla_test_support import (
+    assert_compiled_matches_eager,
+    assert_matches,
+    on_rocm,
+    varlen_backward_kernel,
+)
 from tests.support.moe_test_models import convert, decisions, model_args, parse, world_of_one
 from titan_rocm import platform
 from titan_rocm.platform import PlatformFacts
@@ -41,12 +46,13 @@ LAYOUTS = {
     "eos_first_and_last": ([[0, 31]], [0, 1, 32]),
     "batch_of_three": ([[], [15, 31], [2, 3, 30]], [0, 32, 48, 64, 67, 68, 95, 96]),
 }
-# Kernels per generation and arch for the varlen MLA call (forward, backward).
-VARLEN_KERNELS = {
-    ("0.1.7", "gfx942"): ["mha_varlen_fwd", "mha_varlen_bwd"],
-    ("main", "gfx942"): ["fmha_v3_varlen_fwd", "mha_varlen_bwd"],
-    ("0.1.7", "gfx950"): ["fmha_v3_varlen_fwd", "mha_varlen_bwd"],
-    ("main", "gfx950"): ["fmha_v3_varlen_fwd", "mha_varlen_bwd"],
+# The varlen MLA forward's kernel per API generation and arch (the backward's:
+# varlen_backward_kernel, which tells the two mains apart).
+VARLEN_FORWARD = {
+    ("0.1.7", "gfx942"): "mha_varlen_fwd",
+    ("main", "gfx942"): "fmha_v3_varlen_fwd",
+    ("0.1.7", "gfx950"): "fmha_v3_varlen_fwd",
+    ("main", "gfx950"): "fmha_v3_varlen_fwd",
 }
 
 
@@ -157,7 +163,8 @@ def test_varlen_module_matches_torchtitans_document_mask(fake_aiter, layout, arc
     flex = flex_attention(*(t.detach().float() for t in (q, k, v)), block_mask=block_mask,
                           scale=0.1)
     assert_matches(out, flex)
-    assert fake_aiter.names() == VARLEN_KERNELS[(fake_aiter.GENERATION, arch)]
+    assert fake_aiter.names() == [VARLEN_FORWARD[(fake_aiter.GENERATION, arch)],
+                                  varlen_backward_kernel(fake_aiter, arch)]
     segments = [(a, b) for a, b in zip(expected, expected[1:], strict=False)]
     assert all(details["segments"] == segments for _, details in fake_aiter.CALLS)
     assert fake_aiter.CALLS[-1][1]["v_shape"][-1] == 128  # v never padded
@@ -218,6 +225,36 @@ def test_torch_compile_fullgraph_matches_eager_across_batches(fake_aiter):
             assert_compiled_matches_eager(module, compiled, _bhsd(1, seed=len(eos)),
                                           block_mask=spans, scale=0.1)
     assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+    # The compiled backward too hands aiter one cu_seqlens tensor for q and k, which #4875's
+    # gate asks for (by data_ptr): the newest main reaches its FlyDSL kernel every time.
+    backwards = {name for name in fake_aiter.names() if name.endswith("_bwd")}
+    assert backwards == {varlen_backward_kernel(fake_aiter)}
+
+
+def test_split_v_reaches_the_backward_the_route_names_with_its_own_layout(fake_aiter):
+    """DeepSeek's v is a slice of the kv projection: not contiguous, though its last stride is 1,
+    which aiter leaves as it is. titan-rocm hands aiter contiguous tensors where the route asks
+    (#4875's gate reads is_contiguous), so the newest main reaches its FlyDSL kernel; the
+    gradients keep the inputs' layouts and match attention within each document."""
+    gen = torch.Generator().manual_seed(5)
+    cu = torch.tensor([0, 12, 32], dtype=torch.int32)
+    q = torch.randn(SEQLEN, 4, 192, generator=gen).to(torch.bfloat16).requires_grad_()
+    k = torch.randn(SEQLEN, 4, 192, generator=gen).to(torch.bfloat16).requires_grad_()
+    kv = torch.randn(SEQLEN, 4, 256, generator=gen).to(torch.bfloat16).requires_grad_()
+    v = kv.split([128, 128], dim=-1)[1]
+    assert not v.is_contiguous() and v.stride(-1) == 1
+    with on_rocm("gfx942", fake_aiter):
+        out = op.mla_varlen_attention(q, k, v, cu, 20, softmax_scale=0.1)
+        dout = torch.randn(out.shape, generator=gen).to(torch.bfloat16)
+        out.backward(dout)
+    assert fake_aiter.names()[-1] == varlen_backward_kernel(fake_aiter)
+    mask = documents.dense_mask(cu, 1, SEQLEN)
+    ref, dq, dk, dv = _sdpa_reference(*(t[None].transpose(1, 2) for t in (q, k, v)), mask, 0.1,
+                                      dout[None].transpose(1, 2))
+    assert_matches(out, ref[0].transpose(0, 1))
+    for got, want in ((q.grad, dq), (k.grad, dk), (kv.grad[..., 128:], dv)):
+        assert_matches(got, want[0].transpose(0, 1))
+    assert q.grad.stride() == q.stride()
 
 
 @pytest.mark.parametrize(("save", "forward_calls"), [(True, 1), (False, 2)])
@@ -240,7 +277,7 @@ def test_op_sac_saves_the_varlen_forward(fake_aiter, save, forward_calls):
         block(*_bhsd(1), spans).sum().backward()
     forward = {"0.1.7": "mha_varlen_fwd", "main": "fmha_v3_varlen_fwd"}[fake_aiter.GENERATION]
     assert fake_aiter.names().count(forward) == forward_calls
-    assert fake_aiter.names().count("mha_varlen_bwd") == 1
+    assert fake_aiter.names().count(varlen_backward_kernel(fake_aiter)) == 1
 
 
 def test_fallbacks_keep_the_documents(fake_aiter, caplog, monkeypatch):
@@ -360,19 +397,25 @@ def test_converted_model_matches_stock_block_causal_model(fake_aiter, monkeypatc
         assert rel < 5e-2, (name, float(rel))
     forward = {"0.1.7": "mha_varlen_fwd", "main": "fmha_v3_varlen_fwd"}[fake_aiter.GENERATION]
     names = fake_aiter.names()
-    assert names.count(forward) == 2 and names.count("mha_varlen_bwd") == 2, names  # SAC saved
+    backward = varlen_backward_kernel(fake_aiter)
+    assert names.count(forward) == 2 and names.count(backward) == 2, names  # SAC saved
 
 
-def test_plan_of_the_16b_flavor_shows_varlen_routes(monkeypatch):
-    """TorchTitan 0.2.2's 16B flavor (flex, block_causal) on simulated gfx942: converted."""
+@pytest.mark.parametrize(("aiter", "backward", "backward_runs"), [
+    ("e4048607", "ck (mha_varlen_bwd)", "CK mha_varlen_bwd"),
+    ("main", "aiter (_flash_attn_varlen_backward)", "flydsl_flash_attn_varlen_bwd (FlyDSL)"),
+])
+def test_plan_of_the_16b_flavor_shows_varlen_routes(aiter, backward, backward_runs):
+    """TorchTitan 0.2.2's 16B flavor (flex, block_causal) on simulated gfx942: converted; aiter
+    main with #4875 runs the varlen backward on its FlyDSL kernel, main at e4048607 on CK."""
     from tests.support.moe_test_models import build_meta
 
     job = parse("--model.name", "deepseek_v3", "--model.flavor", "16B",
                 "--model.converters", "rocm.mla_ck_backward")
     model = build_meta(job)
-    with platform.override(PlatformFacts.simulated_rocm("gfx942", aiter="main")):
+    with platform.override(PlatformFacts.simulated_rocm("gfx942", aiter=aiter)):
         decision = decisions(convert(job, model))["mla_ck_backward"]
     details = decision.details
     assert decision.applied and details["modules"] == 27
-    assert (details["forward_runs"], details["backward"]) == (
-        "fmha_v3_varlen_fwd (ASM)", "ck (mha_varlen_bwd)")
+    assert (details["forward_runs"], details["backward"], details["backward_runs"]) == (
+        "fmha_v3_varlen_fwd (ASM)", backward, backward_runs)

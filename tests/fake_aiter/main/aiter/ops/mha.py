@@ -499,12 +499,13 @@ def _flash_attn_varlen_forward(
                           cu_seqlens_k_padded=cu_seqlens_k_padded, sink_ptr=sink_ptr)
 
 
-def _flydsl_backward_ok(dout, q, k, v, out, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
-                        max_seqlen_q, max_seqlen_k, dropout_p, causal, left, right,
-                        alibi_slopes, cu_seqlens_q_padded, cu_seqlens_k_padded, sink,
-                        d_sink) -> bool:
+def can_impl_fmha_bwd_flydsl(dout, q, k, v, out, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                             max_seqlen_q, max_seqlen_k, dropout_p, causal, left, right,
+                             alibi_slopes, cu_seqlens_q_padded, cu_seqlens_k_padded, sink,
+                             d_sink) -> bool:
     """#4875's ``can_impl_fmha_bwd_flydsl`` (q/k 192, v 128 causal varlen self-attention on
-    what ``get_gfx()`` calls gfx942)."""
+    what ``get_gfx()`` calls gfx942): a closure inside ``_flash_attn_varlen_backward`` in aiter,
+    its arguments passed here. Its name is the marker titan-rocm reads in aiter's files."""
     from aiter.ops.flydsl.utils import is_flydsl_available
 
     return (get_gfx() == "gfx942" and alibi_slopes is None and dropout_p == 0.0
@@ -555,7 +556,7 @@ def _flash_attn_varlen_backward(
                             is_v3_atomic_fp32)
     dout, q, k, v, out = [maybe_contiguous(x) for x in (dout, q, k, v, out)]
     # Evaluated after maybe_contiguous, as in aiter: the gate reads contiguity.
-    if _FLYDSL_VARLEN_BACKWARD and _flydsl_backward_ok(
+    if _FLYDSL_VARLEN_BACKWARD and can_impl_fmha_bwd_flydsl(
             dout, q, k, v, out, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
             max_seqlen_k, dropout_p, causal, left, right, alibi_slopes, cu_seqlens_q_padded,
             cu_seqlens_k_padded, sink, d_sink):
