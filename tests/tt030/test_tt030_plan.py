@@ -74,6 +74,25 @@ def test_plan_rejects_a_0_2_2_job_and_a_bad_arch_with_exit_2(capsys):
     assert err.startswith("titan-rocm plan: ") and "gfx000" in err
 
 
+DEBUG = ["--module", "titan_rocm.torchtitan.configs", "--config", "llama3_debugmodel"]
+
+
+def test_help_torchtitan_lists_the_jobs_flags_and_a_rejected_flag_points_there(capsys):
+    """0.3.0's flags depend on the job's config: --help-torchtitan with --module/--config is
+    TorchTitan's own help for that job ([rocm]'s included); a flag TorchTitan rejects names it."""
+    assert main(["plan", *DEBUG, "--help-torchtitan"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: titan-rocm plan ") and "--rocm.triton-war {auto,on,off}" in out
+    assert main(["plan", "--help-torchtitan"]) == 0  # no job: how to name one
+    assert "--module M --config F --help-torchtitan" in capsys.readouterr().out
+    assert main(["plan", *DEBUG, "--training.bogus", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "For full helptext, run titan-rocm plan --help" in err
+    assert err.splitlines()[-1] == (
+        "titan-rocm plan: TorchTitan rejected the arguments (exit 2; the box above says "
+        f"which); titan-rocm plan {' '.join(DEBUG)} --help-torchtitan lists this job's flags")
+
+
 def test_world_size_is_derived_or_given_as_for_0_2_2(capsys):
     """dp_shard = -1 with EP 8 fits 8 ranks at the least, not the 1 a product of degrees says;
     --nnodes x --nproc-per-node and --world-size are taken, a count below 1 refused."""

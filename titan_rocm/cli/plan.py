@@ -17,6 +17,8 @@ from titan_rocm.numbers import RANKS
 from titan_rocm.platform import AITER_CHOICES, aiter_choices_help
 
 HELP = (
+    "The options below are plan's own; `titan-rocm plan --help-torchtitan` lists TorchTitan's "
+    "flags and [rocm]'s (0.3.0: with the job's --module M --config F). "
     "Check a TorchTitan job the way TorchTitan starts it and, if it would start, build its "
     "model on the meta device, apply titan-rocm's converters and print what a run would do: "
     "which workarounds apply or skip and why, how each block compiles, which grouped-MM "
@@ -107,8 +109,8 @@ TT030_FLAGS: tuple[str, ...] = ("--module", "--config")
 def _torchtitan_help() -> int:
     from torchtitan.config import ConfigManager
 
+    from titan_rocm.adapters.common import prog_name
     from titan_rocm.adapters.tt022.config import CONFIG_MODULE
-    from titan_rocm.adapters.tt022.preflight import prog_name
 
     with prog_name("titan-rocm plan"):
         try:
@@ -118,10 +120,21 @@ def _torchtitan_help() -> int:
     return 0
 
 
-def _torchtitan_help_030() -> int:
-    print("TorchTitan 0.3.0's flags depend on the job's config: run "
-          "`python -m torchtitan.train --module M --config F --help`")
-    return 0
+def _torchtitan_help_030(passthrough: list[str]) -> int:
+    """TorchTitan 0.3.0's help for the job named by ``--module``/``--config`` (its flags
+    depend on the job's config); without them, how to name one."""
+    from titan_rocm.adapters.common import flag_value
+
+    if flag_value(passthrough, ("--module",)) is None:
+        print("TorchTitan 0.3.0's flags depend on the job's config: run "
+              "`titan-rocm plan --module M --config F --help-torchtitan`")
+        return 0
+    from titan_rocm.adapters.tt030.plan import PlanError, torchtitan_help
+
+    try:
+        return torchtitan_help(passthrough, prog="titan-rocm plan")
+    except PlanError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def _plan_022(args: argparse.Namespace, passthrough: list[str]) -> dict:
@@ -150,7 +163,8 @@ def _plan_030(args: argparse.Namespace, passthrough: list[str]) -> dict:
 
 USAGE = (
     "name the job to plan: --job.config_file X.toml [TorchTitan flags] (TorchTitan 0.2.2), "
-    "or --module M --config F (TorchTitan 0.3.0); titan-rocm plan --help lists the options"
+    "or --module M --config F (TorchTitan 0.3.0); titan-rocm plan --help lists plan's own "
+    "options, titan-rocm plan --help-torchtitan TorchTitan's"
 )
 
 
@@ -199,9 +213,9 @@ def run(args: argparse.Namespace) -> int:
     from titan_rocm.adapters.tt022.preflight import StartupError
 
     tt030 = torchtitan_version.series() == "0.3"
-    if args.help_torchtitan:
-        return _torchtitan_help_030() if tt030 else _torchtitan_help()
     passthrough = list(args.passthrough)
+    if args.help_torchtitan:
+        return _torchtitan_help_030(passthrough) if tt030 else _torchtitan_help()
     if not tt030:
         named = sorted({a.partition("=")[0] for a in passthrough} & set(TT030_FLAGS))
         if named:

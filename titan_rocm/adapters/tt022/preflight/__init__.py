@@ -72,7 +72,6 @@ from titan_rocm.adapters.tt022.preflight.parse_args import (
     check_bool_flags,
     check_toml_types,
     parse_config,
-    prog_name,
 )
 from titan_rocm.adapters.tt022.preflight.training import check_training
 
@@ -163,7 +162,6 @@ __all__ = [
     "check_world_flags",
     "degrees",
     "parse_config",
-    "prog_name",
     "registered_converters",
     "startup_step",
     "titan_rocm_converters",
