@@ -36,7 +36,7 @@ def test_plan_shows_moe_blocks_eager_and_the_dense_block_compiled_on_gfx942(caps
     assert blocks["0"].startswith("fullgraph, in place")
     assert blocks["1"] == blocks["26"] == "eager (rocm.moe_eager_compile)"
     details = {d["workaround"]: d for d in plan["workarounds"]}["moe_eager_compile"]["details"]
-    assert details["scope"] == "block" and details["cost"].startswith("'block': 0.93 of stock")
+    assert details["scope"] == "block" and details["cost"].startswith("'block': 0.9315 of stock")
     assert "unvalidated on ROCm" in details["other_scope"]
     split = _plan(capsys, *ROCM_16B, *COMPILED, "--arch", "gfx942",
                   "--rocm.moe_eager_scope", "moe")["compile"]["blocks"]
