@@ -93,6 +93,19 @@ def test_help_torchtitan_lists_the_jobs_flags_and_a_rejected_flag_points_there(c
         f"which); titan-rocm plan {' '.join(DEBUG)} --help-torchtitan lists this job's flags")
 
 
+def test_torchtitans_warnings_are_said_once_after_the_answer(capsys):
+    """0.3.0 warns about its own checkpoint default once per config it builds (three times
+    while a plan reads a job): said once, after the plan, as TorchTitan's."""
+    assert main(["plan", *DEBUG]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("verdict: the job starts")
+    said = [line for line in err.splitlines() if "initial_load_model_only" in line]
+    assert said == ["titan-rocm plan: TorchTitan warned while reading the job (its own "
+                    "warning, which the job prints at start-up too; the plan goes on "
+                    "regardless): initial_load_model_only=True has no effect without an "
+                    "initial_load_path."]
+
+
 def test_world_size_is_derived_or_given_as_for_0_2_2(capsys):
     """dp_shard = -1 with EP 8 fits 8 ranks at the least, not the 1 a product of degrees says;
     --nnodes x --nproc-per-node and --world-size are taken, a count below 1 refused."""

@@ -8,9 +8,12 @@ Docs: docs/plan.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
+from collections.abc import Iterator
 
 from titan_rocm.cli import CommandError
 from titan_rocm.numbers import RANKS
@@ -231,19 +234,71 @@ def run(args: argparse.Namespace) -> int:
               "[options] [TorchTitan flags]", file=sys.stderr)
         raise CommandError(USAGE)
     _refuse_early(args, passthrough, tt030)
+    warned: list[str] = []
     try:
-        plan = _plan_030(args, passthrough) if tt030 else _plan_022(args, passthrough)
-    except StartupError as exc:
-        raise CommandError(str(exc)) from None
-    if args.tune_problems:
-        error = _add_coverage(plan, args.tune_problems, passthrough)
-        if error:
-            raise CommandError(error)
-    from titan_rocm.plan_format import format_plan
+        with torchtitan_warnings(warned):
+            try:
+                plan = _plan_030(args, passthrough) if tt030 else _plan_022(args, passthrough)
+            except StartupError as exc:
+                raise CommandError(str(exc)) from None
+        if args.tune_problems:
+            error = _add_coverage(plan, args.tune_problems, passthrough)
+            if error:
+                raise CommandError(error)
+        from titan_rocm.plan_format import format_plan
 
-    print(json.dumps(plan, indent=2, default=str) if args.json
-          else format_plan(plan, verbose=args.verbose))
+        print(json.dumps(plan, indent=2, default=str) if args.json
+              else format_plan(plan, verbose=args.verbose))
+        sys.stdout.flush()  # the answer first, then whose the warnings are
+    finally:
+        for message in warned:
+            print(WARNED + message, file=sys.stderr)
     return 0
+
+
+class _TorchTitanWarnings(logging.Handler):
+    """Keeps the warnings TorchTitan's own code logs (each message once); hands every other
+    record on as Python would without this handler."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if f"{os.sep}torchtitan{os.sep}" in record.pathname:
+            if (message := record.getMessage()) not in self.messages:
+                self.messages.append(message)
+        elif not self._others_handle(record):
+            logging.lastResort.handle(record)  # type: ignore[union-attr]
+
+    def _others_handle(self, record: logging.LogRecord) -> bool:
+        logger: logging.Logger | None = logging.getLogger(record.name)
+        while logger is not None:
+            if any(h is not self for h in logger.handlers):
+                return True
+            logger = logger.parent if logger.propagate else None
+        return False
+
+
+WARNED = ("titan-rocm plan: TorchTitan warned while reading the job (its own warning, which "
+          "the job prints at start-up too; the plan goes on regardless): ")
+"""Put before each of TorchTitan's warnings: whose it is, and that it does not stop the plan."""
+
+
+@contextlib.contextmanager
+def torchtitan_warnings(messages: list[str]) -> Iterator[None]:
+    """While TorchTitan reads the job and builds its model, collect into ``messages`` the
+    warnings its code logs (a default it finds odd; a path missing on this machine, such as
+    ``HF assets path ... does not exist!``, which is about the cluster's files that the plan
+    does not check), each once, instead of printing them bare before the plan's answer."""
+    root = logging.getLogger()
+    handler = _TorchTitanWarnings()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        messages += handler.messages
 
 
 SHAPE_FLAGS = ("--model.", "--training.", "--parallelism.", "--compile.")
