@@ -37,8 +37,8 @@ FIGURES = find_figures()
 
 
 def test_the_docs_quote_some_output_and_figures():
-    assert len(QUOTES) >= 11  # a marker typo would silently drop a quote
-    assert len(FIGURES) >= 179
+    assert len(QUOTES) >= 12  # a marker typo would silently drop a quote
+    assert len(FIGURES) >= 180
     assert len(find_quotes()) > len(QUOTES)  # and some of TorchTitan 0.3.0's
 
 
