@@ -179,7 +179,7 @@ def test_torchtitans_warnings_come_after_the_answer_once_and_say_whose(
     out, err = capsys.readouterr()
     assert out.startswith("verdict: the job starts")
     said = [line for line in err.splitlines() if "/nowhere/hf" in line]
-    assert said == ["titan-rocm plan: TorchTitan warned while reading the job (its own "
+    assert said == ["TorchTitan warned while titan-rocm plan read the job (its own "
                     "warning, which the job prints at start-up too; the plan goes on "
                     "regardless): HF assets path /nowhere/hf does not exist!"]
     # titan-rocm's own warning still reaches the handlers there are (here pytest's)

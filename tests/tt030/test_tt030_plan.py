@@ -100,7 +100,7 @@ def test_torchtitans_warnings_are_said_once_after_the_answer(capsys):
     out, err = capsys.readouterr()
     assert out.startswith("verdict: the job starts")
     said = [line for line in err.splitlines() if "initial_load_model_only" in line]
-    assert said == ["titan-rocm plan: TorchTitan warned while reading the job (its own "
+    assert said == ["TorchTitan warned while titan-rocm plan read the job (its own "
                     "warning, which the job prints at start-up too; the plan goes on "
                     "regardless): initial_load_model_only=True has no effect without an "
                     "initial_load_path."]

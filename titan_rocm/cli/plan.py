@@ -280,9 +280,10 @@ class _TorchTitanWarnings(logging.Handler):
         return False
 
 
-WARNED = ("titan-rocm plan: TorchTitan warned while reading the job (its own warning, which "
-          "the job prints at start-up too; the plan goes on regardless): ")
-"""Put before each of TorchTitan's warnings: whose it is, and that it does not stop the plan."""
+WARNED = ("TorchTitan warned while titan-rocm plan read the job (its own warning, which the "
+          "job prints at start-up too; the plan goes on regardless): ")
+"""Put before each of TorchTitan's warnings: whose it is, and that it does not stop the plan.
+Not ``titan-rocm plan: ``, which starts plan's own answer or refusal only."""
 
 
 @contextlib.contextmanager
