@@ -61,6 +61,8 @@ def test_no_job_prints_usage_and_exits_2(capsys: pytest.CaptureFixture[str]) -> 
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("usage: titan-rocm plan --job.config_file")
     assert "--module M --config F" in err
+    assert err.rstrip().endswith("titan-rocm plan --help lists plan's own options, titan-rocm "
+                                 "plan --help-torchtitan TorchTitan's")
     assert main(["plan", "--arch", "gfx942"]) == 2  # a machine but no job is no job either
 
 

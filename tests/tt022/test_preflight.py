@@ -379,7 +379,19 @@ def test_tyro_errors_point_at_plans_help(capsys: pytest.CaptureFixture[str]) -> 
     code, _, err = plan_cli(capsys, "--job.config_file", str(CONFIGS / "llama3_debug.toml"),
                             "--parallelism.tensor_parallel_degree", "two")
     assert code == 2
-    assert "titan-rocm plan --help" in err and "--help-torchtitan" in error_line(err)
+    assert "titan-rocm plan --help" in err
+    assert "titan-rocm plan --help-torchtitan lists every TorchTitan" in error_line(err)
+
+
+def test_a_rejected_flag_under_audit_points_at_the_command_that_lists_the_flags(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    """titan-rocm audit reads the job with the same parser but has no --help-torchtitan."""
+    with pytest.raises(StartupError) as info:
+        preflight.parse_config(["--job.config_file", str(CONFIGS / "llama3_debug.toml"),
+                                "--training.bogus", "1"], prog="titan-rocm audit")
+    assert "titan-rocm plan --help-torchtitan lists every TorchTitan" in str(info.value)
+    assert "For full helptext, run titan-rocm audit --help" in capsys.readouterr().err
 
 
 def test_plan_help_shows_the_config_file_and_how_to_list_torchtitans_flags(
@@ -388,6 +400,10 @@ def test_plan_help_shows_the_config_file_and_how_to_list_torchtitans_flags(
     assert main(["plan", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--job.config_file FILE" in out and "--help-torchtitan" in out
+    # tyro's box sends a rejected flag here: the first lines say where TorchTitan's flags are
+    description = " ".join(out.split("\n\n")[1].split())
+    assert description.startswith("The options below are plan's own; `titan-rocm plan "
+                                  "--help-torchtitan` lists TorchTitan's flags")
     assert "--rocm.no-triton_war_strict" in out  # boolean flags are bare
     assert main(["plan", "--help-torchtitan"]) == 0
     out = capsys.readouterr().out

@@ -36,7 +36,7 @@ def test_plan_shows_moe_blocks_eager_and_the_dense_block_compiled_on_gfx942(caps
     assert blocks["0"].startswith("fullgraph, in place")
     assert blocks["1"] == blocks["26"] == "eager (rocm.moe_eager_compile)"
     details = {d["workaround"]: d for d in plan["workarounds"]}["moe_eager_compile"]["details"]
-    assert details["scope"] == "block" and details["cost"].startswith("'block': 0.93 of stock")
+    assert details["scope"] == "block" and details["cost"].startswith("'block': 0.9315 of stock")
     assert "unvalidated on ROCm" in details["other_scope"]
     split = _plan(capsys, *ROCM_16B, *COMPILED, "--arch", "gfx942",
                   "--rocm.moe_eager_scope", "moe")["compile"]["blocks"]
@@ -72,6 +72,38 @@ def test_plan_rejects_a_0_2_2_job_and_a_bad_arch_with_exit_2(capsys):
     assert main(["plan", *ROCM_16B, "--arch", "gfx000"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("titan-rocm plan: ") and "gfx000" in err
+
+
+DEBUG = ["--module", "titan_rocm.torchtitan.configs", "--config", "llama3_debugmodel"]
+
+
+def test_help_torchtitan_lists_the_jobs_flags_and_a_rejected_flag_points_there(capsys):
+    """0.3.0's flags depend on the job's config: --help-torchtitan with --module/--config is
+    TorchTitan's own help for that job ([rocm]'s included); a flag TorchTitan rejects names it."""
+    assert main(["plan", *DEBUG, "--help-torchtitan"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: titan-rocm plan ") and "--rocm.triton-war {auto,on,off}" in out
+    assert main(["plan", "--help-torchtitan"]) == 0  # no job: how to name one
+    assert "--module M --config F --help-torchtitan" in capsys.readouterr().out
+    assert main(["plan", *DEBUG, "--training.bogus", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "For full helptext, run titan-rocm plan --help" in err
+    assert err.splitlines()[-1] == (
+        "titan-rocm plan: TorchTitan rejected the arguments (exit 2; the box above says "
+        f"which); titan-rocm plan {' '.join(DEBUG)} --help-torchtitan lists this job's flags")
+
+
+def test_torchtitans_warnings_are_said_once_after_the_answer(capsys):
+    """0.3.0 warns about its own checkpoint default once per config it builds (three times
+    while a plan reads a job): said once, after the plan, as TorchTitan's."""
+    assert main(["plan", *DEBUG]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("verdict: the job starts")
+    said = [line for line in err.splitlines() if "initial_load_model_only" in line]
+    assert said == ["TorchTitan warned while titan-rocm plan read the job (its own "
+                    "warning, which the job prints at start-up too; the plan goes on "
+                    "regardless): initial_load_model_only=True has no effect without an "
+                    "initial_load_path."]
 
 
 def test_world_size_is_derived_or_given_as_for_0_2_2(capsys):

@@ -1,21 +1,9 @@
-"""Command output quoted in the docs is regenerated from the command and compared.
+"""What the docs quote is what is true now: command output regenerated from the command
+(TorchTitan 0.2.2's; tests/tt030/test_tt030_docs_quotes.py runs 0.3.0's), figures re-derived
+from the stored results' logs, and every file of this repository a page names exists.
 
-Marker: an HTML comment on the line right before a fenced block, in any ``docs/*.md`` or
-``README.md``::
-
-    <!-- output-of: titan-rocm plan --arch gfx942 | from "  rocm.grouped_mm " | lines 8 -->
-    ```
-    ...the quoted lines...
-    ```
-
-- ``output-of:`` a ``titan-rocm`` command line (run from the repository root in its own
-  process, split like a shell would; its exit code is not checked, its stdout is quoted);
-- ``from "TEXT"`` (optional): the quote starts at the first output line that starts with TEXT
-  (default: the first line);
-- ``lines N`` (optional): the quote is N lines long (default: to the end of the output).
-
-The parts are separated by `` | ``. After a change to a command's output, regenerate every
-quoted block with one command and review the diff:
+The markers are described in tests/support/docs_quotes.py. After a change to a command's
+output, regenerate every quoted block with one command and review the diff:
 
     python tests/unit/test_docs_quotes.py --update
 """
@@ -23,153 +11,164 @@ quoted block with one command and review the diff:
 from __future__ import annotations
 
 import re
-import shlex
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-MARKER = re.compile(
-    r"^<!-- output-of: (?P<spec>.+?) -->\n(?P<fence>```[^\n]*)\n(?P<body>.*?)^```$",
-    re.M | re.S,
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+
+from tests.support import docs_quotes  # noqa: E402
+from tests.support.docs_quotes import (  # noqa: E402
+    _OUTPUTS,
+    expected_body,
+    find_figures,
+    find_quotes,
+    parse_spec,
+    reanalysed,
+    update,
+    value_at,
 )
-FROM = re.compile(r'^from "(?P<text>.*)"$')
-LINES = re.compile(r"^lines (?P<n>\d+)$")
+
+QUOTES = [q for q in find_quotes() if q.series == "0.2"]
+FIGURES = find_figures()
 
 
-@dataclass(frozen=True)
-class Quote:
-    """One quoted block: where it is, the command, and how its lines are picked."""
-
-    path: Path
-    start: int
-    """Offset of the block's body in the file."""
-    end: int
-    command: str
-    start_text: str | None
-    lines: int | None
-    body: str
-
-    @property
-    def name(self) -> str:
-        line = self.path.read_text()[: self.start].count("\n") + 1
-        where = self.path.relative_to(REPO) if self.path.is_relative_to(REPO) else self.path
-        return f"{where}:{line}"
-
-
-def parse_spec(spec: str) -> tuple[str, str | None, int | None]:
-    """``(command, from-text, lines)`` of a marker's text.
-
-    Raises:
-        ValueError: naming the part that is not ``from "..."`` or ``lines N``.
-    """
-    command, *parts = [p.strip() for p in spec.split(" | ")]
-    if not command.startswith("titan-rocm "):
-        raise ValueError(f"output-of: {command!r} is not a titan-rocm command")
-    start_text = lines = None
-    for part in parts:
-        if m := FROM.match(part):
-            start_text = m.group("text")
-        elif m := LINES.match(part):
-            lines = int(m.group("n"))
-        else:
-            raise ValueError(f"output-of part {part!r} is not valid; accepted: from \"TEXT\", "
-                             "lines N")
-    return command, start_text, lines
-
-
-def find_quotes(paths: list[Path] | None = None) -> list[Quote]:
-    """Every marked block in the docs."""
-    paths = paths or [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-    quotes = []
-    for path in paths:
-        text = path.read_text()
-        for m in MARKER.finditer(text):
-            command, start_text, lines = parse_spec(m.group("spec"))
-            quotes.append(Quote(path, m.start("body"), m.end("body"), command, start_text,
-                                lines, m.group("body")))
-    return quotes
-
-
-_OUTPUTS: dict[str, str] = {}
-
-
-def command_output(command: str) -> str:
-    """The stdout of ``command`` (a ``titan-rocm`` command line), run once, in its own process
-    (a plan in this one would leave TorchTitan patched for the tests after it)."""
-    if command not in _OUTPUTS:
-        args = [sys.executable, "-c", "import sys; from titan_rocm.cli import main; "
-                "sys.exit(main(sys.argv[1:]))", *shlex.split(command)[1:]]
-        done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=600)
-        _OUTPUTS[command] = done.stdout
-    return _OUTPUTS[command]
-
-
-def expected_body(quote: Quote) -> str:
-    """What the block must hold: the picked lines of the command's output."""
-    lines = command_output(quote.command).splitlines()
-    first = 0
-    if quote.start_text is not None:
-        found = [i for i, line in enumerate(lines) if line.startswith(quote.start_text)]
-        if not found:
-            raise AssertionError(f"{quote.name}: no line of `{quote.command}` starts with "
-                                 f"{quote.start_text!r}")
-        first = found[0]
-    picked = lines[first:] if quote.lines is None else lines[first:first + quote.lines]
-    return "".join(line + "\n" for line in picked)
-
-
-def update(paths: list[Path] | None = None) -> list[str]:
-    """Rewrite every quoted block from its command; return the names of those changed."""
-    changed = []
-    by_path: dict[Path, list[Quote]] = {}
-    for quote in find_quotes(paths):
-        by_path.setdefault(quote.path, []).append(quote)
-    for path, quotes in by_path.items():
-        text = path.read_text()
-        for quote in reversed(quotes):  # offsets stay valid from the end
-            body = expected_body(quote)
-            if body != quote.body:
-                changed.append(quote.name)
-                text = text[: quote.start] + body + text[quote.end:]
-        path.write_text(text)
-    return changed
-
-
-QUOTES = find_quotes()
-
-
-def test_the_docs_quote_some_output():
-    assert len(QUOTES) >= 4  # a marker typo would silently drop a quote
+def test_the_docs_quote_some_output_and_figures():
+    assert len(QUOTES) >= 12  # a marker typo would silently drop a quote
+    assert len(FIGURES) >= 180
+    assert len(find_quotes()) > len(QUOTES)  # and some of TorchTitan 0.3.0's
 
 
 @pytest.mark.parametrize("quote", QUOTES, ids=[q.name for q in QUOTES])
 def test_quoted_output_is_what_the_command_prints(quote):
     pytest.importorskip("torchtitan")
+    if quote.without_gpu and docs_quotes.has_gpu():
+        pytest.skip("the block shows what a machine without a GPU prints")
     assert quote.body == expected_body(quote), (
         f"{quote.name} quotes `{quote.command}`, whose output changed: run "
         "`python tests/unit/test_docs_quotes.py --update` and review the diff")
 
 
+@pytest.mark.parametrize("figure", FIGURES, ids=[f.where for f in FIGURES])
+def test_quoted_figure_is_the_stored_results_own(figure):
+    value = value_at(reanalysed(figure.folder), figure.path)
+    assert figure.expected(value) == figure.number, (
+        f"{figure.where} quotes {figure.number}; {figure.folder} re-analysed gives {value}")
+
+
 def test_a_bad_marker_part_is_named():
     with pytest.raises(ValueError, match=r"part 'line 3' is not valid; accepted: from"):
         parse_spec('titan-rocm plan | line 3')
-    with pytest.raises(ValueError, match="is not a titan-rocm command"):
+    with pytest.raises(ValueError, match="is not a titan-rocm or titan-rocm-train command"):
         parse_spec("ls -l")
+    spec = parse_spec('titan-rocm plan | stderr | exit 2 | torchtitan 0.3 | from "x" | lines 1 '
+                      '| without a GPU')
+    assert (spec.stream, spec.exit_code, spec.series, spec.start_text, spec.lines,
+            spec.without_gpu) == ("stderr", 2, "0.3", "x", 1, True)
 
 
 def test_update_rewrites_a_stale_block(tmp_path, monkeypatch):
     doc = tmp_path / "page.md"
     doc.write_text('intro\n<!-- output-of: titan-rocm fake | from "b" | lines 2 -->\n```\n'
-                   'stale\n```\nafter\n')
-    monkeypatch.setitem(_OUTPUTS, "titan-rocm fake", "a\nb\nc\nd\n")
-    assert update([doc]) == [f"{doc}:4"]
+                   'stale\n```\nafter\n- item:\n  <!-- output-of: titan-rocm fake | stderr -->'
+                   '\n  ```\n  stale\n  ```\n')
+    done = type("Done", (), {"stdout": "a\nb\nc\nd\n", "stderr": "e\n\nf\n", "returncode": 0})
+    monkeypatch.setitem(_OUTPUTS, "titan-rocm fake", done)
+    assert update([doc]) == [f"{doc}:10", f"{doc}:4"]
     assert doc.read_text() == ('intro\n<!-- output-of: titan-rocm fake | from "b" | lines 2 -->'
-                               '\n```\nb\nc\n```\nafter\n')
+                               '\n```\nb\nc\n```\nafter\n- item:\n  <!-- output-of: titan-rocm '
+                               'fake | stderr -->\n  ```\n  e\n\n  f\n  ```\n')
     assert update([doc]) == []  # now current
+
+
+def test_a_figure_marker_takes_the_number_before_it(tmp_path, monkeypatch):
+    doc = tmp_path / "page.md"
+    doc.write_text("costs **6.85 %**<!-- figure: f/x a/0/b 1-x% --> and | 0.93<!-- figure: "
+                   "f/x a/0/b --> |\n")
+    monkeypatch.setattr(docs_quotes, "reanalysed", lambda folder: {"a": [{"b": 0.9315}]})
+    cost, ratio = find_figures([doc])
+    assert (cost.number, cost.path, cost.op, ratio.number) == ("6.85", ("a", "0", "b"),
+                                                               "1-x%", "0.93")
+    value = value_at(docs_quotes.reanalysed("f/x"), cost.path)
+    assert cost.expected(value) == "6.85" and ratio.expected(value) == "0.93"
+    assert ratio.expected(0.9356) != "0.93"  # a figure that moved is caught
+
+
+# --- files the pages name ----------------------------------------------------------------
+
+PATH = re.compile(r"(?<![\w/.-])((?:titan_rocm|tests|benchmarks|configs|scripts|docs)/"
+                  r"[\w./-]*[\w/])")
+UPSTREAM = {
+    "scripts/download_hf_assets.py",  # TorchTitan's
+    "tests/unit_tests/backends/torchtitan/test_aiter_mla_capability_patch.py",  # Primus's
+    "tests/unit_tests/core/patches/test_triton_bufops_war.py",  # Primus's
+}
+"""Paths the pages cite in other repositories (each beside its repository's name)."""
+
+
+BEING_REWRITTEN = {"numerics-audit.md", "numerics-audit-fault.md", "mla-ck-backward.md"}
+"""Pages being rewritten on their own branches; checked again once they land."""
+
+
+def named_paths() -> list[tuple[str, str]]:
+    """``(page:line, path)`` for every path of this repository the pages name in backticks,
+    links or prose (wildcards and placeholders left out)."""
+    found = []
+    for page in docs_quotes.doc_paths():
+        if page.name in BEING_REWRITTEN:
+            continue
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            for m in PATH.finditer(line):
+                path = m.group(1).rstrip(".")
+                token = re.match(r"[^\s`)\]]*", line[m.end():]).group()
+                if not any(c in token for c in "<*{") and path not in UPSTREAM:
+                    found.append((f"{page.relative_to(REPO)}:{number}", path))
+    return found
+
+
+def test_every_file_a_page_names_exists():
+    missing = [f"{where}: {path}" for where, path in named_paths() if not (REPO / path).exists()]
+    assert not missing, "\n".join(missing)
+
+
+GUARD_MESSAGE = re.compile(r"<!-- guard-message: step (\d+), rank (\d+) of (\d+), loss (\S+), "
+                           r"grad_norm (\S+), found at (.+?) -->\n```\n(.*?)```", re.S)
+
+
+def test_the_guard_message_the_page_quotes_is_the_guards():
+    from titan_rocm.guard_message import Divergence, message
+
+    text = (REPO / "docs" / "divergence-detection.md").read_text()
+    (step, rank, world, loss, grad_norm, where, body), = GUARD_MESSAGE.findall(text)
+    d = Divergence(int(step), int(rank), float(loss), float(grad_norm), where, int(world),
+                   (int(rank),))
+    assert body == message(d) + "\n"
+
+
+SETS_ONE_RANK = {
+    "titan_rocm.adapters.tt022.train": "`titan-rocm-train`",
+    "titan_rocm.tuner.collect": "`titan-rocm tune collect`",
+    "titan_rocm.adapters.tt022.audit": "`titan-rocm audit`",
+    "titan_rocm.adapters.tt030.audit": "`titan-rocm audit`",
+}
+"""Each module that gives a process started without torchrun the one-rank environment, and
+the command docs/environment-variables.md names for it."""
+
+
+def test_the_environment_page_names_every_command_that_sets_the_one_rank_environment():
+    package = REPO / "titan_rocm"
+    callers = {".".join(p.relative_to(REPO).with_suffix("").parts)
+               for p in package.rglob("*.py")
+               if "single_process_environment()" in p.read_text()}
+    assert callers == set(SETS_ONE_RANK)
+    page = (REPO / "docs" / "environment-variables.md").read_text().splitlines()
+    for first in ("| `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `MASTER_ADDR`",  # read
+                  "| `RANK`, `LOCAL_RANK`, `WORLD_SIZE`, `LOCAL_WORLD_SIZE`"):  # set
+        row = next(line for line in page if line.startswith(first))
+        assert all(command in row for command in SETS_ONE_RANK.values()), row
 
 
 def test_converters_table_lists_every_workaround_in_apply_order():
@@ -184,6 +183,7 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--update"]:
         print("usage: python tests/unit/test_docs_quotes.py --update", file=sys.stderr)
         sys.exit(2)
-    sys.path.insert(0, str(REPO))
-    for name in update():
+    from titan_rocm import torchtitan_version
+
+    for name in update(series=torchtitan_version.series()):
         print(f"updated {name}")

@@ -9,11 +9,13 @@ other (``tests/unit/test_architecture.py``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import socket
-from collections.abc import Callable, MutableMapping, Sequence
+import sys
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -320,3 +322,20 @@ def first_batch(trainer: Any) -> tuple[Any, Any]:
         return next(iter(trainer.dataloader))
     except Exception as exc:  # noqa: BLE001
         raise StartupError(f"the job's dataloader gave no batch: {one_line(exc)}") from None
+
+
+@contextlib.contextmanager
+def prog_name(name: str) -> Iterator[None]:
+    """tyro names ``sys.argv[0]`` in its error box ("For full helptext, run X --help")."""
+    saved = sys.argv[0] if sys.argv else None
+    if sys.argv:
+        sys.argv[0] = name
+    else:
+        sys.argv.append(name)
+    try:
+        yield
+    finally:
+        if saved is None:
+            sys.argv.pop(0)
+        else:
+            sys.argv[0] = saved

@@ -8,15 +8,20 @@ Docs: docs/plan.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import sys
+from collections.abc import Iterator
 
 from titan_rocm.cli import CommandError
 from titan_rocm.numbers import RANKS
 from titan_rocm.platform import AITER_CHOICES, aiter_choices_help
 
 HELP = (
+    "The options below are plan's own; `titan-rocm plan --help-torchtitan` lists TorchTitan's "
+    "flags and [rocm]'s (0.3.0: with the job's --module M --config F). "
     "Check a TorchTitan job the way TorchTitan starts it and, if it would start, build its "
     "model on the meta device, apply titan-rocm's converters and print what a run would do: "
     "which workarounds apply or skip and why, how each block compiles, which grouped-MM "
@@ -107,8 +112,8 @@ TT030_FLAGS: tuple[str, ...] = ("--module", "--config")
 def _torchtitan_help() -> int:
     from torchtitan.config import ConfigManager
 
+    from titan_rocm.adapters.common import prog_name
     from titan_rocm.adapters.tt022.config import CONFIG_MODULE
-    from titan_rocm.adapters.tt022.preflight import prog_name
 
     with prog_name("titan-rocm plan"):
         try:
@@ -118,10 +123,21 @@ def _torchtitan_help() -> int:
     return 0
 
 
-def _torchtitan_help_030() -> int:
-    print("TorchTitan 0.3.0's flags depend on the job's config: run "
-          "`python -m torchtitan.train --module M --config F --help`")
-    return 0
+def _torchtitan_help_030(passthrough: list[str]) -> int:
+    """TorchTitan 0.3.0's help for the job named by ``--module``/``--config`` (its flags
+    depend on the job's config); without them, how to name one."""
+    from titan_rocm.adapters.common import flag_value
+
+    if flag_value(passthrough, ("--module",)) is None:
+        print("TorchTitan 0.3.0's flags depend on the job's config: run "
+              "`titan-rocm plan --module M --config F --help-torchtitan`")
+        return 0
+    from titan_rocm.adapters.tt030.plan import PlanError, torchtitan_help
+
+    try:
+        return torchtitan_help(passthrough, prog="titan-rocm plan")
+    except PlanError as exc:
+        raise CommandError(str(exc)) from None
 
 
 def _plan_022(args: argparse.Namespace, passthrough: list[str]) -> dict:
@@ -150,7 +166,8 @@ def _plan_030(args: argparse.Namespace, passthrough: list[str]) -> dict:
 
 USAGE = (
     "name the job to plan: --job.config_file X.toml [TorchTitan flags] (TorchTitan 0.2.2), "
-    "or --module M --config F (TorchTitan 0.3.0); titan-rocm plan --help lists the options"
+    "or --module M --config F (TorchTitan 0.3.0); titan-rocm plan --help lists plan's own "
+    "options, titan-rocm plan --help-torchtitan TorchTitan's"
 )
 
 
@@ -199,9 +216,9 @@ def run(args: argparse.Namespace) -> int:
     from titan_rocm.adapters.tt022.preflight import StartupError
 
     tt030 = torchtitan_version.series() == "0.3"
-    if args.help_torchtitan:
-        return _torchtitan_help_030() if tt030 else _torchtitan_help()
     passthrough = list(args.passthrough)
+    if args.help_torchtitan:
+        return _torchtitan_help_030(passthrough) if tt030 else _torchtitan_help()
     if not tt030:
         named = sorted({a.partition("=")[0] for a in passthrough} & set(TT030_FLAGS))
         if named:
@@ -217,19 +234,72 @@ def run(args: argparse.Namespace) -> int:
               "[options] [TorchTitan flags]", file=sys.stderr)
         raise CommandError(USAGE)
     _refuse_early(args, passthrough, tt030)
+    warned: list[str] = []
     try:
-        plan = _plan_030(args, passthrough) if tt030 else _plan_022(args, passthrough)
-    except StartupError as exc:
-        raise CommandError(str(exc)) from None
-    if args.tune_problems:
-        error = _add_coverage(plan, args.tune_problems, passthrough)
-        if error:
-            raise CommandError(error)
-    from titan_rocm.plan_format import format_plan
+        with torchtitan_warnings(warned):
+            try:
+                plan = _plan_030(args, passthrough) if tt030 else _plan_022(args, passthrough)
+            except StartupError as exc:
+                raise CommandError(str(exc)) from None
+        if args.tune_problems:
+            error = _add_coverage(plan, args.tune_problems, passthrough)
+            if error:
+                raise CommandError(error)
+        from titan_rocm.plan_format import format_plan
 
-    print(json.dumps(plan, indent=2, default=str) if args.json
-          else format_plan(plan, verbose=args.verbose))
+        print(json.dumps(plan, indent=2, default=str) if args.json
+              else format_plan(plan, verbose=args.verbose))
+        sys.stdout.flush()  # the answer first, then whose the warnings are
+    finally:
+        for message in warned:
+            print(WARNED + message, file=sys.stderr)
     return 0
+
+
+class _TorchTitanWarnings(logging.Handler):
+    """Keeps the warnings TorchTitan's own code logs (each message once); hands every other
+    record on as Python would without this handler."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if f"{os.sep}torchtitan{os.sep}" in record.pathname:
+            if (message := record.getMessage()) not in self.messages:
+                self.messages.append(message)
+        elif not self._others_handle(record):
+            logging.lastResort.handle(record)  # type: ignore[union-attr]
+
+    def _others_handle(self, record: logging.LogRecord) -> bool:
+        logger: logging.Logger | None = logging.getLogger(record.name)
+        while logger is not None:
+            if any(h is not self for h in logger.handlers):
+                return True
+            logger = logger.parent if logger.propagate else None
+        return False
+
+
+WARNED = ("TorchTitan warned while titan-rocm plan read the job (its own warning, which the "
+          "job prints at start-up too; the plan goes on regardless): ")
+"""Put before each of TorchTitan's warnings: whose it is, and that it does not stop the plan.
+Not ``titan-rocm plan: ``, which starts plan's own answer or refusal only."""
+
+
+@contextlib.contextmanager
+def torchtitan_warnings(messages: list[str]) -> Iterator[None]:
+    """While TorchTitan reads the job and builds its model, collect into ``messages`` the
+    warnings its code logs (a default it finds odd; a path missing on this machine, such as
+    ``HF assets path ... does not exist!``, which is about the cluster's files that the plan
+    does not check), each once, instead of printing them bare before the plan's answer."""
+    root = logging.getLogger()
+    handler = _TorchTitanWarnings()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        messages += handler.messages
 
 
 SHAPE_FLAGS = ("--model.", "--training.", "--parallelism.", "--compile.")

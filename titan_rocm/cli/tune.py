@@ -56,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     collect.add_argument("-o", "--output", type=Path, required=True, metavar="PROBLEMS",
                          help="problems file to write (JSON lines)")
     collect.add_argument("--trainer", default="torchtitan.train:Trainer", metavar="MODULE:CLASS",
-                         help="the trainer class (default TorchTitan's; for forks of it)")
+                         help="the trainer class (default TorchTitan's, which needs a GPU; "
+                         "a fork's, or one that runs on CPU)")
 
     run = actions.add_parser(
         "run", help="check and time every candidate of every problem (resumable)",

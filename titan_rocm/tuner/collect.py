@@ -36,6 +36,10 @@ STEP_FLAGS: tuple[str, ...] = (
 
 MERGE_WAIT_S = 600.0
 
+DEFAULT_TRAINER = "torchtitan.train:Trainer"
+"""TorchTitan's own trainer, which puts the model on CUDA/ROCm (``device_module.set_device``
+in its ``__init__``, TorchTitan 0.2.2 ``torchtitan/train.py``)."""
+
 
 class CollectError(ValueError):
     """The job cannot be collected; the message says why (exit 2)."""
@@ -72,11 +76,28 @@ def _merge(output: Path, world: int) -> list[Problem]:
     return problems_module.merge(found)
 
 
-def collect(args: Sequence[str], output: Path, trainer: str = "torchtitan.train:Trainer") -> int:
+def _no_device_reason(trainer: str) -> str | None:
+    """Why TorchTitan's own trainer cannot run here (no GPU), or None. A trainer of the
+    user's (``--trainer``) may run on CPU, as the tests' does: it is not judged."""
+    if trainer != DEFAULT_TRAINER:
+        return None
+    import torch
+
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator.is_available() if accelerator is not None else torch.cuda.is_available():
+        return None
+    return ("this machine has no GPU (torch sees no accelerator), and TorchTitan's trainer "
+            "trains on CUDA/ROCm: run tune collect on a GPU node of the cluster, or name a "
+            "trainer class that runs on CPU with --trainer MODULE:CLASS (docs/"
+            "validated-tuning.md, \"Without a GPU\")")
+
+
+def collect(args: Sequence[str], output: Path, trainer: str = DEFAULT_TRAINER) -> int:
     """Run one step of the job in ``args`` (TorchTitan flags) and write its problems.
 
     Raises:
-        CollectError: bad arguments, compile disabled, or no GEMM lowered.
+        CollectError: bad arguments, TorchTitan's trainer on a machine without a GPU,
+            compile disabled, or no GEMM lowered.
     """
     if "torchtitan.config.manager" in sys.modules:
         raise CollectError("tune collect must run before torchtitan.config is imported")
@@ -84,6 +105,8 @@ def collect(args: Sequence[str], output: Path, trainer: str = "torchtitan.train:
         prepared = prepare(list(args)) + list(STEP_FLAGS)
     except JobArgsError as exc:
         raise CollectError(str(exc)) from None
+    if reason := _no_device_reason(trainer):  # before TorchTitan loads: a sentence, not a trace
+        raise CollectError(reason)
     from titan_rocm.adapters.common import LaunchError, single_process_environment
 
     try:  # one process without torchrun, as titan-rocm-train (TorchTitan reads LOCAL_RANK)

@@ -136,11 +136,7 @@ def test_json_is_strict(capsys) -> None:
 
 # -- a crashed run in CI (issue 25, item 6) -------------------------------------------------------
 
-OOM_LOG = (
-    "[titan] 2026-11-30 12:00:00,000 - root - INFO - step:  1  loss:  8.1000  grad_norm:  1.20\n"
-    "[titan] 2026-11-30 12:00:01,000 - root - INFO - step: 10  loss:  6.5000  grad_norm:  0.90\n"
-    "[rank0]: torch.OutOfMemoryError: HIP out of memory. Tried to allocate 2.00 GiB\n"
-)
+OOM_LOG = (FIXTURES / "tt_oom_after_step10.log").read_text()  # also docs/divergence-detection.md's
 
 
 def test_a_crash_after_finite_steps_exits_3_only_when_completion_is_required(

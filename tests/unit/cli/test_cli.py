@@ -67,3 +67,29 @@ def test_a_real_sigint_midway(tmp_path: Path) -> None:
     assert proc.returncode == 130, err[-2000:]
     assert err == "titan-rocm gemm-tables: interrupted; nothing written\n" and out == ""
     assert not out_dir.exists() or not any(out_dir.iterdir())
+
+
+def test_plan_keeps_torchtitans_warnings_and_hands_on_the_rest(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without any other handler (a user's shell), TorchTitan's warnings are kept, each once,
+    and every other warning is printed as Python prints it without a handler."""
+    import logging
+    import os
+
+    from titan_rocm.cli import plan
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # no pytest handler: as in a user's shell
+
+    def record(path: str, message: str) -> logging.LogRecord:
+        return logging.LogRecord("x", logging.WARNING, path, 1, message, None, None)
+
+    tt = f"{os.sep}site-packages{os.sep}torchtitan{os.sep}config{os.sep}manager.py"
+    warned: list[str] = []
+    with plan.torchtitan_warnings(warned):
+        for r in (record(tt, "odd default"), record(tt, "odd default"),
+                  record(f"{os.sep}titan_rocm{os.sep}log.py", "titan-rocm's own")):
+            root.handle(r)
+    assert warned == ["odd default"] and root.handlers == []
+    assert capsys.readouterr().err == "titan-rocm's own\n"

@@ -1,6 +1,7 @@
 """Odd input ends in one sentence and exit 2, never a traceback, and nothing is lost: deeply
 nested or huge TOML (plan, tune collect), an output that cannot be written (checked before the
-training step), 0.3.0's flags under 0.2.2, a truncated or huge AMDGCN file (scan)."""
+training step), tune collect on a machine without a GPU, 0.3.0's flags under 0.2.2, a truncated
+or huge AMDGCN file (scan)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,21 @@ def test_tune_collect_refuses_bad_input_before_the_training_step(tmp_path: Path)
         assert done.returncode == 2 and said in done.stderr, (args, done.stderr[-2000:])
         assert "Traceback" not in done.stderr
     assert config.read_text() == '[model]\nname = "llama3"\n'
+
+
+def test_tune_collect_without_a_gpu_names_the_trainer_flag(tmp_path: Path) -> None:
+    """TorchTitan's own trainer needs CUDA/ROCm: on a CPU machine collect says so in one
+    sentence (and how to go on) before TorchTitan loads, instead of its set_device traceback."""
+    import torch
+
+    if torch.accelerator.is_available():
+        pytest.skip("this machine has a GPU: TorchTitan's trainer can run here")
+    done = _collect(tmp_path, "-o", "p.jsonl", "--job.config_file",
+                    str(REPO / "configs" / "llama3_debug.toml"))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "this machine has no GPU" in done.stderr and "--trainer MODULE:CLASS" in done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "p.jsonl").exists()
+    assert "torchtitan version" not in done.stdout + done.stderr  # refused before it loads
 
 
 def test_scan_says_a_file_ends_before_its_kernel(tmp_path: Path,

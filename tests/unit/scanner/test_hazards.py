@@ -13,6 +13,7 @@ from titan_rocm.scanner.hazards import CLI_RULES, RULES, get_rule
 from titan_rocm.scanner.scan import ScanReport, scan_path, scan_text
 
 CORPUS = Path(__file__).resolve().parents[2] / "corpus" / "amdgcn"
+FIXTURE = Path(__file__).resolve().parents[3] / "tests" / "fixtures" / "amdgcn"
 
 LIT = "buffer_store_dwordx4 v[0:3], v36, s[8:11], 0 offen offset:16 sc0 sc1 nt"
 SGPR = "buffer_store_dwordx4 v[0:3], v36, s[16:19], s12 offen"
@@ -359,13 +360,15 @@ def _swiglu() -> str:
 
 
 def test_real_kernel_with_injected_hazard() -> None:
-    """What Triton 3.4/3.5 emitted: an SGPR-soffset store with the data rewritten next."""
+    """What Triton 3.4/3.5 emitted: an SGPR-soffset store with the data rewritten next. The
+    fixture docs/triton-buffer-store-hazard.md scans is this kernel."""
     text = _swiglu()
     store = "buffer_store_dwordx4 v[0:3], v36, s[8:11], 0 offen"
     assert text.count(store) == 1
     line = text[: text.index(store)].count("\n") + 1
     hazardous = text.replace(store, store.replace(" 0 offen", " s12 offen")
                              + "\n\tv_pk_mul_f32 v[0:1], v[18:19], v[14:15]")
+    assert (FIXTURE / "swiglu_bwd-gfx942-sgpr-soffset.amdgcn").read_text() == hazardous
     report = scan_text(hazardous, file="swiglu")
     assert [(h.line, h.writer_line, h.wait_states, h.required, h.kernel) for h in
             report.hazards] == [(line, line + 1, 0, 1, "swiglu_bwd")]

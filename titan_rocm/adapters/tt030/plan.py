@@ -29,6 +29,7 @@ from titan_rocm.adapters.common import (
     degrees,
     flag_value,
     module_and_config,
+    prog_name,
     world_size,
 )
 from titan_rocm.adapters.meta import on_meta
@@ -78,11 +79,39 @@ def parse_job(args: Sequence[str]) -> Any:
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     try:
-        return ConfigManager().parse_args(list(args))
+        with prog_name("titan-rocm plan"):  # tyro's box: "For full helptext, run <it> --help"
+            return ConfigManager().parse_args(list(args))
     except SystemExit as exc:  # tyro prints its own message for bad flags
-        raise PlanError(f"TorchTitan rejected the arguments (exit {exc.code})") from None
+        raise PlanError(
+            f"TorchTitan rejected the arguments (exit {exc.code}; the box above says which); "
+            f"titan-rocm plan {_job_flags(args)} --help-torchtitan lists this job's flags"
+        ) from None
     except (ValueError, TypeError, ImportError, AssertionError) as exc:
         raise PlanError(str(exc)) from None
+
+
+def _job_flags(args: Sequence[str]) -> str:
+    """``--module M --config F`` as given (the job whose flags TorchTitan's help lists)."""
+    return " ".join(f"{f} {flag_value(args, (f,))}" for f in ("--module", "--config")
+                    if flag_value(args, (f,)) is not None)
+
+
+def torchtitan_help(args: Sequence[str], prog: str = "titan-rocm plan") -> int:
+    """Print TorchTitan 0.3.0's own help for the job in ``args`` (its flags depend on the
+    job's config, ``[rocm]``'s included under ``rocm(cfg)``); return its exit code.
+
+    Raises:
+        PlanError: the config module or function cannot be loaded (one sentence).
+    """
+    from torchtitan.config import ConfigManager
+
+    _load_config(list(args))
+    with prog_name(prog):
+        try:
+            ConfigManager().parse_args([*args, "--help"])
+        except SystemExit as exc:
+            return int(exc.code or 0)
+    return 0
 
 
 def _load_config(args: list[str]) -> None:
@@ -95,8 +124,7 @@ def _load_config(args: list[str]) -> None:
     load = getattr(ConfigManager(), "_load_config", None)
     if load is None:  # another 0.3.x: parse_args reports what it can
         return
-    job = " ".join(f"{f} {flag_value(args, (f,))}" for f in ("--module", "--config")
-                   if flag_value(args, (f,)) is not None)
+    job = _job_flags(args)
     try:
         loaded, _ = load(args)
     except SyntaxError as exc:

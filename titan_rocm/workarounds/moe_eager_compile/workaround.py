@@ -43,6 +43,7 @@ import torch.nn as nn
 from torch._dynamo.eval_frame import OptimizedModule
 
 from titan_rocm.log import log, log_once
+from titan_rocm.measured import FIGURES
 from titan_rocm.workarounds.base import Context, Workaround
 from titan_rocm.workarounds.moe_blocks import (
     FULLGRAPH,
@@ -64,13 +65,10 @@ PATCHED_ATTR = "titan_rocm_mixed_compile"
 SCOPE_ATTR = "titan_rocm_moe_eager_scope"
 """Set on the replacement ``apply_compile``: the ``moe_eager_scope`` it applies."""
 
-SCOPE_COST = {
-    "block": "0.93 of stock tokens/s",
-    "moe": "0.966 of stock tokens/s",
-}
-"""The mixed strategy's measured cost by scope: deepseek_v3 3.9 B, GPU-bound, one H200
-(0.9315 and 0.9656; docs/moe-eager-compile.md, benchmarks/results/2026-11-30-h200-d/
-tp-moe-scope)."""
+SCOPE_COST = {scope: f"{FIGURES[f'moe_eager_compile.{scope}'].ratio:g} of stock tokens/s"
+              for scope in ("block", "moe")}
+"""The mixed strategy's measured cost by scope (deepseek_v3 3.9 B, GPU-bound, one H200): the
+figures the plan's verdict quotes (:data:`titan_rocm.measured.FIGURES`), so the two agree."""
 SCOPE_STATUS = {
     "block": "the fix AMD-AGI/Primus PR #962 validated on MI300X",
     "moe": ("unvalidated on ROCm: Primus PR #962 found that compiling even the outer MoE "

@@ -392,7 +392,7 @@ def test_the_default_scope_is_the_validated_block_scope():
     assert decision.details["scope"] == "block"
     assert EAGER_MOE in decision.details["blocks"].values()
     assert not any(SPLIT == how for how in decision.details["blocks"].values())
-    assert decision.details["cost"].startswith("'block': 0.93 of stock tokens/s")
+    assert decision.details["cost"].startswith("'block': 0.9315 of stock tokens/s")
     assert "validated on MI300X" in decision.details["cost"]
     assert "still produces the step-1 NaN" in decision.details["other_scope"]
     assert decision.details["other_scope"].endswith("(--rocm.moe_eager_scope moe)")

@@ -55,7 +55,6 @@ from titan_rocm.adapters.tt022.preflight.parse_args import (
     check_bool_flags,
     check_toml_types,
     parse_config,
-    prog_name,
 )
 from titan_rocm.adapters.tt022.preflight.training import check_training
 
@@ -126,7 +125,7 @@ __all__ = [
     "check_toml_types",
     "check_world_flags",
     "parse_config",
-    "prog_name",
+    "registered_converters",
     "startup_step",
     "world_size",
 ]

@@ -12,10 +12,10 @@ import os
 import sys
 import types
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
-from titan_rocm.adapters.common import StartupError
+from titan_rocm.adapters.common import StartupError, prog_name
 from titan_rocm.adapters.common import one_line as _one_line
 from titan_rocm.adapters.tt022.config import CONFIG_MODULE
 from titan_rocm.adapters.tt022.job_args import (
@@ -254,23 +254,6 @@ def _config_class(manager: Any, args: list[str], toml: dict[str, Any]) -> type:
     return manager._maybe_add_custom_config(args, toml)
 
 
-@contextlib.contextmanager
-def prog_name(name: str) -> Iterator[None]:
-    """tyro names ``sys.argv[0]`` in its error box ("For full helptext, run X --help")."""
-    saved = sys.argv[0] if sys.argv else None
-    if sys.argv:
-        sys.argv[0] = name
-    else:
-        sys.argv.append(name)
-    try:
-        yield
-    finally:
-        if saved is None:
-            sys.argv.pop(0)
-        else:
-            sys.argv[0] = saved
-
-
 def parse_config(args: Sequence[str], launcher: str = DEFAULT_LAUNCHER,
                  prog: str = "titan-rocm plan") -> Any:
     """The JobConfig TorchTitan 0.2.2's ConfigManager makes of ``args`` under ``launcher``.
@@ -294,7 +277,7 @@ def parse_config(args: Sequence[str], launcher: str = DEFAULT_LAUNCHER,
     except SystemExit as exc:  # tyro printed its box (which flag, what it accepts) above
         raise StartupError(
             f"TorchTitan's parser rejected the arguments (exit {exc.code}; the box above says "
-            f"which); {prog} --help-torchtitan lists every TorchTitan and --rocm.* flag"
+            "which); titan-rocm plan --help-torchtitan lists every TorchTitan and --rocm.* flag"
         ) from None
     except Exception as exc:
         raise StartupError(f"TorchTitan 0.2.2 would stop reading the config: {_one_line(exc)}"
