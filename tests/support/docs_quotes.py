@@ -45,6 +45,7 @@ The value must round to the number quoted, at the number of decimals quoted.
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import re
 import shlex
@@ -279,13 +280,11 @@ def reanalysed(folder: str) -> dict[str, Any]:
     """``benchmarks/results/<folder>`` re-analysed from its logs by its own benchmark; a CPU
     result that stores no logs (no ``environment`` in its ``summary.json``: the measurement
     is the summary itself) as stored."""
-    from tests.support.benchmark_loader import load_benchmark
-
     directory = RESULTS / folder
     summary = json.loads((directory / "summary.json").read_text())
     if "environment" not in summary:
         return summary
-    return load_benchmark(benchmark_of(directory)).reanalyse(directory)
+    return importlib.import_module(f"benchmarks.{benchmark_of(directory)}").reanalyse(directory)
 
 
 def value_at(tree: Any, path: tuple[str, ...]) -> Any:
