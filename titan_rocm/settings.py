@@ -211,10 +211,11 @@ def check_section(section: Any) -> RocmSettings:
 def check_flags(args: Sequence[str]) -> None:
     """Validate the values of ``--rocm.<field> VALUE`` (or ``--rocm.<field>=VALUE``) flags.
 
-    tyro reports a value :func:`validate` rejects only as "Error parsing rocm" in a box the
-    caller cannot read back; checking first gives the sentence that names the value and what
-    is accepted. Values tyro cannot convert (a word for a number) and bare boolean flags are
-    left to tyro, whose box says so.
+    tyro checks a value's type and a ``Literal``'s choices itself (its box names the flag and
+    the choices), but a number out of :data:`NUMBERS`' range or an empty string is reported
+    only as "Error parsing rocm", in a box the caller cannot read back; checking those first
+    gives the sentence that names the value and what is accepted. Everything tyro explains
+    itself (a word for a number, a choice, a bare boolean flag) is left to it.
 
     Raises:
         ValueError: naming the key, the bad value and the accepted values.
@@ -225,7 +226,7 @@ def check_flags(args: Sequence[str]) -> None:
             continue
         key, eq, text = arg[len("--rocm."):].partition("=")
         name = key.replace("-", "_")
-        if name not in types or types[name] is bool:
+        if types.get(name) not in (int, float, str):
             continue
         if not eq:
             if i + 1 >= len(args) or args[i + 1].startswith("--"):

@@ -91,7 +91,8 @@ def test_check_section_messages(section: object, needle: str) -> None:
     (["--rocm.numerics_audit_outlier_quantile", "1.5"],
      "numerics_audit_outlier_quantile = 1.5 is not valid; accepted: a number > 0 and < 1"),
     (["--rocm.numerics_audit_every=0"], "numerics_audit_every = 0 is not valid"),
-    (["--rocm-triton-war", "maybe"], "triton_war = 'maybe' is not valid; accepted: auto, on"),
+    (["--rocm.grouped_mm_backend="],
+     "grouped_mm_backend = '' is not valid; accepted: a non-empty string"),
 ])
 def test_check_flags_names_the_bad_value(args: list[str], needle: str) -> None:
     with pytest.raises(ValueError, match=needle):
@@ -102,6 +103,7 @@ def test_check_flags_names_the_bad_value(args: list[str], needle: str) -> None:
     ["--rocm.numerics_audit_outlier_quantile", "0.99", "--rocm.triton_war", "off"],
     ["--rocm.triton_war_strict", "--training.steps", "2"],  # a bare boolean flag
     ["--rocm.numerics_audit_every", "x"],  # tyro's own box says a word is not an int
+    ["--rocm-triton-war", "maybe"],  # tyro's own box names the flag and its choices
     ["--training.steps", "0"],  # not ours
 ])
 def test_check_flags_leaves_the_rest_to_tyro(args: list[str]) -> None:
