@@ -2,7 +2,7 @@
 
 The minesweeper must compile the same kernels training will: the workarounds that act on
 Inductor or Triton process-wide (not on the model) are decided and applied there too, through
-their own gates (:class:`~titan_rocm.workarounds.base.JobWorkarounds`), from the ``[rocm]``
+their own gates (:class:`~titan_rocm.workarounds.job.JobWorkarounds`), from the ``[rocm]``
 settings ``tune collect`` recorded. Here the tuner acts as an adapter: it builds the Context.
 """
 
