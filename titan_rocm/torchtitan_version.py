@@ -105,7 +105,7 @@ UNREAD_SHAPES: tuple[UnreadShape, ...] = (
         "TorchTitan built it",
     ),
     # pytorch/torchtitan #4539 (open at b5bcd76c): RoutedExperts' inner GroupedExperts gives
-    # way to w13/w2 GroupedLinear children. The class name is grouped_mm/tt030.py's
+    # way to w13/w2 GroupedLinear children. The class name is grouped_mm/seams_tt030.py's
     # EXPERTS_CLASS (a test holds the two equal).
     UnreadShape(
         "grouped_mm", "models/common/moe.py", "class GroupedExperts(",

@@ -48,7 +48,7 @@ def test_mixed_compile_on_gpu_dense_compiled_moe_eager() -> None:
     from torchtitan.protocols.train_spec import get_train_spec
 
     from titan_rocm.workarounds import moe_blocks
-    from titan_rocm.workarounds.moe_eager_compile import workaround as moe_eager_compile
+    from titan_rocm.workarounds.moe_eager_compile import seams_tt022
 
     job = ConfigManager().parse_args(["--compile.enable", "--model.name", "deepseek_v3",
                                       "--training.seq_len", "128"])
@@ -60,7 +60,7 @@ def test_mixed_compile_on_gpu_dense_compiled_moe_eager() -> None:
     model.to_empty(device="cuda")
     with torch.no_grad():
         model.init_weights()
-    moe_eager_compile.compile_blocks(model, backend="inductor")
+    seams_tt022.compile_blocks(model, backend="inductor")
     decisions = moe_blocks.plan_blocks(model)
     assert list(decisions.values()).count("fullgraph") >= 1
     counters.clear()

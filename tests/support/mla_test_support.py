@@ -25,10 +25,9 @@ import torch
 import torch.nn.functional as F
 
 from titan_rocm import log as titan_log
-from titan_rocm import platform, torchtitan_version
+from titan_rocm import patches, platform
 from titan_rocm.platform import PlatformFacts
-from titan_rocm.workarounds.mla_attention import guard, op, route_log
-from titan_rocm.workarounds.mla_attention.workaround import DEEPSEEK_PARALLELIZE
+from titan_rocm.workarounds.mla_attention import guard, route_log
 
 FAKE_AITER = Path(__file__).resolve().parents[1] / "fake_aiter"
 GENERATIONS = {"0.1.7": "pypi_0_1_7", "e4048607": "e4048607", "main": "main"}
@@ -56,13 +55,7 @@ def clean_mla_state(monkeypatch) -> Iterator[None]:
     drop_aiter_modules()
     route_log.forget()
     titan_log.forget("mla_")
-    if torchtitan_version.series() == "0.3":
-        from titan_rocm.workarounds.mla_attention import tt030
-
-        tt030.restore_op_sac()
-    else:
-        save_list = importlib.import_module(DEEPSEEK_PARALLELIZE)._op_sac_save_list
-        save_list.difference_update(op.FORWARD_OPS)
+    patches.restore(by="mla_ck_backward")
 
 
 @pytest.fixture(params=list(GENERATIONS))

@@ -15,7 +15,7 @@ import torch.nn as nn
 
 import titan_rocm.adapters.tt022.converters  # noqa: F401  (registers the converters with TorchTitan)
 from titan_rocm.workarounds import grouped_mm, moe_blocks
-from titan_rocm.workarounds.moe_eager_compile import workaround as moe_eager_compile
+from titan_rocm.workarounds.moe_eager_compile import seams_tt022
 
 MODELS = ("llama3", "llama4", "qwen3", "deepseek_v3", "gpt_oss")
 
@@ -122,7 +122,7 @@ def clean_patches() -> Iterator[None]:
         yield
     finally:
         for name in MODELS:
-            moe_eager_compile.restore_apply_compile(get_train_spec(name).parallelize_fn)
+            seams_tt022.restore_apply_compile(get_train_spec(name).parallelize_fn)
         grouped_mm.unbind_all()
         grouped_mm.reset_calls()
         moe_blocks.EAGER_FORWARD_CALLS.clear()

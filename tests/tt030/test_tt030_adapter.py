@@ -142,8 +142,8 @@ def test_moe_blocks_run_eager_and_dense_blocks_stay_compiled(cpu_harness, scope)
 @pytest.mark.slow
 def test_loop_backend_traces_inside_a_fullgraph_moe_block(cpu_harness):
     from titan_rocm.adapters.tt030 import rocm
+    from titan_rocm.workarounds.grouped_mm import call_counts
     from titan_rocm.workarounds.grouped_mm.backends import reset_calls
-    from titan_rocm.workarounds.grouped_mm.binding import call_counts
 
     reset_calls()
     # More steps than Dynamo's recompile limit (8): a count inside the compiled block made
@@ -188,8 +188,8 @@ def test_nan_injection_stops_with_the_first_bad_step_not_the_log_step(cpu_harnes
 def test_override_entry_attaches_the_same_workarounds_to_a_stock_trainer(cpu_harness,
                                                                           monkeypatch):
     from titan_rocm.workarounds.divergence_guard import DivergenceError, hooks
+    from titan_rocm.workarounds.grouped_mm import call_counts
     from titan_rocm.workarounds.grouped_mm.backends import reset_calls
-    from titan_rocm.workarounds.grouped_mm.binding import call_counts
 
     reset_calls()
     monkeypatch.setenv("TITAN_ROCM_DEBUG_INJECT_NAN_STEP", "2")

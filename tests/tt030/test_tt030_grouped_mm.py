@@ -30,14 +30,14 @@ def _inputs():
 @pytest.mark.parametrize("cls_name, seam", [("GroupedExperts", "forward"),
                                             ("GptOssGroupedExperts", "_grouped_mm")])
 def test_loop_backend_matches_the_stock_experts_on_the_routed_rows(cls_name, seam):
-    from titan_rocm.workarounds.grouped_mm import tt030
+    from titan_rocm.workarounds.grouped_mm import seams_tt030
     from titan_rocm.workarounds.grouped_mm.backends import CALLS
 
     module = _experts(cls_name)
     x, counts = _inputs()
     stock = module(x, counts)
     holder = nn.ModuleDict({"experts": module})
-    assert tt030.bind(holder, "loop") == {"experts": seam}
+    assert seams_tt030.bind(holder, "loop") == {"experts": seam}
     assert type(module).__name__ == f"Rocm{cls_name}"
     before = CALLS["loop"]
     ours = module(x, counts)
@@ -45,16 +45,16 @@ def test_loop_backend_matches_the_stock_experts_on_the_routed_rows(cls_name, sea
     used = int(counts.sum())
     # Stock runs the GEMMs in BF16, loop in x's dtype (float32 here).
     torch.testing.assert_close(ours[:used], stock[:used].to(ours.dtype), rtol=3e-2, atol=3e-2)
-    assert tt030.layer_backends(holder)["experts"].startswith("loop")
+    assert seams_tt030.layer_backends(holder)["experts"].startswith("loop")
 
 
 def test_torch_backend_counts_and_keeps_the_class_math_exactly():
-    from titan_rocm.workarounds.grouped_mm import tt030
+    from titan_rocm.workarounds.grouped_mm import seams_tt030
 
     module = _experts("GptOssGroupedExperts")
     x, counts = _inputs()
     stock = module(x, counts)
-    tt030.bind(nn.ModuleDict({"e": module}), "torch")
+    seams_tt030.bind(nn.ModuleDict({"e": module}), "torch")
     used = int(counts.sum())  # torch._grouped_mm leaves the padding rows unwritten
     assert torch.equal(module(x, counts)[:used], stock[:used])
 
@@ -63,28 +63,28 @@ def test_a_class_with_its_own_grouped_mm_is_left_stock_for_another_backend():
     """TorchTitan's MXFP8 experts override ``_grouped_mm``: a loop binding would bypass it."""
     from torchtitan.models.common.moe import GroupedExperts
 
-    from titan_rocm.workarounds.grouped_mm import tt030
+    from titan_rocm.workarounds.grouped_mm import seams_tt030
 
     class QuantizedExperts(GroupedExperts):
         def _grouped_mm(self, *, A, B_t, offs):
             return super()._grouped_mm(A=A, B_t=B_t, offs=offs)
 
     module = QuantizedExperts(GroupedExperts.Config(dim=8, hidden_dim=8, num_experts=2))
-    done = tt030.bind(nn.ModuleDict({"e": module}), "loop")
+    done = seams_tt030.bind(nn.ModuleDict({"e": module}), "loop")
     assert done["e"].startswith("not covered")
     assert type(module) is QuantizedExperts
-    assert tt030.bind(nn.ModuleDict({"e": module}), "torch") == {"e": "counted"}
+    assert seams_tt030.bind(nn.ModuleDict({"e": module}), "torch") == {"e": "counted"}
 
 
 def test_binding_again_rebinds_without_stacking_subclasses():
-    from titan_rocm.workarounds.grouped_mm import tt030
+    from titan_rocm.workarounds.grouped_mm import seams_tt030
 
     module = _experts()
     holder = nn.ModuleDict({"e": module})
-    tt030.bind(holder, "loop")
-    tt030.bind(holder, "torch")
+    seams_tt030.bind(holder, "loop")
+    seams_tt030.bind(holder, "torch")
     assert type(module).__mro__[1].__name__ == "GroupedExperts"
-    assert tt030.bound_backend(module) == "torch"
+    assert seams_tt030.bound_backend(module) == "torch"
 
 
 # -- the FP8 route (issue 22 item 5) on 0.3.0 ---------------------------------------------------
@@ -138,7 +138,7 @@ def test_fp8_route_runs_the_float8_experts_and_the_torch_route_still_runs_torcha
     the class seam: primus_turbo:fp8 runs Primus-Turbo's FP8 GEMMs on plain tensors, torch
     keeps the class's own path through torchao's scaled grouped GEMM; both train the weights."""
     from tests.support import fake_primus_turbo, fake_torchao
-    from titan_rocm.workarounds.grouped_mm import tt030
+    from titan_rocm.workarounds.grouped_mm import seams_tt030
     from titan_rocm.workarounds.grouped_mm.backends import CALLS
 
     fake_primus_turbo.install(monkeypatch)
@@ -154,7 +154,7 @@ def test_fp8_route_runs_the_float8_experts_and_the_torch_route_still_runs_torcha
     for route in ("primus_turbo:fp8", "torch"):
         fake_torchao.SCALED_CALLS.clear()
         fake_primus_turbo.CALLS.clear()
-        assert tt030.bind(nn.ModuleDict({"e": module}), route)["e"] in ("forward", "counted")
+        assert seams_tt030.bind(nn.ModuleDict({"e": module}), route)["e"] in ("forward", "counted")
         module.zero_grad()
         before = CALLS[route]
         out = module(x, counts)

@@ -101,7 +101,7 @@ def _logits_and_grads(model, tokens, positions, masks):
 
 def test_converted_main_deepseek_matches_its_flex_attention_per_document(fake_aiter, main):
     from titan_rocm.workarounds.mla_attention.documents import dense_mask
-    from titan_rocm.workarounds.mla_attention.tt030_folded import MLAFoldedVarlenAttention
+    from titan_rocm.workarounds.mla_attention.seams_tt030 import MLAFoldedVarlenAttention
 
     config = _config(main)
     stock = _build(config)
@@ -168,7 +168,7 @@ def test_dropped_masks_run_causal_rows_of_max_context_length_through_varlen(fake
     """``mla_document_masks = "drop"``: causal within each ``max_context_length`` row of the
     folded tokens (a batch of rows folded), across documents: cu_seqlens at multiples of the
     row length, the last row shorter; equal to SDPA causal within each row."""
-    from titan_rocm.workarounds.mla_attention.tt030_folded import MLAFoldedRowsAttention
+    from titan_rocm.workarounds.mla_attention.seams_tt030 import MLAFoldedRowsAttention
 
     config = _config(main)
     model = _build(config)
@@ -230,7 +230,7 @@ def test_gate_on_folded_tokens(fake_aiter, main):
 
     from titan_rocm.workarounds.base import Parallelism
     from titan_rocm.workarounds.mla_attention.kinds import ROWS
-    from titan_rocm.workarounds.mla_attention.tt030_folded import check
+    from titan_rocm.workarounds.mla_attention.seams_tt030 import check_folded
 
     config = _config(main, inner=ScaledDotProductAttention.Config)
     with on_rocm("gfx942", fake_aiter):
@@ -245,7 +245,7 @@ def test_gate_on_folded_tokens(fake_aiter, main):
             got = _convert(config, _build(config), Parallelism(world_size=2, pp=pp, cp=cp),
                            mla_document_masks=masks)
             assert got.reason.startswith(reason) if reason else got.applied, (pp, cp, got)
-    assert check(torch.nn.Module(), {"layers.0.attention": ROWS}) == (
+    assert check_folded(torch.nn.Module(), {"layers.0.attention": ROWS}) == (
         'mla_document_masks = "drop" on folded tokens cuts them into rows of the model\'s '
         "max_context_length, and model.config has none")
 
@@ -255,7 +255,7 @@ def test_compiled_folded_varlen_serves_changing_documents_with_one_graph(fake_ai
     once, then one fullgraph graph serves every layout, equal to eager."""
     from torch._dynamo.utils import counters
 
-    from titan_rocm.workarounds.mla_attention.tt030_folded import MLAFoldedVarlenAttention
+    from titan_rocm.workarounds.mla_attention.seams_tt030 import MLAFoldedVarlenAttention
 
     module = MLAFoldedVarlenAttention.Config().build()
     torch._dynamo.reset()

@@ -187,7 +187,7 @@ def test_a_change_main_has_not_made_moves_that_seam_with_one_sentence(tmp_path, 
 
 
 def test_the_experts_marker_is_the_class_grouped_mm_binds():
-    from titan_rocm.workarounds.grouped_mm.tt030 import EXPERTS_CLASS
+    from titan_rocm.workarounds.grouped_mm.seams_tt030 import EXPERTS_CLASS
 
     experts = next(s for s in torchtitan_version.UNREAD_SHAPES if s.workaround == "grouped_mm")
     assert experts.lacks == f"class {EXPERTS_CLASS}("

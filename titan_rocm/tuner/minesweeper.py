@@ -24,6 +24,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from titan_rocm import patches
 from titan_rocm.tuning.env import environment
 from titan_rocm.tuning.problems import Problem, TensorSpec
 from titan_rocm.tuning.records import task_id
@@ -310,12 +311,15 @@ _ACTIVE: list[Target] = []
 
 
 def install_benchmark_hook() -> None:
-    """Route ``benchmark_choices`` of the tuned lowering to :meth:`Target.validate`."""
+    """Route ``benchmark_choices`` of the tuned lowering to :meth:`Target.validate` (once; a
+    patch of :mod:`titan_rocm.patches`)."""
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
-    original = AlgorithmSelectorCache.__dict__["benchmark_choices"].__func__
-    if getattr(original, "_titan_rocm_hook", False):
-        return
+    patches.patch(AlgorithmSelectorCache, "benchmark_choices", _validating, by="titan-rocm tune")
+
+
+def _validating(stock: Any) -> classmethod:
+    original = stock.__func__  # the classmethod as bound to the class: its function
 
     def benchmark_choices(cls, choices, autotune_args, *args, **kwargs):  # noqa: ANN001
         target = _ACTIVE[-1] if _ACTIVE else None
@@ -323,8 +327,7 @@ def install_benchmark_hook() -> None:
             return original(cls, choices, autotune_args, *args, **kwargs)
         return target.validate(list(choices), autotune_args)
 
-    benchmark_choices._titan_rocm_hook = True  # type: ignore[attr-defined]
-    AlgorithmSelectorCache.benchmark_choices = classmethod(benchmark_choices)  # type: ignore
+    return classmethod(benchmark_choices)
 
 
 def _tensor(spec: TensorSpec, device: str) -> Any:

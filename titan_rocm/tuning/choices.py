@@ -37,6 +37,7 @@ from torch._inductor.lookup_table.choices import LookupTableChoices
 from torch._inductor.select_algorithm import AlgorithmSelectorCache, ExternKernelChoice
 from torch._inductor.virtualized import V
 
+from titan_rocm import patches
 from titan_rocm.log import log, log_once
 from titan_rocm.tuning.problems import GEMM_OPS, Call, Problem, Template, TensorSpec
 
@@ -360,20 +361,20 @@ class ChoicesFactory:
 
 
 def install_lowering_hook() -> None:
-    """Wrap ``AlgorithmSelectorCache.__call__`` once: a handler with ``lowering_done`` settles
-    each GEMM lowering's choices there. Idempotent; other handlers see no change."""
-    original = AlgorithmSelectorCache.__call__
-    if getattr(original, "_titan_rocm_hook", False):
-        return
+    """Wrap ``AlgorithmSelectorCache.__call__`` once (a patch of :mod:`titan_rocm.patches`): a
+    handler with ``lowering_done`` settles each GEMM lowering's choices there. Other handlers
+    see no change."""
+    patches.patch(AlgorithmSelectorCache, "__call__", _settling_lowerings, by="gemm choices")
 
+
+def _settling_lowerings(original: Callable[..., Any]) -> Callable[..., Any]:
     def __call__(self, name, choices, input_nodes, layout, *args, **kwargs):  # noqa: ANN001
         done = getattr(V.choices, "lowering_done", None)
         if done is not None:
             choices = done(name, list(choices), input_nodes, layout)
         return original(self, name, choices, input_nodes, layout, *args, **kwargs)
 
-    __call__._titan_rocm_hook = True  # type: ignore[attr-defined]
-    AlgorithmSelectorCache.__call__ = __call__  # type: ignore[method-assign]
+    return __call__
 
 
 def install(factory: ChoicesFactory, settings: dict[str, Any] | None = None) -> None:

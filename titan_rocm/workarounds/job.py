@@ -15,6 +15,7 @@ from typing import Any
 
 import torch.nn as nn
 
+from titan_rocm import patches
 from titan_rocm.log import log, log_once
 from titan_rocm.numerics.attribution import JobFacts
 from titan_rocm.workarounds.base import Context, Workaround
@@ -66,6 +67,9 @@ class JobWorkarounds:
         self.applied_by: dict[str, str] = {}
         """Workaround name -> who applied it (a converter name)."""
         self.decided = False
+        self.patches = patches.Scope(f"job ({ctx.framework})")
+        """What this job's workarounds patched (:mod:`titan_rocm.patches`): held while they
+        apply, and by the seams they hand the trainer; released by :meth:`close`."""
         ctx.job = self
 
     def adopt(self, instances: Mapping[str, Workaround], model: nn.Module) -> None:
@@ -133,6 +137,12 @@ class JobWorkarounds:
         if reason is not None:
             # A skipped fix has no effects to describe: only what runs instead.
             return Decision(name, by, False, reason, w.skipped_plan(model))
-        w.apply(model)
+        with self.patches.active():
+            w.apply(model)
         self.applied_by[name] = by
         return Decision(name, by, True, "", w.plan(model))
+
+    def close(self) -> None:
+        """The job's teardown: every attribute its workarounds patched is put back, unless
+        another job still holds the same patch."""
+        self.patches.release()

@@ -100,7 +100,7 @@ def _stock_compile_blocks(per_block: dict[str, str], parallelize_fn: Any) -> dic
     patch), from :func:`~titan_rocm.workarounds.moe_blocks.plan_blocks`' dense/MoE split."""
     import inspect
 
-    from titan_rocm.workarounds.moe_eager_compile.workaround import stock_apply_compile
+    from titan_rocm.workarounds.moe_eager_compile.seams_tt022 import stock_apply_compile
 
     stock = stock_apply_compile(parallelize_fn)
     if stock is None:  # e.g. gpt_oss: its parallelize_fn compiles no blocks

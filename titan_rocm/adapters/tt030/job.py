@@ -172,6 +172,11 @@ class RocmJob:
             seam.after_forward_backward(loss, labels, global_valid_tokens)
 
     def close(self) -> None:
-        """The trainer closes."""
-        for seam in self.seams:
-            seam.close()
+        """The trainer closes: the seams' last calls, then the job's teardown (every attribute
+        its workarounds patched is put back)."""
+        try:
+            for seam in self.seams:
+                seam.close()
+        finally:
+            if self.workarounds is not None:
+                self.workarounds.close()

@@ -1,29 +1,13 @@
-"""Where the guard listens in TorchTitan 0.2.2, without touching the trainer module.
+"""What both TorchTitan generations' seams of the guard share: the active monitor, and the
+grad-norm wrapper.
 
-The loss and the grad norm are locals of ``Trainer.train_step``, and ``python -m
-torchtitan.train`` runs the trainer as ``__main__`` (a second copy of the module), so
-patching ``torchtitan.train`` would not even reach the running trainer. The guard wraps
-library functions and methods the trainer looks up at call time instead:
-
-* ``torchtitan.components.loss.cross_entropy_loss``: ``build_cross_entropy_loss`` reads this
-  module global when the trainer builds its loss function, which happens after model
-  converters run; so the trainer's (and the pipeline schedule's) loss function is the
-  wrapper. Every micro-batch's loss passes through it on the device.
-* ``torchtitan.distributed.utils.clip_grad_norm_``: the trainer calls
-  ``dist_utils.clip_grad_norm_`` every step; the wrapper keeps a reference to the total
-  norm tensor it returns (already reduced over every parallel dimension).
-* ``MetricsProcessor.should_log`` (class attribute): when it says a step will be logged,
-  the guard enqueues every rank's record row to the host (:mod:`.snapshot`) before
-  TorchTitan reduces the loss and calls ``.item()``, which waits for that copy too.
-* ``MetricsProcessor.log``: the log steps, where TorchTitan has just synchronised to print
-  loss and grad norm: the check point, reading the copy that has landed.
-* ``MetricsProcessor.close``: the end of training, whatever made the loop stop.
-* ``CheckpointManager.save``: before a checkpoint is written (check first), and
-  ``CheckpointManager.load``: ``Trainer.train`` calls it first; it holds the trainer as
-  ``states["train_state"]``, whose ``step`` numbers the steps (after a resume too).
-
-Every wrapper forwards to the active :class:`~.monitor.Monitor` and is a pass-through when
-none is active. :func:`uninstall` restores the originals.
+``torchtitan.distributed.utils.clip_grad_norm_``: ``Trainer.train_step`` calls
+``dist_utils.clip_grad_norm_`` every step in 0.2.2 and 0.3.0 alike, looked up on the module at
+each call; the wrapper keeps a reference to the total norm tensor it returns (already reduced
+over every parallel dimension). Every wrapper of the guard (here, in :mod:`.seams_tt022` and
+:mod:`.seams_tt030`) forwards to the active :class:`~.monitor.Monitor` and passes through
+when none is active; they are patches of :mod:`titan_rocm.patches` made ``by``
+:data:`NAME`, restored with the job that made them.
 """
 
 from __future__ import annotations
@@ -34,11 +18,12 @@ from typing import Any
 
 import torch
 
+from titan_rocm import patches
 from titan_rocm.workarounds.divergence_guard.monitor import Monitor
 
-_WRAPPED = "__titan_rocm_divergence_guard__"
+NAME = "divergence_guard"
+"""Who the guard's patches are ``by``."""
 _active: Monitor | None = None
-_originals: list[tuple[Any, str, Any]] = []
 
 
 def active() -> Monitor | None:
@@ -46,30 +31,10 @@ def active() -> Monitor | None:
     return _active
 
 
-def _patch(owner: Any, attr: str, make: Callable[[Any], Any]) -> None:
-    original = getattr(owner, attr)
-    if getattr(original, _WRAPPED, False):
-        return  # already wrapped (a second guard in the same process)
-    wrapper = make(original)
-    setattr(wrapper, _WRAPPED, True)
-    _originals.append((owner, attr, original))
-    setattr(owner, attr, wrapper)
-
-
-@torch.compiler.disable
-def _observe_loss(loss: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    # Kept out of torch.compile (``[compile] components`` with "loss"): a graph break here
-    # keeps the guard's bookkeeping eager and the compiled loss free of step-dependent guards.
-    monitor = _active
-    return loss if monitor is None else monitor.on_loss(loss, labels)
-
-
-def _wrap_loss(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    @functools.wraps(original)
-    def cross_entropy_loss(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        return _observe_loss(original(pred, labels), labels)
-
-    return cross_entropy_loss
+def activate(monitor: Monitor) -> None:
+    """Make ``monitor`` the one the wrappers report to (the newest job's)."""
+    global _active
+    _active = monitor
 
 
 def _wrap_clip(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -84,102 +49,18 @@ def _wrap_clip(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Ten
     return clip_grad_norm_
 
 
-def _wrap_log(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def log(self: Any, step: int, global_avg_loss: Any, global_max_loss: Any, grad_norm: Any,
-            *args: Any, **kwargs: Any) -> Any:
-        result = original(self, step, global_avg_loss, global_max_loss, grad_norm,
-                          *args, **kwargs)
-        monitor = _active
-        if monitor is not None:
-            monitor.on_log(step, global_avg_loss, grad_norm)
-        return result
-
-    return log
-
-
-def _wrap_should_log(original: Callable[..., bool]) -> Callable[..., bool]:
-    @functools.wraps(original)
-    def should_log(self: Any, step: int) -> bool:
-        result = original(self, step)
-        monitor = _active
-        if monitor is not None and result:
-            monitor.on_should_log(step)
-        return result
-
-    return should_log
-
-
-def _wrap_close(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def close(self: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            monitor = _active
-            if monitor is not None:
-                monitor.on_close()
-        finally:
-            result = original(self, *args, **kwargs)
-        return result
-
-    return close
-
-
-def _wrap_save(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def save(self: Any, curr_step: int, last_step: bool = False) -> Any:
-        monitor = _active
-        if monitor is not None:
-            should_save = getattr(self, "_should_save", None)
-            if last_step or (should_save is not None and should_save(curr_step, last_step)):
-                monitor.on_save(curr_step)
-        return original(self, curr_step, last_step)
-
-    return save
-
-
-def _wrap_load(original: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def load(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(self, *args, **kwargs)
-        monitor = _active
-        if monitor is not None:
-            states = getattr(self, "states", None) or {}
-            monitor.train_state = states.get("train_state", monitor.train_state)
-        return result
-
-    return load
-
-
-def install_grad_norm(monitor: Monitor) -> None:
-    """Make ``monitor`` the active one and wrap ``clip_grad_norm_`` only (idempotent): the
-    one seam TorchTitan 0.2.2 and 0.3.0 share (``Trainer.train_step`` calls
-    ``dist_utils.clip_grad_norm_``, looked up on the module at each call)."""
-    global _active
+def install_grad_norm(monitor: Monitor, scope: patches.Scope | None = None) -> None:
+    """Make ``monitor`` the active one and wrap ``clip_grad_norm_`` (once per process),
+    held by ``scope`` (default: the current one)."""
     import torchtitan.distributed.utils as dist_utils
 
-    _active = monitor
-    _patch(dist_utils, "clip_grad_norm_", _wrap_clip)
-
-
-def install(monitor: Monitor) -> None:
-    """Make ``monitor`` the active one and wrap TorchTitan 0.2.2's functions (idempotent)."""
-    import torchtitan.components.loss as loss_module
-    from torchtitan.components.checkpoint import CheckpointManager
-    from torchtitan.components.metrics import MetricsProcessor
-
-    install_grad_norm(monitor)
-    _patch(loss_module, "cross_entropy_loss", _wrap_loss)
-    _patch(MetricsProcessor, "should_log", _wrap_should_log)
-    _patch(MetricsProcessor, "log", _wrap_log)
-    _patch(MetricsProcessor, "close", _wrap_close)
-    _patch(CheckpointManager, "save", _wrap_save)
-    _patch(CheckpointManager, "load", _wrap_load)
+    activate(monitor)
+    (scope or patches.current()).patch(dist_utils, "clip_grad_norm_", _wrap_clip, by=NAME)
 
 
 def uninstall() -> None:
-    """Restore every wrapped function and deactivate the monitor (tests)."""
+    """Restore every wrapper of the guard, whoever holds it, and deactivate the monitor
+    (tests)."""
     global _active
     _active = None
-    while _originals:
-        owner, attr, original = _originals.pop()
-        setattr(owner, attr, original)
+    patches.restore(by=NAME)

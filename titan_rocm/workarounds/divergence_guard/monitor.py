@@ -1,6 +1,6 @@
 """The guard's per-process state: what it observed, when it checks, and the NaN test hook.
 
-TorchTitan's pieces call in through :mod:`titan_rocm.workarounds.divergence_guard.hooks`:
+TorchTitan's pieces call in through the seams' wrappers (:mod:`.seams_tt022`, :mod:`.hooks`):
 
 ======================================  ==========================================
 call                                    when (TorchTitan 0.2.2 ``Trainer.train_step``)

@@ -1,13 +1,145 @@
 """TorchTitan 0.3.0's seam of the divergence guard: the trainer adapter's calls
-(:class:`~.tt030.TrainerGuard`)."""
+(:class:`TrainerGuard`) at the trainer's own methods.
+
+What changed from 0.2.2, and where the guard listens instead (``torchtitan/trainer.py``):
+
+- The loss: ``config.loss.build()`` stores ``cross_entropy_loss`` in the loss object at
+  ``Trainer.__init__`` (now with a ``global_vocab_size`` keyword), ``ChunkedLossWrapper`` runs a
+  backward per chunk inside the loss call, and on NVIDIA ``_forward_backward_body`` is captured
+  as a CUDA graph by default (a wrapped loss would be captured: its Python would not run on
+  replays). So the guard reads the loss that ``forward_backward_step`` returns, outside any
+  graph: ``local sum / global_valid_tokens``, turned back into the sum
+  (:meth:`TrainerGuard.after_forward_backward`).
+- The NaN test hook must make the gradients NaN too, so it cannot act after the backward: it
+  multiplies the innermost loss (the one whose backward runs) by a device scalar that is 1,
+  or NaN at the injected step (set at :meth:`before_step`; a graph replay reads it too).
+- The grad norm: ``train_step`` still calls ``dist_utils.clip_grad_norm_`` (wrapped as on 0.2.2).
+- When to copy the record to the host: ``should_log`` now runs at the *start* of
+  ``train_step``, before the step's loss exists. The copy is enqueued from the optimizer's
+  post-step hook instead (after clipping, before TorchTitan's ``.item()`` for the log line):
+  :meth:`after_optimizer_step`.
+- At a log step with a non-finite loss TorchTitan raises its own ``RuntimeError("Loss is not
+  finite ... at step N")`` before ``MetricsProcessor.log``: :meth:`step_failed` turns it into
+  the guard's verdict, which names the *first* bad step and what was non-finite.
+- Log steps (``metrics_processor.log``) and checkpoint saves (``checkpointer.save``) are read
+  on the trainer's own objects (instance attributes, patches of :mod:`titan_rocm.patches`
+  held by the job), ``close`` through the trainer.
+"""
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
+import torch
+
+from titan_rocm import patches
 from titan_rocm.workarounds.base import TrainerSeam
-from titan_rocm.workarounds.divergence_guard import tt030
+from titan_rocm.workarounds.divergence_guard import hooks
 from titan_rocm.workarounds.divergence_guard.monitor import Monitor
+
+NON_FINITE_ERROR = "Loss is not finite"
+"""The start of TorchTitan 0.3.0's own error at a log step with a non-finite loss."""
+
+
+def innermost_loss(loss_fn: Any) -> Any:
+    """The loss whose backward runs: ``ChunkedLossWrapper.loss_fn`` (per chunk), else itself."""
+    inner = getattr(loss_fn, "loss_fn", None)
+    return innermost_loss(inner) if inner is not None and callable(inner) else loss_fn
+
+
+class TrainerGuard(TrainerSeam):
+    """The guard's :class:`~titan_rocm.workarounds.base.TrainerSeam` on TorchTitan 0.3.0."""
+
+    def __init__(self, monitor: Monitor) -> None:
+        self.monitor = monitor
+        self.factor: torch.Tensor | None = None
+        """The NaN test hook's device scalar (None without the hook)."""
+        self.patches = patches.current()
+        """The job's scope (made while the guard applies): it holds the trainer's wrappers."""
+
+    def attach(self, trainer: Any) -> None:
+        monitor = self.monitor
+        monitor.train_state = trainer  # its ``step`` numbers the steps (after a resume too)
+        hooks.install_grad_norm(monitor, self.patches)
+        metrics, checkpointer = trainer.metrics_processor, trainer.checkpointer
+        self.patches.patch(metrics, "log", lambda log: _after_log(log, monitor), by=hooks.NAME)
+        self.patches.patch(checkpointer, "save",
+                           lambda save: _before_save(save, checkpointer, monitor), by=hooks.NAME)
+        if monitor.injection is not None:
+            self.factor = torch.ones((), device=trainer.device)
+            _inject_into(innermost_loss(trainer.loss_fn), self)
+
+    def before_step(self, step: int) -> None:
+        if self.factor is not None:
+            injecting = self.monitor.injecting(step)
+            self.factor.fill_(math.nan if injecting else 1.0)  # a device op: no sync
+            if injecting:
+                self.monitor.note_injection()
+
+    def after_forward_backward(self, loss: Any, labels: Any, global_valid_tokens: Any) -> None:
+        if not isinstance(labels, torch.Tensor):
+            return  # pipeline parallelism: the schedule's loss, observed by the last stage only
+        # TorchTitan returns local sum / global valid tokens; the record wants the sum.
+        self.monitor.on_loss(loss.detach() * global_valid_tokens, labels, inject=False)
+
+    def after_optimizer_step(self, trainer: Any) -> None:
+        step = trainer.step
+        if trainer.metrics_processor.should_log(step):
+            self.monitor.on_should_log(step)
+
+    def step_failed(self, error: BaseException, step: int) -> None:
+        if not (isinstance(error, RuntimeError) and str(error).startswith(NON_FINITE_ERROR)):
+            return
+        monitor = self.monitor
+        if monitor.divergence is not None:
+            return
+        snapshot, monitor.pending = monitor.pending, None
+        if snapshot is not None and snapshot.step != step:
+            snapshot = None
+        # Raises DivergenceError naming the first bad step (the host row if no device record).
+        monitor.check(f"log step {step}", host=(step, math.nan, math.nan), snapshot=snapshot)
+
+    def close(self) -> None:
+        self.monitor.on_close()
+
+
+def _after_log(log: Any, monitor: Monitor) -> Any:
+    @functools.wraps(log)
+    def logged(step: int, global_avg_loss: Any, global_max_loss: Any, grad_norm: Any,
+               *args: Any, **kwargs: Any) -> Any:
+        result = log(step, global_avg_loss, global_max_loss, grad_norm, *args, **kwargs)
+        monitor.on_log(step, global_avg_loss, grad_norm)
+        return result
+
+    return logged
+
+
+def _before_save(save: Any, checkpointer: Any, monitor: Monitor) -> Any:
+    @functools.wraps(save)
+    def checked(curr_step: int, last_step: bool = False) -> Any:
+        should_save = getattr(checkpointer, "_should_save", None)
+        if last_step or (should_save is not None and should_save(curr_step, last_step)):
+            monitor.on_save(curr_step)
+        return save(curr_step, last_step)
+
+    return checked
+
+
+def _inject_into(loss: Any, guard: TrainerGuard) -> None:
+    """Make ``loss`` (a TorchTitan loss object) return its loss times ``guard.factor``.
+
+    ``loss(...)`` looks ``__call__`` up on the class, so the instance gets a subclass."""
+    cls = type(loss)
+
+    class Injected(cls):  # type: ignore[misc, valid-type]
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            value, metrics = cls.__call__(self, *args, **kwargs)
+            return value * guard.factor, metrics
+
+    Injected.__name__ = Injected.__qualname__ = f"NaNTestHook{cls.__name__}"
+    loss.__class__ = Injected
 
 
 class Seam:
@@ -20,4 +152,4 @@ class Seam:
 
     def install(self, monitor: Monitor) -> TrainerSeam | None:
         """The guard the 0.3.0 trainer adapter calls at its own methods."""
-        return tt030.TrainerGuard(monitor)
+        return TrainerGuard(monitor)

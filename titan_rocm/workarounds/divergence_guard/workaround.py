@@ -1,6 +1,6 @@
 """The ``rocm.divergence_guard`` workaround: one :class:`~.monitor.Monitor`, fed through the
-job's seam (:class:`GuardSeam`): TorchTitan 0.2.2's hooks (:mod:`.seams_tt022`, :mod:`.hooks`)
-or the 0.3.0 trainer adapter's calls (:mod:`.seams_tt030`, :mod:`.tt030`)."""
+job's seam (:class:`GuardSeam`): TorchTitan 0.2.2's wrapped functions (:mod:`.seams_tt022`)
+or the 0.3.0 trainer adapter's calls (:mod:`.seams_tt030`), both over :mod:`.hooks`."""
 
 from __future__ import annotations
 

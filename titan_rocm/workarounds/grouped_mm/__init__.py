@@ -2,26 +2,27 @@
 
 This package's face is the public API users extend (:func:`register_backend`) and read
 (:func:`call_counts`, :func:`layer_backends`). The workaround ``rocm.grouped_mm`` is
-:mod:`.workaround`; how the binding reaches the function TorchTitan really calls,
-:mod:`.binding`; the backends, :mod:`.backends`; whether the bound function runs compiled,
+:mod:`.workaround`; how the binding reaches what TorchTitan really calls, its seams
+(:mod:`.seams_tt022`: the module global; :mod:`.seams_tt030`: the experts' class); the
+backends, :mod:`.backends`; whether the bound function runs compiled (0.2.2),
 :mod:`.experts_compile`. Docs: docs/grouped-mm.md.
 """
 
 from titan_rocm.workarounds.grouped_mm.backends import (
     backend_names,
+    call_counts,
     is_compilable,
     register_backend,
     reset_calls,
 )
-from titan_rocm.workarounds.grouped_mm.binding import (
+from titan_rocm.workarounds.grouped_mm.experts_compile import CompileRequest
+from titan_rocm.workarounds.grouped_mm.seams_tt022 import (
     bind,
     bound_runner,
-    call_counts,
     find_grouped_experts,
     layer_backends,
     unbind_all,
 )
-from titan_rocm.workarounds.grouped_mm.experts_compile import CompileRequest
 
 __all__ = [
     "CompileRequest",

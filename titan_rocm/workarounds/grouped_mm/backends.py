@@ -419,3 +419,8 @@ def resolve(name: str, is_rocm: bool, facts: PlatformFacts | None = None) -> tup
 def reset_calls() -> None:
     """Forget the call counts (tests, benchmarks)."""
     CALLS.clear()
+
+
+def call_counts() -> dict[str, int]:
+    """Calls of each backend through titan-rocm's binding in this process."""
+    return dict(CALLS)

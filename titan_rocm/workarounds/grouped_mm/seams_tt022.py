@@ -1,21 +1,176 @@
-"""TorchTitan 0.2.2's seam of the grouped-MM binding: the module global
-``_run_experts_grouped_mm`` the experts call (:mod:`.binding`), compiled on its own
-(:mod:`.experts_compile`)."""
+"""TorchTitan 0.2.2's seam of the grouped-MM binding: the live model's MoE experts bound to a
+backend through the module global their ``forward`` really reads, compiled on its own
+(:mod:`.experts_compile`).
+
+``GroupedExperts.forward`` (``torchtitan/models/moe/moe.py``, TorchTitan 0.2.2) looks up the
+module global ``_run_experts_grouped_mm`` on every call. The same file can be loaded twice
+under two module names (TorchTitan's model folders are PEP-420 namespace directories), so
+patching an attribute chain imported here may miss the module the model really uses. So the
+model's ``GroupedExperts`` instances are found, and the binding writes into
+``type(m).forward.__globals__`` (a patch of :mod:`titan_rocm.patches`: binding again rebinds
+from TorchTitan's function, restored with the last job holding it).
+
+The bound function is called ``_run_experts_grouped_mm_dynamic``: stock llama4
+``apply_compile`` checks that name (its "already patched" test) and then leaves it alone
+instead of wrapping it in ``torch.compile``. Where stock would have compiled its own function,
+the bound one compiles a traceable backend itself (:mod:`.experts_compile`).
+
+gpt_oss is NOT covered: ``GptOssGroupedExperts`` has its own ``_run_experts_grouped_mm`` with
+biases and a clamped SwiGLU, a different signature; its layers are reported as not covered.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 import torch.nn as nn
 
+from titan_rocm import patches
 from titan_rocm.log import log
-from titan_rocm.workarounds.grouped_mm.binding import (
-    bind,
-    find_gpt_oss_experts,
-    find_grouped_experts,
-    layer_backends,
+from titan_rocm.workarounds.grouped_mm.backends import CALLS, ExpertsFn, experts_function
+from titan_rocm.workarounds.grouped_mm.experts_compile import (
+    NOT_COMPILED,
+    CompileRequest,
+    ExpertsRunner,
+    static_reason,
 )
-from titan_rocm.workarounds.grouped_mm.experts_compile import CompileRequest, static_reason
+
+NAME = "grouped_mm"
+"""Who the binding's patches are ``by``."""
+
+TARGET = "_run_experts_grouped_mm"
+"""The module global ``GroupedExperts.forward`` calls."""
+BACKEND_ATTR = "titan_rocm_backend"
+"""Attribute of a bound function: the backend name."""
+RUNNER_ATTR = "titan_rocm_runner"
+"""Attribute of a bound function: its :class:`ExpertsRunner` (eager or compiled, and why)."""
+
+_EXPERTS_CLASS = "GroupedExperts"
+_GPT_OSS_CLASS = "GptOssGroupedExperts"
+
+
+def _class_names(module: nn.Module) -> set[str]:
+    return {cls.__name__ for cls in type(module).__mro__}
+
+
+def experts_globals(module: nn.Module) -> dict[str, Any] | None:
+    """The globals ``forward`` of a TorchTitan ``GroupedExperts`` reads, or None if not one.
+
+    Matched by class name (anywhere in the MRO, so FSDP's subclass matches too), the
+    ``w1``/``w2``/``w3``/``use_grouped_mm`` attributes, and a forward whose module defines
+    ``_run_experts_grouped_mm`` -- never by class identity, since moe.py may be loaded twice.
+    """
+    if _EXPERTS_CLASS not in _class_names(module):
+        return None
+    if not all(hasattr(module, attr) for attr in ("w1", "w2", "w3", "use_grouped_mm")):
+        return None
+    forward_globals = getattr(type(module).forward, "__globals__", None)
+    if forward_globals is None or TARGET not in forward_globals:
+        return None
+    return forward_globals
+
+
+def find_grouped_experts(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(qualified name, module)`` of every TorchTitan ``GroupedExperts`` in ``model``."""
+    return [(name, m) for name, m in model.named_modules() if experts_globals(m) is not None]
+
+
+def find_gpt_oss_experts(model: nn.Module) -> list[str]:
+    """Qualified names of gpt_oss experts (which titan-rocm does not bind)."""
+    return [name for name, m in model.named_modules() if _GPT_OSS_CLASS in _class_names(m)]
+
+
+def make_bound(
+    backend: str, request: CompileRequest = NOT_COMPILED
+) -> Callable[..., torch.Tensor]:
+    """The function bound in place of ``_run_experts_grouped_mm``: counts, then calls ``backend``
+    (a backend name, or ``<name>:fp8`` for its FP8 form; compiled at the first call when
+    ``request`` and the blocks allow it, see :mod:`.experts_compile`).
+
+    Raises:
+        ValueError: ``backend`` is not registered.
+    """
+    fn: ExpertsFn = ExpertsRunner(backend, experts_function(backend), request)
+
+    def _run_experts_grouped_mm_dynamic(
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        w3: torch.Tensor,
+        x: torch.Tensor,
+        num_tokens_per_expert: torch.Tensor,
+    ) -> torch.Tensor:
+        CALLS[backend] += 1
+        return fn(w1, w2, w3, x, num_tokens_per_expert)
+
+    setattr(_run_experts_grouped_mm_dynamic, BACKEND_ATTR, backend)
+    setattr(_run_experts_grouped_mm_dynamic, RUNNER_ATTR, fn)
+    return _run_experts_grouped_mm_dynamic
+
+
+def _unique_globals(model: nn.Module) -> Iterator[dict[str, Any]]:
+    seen: set[int] = set()
+    for _, module in find_grouped_experts(model):
+        forward_globals = experts_globals(module)
+        assert forward_globals is not None
+        if id(forward_globals) not in seen:
+            seen.add(id(forward_globals))
+            yield forward_globals
+
+
+def bind(model: nn.Module, backend: str, request: CompileRequest = NOT_COMPILED) -> list[str]:
+    """Bind every ``GroupedExperts`` of ``model`` to ``backend``; return the patched modules.
+
+    ``request``: how TorchTitan compiles the model; the default keeps the experts eager.
+    Idempotent: binding again replaces the bound function, it never wraps it.
+    """
+    bound = make_bound(backend, request)
+    patched = []
+    for forward_globals in _unique_globals(model):
+        patches.patch(forward_globals, TARGET, lambda _stock: bound, by=NAME, refresh=True)
+        patched.append(str(forward_globals.get("__name__", "?")))
+    return patched
+
+
+def unbind_all() -> None:
+    """Put back what was bound before titan-rocm, in every module it bound, whoever holds
+    the binding (tests)."""
+    patches.restore(by=NAME)
+
+
+def bound_backend(module: nn.Module) -> str | None:
+    """The titan-rocm backend ``module``'s forward would call now, or None (not bound)."""
+    forward_globals = experts_globals(module)
+    if forward_globals is None:
+        return None
+    return getattr(forward_globals[TARGET], BACKEND_ATTR, None)
+
+
+def bound_runner(module: nn.Module) -> ExpertsRunner | None:
+    """The runner of the function ``module``'s forward would call now, or None (not bound)."""
+    forward_globals = experts_globals(module)
+    if forward_globals is None:
+        return None
+    return getattr(forward_globals[TARGET], RUNNER_ATTR, None)
+
+
+def layer_backends(model: nn.Module) -> dict[str, str]:
+    """Per experts module of ``model``: what its forward calls, read from the live globals."""
+    result: dict[str, str] = {}
+    for name, module in find_grouped_experts(model):
+        if not module.use_grouped_mm:
+            result[name] = "TorchTitan for-loop (use_grouped_mm = false; binding unused)"
+            continue
+        backend = bound_backend(module)
+        if backend is None:
+            current = experts_globals(module)[TARGET]  # type: ignore[index]
+            result[name] = f"stock {getattr(current, '__qualname__', current)!s} (not bound)"
+        else:
+            result[name] = backend
+    for name in find_gpt_oss_experts(model):
+        result[name] = "not covered (gpt_oss has its own grouped-MM function)"
+    return result
 
 
 class Seam:

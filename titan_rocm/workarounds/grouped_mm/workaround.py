@@ -1,7 +1,8 @@
 """``rocm.grouped_mm``: point the live model's MoE experts at a chosen grouped-MM backend.
 
-The binding machinery is :mod:`.binding`; the backends and their registry :mod:`.backends`;
-whether the bound function runs compiled :mod:`.experts_compile`. Docs: docs/grouped-mm.md.
+How the binding reaches TorchTitan's experts is each generation's seam (:mod:`.seams_tt022`,
+:mod:`.seams_tt030`); the backends and their registry :mod:`.backends`; whether the bound
+function runs compiled :mod:`.experts_compile`. Docs: docs/grouped-mm.md.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from titan_rocm.workarounds.grouped_mm.backends import (
     FP8,
     FP8_FORMS,
     backend_names,
+    call_counts,
     primus_turbo_fp8_status,
     primus_turbo_status,
     resolve,
     validate_name,
 )
-from titan_rocm.workarounds.grouped_mm.binding import call_counts
 
 QUANTIZED_EXPERTS_CONVERTERS = ("quantize.grouped_mm.float8", "quantize.grouped_mm.mx")
 """TorchTitan converters that quantize the experts by swapping their weights for torchao

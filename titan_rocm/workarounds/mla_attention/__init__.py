@@ -12,13 +12,14 @@ device lacks when aiter's ``get_gfx()`` names another arch). v is never padded. 
 routes other callers of aiter's ``_flash_attn_backward`` the same way. Docs:
 docs/mla-ck-backward.md.
 
-On TorchTitan 0.3.0, :mod:`~.tt030` swaps in inner-attention configs of titan-rocm's own
+On TorchTitan 0.3.0, :mod:`~.seams_tt030` swaps in inner-attention configs of titan-rocm's own
 (the varlen one a ``VarlenAttention.Config``, so TorchTitan's own ``get_attention_masks``
 returns the document boundaries) whose modules run the same varlen and dense paths.
 
 Modules: ``aiter_releases`` (the per-release facts), ``routing`` (the pure decision),
 ``aiter_api`` (lazy aiter access), ``op`` (the torch.library custom ops), ``documents`` (the
 per-document spans), ``kinds`` (the attention kinds), ``module`` (the replacement inner
-attentions), ``tt030`` (TorchTitan 0.3.0's seam), ``guard`` (the patch of aiter's own
-backward), ``route_log``, ``workaround`` (the gated converter step).
+attentions), ``seams_tt022`` and ``seams_tt030`` (each TorchTitan generation's seam),
+``guard`` (the patch of aiter's own backward), ``route_log``, ``workaround`` (the gated
+converter step).
 """

@@ -17,7 +17,9 @@ that holds aiter's original (as the grouped-MM binding writes into the MoE modul
 
 aiter is never imported here: if ``aiter.ops.mha`` is already loaded it is patched now,
 otherwise a one-shot import hook patches it right after it first loads, before anyone can
-bind the name. Not covered: ``torch.ops.aiter._flash_attn_backward`` called directly, and the
+bind the name. Each replacement is a patch of :mod:`titan_rocm.patches` made ``by``
+:data:`NAME`, held by the scope :func:`install` ran in (the job's, also when the import hook
+fires later). Not covered: ``torch.ops.aiter._flash_attn_backward`` called directly, and the
 original held anywhere but a module global (a closure, an attribute, a default argument).
 """
 
@@ -33,6 +35,7 @@ from typing import Any
 
 import torch
 
+from titan_rocm import patches
 from titan_rocm._after_import import AfterImport
 from titan_rocm.workarounds.mla_attention import aiter_api, op
 from titan_rocm.workarounds.mla_attention.route_log import log_route_once
@@ -47,9 +50,12 @@ NOT_COVERED = (
 )
 """What the guard cannot reach, for plans and logs."""
 
+NAME = "mla_ck_backward.guard"
+"""Who the guard's patches are ``by``."""
+
 _lock = threading.Lock()
-# (module namespace, attribute, aiter's original) for every global re-bound outside aiter.
-_rebound: list[tuple[dict[str, Any], str, Any]] = []
+_scope: patches.Scope | None = None
+"""The scope :func:`install` ran in: it holds a patch the import hook makes later."""
 
 
 def is_guarded(fn: Any) -> bool:
@@ -112,43 +118,41 @@ def patch(module: ModuleType) -> bool:
                 f"{module.__name__} has no {TARGET_ATTR}; this aiter version is not supported "
                 "by rocm.mla_ck_backward's guard"
             )
-        if is_guarded(current):
+        held = _scope or patches.current()
+        if patches.find(module, TARGET_ATTR, NAME) is not None:
+            for p in patches.installed(NAME):  # this job holds them too
+                held.patch(p.owner, p.name, p.make, by=NAME)
             return False
-        guarded = guarded_backward(current)
-        setattr(module, TARGET_ATTR, guarded)
-        _rebind_importers(current, guarded, module)
+        if is_guarded(current):  # guarded by another copy of titan-rocm
+            return False
+        guarded = held.patch(module, TARGET_ATTR, guarded_backward, by=NAME).value
+        _rebind_importers(current, guarded, module, held)
         return True
 
 
-def _rebind_importers(original: Any, guarded: Any, aiter_module: ModuleType) -> None:
+def _rebind_importers(original: Any, guarded: Any, aiter_module: ModuleType,
+                      held: patches.Scope) -> None:
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
         if module is aiter_module or not isinstance(namespace, dict):
             continue
         for attr, value in list(namespace.items()):
             if value is original:
-                namespace[attr] = guarded
-                _rebound.append((namespace, attr, original))
+                held.patch(namespace, attr, lambda _original: guarded, by=NAME)
 
 
 def rebound() -> list[str]:
     """``module.attribute`` of every global outside aiter the guard re-bound."""
-    return [f"{namespace.get('__name__', '?')}.{attr}" for namespace, attr, _ in _rebound]
+    return [p.where for p in patches.installed(NAME) if isinstance(p.owner, dict)]
 
 
 def unpatch(module: ModuleType) -> bool:
     """Put aiter's original back, in aiter and wherever it was re-bound; False if it was not
     guarded."""
     with _lock:
-        while _rebound:
-            namespace, attr, original = _rebound.pop()
-            if is_guarded(namespace.get(attr)):
-                namespace[attr] = original
-        current = getattr(module, TARGET_ATTR, None)
-        if not is_guarded(current):
-            return False
-        setattr(module, TARGET_ATTR, getattr(current, ORIGINAL_ATTR))
-        return True
+        guarded = patches.find(module, TARGET_ATTR, NAME) is not None
+        patches.restore(by=NAME)
+        return guarded
 
 
 _hook = AfterImport(TARGET_MODULE, patch)
@@ -160,6 +164,8 @@ def install() -> str:
     Returns ``"patched"`` (plus the globals re-bound outside aiter), ``"already patched"`` or
     ``"deferred until aiter.ops.mha loads"``.
     """
+    global _scope
+    _scope = patches.current()
     module = sys.modules.get(TARGET_MODULE)
     if module is not None:
         if not patch(module):
@@ -171,11 +177,12 @@ def install() -> str:
 
 
 def uninstall() -> None:
-    """Remove the import hook and any patch (tests)."""
+    """Remove the import hook and any patch, whoever holds it (tests)."""
+    global _scope
     _hook.remove()
-    module = sys.modules.get(TARGET_MODULE)
-    if module is not None:
-        unpatch(module)
+    _scope = None
+    with _lock:
+        patches.restore(by=NAME)
 
 
 def hook_pending() -> bool:

@@ -13,7 +13,7 @@ each document, reading the :class:`~.documents.DocumentSpans` the model now pass
 out. All keep the attribute name ``inner_attention``, which TorchTitan's tensor-parallel plan
 (``attention.inner_attention``) addresses.
 
-TorchTitan 0.3.0's replacements (``tt030.py``) are TorchTitan modules built on these: they
+TorchTitan 0.3.0's replacements (``seams_tt030.py``) are TorchTitan modules built on these: they
 take 0.3.0's call (``(batch, seqlen, heads, dim)`` tensors, ``attention_masks=``) and run
 :meth:`MLAVarlenInnerAttention.within_documents` or :class:`MLAInnerAttention`'s forward.
 
@@ -182,7 +182,7 @@ class MLAVarlenInnerAttention(MLAFlexInnerAttention):
 
         ``cu_seqlens``: int32 offsets of every document in the flattened ``(batch * seqlen)``
         tokens, then the total; ``max_seqlen``: the longest document. The varlen path of both
-        TorchTitan versions (0.3.0 passes its ``VarlenMetadata``'s, ``tt030.py``).
+        TorchTitan versions (0.3.0 passes its ``VarlenMetadata``'s, ``seams_tt030.py``).
         """
         reason = unsupported_reason(q, k, v)
         if reason is None and q.shape[1] != k.shape[1] and not enable_gqa:

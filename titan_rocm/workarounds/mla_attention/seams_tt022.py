@@ -1,7 +1,8 @@
 """TorchTitan 0.2.2's seam of MLA attention: the DeepSeek ``Attention``'s inner SDPA and flex
 wrappers, swapped for :mod:`.module`'s; per-document masks become
 :class:`~.documents.DocumentSpans`; the forward ops join the parallelize module's
-``_op_sac_save_list``."""
+``_op_sac_save_list`` (a patch of :mod:`titan_rocm.patches`: the module global, which
+``parallelize_fn`` reads at each call, becomes the set with them, restored with the job)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from typing import Any
 
 import torch.nn as nn
 
+from titan_rocm import patches
 from titan_rocm.workarounds.base import Context
 from titan_rocm.workarounds.mla_attention.kinds import DENSE, DROPPED, FLEX_CAUSAL, VARLEN
 
+NAME = "mla_ck_backward"
+"""Who the seam's patches are ``by``."""
 DEEPSEEK_PARALLELIZE = "torchtitan.models.deepseek_v3.infra.parallelize"
 SAC_LIST_NAME = "_op_sac_save_list"
 DOCUMENT_MASKS = (
@@ -155,9 +159,9 @@ class Seam:
                 module = importlib.import_module(module_name)
             except Exception:  # an optional model module that cannot load
                 continue
-            save_list = getattr(module, SAC_LIST_NAME, None)
-            if isinstance(save_list, set):
-                save_list.update(FORWARD_OPS)
+            if isinstance(getattr(module, SAC_LIST_NAME, None), set):
+                patches.patch(module, SAC_LIST_NAME, lambda stock: stock | set(FORWARD_OPS),
+                              by=NAME)
                 found.append(f"{module_name}.{SAC_LIST_NAME}")
         return ", ".join(found) or None
 

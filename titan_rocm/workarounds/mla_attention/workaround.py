@@ -24,8 +24,8 @@ is guarded (:mod:`~.guard`); and a ``get_gfx()`` that names another arch than th
 logged once.
 
 The TorchTitan classes and globals are reached through the job's seam (:class:`MLASeam`):
-:mod:`~.seams_tt022` (the wrappers above), or on TorchTitan 0.3.0 :mod:`~.seams_tt030` over
-:mod:`~.tt030`, whose replacements are inner-attention configs of titan-rocm's own (the
+:mod:`~.seams_tt022` (the wrappers above), or on TorchTitan 0.3.0 :mod:`~.seams_tt030`, whose
+replacements are inner-attention configs of titan-rocm's own (the
 varlen one a ``VarlenAttention.Config``, so TorchTitan's own ``get_attention_masks`` returns
 the document boundaries) running the same varlen and dense paths: the same gate, kinds,
 routes and plan.

@@ -1,32 +1,16 @@
 """Mixed compile: dense TransformerBlocks compiled whole (fullgraph), MoE blocks eager (or part).
 
-TorchTitan 0.2.2 compiles per block in ``apply_compile``, called by the model's
-``parallelize_fn`` after activation checkpointing and before FSDP. llama3's compiles every
-block with ``fullgraph=True``; llama4's (imported *by name* by qwen3 and deepseek_v3)
-compiles the children of MoE blocks, and the children of their MoE module except
-``experts``, and wraps the grouped-MM function in ``torch.compile``. Those compiled MoE
-pieces (data-dependent token counts, a compiled grouped-MM with dynamic shapes) are what
-titan-rocm keeps out of Inductor on ROCm, so this workaround replaces ``apply_compile`` in
-the globals of the current model's ``parallelize_fn`` -- the dictionary that function really
-reads -- with one that:
-
-- compiles each dense block whole, ``torch.compile(block, backend=<[compile] backend>,
-  fullgraph=True)`` (an activation-checkpoint wrapper is compiled with its block, as stock);
-- in each block with ``moe_enabled``, by ``[rocm] moe_eager_scope``:
-
-  - ``block``: compiles nothing; the block's ``forward`` (its AC wrapper's, when it has one)
-    is wrapped in ``torch.compiler.disable`` so nothing traces it;
-  - ``moe``: compiles each child except the MoE module (attention and the two norms), each
-    ``fullgraph=True``, exactly where stock compiles them (inside the AC wrapper, under the
-    block's FSDP hooks); the MoE module's ``forward`` is wrapped in
-    ``torch.compiler.disable``. FSDP's hooks (on the block and, with EP, on the experts), EP's
-    dispatch/combine (on the experts), the router, token permutation and grouped GEMM are
-    then in no graph;
-
-  either way the eager part's forwards are counted
-  (:data:`~titan_rocm.workarounds.moe_blocks.EAGER_FORWARD_CALLS`);
-- is idempotent: pipeline parallelism calls it once per stage, and a block (or child)
-  already compiled, or already made eager, is left alone.
+TorchTitan compiles per block inside the model's ``parallelize_fn``, MoE blocks included (0.2.2's
+llama4 ``apply_compile``, imported *by name* by qwen3 and deepseek_v3, compiles the children of
+MoE blocks and wraps the grouped-MM function in ``torch.compile``; 0.3.0 compiles every block in
+place). Those compiled MoE pieces (data-dependent token counts, a compiled grouped-MM with
+dynamic shapes) are what titan-rocm keeps out of Inductor on ROCm. By ``[rocm]
+moe_eager_scope``, each block with ``moe_enabled`` runs eager whole (``block``) or with only
+its MoE module eager, its attention and norms compiled fullgraph where stock compiles them
+(``moe``); dense blocks stay compiled whole. How each generation's compile is changed is its
+seam (:class:`MixedCompileSeam`): 0.2.2 replaces ``apply_compile`` in the globals
+``parallelize_fn`` reads (:mod:`.seams_tt022`), 0.3.0 marks the MoE blocks for the adapter to
+take out of the stock compile (:mod:`.seams_tt030`).
 
 :func:`~titan_rocm.workarounds.moe_blocks.block_decision` decides per block; both the
 compile and ``titan-rocm plan`` use it.
@@ -35,35 +19,22 @@ compile and ``titan-rocm plan`` use it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any, Protocol
 
-import torch
 import torch.nn as nn
-from torch._dynamo.eval_frame import OptimizedModule
 
 from titan_rocm.log import log, log_once
 from titan_rocm.measured import FIGURES
 from titan_rocm.workarounds.base import Context, Workaround
 from titan_rocm.workarounds.moe_blocks import (
-    FULLGRAPH,
     MOE_CHILD,
-    block_decision,
     eager_forward_calls,
     has_moe_blocks,
-    is_compiled,
     is_moe_block,
-    make_eager,
     plan_blocks,
-    split_children,
     unwrap_block,
 )
 from titan_rocm.workarounds.moe_eager_compile import combine
-
-PATCHED_ATTR = "titan_rocm_mixed_compile"
-"""Set on the replacement ``apply_compile``; its value is the function it replaced."""
-SCOPE_ATTR = "titan_rocm_moe_eager_scope"
-"""Set on the replacement ``apply_compile``: the ``moe_eager_scope`` it applies."""
 
 SCOPE_COST = {scope: f"{FIGURES[f'moe_eager_compile.{scope}'].ratio:g} of stock tokens/s"
               for scope in ("block", "moe")}
@@ -82,126 +53,6 @@ def scope_summary(scope: str) -> str:
     return f"{scope!r}: {SCOPE_COST[scope]} on an H200; {SCOPE_STATUS[scope]}"
 
 
-def compile_blocks(model: nn.Module, backend: str, scope: str = "block") -> dict[str, str]:
-    """Compile dense blocks of ``model.layers`` fullgraph; MoE blocks by ``scope`` (idempotent).
-
-    ``scope`` ``"block"`` makes each MoE block eager whole; ``"moe"`` compiles its children
-    but the MoE module fullgraph and makes the MoE module eager (:func:`split_children`).
-
-    Returns:
-        Per layer id, what was done: the decision, or ``"<decision> (already)"`` when an
-        earlier call did it.
-    """
-    done: dict[str, str] = {}
-    for layer_id, block in list(model.layers.named_children()):
-        decision = block_decision(block, scope)
-        split = split_children(block) if scope == "moe" and is_moe_block(block) else None
-        if not is_moe_block(block):
-            if is_compiled(block):
-                done[layer_id] = f"{decision} (already)"
-                continue
-            compiled = torch.compile(block, backend=backend, fullgraph=True)
-            model.layers.register_module(layer_id, compiled)
-            done[layer_id] = decision
-        elif split is not None:
-            fresh = _split_block(unwrap_block(block), split[0], layer_id, backend)
-            done[layer_id] = decision if fresh else f"{decision} (already)"
-        else:
-            done[layer_id] = decision if make_eager(block, layer_id) else f"{decision} (already)"
-    return done
-
-
-def _split_block(inner: nn.Module, compiled: list[str], layer_id: str, backend: str) -> bool:
-    """The ``moe`` scope on one TransformerBlock (inside any AC wrapper); False if done before.
-
-    The children are compiled inside the checkpointed region, where stock compiles them:
-    the AC wrapper checkpoints the whole block, and recomputation in the backward runs the
-    compiled children's forward graphs again (no retrace) around the eager MoE module.
-    """
-    fresh = False
-    for name in compiled:
-        child = getattr(inner, name)
-        if not isinstance(child, OptimizedModule):
-            inner.register_module(
-                name, torch.compile(child, backend=backend, fullgraph=True)
-            )
-            fresh = True
-    return make_eager(getattr(inner, MOE_CHILD), layer_id) or fresh
-
-
-def make_mixed_apply_compile(
-    original: Callable[..., Any], scope: str = "block"
-) -> Callable[..., None]:
-    """A drop-in replacement for TorchTitan's ``apply_compile`` ``original``.
-
-    Accepts both stock signatures: llama3's ``(model, compile_config)`` and llama4's
-    ``(model, compile_config, ep_enabled)``.
-    """
-    def apply_compile(model: nn.Module, compile_config: Any, *args: Any, **kwargs: Any) -> None:
-        """titan-rocm mixed compile: dense blocks fullgraph, MoE blocks eager (by scope)."""
-        # capture_scalar_outputs is left as it is: stock llama4 turns it on for the MoE pieces
-        # it compiles (.item() as unbacked symbols), none of which the mixed compile compiles;
-        # AMD-AGI/Primus's dense-only compile (PR #962, merged) leaves it off as well.
-        done = compile_blocks(model, compile_config.backend, scope)
-        dense = sum(1 for d in done.values() if d.startswith(FULLGRAPH))
-        if scope == "moe":
-            log.info(
-                "titan-rocm: compiled %d dense TransformerBlocks with fullgraph (backend %r); "
-                "in %d MoE blocks only the MoE module stays eager (moe_eager_scope = \"moe\"): "
-                "%s", dense, compile_config.backend, len(done) - dense,
-                sorted({d for d in done.values() if not d.startswith(FULLGRAPH)}),
-            )
-        else:
-            log.info(
-                "titan-rocm: compiled %d dense TransformerBlocks with fullgraph (backend %r); "
-                "%d MoE blocks stay eager", dense, compile_config.backend, len(done) - dense,
-            )
-
-    setattr(apply_compile, PATCHED_ATTR, original)
-    setattr(apply_compile, SCOPE_ATTR, scope)
-    return apply_compile
-
-
-def patch_apply_compile(parallelize_fn: Callable[..., Any], scope: str = "block") -> str:
-    """Replace ``apply_compile`` in ``parallelize_fn.__globals__`` (idempotent).
-
-    A replacement made for another scope (an earlier job in this process) is replaced
-    again, from the same stock function.
-
-    Returns:
-        ``"<module>.apply_compile"``, the name replaced.
-
-    Raises:
-        ValueError: that module has no ``apply_compile``.
-    """
-    module_globals = parallelize_fn.__globals__
-    where = f"{module_globals.get('__name__', '?')}.apply_compile"
-    current = module_globals.get("apply_compile")
-    if current is None:
-        raise ValueError(f"{where} does not exist: nothing to replace")
-    if getattr(current, SCOPE_ATTR, None) != scope:
-        stock = getattr(current, PATCHED_ATTR, current)
-        module_globals["apply_compile"] = make_mixed_apply_compile(stock, scope)
-    return where
-
-
-def stock_apply_compile(parallelize_fn: Callable[..., Any]) -> Callable[..., Any] | None:
-    """TorchTitan's own ``apply_compile`` that ``parallelize_fn`` reads (patched or not); None
-    where its module has none (its model compiles no blocks)."""
-    current = parallelize_fn.__globals__.get("apply_compile")
-    return getattr(current, PATCHED_ATTR, current)
-
-
-def restore_apply_compile(parallelize_fn: Callable[..., Any]) -> bool:
-    """Undo :func:`patch_apply_compile`; False if it was not patched."""
-    module_globals = parallelize_fn.__globals__
-    current = module_globals.get("apply_compile")
-    if current is None or not hasattr(current, PATCHED_ATTR):
-        return False
-    module_globals["apply_compile"] = getattr(current, PATCHED_ATTR)
-    return True
-
-
 class MixedCompileSeam(Protocol):
     """How one TorchTitan generation's compile is made mixed (``seams_tt022``/``seams_tt030``)."""
 
@@ -214,7 +65,7 @@ class MixedCompileSeam(Protocol):
 
 
 class MoEEagerCompile(Workaround):
-    """Replaces the model's ``apply_compile``: dense blocks fullgraph, MoE blocks eager (by
+    """Makes the model's compile mixed: dense blocks fullgraph, MoE blocks eager (by
     ``[rocm] moe_eager_scope``: the whole block, or only its MoE module)."""
 
     name = "moe_eager_compile"

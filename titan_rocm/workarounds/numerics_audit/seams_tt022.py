@@ -5,7 +5,8 @@ patched. ``CheckpointManager.load``, the first thing ``Trainer.train`` calls, ha
 trainer (``states["train_state"]``); its ``forward_backward_step`` is then wrapped on the
 instance (``train_step`` calls it through ``self``), so each micro-batch's forward and
 backward runs through :meth:`NumericsAudit.forward_backward` with ``trainer.step`` (which
-``train`` increments before ``train_step``).
+``train`` increments before ``train_step``). Both are patches of :mod:`titan_rocm.patches`:
+the class's once per process, the instance's held by the job whose audit it runs.
 
 :class:`Kit` is 0.2.2's step for the audit: ``forward_backward_step`` itself (the class's,
 never the wrapper), its forward alone (``post_dataloading_process``, ``train_context``,
@@ -23,11 +24,13 @@ from typing import Any
 
 import torch
 
+from titan_rocm import patches
 from titan_rocm.workarounds.base import TrainerSeam
 
-_WRAPPED = "__titan_rocm_numerics_audit__"
-_audits: list[Any] = []
-_originals: list[tuple[Any, str, Any]] = []
+NAME = "numerics_audit"
+"""Who the audit's patches are ``by``."""
+_audits: list[tuple[Any, patches.Scope]] = []
+"""The newest job's audit, and the scope of that job."""
 
 
 class Kit:
@@ -86,44 +89,33 @@ class Seam:
         """Patch ``CheckpointManager.load`` once per process; the newest job's audit listens."""
         from torchtitan.components.checkpoint import CheckpointManager
 
-        _audits[:] = [audit]
-        _patch(CheckpointManager, "load", _wrap_load)
+        _audits[:] = [(audit, patches.current())]
+        patches.patch(CheckpointManager, "load", _wrap_load, by=NAME)
         return None
 
     def kit(self, trainer: Any, denominator: Any) -> Kit:
         return Kit(trainer, denominator)
 
 
-def attach(audit: Any, trainer: Any) -> None:
-    """Hand ``trainer`` to ``audit`` and route its ``forward_backward_step`` through it."""
+def attach(audit: Any, trainer: Any, scope: patches.Scope | None = None) -> None:
+    """Hand ``trainer`` to ``audit`` and route its ``forward_backward_step`` through it
+    (once per trainer), held by ``scope`` (default: the current one)."""
     audit.attach(trainer)
-    current = trainer.__dict__.get("forward_backward_step")
-    if current is not None and getattr(current, _WRAPPED, False):
-        return
-    original = trainer.forward_backward_step
 
-    @functools.wraps(original)
-    def forward_backward_step(*, input_dict: Any, labels: Any,
-                              global_valid_tokens: Any) -> Any:
-        def run() -> Any:
-            return original(input_dict=input_dict, labels=labels,
-                            global_valid_tokens=global_valid_tokens)
+    def wrap(original: Any) -> Any:
+        @functools.wraps(original)
+        def forward_backward_step(*, input_dict: Any, labels: Any,
+                                  global_valid_tokens: Any) -> Any:
+            def run() -> Any:
+                return original(input_dict=input_dict, labels=labels,
+                                global_valid_tokens=global_valid_tokens)
 
-        return audit.forward_backward(int(getattr(trainer, "step", 0)), run, input_dict,
-                                      labels, global_valid_tokens)
+            return audit.forward_backward(int(getattr(trainer, "step", 0)), run, input_dict,
+                                          labels, global_valid_tokens)
 
-    setattr(forward_backward_step, _WRAPPED, True)
-    trainer.forward_backward_step = forward_backward_step
+        return forward_backward_step
 
-
-def _patch(owner: Any, attr: str, make: Any) -> None:
-    original = getattr(owner, attr)
-    if getattr(original, _WRAPPED, False):
-        return
-    wrapper = make(original)
-    setattr(wrapper, _WRAPPED, True)
-    _originals.append((owner, attr, original))
-    setattr(owner, attr, wrapper)
+    (scope or patches.current()).patch(trainer, "forward_backward_step", wrap, by=NAME)
 
 
 def _wrap_load(original: Any) -> Any:
@@ -132,16 +124,14 @@ def _wrap_load(original: Any) -> Any:
         result = original(self, *args, **kwargs)
         trainer = (getattr(self, "states", None) or {}).get("train_state")
         if trainer is not None and hasattr(trainer, "forward_backward_step"):
-            for audit in _audits:
-                attach(audit, trainer)
+            for audit, scope in _audits:
+                attach(audit, trainer, scope)
         return result
 
     return load
 
 
 def uninstall() -> None:
-    """Restore the wrapped functions (tests)."""
+    """Restore every patch of the audit, whoever holds it (tests)."""
     _audits.clear()
-    while _originals:
-        owner, attr, original = _originals.pop()
-        setattr(owner, attr, original)
+    patches.restore(by=NAME)

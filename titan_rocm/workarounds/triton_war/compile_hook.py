@@ -3,7 +3,9 @@
 :func:`install` replaces ``triton.compiler.compiler.compile`` with a wrapper and rebinds the
 names Triton and Inductor call it by: ``triton.compile`` (Inductor's
 ``triton_heuristics``), ``triton.compiler.compile`` (``@triton.jit`` binds it at a kernel's
-first launch) and ``triton.compiler.compiler.compile``. For every kernel the wrapper:
+first launch) and ``triton.compiler.compiler.compile``; each is a patch of
+:mod:`titan_rocm.patches` made ``by`` :data:`NAME`, restored with the job that made it. For
+every kernel the wrapper:
 
 1. compiles as usual (cache hits included), holding the compile lock *shared*;
 2. skips non-HIP targets (``kernel.metadata.target.backend``);
@@ -31,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from titan_rocm import patches
 from titan_rocm.log import log
 from titan_rocm.scanner.names import BUFFER_OPS_ENV, RULE_NAMES
 from titan_rocm.settings import DEFAULT_HAZARD_RULE
@@ -43,6 +46,8 @@ from titan_rocm.workarounds.triton_war.buffer_ops import (
 )
 from titan_rocm.workarounds.triton_war.compile_lock import COMPILE_LOCK
 
+NAME = "triton_war"
+"""Who the wrapper's patches are ``by``."""
 _MARK = "__titan_rocm_triton_war__"
 # Where Triton and Inductor look ``compile`` up: (module name, attribute).
 _BIND_SITES: tuple[tuple[str, str], ...] = (
@@ -255,49 +260,43 @@ def install(
         _hook.config.rule = rule
         _hook.config.strict = strict
         _hook.config.scanner = scanner or scan_amdgcn
+        hook = _hook
         for module_name, attr in _BIND_SITES:
             module = modules[module_name]
             value = getattr(module, attr, None)
-            if value is _hook.wrapper:
-                continue
-            if value is _hook.original or getattr(value, _MARK, None) is not None:
-                setattr(module, attr, _hook.wrapper)
+            if value is hook.original or getattr(value, _MARK, None) is not None:
+                patches.patch(module, attr, lambda _original: hook.wrapper, by=NAME)
             else:
                 log.warning(
                     "titan-rocm: %s.%s is %r, not Triton's compile: left alone, so compiles "
                     "through it are not scanned", module_name, attr, value)
-        _rebind_jit_functions(_hook.original, _hook.wrapper)
-        return _hook
+        for fn in _jit_functions(hook.original):
+            patches.patch(fn, "compile", lambda _original: hook.wrapper, by=NAME)
+        return hook
 
 
-def _rebind_jit_functions(old: Callable[..., Any], new: Callable[..., Any]) -> int:
+def _jit_functions(compiled_by: Callable[..., Any]) -> list[Any]:
     """``@triton.jit`` functions copy ``compile`` into ``fn.compile`` at their first launch
-    on a device; rebind those already launched, where Triton keeps a registry of every
+    on a device: those whose copy is ``compiled_by``, where Triton keeps a registry of every
     JITFunction (``triton.runtime.jit._triton_jit_function_registry``, present in 3.9).
-    Without it, only functions first launched after :func:`install` get the wrapper.
-    Returns how many were rebound."""
+    Without it, only functions first launched after :func:`install` get the wrapper."""
     import sys
 
     jit = sys.modules.get("triton.runtime.jit")
     registry = getattr(jit, "_triton_jit_function_registry", None) or {}
-    count = 0
-    for fn in list(registry.values()):
-        if vars(fn).get("compile") is old:
-            fn.compile = new
-            count += 1
-    return count
+    return [fn for fn in list(registry.values()) if vars(fn).get("compile") is compiled_by]
 
 
 def uninstall() -> None:
-    """Restore Triton's own ``compile`` where the wrapper is bound (tests)."""
+    """Restore Triton's own ``compile`` where the wrapper is bound, whoever holds it, and in
+    the functions that copied the wrapper at their first launch (tests)."""
     global _hook
     with _install_lock:
         if _hook is None:
             return
-        for module in _modules().values():
-            if getattr(module, "compile", None) is _hook.wrapper:
-                module.compile = _hook.original
-        _rebind_jit_functions(_hook.wrapper, _hook.original)
+        patches.restore(by=NAME)
+        for fn in _jit_functions(_hook.wrapper):
+            fn.compile = _hook.original
         _hook = None
 
 

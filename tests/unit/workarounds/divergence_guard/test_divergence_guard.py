@@ -36,6 +36,7 @@ from titan_rocm.workarounds.divergence_guard import (
     Injection,
     Monitor,
     hooks,
+    seams_tt022,
 )
 from titan_rocm.workarounds.divergence_guard.record import NonFiniteRecord, Row
 from titan_rocm.workarounds.divergence_guard.verdict import decide
@@ -216,7 +217,7 @@ def test_loss_wrapper_sees_a_real_non_finite_loss_with_finite_gradients() -> Non
     import torchtitan.components.loss as loss_module
 
     monitor = Monitor()
-    hooks.install(monitor)
+    seams_tt022.install(monitor)
     loss_fn = loss_module.build_cross_entropy_loss(cpu_trainer.job_config([]))
     logits = torch.zeros(1, 2, 4)
     logits[0, 0, 0] = -INF  # the target's logit: loss = +inf, but softmax - onehot is finite
@@ -600,7 +601,7 @@ def test_compiled_loss_keeps_one_graph_and_the_bookkeeping_eager() -> None:
     torch._dynamo.reset()
     counters.clear()
     monitor = Monitor(injection=Injection(3, None))
-    hooks.install(monitor)
+    seams_tt022.install(monitor)
     jc = cpu_trainer.job_config(["--compile.enable", "--compile.backend", "aot_eager"])
     loss_fn = loss_module.build_cross_entropy_loss(jc)
     for step in range(1, 6):

@@ -23,7 +23,7 @@ from tests.support.moe_test_models import (
 from titan_rocm import platform
 from titan_rocm.cli import main
 from titan_rocm.platform import PlatformFacts
-from titan_rocm.workarounds.grouped_mm import backends, binding
+from titan_rocm.workarounds.grouped_mm import backends, seams_tt022
 from titan_rocm.workarounds.grouped_mm.workaround import GroupedMMBinding
 
 REPO = Path(__file__).resolve().parents[4]
@@ -161,7 +161,7 @@ def test_the_float8_converters_weights_work_beside_it_through_torchtitans_expert
     for route in ("primus_turbo:fp8", "torch"):
         fake_torchao.SCALED_CALLS.clear()
         fake_primus_turbo.CALLS.clear()
-        binding.bind(holder, route)
+        seams_tt022.bind(holder, route)
         experts.zero_grad()
         out = experts(args[3], args[4])
         out.float().pow(2).sum().backward()

@@ -21,7 +21,7 @@ from tests.support.moe_test_models import (
 )
 from titan_rocm.workarounds import moe_blocks
 from titan_rocm.workarounds.moe_blocks import EAGER_MOE, FULLGRAPH, MOE_CHILD
-from titan_rocm.workarounds.moe_eager_compile import workaround as moe_eager_compile
+from titan_rocm.workarounds.moe_eager_compile import seams_tt022
 
 # The whole-block strategy, named (also the default scope; MOE_SCOPE after ON overrides).
 ON = ("--model.converters", "rocm.moe_eager_compile", "--rocm.moe_eager_compile", "on",
@@ -91,7 +91,7 @@ def test_llama3_is_skipped_no_moe_blocks():
     assert not decision.applied
     assert decision.reason == "model has no MoE blocks"
     stock = get_train_spec("llama3").parallelize_fn.__globals__["apply_compile"]
-    assert not hasattr(stock, moe_eager_compile.PATCHED_ATTR)
+    assert not hasattr(stock, seams_tt022.PATCHED_ATTR)
 
 
 def test_skipped_when_compile_disabled():
@@ -177,7 +177,7 @@ def test_moe_scope_second_apply_compile_call_changes_nothing():
         assert all(now[n] is c for n, c in children[layer_id].items()), layer_id
         if layer_id in forwards:
             assert now[MOE_CHILD].forward is forwards[layer_id]
-    done = moe_eager_compile.compile_blocks(model, "inductor", "moe")
+    done = seams_tt022.compile_blocks(model, "inductor", "moe")
     assert all(d.endswith("(already)") for d in done.values()), done
     _assert_moe_scope(model, ac=True)
 
@@ -189,8 +189,8 @@ def test_a_job_with_the_other_scope_repatches_from_the_stock_function():
         job = _job("deepseek_v3", "debugmodel", *COMPILE, *ON, "--rocm.moe_eager_scope", scope)
         convert(job, build_meta(job))
         patched = parallelize_fn.__globals__["apply_compile"]
-        assert getattr(patched, moe_eager_compile.SCOPE_ATTR) == scope
-        assert getattr(patched, moe_eager_compile.PATCHED_ATTR) is stock
+        assert getattr(patched, seams_tt022.SCOPE_ATTR) == scope
+        assert getattr(patched, seams_tt022.PATCHED_ATTR) is stock
 
 
 def test_moe_scope_keeps_a_block_without_a_moe_child_eager_whole():
@@ -207,7 +207,7 @@ def test_moe_scope_keeps_a_block_without_a_moe_child_eager_whole():
 
     model = nn.Module()
     model.layers = nn.ModuleDict({"0": Block()})
-    done = moe_eager_compile.compile_blocks(model, "eager", "moe")
+    done = seams_tt022.compile_blocks(model, "eager", "moe")
     assert done == {"0": "eager (MoE): no 'moe' child to split"}
     assert moe_blocks.eager_layer_id(model.layers["0"]) == "0"
     assert not isinstance(model.layers["0"].attention, OptimizedModule)
@@ -246,7 +246,7 @@ def test_second_apply_compile_call_changes_nothing():
     after = dict(model.layers.named_children())
     assert all(after[k] is before[k] for k in before)
     assert all(after[k].forward is forwards[k] for k in before)
-    done = moe_eager_compile.compile_blocks(model, "inductor")
+    done = seams_tt022.compile_blocks(model, "inductor")
     assert all(d.endswith("(already)") for d in done.values())
 
 
@@ -259,8 +259,8 @@ def test_converting_twice_patches_once():
     convert(job, build_meta(job))
     second = parallelize_fn.__globals__["apply_compile"]
     assert second is first
-    assert getattr(second, moe_eager_compile.PATCHED_ATTR) is stock
-    assert moe_eager_compile.restore_apply_compile(parallelize_fn)
+    assert getattr(second, seams_tt022.PATCHED_ATTR) is stock
+    assert seams_tt022.restore_apply_compile(parallelize_fn)
     assert parallelize_fn.__globals__["apply_compile"] is stock
 
 
@@ -270,16 +270,16 @@ def test_patch_reaches_modules_that_import_apply_compile_by_name():
         job = _job(name, flavor, *COMPILE, *ON)
         convert(job, build_meta(job))
         patched = get_train_spec(name).parallelize_fn.__globals__["apply_compile"]
-        assert hasattr(patched, moe_eager_compile.PATCHED_ATTR), name
+        assert hasattr(patched, seams_tt022.PATCHED_ATTR), name
     llama4_globals = get_train_spec("llama4").parallelize_fn.__globals__
-    assert not hasattr(llama4_globals["apply_compile"], moe_eager_compile.PATCHED_ATTR)
+    assert not hasattr(llama4_globals["apply_compile"], seams_tt022.PATCHED_ATTR)
 
 
 def test_both_signatures_and_capture_scalar_outputs():
     llama3 = get_train_spec("llama3").parallelize_fn
     llama4 = get_train_spec("llama4").parallelize_fn
-    moe_eager_compile.patch_apply_compile(llama3)
-    moe_eager_compile.patch_apply_compile(llama4)
+    seams_tt022.patch_apply_compile(llama3)
+    seams_tt022.patch_apply_compile(llama4)
     job = _job("llama4", "debugmodel", *COMPILE, *NO_AC)
 
     torch._dynamo.config.capture_scalar_outputs = False

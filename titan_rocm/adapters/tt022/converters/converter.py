@@ -6,10 +6,18 @@ the job's :class:`~titan_rocm.workarounds.job.JobWorkarounds` (every workaround 
 titan-rocm converter the job lists, decided once) and keeps it on the model, so a workaround
 listed twice (``rocm`` and ``rocm.grouped_mm``) applies once and each workaround can ask
 whether another one runs.
+
+TorchTitan 0.2.2 has no trainer adapter, so the job's teardown is hooked where every trainer
+ends: ``Trainer.close`` closes its ``MetricsProcessor`` last, and that processor holds the
+trainer's ``model_parts``. The job wraps ``MetricsProcessor.close`` (a patch it holds itself):
+after the stock close, each converted part's job closes (:meth:`JobWorkarounds.close`), which
+puts back every attribute its workarounds patched.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch.nn as nn
@@ -24,6 +32,32 @@ UMBRELLA = "rocm"
 
 JOB_ATTR = "_titan_rocm_job"
 """Attribute of a converted model: its job's :class:`JobWorkarounds`."""
+TEARDOWN = "titan-rocm job teardown"
+"""Who the teardown's patch of ``MetricsProcessor.close`` is ``by``."""
+
+
+def _closing_jobs(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def close(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            for part in getattr(self, "model_parts", None) or []:
+                job = getattr(part, "__dict__", {}).get(JOB_ATTR)
+                if job is not None:
+                    job.close()
+
+    return close
+
+
+def hook_teardown(job: JobWorkarounds) -> None:
+    """Close ``job`` when its trainer closes its metrics processor (not in a plan: nothing
+    trains there)."""
+    if job.ctx.planning:
+        return
+    from torchtitan.components.metrics import MetricsProcessor
+
+    job.patches.patch(MetricsProcessor, "close", _closing_jobs, by=TEARDOWN)
 
 
 def workarounds_of(converter_names: list[str] | tuple[str, ...]) -> list[str]:
@@ -65,6 +99,7 @@ class RocmConverter:
             names += [n for n in self.workarounds if n not in names]
             job = JobWorkarounds(self.ctx, names, self.workarounds)
             model.__dict__[JOB_ATTR] = job
+            hook_teardown(job)
         else:
             job.adopt(self.workarounds, model)
         return job

@@ -1,0 +1,168 @@
+"""titan_rocm.patches: install, remember, restore, scope, idempotence, stacks, introspection."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from titan_rocm import patches
+
+
+@pytest.fixture(autouse=True)
+def _restored() -> Iterator[None]:
+    yield
+    patches.restore(by="test")
+    patches.restore(by="other")
+
+
+def _module() -> types.ModuleType:
+    module = types.ModuleType("fake_library")
+
+    def f(x: int) -> int:
+        return x + 1
+
+    module.f = f
+    return module
+
+
+def _plus(n: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return original(*args, **kwargs) + n
+
+        return wrapper
+
+    return make
+
+
+def test_a_patch_remembers_the_original_and_restores_it() -> None:
+    module = _module()
+    stock = module.f
+    p = patches.patch(module, "f", _plus(10), by="test")
+    assert module.f is p.value and p.original is stock and module.f(1) == 12
+    assert [q.where for q in patches.installed("test")] == ["fake_library.f"]
+    p.restore()
+    assert module.f is stock and patches.installed("test") == []
+
+
+def test_a_second_patch_by_the_same_owner_is_the_first() -> None:
+    module = _module()
+    first = patches.patch(module, "f", _plus(10), by="test")
+    again = patches.patch(module, "f", _plus(10), by="test")
+    assert again is first and module.f(1) == 12  # never wrapped twice
+
+
+def test_refresh_rebuilds_from_the_original_instead_of_wrapping() -> None:
+    module = _module()
+    stock = module.f
+    patches.patch(module, "f", _plus(10), by="test")
+    p = patches.patch(module, "f", _plus(100), by="test", refresh=True)
+    assert module.f(1) == 102 and p.original is stock
+
+
+def test_a_scope_restores_at_its_end_and_only_what_no_one_else_holds() -> None:
+    module = _module()
+    stock = module.f
+    with patches.scope("job 1") as one:
+        patches.patch(module, "f", _plus(10), by="test")
+        with patches.scope("job 2"):
+            patches.patch(module, "f", _plus(10), by="test")
+            assert [s.label for s in patches.installed("test")[0].holders] == ["job 1", "job 2"]
+        assert module.f is not stock  # job 1 still holds it
+        assert one.patches and patches.installed("test")[0].to_dict()["held_by"] == ["job 1"]
+    assert module.f is stock and patches.installed("test") == []
+
+
+def test_an_instance_attribute_is_removed_not_set_to_the_class_method() -> None:
+    class Trainer:
+        def step(self) -> int:
+            return 1
+
+    trainer = Trainer()
+    with patches.scope():
+        patches.patch(trainer, "step", _plus(1), by="test")
+        assert "step" in vars(trainer) and trainer.step() == 2
+    assert "step" not in vars(trainer) and trainer.step() == 1
+
+
+def test_an_inherited_method_patched_on_a_subclass_is_deleted_there() -> None:
+    class Base:
+        def go(self) -> int:
+            return 1
+
+    class Child(Base):
+        pass
+
+    p = patches.patch(Child, "go", _plus(1), by="test")
+    assert Child().go() == 2
+    p.restore()
+    assert "go" not in vars(Child) and Child.go is Base.go
+
+
+def test_a_namespace_dict_is_an_owner() -> None:
+    namespace = {"__name__": "some.module", "g": len}
+    p = patches.patch(namespace, "g", lambda original: max, by="test")
+    assert namespace["g"] is max and p.where == "some.module.g"
+    p.restore()
+    assert namespace["g"] is len
+
+
+def test_a_classmethod_descriptor_is_put_back_as_it_stood() -> None:
+    class Cache:
+        @classmethod
+        def bench(cls) -> str:
+            return cls.__name__
+
+    raw = vars(Cache)["bench"]
+    p = patches.patch(Cache, "bench", lambda bound: classmethod(lambda cls: "patched"),
+                      by="test")
+    assert Cache.bench() == "patched"
+    p.restore()
+    assert vars(Cache)["bench"] is raw and Cache.bench() == "Cache"
+
+
+def test_stacked_patches_of_two_owners_restore_in_any_order() -> None:
+    module = _module()
+    stock = module.f
+    inner = patches.patch(module, "f", _plus(10), by="test")
+    patches.patch(module, "f", _plus(100), by="other")
+    assert module.f(1) == 112
+    inner.restore()  # the one below: the one above is rebuilt over the stock function
+    assert module.f(1) == 102 and patches.original(module, "f") is stock
+    assert patches.find(module, "f", "other").original is stock
+    patches.restore(by="other")
+    assert module.f is stock
+
+
+def test_a_patch_someone_replaced_is_forgotten_not_restored() -> None:
+    module = _module()
+    p = patches.patch(module, "f", _plus(10), by="test")
+
+    def theirs(x: int) -> int:
+        return -x
+
+    module.f = theirs
+    assert patches.find(module, "f", "test") is None
+    p.restore()
+    assert module.f is theirs
+    again = patches.patch(module, "f", _plus(10), by="test")
+    assert again is not p and again.original is theirs
+
+
+def test_a_missing_attribute_is_refused() -> None:
+    with pytest.raises(AttributeError):
+        patches.patch(_module(), "nope", _plus(1), by="test")
+    with pytest.raises(AttributeError, match="'nope'"):
+        patches.patch({"__name__": "m"}, "nope", _plus(1), by="test")
+
+
+def test_a_deep_copy_of_a_holder_shares_its_scope() -> None:
+    scope = patches.Scope("job")
+    holder = {"scope": scope}
+    assert copy.deepcopy(holder)["scope"] is scope

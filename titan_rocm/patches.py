@@ -1,0 +1,324 @@
+"""The one way titan-rocm replaces an attribute of code it does not own, and puts it back.
+
+A workaround that must act inside TorchTitan, Triton, Inductor or aiter replaces a function,
+a method or a module global with its own (usually a wrapper of what stood there). This module
+does that for all of them, so that each replacement is:
+
+- **remembered**: the value that stood in the owner's own namespace (or that nothing did: an
+  instance attribute shadowing its class's method, a method a subclass inherits) is kept, and
+  restoring puts exactly that back (or deletes the shadowing entry);
+- **installed once**: a second :func:`patch` by the same workaround on the same attribute
+  returns the patch already there instead of wrapping the wrapper (``refresh`` builds the
+  value again from the original: a rebinding, never a second layer);
+- **scoped**: a patch is held by the :class:`Scope` that was current when it was made (a job's,
+  while its workarounds apply; :data:`PROCESS` otherwise) and by every later scope that asked
+  for it; it is restored when the last of them is released (:meth:`Scope.release`, or the end
+  of a ``with scope():`` block). :func:`restore` takes patches off whoever holds them (tests);
+- **introspectable**: :func:`installed` lists what is patched now, by whom, held by which
+  scopes.
+
+An owner is a module, a class, an instance, or a namespace ``dict`` (a function's
+``__globals__``, which is where a module's code looks its globals up; a file loaded twice
+under two names has two). The registry holds each patched owner until its patch is restored:
+a patched instance (a trainer) lives at least until its job's teardown.
+
+Several workarounds may patch the same attribute (the divergence guard and the numerics audit
+both wrap ``CheckpointManager.load``): the patches stack, the later one wrapping the earlier.
+Restoring one in the middle of a stack rebuilds the ones above it over what is left, from the
+functions that made them. A patch whose attribute someone else has replaced since is
+forgotten, not restored: what stands there now is not titan-rocm's to take away.
+
+Triton's ``knobs.py`` has the same shape for its settings (a knob set on an instance shadows
+the class's default; ``scope()`` puts the instance's own dictionary back, ``reset()`` empties
+it): what was set is what stands in the owner's own namespace, and undoing is putting that
+namespace back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+_ABSENT: Any = object()
+"""Nothing stood in the owner's own namespace (the attribute was inherited, or missing)."""
+
+
+def _own(owner: Any, name: str) -> Any:
+    """What stands under ``name`` in ``owner``'s own namespace, or :data:`_ABSENT`."""
+    if isinstance(owner, dict):
+        return owner.get(name, _ABSENT)
+    return vars(owner).get(name, _ABSENT) if hasattr(owner, "__dict__") else _ABSENT
+
+
+def _lookup(owner: Any, name: str) -> Any:
+    """What code reading ``owner.name`` (or the global ``name``) gets now."""
+    if isinstance(owner, dict):
+        if name not in owner:
+            raise AttributeError(f"namespace {owner.get('__name__', '?')!s} has no {name!r}")
+        return owner[name]
+    return getattr(owner, name)
+
+
+def _put(owner: Any, name: str, value: Any) -> None:
+    if value is _ABSENT:
+        if isinstance(owner, dict):
+            owner.pop(name, None)
+        elif name in vars(owner):
+            delattr(owner, name)
+    elif isinstance(owner, dict):
+        owner[name] = value
+    else:
+        setattr(owner, name, value)
+
+
+def describe(owner: Any) -> str:
+    """``owner`` as a dotted name, for logs and :func:`installed`."""
+    if isinstance(owner, dict):
+        return str(owner.get("__name__", "<namespace>"))
+    if isinstance(owner, type):
+        return f"{owner.__module__}.{owner.__qualname__}"
+    name = getattr(owner, "__name__", None)
+    if isinstance(name, str) and type(owner).__name__ == "module":
+        return name
+    return f"<{type(owner).__qualname__} object>"
+
+
+@dataclass(eq=False)
+class Patch:
+    """One replaced attribute: who replaced it, what stood there, what stands there now."""
+
+    name: str
+    by: str
+    """The workaround (or tool) that made it: one patch per attribute per ``by``."""
+    make: Callable[[Any], Any]
+    """Builds the value from the original (called again when the stack below changes)."""
+    where: str
+    """``owner.name`` as a dotted name."""
+    original: Any = None
+    """What ``make`` was given: the attribute as code read it before this patch."""
+    saved: Any = _ABSENT
+    """What stood in the owner's own namespace before this patch."""
+    value: Any = None
+    """What this patch put there."""
+    holders: list[Scope] = field(default_factory=list)
+    """The scopes that hold it: restored when the last lets go."""
+    key: tuple[int, str] = (0, "")
+    """``(id(owner), name)``: its place in the registry."""
+    owner: Any = field(default=None, repr=False)
+    """The patched module, class, instance or namespace."""
+
+    def restore(self) -> None:
+        """Put back what this patch replaced, whoever holds it."""
+        with _lock:
+            _drop(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able: where, by whom, held by which scopes."""
+        return {"where": self.where, "by": self.by,
+                "held_by": [scope.label for scope in self.holders]}
+
+
+class Scope:
+    """A holder of patches: a job's (released at its teardown), a test's, or :data:`PROCESS`."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.patches: list[Patch] = []
+
+    def __repr__(self) -> str:
+        return f"Scope({self.label!r}, {len(self.patches)} patches)"
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Scope:
+        # What holds a scope (a job) may be deep-copied with a model (a pipeline stage): the
+        # copy holds the same patches.
+        return self
+
+    def patch(self, owner: Any, name: str, make: Callable[[Any], Any], *, by: str,
+              refresh: bool = False) -> Patch:
+        """Replace ``owner.name`` with ``make(original)``, held by this scope.
+
+        Idempotent per ``(owner, name, by)``: the patch already there is held by this scope
+        too and returned (with ``refresh``, its value is first built again by ``make`` from
+        the original).
+
+        Raises:
+            AttributeError: ``owner`` has no ``name``.
+        """
+        with _lock:
+            return _install(self, owner, name, make, by, refresh)
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[Scope]:
+        """Patches made inside the block without a scope are held by this one."""
+        token = _current.set(self)
+        try:
+            yield self
+        finally:
+            _current.reset(token)
+
+    def release(self) -> None:
+        """Let go of every patch this scope holds; those no other scope holds are restored,
+        the latest first."""
+        with _lock:
+            for p in reversed(self.patches):
+                if self in p.holders:
+                    p.holders.remove(self)
+                if not p.holders:
+                    _remove(p)
+            self.patches.clear()
+
+
+PROCESS = Scope("process")
+"""Holds patches made outside any job (tests, tools): released only by :func:`restore`."""
+
+_current: contextvars.ContextVar[Scope] = contextvars.ContextVar("titan_rocm_patches",
+                                                                 default=PROCESS)
+_lock = threading.RLock()
+_stacks: dict[tuple[int, str], list[Patch]] = {}
+"""``(id(owner), name)`` -> its patches, the innermost first."""
+_order: list[Patch] = []
+"""Every installed patch, in the order it was made."""
+
+
+def current() -> Scope:
+    """The scope a patch made now is held by."""
+    return _current.get()
+
+
+def patch(owner: Any, name: str, make: Callable[[Any], Any], *, by: str,
+          refresh: bool = False) -> Patch:
+    """:meth:`Scope.patch` in the :func:`current` scope."""
+    return current().patch(owner, name, make, by=by, refresh=refresh)
+
+
+@contextlib.contextmanager
+def scope(label: str = "scope") -> Iterator[Scope]:
+    """A fresh :class:`Scope`, current inside the block and released at its end."""
+    held = Scope(label)
+    try:
+        with held.active():
+            yield held
+    finally:
+        held.release()
+
+
+def installed(by: str | None = None) -> list[Patch]:
+    """Every patch installed now (made by ``by``, if given), in the order they were made."""
+    with _lock:
+        return [p for p in _order if by in (None, p.by)]
+
+
+def find(owner: Any, name: str, by: str) -> Patch | None:
+    """``by``'s patch of ``owner.name``, if it is installed and still in place."""
+    with _lock:
+        stack = _live_stack(owner, name)
+        return next((p for p in stack if p.by == by), None)
+
+
+def original(owner: Any, name: str) -> Any:
+    """``owner.name`` as it was before any titan-rocm patch (what stands there if none)."""
+    with _lock:
+        stack = _live_stack(owner, name)
+        return stack[0].original if stack else _lookup(owner, name)
+
+
+def restore(by: str | None = None) -> int:
+    """Restore every patch (made by ``by``, if given), whoever holds it; how many (tests,
+    and a tool that must leave the process as it found it)."""
+    with _lock:
+        chosen = [p for p in _order if by in (None, p.by)]
+        for p in reversed(chosen):
+            _drop(p)
+        return len(chosen)
+
+
+# -- the registry (callers hold _lock) ---------------------------------------------------------
+
+def _key(owner: Any, name: str) -> tuple[int, str]:
+    return id(owner), name
+
+
+def _live_stack(owner: Any, name: str) -> list[Patch]:
+    """The stack of ``owner.name``, forgotten first when someone replaced its top since."""
+    key = _key(owner, name)
+    stack = _stacks.get(key, [])
+    if stack and _own(owner, name) is not stack[-1].value:
+        _forget(key)
+        return []
+    return stack
+
+
+def _forget(key: tuple[int, str]) -> None:
+    for p in _stacks.pop(key, []):
+        if p in _order:
+            _order.remove(p)
+        _unhold(p)
+
+
+def _unhold(p: Patch) -> None:
+    for holder in p.holders:
+        if p in holder.patches:
+            holder.patches.remove(p)
+    p.holders.clear()
+
+
+def _drop(p: Patch) -> None:
+    _unhold(p)
+    _remove(p)
+
+
+def _hold(p: Patch, holder: Scope) -> Patch:
+    if holder not in p.holders:
+        p.holders.append(holder)
+        holder.patches.append(p)
+    return p
+
+
+def _install(holder: Scope, owner: Any, name: str, make: Callable[[Any], Any], by: str,
+             refresh: bool) -> Patch:
+    stack = _live_stack(owner, name)
+    for index, p in enumerate(stack):
+        if p.by == by:
+            if refresh:
+                p.make = make
+                _put(owner, name, p.saved)
+                _rebuild(owner, name, stack[index:])
+            return _hold(p, holder)
+    key = _key(owner, name)
+    p = Patch(name, by, make, f"{describe(owner)}.{name}", key=key, owner=owner)
+    _rebuild(owner, name, [p])
+    _stacks.setdefault(key, []).append(p)
+    _order.append(p)
+    return _hold(p, holder)
+
+
+def _rebuild(owner: Any, name: str, patches: list[Patch]) -> None:
+    """Install ``patches`` in order over what stands at ``owner.name`` now."""
+    for p in patches:
+        p.original = _lookup(owner, name)
+        p.saved = _own(owner, name)
+        p.value = p.make(p.original)
+        _put(owner, name, p.value)
+
+
+def _remove(p: Patch) -> None:
+    """Take ``p`` out of its stack: what it saved goes back, those above it are rebuilt."""
+    if p in _order:
+        _order.remove(p)
+    owner, key = p.owner, p.key
+    stack = _stacks.get(key, [])
+    if p not in stack:
+        return
+    if _own(owner, p.name) is not stack[-1].value:  # replaced by someone else since
+        _forget(key)
+        return
+    index = stack.index(p)
+    _put(owner, p.name, p.saved)
+    del stack[index]
+    _rebuild(owner, p.name, stack[index:])
+    if not stack:
+        del _stacks[key]
