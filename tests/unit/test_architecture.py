@@ -347,3 +347,78 @@ def test_every_name_imported_from_titan_rocm_exists() -> None:
             missing += [f"{name}: {node.module}.{a.name}" for a in node.names
                         if a.name != "*" and a.name not in defined]
     assert missing == []
+
+
+GENERATION_PATHS = (*GENERATIONS, "titan_rocm.torchtitan", "titan_rocm.config",
+                    "titan_rocm.train", "titan_rocm.torchtitan_version")
+"""What the command line never imports: a generation's folder, the paths users type for one
+generation, and the detection itself; it asks ``titan_rocm.adapters.installed()``."""
+
+
+def _generation_branches(name: str) -> list[str]:
+    """Comparisons in ``name`` against a generation key (``"0.3"``) or of a ``series()`` /
+    ``.shape`` read: what a generation branch looks like."""
+    from titan_rocm.adapters import FOLDERS
+
+    found = []
+    for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Compare):
+            continue
+        for part in ast.walk(node):
+            keyed = isinstance(part, ast.Constant) and part.value in FOLDERS
+            read = (isinstance(part, ast.Attribute) and part.attr in ("series", "shape")) or \
+                (isinstance(part, ast.Name) and part.id == "series")
+            if keyed or read:
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+                break
+    return found
+
+
+@pytest.mark.parametrize("name", [m for m in MODULES if _in(m, CLI)])
+def test_the_cli_asks_the_installed_adapter_and_holds_no_generation_branch(name: str) -> None:
+    direct = sorted(m for m in GRAPH[name] if _in(m, GENERATION_PATHS))
+    assert direct == [], f"{name} imports {direct}: ask titan_rocm.adapters.installed()"
+    assert _generation_branches(name) == []
+
+
+def _signatures(module: str, methods: bool = False) -> dict[str, str]:
+    """Public functions of ``module`` (or, with ``methods``, of its ``Adapter`` class, less
+    ``self``) as ``name(args) -> returns``, read from the source."""
+    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
+    body = tree.body
+    if methods:
+        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == "Adapter").body
+    out = {}
+    for node in body:
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+            args = node.args
+            if methods:
+                args = ast.arguments(**{**args.__dict__, "args": args.args[1:]})
+            out[node.name] = f"{node.name}({ast.unparse(args)}) -> {ast.unparse(node.returns)}"
+    return out
+
+
+def test_every_adapter_implements_the_interface_with_its_signatures() -> None:
+    from titan_rocm.adapters import COMMANDS, FOLDERS
+
+    interface = _signatures("titan_rocm.adapters", methods=True)
+    assert {"plan", "audit", "check_job_args", "torchtitan_help"} <= set(interface)
+    for folder in FOLDERS.values():
+        module = f"titan_rocm.adapters.{folder}.{COMMANDS}"
+        assert module in MODULES, module
+        assert _signatures(module) == interface, module
+
+
+@pytest.mark.parametrize("folder", ["tt022", "tt030"])
+def test_an_adapters_commands_import_no_torch(folder: str) -> None:
+    """``titan-rocm plan`` refuses a bad job before torch loads: the module the CLI imports
+    (and its package's ``__init__``) import torch and TorchTitan inside functions only."""
+    for name in (f"titan_rocm.adapters.{folder}", f"titan_rocm.adapters.{folder}.commands"):
+        tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+        top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        heavy = sorted({a.name if isinstance(n, ast.Import) else n.module or ""
+                        for n in top for a in n.names}
+                       - {"titan_rocm.adapters.common", "titan_rocm.torchtitan_version",
+                          f"titan_rocm.adapters.{folder}.job_args"}
+                       - {"__future__", "importlib", "collections.abc", "typing"})
+        assert heavy == [], f"{name} imports {heavy} at the top"

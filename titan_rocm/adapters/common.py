@@ -24,6 +24,13 @@ from titan_rocm.numbers import MAX_RANKS, RANKS, Bounds
 CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
 """TorchTitan 0.2.2's TOML flag (0.3.0 takes ``--module M --config F`` instead)."""
 
+LAUNCHERS: tuple[str, ...] = ("torchtitan", "titan-rocm")
+"""How a 0.2.2 job starts: ``torchrun ... -m torchtitan.train`` (the documented way, default)
+or ``torchrun ... -m titan_rocm.train`` / ``titan-rocm-train``. Here, not in 0.2.2's
+adapter, because ``titan-rocm plan --launcher`` lists them before any TorchTitan is looked
+for; 0.3.0's plan has no launcher to check."""
+DEFAULT_LAUNCHER = "torchtitan"
+
 
 class StartupError(ValueError):
     """The job would stop at start-up; the message says why, in one sentence, and the fix."""
@@ -270,6 +277,23 @@ def single_process_environment(environ: MutableMapping[str, str] = os.environ) -
     added = {k: v for k, v in wanted.items() if k not in environ}
     environ.update(added)
     return added
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What ``titan-rocm plan`` asks of the installed generation's adapter (its flags already
+    checked by the command line)."""
+
+    args: list[str]
+    """The job's own flags, as TorchTitan reads them (``--job.config_file`` included)."""
+    arch: str | None = None
+    world_size: int | None = None
+    nnodes: int | None = None
+    nproc_per_node: int | None = None
+    launcher: str = DEFAULT_LAUNCHER
+    """0.2.2's (:data:`LAUNCHERS`); 0.3.0's plan reads the job's config instead."""
+    aiter: str | None = None
+    primus_turbo: str | None = None
 
 
 @dataclass(frozen=True)

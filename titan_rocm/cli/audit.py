@@ -145,7 +145,7 @@ def _audit(args: argparse.Namespace) -> dict[str, Any]:
         trainer=args.trainer, tokens=args.tokens, chunks=args.reference_chunks,
         before_job=_install_fault)
     try:
-        adapter = adapters.installed("audit")
+        adapter = adapters.installed()
     except adapters.NoAdapter as exc:
         raise CommandError(str(exc)) from None
     _log_to_stderr()

@@ -14,10 +14,14 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from titan_rocm.cli import CommandError
 from titan_rocm.numbers import RANKS
 from titan_rocm.platform import AITER_CHOICES, aiter_choices_help
+
+if TYPE_CHECKING:
+    from titan_rocm.adapters import Adapter
 
 HELP = (
     "The options below are plan's own; `titan-rocm plan --help-torchtitan` lists TorchTitan's "
@@ -45,7 +49,7 @@ PASSTHROUGH = True
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``titan-rocm plan``; unknown options are TorchTitan's."""
-    from titan_rocm.adapters.tt022.preflight import DEFAULT_LAUNCHER, LAUNCHERS
+    from titan_rocm.adapters.common import DEFAULT_LAUNCHER, LAUNCHERS
 
     parser.epilog = EPILOG
     parser.allow_abbrev = False  # a TorchTitan flag must never be taken for a prefix of ours
@@ -105,65 +109,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-TT030_FLAGS: tuple[str, ...] = ("--module", "--config")
-"""TorchTitan 0.3.0's job flags (``python -m torchtitan.train --module M --config F``)."""
-
-
-def _torchtitan_help() -> int:
-    from torchtitan.config import ConfigManager
-
-    from titan_rocm.adapters.common import prog_name
-    from titan_rocm.adapters.tt022.config import CONFIG_MODULE
-
-    with prog_name("titan-rocm plan"):
-        try:
-            ConfigManager().parse_args(["--job.custom_config_module", CONFIG_MODULE, "--help"])
-        except SystemExit as exc:
-            return int(exc.code or 0)
-    return 0
-
-
-def _torchtitan_help_030(passthrough: list[str]) -> int:
-    """TorchTitan 0.3.0's help for the job named by ``--module``/``--config`` (its flags
-    depend on the job's config); without them, how to name one."""
-    from titan_rocm.adapters.common import flag_value
-
-    if flag_value(passthrough, ("--module",)) is None:
-        print("TorchTitan 0.3.0's flags depend on the job's config: run "
-              "`titan-rocm plan --module M --config F --help-torchtitan`")
-        return 0
-    from titan_rocm.adapters.tt030.plan import PlanError, torchtitan_help
-
-    try:
-        return torchtitan_help(passthrough, prog="titan-rocm plan")
-    except PlanError as exc:
-        raise CommandError(str(exc)) from None
-
-
-def _plan_022(args: argparse.Namespace, passthrough: list[str]) -> dict:
-    from titan_rocm.adapters.tt022.plan import make_plan
-
-    return make_plan(
-        passthrough, arch=args.arch, world_size=args.world_size, nnodes=args.nnodes,
-        nproc_per_node=args.nproc_per_node, launcher=args.launcher, aiter=args.aiter,
-        primus_turbo=args.primus_turbo,
-    )
-
-
-def _plan_030(args: argparse.Namespace, passthrough: list[str]) -> dict:
-    """TorchTitan 0.3.0's plan (titan_rocm.adapters.tt030.plan); its errors as StartupError.
-    The 0.2.2 start-up checks (titan_rocm.adapters.tt022.preflight) and --launcher do not apply."""
-    from titan_rocm.adapters.tt022.preflight import StartupError
-    from titan_rocm.adapters.tt030.plan import PlanError, make_plan
-
-    try:
-        return make_plan(passthrough, arch=args.arch, size=args.world_size, nnodes=args.nnodes,
-                         nproc_per_node=args.nproc_per_node, aiter=args.aiter,
-                         primus_turbo=args.primus_turbo)
-    except PlanError as exc:
-        raise StartupError(str(exc)) from None
-
-
 USAGE = (
     "name the job to plan: --job.config_file X.toml [TorchTitan flags] (TorchTitan 0.2.2), "
     "or --module M --config F (TorchTitan 0.3.0); titan-rocm plan --help lists plan's own "
@@ -171,16 +116,16 @@ USAGE = (
 )
 
 
-def _refuse_early(args: argparse.Namespace, passthrough: list[str], tt030: bool) -> None:
+def _refuse_early(args: argparse.Namespace, passthrough: list[str], adapter: Adapter) -> None:
     """Every refusal that needs no torch, made before torch and TorchTitan load (which takes
     10-20 s on a login node): bad world-size flags, an unknown --arch, --aiter or
-    --primus-turbo without --arch, a missing or unreadable TOML, a missing --tune-problems file.
+    --primus-turbo without --arch, the job's flags and files as the installed generation's
+    adapter checks them, a missing --tune-problems file.
 
     Raises:
         CommandError: the reason, as the full plan would give it.
     """
-    from titan_rocm.adapters.tt022.job_args import CONFIG_FILE_FLAGS, JobArgsError, load_toml
-    from titan_rocm.adapters.tt022.preflight import StartupError, check_world_flags
+    from titan_rocm.adapters.common import JobArgsError, StartupError, check_world_flags
     from titan_rocm.archs import arch_facts
 
     try:
@@ -196,36 +141,38 @@ def _refuse_early(args: argparse.Namespace, passthrough: list[str], tt030: bool)
             planned_facts(None, args.aiter, args.primus_turbo)  # refuses before reading torch
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    if tt030:
-        if any(arg.partition("=")[0] in CONFIG_FILE_FLAGS for arg in passthrough):
-            raise CommandError(
-                "--job.config_file is TorchTitan 0.2.2's; torchtitan 0.3.0 is installed: "
-                "plan a 0.3.0 job with --module M --config F")
-    else:
-        try:
-            load_toml(passthrough)
-        except JobArgsError as exc:
-            raise CommandError(str(exc)) from None
+    try:
+        adapter.check_job_args(passthrough)
+    except JobArgsError as exc:
+        raise CommandError(str(exc)) from None
     if args.tune_problems and not os.path.isfile(args.tune_problems):
         raise CommandError(f"--tune-problems {args.tune_problems!r}: no such file")
 
 
+def _installed() -> Adapter:
+    from titan_rocm import adapters
+
+    try:
+        return adapters.installed()
+    except adapters.NoAdapter as exc:
+        raise CommandError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the plan; 0 on success, 2 on a bad job, flag, architecture or start-up failure."""
-    from titan_rocm import torchtitan_version
-    from titan_rocm.adapters.tt022.preflight import StartupError
+    from titan_rocm.adapters.common import JobArgsError, PlanRequest, StartupError
 
-    tt030 = torchtitan_version.series() == "0.3"
+    adapter = _installed()
     passthrough = list(args.passthrough)
     if args.help_torchtitan:
-        return _torchtitan_help_030(passthrough) if tt030 else _torchtitan_help()
-    if not tt030:
-        named = sorted({a.partition("=")[0] for a in passthrough} & set(TT030_FLAGS))
-        if named:
-            raise CommandError(
-                f"{' and '.join(named)} are TorchTitan 0.3.0's flags (a config function); "
-                "this environment has TorchTitan 0.2.2, whose jobs are TOML files: plan one "
-                "with --job.config_file FILE")
+        try:
+            return adapter.torchtitan_help(passthrough)
+        except StartupError as exc:
+            raise CommandError(str(exc)) from None
+    try:
+        adapter.refuse_other_flags(passthrough)
+    except JobArgsError as exc:
+        raise CommandError(str(exc)) from None
     if args.config_file is not None:
         passthrough = ["--job.config_file", args.config_file, *passthrough]
     if not passthrough:
@@ -233,12 +180,15 @@ def run(args: argparse.Namespace) -> int:
         print("usage: titan-rocm plan --job.config_file X.toml | --module M --config F "
               "[options] [TorchTitan flags]", file=sys.stderr)
         raise CommandError(USAGE)
-    _refuse_early(args, passthrough, tt030)
+    _refuse_early(args, passthrough, adapter)
     warned: list[str] = []
     try:
         with torchtitan_warnings(warned):
             try:
-                plan = _plan_030(args, passthrough) if tt030 else _plan_022(args, passthrough)
+                plan = adapter.plan(PlanRequest(
+                    passthrough, arch=args.arch, world_size=args.world_size,
+                    nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
+                    launcher=args.launcher, aiter=args.aiter, primus_turbo=args.primus_turbo))
             except StartupError as exc:
                 raise CommandError(str(exc)) from None
         if args.tune_problems:

@@ -101,7 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _collect(args: argparse.Namespace) -> int:
-    from titan_rocm.adapters.tt022.job_args import CONFIG_FILE_FLAGS, JobArgsError, flag_value
+    from titan_rocm.adapters.common import CONFIG_FILE_FLAGS, JobArgsError, flag_value
     from titan_rocm.files import OutputError, check_output
     from titan_rocm.tuner.collect import CollectError, collect
 

@@ -22,7 +22,7 @@ import torch
 
 from titan_rocm import platform
 from titan_rocm.adapters.common import (
-    CONFIG_FILE_FLAGS,
+    JobArgsError,
     PlanError,
     StartupError,
     WorldSize,
@@ -35,6 +35,7 @@ from titan_rocm.adapters.common import (
 from titan_rocm.adapters.meta import on_meta
 from titan_rocm.adapters.tt030.job import OVERRIDE_ENTRY as ENTRY
 from titan_rocm.adapters.tt030.job import RocmJob
+from titan_rocm.adapters.tt030.job_args import refuse_config_file
 from titan_rocm.plan_format import PLAN_SCHEMA
 from titan_rocm.settings import RocmSettings, check_flags, check_section
 from titan_rocm.workarounds.base import planning
@@ -61,11 +62,10 @@ def parse_job(args: Sequence[str]) -> Any:
     """
     from torchtitan.config import ConfigManager
 
-    if any(arg.partition("=")[0] in CONFIG_FILE_FLAGS for arg in args):
-        raise PlanError(
-            "--job.config_file is TorchTitan 0.2.2's; torchtitan 0.3.0 is installed: "
-            "plan a 0.3.0 job with --module M --config F"
-        )
+    try:
+        refuse_config_file(args)
+    except JobArgsError as exc:
+        raise PlanError(str(exc)) from None
     for flag in ("--module", "--config"):
         value = flag_value(args, (flag,))
         if value is not None and not value.strip():
@@ -225,11 +225,11 @@ def compile_per_block(model: torch.nn.Module, enabled: bool) -> dict[str, str]:
     return result
 
 
-def make_plan(args: Sequence[str], *, arch: str | None = None, size: int | None = None,
+def make_plan(args: Sequence[str], *, arch: str | None = None, world_size: int | None = None,
               nnodes: int | None = None, nproc_per_node: int | None = None,
               aiter: str | None = None, primus_turbo: str | None = None) -> dict[str, Any]:
     """Work out what the TorchTitan 0.3.0 job in ``args`` would get from titan-rocm
-    (``arch``, ``aiter``, ``primus_turbo``: the simulated machine; ``size``, ``nnodes``,
+    (``arch``, ``aiter``, ``primus_turbo``: the simulated machine; ``world_size``, ``nnodes``,
     ``nproc_per_node``: its ranks; both as for 0.2.2's plan).
 
     Raises:
@@ -244,7 +244,7 @@ def make_plan(args: Sequence[str], *, arch: str | None = None, size: int | None 
     with platform.override(facts), planning():
         model = build_meta_model(config)
         job = RocmJob(settings)
-        parallel_dims, world = _parallel_dims(config, size, nnodes, nproc_per_node)
+        parallel_dims, world = _parallel_dims(config, world_size, nnodes, nproc_per_node)
         try:
             job.start(config, parallel_dims)
         except ValueError as exc:

@@ -5,10 +5,9 @@ mirrors, so a check TorchTitan drops can be dropped here alone)."""
 
 from __future__ import annotations
 
-LAUNCHERS: tuple[str, ...] = ("torchtitan", "titan-rocm")
-"""How the job starts: ``torchrun ... -m torchtitan.train`` (the documented way, default)
-or ``torchrun ... -m titan_rocm.train`` / ``titan-rocm-train``."""
-DEFAULT_LAUNCHER = "torchtitan"
+from titan_rocm.adapters.common import DEFAULT_LAUNCHER, LAUNCHERS
+
+__all__ = ["DEFAULT_LAUNCHER", "LAUNCHERS", "LAUNCH_LINES"]
 
 LAUNCH_LINES = {
     "torchtitan": "torchrun -m torchtitan.train",

@@ -1,0 +1,66 @@
+"""What the command line asks of TorchTitan 0.3.0's adapter (:class:`titan_rocm.adapters.Adapter`).
+
+Torch-free at import (the package's ``__init__`` loads the trainer only when one of its names
+is used): ``titan-rocm plan`` refuses a bad job before torch and TorchTitan load.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from titan_rocm.adapters.common import AuditRequest, PlanRequest
+from titan_rocm.adapters.tt030.job_args import refuse_config_file
+
+if TYPE_CHECKING:
+    from titan_rocm.numerics.audit import AuditResult
+
+
+def refuse_other_flags(args: Sequence[str]) -> None:
+    """Nothing: 0.2.2's ``--job.config_file`` is refused by :func:`check_job_args`, after the
+    world-size and ``--arch`` flags, where a 0.3.0 plan reads the job."""
+
+
+def check_job_args(args: Sequence[str]) -> None:
+    """Refuse 0.2.2's ``--job.config_file``: a 0.3.0 job is ``--module M --config F``.
+
+    Raises:
+        JobArgsError: naming ``--module M --config F``.
+    """
+    refuse_config_file(args)
+
+
+def torchtitan_help(args: Sequence[str]) -> int:
+    """TorchTitan 0.3.0's own help for the job ``--module``/``--config`` name (its flags
+    depend on the job's config class); without them, how to name one.
+
+    Raises:
+        PlanError: the config module or function cannot be loaded (one sentence).
+    """
+    from titan_rocm.adapters.common import flag_value
+
+    if flag_value(args, ("--module",)) is None:
+        print("TorchTitan 0.3.0's flags depend on the job's config: run "
+              "`titan-rocm plan --module M --config F --help-torchtitan`")
+        return 0
+    from titan_rocm.adapters.tt030.plan import torchtitan_help as job_help
+
+    return job_help(args, prog="titan-rocm plan")
+
+
+def plan(request: PlanRequest) -> dict[str, Any]:
+    """:func:`titan_rocm.adapters.tt030.plan.make_plan` of ``request`` (0.3.0 has no
+    launcher to check: ``request.launcher`` is not read)."""
+    from titan_rocm.adapters.tt030.plan import make_plan
+
+    return make_plan(
+        request.args, arch=request.arch, world_size=request.world_size, nnodes=request.nnodes,
+        nproc_per_node=request.nproc_per_node, aiter=request.aiter,
+        primus_turbo=request.primus_turbo)
+
+
+def audit(request: AuditRequest) -> AuditResult:
+    """:func:`titan_rocm.adapters.tt030.audit.audit` of ``request``."""
+    from titan_rocm.adapters.tt030.audit import audit as audit_job
+
+    return audit_job(request)
