@@ -205,7 +205,7 @@ def _rel(a: dict[int, float], b: dict[int, float]) -> float | None:
 
 def figures(directory: Path, logs: Path) -> dict[str, Any]:
     """Every figure of the proof, from the stored logs and tune files."""
-    from titan_rocm.tuning import records
+    from titan_rocm.tuned_gemms import records
 
     runs = {p.stem: analyse_run(p) for p in sorted(logs.glob("*@*.log"))}
     by: dict[str, list[dict[str, Any]]] = {}
@@ -265,7 +265,7 @@ def figures(directory: Path, logs: Path) -> dict[str, Any]:
 
 def _reruns(path: Path) -> int:
     """Tasks that got a ``started`` record after their terminal record (must be 0)."""
-    from titan_rocm.tuning import records
+    from titan_rocm.tuned_gemms import records
 
     done: set[str] = set()
     again = 0

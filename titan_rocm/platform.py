@@ -41,7 +41,7 @@ class SimulatedAiter:
 
     version: str
     """What the simulated aiter reports as its version (sets its API generation and the MLA
-    release facts, ``titan_rocm.workarounds.mla_attention.aiter_releases``)."""
+    release facts, ``titan_rocm.workarounds.mla_ck_backward.aiter_releases``)."""
     label: str
     """A few words for ``--help``."""
     read_at: str

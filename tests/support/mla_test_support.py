@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from titan_rocm import log as titan_log
 from titan_rocm import patches, platform
 from titan_rocm.platform import PlatformFacts
-from titan_rocm.workarounds.mla_attention import guard, route_log
+from titan_rocm.workarounds.mla_ck_backward import guard, route_log
 
 FAKE_AITER = Path(__file__).resolve().parents[1] / "fake_aiter"
 GENERATIONS = {"0.1.7": "pypi_0_1_7", "e4048607": "e4048607", "main": "main"}

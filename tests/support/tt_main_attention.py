@@ -137,7 +137,7 @@ class VarlenAttention(tt_attention.VarlenAttention):
 
     def forward(self, q_TNH, k_TNH, v_TNH, *, attention_masks, scale=None, out_transform=None,
                 **kwargs):  # noqa: D102 - main's
-        from titan_rocm.workarounds.mla_attention.documents import dense_mask
+        from titan_rocm.workarounds.mla_ck_backward.documents import dense_mask
 
         assert isinstance(attention_masks, VarlenMetadata)
         mask = dense_mask(attention_masks.cu_seq_q, 1, q_TNH.shape[0])

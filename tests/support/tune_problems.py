@@ -13,7 +13,7 @@ import torch
 import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
 
-from titan_rocm.tuning import choices, problems
+from titan_rocm.tuned_gemms import choices, problems
 
 
 class BmmModel(torch.nn.Module):

@@ -30,9 +30,10 @@ TOOLS = ("titan_rocm.logs", "titan_rocm.gemm_tables", "titan_rocm.numerics")
 """Tools beside the workarounds: platform facts only, never a workaround or an adapter. The
 numerics audit among them: a workaround (``rocm.numerics_audit``) and the adapters run it,
 handing it the step and the job's decisions; it never calls up."""
-# Full module names, written out: the layout move (issue 23) rewrites them by module path.
-TUNING_LOOKUP = ("titan_rocm.tuning.problems", "titan_rocm.tuning.records",
-                 "titan_rocm.tuning.table", "titan_rocm.tuning.env", "titan_rocm.tuning.choices")
+# Full module names, written out, so a move rewrites them by module path.
+TUNING_LOOKUP = ("titan_rocm.tuned_gemms.problems", "titan_rocm.tuned_gemms.records",
+                 "titan_rocm.tuned_gemms.table", "titan_rocm.tuned_gemms.env",
+                 "titan_rocm.tuned_gemms.choices")
 """What training reads of the tuner (rocm.gemm_lookup stands on it): below the workarounds."""
 TUNING_DRIVER = ("titan_rocm.tuner.collect", "titan_rocm.tuner.runner",
                  "titan_rocm.tuner.minesweeper", "titan_rocm.tuner.settings")
@@ -210,7 +211,7 @@ def floor_of(name: str) -> str | None:
                          ("tuner", (*TUNING_DRIVER, "titan_rocm.tuner")),
                          ("tools", TOOLS), ("tuning", TUNING_LOOKUP),
                          ("adapters", ADAPTERS), ("cli", CLI),
-                         ("workarounds", (WORKAROUNDS,)), ("tuning", ("titan_rocm.tuning",))):
+                         ("workarounds", (WORKAROUNDS,)), ("tuning", ("titan_rocm.tuned_gemms",))):
         if _in(name, roots):
             return floor
     return None

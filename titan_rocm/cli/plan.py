@@ -295,8 +295,8 @@ def _job_differences(plan: dict, job: dict, passthrough: list[str]) -> list[str]
 def _add_coverage(plan: dict, problems: str, passthrough: list[str]) -> str | None:
     """Put the table's coverage of ``problems`` into gemm_lookup's details, and say how the
     problems' job differs from this one (on stderr and in ``job_differs``); an error or None."""
-    from titan_rocm.tuning.problems import ProblemsError
-    from titan_rocm.tuning.table import LookupTableError, problems_coverage
+    from titan_rocm.tuned_gemms.problems import ProblemsError
+    from titan_rocm.tuned_gemms.table import LookupTableError, problems_coverage
 
     decision = next((d for d in plan["workarounds"] if d["workaround"] == "gemm_lookup"), None)
     table = plan["settings"].get("gemm_lookup_table")

@@ -116,9 +116,9 @@ def _collect(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from titan_rocm.files import OutputError, check_output
     from titan_rocm.testing.faults import FaultSpecError, disk_full_after, from_env
+    from titan_rocm.tuned_gemms import problems
+    from titan_rocm.tuned_gemms.records import load_state
     from titan_rocm.tuner import runner
-    from titan_rocm.tuning import problems
-    from titan_rocm.tuning.records import load_state
 
     try:
         from_env()
@@ -148,7 +148,7 @@ def _run(args: argparse.Namespace) -> int:
 def _table_file_or_new(path: Path) -> None:
     """Refuse to replace an existing file that is not a GEMM table (it may be anything)."""
     from titan_rocm.files import read_regular
-    from titan_rocm.tuning import table
+    from titan_rocm.tuned_gemms import table
 
     try:
         data = read_regular(path)
@@ -172,8 +172,8 @@ def _table(args: argparse.Namespace) -> int:
     from tabulate import tabulate
 
     from titan_rocm.files import OutputError, check_output
-    from titan_rocm.tuning import table
-    from titan_rocm.tuning.records import ResultsError, load_many
+    from titan_rocm.tuned_gemms import table
+    from titan_rocm.tuned_gemms.records import ResultsError, load_many
 
     if args.output is None and not args.check:
         raise CommandError("-o TABLE is required (unless --check)")

@@ -1,7 +1,7 @@
 """``titan-rocm tune collect``: one step of the job, recording every GEMM problem it lowers.
 
-It runs TorchTitan's own trainer (forward and backward, the real model, the real
-parallelism on each rank) for one step with :class:`~titan_rocm.tuning.choices.RecordingChoices`
+It runs TorchTitan's own trainer (forward and backward, the real model, the real parallelism
+on each rank) for one step with :class:`~titan_rocm.tuned_gemms.choices.RecordingChoices`
 installed: Triton templates are offered (``max_autotune_gemm``, backends ATEN,TRITON) and
 recorded, but every GEMM compiles with its ATen kernel, so nothing is benchmarked. Caches
 that would skip lowering (FX graph, AOT autograd) are off. The job's titan-rocm workarounds
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from titan_rocm.adapters.tt022.job_args import JobArgsError, prepare
 from titan_rocm.files import write_atomic
-from titan_rocm.tuning import problems as problems_module
-from titan_rocm.tuning.problems import Problem
+from titan_rocm.tuned_gemms import problems as problems_module
+from titan_rocm.tuned_gemms.problems import Problem
 
 STEP_FLAGS: tuple[str, ...] = (
     "--training.steps", "1", "--checkpoint.no-enable", "--rocm.gemm_lookup", "off",
@@ -137,8 +137,8 @@ def collect(args: Sequence[str], output: Path, trainer: str = DEFAULT_TRAINER) -
     import torch._inductor.config as inductor_config
 
     from titan_rocm.adapters.tt022.config import settings_from
-    from titan_rocm.tuning.choices import ChoicesFactory, RecordingChoices, install
-    from titan_rocm.tuning.env import environment
+    from titan_rocm.tuned_gemms.choices import ChoicesFactory, RecordingChoices, install
+    from titan_rocm.tuned_gemms.env import environment
 
     found: list[Problem] = []
     inductor_config.fx_graph_cache = False  # a cached graph is never lowered: nothing recorded

@@ -3,7 +3,7 @@
 Its worker (:mod:`titan_rocm.tuner.runner`) starts it pinned to one GPU. It initialises
 the device, then says ``ready`` (so its start-up never counts against ``--timeout``). For
 each problem it compiles a one-op program under the job's settings with
-:class:`~titan_rocm.tuning.choices.EnumeratingChoices`, so Inductor offers exactly the
+:class:`~titan_rocm.tuned_gemms.choices.EnumeratingChoices`, so Inductor offers exactly the
 candidates training would, and wraps ``AlgorithmSelectorCache.benchmark_choices`` (the one
 place that holds the ATen and the template inputs and outputs) to check each candidate:
 fill the output with NaN, run once, synchronise, compare with the ATen result and a float64
@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from titan_rocm import patches
-from titan_rocm.tuning.env import environment
-from titan_rocm.tuning.problems import Problem, TensorSpec
-from titan_rocm.tuning.records import task_id
+from titan_rocm.tuned_gemms.env import environment
+from titan_rocm.tuned_gemms.problems import Problem, TensorSpec
+from titan_rocm.tuned_gemms.records import task_id
 
 EXIT_RETIRED = 17
 """Exit status after a device error was reported: not a crash."""
@@ -154,7 +154,7 @@ def _json_params(params: dict[str, Any]) -> tuple[dict[str, Any], bool]:
 
 def candidates_of(problem: Problem, choices: list[Any], env: dict[str, Any]) -> list[Candidate]:
     """Identify each ChoiceCaller of a lowering as a task (duplicates dropped)."""
-    from titan_rocm.tuning.choices import ktc_of
+    from titan_rocm.tuned_gemms.choices import ktc_of
 
     owner = {}
     for call in problem.calls:
@@ -256,7 +256,7 @@ class Target:
         """Load, run once, check and (on a pass) time one candidate."""
         import torch
 
-        from titan_rocm.tuning.choices import is_extern
+        from titan_rocm.tuned_gemms.choices import is_extern
 
         extern = cand.template_id.startswith("aten::") or is_extern(
             getattr(cand.choice, "choice", None))
@@ -364,7 +364,7 @@ def tune_problem(conn: Any, index: int, problem: Problem, skip: set[str],
     """Compile ``problem``'s program with every candidate checked; an error message or None."""
     import torch
 
-    from titan_rocm.tuning.choices import ChoicesFactory, EnumeratingChoices, install
+    from titan_rocm.tuned_gemms.choices import ChoicesFactory, EnumeratingChoices, install
 
     target = Target(index, problem, set(skip), conn, env, float(options["fudge"]), faults)
     handler = EnumeratingChoices(target.on_lowering)

@@ -32,15 +32,15 @@ from typing import Any
 
 from titan_rocm.numbers import DEVICES, Bounds, refusal
 from titan_rocm.progress import Progress
-from titan_rocm.tuner.minesweeper import EXIT_RETIRED
-from titan_rocm.tuning.problems import FORMAT, ProblemsFile
-from titan_rocm.tuning.records import (
+from titan_rocm.tuned_gemms.problems import FORMAT, ProblemsFile
+from titan_rocm.tuned_gemms.records import (
     QUARANTINE_ERROR,
     STATUSES,
     Appender,
     State,
     load_state,
 )
+from titan_rocm.tuner.minesweeper import EXIT_RETIRED
 
 _SPAWN = multiprocessing.get_context("spawn")
 

@@ -19,7 +19,7 @@ WORKAROUNDS: dict[str, str] = {
     "gemm_lookup": "titan_rocm.workarounds.gemm_lookup.workaround:GemmLookup",
     "grouped_mm": "titan_rocm.workarounds.grouped_mm.workaround:GroupedMMBinding",
     "moe_eager_compile": "titan_rocm.workarounds.moe_eager_compile.workaround:MoEEagerCompile",
-    "mla_ck_backward": "titan_rocm.workarounds.mla_attention.workaround:MLACKBackward",
+    "mla_ck_backward": "titan_rocm.workarounds.mla_ck_backward.workaround:MLACKBackward",
     "numerics_audit": "titan_rocm.workarounds.numerics_audit.workaround:NumericsAudit",
     "divergence_guard": "titan_rocm.workarounds.divergence_guard.workaround:DivergenceGuard",
 }

@@ -83,28 +83,21 @@ def _raise(reason: str) -> Any:
     raise SeamUnavailable(reason)
 
 
-PACKAGES: dict[str, str] = {
-    "grouped_mm": "grouped_mm",
-    "moe_eager_compile": "moe_eager_compile",
-    "mla_ck_backward": "mla_attention",
-    "divergence_guard": "divergence_guard",
-    "numerics_audit": "numerics_audit",
-}
-"""The workarounds that reach into TorchTitan's code, and the package their seams are in
-(under ``titan_rocm.workarounds``)."""
-
+SEAMED: tuple[str, ...] = ("grouped_mm", "moe_eager_compile", "mla_ck_backward",
+                           "divergence_guard", "numerics_audit")
+"""The workarounds that reach into TorchTitan's code; each one's seams are in its package,
+``titan_rocm.workarounds.<name>``."""
 
 
 def _seams(generation: str) -> dict[str, str]:
-    return {name: f"titan_rocm.workarounds.{package}.seams_{generation}:Seam"
-            for name, package in PACKAGES.items()}
+    return {name: f"titan_rocm.workarounds.{name}.seams_{generation}:Seam" for name in SEAMED}
 
 
 TT022 = Generation(TORCHTITAN_022, _seams("tt022"))
 """TorchTitan 0.2.2: converters over the TOML JobConfig."""
 TT030 = Generation(TORCHTITAN_030, _seams("tt030"), variants={
     FOLDED_TOKENS: {
-        "mla_ck_backward": "titan_rocm.workarounds.mla_attention.seams_tt030:FoldedSeam",
+        "mla_ck_backward": "titan_rocm.workarounds.mla_ck_backward.seams_tt030:FoldedSeam",
     },
 })
 """TorchTitan 0.3.0 (and main): config functions and ``Trainer.Config``. Main folds the batch

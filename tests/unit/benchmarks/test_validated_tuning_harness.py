@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks import validated_tuning as bench
-from titan_rocm.tuning.records import Appender
+from titan_rocm.tuned_gemms.records import Appender
 
 WRONG = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64}
 

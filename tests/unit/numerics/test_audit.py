@@ -252,7 +252,7 @@ def test_notes_of_the_applied_workarounds_reach_the_result() -> None:
     many lowerings the table answered (``Workaround.audit_note``), from the job's own
     decisions (``JobWorkarounds.audit_facts``); one that has nothing to say adds no note."""
     from titan_rocm.settings import RocmSettings
-    from titan_rocm.tuning.choices import LookupStats
+    from titan_rocm.tuned_gemms.choices import LookupStats
     from titan_rocm.workarounds.base import CompileSettings, Context
     from titan_rocm.workarounds.job import JobWorkarounds
 

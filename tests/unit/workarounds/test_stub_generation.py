@@ -81,7 +81,7 @@ MAIN = Installed("0.2.2", "/stand-in", "0.3", variants=(FOLDED_TOKENS,))
 def test_main_s_folded_tokens_take_mla_s_folded_seam_and_leave_the_others():
     main = TT030.for_installed(MAIN)
     assert main.seams["mla_ck_backward"] == (
-        "titan_rocm.workarounds.mla_attention.seams_tt030:FoldedSeam")
+        "titan_rocm.workarounds.mla_ck_backward.seams_tt030:FoldedSeam")
     assert {k: v for k, v in main.seams.items() if k != "mla_ck_backward"} == {
         k: v for k, v in TT030.seams.items() if k != "mla_ck_backward"}
     assert (main.moved, main.framework) == ({}, TT030.framework)

@@ -6,7 +6,7 @@ start and may pick differently on each rank. With a table from ``titan-rocm tune
 each GEMM lowering gets exactly one candidate: the table's validated winner on a hit, the
 ATen kernel on a miss (logged once per key). Nothing is benchmarked at start-up.
 
-It installs :class:`~titan_rocm.tuning.choices.TableChoices` through Inductor's
+It installs :class:`~titan_rocm.tuned_gemms.choices.TableChoices` through Inductor's
 ``inductor_choices_class`` (its ``uuid()`` is the table file's sha256, so the FX-graph cache
 keys on the table), with ``max_autotune_gemm`` on and backends ATEN,TRITON. A table made on
 another device or with other torch/Triton/HIP/CUDA versions is refused: ``auto`` warns once
@@ -22,7 +22,7 @@ from typing import Any
 import torch.nn as nn
 
 from titan_rocm.log import log, log_once
-from titan_rocm.tuning import table as table_module
+from titan_rocm.tuned_gemms import table as table_module
 from titan_rocm.workarounds.base import Workaround
 
 
@@ -56,7 +56,7 @@ class GemmLookup(Workaround):
             # plan runs on a login node: its torch and Triton are not the run's, so only the
             # device is compared, with the (simulated) GPU planned for, as the run would.
             return self._planned_device_mismatch()
-        from titan_rocm.tuning.env import environment
+        from titan_rocm.tuned_gemms.env import environment
 
         self.mismatches = table_module.meta_mismatches(self.table.meta, environment())
         if self.mismatches:
@@ -94,7 +94,12 @@ class GemmLookup(Workaround):
         if self.ctx.planning:
             self.dry_run = True
             return
-        from titan_rocm.tuning.choices import ChoicesFactory, LookupStats, TableChoices, install
+        from titan_rocm.tuned_gemms.choices import (
+            ChoicesFactory,
+            LookupStats,
+            TableChoices,
+            install,
+        )
 
         table, stats = self.table, LookupStats()
         self.stats = stats

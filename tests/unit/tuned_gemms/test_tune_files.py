@@ -17,7 +17,7 @@ import pytest
 from test_tuning import _env, _results, _tune, problems_file  # noqa: F401 - the fixture
 
 from titan_rocm.cli import main as cli
-from titan_rocm.tuning import records
+from titan_rocm.tuned_gemms import records
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -211,8 +211,8 @@ def test_quarantined_tasks_are_counted_and_re_tried_on_request(
 
 
 def test_problems_and_table_readers_refuse_deep_json(tmp_path: Path) -> None:
-    from titan_rocm.tuning import problems as problems_module
-    from titan_rocm.tuning import table as table_module
+    from titan_rocm.tuned_gemms import problems as problems_module
+    from titan_rocm.tuned_gemms import table as table_module
 
     deep = tmp_path / "deep.json"
     deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")

@@ -18,10 +18,10 @@ import torch
 from torch import Tensor
 
 from titan_rocm import platform
-from titan_rocm.workarounds.mla_attention import aiter_api
-from titan_rocm.workarounds.mla_attention.aiter_releases import installed_markers
-from titan_rocm.workarounds.mla_attention.route_log import log_route_once
-from titan_rocm.workarounds.mla_attention.routing import (
+from titan_rocm.workarounds.mla_ck_backward import aiter_api
+from titan_rocm.workarounds.mla_ck_backward.aiter_releases import installed_markers
+from titan_rocm.workarounds.mla_ck_backward.route_log import log_route_once
+from titan_rocm.workarounds.mla_ck_backward.routing import (
     BACKWARD,
     FORWARD,
     AttentionCall,

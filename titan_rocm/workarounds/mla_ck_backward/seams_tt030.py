@@ -100,9 +100,9 @@ from torchtitan.models.deepseek_v3.model import Attention
 from torchtitan.protocols.module import Module
 
 from titan_rocm import patches
-from titan_rocm.workarounds.mla_attention.kinds import DENSE, DROPPED, ROWS, VARLEN
-from titan_rocm.workarounds.mla_attention.module import MLAInnerAttention, MLAVarlenInnerAttention
-from titan_rocm.workarounds.mla_attention.op import FORWARD_OPS
+from titan_rocm.workarounds.mla_ck_backward.kinds import DENSE, DROPPED, ROWS, VARLEN
+from titan_rocm.workarounds.mla_ck_backward.module import MLAInnerAttention, MLAVarlenInnerAttention
+from titan_rocm.workarounds.mla_ck_backward.op import FORWARD_OPS
 
 NAME = "mla_ck_backward"
 """Who the seam's patches are ``by``."""

@@ -1,6 +1,6 @@
 """The device and software a GEMM kernel was (or is about to be) chosen on.
 
-The same fields identify a tuning task (:func:`titan_rocm.tuning.records.task_id`), head a
+The same fields identify a tuning task (:func:`titan_rocm.tuned_gemms.records.task_id`), head a
 table (its ``meta``) and are compared by ``rocm.gemm_lookup`` before it trusts a table.
 """
 

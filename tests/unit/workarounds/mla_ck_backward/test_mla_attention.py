@@ -39,13 +39,13 @@ from titan_rocm.adapters.tt022.converters.context import job_context
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.settings import RocmSettings
 from titan_rocm.workarounds.base import Context, Parallelism, planning
-from titan_rocm.workarounds.mla_attention import aiter_api, guard, op
-from titan_rocm.workarounds.mla_attention.module import (
+from titan_rocm.workarounds.mla_ck_backward import aiter_api, guard, op
+from titan_rocm.workarounds.mla_ck_backward.module import (
     MLAFlexInnerAttention,
     MLAInnerAttention,
     MLAVarlenInnerAttention,
 )
-from titan_rocm.workarounds.mla_attention.workaround import (
+from titan_rocm.workarounds.mla_ck_backward.workaround import (
     DEEPSEEK_PARALLELIZE,
     MLACKBackward,
     expected_attention_dtype,
@@ -667,7 +667,7 @@ def test_flex_flavor_with_a_causal_mask_is_converted_in_auto():
 
 @pytest.mark.parametrize("mode", ["auto", "on"])
 def test_block_causal_flavor_gets_varlen_attention_per_document(mode):
-    from titan_rocm.workarounds.mla_attention import documents
+    from titan_rocm.workarounds.mla_ck_backward import documents
 
     job = _job("--rocm.mla_ck_backward", mode, flavor="debugmodel_flex_attn")
     model = build_meta(job)

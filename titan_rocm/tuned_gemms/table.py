@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from titan_rocm.files import read_regular, write_atomic
-from titan_rocm.tuning.problems import FORMAT
-from titan_rocm.tuning.records import ENV_FIELDS, State
+from titan_rocm.tuned_gemms.problems import FORMAT
+from titan_rocm.tuned_gemms.records import ENV_FIELDS, State
 
 META_FIELDS: tuple[str, ...] = ("device_key", *ENV_FIELDS, "fp32_precision")
 """Meta fields a training run must match to use a table."""
@@ -236,7 +236,7 @@ def problems_coverage(table_path: str | Path, problems_path: str | Path,
         LookupTableError: the table cannot be read.
         ProblemsError: the problems file cannot be read, or comes from another model/flavor.
     """
-    from titan_rocm.tuning import problems as problems_module
+    from titan_rocm.tuned_gemms import problems as problems_module
 
     found = problems_module.read(problems_path)
     job = found.job

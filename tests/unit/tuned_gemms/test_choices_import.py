@@ -1,4 +1,4 @@
-"""Where ``titan_rocm.tuning.choices`` takes Inductor's ``DictKernelTemplateParams`` from:
+"""Where ``titan_rocm.tuned_gemms.choices`` takes Inductor's ``DictKernelTemplateParams`` from:
 ``torch._inductor.heuristics.template.params`` first (torch 2.14.1 and 2.15.0, line 24), torch
 2.13's ``torch._inductor.template_heuristics.params`` (line 24) where that is missing; 2.14 and
 2.15 keep the old path as a re-exporting shim "removed in a future release"."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from titan_rocm.tuning import choices
+from titan_rocm.tuned_gemms import choices
 
 REPO = Path(__file__).resolve().parents[3]
 NEW = "torch._inductor.heuristics.template.params"
@@ -61,7 +61,7 @@ def test_importing_choices_leaves_the_deprecated_shim_alone() -> None:
         "import json, sys, warnings\n"
         "with warnings.catch_warnings(record=True) as caught:\n"
         "    warnings.simplefilter('always')\n"
-        "    import titan_rocm.tuning.choices as c\n"
+        "    import titan_rocm.tuned_gemms.choices as c\n"
         "print(json.dumps({'shim': 'torch._inductor.template_heuristics' in sys.modules,\n"
         "    'module': c.DictKernelTemplateParams.__module__,\n"
         "    'warnings': [str(w.message) for w in caught if 'heuristics' in str(w.message)\n"

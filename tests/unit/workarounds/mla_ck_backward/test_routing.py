@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from titan_rocm import archs
 from titan_rocm.platform import SIMULATED_AITERS
-from titan_rocm.workarounds.mla_attention import aiter_releases
-from titan_rocm.workarounds.mla_attention.aiter_releases import release_for
-from titan_rocm.workarounds.mla_attention.routing import (
+from titan_rocm.workarounds.mla_ck_backward import aiter_releases
+from titan_rocm.workarounds.mla_ck_backward.aiter_releases import release_for
+from titan_rocm.workarounds.mla_ck_backward.routing import (
     AITER,
     CK,
     AttentionCall,
@@ -422,7 +422,7 @@ def test_docs_show_the_current_route_tables():
 
 def test_routing_imports_neither_torch_nor_aiter():
     code = (
-        "import sys, titan_rocm.workarounds.mla_attention.routing as r; "
+        "import sys, titan_rocm.workarounds.mla_ck_backward.routing as r; "
         "r.route_table(); "
         "assert 'torch' not in sys.modules and 'aiter' not in sys.modules, "
         "sorted(m for m in sys.modules if m.startswith(('torch', 'aiter')))"

@@ -18,12 +18,12 @@ import torch
 
 from tests.support.mla_test_support import FAKE_AITER, GENERATIONS, cpu_facts
 from titan_rocm.platform import SIMULATED_AITERS, AiterFacts, PlatformFacts
-from titan_rocm.workarounds.mla_attention.aiter_releases import (
+from titan_rocm.workarounds.mla_ck_backward.aiter_releases import (
     SIMULATED_MARKERS,
     installed_markers,
     markers_in,
 )
-from titan_rocm.workarounds.mla_attention.routing import (
+from titan_rocm.workarounds.mla_ck_backward.routing import (
     AITER,
     AttentionCall,
     route_backward,

@@ -9,7 +9,7 @@ there; other handlers are not affected. The wrapper passes ``__call__``'s return
 through unchanged (a ``(node, choice)`` pair in torch 2.13, the node in 2.11).
 
 - :class:`RecordingChoices` (``tune collect``): records each GEMM lowering as a
-  :class:`~titan_rocm.tuning.problems.Problem` and keeps only the first ATen kernel, so the
+  :class:`~titan_rocm.tuned_gemms.problems.Problem` and keeps only the first ATen kernel, so the
   job compiles without benchmarking anything.
 - :class:`EnumeratingChoices` (the tuner's minesweeper): passes every candidate through and
   reports the lowering with its candidates.
@@ -39,7 +39,7 @@ from torch._inductor.virtualized import V
 
 from titan_rocm import patches
 from titan_rocm.log import log, log_once
-from titan_rocm.tuning.problems import GEMM_OPS, Call, Problem, Template, TensorSpec
+from titan_rocm.tuned_gemms.problems import GEMM_OPS, Call, Problem, Template, TensorSpec
 
 
 def _template_params_class() -> type:

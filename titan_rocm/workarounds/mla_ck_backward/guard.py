@@ -37,9 +37,9 @@ import torch
 
 from titan_rocm import patches
 from titan_rocm._after_import import AfterImport
-from titan_rocm.workarounds.mla_attention import aiter_api, op
-from titan_rocm.workarounds.mla_attention.route_log import log_route_once
-from titan_rocm.workarounds.mla_attention.routing import BACKWARD, CK, route_backward
+from titan_rocm.workarounds.mla_ck_backward import aiter_api, op
+from titan_rocm.workarounds.mla_ck_backward.route_log import log_route_once
+from titan_rocm.workarounds.mla_ck_backward.routing import BACKWARD, CK, route_backward
 
 TARGET_MODULE = aiter_api.MHA_MODULE
 TARGET_ATTR = "_flash_attn_backward"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from titan_rocm import log as titan_log
-from titan_rocm.workarounds.mla_attention.routing import AttentionCall, Route, arch_label
+from titan_rocm.workarounds.mla_ck_backward.routing import AttentionCall, Route, arch_label
 
 KEY_PREFIX = "mla_route:"
 

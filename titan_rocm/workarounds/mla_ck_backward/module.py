@@ -34,9 +34,9 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from titan_rocm.log import log_once
-from titan_rocm.workarounds.mla_attention import op
-from titan_rocm.workarounds.mla_attention.documents import DocumentSpans, dense_mask
-from titan_rocm.workarounds.mla_attention.routing import DTYPES
+from titan_rocm.workarounds.mla_ck_backward import op
+from titan_rocm.workarounds.mla_ck_backward.documents import DocumentSpans, dense_mask
+from titan_rocm.workarounds.mla_ck_backward.routing import DTYPES
 
 _DEFAULT_SDPA_BACKENDS = [
     SDPBackend.CUDNN_ATTENTION,

@@ -43,22 +43,22 @@ from titan_rocm import platform
 from titan_rocm.log import log, log_once
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.workarounds.base import Context, Parallelism, Workaround
-from titan_rocm.workarounds.mla_attention import aiter_api
-from titan_rocm.workarounds.mla_attention.aiter_releases import installed_markers, release_for
-from titan_rocm.workarounds.mla_attention.kinds import (
+from titan_rocm.workarounds.mla_ck_backward import aiter_api
+from titan_rocm.workarounds.mla_ck_backward.aiter_releases import installed_markers, release_for
+from titan_rocm.workarounds.mla_ck_backward.kinds import (
     ATTENTION_LABELS,
     DROPPED_KINDS,
     VARLEN,
     VARLEN_KINDS,
 )
-from titan_rocm.workarounds.mla_attention.routing import (
+from titan_rocm.workarounds.mla_ck_backward.routing import (
     DTYPES,
     AttentionCall,
     arch_label,
     route_backward,
     route_forward,
 )
-from titan_rocm.workarounds.mla_attention.seams_tt022 import (  # noqa: F401 - their names here
+from titan_rocm.workarounds.mla_ck_backward.seams_tt022 import (  # noqa: F401 - their names here
     DEEPSEEK_PARALLELIZE,
     deepseek_attention_modules,
     expected_attention_dtype,
@@ -188,7 +188,7 @@ class MLACKBackward(Workaround):
         if self.ctx.planning:
             self._guard = "not installed (plan)"
         else:
-            from titan_rocm.workarounds.mla_attention import guard
+            from titan_rocm.workarounds.mla_ck_backward import guard
 
             self._guard = guard.install()
         self._facts = platform.reprobe_aiter() if not self.ctx.planning else None
@@ -246,7 +246,7 @@ class MLACKBackward(Workaround):
         "forward_runs": "CK mha_varlen_fwd", "backward": "ck (mha_varlen_bwd)", ...,
         "modules": 27}``; further kinds or shapes go under ``other_attention``.
         """
-        from titan_rocm.workarounds.mla_attention.guard import NOT_COVERED
+        from titan_rocm.workarounds.mla_ck_backward.guard import NOT_COVERED
 
         facts = self._facts or self.ctx.platform
         kinds = self._kinds(model)

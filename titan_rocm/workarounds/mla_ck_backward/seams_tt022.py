@@ -14,7 +14,7 @@ import torch.nn as nn
 
 from titan_rocm import patches
 from titan_rocm.workarounds.base import Context
-from titan_rocm.workarounds.mla_attention.kinds import DENSE, DROPPED, FLEX_CAUSAL, VARLEN
+from titan_rocm.workarounds.mla_ck_backward.kinds import DENSE, DROPPED, FLEX_CAUSAL, VARLEN
 
 NAME = "mla_ck_backward"
 """Who the seam's patches are ``by``."""
@@ -46,7 +46,7 @@ def attention_kind(attention: nn.Module, masks: str, drop_documents: bool) -> st
     for an inner attention titan-rocm does not replace."""
     from torchtitan.models.attention import FlexAttentionWrapper, ScaledDotProductAttentionWrapper
 
-    from titan_rocm.workarounds.mla_attention.module import (
+    from titan_rocm.workarounds.mla_ck_backward.module import (
         MLAFlexInnerAttention,
         MLAInnerAttention,
         MLAVarlenInnerAttention,
@@ -66,7 +66,7 @@ def attention_kind(attention: nn.Module, masks: str, drop_documents: bool) -> st
 
 def replacement(kind: str) -> type[nn.Module]:
     """The inner-attention class of ``kind``."""
-    from titan_rocm.workarounds.mla_attention.module import (
+    from titan_rocm.workarounds.mla_ck_backward.module import (
         MLAFlexInnerAttention,
         MLAInnerAttention,
         MLAVarlenInnerAttention,
@@ -133,7 +133,7 @@ class Seam:
 
     def replace(self, model: nn.Module, kinds: dict[str, str | None]) -> Counter[str]:
         """Swap the wrappers; per-document masks become DocumentSpans."""
-        from titan_rocm.workarounds.mla_attention import documents
+        from titan_rocm.workarounds.mla_ck_backward import documents
 
         replaced: Counter[str] = Counter()
         attentions = dict(deepseek_attention_modules(model))
@@ -151,7 +151,7 @@ class Seam:
 
     def save_forward_in_op_sac(self) -> str | None:
         """Add the forward ops to ``_op_sac_save_list`` of the parallelize module(s) found."""
-        from titan_rocm.workarounds.mla_attention.op import FORWARD_OPS
+        from titan_rocm.workarounds.mla_ck_backward.op import FORWARD_OPS
 
         found: list[str] = []
         for module_name in self._parallelize_modules():

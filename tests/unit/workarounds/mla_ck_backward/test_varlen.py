@@ -30,9 +30,9 @@ from tests.support.mla_test_support import (
 from tests.support.moe_test_models import convert, decisions, model_args, parse, world_of_one
 from titan_rocm import platform
 from titan_rocm.platform import PlatformFacts
-from titan_rocm.workarounds.mla_attention import documents, op
-from titan_rocm.workarounds.mla_attention.documents import DocumentSpans, document_spans
-from titan_rocm.workarounds.mla_attention.module import MLAVarlenInnerAttention
+from titan_rocm.workarounds.mla_ck_backward import documents, op
+from titan_rocm.workarounds.mla_ck_backward.documents import DocumentSpans, document_spans
+from titan_rocm.workarounds.mla_ck_backward.module import MLAVarlenInnerAttention
 
 pytestmark = pytest.mark.usefixtures("clean_mla_state")
 

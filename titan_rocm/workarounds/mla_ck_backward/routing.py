@@ -39,7 +39,7 @@ from typing import Any
 
 from titan_rocm.archs import ARCHS, normalize_arch
 from titan_rocm.platform import SIMULATED_AITERS
-from titan_rocm.workarounds.mla_attention.aiter_releases import (
+from titan_rocm.workarounds.mla_ck_backward.aiter_releases import (
     SIMULATED_MARKERS,
     AiterRelease,
     marker_names,

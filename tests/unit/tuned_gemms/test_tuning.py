@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from titan_rocm.cli import main as cli
-from titan_rocm.tuning import problems, records, table
+from titan_rocm.tuned_gemms import problems, records, table
 
 REPO = Path(__file__).resolve().parents[3]
 ROCM_KEY = "gfx942:sramecc+:xnack-"
@@ -202,7 +202,7 @@ def _compile_bmm(factory: Any) -> int:
     import torch._inductor.config as inductor_config
     from torch._dynamo.utils import counters
 
-    from titan_rocm.tuning.choices import install
+    from titan_rocm.tuned_gemms.choices import install
 
     inductor_config.fx_graph_cache = False
     inductor_config.compile_threads = 1  # also un-hides it if another test deleted it
@@ -219,7 +219,7 @@ KEY = "((torch.float32, [2, 8, 16], [128, 16, 1]), (torch.float32, [2, 16, 4], [
 
 
 def test_converter_hit_gives_one_choice_and_a_miss_aten_only(restore_inductor: None) -> None:
-    from titan_rocm.tuning.choices import ChoicesFactory, LookupStats, TableChoices
+    from titan_rocm.tuned_gemms.choices import ChoicesFactory, LookupStats, TableChoices
 
     seen: list[int] = []
 
@@ -242,8 +242,8 @@ def test_converter_hit_gives_one_choice_and_a_miss_aten_only(restore_inductor: N
 
 
 def test_miss_keeps_only_the_aten_kernel_among_templates() -> None:
-    from titan_rocm.tuning.choices import Lowering, TableChoices
-    from titan_rocm.tuning.problems import Call
+    from titan_rocm.tuned_gemms.choices import Lowering, TableChoices
+    from titan_rocm.tuned_gemms.problems import Call
 
     class Template:
         def __init__(self, uid: str) -> None:
@@ -252,7 +252,7 @@ def test_miss_keeps_only_the_aten_kernel_among_templates() -> None:
     class Extern(Template):
         pass
 
-    import titan_rocm.tuning.choices as choices_module
+    import titan_rocm.tuned_gemms.choices as choices_module
 
     real = choices_module.is_extern
     choices_module.is_extern = lambda t: isinstance(t, Extern)  # type: ignore[assignment]
@@ -268,7 +268,7 @@ def test_miss_keeps_only_the_aten_kernel_among_templates() -> None:
 
 
 def test_uuid_is_the_table_files_hash(tmp_path: Path) -> None:
-    from titan_rocm.tuning.choices import LookupStats, TableChoices
+    from titan_rocm.tuned_gemms.choices import LookupStats, TableChoices
 
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"meta": {}, "table": {"k": [{"template_id": "aten::mm"}]}}))
@@ -406,9 +406,9 @@ def test_collect_refuses_a_job_that_compiles_nothing(tmp_path: Path) -> None:
 def test_tune_readers_refuse_a_fifo_without_blocking(tmp_path: Path, reader: str) -> None:
     import signal
 
-    from titan_rocm.tuning import problems as problems_module
-    from titan_rocm.tuning import records as records_module
-    from titan_rocm.tuning import table as table_module
+    from titan_rocm.tuned_gemms import problems as problems_module
+    from titan_rocm.tuned_gemms import records as records_module
+    from titan_rocm.tuned_gemms import table as table_module
 
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
