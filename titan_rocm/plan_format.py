@@ -12,7 +12,8 @@ The plan (a dict: :func:`titan_rocm.adapters.tt022.plan.make_plan`, or 0.3.0's
 
 Values print in one style, as JSON/TOML literals (``null``, ``true``, ``["a", "b"]``,
 ``"auto"``), never Python reprs. Internals (cache keys, guard coverage notes, patched
-function names...) only with ``--verbose``. Torch-free.
+function names...) only with ``--verbose``. Each workaround's line in the verdict is its
+own (``Workaround.plan_line``, ``Workaround.not_measured``), looked up in the registry.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 from titan_rocm.measured import FIGURES, cost_of
 from titan_rocm.settings import RocmSettings
+from titan_rocm.workarounds.registry import workaround_class
 
 PLAN_SCHEMA = 1
 """Version of ``plan --json``'s layout (both TorchTitan versions); raised when a field changes."""
@@ -41,34 +43,6 @@ INTERNAL_KEYS = frozenset({
     "get_gfx_source", "get_gfx_matches_device", "in_cache_key", "checked_at",
 })
 """Detail keys that explain how a workaround reaches into the job; shown with --verbose."""
-
-_ONE_LINE = {
-    "precision_casts": lambda d: "Inductor's emulate_precision_casts on: compiled BF16 "
-                                 "rounds as eager does",
-    "triton_war": lambda d: "every HIP kernel's AMDGCN scanned for the buffer-store hazard "
-                            f"(rule {d.get('rule', '?')}); hazardous ones recompile without "
-                            "buffer ops",
-    "grouped_mm": lambda d: f"MoE experts call the {d.get('backend', '?')} grouped-MM backend",
-    "moe_eager_compile": lambda d: (
-        "MoE blocks run eager whole" if d.get("scope") == "block" else
-        "MoE blocks: attention and norms compiled, the MoE module eager"
-    ) + f" (moe_eager_scope = {json.dumps(d.get('scope'))})",
-    "mla_ck_backward": lambda d: f"MLA attention on aiter: forward {d.get('forward_runs', '?')}, "
-                                 f"backward {d.get('backward_runs', '?')}",
-    "gemm_lookup": lambda d: "each GEMM compiles with the kernel titan-rocm tune validated"
-                             + _coverage_text(d.get("coverage")),
-    "divergence_guard": lambda d: "stops at the first non-finite loss or grad norm "
-                                  f"(divergence_check = {json.dumps(d.get('check'))})",
-}
-
-
-def _coverage_text(coverage: dict[str, Any] | None) -> str:
-    if not coverage:
-        return ""
-    text = f" ({coverage['covered']}/{coverage['problems']} of the job's GEMMs in the table"
-    if coverage.get("job_differs"):
-        text += "; the problems file is not this job's: " + "; ".join(coverage["job_differs"])
-    return text + ")"
 
 
 def value_text(value: Any) -> str:
@@ -127,18 +101,12 @@ def _details_lines(details: dict[str, Any], indent: str, verbose: bool) -> list[
     return lines
 
 
-_NOT_MEASURED = {
-    "triton_war": "not measured on a GPU: it acts on HIP kernels only, and no AMD GPU was "
-                  "available",
-    "mla_ck_backward": "not measured: aiter runs on ROCm only",
-}
-
-
 def _cost(d: dict[str, Any], converters: list[str], sources: list[str]) -> str:
     """``d``'s measured cost, its source appended to ``sources`` once and cited as ``[n]``."""
     figure = cost_of(d["workaround"], d["details"], converters)
-    if figure is None and d["workaround"] in _NOT_MEASURED:
-        return _NOT_MEASURED[d["workaround"]]
+    not_measured = workaround_class(d["workaround"]).not_measured
+    if figure is None and not_measured:
+        return not_measured
     if figure is None:
         together = FIGURES["dense.all_on"]
         source = f"every workaround forced on together: {together.sentence()}"
@@ -174,7 +142,7 @@ def verdict_lines(plan: dict[str, Any]) -> list[str]:
     else:
         lines.append(f"titan-rocm changes {len(applied)} thing(s) in this run:")
         for d in applied:
-            what = _ONE_LINE.get(d["workaround"], lambda _d: "applied")(d["details"])
+            what = workaround_class(d["workaround"]).plan_line(d["details"])
             lines.append(f"  rocm.{d['workaround']}: {what}")
             lines.append(f"      cost: {_cost(d, plan['converters'], sources)}")
         lines += [f"  [{i}] {source}" for i, source in enumerate(sources, start=1)]

@@ -11,7 +11,7 @@ import torch.nn as nn
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.settings import RocmSettings
 from titan_rocm.workarounds.base import CompileSettings, Context, TrainerSeam
-from titan_rocm.workarounds.seams import SEAMED, Generation
+from titan_rocm.workarounds.seams import Generation
 
 FRAMEWORK = "torchtitan 9.9 (stub)"
 CALLS: list[tuple[str, str]] = []
@@ -111,7 +111,7 @@ class MLASeam(_Recording):
 
 SEAMS = {cls.workaround: f"{__name__}:{cls.__name__}"
          for cls in (GroupedMMSeam, MixedCompileSeam, GuardSeam, AuditSeam, MLASeam)}
-assert set(SEAMS) == set(SEAMED)  # one seam for every workaround that has one
+"""One seam for every shipped workaround that has one (test_stub_generation holds it)."""
 STUB = Generation(FRAMEWORK, SEAMS)
 
 

@@ -12,11 +12,11 @@ import pytest
 from titan_rocm.adapters.meta import on_meta
 from titan_rocm.adapters.tt022.plan import PlanError, build_meta_model, make_plan
 from titan_rocm.cli import main
+from titan_rocm.workarounds.registry import WORKAROUNDS as REGISTERED
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((REPO / "configs").glob("*.toml"))
-WORKAROUNDS = {"precision_casts", "triton_war", "gemm_lookup", "grouped_mm",
-               "moe_eager_compile", "mla_ck_backward", "numerics_audit", "divergence_guard"}
+WORKAROUNDS = set(REGISTERED)
 
 
 @pytest.fixture(autouse=True)

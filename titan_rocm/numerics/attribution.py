@@ -12,8 +12,10 @@ from typing import Any
 import torch.nn as nn
 from torch._dynamo.eval_frame import OptimizedModule
 
-GLOBAL_COMPILED = ("precision_casts", "triton_war", "gemm_lookup")
-"""Workarounds that act on every compiled kernel: they shape compiled code only."""
+SHAPES = ("compiled", "listed", "moe", "every")
+"""Which blocks a workaround shapes (``Workaround.audit_shapes``): every block that compiles,
+whole or in part (it acts on compiled kernels); the blocks it lists, each with how it runs
+them; every MoE block; every block."""
 
 WRAPPERS = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 """Module names torch.compile, activation checkpointing and FSDP1 insert into FQNs."""
@@ -38,9 +40,12 @@ class JobFacts:
     """Workarounds the job applied, in apply order."""
     notes: list[str] = field(default_factory=list)
     """What the applied workarounds say they did (``Workaround.audit_note``)."""
-    mixed_compile: dict[str, str] = field(default_factory=dict)
-    """Block key -> how the mixed compile runs it (``moe_eager_compile``'s plan), where it
-    applied."""
+    shapes: dict[str, str] = field(default_factory=dict)
+    """Applied workaround -> which blocks it shapes (one of :data:`SHAPES`); one that shapes
+    none is absent."""
+    blocks: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Workaround that shapes the blocks it lists -> block key -> how it runs that block
+    (``moe_eager_compile``: fullgraph, or eager)."""
 
 
 def compiled_in_place(module: nn.Module) -> bool:
@@ -89,6 +94,20 @@ class Segment:
                 "moe": self.moe, "workarounds": self.workarounds}
 
 
+def _shaped(facts: JobFacts, key: str, scope: str, moe: bool) -> list[str]:
+    """The applied workarounds that shaped block ``key``, in apply order."""
+    shaped = []
+    for name in facts.applied:
+        shape = facts.shapes.get(name)
+        listed = facts.blocks.get(name, {})
+        if shape == "listed" and key in listed:
+            shaped.append(f"{name} ({listed[key]})")
+        elif (shape == "compiled" and scope != "eager") or (shape == "moe" and moe) \
+                or shape == "every":
+            shaped.append(name)
+    return shaped
+
+
 def segments(model_parts: list[nn.Module], facts: JobFacts | None) -> list[Segment]:
     """The audit's segments in forward order, each with its compile scope and workarounds."""
     facts = facts or JobFacts()
@@ -105,13 +124,6 @@ def segments(model_parts: list[nn.Module], facts: JobFacts | None) -> list[Segme
             whole = any(p == at or not p or at.startswith(p + ".") for p in inside)
             scope = "compiled" if whole else ("mixed" if inside else "eager")
             moe = bool(getattr(_inner(block), "moe_enabled", False))
-            shaped = [w for w in facts.applied if w in GLOBAL_COMPILED and scope != "eager"]
-            if "moe_eager_compile" in facts.applied and key in facts.mixed_compile:
-                shaped.append(f"moe_eager_compile ({facts.mixed_compile[key]})")
-            if "grouped_mm" in facts.applied and moe:
-                shaped.append("grouped_mm")
-            if "mla_ck_backward" in facts.applied:
-                shaped.append("mla_ck_backward")
-            found.append(Segment(key, "block", scope, moe, shaped))
+            found.append(Segment(key, "block", scope, moe, _shaped(facts, key, scope, moe)))
     found.append(Segment(HEAD, "head", None))
     return found

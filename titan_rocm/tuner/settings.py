@@ -16,15 +16,20 @@ from titan_rocm.log import log
 from titan_rocm.settings import check_section
 from titan_rocm.workarounds.base import CompileSettings, Context
 from titan_rocm.workarounds.job import JobWorkarounds
-
-CODEGEN_WORKAROUNDS: tuple[str, ...] = ("precision_casts", "triton_war")
-"""Workarounds that change compiled code for the whole process, with no model needed."""
+from titan_rocm.workarounds.registry import workaround_classes
 
 FRAMEWORK = "titan-rocm tune"
 
 
+def codegen_workarounds() -> tuple[str, ...]:
+    """The workarounds that change compiled code for the whole process, with no model needed
+    (``Workaround.codegen``), in apply order."""
+    return tuple(name for name, cls in workaround_classes().items() if cls.codegen)
+
+
 def apply_codegen_settings(settings: dict[str, Any]) -> list[str]:
-    """Apply :data:`CODEGEN_WORKAROUNDS` whose gate holds under ``settings``; return their names.
+    """Apply the :func:`codegen_workarounds` whose gate holds under ``settings``; return their
+    names.
 
     Raises:
         ValueError: a ``[rocm]`` value is not valid, or a workaround set ``on`` cannot apply.
@@ -32,11 +37,12 @@ def apply_codegen_settings(settings: dict[str, Any]) -> list[str]:
     ctx = Context(settings=check_section(dict(settings)),
                   compile=CompileSettings(enable=True, components=("model",)),
                   framework=FRAMEWORK)
-    job = JobWorkarounds(ctx, CODEGEN_WORKAROUNDS)
+    names = codegen_workarounds()
+    job = JobWorkarounds(ctx, names)
     job.require()
     model = nn.Module()  # these workarounds act on the process, not on a model
     applied = []
-    for name in CODEGEN_WORKAROUNDS:
+    for name in names:
         decision = job.apply(name, model, FRAMEWORK)
         log.info("%s", decision.line)
         if decision.applied:

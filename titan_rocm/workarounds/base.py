@@ -234,7 +234,20 @@ class Workaround:
     needs_rocm: ClassVar[bool] = True
     """In ``auto`` mode, skip off ROCm."""
     has_seam: ClassVar[bool] = False
-    """It reaches into TorchTitan's code through ``ctx.seam(name)`` (:mod:`.seams`)."""
+    """It reaches into TorchTitan's code through ``ctx.seam(name)`` (:mod:`.seams`): each
+    generation's seam is ``Seam`` in ``seams_<generation>.py`` beside its module."""
+    codegen: ClassVar[bool] = False
+    """It changes the code Inductor and Triton generate for the whole process from the
+    settings alone (no model, no table): ``titan-rocm tune``'s workers apply it too, so that
+    they compile the kernels training will (:mod:`titan_rocm.tuner.settings`)."""
+    audit_shapes: ClassVar[str | None] = None
+    """Which blocks the numerics audit names it on where it applied: ``compiled`` (every
+    block that compiles, whole or in part: it acts on compiled kernels), ``listed`` (the
+    blocks :meth:`audit_blocks` names, each with how it runs), ``moe`` (every MoE block),
+    ``every`` (every block); None: none."""
+    not_measured: ClassVar[str | None] = None
+    """Why ``titan-rocm plan`` quotes no measured cost for it; None: it quotes its figure in
+    :mod:`titan_rocm.measured`, or the figure of every workaround forced on together."""
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -282,6 +295,17 @@ class Workaround:
 
     def plan(self, model: nn.Module) -> dict[str, Any]:
         """JSON-able details of what the fix does, for ``titan-rocm plan`` (after :meth:`apply`)."""
+        return {}
+
+    @staticmethod
+    def plan_line(details: dict[str, Any]) -> str:
+        """What it changes in this run, in one line of ``titan-rocm plan``'s verdict, from
+        the details its :meth:`plan` returned."""
+        return "applied"
+
+    def audit_blocks(self, model_parts: list[nn.Module]) -> dict[str, str]:
+        """Block key -> how it runs that block, for ``audit_shapes = "listed"`` (after
+        :meth:`apply`)."""
         return {}
 
     def audit_note(self) -> str | None:

@@ -108,18 +108,16 @@ class JobWorkarounds:
 
     def audit_facts(self, model_parts: Sequence[nn.Module]) -> JobFacts:
         """What applied, as the numerics audit attributes it: names in apply order, each
-        one's audit note, and how the mixed compile runs each block where it applied."""
-        from titan_rocm.workarounds import moe_blocks
-
+        one's audit note, which blocks each shapes (``Workaround.audit_shapes``) and, for one
+        that lists its blocks, how it runs each."""
         applied = [name for name in self.instances if name in self.applied_by]
         notes = [note for name in applied
                  if (note := self.instances[name].audit_note()) is not None]
-        mixed: dict[str, str] = {}
-        mec = self.instances.get("moe_eager_compile")
-        if "moe_eager_compile" in self.applied_by and mec is not None:
-            for part in model_parts:
-                mixed.update(moe_blocks.plan_blocks(part, getattr(mec, "scope", "block")))
-        return JobFacts(applied, notes, mixed)
+        shapes = {name: shape for name in applied
+                  if (shape := self.instances[name].audit_shapes) is not None}
+        blocks = {name: self.instances[name].audit_blocks(list(model_parts))
+                  for name, shape in shapes.items() if shape == "listed"}
+        return JobFacts(applied, notes, shapes, blocks)
 
     def applied(self, by: str | None = None) -> list[Workaround]:
         """The workarounds that applied (by ``by`` alone, if given), in apply order."""

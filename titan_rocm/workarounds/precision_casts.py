@@ -41,6 +41,12 @@ class PrecisionCasts(Workaround):
     """Sets ``torch._inductor.config.emulate_precision_casts = True``."""
 
     name = "precision_casts"
+    codegen = True
+    audit_shapes = "compiled"
+
+    @staticmethod
+    def plan_line(details: dict[str, Any]) -> str:
+        return "Inductor's emulate_precision_casts on: compiled BF16 rounds as eager does"
 
     def check(self, model: nn.Module) -> str | None:
         if not self.ctx.compile.enable:

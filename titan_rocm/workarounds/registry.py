@@ -2,7 +2,10 @@
 
 Process-wide settings that must precede any compile come first, model rewrites next, the
 guard last. Each workaround lives in its own package (or module) and is imported only when
-used, so listing them costs nothing.
+used, so listing them costs nothing. This is the one list of them: every other list (the
+converters, a 0.3.0 job's names, each generation's seams, the tuner's codegen workarounds)
+derives from it, and what differs by workaround (its plan line, the blocks the audit names
+it on) is declared on its class.
 """
 
 from __future__ import annotations
@@ -23,6 +26,19 @@ WORKAROUNDS: dict[str, str] = {
     "numerics_audit": "titan_rocm.workarounds.numerics_audit.workaround:NumericsAudit",
     "divergence_guard": "titan_rocm.workarounds.divergence_guard.workaround:DivergenceGuard",
 }
+
+
+def workaround_classes() -> dict[str, type[Workaround]]:
+    """Every registered workaround class by name, in apply order (each module imported)."""
+    return {name: workaround_class(name) for name in WORKAROUNDS}
+
+
+def seamed() -> dict[str, str]:
+    """The registered workarounds that reach into TorchTitan's code (``has_seam``), each with
+    the package its seams sit in, beside its workaround module (``titan_rocm.workarounds.
+    grouped_mm``: ``seams_tt022.py``, ``seams_tt030.py``)."""
+    return {name: cls.__module__.rpartition(".")[0]
+            for name, cls in workaround_classes().items() if cls.has_seam}
 
 
 def workaround_class(name: str) -> type[Workaround]:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from titan_rocm.torchtitan_version import FOLDED_TOKENS, Installed
+from titan_rocm.workarounds import registry
 
 TORCHTITAN_022 = "torchtitan 0.2.2"
 """``Context.framework`` of a job built by the 0.2.2 converters
@@ -83,19 +84,36 @@ def _raise(reason: str) -> Any:
     raise SeamUnavailable(reason)
 
 
-SEAMED: tuple[str, ...] = ("grouped_mm", "moe_eager_compile", "mla_ck_backward",
-                           "divergence_guard", "numerics_audit")
-"""The workarounds that reach into TorchTitan's code; each one's seams are in its package,
-``titan_rocm.workarounds.<name>``."""
+class SeamsBeside(Mapping[str, str]):
+    """Workaround name -> ``"module:Class"`` of its seam for one generation, for every
+    registered workaround that declares ``has_seam``: ``Seam`` in ``seams_<generation>.py``
+    beside its workaround module (:func:`.registry.seamed`). Read from the registry each time
+    it is asked, never at import: the workaround classes stand on this module."""
+
+    def __init__(self, generation: str) -> None:
+        self.generation = generation
+        """The seam modules' suffix, e.g. ``tt022``."""
+
+    def _targets(self) -> dict[str, str]:
+        return {name: f"{package}.seams_{self.generation}:Seam"
+                for name, package in registry.seamed().items()}
+
+    def __getitem__(self, name: str) -> str:
+        return self._targets()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._targets())
+
+    def __len__(self) -> int:
+        return len(self._targets())
+
+    def __repr__(self) -> str:
+        return f"SeamsBeside({self.generation!r})"
 
 
-def _seams(generation: str) -> dict[str, str]:
-    return {name: f"titan_rocm.workarounds.{name}.seams_{generation}:Seam" for name in SEAMED}
-
-
-TT022 = Generation(TORCHTITAN_022, _seams("tt022"))
+TT022 = Generation(TORCHTITAN_022, SeamsBeside("tt022"))
 """TorchTitan 0.2.2: converters over the TOML JobConfig."""
-TT030 = Generation(TORCHTITAN_030, _seams("tt030"), variants={
+TT030 = Generation(TORCHTITAN_030, SeamsBeside("tt030"), variants={
     FOLDED_TOKENS: {
         "mla_ck_backward": "titan_rocm.workarounds.mla_ck_backward.seams_tt030:FoldedSeam",
     },

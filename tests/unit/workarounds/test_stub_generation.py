@@ -14,7 +14,8 @@ from titan_rocm.settings import RocmSettings
 from titan_rocm.torchtitan_version import FOLDED_TOKENS, UNREAD_SHAPES, Installed
 from titan_rocm.workarounds.base import TORCHTITAN_030, Context
 from titan_rocm.workarounds.job import JobWorkarounds
-from titan_rocm.workarounds.seams import TT030, Generation
+from titan_rocm.workarounds.registry import seamed
+from titan_rocm.workarounds.seams import TT022, TT030, Generation
 
 ROCM = PlatformFacts.simulated_rocm("gfx942")
 SEAMED = ("grouped_mm", "moe_eager_compile", "mla_ck_backward", "divergence_guard")
@@ -53,6 +54,12 @@ def test_every_workaround_decides_and_applies_through_the_stub_generation_seams(
         "attention runs Identity; rocm.mla_ck_backward replaces only the stub's attention")
     assert {name for name, _method in stub.CALLS} == set(SEAMED)
     assert ("grouped_mm", "bind") in stub.CALLS and ("mla_ck_backward", "kinds") in stub.CALLS
+
+
+def test_the_stub_generation_has_a_seam_for_every_workaround_that_has_one():
+    """As a new generation must: the seamed workarounds are the registry's (``has_seam``)."""
+    assert set(stub.SEAMS) == set(seamed())
+    assert set(TT022.seams) == set(TT030.seams) == set(seamed())
 
 
 @pytest.mark.parametrize("name", SEAMED)

@@ -4,6 +4,7 @@ or the 0.3.0 trainer adapter's calls (:mod:`.seams_tt030`), both over :mod:`.hoo
 
 from __future__ import annotations
 
+import json
 from typing import Any, Protocol
 
 import torch.nn as nn
@@ -45,6 +46,11 @@ class DivergenceGuard(Workaround):
     needs_rocm = False
     has_seam = True
     seam: GuardSeam
+
+    @staticmethod
+    def plan_line(details: dict[str, Any]) -> str:
+        return ("stops at the first non-finite loss or grad norm "
+                f"(divergence_check = {json.dumps(details.get('check'))})")
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)

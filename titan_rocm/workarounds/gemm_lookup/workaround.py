@@ -30,6 +30,19 @@ class GemmLookup(Workaround):
     """One validated kernel per GEMM from ``[rocm] gemm_lookup_table``; ATen on a miss."""
 
     name = "gemm_lookup"
+    audit_shapes = "compiled"
+
+    @staticmethod
+    def plan_line(details: dict[str, Any]) -> str:
+        text = "each GEMM compiles with the kernel titan-rocm tune validated"
+        coverage = details.get("coverage")
+        if not coverage:
+            return text
+        text += f" ({coverage['covered']}/{coverage['problems']} of the job's GEMMs in the table"
+        if coverage.get("job_differs"):
+            text += ("; the problems file is not this job's: "
+                     + "; ".join(coverage["job_differs"]))
+        return text + ")"
     needs_rocm = False  # a table names its device; auto applies wherever one is named
 
     def __init__(self, ctx: Any) -> None:

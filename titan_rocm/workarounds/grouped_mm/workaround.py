@@ -66,6 +66,11 @@ class GroupedMMBinding(Workaround):
 
     name = "grouped_mm"
     has_seam = True
+    audit_shapes = "moe"
+
+    @staticmethod
+    def plan_line(details: dict[str, Any]) -> str:
+        return f"MoE experts call the {details.get('backend', '?')} grouped-MM backend"
     seam: GroupedMMSeam
 
     def __init__(self, ctx: Context) -> None:

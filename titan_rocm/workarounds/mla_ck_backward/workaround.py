@@ -124,6 +124,13 @@ class MLACKBackward(Workaround):
 
     name = "mla_ck_backward"
     has_seam = True
+    audit_shapes = "every"
+    not_measured = "not measured: aiter runs on ROCm only"
+
+    @staticmethod
+    def plan_line(details: dict[str, Any]) -> str:
+        return (f"MLA attention on aiter: forward {details.get('forward_runs', '?')}, "
+                f"backward {details.get('backward_runs', '?')}")
     seam: MLASeam
 
     def __init__(self, ctx: Context) -> None:

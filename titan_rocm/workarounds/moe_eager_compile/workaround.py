@@ -18,6 +18,7 @@ compile and ``titan-rocm plan`` use it.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Protocol
 
@@ -70,6 +71,14 @@ class MoEEagerCompile(Workaround):
 
     name = "moe_eager_compile"
     has_seam = True
+    audit_shapes = "listed"
+
+    @staticmethod
+    def plan_line(details: dict[str, Any]) -> str:
+        scope = details.get("scope")
+        what = ("MoE blocks run eager whole" if scope == "block" else
+                "MoE blocks: attention and norms compiled, the MoE module eager")
+        return f"{what} (moe_eager_scope = {json.dumps(scope)})"
     seam: MixedCompileSeam
 
     def __init__(self, ctx: Context) -> None:
@@ -136,3 +145,10 @@ class MoEEagerCompile(Workaround):
                 "combine": f"{self.ctx.settings.moe_combine}: {combine_note}",
                 "other_scope": f"{scope_summary(other)} (--rocm.moe_eager_scope {other})",
                 "blocks": plan_blocks(model, self.scope), "patched": self._patched}
+
+    def audit_blocks(self, model_parts: list[nn.Module]) -> dict[str, str]:
+        """How the mixed compile runs each block (fullgraph, eager, ...)."""
+        blocks: dict[str, str] = {}
+        for part in model_parts:
+            blocks.update(plan_blocks(part, self.scope))
+        return blocks

@@ -50,6 +50,16 @@ class TritonWar(Workaround):
     """Scan every HIP kernel's AMDGCN; recompile hazardous ones with buffer ops off."""
 
     name = "triton_war"
+    codegen = True
+    audit_shapes = "compiled"
+    not_measured = ("not measured on a GPU: it acts on HIP kernels only, and no AMD GPU was "
+                    "available")
+
+    @staticmethod
+    def plan_line(details: dict[str, Any]) -> str:
+        return ("every HIP kernel's AMDGCN scanned for the buffer-store hazard "
+                f"(rule {details.get('rule', '?')}); hazardous ones recompile without "
+                "buffer ops")
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
