@@ -151,8 +151,7 @@ def test_the_guard_message_the_page_quotes_is_the_guards():
 SETS_ONE_RANK = {
     "titan_rocm.adapters.tt022.train": "`titan-rocm-train`",
     "titan_rocm.tuner.collect": "`titan-rocm tune collect`",
-    "titan_rocm.adapters.tt022.audit": "`titan-rocm audit`",
-    "titan_rocm.adapters.tt030.audit": "`titan-rocm audit`",
+    "titan_rocm.adapters.common": "`titan-rocm audit`",  # audit_job, both generations'
 }
 """Each module that gives a process started without torchrun the one-rank environment, and
 the command docs/environment-variables.md names for it."""

@@ -348,6 +348,61 @@ def first_batch(trainer: Any) -> tuple[Any, Any]:
         raise StartupError(f"the job's dataloader gave no batch: {one_line(exc)}") from None
 
 
+def switch_off(config: Any, keys: Sequence[tuple[str, str]]) -> None:
+    """Set each ``(section, key)`` of a job's config that holds a bool to False (one the
+    config lacks, or that holds no bool, is left alone)."""
+    for section, key in keys:
+        obj = getattr(config, section, None)
+        if obj is not None and isinstance(getattr(obj, key, None), bool):
+            setattr(obj, key, False)
+
+
+def audit_job(request: AuditRequest, build: Callable[[], Any], settings: Any,
+              audit_built: Callable[..., Any]) -> Any:
+    """``audit``'s first half, either generation: build the job's own trainer (``build()``)
+    as one process, refuse what the audit cannot check, take the first micro-batch, call
+    ``request.before_job``, then audit it with the generation's ``audit_built``.
+
+    Raises:
+        AuditError: the job cannot start or the audit cannot run (one sentence).
+    """
+    from titan_rocm.numerics.audit import AuditError, refuse_unsupported
+
+    try:
+        single_process_environment()
+        trainer = build_trainer(build)
+        refuse_unsupported(getattr(trainer, "parallel_dims", None))
+        input_dict, labels = first_batch(trainer)
+    except (LaunchError, StartupError) as exc:
+        raise AuditError(str(exc)) from None
+    if request.before_job is not None:
+        request.before_job(trainer.model_parts)
+    return audit_built(trainer, settings, input_dict, labels, request.tokens, request.chunks)
+
+
+def audit_built_with(trainer: Any, settings: Any, input_dict: Any, labels: Any,
+                     tokens: int | None = None, chunks: int | None = None, *,
+                     job: Callable[[Any], Any], kit: Callable[[Any, Any], Any]) -> Any:
+    """Audit one micro-batch of a built trainer (``audit``'s second half; tests and the
+    benchmarks audit one trainer many times). The generation gives ``job(trainer)``, its
+    workaround job (None without one), and ``kit(trainer, labels)``, its step's seams.
+
+    Raises:
+        AuditError: the audit cannot run (one sentence).
+    """
+    import torch
+
+    from titan_rocm.numerics.audit import audit_micro_batch
+    from titan_rocm.numerics.stats import AuditSettings
+
+    found = job(trainer)
+    facts = found.audit_facts(trainer.model_parts) if found is not None else None
+    return audit_micro_batch(
+        trainer.model_parts, torch.device(getattr(trainer, "device", "cpu")),
+        lambda labels: kit(trainer, labels), input_dict, labels,
+        AuditSettings.of(settings), facts, tokens, chunks, settings.numerics_audit_reference)
+
+
 @contextlib.contextmanager
 def prog_name(name: str) -> Iterator[None]:
     """tyro names ``sys.argv[0]`` in its error box ("For full helptext, run X --help")."""

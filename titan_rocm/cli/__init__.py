@@ -21,11 +21,12 @@ and exits 2. Two promises are kept here, once, for every subcommand:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, NoReturn
 
 SUBCOMMANDS: dict[str, str] = {
@@ -69,6 +70,16 @@ class CommandError(Exception):
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
         self.code = code
+
+
+@contextlib.contextmanager
+def as_command_error(*errors: type[BaseException]) -> Iterator[None]:
+    """Refuse with :class:`CommandError` when the block raises one of ``errors``: their message
+    is the whole answer (no traceback)."""
+    try:
+        yield
+    except errors as exc:
+        raise CommandError(str(exc)) from None
 
 
 class _ArgumentError(Exception):

@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Any
 
-from titan_rocm.cli import CommandError
+from titan_rocm.cli import CommandError, as_command_error
 from titan_rocm.numbers import Bounds
 
 HELP = (
@@ -113,10 +113,8 @@ def _install_fault(model_parts: list[Any]) -> None:
         return
     from titan_rocm.testing import corrupt
 
-    try:
+    with as_command_error(corrupt.CorruptSpecError):
         corrupt.install(model_parts)
-    except corrupt.CorruptSpecError as exc:
-        raise CommandError(str(exc)) from None
 
 
 def _log_to_stderr() -> None:
@@ -144,10 +142,8 @@ def _audit(args: argparse.Namespace) -> dict[str, Any]:
         passthrough=list(args.passthrough), config_file=args.config_file,
         trainer=args.trainer, tokens=args.tokens, chunks=args.reference_chunks,
         before_job=_install_fault)
-    try:
+    with as_command_error(adapters.NoAdapter):
         adapter = adapters.installed()
-    except adapters.NoAdapter as exc:
-        raise CommandError(str(exc)) from None
     _log_to_stderr()
     out = adapter.audit(request).to_dict()
     if args.plot and _rank() == 0:

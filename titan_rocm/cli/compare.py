@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from titan_rocm.cli import CommandError
+from titan_rocm.cli import CommandError, as_command_error
 from titan_rocm.cli.bench_summary import warmup_arg
 from titan_rocm.logs.compare import (
     DEFAULT_TOLERANCE_PCT,
@@ -118,7 +118,7 @@ def _labels(args: argparse.Namespace) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     """Compare the runs; print the report; return 0, 1 or 2."""
-    try:
+    with as_command_error(CompareError, UnreadableLog):
         if len(args.logs) < 2:
             raise CompareError(
                 "compare needs a baseline LOG and at least one other LOG to compare with it.")
@@ -135,8 +135,6 @@ def run(args: argparse.Namespace) -> int:
         runs = [load(p, name) for p, name in zip(args.logs, labels, strict=True)]
         repeats = [load(p, f"repeat {i}: {Path(p).name}") for i, p in
                    enumerate(args.noise, start=1)]
-    except (CompareError, UnreadableLog) as exc:
-        raise CommandError(str(exc)) from None
     comparison = compare(runs[0], runs[1:], repeats, args.tolerance, args.warmup)
     if plot_path is not None:
         from titan_rocm.logs.plot import plot

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from titan_rocm.cli import CommandError
+from titan_rocm.cli import CommandError, as_command_error
 from titan_rocm.numbers import RANKS
 from titan_rocm.platform import AITER_CHOICES, aiter_choices_help
 
@@ -128,23 +128,17 @@ def _refuse_early(args: argparse.Namespace, passthrough: list[str], adapter: Ada
     from titan_rocm.adapters.common import JobArgsError, StartupError, check_world_flags
     from titan_rocm.archs import arch_facts
 
-    try:
+    with as_command_error(StartupError):
         check_world_flags(args.world_size, args.nnodes, args.nproc_per_node)
-    except StartupError as exc:
-        raise CommandError(str(exc)) from None
-    try:
+    with as_command_error(ValueError):
         if args.arch is not None:
             arch_facts(args.arch)
         elif args.aiter is not None or args.primus_turbo is not None:
             from titan_rocm.platform import planned_facts
 
             planned_facts(None, args.aiter, args.primus_turbo)  # refuses before reading torch
-    except ValueError as exc:
-        raise CommandError(str(exc)) from None
-    try:
+    with as_command_error(JobArgsError):
         adapter.check_job_args(passthrough)
-    except JobArgsError as exc:
-        raise CommandError(str(exc)) from None
     if args.tune_problems and not os.path.isfile(args.tune_problems):
         raise CommandError(f"--tune-problems {args.tune_problems!r}: no such file")
 
@@ -152,10 +146,8 @@ def _refuse_early(args: argparse.Namespace, passthrough: list[str], adapter: Ada
 def _installed() -> Adapter:
     from titan_rocm import adapters
 
-    try:
+    with as_command_error(adapters.NoAdapter):
         return adapters.installed()
-    except adapters.NoAdapter as exc:
-        raise CommandError(str(exc)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -165,14 +157,10 @@ def run(args: argparse.Namespace) -> int:
     adapter = _installed()
     passthrough = list(args.passthrough)
     if args.help_torchtitan:
-        try:
+        with as_command_error(StartupError):
             return adapter.torchtitan_help(passthrough)
-        except StartupError as exc:
-            raise CommandError(str(exc)) from None
-    try:
+    with as_command_error(JobArgsError):
         adapter.refuse_other_flags(passthrough)
-    except JobArgsError as exc:
-        raise CommandError(str(exc)) from None
     if args.config_file is not None:
         passthrough = ["--job.config_file", args.config_file, *passthrough]
     if not passthrough:
@@ -184,13 +172,11 @@ def run(args: argparse.Namespace) -> int:
     warned: list[str] = []
     try:
         with torchtitan_warnings(warned):
-            try:
+            with as_command_error(StartupError):
                 plan = adapter.plan(PlanRequest(
                     passthrough, arch=args.arch, world_size=args.world_size,
                     nnodes=args.nnodes, nproc_per_node=args.nproc_per_node,
                     launcher=args.launcher, aiter=args.aiter, primus_turbo=args.primus_turbo))
-            except StartupError as exc:
-                raise CommandError(str(exc)) from None
         if args.tune_problems:
             error = _add_coverage(plan, args.tune_problems, passthrough)
             if error:

@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from titan_rocm.cli import CommandError
+from titan_rocm.cli import CommandError, as_command_error
 from titan_rocm.numbers import DEVICES, Bounds, argparse_type
 
 HELP = "validated GEMM tuning: collect a job's GEMMs, check and time every kernel, build a table"
@@ -120,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
     from titan_rocm.tuned_gemms.records import load_state
     from titan_rocm.tuner import runner
 
-    try:
+    with as_command_error(problems.ProblemsError, runner.RunError, FaultSpecError, OutputError):
         from_env()
         disk_full_after()
         check_output(args.output, [args.problems])
@@ -130,8 +130,6 @@ def _run(args: argparse.Namespace) -> int:
                                  backends=args.backends, settings=loaded.settings)
         code = runner.run(loaded, args.output, args.gpus, options,
                           retry_quarantined=args.retry_quarantined)
-    except (problems.ProblemsError, runner.RunError, FaultSpecError, OutputError) as exc:
-        raise CommandError(str(exc)) from None
     summary = runner.summary(load_state(args.output))
     if args.json:
         print(json.dumps(summary))
@@ -177,7 +175,7 @@ def _table(args: argparse.Namespace) -> int:
 
     if args.output is None and not args.check:
         raise CommandError("-o TABLE is required (unless --check)")
-    try:
+    with as_command_error(ResultsError, table.LookupTableError, OutputError):
         for path in args.results:
             try:
                 os.stat(path)
@@ -187,8 +185,6 @@ def _table(args: argparse.Namespace) -> int:
             check_output(args.output, args.results)
             _table_file_or_new(args.output)
         built = table.build(load_many(args.results), args.min_speedup)
-    except (ResultsError, table.LookupTableError, OutputError) as exc:
-        raise CommandError(str(exc)) from None
     if built.garbled:
         print(f"titan-rocm tune: skipped {built.garbled} garbled line(s) in the results",
               file=sys.stderr)

@@ -23,6 +23,7 @@ from titan_rocm.files import PartialWrite, write_all
 from titan_rocm.gemm_tables.policy import POLICIES, ArchError, judge, row_arch
 from titan_rocm.gemm_tables.rules import RULES, AiterRules, rules_for
 from titan_rocm.gemm_tables.table import GemmTableError, Table, read_table
+from titan_rocm.serial import json_form
 
 AITER_GEMM_CONFIG_ENV = "AITER_CONFIG_GEMM_BF16"
 """aiter's list of tuned BF16 GEMM tables, joined by ``:``."""
@@ -72,16 +73,7 @@ class RowNote:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-able form."""
-        return {
-            "line": self.line,
-            "arch": self.arch,
-            "cu_num": self.cu_num,
-            "libtype": self.libtype,
-            "solidx": self.solidx,
-            "kernelName": self.kernel_name,
-            "rule": self.rule,
-            "detail": self.detail,
-        }
+        return json_form(self, "line arch cu_num libtype solidx kernelName=kernel_name rule detail")
 
 
 @dataclass

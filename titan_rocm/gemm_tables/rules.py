@@ -21,6 +21,7 @@ from pathlib import Path
 from titan_rocm.archs import ArchFacts
 from titan_rocm.gemm_tables.policy import judge, parse_integer
 from titan_rocm.platform import AITER_CHOICES, SIMULATED_AITERS
+from titan_rocm.serial import json_form
 
 
 @dataclass(frozen=True)
@@ -74,15 +75,8 @@ class CaptureRule:
 
     def to_dict(self) -> dict[str, str]:
         """JSON-able form (without the matcher)."""
-        return {
-            "name": self.name,
-            "libtype": self.libtype,
-            "rows": self.rows,
-            "failure": self.failure,
-            "source": self.source,
-            "ended_by": self.ended_by,
-            "fix_marker": self.fix.describe(),
-        }
+        return json_form(self, "name libtype rows failure source ended_by fix_marker",
+                         fix_marker=self.fix.describe())
 
 
 def _asm_splitk(fields: Mapping[str, str], facts: ArchFacts | None, policy: str) -> str | None:

@@ -53,6 +53,7 @@ from titan_rocm.files import NotRegularFileError, open_regular
 from titan_rocm.guard_message import NUMBER, fmt_value
 from titan_rocm.guard_message import PATTERN as GUARD_PATTERN
 from titan_rocm.logs.tables import Curve, Figures
+from titan_rocm.serial import json_form
 
 FORMATS: tuple[str, ...] = ("auto", "torchtitan", "megatron")
 TORCHTITAN = "torchtitan"
@@ -218,14 +219,10 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         """The record's position and values as strict JSON (non-finite values as strings)."""
-        return {
-            "step": self.step,
-            "rank": self.rank,
-            "line": self.line,
-            "kind": self.kind,
-            "values": {k: json_value(v) for k, v in self.checked_values().items()},
-            "bad": {k: json_value(v) for k, v in self.bad_values().items()},
-        }
+        return json_form(
+            self, "step rank line kind values bad",
+            values={k: json_value(v) for k, v in self.checked_values().items()},
+            bad={k: json_value(v) for k, v in self.bad_values().items()})
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from titan_rocm.logs.parse import (
     Record,
 )
 from titan_rocm.logs.tables import distinct_count
+from titan_rocm.serial import json_form
 
 OK = "ok"
 DIVERGED = "diverged"
@@ -101,20 +102,10 @@ class Verdict:
 
     def to_dict(self) -> dict[str, Any]:
         """The verdict as strict JSON."""
-        return {
-            "status": self.status,
-            "label": self.label,
-            "reason": self.reason,
-            "step": self.step,
-            "train_steps": self.train_steps,
-            "last_step": self.last_step,
-            "first_bad": self.first_bad.to_dict() if self.first_bad else None,
-            "crash": self.crash.to_dict() if self.crash else None,
-            "crash_file": self.source if self.crash else None,
-            "note": self.note,
-            "unread_bytes": self.unread_bytes,
-            "audit_flagged": self.audit.to_dict() if self.audit else None,
-        }
+        return json_form(
+            self, "status label reason step train_steps last_step first_bad crash crash_file "
+            "note unread_bytes audit_flagged=audit",
+            crash_file=self.source if self.crash else None)
 
 
 def _diverged(bad: Record) -> str:

@@ -30,6 +30,7 @@ from titan_rocm.scanner.hazards import (
     StoreSite,
     get_rule,
 )
+from titan_rocm.serial import json_form
 from titan_rocm.settings import DEFAULT_HAZARD_RULE
 
 __all__ = [
@@ -47,6 +48,10 @@ __all__ = [
 # Arch verdicts in ScanReport.arch_status.
 AFFECTED = "affected"
 UNKNOWN = "unknown"
+
+STORE_KEYS = ("file line kernel kind recompile_fixes store writer writer_line wait_states "
+              "required path")
+"""The keys of one store in ``titan-rocm scan --json``, a hazard's and a checked store's."""
 
 
 @dataclass(frozen=True)
@@ -74,19 +79,8 @@ class Hazard:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-able form (the ``--json`` output of ``titan-rocm scan``)."""
-        return {
-            "file": self.file,
-            "line": self.line,
-            "kernel": self.kernel,
-            "kind": "buffer",
-            "recompile_fixes": True,
-            "store": self.store,
-            "writer": self.writer,
-            "writer_line": self.writer_line,
-            "wait_states": self.wait_states,
-            "required": self.required,
-            "path": self.path if isinstance(self.path, str) else list(self.path),
-        }
+        return json_form(self, STORE_KEYS, kind="buffer", recompile_fixes=True,
+                         path=self.path if isinstance(self.path, str) else list(self.path))
 
 
 @dataclass(frozen=True)
@@ -118,19 +112,7 @@ class StoreInfo:
 
     def to_dict(self) -> dict[str, object]:
         """JSON-able form (``titan-rocm scan --json`` lists unprotected ones)."""
-        return {
-            "file": self.file,
-            "line": self.line,
-            "kernel": self.kernel,
-            "kind": self.kind,
-            "recompile_fixes": False,
-            "store": self.store,
-            "writer": self.writer,
-            "writer_line": self.writer_line,
-            "wait_states": self.wait_states,
-            "required": self.required,
-            "path": None,
-        }
+        return json_form(self, STORE_KEYS, recompile_fixes=False, path=None)
 
 
 @dataclass

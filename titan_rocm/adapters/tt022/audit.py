@@ -10,24 +10,19 @@ micro-batch of its dataloader, and audits it with 0.2.2's step
 from __future__ import annotations
 
 import importlib
-from typing import Any
-
-import torch
+from functools import partial
 
 from titan_rocm.adapters.common import (
     AuditRequest,
-    LaunchError,
     StartupError,
-    build_trainer,
-    first_batch,
+    audit_built_with,
+    audit_job,
     one_line,
-    single_process_environment,
+    switch_off,
 )
 from titan_rocm.adapters.tt022.converters.converter import JOB_ATTR
-from titan_rocm.numerics.audit import AuditError, AuditResult, audit_micro_batch
-from titan_rocm.numerics.audit import refuse_unsupported as refuse
+from titan_rocm.numerics.audit import AuditError, AuditResult
 from titan_rocm.numerics.stats import AuditSettings
-from titan_rocm.settings import RocmSettings
 from titan_rocm.workarounds.numerics_audit.seams_tt022 import Kit, global_valid_tokens
 
 PROG = "titan-rocm audit"
@@ -57,14 +52,11 @@ def trainer_class(spec: str) -> type:
     return cls
 
 
-def quiet_job(job_config: Any) -> None:
-    """Nothing of the job is written: no checkpoint, metrics files, profiles or snapshots."""
-    for section, key in (("checkpoint", "enable"), ("metrics", "enable_tensorboard"),
-                         ("metrics", "enable_wandb"), ("profiling", "enable_profiling"),
-                         ("profiling", "enable_memory_snapshot"), ("metrics", "save_tb_folder")):
-        obj = getattr(job_config, section, None)
-        if obj is not None and isinstance(getattr(obj, key, None), bool):
-            setattr(obj, key, False)
+WRITERS = (("checkpoint", "enable"), ("metrics", "enable_tensorboard"),
+           ("metrics", "enable_wandb"), ("profiling", "enable_profiling"),
+           ("profiling", "enable_memory_snapshot"), ("metrics", "save_tb_folder"))
+"""What the audit switches off so that nothing of the job is written: no checkpoint,
+metrics files, profiles or snapshots."""
 
 
 def audit(request: AuditRequest) -> AuditResult:
@@ -91,33 +83,14 @@ def audit(request: AuditRequest) -> AuditResult:
     except (StartupError, ValueError) as exc:
         raise AuditError(str(exc)) from None
     cls = trainer_class(request.trainer or TRAINER)
-    quiet_job(job_config)
-    try:
-        single_process_environment()
-        import titan_rocm  # noqa: F401 - registers the converters
+    switch_off(job_config, WRITERS)
+    import titan_rocm  # noqa: F401 - registers the converters
 
-        trainer = build_trainer(lambda: cls(job_config))
-        refuse(getattr(trainer, "parallel_dims", None))
-        input_dict, labels = first_batch(trainer)
-    except (LaunchError, StartupError) as exc:
-        raise AuditError(str(exc)) from None
-    if request.before_job is not None:
-        request.before_job(trainer.model_parts)
-    return audit_built(trainer, settings, input_dict, labels, request.tokens, request.chunks)
+    return audit_job(request, lambda: cls(job_config), settings, audit_built)
 
 
-def audit_built(trainer: Any, settings: RocmSettings, input_dict: dict[str, torch.Tensor],
-                labels: torch.Tensor, tokens: int | None = None,
-                chunks: int | None = None) -> AuditResult:
-    """Audit one micro-batch of a built trainer (``audit``'s second half; tests and the
-    benchmarks audit one trainer many times).
-
-    Raises:
-        AuditError: the audit cannot run (one sentence).
-    """
-    job = trainer.model_parts[0].__dict__.get(JOB_ATTR)
-    facts = job.audit_facts(trainer.model_parts) if job is not None else None
-    return audit_micro_batch(
-        trainer.model_parts, torch.device(getattr(trainer, "device", "cpu")),
-        lambda labels: Kit(trainer, global_valid_tokens(trainer, labels)), input_dict, labels,
-        AuditSettings.of(settings), facts, tokens, chunks, settings.numerics_audit_reference)
+audit_built = partial(
+    audit_built_with, job=lambda trainer: trainer.model_parts[0].__dict__.get(JOB_ATTR),
+    kit=lambda trainer, labels: Kit(trainer, global_valid_tokens(trainer, labels)))
+"""``audit_built(trainer, settings, input_dict, labels, tokens=None, chunks=None)``: audit one
+micro-batch of a built 0.2.2 trainer (:func:`~titan_rocm.adapters.common.audit_built_with`)."""

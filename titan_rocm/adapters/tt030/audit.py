@@ -10,38 +10,28 @@ then ``_forward_backward_body``, never a CUDA graph's replay).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
-
-import torch
 
 from titan_rocm.adapters.common import (
     AuditRequest,
-    LaunchError,
     PlanError,
-    StartupError,
-    build_trainer,
-    first_batch,
-    single_process_environment,
+    audit_built_with,
+    audit_job,
+    switch_off,
 )
 from titan_rocm.adapters.tt030.plan import parse_job
-from titan_rocm.numerics.audit import AuditError, AuditResult, audit_micro_batch
-from titan_rocm.numerics.audit import refuse_unsupported as refuse
+from titan_rocm.numerics.audit import AuditError, AuditResult
 from titan_rocm.numerics.stats import AuditSettings
-from titan_rocm.settings import RocmSettings, coerce
+from titan_rocm.settings import coerce
 from titan_rocm.workarounds.numerics_audit.seams_tt030 import Kit, global_valid_tokens
 
-
-def quiet_job(config: Any) -> None:
-    """Nothing of the job is written: no checkpoint, TensorBoard, W&B, profiles, snapshots
-    or structured logs (0.3.0's config names)."""
-    for section, key in (("checkpoint", "enable"), ("metrics", "enable_tensorboard"),
-                         ("metrics", "enable_wandb"), ("profiler", "enable_profiling"),
-                         ("profiler", "enable_memory_snapshot"),
-                         ("debug", "enable_structured_logging"),
-                         ("checkpoint", "create_seed_checkpoint")):
-        obj = getattr(config, section, None)
-        if obj is not None and isinstance(getattr(obj, key, None), bool):
-            setattr(obj, key, False)
+WRITERS = (("checkpoint", "enable"), ("metrics", "enable_tensorboard"),
+           ("metrics", "enable_wandb"), ("profiler", "enable_profiling"),
+           ("profiler", "enable_memory_snapshot"), ("debug", "enable_structured_logging"),
+           ("checkpoint", "create_seed_checkpoint"))
+"""What the audit switches off so that nothing of the job is written: no checkpoint,
+TensorBoard, W&B, profiles, snapshots or structured logs (0.3.0's config names)."""
 
 
 def audit(request: AuditRequest) -> AuditResult:
@@ -62,31 +52,17 @@ def audit(request: AuditRequest) -> AuditResult:
         AuditSettings.of(settings)
     except (PlanError, ValueError) as exc:
         raise AuditError(str(exc)) from None
-    quiet_job(config)
-    try:
-        single_process_environment()
-        trainer = build_trainer(config.build)
-        refuse(getattr(trainer, "parallel_dims", None))
-        input_dict, labels = first_batch(trainer)
-    except (LaunchError, StartupError) as exc:
-        raise AuditError(str(exc)) from None
-    if request.before_job is not None:
-        request.before_job(trainer.model_parts)
-    return audit_built(trainer, settings, input_dict, labels, request.tokens, request.chunks)
+    switch_off(config, WRITERS)
+    return audit_job(request, config.build, settings, audit_built)
 
 
-def audit_built(trainer: Any, settings: RocmSettings, input_dict: dict[str, torch.Tensor],
-                labels: torch.Tensor, tokens: int | None = None,
-                chunks: int | None = None) -> AuditResult:
-    """Audit one micro-batch of a built trainer (``audit``'s second half; tests and the
-    benchmarks audit one trainer many times).
+def _job(trainer: Any) -> Any:
+    """The trainer's workaround job (None when titan-rocm did not build it)."""
+    return getattr(getattr(trainer, "_rocm", None), "workarounds", None)
 
-    Raises:
-        AuditError: the audit cannot run (one sentence).
-    """
-    job = getattr(getattr(trainer, "_rocm", None), "workarounds", None)
-    facts = job.audit_facts(trainer.model_parts) if job is not None else None
-    return audit_micro_batch(
-        trainer.model_parts, torch.device(getattr(trainer, "device", "cpu")),
-        lambda labels: Kit(trainer, global_valid_tokens(trainer, labels)), input_dict, labels,
-        AuditSettings.of(settings), facts, tokens, chunks, settings.numerics_audit_reference)
+
+audit_built = partial(
+    audit_built_with, job=_job,
+    kit=lambda trainer, labels: Kit(trainer, global_valid_tokens(trainer, labels)))
+"""``audit_built(trainer, settings, input_dict, labels, tokens=None, chunks=None)``: audit one
+micro-batch of a built 0.3.0 trainer (:func:`~titan_rocm.adapters.common.audit_built_with`)."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from titan_rocm.log import log_once
 from titan_rocm.scanner.names import ENV_STATS_DIR
+from titan_rocm.serial import json_form
 
 __all__ = ["Stats", "collect", "local", "record"]
 
@@ -97,18 +98,9 @@ class Stats:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (``titan-rocm plan``, logs)."""
-        return {
-            "compiled": self.compiled,
-            "scanned": self.scanned,
-            "skipped_non_hip": self.skipped_non_hip,
-            "unscanned": self.unscanned,
-            "hazardous": self.hazardous,
-            "patched": self.patched,
-            "residual": self.residual,
-            "names": {k: list(v) for k, v in self.names.items()},
-            "processes": self.processes,
-            "bad_lines": self.bad_lines,
-        }
+        return json_form(
+            self, "compiled scanned skipped_non_hip unscanned hazardous patched residual names "
+            "processes bad_lines", names={k: list(v) for k, v in self.names.items()})
 
 
 _lock = threading.Lock()
