@@ -50,7 +50,9 @@ def cpu_jobs(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[Any]:
     monkeypatch.delenv("TITAN_ROCM_DEBUG_CORRUPT", raising=False)
     monkeypatch.setenv(ENV_STATS_DIR, str(tmp_path / "stats"))
     saved_env, saved_path = dict(os.environ), list(sys.path)
-    monkeypatch.setattr(compiler_config, "cache_key_tag", compiler_config.cache_key_tag)
+    # Assigned back by hand: monkeypatch's undo deletes an entry of torch's config modules
+    # (their values live outside the module's __dict__), and Inductor then fails on it.
+    saved_tag = compiler_config.cache_key_tag
     cpu_trainer.cpu_patches(monkeypatch.setattr)
     monkeypatch.setattr(cpu_trainer.CpuTrainer, "patch_for_cpu", False)
     try:
@@ -62,6 +64,7 @@ def cpu_jobs(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[Any]:
         sys.path[:] = saved_path
         os.environ.clear()
         os.environ.update(saved_env)
+        compiler_config.cache_key_tag = saved_tag
         patches.restore()
 
 
