@@ -17,11 +17,12 @@ micro-batch), on one GPU:
 3. **The references**: one clean batch audited with each ``numerics_audit_reference``
    (float64, float32, tf32): the eager errors each measures and what each costs.
 
-    python -m benchmarks.audit_matrix --out DIR [--only llama3_1b,...] [--seeds 5]
+    python -m benchmarks.audit_matrix --out DIR [--only llama3_1b,...] [--seeds 5] [--cost]
     python -m benchmarks.audit_matrix --reanalyse DIR        # every figure again, on a CPU
     python -m benchmarks.audit_matrix --list
 
-``--cpu`` runs the same worker on this machine with the test suite's CPU trainer
+``--cost`` runs only 1 and the clean audits of 2 (the cost figures, in a fraction of the
+time). ``--cpu`` runs the same worker on this machine with the test suite's CPU trainer
 (``tests.support.audit_trainer:AuditTrainer``, tiny models): the code path, not the figures.
 It proves the audit's verdicts on CUDA, not ROCm: the buffer-store hazard is not reproduced;
 the injected fault stands in for it.
@@ -92,8 +93,9 @@ def _trim(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def worker(name: str, out_file: Path, seeds: int, cpu: bool) -> int:
-    """Train, run the matrix and the references on one model; write ``out_file`` (JSON)."""
+def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = False) -> int:
+    """Train, run the matrix and the references on one model (only the clean audits with
+    ``cost_only``); write ``out_file`` (JSON)."""
     import torch
 
     from titan_rocm.adapters.common import single_process_environment
@@ -169,6 +171,12 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool) -> int:
     audit = job.instances.get("numerics_audit") if job is not None else None
     in_training = [_trim(r) for r in (audit.results if audit is not None else [])]
     settings = settings_from(jc)
+    # A ``titan-rocm audit`` process starts without gradients: the last step's go, so the
+    # command-line audits below are not measured on top of them (the optimizer's state
+    # stays, which such a process does not have: their memory is an upper bound).
+    for part in trainer.model_parts:
+        for p in part.parameters():
+            p.grad = None
     batches = iter(trainer.dataloader)
     state: dict[str, Any] = {}
 
@@ -182,14 +190,14 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool) -> int:
         return audit_built(trainer, settings, *state["batch"]).to_dict()
 
     keys = [k for k, _ in trainer.model_parts[0].layers.named_children()]
-    specs = audit_matrix.fault_specs(audit_matrix.first_middle_last(keys))
+    specs = [] if cost_only else audit_matrix.fault_specs(audit_matrix.first_middle_last(keys))
     outcomes = audit_matrix.run(one, specs, list(range(seeds)), reseed,
                                 on_outcome=lambda o: print(
                                     f"[{name}] {o.spec} seed={o.seed}: {o.verdict} "
                                     f"right={o.judged['right']} {o.seconds:.1f}s", flush=True))
     references = {}
     reseed(0)
-    for choice in REFERENCES:
+    for choice in () if cost_only else REFERENCES:
         chosen = dataclasses.replace(settings, numerics_audit_reference=choice)
         try:
             references[choice] = _trim(audit_built(trainer, chosen, *state["batch"]).to_dict())
@@ -245,6 +253,10 @@ def cost(worker_out: dict[str, Any]) -> dict[str, Any]:
     step_peak = max(peaks) if peaks else None
     out: dict[str, Any] = {"step_s": step_s, "step_peak_gib": step_peak and step_peak / 2**30}
     audited = steps.get(AUDIT_EVERY)
+    later = (worker_out.get("in_training") or [])[1:]
+    if later:  # the audit at step 4 (the first compiles): where its time and memory went
+        out["in_training_time_s"] = later[0].get("time_s")
+        out["in_training_memory"] = later[0].get("memory")
     if audited:
         out["in_training_extra_steps"] = (audited["seconds"] - step_s) / step_s
         if step_peak and audited.get("peak_bytes"):
@@ -258,6 +270,7 @@ def cost(worker_out: dict[str, Any]) -> dict[str, Any]:
         if audit_peaks and step_peak:
             out["cli_audit_peak_ratio"] = max(audit_peaks) / step_peak
         out["chunks"] = sorted({r.get("chunks") for r in clean})
+        out["cli_memory"] = clean[-1].get("memory")
     return out
 
 
@@ -312,11 +325,13 @@ def figures(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
 # -- running and storing ------------------------------------------------------------------------
 
 
-def launch(name: str, logs: Path, seeds: int, cpu: bool, timeout: float) -> dict[str, Any]:
+def launch(name: str, logs: Path, seeds: int, cpu: bool, timeout: float,
+           cost_only: bool = False) -> dict[str, Any]:
     """One worker process, fresh caches; its log and JSON go under ``logs``."""
     result = logs / f"{name}.json"
     cmd = [sys.executable, "-m", "benchmarks.audit_matrix", "--worker", name, "--result",
-           str(result), "--seeds", str(seeds), *(["--cpu"] if cpu else [])]
+           str(result), "--seeds", str(seeds), *(["--cpu"] if cpu else []),
+           *(["--cost"] if cost_only else [])]
     env = harness.child_env(harness.fresh_dir(f"audit-{name}"))
     code, wall = harness.run_logged(cmd, logs / f"{name}.log", env, timeout)
     return {"name": name, "exit": code, "wall_s": round(wall, 1)}
@@ -346,6 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated models (default: "
                         f"{','.join(DEFAULT)})")
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--cost", action="store_true",
+                        help="only the in-training audit and the clean audits (no faults, "
+                        "no references)")
     parser.add_argument("--cpu", action="store_true",
                         help="the CPU test trainer instead of TorchTitan's (code path only)")
     harness.add_budget(parser, None,
@@ -354,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.worker, args.result, args.seeds, args.cpu)
+        return worker(args.worker, args.result, args.seeds, args.cpu, args.cost)
     if args.reanalyse:
         return harness.print_reanalysis(parser, reanalyse, args.reanalyse)
     names = args.only.split(",") if args.only else list(DEFAULT)
@@ -369,13 +387,13 @@ def main(argv: list[str] | None = None) -> int:
     budget = args.budget_s if args.budget_s is not None else (None if args.cpu else BUDGET_S)
     call = harness.Call(out, lambda c: {"environment": c.environment, "runs": c.results,
                                         "figures": figures(read_workers(c.logs, c.results))},
-                        budget_s=budget, seeds=args.seeds, cpu=args.cpu)
+                        budget_s=budget, seeds=args.seeds, cpu=args.cpu, cost=args.cost)
     for name in names:
         if call.skip_unless(name, 60):
             continue
         timeout = MODELS[name].timeout * (10 if args.cpu else 1)  # a CPU compiles slowly
         run = call.record(name, launch(name, call.logs, args.seeds, args.cpu,
-                                       min(call.left_s(), timeout)))["runs"][name]
+                                       min(call.left_s(), timeout), args.cost))["runs"][name]
         print(f"[{name}] exit={run['exit']} wall={run['wall_s']}s", flush=True)
     print(json.dumps(figures(read_workers(call.logs, call.results)), indent=2, default=str))
     return 0

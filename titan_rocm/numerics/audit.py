@@ -53,6 +53,7 @@ from titan_rocm.numerics.record import BlockRecord, Recorder, RecordError, recor
 from titan_rocm.numerics.replay import StandIn, cut, replay_block, rows_of, sliceable
 from titan_rocm.numerics.stats import (
     RTOL,
+    WORKSPACE_BYTES,
     Accumulator,
     AuditSettings,
     TensorStats,
@@ -333,7 +334,8 @@ class _Plan:
     """Runs of rows of the blocks' eager replays: the whole batch, as the job ran it, unless
     it ran out of memory."""
     outside_eager: int = 1
-    """Runs of rows of the eager replay of the parts outside the blocks (likewise)."""
+    """Runs of rows of the eager replay of the parts outside the blocks (held to a block's
+    replay, as the reference's)."""
 
 
 class Audit:
@@ -353,6 +355,8 @@ class Audit:
         self.recorder: Recorder | None = None
         self.notes: list[str] = []
         self.times: dict[str, float] = {}
+        self.peaks: dict[str, int] = {}
+        """The device's peak allocation at the end of each phase (where the peak grew)."""
 
     def prepare(self) -> None:
         """Mark the blocks and make the recorder (before the job pass).
@@ -381,6 +385,12 @@ class Audit:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.times["job"] = time.perf_counter() - t0
+        self._peak("job")
+
+    def _peak(self, phase: str) -> None:
+        """Keep the device's peak allocation so far as ``phase``'s."""
+        if self.device.type == "cuda":
+            self.peaks[phase] = torch.cuda.max_memory_allocated(self.device)
 
     # -- the whole audit ---------------------------------------------------------------
 
@@ -434,14 +444,17 @@ class Audit:
             for record in records.values():
                 self._block(record, job, acc, reference, held, plan, rtol, restore)
             self.times["blocks"] = time.perf_counter() - t0
+            self._peak("blocks")
             t0 = time.perf_counter()
             head = self._outside(records, job, acc, reference, held, plan, rtol, restore,
                                  input_dict, labels, named, segs)
             self.times["outside"] = time.perf_counter() - t0
+            self._peak("outside")
             t0 = time.perf_counter()
             losses = self._end_to_end(records, reference, held, plan, restore, input_dict,
                                       labels)
             self.times["end_to_end"] = time.perf_counter() - t0
+            self._peak("end_to_end")
         for part in self.model_parts:
             fsdp.reshard([part])
         t0 = time.perf_counter()
@@ -480,7 +493,8 @@ class Audit:
                                     "reference": ref_value},
             time_s=self.times, peak_memory_bytes=peak,
             memory={"estimate_bytes": plan.estimate, "free_bytes": plan.free,
-                    "records_bytes": self.recorder.held_bytes() if self.recorder else 0},
+                    "records_bytes": self.recorder.held_bytes() if self.recorder else 0,
+                    "peak_after_bytes": dict(self.peaks)},
             notes=notes, chunks=plan.chunks, outside_chunks=plan.outside,
             applied=list(self.facts.applied))
 
@@ -539,15 +553,20 @@ class Audit:
                 f"the replays would need about {need / 2**30:.1f} GiB on {self.device} for "
                 f"one row of one block, and {free / 2**30:.1f} GiB are free: audit fewer "
                 "tokens (--tokens N) or on more GPUs")
+        # The head's replays are held to a block's: the audit's peak is one block's replay
+        # over what the step holds, wherever the vocabulary is.
+        budget = max(estimate + fixed, 2**30)
         head = self._head_bytes(params, rows, reference)
-        outside = _all_reduce_max(min(rows, max(chunks, math.ceil(
-            head / max(estimate + fixed, 2**30)))), self.device)
-        # The eager replays run the whole micro-batch, as the job did, wherever it fits: a
-        # parameter's gradient summed over runs of rows rounds less than the job's one sum.
+        outside = _all_reduce_max(min(rows, max(chunks, math.ceil(head / budget))),
+                                  self.device)
+        # The blocks' eager replays run the whole micro-batch, as the job did, wherever it
+        # fits: a parameter's gradient summed over runs of rows rounds less than the job's
+        # one sum.
         eager_block = int(EAGER_FACTOR * (first.saved_bytes or 0))
         eager_head = self._head_bytes(params, rows, None)
         eager = _all_reduce_max(_runs(eager_block, usable, rows), self.device)
-        outside_eager = _all_reduce_max(_runs(eager_head, int(0.9 * free), rows), self.device)
+        outside_eager = _all_reduce_max(max(1, min(rows, math.ceil(eager_head / budget))),
+                                        self.device)
         log.info("numerics audit: a block's replays are estimated at %.1f GiB (eager %.1f), "
                  "the head's at %.1f GiB (eager %.1f; %.1f GiB free): the blocks in %d run(s) "
                  "of rows (eager %d), the rest in %d (eager %d)",
@@ -578,11 +597,12 @@ class Audit:
 
     def _fixed(self, record: BlockRecord, reference: precision.Reference) -> int:
         """What a block's replays hold whatever the rows: its parameters and gradients at the
-        reference's width, and the eager replay's outputs and input gradients."""
+        reference's width, the eager replay's outputs and input gradients, and the
+        statistics' workspace."""
         numel = sum(p.numel() for p in record.module.parameters())
         out = sum(t.numel() * t.element_size() for t in record.outputs
                   if isinstance(t, torch.Tensor))
-        return 3 * numel * reference.dtype.itemsize + 2 * out
+        return 3 * numel * reference.dtype.itemsize + 2 * out + WORKSPACE_BYTES
 
     def _bounds(self, record: BlockRecord, runs: int) -> list[tuple[int, int]]:
         rows = rows_of(record)

@@ -24,7 +24,8 @@ place).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,32 +155,70 @@ def autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) ->
         yield
 
 
+def ungrouped_heads(forward: Callable[..., Any]) -> Callable[..., Any]:
+    """An attention module's ``forward(q, k, v, *, ..., enable_gqa)`` that, asked for grouped
+    heads, repeats the key and value heads to the query's (``repeat_interleave`` over dim -3,
+    ``scaled_dot_product_attention``'s heads: what grouped-query attention means, and what
+    torch's math kernel does) and calls ``forward`` with ``enable_gqa`` off.
+
+    The memory-efficient kernel refuses grouped heads (pytorch/pytorch 001f694a
+    ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``,
+    ``can_use_mem_efficient_attention``: ``supports_gqa = false`` under ``USE_ROCM``; CUDA's
+    torch 2.11 refuses them too), so without this a llama's or qwen's float32 reference
+    falls to math, which keeps every score of the sequence and runs at a fraction of the
+    memory-efficient kernel's speed. It wraps the module's own ``forward`` rather than
+    intercepting the function in a mode: a mode is the calling thread's, and the autograd
+    engine recomputes checkpointed blocks on the device's own thread."""
+
+    @functools.wraps(forward)
+    def call(q: Any, k: Any, v: Any, *args: Any, enable_gqa: bool = False,
+             **kwargs: Any) -> Any:
+        if enable_gqa and all(isinstance(t, torch.Tensor) and t.dim() >= 3
+                              for t in (q, k, v)):
+            heads, kv_heads = q.shape[-3], k.shape[-3]
+            if kv_heads and heads != kv_heads and heads % kv_heads == 0:
+                k = k.repeat_interleave(heads // kv_heads, dim=-3)
+                v = v.repeat_interleave(heads // kv_heads, dim=-3)
+                enable_gqa = False
+        return forward(q, k, v, *args, enable_gqa=enable_gqa, **kwargs)
+
+    return call
+
+
 @contextlib.contextmanager
 def efficient_attention(modules: list[nn.Module]) -> Iterator[None]:
-    """The memory-efficient SDPA kernel first in TorchTitan's attention modules, while the
-    reference runs. TorchTitan's ``ScaledDotProductAttention`` (0.2.2
-    ``torchtitan/models/attention.py``, 0.3.0 ``torchtitan/models/common/attention.py``,
-    both as released) keeps an instance list ``sdpa_backends`` of cuDNN, flash and math and
-    runs under ``sdpa_kernel(self.sdpa_backends, set_priority=True)``: in float32 only math
-    takes the inputs, and math keeps every score of the sequence (a 1.5B llama's block
-    needs 4 GiB more per row of 2048 tokens). The memory-efficient kernel takes float32
-    (float64 still falls to math); eager replays keep the job's own choice."""
+    """The memory-efficient SDPA kernel first in TorchTitan's attention modules, grouped heads
+    repeated (:func:`ungrouped_heads`), while the reference runs. TorchTitan's
+    ``ScaledDotProductAttention`` (0.2.2 ``torchtitan/models/attention.py``, 0.3.0
+    ``torchtitan/models/common/attention.py``, both as released) keeps an instance list
+    ``sdpa_backends`` of cuDNN, flash and math and runs under
+    ``sdpa_kernel(self.sdpa_backends, set_priority=True)``: in float32 only math takes the
+    inputs, and math keeps every score of the sequence (a 1.5B llama's block needs 4 GiB
+    more per row of 2048 tokens). The memory-efficient kernel takes float32 (float64 still
+    falls to math); eager replays keep the job's own choice."""
     try:
         from torch.nn.attention import SDPBackend
     except ImportError:
         yield
         return
     saved: list[tuple[nn.Module, Any]] = []
+    wrapped: list[nn.Module] = []
     try:
         for root in modules:
             for module in root.modules():
                 backends = module.__dict__.get("sdpa_backends")
-                if isinstance(backends, list) and \
-                        SDPBackend.EFFICIENT_ATTENTION not in backends:
+                if not isinstance(backends, list):
+                    continue
+                if "forward" not in module.__dict__:
+                    module.forward = ungrouped_heads(module.forward)
+                    wrapped.append(module)
+                if SDPBackend.EFFICIENT_ATTENTION not in backends:
                     saved.append((module, backends))
                     module.sdpa_backends = [SDPBackend.EFFICIENT_ATTENTION, *backends]
         yield
     finally:
+        for module in wrapped:
+            del module.forward
         for module, backends in reversed(saved):
             module.sdpa_backends = backends
 

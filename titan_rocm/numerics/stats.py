@@ -26,6 +26,9 @@ Everything is streamed: each chunk adds sums of squares, a maximum, and two hist
 elements that pass the eager guard) on a fixed logarithmic grid, so a tensor's
 statistics do not need the whole tensor at once (the replays run in runs of rows), the
 quantile and the count come out of the histograms at the end, and ranks merge by summing.
+Nothing in a chunk waits for the device: the sums stay on it, the element counts are the
+host's, and the histograms are taken over a fixed range (:func:`histogram`), so the replays
+and the statistics queue up behind each other and the device never idles for the host.
 The grid has :data:`BINS_PER_OCTAVE` bins per factor of two (4.4 % wide): the quantile is
 taken at the top of its bin and only whole bins above the threshold are counted, so the
 outlier count errs low by at most one bin's width of threshold.
@@ -51,8 +54,14 @@ LOWEST_OCTAVE = -150
 OCTAVES = 280
 """Octaves on the grid: up to 2**130, above float32's largest value; more is the top bin."""
 NBINS = OCTAVES * BINS_PER_OCTAVE + 1
-SLICE = 1 << 22
-"""Elements of a tensor handled at once (bounds the temporaries to ~100 MB)."""
+SLICE = 1 << 24
+"""Elements of a tensor handled at once: each slice costs some 60 kernel launches whatever its
+size, so a MoE block's expert gradients (277M elements in deepseek_v3 16B's shapes) in
+slices of 4M kept a GPU waiting on the host; the temporaries of one slice stay under
+:data:`WORKSPACE_BYTES`."""
+WORKSPACE_BYTES = 16 * SLICE * 4
+"""What one slice's temporaries hold at most (about sixteen float32 slices: the three values
+cast up, their differences, masks, bins), counted in the audit's memory estimate."""
 SAMPLE = 1 << 16
 """Elements of each slice the eager error's histogram counts (a strided sample: the quantile
 of 65,536 evenly spaced elements per slice; counting every element on a GPU serialises on a
@@ -193,6 +202,22 @@ def bin_of(x: torch.Tensor) -> torch.Tensor:
     return index.clamp(0, NBINS - 1).long()
 
 
+def histogram(index: torch.Tensor) -> torch.Tensor:
+    """How many of ``index`` (bins from :func:`bin_of`) fall in each bin, as ``int64``.
+
+    ``torch.histc`` over the fixed range ``[-0.5, NBINS - 0.5)`` (a half-bin margin: its
+    float arithmetic cannot move an integer to the next bin) does not read the data's range
+    back to the host, where ``torch.bincount`` on a GPU waits for the device twice (its
+    minimum and maximum). Under ``torch.use_deterministic_algorithms`` a GPU's ``histc``
+    refuses to run, and ``bincount`` counts instead. Counts are exact: a chunk holds at most
+    :data:`SLICE` = 2**24 elements, every count up to which float32 holds exactly."""
+    if index.numel() == 0:
+        return torch.zeros(NBINS, dtype=torch.int64, device=index.device)
+    if index.device.type != "cpu" and torch.are_deterministic_algorithms_enabled():
+        return torch.bincount(index, minlength=NBINS)
+    return torch.histc(index.float(), bins=NBINS, min=-0.5, max=NBINS - 0.5).long()
+
+
 def bin_top(index: int) -> float:
     """The upper edge of bin ``index`` (0 for the lowest bin's lower edge)."""
     return 2.0 ** ((index - (-LOWEST_OCTAVE * BINS_PER_OCTAVE + 1) + 1) / BINS_PER_OCTAVE)
@@ -224,13 +249,15 @@ class _Acc:
     kind: str
     rtol: float
     sums: torch.Tensor
-    """[sum c^2, sum (a-c)^2, sum (b-c)^2, count]."""
+    """[sum c^2, sum (a-c)^2, sum (b-c)^2], on the device."""
     maxima: torch.Tensor
     """[max |a-c| over finite values, non-finite elements of a]."""
     eager_hist: torch.Tensor
     outlier_hist: torch.Tensor
     missing: float = 0.0
     """1: a value in some passes only (a gradient None in the others)."""
+    count: float = 0.0
+    """Elements added (kept on the host: no chunk waits for the device to count)."""
 
 
 @dataclass
@@ -246,7 +273,7 @@ class Accumulator:
         entry = self.entries.get(name)
         if entry is None:
             entry = _Acc(name, segment, kind, rtol,
-                         torch.zeros(4, dtype=torch.float64, device=self.device),
+                         torch.zeros(3, dtype=torch.float64, device=self.device),
                          torch.zeros(2, dtype=torch.float64, device=self.device),
                          torch.zeros(NBINS, dtype=torch.int64, device=self.device),
                          torch.zeros(NBINS, dtype=torch.int64, device=self.device))
@@ -275,24 +302,26 @@ class Accumulator:
             finite = torch.isfinite(da)
             da_finite = torch.where(finite, da, torch.zeros_like(da))
             db = torch.nan_to_num(db, nan=0.0, posinf=0.0)
-            entry.sums += torch.stack([cw.double().square().sum(),
-                                       da_finite.double().square().sum(),
-                                       db.double().square().sum(),
-                                       torch.tensor(float(hi - lo), dtype=torch.float64,
-                                                    device=self.device)])
+            entry.sums += torch.stack([cw.square().sum(dtype=torch.float64),
+                                       da_finite.square().sum(dtype=torch.float64),
+                                       db.square().sum(dtype=torch.float64)])
+            entry.count += hi - lo
             entry.maxima[0] = torch.maximum(entry.maxima[0], da_finite.max().double())
             entry.maxima[1] += (~finite).sum()
             stride = max(1, (hi - lo) // SAMPLE)
-            entry.eager_hist += torch.bincount(bin_of(db[::stride]), minlength=NBINS) * stride
+            entry.eager_hist += histogram(bin_of(db[::stride])) * stride
+            # Elements the eager guard keeps out land in bin 0, which no count reads (the
+            # threshold's first bin is at least 1): a mask would make the host wait.
             candidates = finite & (da > k * db)
-            z = ((da - rtol * cw.abs()) / k)[candidates]
-            entry.outlier_hist += torch.bincount(bin_of(z), minlength=NBINS)
+            z = torch.where(candidates, (da - rtol * cw.abs()) / k, torch.zeros_like(da))
+            entry.outlier_hist += histogram(bin_of(z))
 
     def absorb(self, other: Accumulator) -> None:
         """Add what ``other`` gathered (a replay's own, merged once it has run whole)."""
         for name, theirs in other.entries.items():
             mine = self._entry(name, theirs.segment, theirs.kind, theirs.rtol)
             mine.sums += theirs.sums
+            mine.count += theirs.count
             mine.maxima[0] = torch.maximum(mine.maxima[0], theirs.maxima[0])
             mine.maxima[1] += theirs.maxima[1]
             mine.eager_hist += theirs.eager_hist
@@ -304,8 +333,9 @@ class Accumulator:
         entries = list(self.entries.values())
         if not entries:
             return []
-        sums = torch.stack([torch.cat([e.sums, e.sums.new_tensor([e.missing])])
-                            for e in entries])
+        counts = torch.tensor([[e.count, e.missing] for e in entries], dtype=torch.float64,
+                              device=self.device)
+        sums = torch.cat([torch.stack([e.sums for e in entries]), counts], dim=1)
         maxima = torch.stack([e.maxima for e in entries])
         hists = torch.stack([torch.stack([e.eager_hist, e.outlier_hist]) for e in entries])
         _all_reduce(sums, "SUM")

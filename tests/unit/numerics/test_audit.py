@@ -218,9 +218,11 @@ def test_the_memory_plan_is_estimated_before_anything_is_allocated(
     width / job width) for its replays, plus its parameters three times at the reference's
     width and its outputs twice; the rows are split so that fits in 90 % of what is free,
     and the estimate is logged. The eager replay (3 x S) runs whole where it fits, else in
-    as few runs as fit. Not even one row fitting is one sentence."""
+    as few runs as fit; the head's replays are held to a block's. Not even one row fitting
+    is one sentence."""
     from titan_rocm.numerics import audit, precision
     from titan_rocm.numerics.record import BlockRecord
+    from titan_rocm.numerics.stats import WORKSPACE_BYTES
 
     record = BlockRecord("0", torch.nn.Linear(1000, 1000), None, [torch.zeros(8, 4, 2)],
                          [True], None, [torch.zeros(8, 4, 2)], saved_bytes=100 * 2**20)
@@ -229,7 +231,7 @@ def test_the_memory_plan_is_estimated_before_anything_is_allocated(
     estimate = plan._estimate(record, ref, 8)
     assert estimate == int(3 * 100 * 2**20 * 2)  # float32 job: float64 is twice as wide
     fixed = plan._fixed(record, ref)
-    assert fixed == 3 * (1000 * 1000 + 1000) * 8 + 2 * 8 * 4 * 2 * 4
+    assert fixed == 3 * (1000 * 1000 + 1000) * 8 + 2 * 8 * 4 * 2 * 4 + WORKSPACE_BYTES
     monkeypatch.setattr(audit, "free_bytes",
                         lambda device: int((fixed + estimate / 3) / 0.9) + 100)
     caplog.set_level(logging.INFO, logger="titan_rocm")
@@ -241,6 +243,13 @@ def test_the_memory_plan_is_estimated_before_anything_is_allocated(
     monkeypatch.setattr(audit, "free_bytes", lambda device: int((fixed + estimate) / 0.9) + 100)
     got = plan._plan({"0": record}, 8, ref, [])
     assert (got.chunks, got.eager) == (1, 1)
+    # The head's logits (8 rows x the vocabulary, four times, at float32 for eager and the
+    # reference's float64; no recorder here: one token per row) are held to a block's
+    # replay, eager and reference alike.
+    vocab = int(2.4 * (estimate + fixed) / (4 * 8 * 4))
+    head = [torch.nn.Parameter(torch.empty(vocab, 2, device="meta"))]
+    got = plan._plan({"0": record}, 8, ref, head)
+    assert (got.chunks, got.eager, got.outside, got.outside_eager) == (1, 1, 5, 3)
     monkeypatch.setattr(audit, "free_bytes", lambda device: fixed)
     with pytest.raises(audit.AuditError, match=r"the replays would need about .* GiB on cpu "
                                                r"for one row of one block"):

@@ -66,3 +66,71 @@ def test_the_reference_puts_the_memory_efficient_attention_kernel_first() -> Non
     with efficient_attention([model]):
         assert attention.sdpa_backends == [SDPBackend.EFFICIENT_ATTENTION, *job]
     assert attention.sdpa_backends is job
+
+
+class _Attention(torch.nn.Module):
+    """TorchTitan's SDPA module as both generations write it (0.2.2
+    ``torchtitan/models/attention.py`` ``ScaledDotProductAttentionWrapper``, 0.3.0
+    ``torchtitan/models/common/attention.py`` ``ScaledDotProductAttention``): an instance
+    ``sdpa_backends`` and ``forward(q, k, v, *, scale, enable_gqa, is_causal)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.nn.attention import SDPBackend
+
+        self.sdpa_backends = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                              SDPBackend.MATH]
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                scale: float | None = None, enable_gqa: bool = False,
+                is_causal: bool = True) -> torch.Tensor:
+        from torch.nn.attention import sdpa_kernel
+
+        with sdpa_kernel(self.sdpa_backends, set_priority=True):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa)
+
+
+def test_the_reference_repeats_grouped_key_value_heads_for_the_efficient_kernel() -> None:
+    """The memory-efficient kernel refuses ``enable_gqa`` (math then keeps every score): in
+    the reference, the attention module repeats grouped heads to the query's and calls
+    with ``enable_gqa`` off, with the same values and gradients, also where a checkpointed
+    block is recomputed on another thread (the autograd engine's device thread, where a
+    mode of the calling thread is not), and the module is as it was after."""
+    import threading
+
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+    from torch.utils.checkpoint import checkpoint
+
+    from titan_rocm.numerics.precision import efficient_attention
+
+    seen: list[tuple[int, object]] = []
+
+    class Spy(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN202
+            kwargs = kwargs or {}
+            if func is F.scaled_dot_product_attention:
+                seen.append((args[1].shape[-3], kwargs.get("enable_gqa")))
+            return func(*args, **kwargs)
+
+    attention = _Attention()
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, heads, 16, 4, generator=generator, requires_grad=True)
+               for heads in (8, 2, 2))
+    want = attention(q, k, v, enable_gqa=True)
+    want_grads = torch.autograd.grad(want.square().sum(), (q, k, v))
+    with efficient_attention([attention]):
+        with Spy():
+            got = checkpoint(lambda *t: attention(*t, enable_gqa=True), q, k, v,
+                             use_reentrant=False)
+        grads: list[tuple[torch.Tensor, ...]] = []
+        backward = threading.Thread(target=lambda: grads.append(
+            torch.autograd.grad(got.square().sum(), (q, k, v))))
+        backward.start()
+        backward.join()
+    assert seen == [(8, False)]
+    assert "forward" not in attention.__dict__
+    torch.testing.assert_close(got, want)
+    for g, w in zip(grads[0], want_grads, strict=True):
+        torch.testing.assert_close(g, w)

@@ -111,6 +111,17 @@ def test_the_grid_quantile_and_count_are_within_a_bin() -> None:
     assert int(stats.bin_of(torch.tensor([math.inf]))) == stats.NBINS - 1
 
 
+def test_the_histogram_counts_every_bin_exactly_as_bincount() -> None:
+    # Every edge of the grid (0, NBINS - 1) and a chunk's worth of one hot bin: histc's
+    # float arithmetic must not move an index to its neighbour.
+    generator = torch.Generator().manual_seed(0)
+    index = torch.cat([torch.arange(stats.NBINS),
+                       torch.randint(0, stats.NBINS, (200_000,), generator=generator),
+                       torch.full((1 << 20,), stats.NBINS - 1)])
+    assert torch.equal(stats.histogram(index), torch.bincount(index, minlength=stats.NBINS))
+    assert stats.histogram(index[:0]).tolist() == [0] * stats.NBINS
+
+
 def _placed_worker(rank: int, store_path: str, out_dir: str) -> None:
     """One of two gloo ranks: the same values as DTensors placed Shard(0), Replicate and
     Partial on a 2-rank mesh, compared; this rank's verdicts written as JSON."""
