@@ -30,7 +30,8 @@ def _reanalysed(directory: Path) -> dict:
 
 def test_the_stored_runs_are_there() -> None:
     names = {p.name for p in STORED}
-    assert {"audit-matrix-a", "audit-matrix-b", "audit-matrix-c"} <= names
+    assert {"audit-matrix-a", "audit-matrix-b", "audit-matrix-c", "audit-matrix-d",
+            "audit-matrix-e", "audit-matrix-cost-head-whole"} <= names
 
 
 @pytest.mark.parametrize("directory", STORED, ids=lambda p: p.name)
