@@ -195,7 +195,9 @@ class StoreDataRule(Rule):
     path after it (fallthrough, both sides of conditional branches, branch targets, loop
     back-edges) counting wait states (``s_nop K`` = K+1, any other instruction 1) until
     the window is reached, a path ends, or a wait retires the store. An instruction on
-    the way whose written registers overlap the data is a hazard.
+    the way whose written registers overlap the data is a hazard. Which instructions write
+    (``writes``) and which waits retire the store (``retires``) are the hardware rule's
+    unless a rule says otherwise: VALU writes, and waits that retire every store.
     """
 
     def __init__(
@@ -205,8 +207,8 @@ class StoreDataRule(Rule):
         *,
         sgpr_window: int | None,
         literal_window: int | None,
-        writes: Callable[[Instruction], tuple[Reg, ...]],
-        retires: Callable[[Instruction, str | None], bool],
+        writes: Callable[[Instruction], tuple[Reg, ...]] = Instruction.valu_vector_defs,
+        retires: Callable[[Instruction, str | None], bool] = retires_all_stores,
         flat_window: int | None = 2,
     ) -> None:
         self.name = name
@@ -369,8 +371,6 @@ PRECISE = StoreDataRule(
     "soffset) or 2 (literal soffset) of the store: the gfx940-family hardware rule",
     sgpr_window=1,
     literal_window=2,
-    writes=Instruction.valu_vector_defs,
-    retires=retires_all_stores,
 )
 CONSERVATIVE = StoreDataRule(
     "conservative",
@@ -378,8 +378,6 @@ CONSERVATIVE = StoreDataRule(
     "whatever the soffset",
     sgpr_window=2,
     literal_window=2,
-    writes=Instruction.valu_vector_defs,
-    retires=retires_all_stores,
 )
 NAIVE = StoreDataRule(
     "naive",

@@ -213,15 +213,25 @@ class GemmChoices(InductorChoices):
         return [lowering.fallback]
 
 
-class RecordingChoices(GemmChoices):
-    """``tune collect``: record each GEMM lowering; compile it with its ATen kernel only."""
+class SinkChoices(GemmChoices):
+    """Base of the tuner's handlers: each lowering's :class:`Problem` goes to ``sink``."""
 
-    def __init__(self, sink: Callable[[Problem], None]) -> None:
+    NAME = "sink"
+    """What :meth:`uuid` calls the handler (its part of the FX-graph cache key)."""
+
+    def __init__(self, sink: Callable[..., Any]) -> None:
         super().__init__()
         self.sink = sink
 
     def uuid(self) -> str:  # noqa: D102
-        return "titan-rocm-recording"
+        return f"titan-rocm-{self.NAME}"
+
+
+class RecordingChoices(SinkChoices):
+    """``tune collect``: record each GEMM lowering; compile it with its ATen kernel only.
+    ``sink(problem)``."""
+
+    NAME = "recording"
 
     def choose(self, lowering, call, template_choices, kernel_inputs, templates, op_name,
                kwarg_overrides):  # noqa: D102
@@ -232,15 +242,11 @@ class RecordingChoices(GemmChoices):
         return choices
 
 
-class EnumeratingChoices(GemmChoices):
-    """The minesweeper: every candidate, stock; the lowering reported with its choices."""
+class EnumeratingChoices(SinkChoices):
+    """The minesweeper: every candidate, stock; the lowering reported with its choices.
+    ``sink(problem, choices, input_nodes, layout)`` returns the choices to use."""
 
-    def __init__(self, sink: Callable[[Problem, list[Any], Any, Any], list[Any]]) -> None:
-        super().__init__()
-        self.sink = sink
-
-    def uuid(self) -> str:  # noqa: D102
-        return "titan-rocm-enumerating"
+    NAME = "enumerating"
 
     def choose(self, lowering, call, template_choices, kernel_inputs, templates, op_name,
                kwarg_overrides):  # noqa: D102

@@ -34,7 +34,7 @@ What titan-rocm routes, and why (docs/mla-ck-backward.md):
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields, make_dataclass
 from typing import Any
 
 from titan_rocm.archs import ARCHS, normalize_arch
@@ -405,17 +405,15 @@ def route_forward(call: AttentionCall) -> Route:
     return _route(call, FORWARD, AITER, f"CK {ck}", why)
 
 
-@dataclass(frozen=True)
-class Flags:
-    """The non-shape inputs of one route-table row."""
-
-    dropout_p: float = 0.0
-    has_bias: bool = False
-    has_alibi: bool = False
-    layout: str = "bshd"
-    dtype: str = "bfloat16"
-    causal: bool = True
-    deterministic: bool = False
+FLAG_FIELDS = ("dropout_p", "has_bias", "has_alibi", "layout", "dtype", "causal",
+               "deterministic")
+"""The non-shape inputs of an :class:`AttentionCall` that a route-table row varies."""
+Flags = make_dataclass(
+    "Flags", [(f.name, f.type, field(default=f.default))
+              for f in fields(AttentionCall) if f.name in FLAG_FIELDS], frozen=True)
+Flags.__module__ = __name__
+Flags.__doc__ = """The non-shape inputs of one route-table row: :data:`FLAG_FIELDS` of
+:class:`AttentionCall`, with its defaults (made from its fields: one list of them)."""
 
 
 DEFAULT_TABLE_ARCHS: tuple[str | None, ...] = ("gfx942", "gfx950")
