@@ -96,11 +96,18 @@ def collect(args: Sequence[str], output: Path, trainer: str = DEFAULT_TRAINER) -
     """Run one step of the job in ``args`` (TorchTitan flags) and write its problems.
 
     Raises:
-        CollectError: bad arguments, TorchTitan's trainer on a machine without a GPU,
-            compile disabled, or no GEMM lowered.
+        CollectError: not TorchTitan 0.2.x, bad arguments, TorchTitan's trainer on a
+            machine without a GPU, compile disabled, or no GEMM lowered.
     """
     if "torchtitan.config.manager" in sys.modules:
         raise CollectError("tune collect must run before torchtitan.config is imported")
+    from titan_rocm import torchtitan_version
+
+    found = torchtitan_version.detect()
+    if found.shape != "0.2":  # its flags and trainer are 0.2.x's (ConfigManager, train.main)
+        raise CollectError(f"tune collect runs TorchTitan 0.2.x's trainer, and "
+                           f"{found.describe()} is installed: run it in an environment with "
+                           "torchtitan 0.2.2")
     try:
         prepared = prepare(list(args)) + list(STEP_FLAGS)
     except JobArgsError as exc:
