@@ -203,18 +203,20 @@ def bin_of(x: torch.Tensor) -> torch.Tensor:
 
 
 def histogram(index: torch.Tensor) -> torch.Tensor:
-    """How many of ``index`` (bins from :func:`bin_of`) fall in each bin, as ``int64``.
+    """How many of ``index`` (bins from :func:`bin_of`; a negative index is not counted)
+    fall in each bin, as ``int64``.
 
     ``torch.histc`` over the fixed range ``[-0.5, NBINS - 0.5)`` (a half-bin margin: its
-    float arithmetic cannot move an integer to the next bin) does not read the data's range
-    back to the host, where ``torch.bincount`` on a GPU waits for the device twice (its
-    minimum and maximum). Under ``torch.use_deterministic_algorithms`` a GPU's ``histc``
-    refuses to run, and ``bincount`` counts instead. Counts are exact: a chunk holds at most
-    :data:`SLICE` = 2**24 elements, every count up to which float32 holds exactly."""
+    float arithmetic cannot move an integer to the next bin; below the range is ignored)
+    does not read the data's range back to the host, where ``torch.bincount`` on a GPU waits
+    for the device twice (its minimum and maximum). Under
+    ``torch.use_deterministic_algorithms`` a GPU's ``histc`` refuses to run, and
+    ``bincount`` counts instead. Counts are exact: a chunk holds at most :data:`SLICE` =
+    2**24 elements, every count up to which float32 holds exactly."""
     if index.numel() == 0:
         return torch.zeros(NBINS, dtype=torch.int64, device=index.device)
     if index.device.type != "cpu" and torch.are_deterministic_algorithms_enabled():
-        return torch.bincount(index, minlength=NBINS)
+        return torch.bincount(index[index >= 0], minlength=NBINS)
     return torch.histc(index.float(), bins=NBINS, min=-0.5, max=NBINS - 0.5).long()
 
 
@@ -310,11 +312,14 @@ class Accumulator:
             entry.maxima[1] += (~finite).sum()
             stride = max(1, (hi - lo) // SAMPLE)
             entry.eager_hist += histogram(bin_of(db[::stride])) * stride
-            # Elements the eager guard keeps out land in bin 0, which no count reads (the
-            # threshold's first bin is at least 1): a mask would make the host wait.
+            # Only the outlier statistic's bins from 1 up are ever read (the threshold's first
+            # bin is at least 1): elements the eager guard keeps out, and those in bin 0, are
+            # left uncounted (index -1) rather than masked out, which would make the host
+            # wait, or put in bin 0, where a GPU's histogram serialises on one counter.
             candidates = finite & (da > k * db)
-            z = torch.where(candidates, (da - rtol * cw.abs()) / k, torch.zeros_like(da))
-            entry.outlier_hist += histogram(bin_of(z))
+            index = bin_of((da - rtol * cw.abs()) / k)
+            entry.outlier_hist += histogram(
+                torch.where(candidates & (index > 0), index, torch.full_like(index, -1)))
 
     def absorb(self, other: Accumulator) -> None:
         """Add what ``other`` gathered (a replay's own, merged once it has run whole)."""

@@ -120,6 +120,8 @@ def test_the_histogram_counts_every_bin_exactly_as_bincount() -> None:
                        torch.full((1 << 20,), stats.NBINS - 1)])
     assert torch.equal(stats.histogram(index), torch.bincount(index, minlength=stats.NBINS))
     assert stats.histogram(index[:0]).tolist() == [0] * stats.NBINS
+    uncounted = torch.cat([index, torch.full((1000,), -1)])  # below the range: not counted
+    assert torch.equal(stats.histogram(uncounted), stats.histogram(index))
 
 
 def _placed_worker(rank: int, store_path: str, out_dir: str) -> None:
