@@ -7,6 +7,8 @@ from titan_rocm.cli import main
 
 
 def test_tune_collect_says_it_needs_torchtitan_0_2(capsys, tmp_path) -> None:
+    import torchtitan.config.manager  # noqa: F401 - as in the whole suite: the sentence first
+
     out = tmp_path / "problems.json"
     code = main(["tune", "collect", "-o", str(out), "--trainer",
                  "tests.support.cpu_trainer:CpuTrainer", "--job.config_file",

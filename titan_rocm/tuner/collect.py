@@ -99,15 +99,15 @@ def collect(args: Sequence[str], output: Path, trainer: str = DEFAULT_TRAINER) -
         CollectError: not TorchTitan 0.2.x, bad arguments, TorchTitan's trainer on a
             machine without a GPU, compile disabled, or no GEMM lowered.
     """
-    if "torchtitan.config.manager" in sys.modules:
-        raise CollectError("tune collect must run before torchtitan.config is imported")
     from titan_rocm import torchtitan_version
 
-    found = torchtitan_version.detect()
+    found = torchtitan_version.detect()  # read from its files: nothing imported
     if found.shape != "0.2":  # its flags and trainer are 0.2.x's (ConfigManager, train.main)
         raise CollectError(f"tune collect runs TorchTitan 0.2.x's trainer, and "
                            f"{found.describe()} is installed: run it in an environment with "
                            "torchtitan 0.2.2")
+    if "torchtitan.config.manager" in sys.modules:
+        raise CollectError("tune collect must run before torchtitan.config is imported")
     try:
         prepared = prepare(list(args)) + list(STEP_FLAGS)
     except JobArgsError as exc:
