@@ -216,7 +216,7 @@ def series(version: str | None = None) -> str | None:
 
 
 def require(wanted: Series, entry: str, version: str | None = None,
-            found: Installed | None = None) -> str:
+            found: Installed | None = None, advice: str | None = None) -> str:
     """Raise unless the installed TorchTitan has generation ``wanted``'s API; return its version.
 
     Args:
@@ -224,6 +224,8 @@ def require(wanted: Series, entry: str, version: str | None = None,
         entry: what the user called, for the sentence (e.g. ``"titan_rocm.torchtitan"``).
         version: judge this version string instead of the installed files (tests).
         found: judge this :func:`detect` result instead of the installed one (tests).
+        advice: what to do instead, for an entry the other generation has no twin of
+            (default: the installed generation's entry point, :data:`ENTRY_POINTS`).
 
     Raises:
         TorchTitanVersionError: naming ``entry``, what is installed and what to use.
@@ -240,9 +242,10 @@ def require(wanted: Series, entry: str, version: str | None = None,
                 else f"{found.describe()} is installed")
     if shape == wanted:
         return version
-    advice = ENTRY_POINTS.get(shape or "", f"install torchtitan {wanted}.x")
-    if shape in ENTRY_POINTS:
-        advice = f"with it, use {advice}"
+    if advice is None:
+        advice = ENTRY_POINTS.get(shape or "", f"install torchtitan {wanted}.x")
+        if shape in ENTRY_POINTS:
+            advice = f"with it, use {advice}"
     raise TorchTitanVersionError(
         f"{entry} is for TorchTitan {wanted}.x, but {have}; {advice}"
     )

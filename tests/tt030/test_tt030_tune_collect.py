@@ -15,6 +15,7 @@ def test_tune_collect_says_it_needs_torchtitan_0_2(capsys, tmp_path) -> None:
                  "configs/llama3_debug.toml"])
     err = capsys.readouterr().err
     assert code == 2
-    assert "tune collect runs TorchTitan 0.2.x's trainer, and torchtitan 0.3.0" in err
+    assert ("tune collect is for TorchTitan 0.2.x, but torchtitan 0.3.0 is installed; run it "
+            "in an environment with torchtitan 0.2.2") in err
     assert "Traceback" not in err
     assert not out.exists()

@@ -557,16 +557,14 @@ class Audit:
         # over what the step holds, wherever the vocabulary is.
         budget = max(estimate + fixed, 2**30)
         head = self._head_bytes(params, rows, reference)
-        outside = _all_reduce_max(min(rows, max(chunks, math.ceil(head / budget))),
-                                  self.device)
+        outside = _all_reduce_max(max(chunks, _runs(head, budget, rows)), self.device)
         # The blocks' eager replays run the whole micro-batch, as the job did, wherever it
         # fits: a parameter's gradient summed over runs of rows rounds less than the job's
         # one sum.
         eager_block = int(EAGER_FACTOR * (first.saved_bytes or 0))
         eager_head = self._head_bytes(params, rows, None)
         eager = _all_reduce_max(_runs(eager_block, usable, rows), self.device)
-        outside_eager = _all_reduce_max(max(1, min(rows, math.ceil(eager_head / budget))),
-                                        self.device)
+        outside_eager = _all_reduce_max(_runs(eager_head, budget, rows), self.device)
         log.info("numerics audit: a block's replays are estimated at %.1f GiB (eager %.1f), "
                  "the head's at %.1f GiB (eager %.1f; %.1f GiB free): the blocks in %d run(s) "
                  "of rows (eager %d), the rest in %d (eager %d)",

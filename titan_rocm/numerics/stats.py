@@ -318,8 +318,7 @@ class Accumulator:
             # wait, or put in bin 0, where a GPU's histogram serialises on one counter.
             candidates = finite & (da > k * db)
             index = bin_of((da - rtol * cw.abs()) / k)
-            entry.outlier_hist += histogram(
-                torch.where(candidates & (index > 0), index, torch.full_like(index, -1)))
+            entry.outlier_hist += histogram(torch.where(candidates & (index > 0), index, -1))
 
     def absorb(self, other: Accumulator) -> None:
         """Add what ``other`` gathered (a replay's own, merged once it has run whole)."""

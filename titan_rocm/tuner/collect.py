@@ -101,11 +101,11 @@ def collect(args: Sequence[str], output: Path, trainer: str = DEFAULT_TRAINER) -
     """
     from titan_rocm import torchtitan_version
 
-    found = torchtitan_version.detect()  # read from its files: nothing imported
-    if found.shape != "0.2":  # its flags and trainer are 0.2.x's (ConfigManager, train.main)
-        raise CollectError(f"tune collect runs TorchTitan 0.2.x's trainer, and "
-                           f"{found.describe()} is installed: run it in an environment with "
-                           "torchtitan 0.2.2")
+    try:  # its flags and trainer are 0.2.x's (ConfigManager, train.main); read from files
+        torchtitan_version.require("0.2", "tune collect",
+                                   advice="run it in an environment with torchtitan 0.2.2")
+    except torchtitan_version.TorchTitanVersionError as exc:
+        raise CollectError(str(exc)) from None
     if "torchtitan.config.manager" in sys.modules:
         raise CollectError("tune collect must run before torchtitan.config is imported")
     try:
