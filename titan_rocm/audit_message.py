@@ -28,6 +28,17 @@ def skipped_line(step: int, reason: str) -> str:
     return f"{NAME} at step {step} skipped: {reason}"
 
 
+def complete_line(begun: int, outcomes: list[tuple[int, str]]) -> str:
+    """The end of an audit spread over steps: ``outcomes`` is each part's (step, ``ok``,
+    ``flagged`` or ``skipped``)."""
+    def steps(outcome: str) -> str:
+        return ", ".join(str(s) for s, o in outcomes if o == outcome)
+
+    said = [f"{o} at step(s) {steps(o)}" for o in ("flagged", "skipped") if steps(o)]
+    return (f"{NAME} begun at step {begun} ended at step {outcomes[-1][0]}: "
+            f"{len(outcomes)} parts, " + ("; ".join(said) if said else "every one ok"))
+
+
 def stopped_line(step: int, where: str) -> str:
     """What the stop policy raises (``numerics_audit_policy = "stop"``)."""
     return (f"{NAME} flagged step {step} ({where}) and "

@@ -110,6 +110,10 @@ class RocmSettings:
     eager and high-precision replays from the job's own inputs (docs/numerics-audit.md)."""
     numerics_audit_every: int = 1000
     """Steps between audits under ``every_n_steps`` (the first step is audited too)."""
+    numerics_audit_spread: int = 4
+    """Steps one in-training audit is spread over: the blocks dealt into ``spread - 1``
+    steps, then one step for the embedding, the head and the end-to-end loss (1: the whole
+    audit in one step). Each audited step then costs about a ``spread``-th of the audit."""
     numerics_audit_policy: NumericsAuditPolicy = "warn"
     """A flagged in-training audit: ``warn`` logs it and trains on, ``stop`` ends the run."""
     numerics_audit_reference: NumericsAuditReference = "auto"
@@ -136,6 +140,7 @@ MAY_BE_EMPTY: tuple[str, ...] = ("gemm_lookup_table",)
 
 NUMBERS: dict[str, Bounds] = {
     "numerics_audit_every": Bounds(int, 1, 10**9),
+    "numerics_audit_spread": Bounds(int, 1, 10**6),
     "numerics_audit_fudge": Bounds(float, 0, 1e6, low_open=True),
     "numerics_audit_floor_eps": Bounds(float, 0, 1e9, low_open=True),
     "numerics_audit_outlier_k": Bounds(float, 0, 1e6, low_open=True),

@@ -17,7 +17,9 @@
 
 A wrong kernel in block k then shows in block k alone: its forward output when the kernel is
 in the forward, its gradients when in the backward. :attr:`AuditResult.first_wrong` names the
-first segment wrong in each direction.
+first segment wrong in each direction. Because each block is judged on its own, an audit can
+be spread over consecutive steps (:func:`spread`): each step replays a :class:`Part` of the
+blocks, and the last one the parts outside the blocks and the end-to-end loss.
 
 Everything is given back: every parameter's ``.grad`` (the job's tensors themselves), every
 RNG stream, every buffer's value, FSDP's dtypes and buffers; nothing is stepped or written.
@@ -72,6 +74,41 @@ one measured."""
 Batch = tuple[dict[str, torch.Tensor], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class Part:
+    """What one step of an audit spread over steps replays (``numerics_audit_spread``)."""
+
+    index: int
+    """1-based, in the order the steps run them."""
+    count: int
+    """Parts of the whole audit."""
+    blocks: tuple[str, ...]
+    """The ``model.layers`` keys replayed, in forward order."""
+    outside: bool
+    """The parts outside the blocks (embedding, head) and the end-to-end loss."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``part``, ``of``, ``blocks``, ``outside``."""
+        return {"part": self.index, "of": self.count, "blocks": list(self.blocks),
+                "outside": self.outside}
+
+
+def spread(keys: list[str], steps: int) -> list[Part]:
+    """The parts of an audit of the blocks ``keys`` spread over ``steps`` steps.
+
+    One step: one part with everything. ``steps >= 2``: the blocks dealt into
+    ``min(steps - 1, len(keys))`` parts (block ``i`` into part ``i mod n``, so that a model
+    whose blocks differ, dense ones then MoE ones, costs about the same each step), then one
+    part with the parts outside the blocks and the end-to-end loss, whose logits over the
+    vocabulary cost about as much as a share of the blocks.
+    """
+    if steps <= 1 or not keys:
+        return [Part(1, 1, tuple(keys), True)]
+    n = min(steps - 1, len(keys))
+    return [*(Part(j + 1, n + 1, tuple(keys[j::n]), False) for j in range(n)),
+            Part(n + 1, n + 1, (), True)]
+
+
 class StepKit(Protocol):
     """A TorchTitan generation's step on one micro-batch, its loss denominator fixed."""
 
@@ -100,11 +137,13 @@ class AuditResult:
     reference: str
     settings: AuditSettings
     segments: list[Segment]
+    """The segments this audit compared, in forward order."""
     tensors: list[TensorStats]
-    loss: TensorStats
-    """The end-to-end loss: the job's against whole-model eager and reference passes."""
+    loss: TensorStats | None
+    """The end-to-end loss: the job's against whole-model eager and reference passes (None
+    in a part of a spread audit that does not compare it)."""
     loss_values: dict[str, float]
-    """The three end-to-end losses (job, eager, reference)."""
+    """The three end-to-end losses (job, eager, reference); empty where not compared."""
     time_s: dict[str, float]
     peak_memory_bytes: int | None
     memory: dict[str, Any] = field(default_factory=dict)
@@ -114,11 +153,14 @@ class AuditResult:
     outside_chunks: int = 1
     """Runs of rows the parts outside the blocks took."""
     applied: list[str] = field(default_factory=list)
+    part: Part | None = None
+    """What this step replayed of an audit spread over steps (None: the whole audit)."""
 
     @property
     def flagged(self) -> bool:
         """Any compared tensor or the end-to-end loss flagged."""
-        return self.loss.flagged or any(t.flagged for t in self.tensors)
+        return (self.loss is not None and self.loss.flagged) or any(
+            t.flagged for t in self.tensors)
 
     def first_wrong(self, direction: str) -> Segment | None:
         """The first segment wrong in ``direction``: forward, in forward order; backward, in
@@ -154,14 +196,14 @@ class AuditResult:
             "world_size": self.world_size, "tokens": self.tokens,
             "job_dtype": self.job_dtype, "reference": self.reference,
             "settings": self.settings.to_dict(), "first_wrong": first,
-            "loss": {**self.loss.to_dict(),
-                     **{k: json_number(v) for k, v in self.loss_values.items()}},
+            "loss": None if self.loss is None else {
+                **self.loss.to_dict(), **{k: json_number(v) for k, v in self.loss_values.items()}},
             "segments": self.segment_rows(),
             "tensors": [t.to_dict() for t in self.tensors],
             "workarounds_applied": self.applied, "time_s": self.time_s,
             "peak_memory_bytes": self.peak_memory_bytes, "memory": self.memory,
             "chunks": self.chunks, "outside_chunks": self.outside_chunks,
-            "notes": self.notes,
+            "notes": self.notes, "part": None if self.part is None else self.part.to_dict(),
         }
 
 
@@ -173,7 +215,7 @@ def error_dict(message: str, world_size: int = 1) -> dict[str, Any]:
         "reference": None, "settings": {}, "first_wrong": {"forward": None, "backward": None},
         "loss": None, "segments": [], "tensors": [], "workarounds_applied": [], "time_s": {},
         "peak_memory_bytes": None, "memory": {}, "chunks": 0, "outside_chunks": 0,
-        "notes": [],
+        "notes": [], "part": None,
     }
 
 
@@ -346,6 +388,10 @@ class Audit:
                  settings: AuditSettings, facts: JobFacts | None = None,
                  reference: str = "auto", chunks: int | None = None) -> None:
         self.model_parts = list(model_parts)
+        self.part: Part | None = None
+        self.block_keys: list[str] = []
+        """Every block's ``model.layers`` key, in forward order (after :meth:`prepare`)."""
+        self.block_modules: list[nn.Module] = []
         self.device = torch.device(device)
         self.kit = kit
         self.settings = settings
@@ -365,9 +411,19 @@ class Audit:
             AuditError: the model has no ``model.layers``.
         """
         try:
-            self.recorder, _ = recorder_for(self.model_parts)
+            self.recorder, found = recorder_for(self.model_parts)
         except RecordError as exc:
             raise AuditError(str(exc)) from None
+        self.block_keys = [key for key, _ in found]
+        self.block_modules = [module for _, module in found]
+
+    def select(self, part: Part) -> None:
+        """Replay only ``part`` (before the job pass, after :meth:`prepare`): the job pass
+        records its blocks alone, or every block where it compares the parts outside them
+        (their replay stands every block in as what the job computed)."""
+        assert self.recorder is not None, "prepare() first"
+        self.part = part
+        self.recorder.keys = None if part.outside else set(part.blocks)
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[Recorder]:
@@ -434,29 +490,35 @@ class Audit:
         acc = Accumulator(self.settings, self.device)
         held = [HeldPrecision()]
         losses: dict[str, float] = {}
-        segs = segments(self.model_parts, self.facts)
+        part = self.part
+        outside = part is None or part.outside
+        replayed = [r for r in records.values() if part is None or r.key in part.blocks]
+        segs = [s for s in segments(self.model_parts, self.facts)
+                if part is None or s.name in part.blocks or (outside and s.kind != "block")]
         plan = self._plan(records, rows, reference, params)
         rtol = RTOL.get(compute, RTOL[torch.float32])
         with taken_grads(params) as job_grads, preserved_rng(self.device), \
                 self._restoring(buffers) as restore:
             job = {name: g for (name, _), g in zip(named, job_grads, strict=True)}
             t0 = time.perf_counter()
-            for record in records.values():
+            for record in replayed:
                 self._block(record, job, acc, reference, held, plan, rtol, restore)
             self.times["blocks"] = time.perf_counter() - t0
             self._peak("blocks")
-            t0 = time.perf_counter()
-            head = self._outside(records, job, acc, reference, held, plan, rtol, restore,
-                                 input_dict, labels, named, segs)
-            self.times["outside"] = time.perf_counter() - t0
-            self._peak("outside")
-            t0 = time.perf_counter()
-            losses = self._end_to_end(records, reference, held, plan, restore, input_dict,
-                                      labels)
-            self.times["end_to_end"] = time.perf_counter() - t0
-            self._peak("end_to_end")
-        for part in self.model_parts:
-            fsdp.reshard([part])
+            head, losses = (0.0, 0.0), {"eager": 0.0, "reference": 0.0}
+            if outside:
+                t0 = time.perf_counter()
+                head = self._outside(records, job, acc, reference, held, plan, rtol, restore,
+                                     input_dict, labels, named, segs)
+                self.times["outside"] = time.perf_counter() - t0
+                self._peak("outside")
+                t0 = time.perf_counter()
+                losses = self._end_to_end(records, reference, held, plan, restore,
+                                          input_dict, labels)
+                self.times["end_to_end"] = time.perf_counter() - t0
+                self._peak("end_to_end")
+        for model_part in self.model_parts:
+            fsdp.reshard([model_part])
         t0 = time.perf_counter()
         job_value = float(job_loss.detach().double().sum())
         job_value, head_eager, head_ref, eager_value, ref_value = _all_reduce_sum(
@@ -467,9 +529,11 @@ class Audit:
         casts = getattr(held[0], "casts", {})
         scalar = torch.bfloat16 if casts.get("bfloat16") else (
             torch.float16 if casts.get("float16") else compute)
-        tensors.append(loss_stats(job_value, head_eager, head_ref, scalar, self.settings,
-                                  name="head loss (teacher-forced)", segment=HEAD))
-        loss = loss_stats(job_value, eager_value, ref_value, scalar, self.settings)
+        loss = None
+        if outside:
+            tensors.append(loss_stats(job_value, head_eager, head_ref, scalar, self.settings,
+                                      name="head loss (teacher-forced)", segment=HEAD))
+            loss = loss_stats(job_value, eager_value, ref_value, scalar, self.settings)
         self.times["statistics"] = time.perf_counter() - t0
         self.times["total"] = time.perf_counter() - started + self.times.get("job", 0.0)
         notes = [*self.facts.notes, *self.notes, *held[0].notes(reference.dtype)]
@@ -484,19 +548,20 @@ class Audit:
         tokens = int(_all_reduce_sum([float(labels.numel())], self.device)[0])
         peak = (torch.cuda.max_memory_allocated(self.device)
                 if self.device.type == "cuda" else None)
-        log.info("numerics audit: %d blocks, %d tokens, reference %s, %.1f s", len(records),
-                 tokens, reference.name, self.times["total"])
+        log.info("numerics audit: %d blocks%s, %d tokens, reference %s, %.1f s",
+                 len(replayed), "" if outside else " (no parts outside them)", tokens,
+                 reference.name, self.times["total"])
         return AuditResult(
             world_size=_world(), tokens=tokens, job_dtype=str(compute).removeprefix("torch."),
             reference=reference.name, settings=self.settings, segments=segs, tensors=tensors,
             loss=loss, loss_values={"job": job_value, "eager": eager_value,
-                                    "reference": ref_value},
+                                    "reference": ref_value} if outside else {},
             time_s=self.times, peak_memory_bytes=peak,
             memory={"estimate_bytes": plan.estimate, "free_bytes": plan.free,
                     "records_bytes": self.recorder.held_bytes() if self.recorder else 0,
                     "peak_after_bytes": dict(self.peaks)},
             notes=notes, chunks=plan.chunks, outside_chunks=plan.outside,
-            applied=list(self.facts.applied))
+            applied=list(self.facts.applied), part=part)
 
     # -- pieces ------------------------------------------------------------------------
 
@@ -578,8 +643,7 @@ class Audit:
         parameter outside the blocks: the output projection or the embedding), at least
         float32 (the loss casts them), about four times over (logits, their log-softmax,
         and both gradients); the eager replay's where ``reference`` is None."""
-        inside = {id(p) for r in (self.recorder.records.values() if self.recorder else [])
-                  for p in r.module.parameters()}
+        inside = {id(p) for m in self.block_modules for p in m.parameters()}
         vocab = max((int(p.shape[0]) for p in params if id(p) not in inside
                      and p.dim() == 2), default=0)
         first = next(iter(self.recorder.records.values())) if self.recorder else None

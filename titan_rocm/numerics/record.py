@@ -92,9 +92,13 @@ class Recorder:
     def __init__(self) -> None:
         self.records: dict[str, BlockRecord] = {}
         """Key -> record, in call (forward) order."""
+        self.keys: set[str] | None = None
+        """The blocks recorded (None: every one); the others run as they would."""
 
     def around(self, key: str, module: nn.Module, args: tuple[Any, ...],
                kwargs: dict[str, Any], proceed: Call) -> Any:
+        if self.keys is not None and key not in self.keys:
+            return proceed(args, kwargs)
         if key in self.records:
             raise RecordError(f"block {key} ran twice in one forward: the audit replays each "
                               "block once (a model that reuses a block is not audited)")

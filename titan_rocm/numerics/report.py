@@ -40,6 +40,13 @@ def format_report(result: dict[str, Any], top: int = 10, step: int | None = None
         f"tokens, {result['world_size']} rank(s); job {result['job_dtype']}, reference "
         f"{result['reference']}; block by block, teacher-forced)",
     ]
+    part = result.get("part")
+    if part:
+        what = [f"block{'s' if len(part['blocks']) > 1 else ''} "
+                f"{', '.join(part['blocks'])}"] if part["blocks"] else []
+        what += ["the embedding, the head and the end-to-end loss"] if part["outside"] else []
+        lines.append(f"  part {part['part']} of {part['of']} (numerics_audit_spread): "
+                     f"{' and '.join(what)}")
     first = result.get("first_wrong") or {}
     tensors = result["tensors"]
     for direction in ("forward", "backward"):
@@ -51,10 +58,12 @@ def format_report(result: dict[str, Any], top: int = 10, step: int | None = None
                     default=None)
         why = f": {worst['name']}: {worst['reason']}" if worst else ""
         lines.append(f"  first wrong in the {direction}: {label(seg)}{why}")
-    lines.append(
-        f"  end-to-end loss: job {_num(loss['job'])}, eager {_num(loss['eager'])}, reference "
-        f"{_num(loss['reference'])}; relative error job {_num(loss['err_job'])}, eager "
-        f"{_num(loss['err_eager'])}" + ("  FLAGGED" if loss["flagged"] else ""))
+    if loss is not None:
+        lines.append(
+            f"  end-to-end loss: job {_num(loss['job'])}, eager {_num(loss['eager'])}, "
+            f"reference {_num(loss['reference'])}; relative error job "
+            f"{_num(loss['err_job'])}, eager {_num(loss['err_eager'])}"
+            + ("  FLAGGED" if loss["flagged"] else ""))
     lines.append(
         f"  threshold: error > {s['fudge']:g} x eager error + {s['floor_eps']:g} float32 eps, "
         f"or > {s['outlier_max']:.2%} of elements beyond {s['outlier_k']:g} x the eager "

@@ -404,7 +404,7 @@ def _cli(*args: str, env: dict[str, str] | None = None, nproc: int = 1, timeout:
 CONTRACT = {"schema", "command", "verdict", "exit_code", "error", "world_size", "tokens",
             "job_dtype", "reference", "settings", "first_wrong", "loss", "segments",
             "tensors", "workarounds_applied", "time_s", "peak_memory_bytes", "memory",
-            "chunks", "outside_chunks", "notes"}
+            "chunks", "outside_chunks", "notes", "part"}
 TENSOR_KEYS = {"name", "segment", "kind", "direction", "numel", "err_job", "err_eager",
                "ratio", "score", "outlier_fraction", "max_abs", "flagged", "reason"}
 COMPILED = ("--model.converters", "rocm", "--compile.enable", "--activation_checkpoint.mode",
@@ -425,6 +425,7 @@ def test_cli_clean_json_contract_and_plot(tests_on_path: None, tmp_path: Path) -
     assert set(out) == CONTRACT and out["verdict"] == "ok" and out["exit_code"] == 0
     assert out["schema"] == 2 and out["first_wrong"] == {"forward": None, "backward": None}
     assert out["tokens"] == 32  # whole rows of 32 while they fit
+    assert out["part"] is None  # the command line audits everything at once
     assert all(set(t) == TENSOR_KEYS for t in out["tensors"])
     assert {"job", "eager", "reference", "err_job", "err_eager", "flagged"} <= set(out["loss"])
     assert picture.stat().st_size > 1000
@@ -653,16 +654,19 @@ def _audit_of(trainer: Any) -> Any:
 
 
 @pytest.mark.slow
-def test_in_training_audit_leaves_the_trajectory_bit_identical(audit_env: Any,
-                                                               monkeypatch: Any) -> None:
-    """deepseek_v3 (MoE: token counts feed the expert-bias update) trained 4 steps with the
-    audit at steps 1, 2 and 4 (the steps' own forward and backward recorded, no extra job
-    pass) and without: every logged loss and grad norm and every final parameter bit for bit
-    the same."""
+def test_in_training_audit_leaves_the_trajectory_bit_identical(
+        audit_env: Any, monkeypatch: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """deepseek_v3 (MoE: token counts feed the expert-bias update) trained 4 steps with an
+    audit due every 2 steps and without: every logged loss and grad norm and every final
+    parameter bit for bit the same. Each audit is spread over steps (the default
+    ``numerics_audit_spread``, two blocks: block 0, block 1, then the rest), so the one begun
+    at step 1 runs at steps 1 to 3 (the one due at step 2 is not started, said in the log) and
+    the next begins at 4."""
     from titan_rocm.workarounds.numerics_audit import seams_tt022
 
     plain, plain_params, _ = _train(audit_env, monkeypatch, ["--rocm.numerics_audit", "off"])
     seams_tt022.uninstall()
+    caplog.set_level(logging.INFO, logger="titan_rocm")
     audited, audited_params, trainer = _train(audit_env, monkeypatch, [
         "--rocm.numerics_audit", "every_n_steps", "--rocm.numerics_audit_every", "2"])
     assert [s for s, _, _ in plain] == [1, 2, 3, 4]
@@ -670,9 +674,64 @@ def test_in_training_audit_leaves_the_trajectory_bit_identical(audit_env: Any,
     for a, b in zip(audited_params, plain_params, strict=True):
         assert torch.equal(a, b)
     audit = _audit_of(trainer)
-    assert [r["step"] for r in audit.results] == [1, 2, 4]
+    assert [r["step"] for r in audit.results] == [1, 2, 3, 4]
+    assert [(r["part"]["part"], r["part"]["of"], r["part"]["blocks"], r["part"]["outside"])
+            for r in audit.results] == [(1, 3, ["0"], False), (2, 3, ["1"], False),
+                                        (3, 3, [], True), (1, 3, ["0"], False)]
+    assert [{s["segment"] for s in r["segments"]} for r in audit.results[:3]] == [
+        {"0"}, {"1"}, {"embedding", "head"}]
+    assert [r["loss"] is not None for r in audit.results] == [False, False, True, False]
     assert all(r["verdict"] == "ok" for r in audit.results)
     assert all("job" in r["time_s"] for r in audit.results)
+    assert ("titan-rocm: the numerics audit due at step 2 is not started: the one begun at "
+            "step 1 has 2 part(s) to run (numerics_audit_spread 4)") in caplog.messages
+
+
+def test_a_spread_audit_deals_the_blocks_then_the_rest() -> None:
+    """``numerics_audit_spread``: block i into part i mod n over all but the last step (a
+    dense-then-MoE model costs about the same each step), the rest last; never more parts
+    than blocks and one; one step is the whole audit."""
+    from titan_rocm.numerics.audit import Part, spread
+
+    keys = [str(i) for i in range(5)]
+    assert spread(keys, 4) == [Part(1, 4, ("0", "3"), False), Part(2, 4, ("1", "4"), False),
+                               Part(3, 4, ("2",), False), Part(4, 4, (), True)]
+    assert spread(keys, 1) == [Part(1, 1, tuple(keys), True)]
+    assert [p.blocks for p in spread(keys[:2], 9)] == [("0",), ("1",), ()]
+    assert spread(keys, 2) == [Part(1, 2, tuple(keys), False), Part(2, 2, (), True)]
+
+
+def test_the_end_of_a_spread_audit_is_one_line_no_tool_takes_for_a_verdict() -> None:
+    from titan_rocm import audit_message
+
+    ok = audit_message.complete_line(5, [(5, "ok"), (6, "ok"), (7, "ok")])
+    bad = audit_message.complete_line(1, [(1, "ok"), (2, "flagged"), (3, "skipped")])
+    assert ok == "titan-rocm numerics audit begun at step 5 ended at step 7: 3 parts, every one ok"
+    assert bad == ("titan-rocm numerics audit begun at step 1 ended at step 3: 3 parts, "
+                   "flagged at step(s) 2; skipped at step(s) 3")
+    assert not audit_message.VERDICT.search(ok) and not audit_message.VERDICT.search(bad)
+
+
+@pytest.mark.slow
+def test_a_spread_audit_names_the_faulty_block_at_the_step_that_replays_it(
+        audit_env: Any, monkeypatch: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """``first_step`` spread over the default steps, 1 % of block 1's compiled backward
+    corrupted: step 1 (block 0) is ok, step 2 (block 1) flagged there, in the backward, step 3
+    (the rest: teacher-forced from the job's gradients) ok; then one line for the whole."""
+    caplog.set_level(logging.INFO, logger="titan_rocm")
+    _, _, trainer = _train(audit_env, monkeypatch, ["--rocm.numerics_audit", "first_step"],
+                           fault="block=1,graph=backward,fraction=0.01")
+    results = _audit_of(trainer).results
+    assert [(r["step"], r["verdict"]) for r in results] == [(1, "ok"), (2, "flagged"),
+                                                            (3, "ok")]
+    assert results[1]["first_wrong"] == {"forward": None, "backward": "1"}
+    lines = [m for m in caplog.messages if m.startswith("titan-rocm numerics audit")]
+    assert [m.splitlines()[0].split(" (")[0] for m in lines] == [
+        "titan-rocm numerics audit at step 1: OK", "titan-rocm numerics audit at step 2: FLAGGED",
+        "titan-rocm numerics audit at step 3: OK",
+        "titan-rocm numerics audit begun at step 1 ended at step 3: 3 parts, flagged at "
+        "step(s) 2"]
+    assert "  part 2 of 3 (numerics_audit_spread): block 1" in lines[1].splitlines()
 
 
 @pytest.mark.slow
@@ -710,7 +769,8 @@ def test_an_audit_that_cannot_run_is_one_warning_and_training_goes_on(
     monkeypatch.setattr(audit.Audit, "_plan", no_room)
     caplog.set_level(logging.WARNING, logger="titan_rocm")
     audited, _, trainer = _train(audit_env, monkeypatch, [
-        "--rocm.numerics_audit", "every_n_steps", "--rocm.numerics_audit_every", "2"])
+        "--rocm.numerics_audit", "every_n_steps", "--rocm.numerics_audit_every", "2",
+        "--rocm.numerics_audit_spread", "1"])
     assert audited == plain
     skipped = [m for m in caplog.messages if "numerics audit at step" in m]
     assert skipped == [f"titan-rocm numerics audit at step {s} skipped: the replays would "

@@ -3,7 +3,11 @@
 On an audited step, the step's first micro-batch's own forward and backward are the job pass:
 they run with the block boundaries recorded (:class:`~titan_rocm.numerics.audit.Audit`), and
 as soon as that micro-batch's backward has returned (before later micro-batches, gradient
-clipping and the optimizer step) each block is replayed and compared. The step's gradients
+clipping and the optimizer step) the blocks are replayed and compared. One audit is spread
+over ``numerics_audit_spread`` consecutive steps (:func:`~titan_rocm.numerics.audit.spread`):
+each step replays its share of the blocks, the last the parts outside them and the
+end-to-end loss, so no step stalls for the whole audit; an audit falling due while one is
+under way is not started (the one under way covers those steps). The step's gradients
 are the job's own tensors and are given back; every RNG stream and every buffer's value
 (MoE token counts feeding the expert-bias update) are put back; the dataloader is not read
 and the step counter is not touched, so the trajectory is what it would have been without it.
@@ -28,7 +32,7 @@ import torch.nn as nn
 
 from titan_rocm import audit_message
 from titan_rocm.log import log
-from titan_rocm.numerics.audit import Audit, AuditError, StepKit, out_of_memory
+from titan_rocm.numerics.audit import Audit, AuditError, Part, StepKit, out_of_memory, spread
 from titan_rocm.numerics.report import format_report
 from titan_rocm.numerics.stats import AuditSettings
 from titan_rocm.workarounds.base import TrainerSeam, Workaround
@@ -64,6 +68,12 @@ class NumericsAudit(Workaround):
         self.first_step: int | None = None
         self.last_step: int | None = None
         self.auditing = False
+        self.pending: list[Part] = []
+        """The parts of the audit under way still to run, one per step."""
+        self.begun: int | None = None
+        """The step the audit under way began at."""
+        self.outcomes: list[tuple[int, str]] = []
+        """(step, verdict or ``skipped``) of each part of the audit under way that ran."""
         self.results: list[dict[str, Any]] = []
         """Every audit's ``to_dict`` (tests, and anyone holding the converter)."""
 
@@ -81,9 +91,13 @@ class NumericsAudit(Workaround):
 
     def plan(self, model: nn.Module) -> dict[str, Any]:
         s = self.ctx.settings
-        when = ("before the first optimizer step" if s.numerics_audit == "first_step" else
-                f"before the first optimizer step and every {s.numerics_audit_every} steps")
-        return {"when": when, "policy": s.numerics_audit_policy,
+        when = ("from the first step" if s.numerics_audit == "first_step" else
+                f"from the first step and every {s.numerics_audit_every} steps")
+        over = ("each audit in one step" if s.numerics_audit_spread == 1 else
+                f"each audit spread over up to {s.numerics_audit_spread} steps (its blocks "
+                "dealt over all but the last, which compares the embedding, the head and "
+                "the end-to-end loss)")
+        return {"when": f"{when}, {over}", "policy": s.numerics_audit_policy,
                 "reference": s.numerics_audit_reference}
 
     def attach(self, trainer: Any) -> None:
@@ -102,10 +116,18 @@ class NumericsAudit(Workaround):
     def forward_backward(self, step: int, run: Callable[[], Any], input_dict: Any,
                          labels: Any, denominator: Any) -> Any:
         """One ``forward_backward_step`` of step ``step`` (``run`` runs it): audited when it
-        is the step's first micro-batch and the step is due."""
+        is the step's first micro-batch and the step is due or an audit under way has parts
+        to run."""
         first = step != self.last_step
         self.last_step = step
-        if self.auditing or self.trainer is None or not first or not self.due(step):
+        if self.auditing or self.trainer is None or not first:
+            return run()
+        due = self.due(step)
+        if due and self.pending:
+            log.info("titan-rocm: the numerics audit due at step %d is not started: the one "
+                     "begun at step %s has %d part(s) to run (numerics_audit_spread %d)", step,
+                     self.begun, len(self.pending), self.ctx.settings.numerics_audit_spread)
+        if not due and not self.pending:
             return run()
         self.auditing = True
         try:
@@ -124,8 +146,13 @@ class NumericsAudit(Workaround):
         try:
             audit.prepare()
         except AuditError as exc:
+            self.pending = []
             log.warning("%s", audit_message.skipped_line(step, str(exc)))
             return run()
+        if not self.pending:
+            self.pending = spread(audit.block_keys, settings.numerics_audit_spread)
+            self.begun, self.outcomes = step, []
+        audit.select(self.pending.pop(0))
         with audit.recording():
             loss = run()
         try:
@@ -137,17 +164,27 @@ class NumericsAudit(Workaround):
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
             log.warning("%s", audit_message.skipped_line(step, reason))
+            self._ended(step, "skipped")
             return loss
         result["step"] = step
         self.results.append(result)
         text = format_report(result, step=step)
         if result["verdict"] == "ok":
             log.info("%s", text)
+            self._ended(step, "ok")
             return loss
         log.warning("%s", text)
+        self._ended(step, "flagged")
         if settings.numerics_audit_policy == "stop":
             raise NumericsAuditFlagged(audit_message.stopped_line(step, _where(result)))
         return loss
+
+    def _ended(self, step: int, outcome: str) -> None:
+        """One part ended; after the last part of a spread audit, one line for the whole."""
+        self.outcomes.append((step, outcome))
+        if self.pending or len(self.outcomes) < 2 or self.begun is None:
+            return
+        log.info("%s", audit_message.complete_line(self.begun, self.outcomes))
 
 
 def _where(result: dict[str, Any]) -> str:
