@@ -5,10 +5,13 @@ One worker process per model (TorchTitan 0.2.2's own ``Trainer``, titan-rocm's c
 with the workarounds forced on (``harness.ROCM_ON``), seed 42, the whole 8 x 2048
 micro-batch), on one GPU:
 
-1. **Training**, 6 steps with ``[rocm] numerics_audit = "every_n_steps"`` every 4 steps: the
-   in-training audit runs in steps 1 (with the first compile) and 4; steps 2, 3, 5 and 6 are
-   the training step it is measured against (each step's time and peak memory taken around
-   ``train_step``).
+1. **Training**, 11 steps with ``[rocm] numerics_audit = "every_n_steps"`` every 6 steps and
+   the default ``numerics_audit_spread`` (``--spread N`` sets it): the in-training audits run
+   from step 1 (with the first compile) and from step 6, one part per step; the steps no
+   audit touched after the first (5, 10 and 11 with a spread of 4) are the training step
+   the second audit's steps are measured against (each step's time and peak memory taken
+   around ``train_step``). Runs stored before the spread (no ``schedule`` in the worker's
+   JSON) trained 6 steps, audited whole at steps 1 and 4.
 2. **The matrix** (``titan_rocm/testing/audit_matrix.py``) on the same trainer, as
    ``titan-rocm audit`` runs it: ``--seeds`` clean audits (new weights and batch each), then
    0.5 %, 1 % and 3 % of the first ``mul`` of the forward and of the backward in the first,
@@ -18,6 +21,7 @@ micro-batch), on one GPU:
    (float64, float32, tf32): the eager errors each measures and what each costs.
 
     python -m benchmarks.audit_matrix --out DIR [--only llama3_1b,...] [--seeds 5] [--cost]
+                                      [--spread N]
     python -m benchmarks.audit_matrix --reanalyse DIR        # every figure again, on a CPU
     python -m benchmarks.audit_matrix --list
 
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import statistics
 import sys
 import time
@@ -43,9 +48,12 @@ from benchmarks import harness
 from benchmarks.harness import ROCM_ON, quantile
 
 BUDGET_S = 540.0
-TRAIN_STEPS = 6
-AUDIT_EVERY = 4
-"""The in-training audit runs at steps 1 and 4; 2, 3, 5 and 6 are plain steps."""
+TRAIN_STEPS = 11
+AUDIT_EVERY = 6
+"""The in-training audits begin at steps 1 and 6; the steps neither touched after the first
+are plain steps."""
+BEFORE_SPREAD = {"steps": 6, "every": 4, "spread": 1}
+"""The schedule of runs stored before ``numerics_audit_spread``."""
 REFERENCES = ("float64", "float32", "tf32")
 
 
@@ -71,14 +79,15 @@ MODELS: dict[str, Model] = {
 DEFAULT = ("llama3_1b", "qwen3_1.7b", "deepseek_v3_4b")
 
 
-def job_flags(model: Model) -> list[str]:
+def job_flags(model: Model, spread: int | None = None) -> list[str]:
     """The job's flags: the model, titan-rocm forced on, the in-training audit's schedule."""
     return ["--job.config_file", model.config, *model.flags, *ROCM_ON,
             "--rocm.moe_eager_scope", model.scope, "--debug.seed", "42",
             "--training.steps", str(TRAIN_STEPS), "--metrics.log_freq", "1",
             "--checkpoint.no-enable", "--rocm.numerics_audit", "every_n_steps",
             "--rocm.numerics_audit_every", str(AUDIT_EVERY),
-            "--experimental.custom_import", "benchmarks.bench_flavors_rocm"]
+            "--experimental.custom_import", "benchmarks.bench_flavors_rocm",
+            *(["--rocm.numerics_audit_spread", str(spread)] if spread else [])]
 
 
 # -- the worker (one model, in this process) ------------------------------------------------
@@ -93,7 +102,8 @@ def _trim(result: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = False) -> int:
+def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = False,
+           spread: int | None = None) -> int:
     """Train, run the matrix and the references on one model (only the clean audits with
     ``cost_only``); write ``out_file`` (JSON)."""
     import torch
@@ -121,7 +131,8 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
             "deepseek_v3" if "deepseek" in name else "llama3"],
                  "--rocm.numerics_audit", "every_n_steps", "--rocm.numerics_audit_every",
                  str(AUDIT_EVERY), "--training.steps", str(TRAIN_STEPS),
-                 "--metrics.log_freq", "1", "--rocm.moe_eager_scope", model.scope]
+                 "--metrics.log_freq", "1", "--rocm.moe_eager_scope", model.scope,
+                 *(["--rocm.numerics_audit_spread", str(spread)] if spread else [])]
         jc = cpu_trainer.job_config(flags)
     else:
         from torchtitan.config import ConfigManager
@@ -129,7 +140,7 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
 
         import benchmarks.bench_flavors_rocm  # noqa: F401 - the bench_* flavors
 
-        jc = ConfigManager().parse_args(job_flags(model))
+        jc = ConfigManager().parse_args(job_flags(model, spread))
     trainer = cls(jc)
     device = torch.device(getattr(trainer, "device", "cpu"))
     cuda = device.type == "cuda"
@@ -205,6 +216,8 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
             references[choice] = {"error": f"{type(exc).__name__}: {exc}"}
     trainer.close()
     out = {"model": name, "cpu": cpu, "steps": steps, "train_s": train_s,
+           "schedule": {"steps": TRAIN_STEPS, "every": AUDIT_EVERY,
+                        "spread": settings.numerics_audit_spread},
            "in_training": in_training, "references": references,
            "matrix": [{**o.to_dict(), "result": _trim(o.result)} for o in outcomes]}
     out_file.write_text(json.dumps(out, default=str))
@@ -242,25 +255,47 @@ def distributions(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def cost(worker_out: dict[str, Any]) -> dict[str, Any]:
-    """The training step (steps 2, 3, 5, 6: median time, max peak), the in-training audit's
-    step (4) against it, and the command-line audits' time and peak against it."""
+    """The training step (the steps after the first no audit touched: median time, max
+    peak), the second in-training audit's steps against it (the most any one of them added,
+    in steps, and with a spread the sum), and the command-line audits' time and peak against
+    it."""
+    schedule = worker_out.get("schedule") or BEFORE_SPREAD
     steps = {s["step"]: s for s in worker_out.get("steps") or []}
-    plain = [steps[s] for s in (2, 3, 5, 6) if s in steps]
+    in_training = worker_out.get("in_training") or []
+    touched = {r.get("step") for r in in_training}
+    if schedule == BEFORE_SPREAD:  # whole audits at 1 and 4 (a skipped one still costs)
+        touched |= {1, schedule["every"]}
+    plain = [steps[s] for s in sorted(steps) if s > 1 and s not in touched]
     if not plain:
         return {}
     step_s = statistics.median(s["seconds"] for s in plain)
     peaks = [s["peak_bytes"] for s in plain if s.get("peak_bytes")]
     step_peak = max(peaks) if peaks else None
     out: dict[str, Any] = {"step_s": step_s, "step_peak_gib": step_peak and step_peak / 2**30}
-    audited = steps.get(AUDIT_EVERY)
-    later = (worker_out.get("in_training") or [])[1:]
-    if later:  # the audit at step 4 (the first compiles): where its time and memory went
-        out["in_training_time_s"] = later[0].get("time_s")
+    # The second audit (the first compiles): its parts' steps, where its time and memory went.
+    later = [r for r in in_training if (r.get("step") or 0) >= schedule["every"]]
+    later = later[:next((i for i, r in enumerate(later) if i and (r.get("part") or {}).get(
+        "part") == 1), len(later))]
+    audited = [steps[s] for s in sorted({r["step"] for r in later}) if s in steps] or (
+        [steps[schedule["every"]]] if schedule["every"] in steps else [])
+    if later:
+        times: dict[str, float] = {}
+        for r in later:
+            for k, v in (r.get("time_s") or {}).items():
+                times[k] = times.get(k, 0.0) + v
+        out["in_training_time_s"] = times
         out["in_training_memory"] = later[0].get("memory")
     if audited:
-        out["in_training_extra_steps"] = (audited["seconds"] - step_s) / step_s
-        if step_peak and audited.get("peak_bytes"):
-            out["in_training_peak_ratio"] = audited["peak_bytes"] / step_peak
+        extras = [(a["seconds"] - step_s) / step_s for a in audited]
+        out["in_training_extra_steps"] = max(extras)
+        if len(audited) > 1:
+            out["in_training_parts"] = len(audited)
+            out["in_training_extra_steps_each"] = extras
+            # fsum: the same last bit on every Python (3.12's sum compensates, 3.11's not).
+            out["in_training_extra_steps_total"] = math.fsum(extras)
+        audit_peaks = [a["peak_bytes"] for a in audited if a.get("peak_bytes")]
+        if step_peak and audit_peaks:
+            out["in_training_peak_ratio"] = max(audit_peaks) / step_peak
     clean = [m["result"] for m in worker_out.get("matrix") or [] if m["spec"] is None]
     if clean:
         totals = [r["time_s"]["total"] for r in clean[1:] or clean]  # the first compiles
@@ -326,12 +361,12 @@ def figures(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def launch(name: str, logs: Path, seeds: int, cpu: bool, timeout: float,
-           cost_only: bool = False) -> dict[str, Any]:
+           cost_only: bool = False, spread: int | None = None) -> dict[str, Any]:
     """One worker process, fresh caches; its log and JSON go under ``logs``."""
     result = logs / f"{name}.json"
     cmd = [sys.executable, "-m", "benchmarks.audit_matrix", "--worker", name, "--result",
            str(result), "--seeds", str(seeds), *(["--cpu"] if cpu else []),
-           *(["--cost"] if cost_only else [])]
+           *(["--cost"] if cost_only else []), *(["--spread", str(spread)] if spread else [])]
     env = harness.child_env(harness.fresh_dir(f"audit-{name}"))
     code, wall = harness.run_logged(cmd, logs / f"{name}.log", env, timeout)
     return {"name": name, "exit": code, "wall_s": round(wall, 1)}
@@ -364,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cost", action="store_true",
                         help="only the in-training audit and the clean audits (no faults, "
                         "no references)")
+    parser.add_argument("--spread", type=int, default=None,
+                        help="the training's numerics_audit_spread (default: the setting's)")
     parser.add_argument("--cpu", action="store_true",
                         help="the CPU test trainer instead of TorchTitan's (code path only)")
     harness.add_budget(parser, None,
@@ -372,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.worker, args.result, args.seeds, args.cpu, args.cost)
+        return worker(args.worker, args.result, args.seeds, args.cpu, args.cost, args.spread)
     if args.reanalyse:
         return harness.print_reanalysis(parser, reanalyse, args.reanalyse)
     names = args.only.split(",") if args.only else list(DEFAULT)
@@ -393,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         timeout = MODELS[name].timeout * (10 if args.cpu else 1)  # a CPU compiles slowly
         run = call.record(name, launch(name, call.logs, args.seeds, args.cpu,
-                                       min(call.left_s(), timeout), args.cost))["runs"][name]
+                                       min(call.left_s(), timeout), args.cost,
+                                       args.spread))["runs"][name]
         print(f"[{name}] exit={run['exit']} wall={run['wall_s']}s", flush=True)
     print(json.dumps(figures(read_workers(call.logs, call.results)), indent=2, default=str))
     return 0

@@ -31,7 +31,8 @@ def _reanalysed(directory: Path) -> dict:
 def test_the_stored_runs_are_there() -> None:
     names = {p.name for p in STORED}
     assert {"audit-matrix-a", "audit-matrix-b", "audit-matrix-c", "audit-matrix-d",
-            "audit-matrix-e", "audit-matrix-cost-head-whole"} <= names
+            "audit-matrix-e", "audit-matrix-cost-head-whole", "audit-matrix-f",
+            "audit-matrix-cost-spread4", "audit-matrix-cost-spread1"} <= names
 
 
 @pytest.mark.parametrize("directory", STORED, ids=lambda p: p.name)
@@ -68,3 +69,22 @@ def test_bad_input_is_one_sentence() -> None:
     assert "--only llama9_x: accepted: " in done.stderr and "Traceback" not in done.stderr
     missing = _run("--reanalyse", str(ROOT / "benchmarks" / "no-such-run"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
+
+
+def test_the_cost_figures_the_docs_quote() -> None:
+    """The time and memory table of docs/numerics-audit.md: spread over four steps, no
+    audited step adds more than three steps' time, and no audit needs more than 1.25 x a
+    step's memory; the whole audit in one step adds more than three."""
+    h200 = ROOT / "benchmarks" / "results" / "2026-12-02-h200"
+    spread = _reanalysed(h200 / "audit-matrix-cost-spread4")["figures"]
+    whole = _reanalysed(h200 / "audit-matrix-cost-spread1")["figures"]
+    quoted = {"llama3_1b": (1.9, 6.1, 5.8), "qwen3_1.7b": (2.3, 8.6, 7.9),
+              "deepseek_v3_4b": (1.5, 5.0, 4.7)}
+    for model, (most, together, one_step) in quoted.items():
+        c, w = spread[model]["cost"], whole[model]["cost"]
+        assert c["in_training_parts"] == 4 and len(c["in_training_extra_steps_each"]) == 4
+        assert round(c["in_training_extra_steps"], 1) == most <= 3
+        assert round(c["in_training_extra_steps_total"], 1) == together
+        assert round(w["in_training_extra_steps"], 1) == one_step > 3
+        assert max(c["in_training_peak_ratio"], c["cli_audit_peak_ratio"]) <= 1.25
+        assert spread[model]["in_training_verdicts"] == ["ok"] * 8
