@@ -336,7 +336,8 @@ class ParsedLog:
     finite or not; the one source of the steps and ranks trained."""
     train_formats: set[str] = field(default_factory=set)
     audits_ok: int = 0
-    """In-training numerics audits whose verdict line says OK."""
+    """In-training numerics audit verdict lines that say OK (one per audited step: an audit
+    spread over steps has one per part)."""
     audits_flagged: list[AuditMark] = field(default_factory=list)
     """In-training numerics audits that flagged (one per step), in log order."""
 

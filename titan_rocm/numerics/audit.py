@@ -548,8 +548,10 @@ class Audit:
         tokens = int(_all_reduce_sum([float(labels.numel())], self.device)[0])
         peak = (torch.cuda.max_memory_allocated(self.device)
                 if self.device.type == "cuda" else None)
-        log.info("numerics audit: %d blocks%s, %d tokens, reference %s, %.1f s",
-                 len(replayed), "" if outside else " (no parts outside them)", tokens,
+        what = f"{len(replayed)} blocks" if part is None else (
+            f"part {part.index} of {part.count}: " + (
+                f"{len(replayed)} block(s)" if part.blocks else "the parts outside the blocks"))
+        log.info("numerics audit: %s, %d tokens, reference %s, %.1f s", what, tokens,
                  reference.name, self.times["total"])
         return AuditResult(
             world_size=_world(), tokens=tokens, job_dtype=str(compute).removeprefix("torch."),
