@@ -20,8 +20,13 @@ micro-batch), on one GPU:
 3. **The references**: one clean batch audited with each ``numerics_audit_reference``
    (float64, float32, tf32): the eager errors each measures and what each costs.
 
+``--train-fault SPEC`` (``TITAN_ROCM_DEBUG_CORRUPT``'s syntax) switches the test fault on for
+the training steps from the second audit on: that audit's parts, one per step, must flag the
+fault at the part that replays its block, naming the block and the direction, and no other
+block (the figure ``in_training_detection``).
+
     python -m benchmarks.audit_matrix --out DIR [--only llama3_1b,...] [--seeds 5] [--cost]
-                                      [--spread N]
+                                      [--spread N] [--train-fault SPEC]
     python -m benchmarks.audit_matrix --reanalyse DIR        # every figure again, on a CPU
     python -m benchmarks.audit_matrix --list
 
@@ -103,7 +108,7 @@ def _trim(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = False,
-           spread: int | None = None) -> int:
+           spread: int | None = None, train_fault: str | None = None) -> int:
     """Train, run the matrix and the references on one model (only the clean audits with
     ``cost_only``); write ``out_file`` (JSON)."""
     import torch
@@ -118,9 +123,10 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
     from titan_rocm.adapters.tt022.audit import audit_built
     from titan_rocm.adapters.tt022.config import settings_from
     from titan_rocm.adapters.tt022.converters.converter import JOB_ATTR
-    from titan_rocm.testing import audit_matrix
+    from titan_rocm.testing import audit_matrix, corrupt
 
     model = MODELS[name]
+    fault = corrupt.parse(train_fault) if train_fault else None
     if cpu:
         from tests.support import audit_trainer, cpu_trainer
 
@@ -161,6 +167,8 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
         monitor.reset_peak_stats = keep_then_reset
 
     def timed(*args: Any, **kwargs: Any) -> Any:
+        if fault is not None and int(trainer.step) == AUDIT_EVERY:
+            corrupt.switch(fault)  # from the second audit on (``train`` counts the step first)
         if cuda:
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
@@ -178,6 +186,7 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
     t0 = time.perf_counter()
     trainer.train()
     train_s = time.perf_counter() - t0
+    corrupt.switch(None)
     job = trainer.model_parts[0].__dict__.get(JOB_ATTR)
     audit = job.instances.get("numerics_audit") if job is not None else None
     in_training = [_trim(r) for r in (audit.results if audit is not None else [])]
@@ -218,6 +227,7 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
     out = {"model": name, "cpu": cpu, "steps": steps, "train_s": train_s,
            "schedule": {"steps": TRAIN_STEPS, "every": AUDIT_EVERY,
                         "spread": settings.numerics_audit_spread},
+           **({"train_fault": fault.to_dict()} if fault is not None else {}),
            "in_training": in_training, "references": references,
            "matrix": [{**o.to_dict(), "result": _trim(o.result)} for o in outcomes]}
     out_file.write_text(json.dumps(out, default=str))
@@ -273,9 +283,7 @@ def cost(worker_out: dict[str, Any]) -> dict[str, Any]:
     step_peak = max(peaks) if peaks else None
     out: dict[str, Any] = {"step_s": step_s, "step_peak_gib": step_peak and step_peak / 2**30}
     # The second audit (the first compiles): its parts' steps, where its time and memory went.
-    later = [r for r in in_training if (r.get("step") or 0) >= schedule["every"]]
-    later = later[:next((i for i, r in enumerate(later) if i and (r.get("part") or {}).get(
-        "part") == 1), len(later))]
+    later = second_audit(worker_out)
     audited = [steps[s] for s in sorted({r["step"] for r in later}) if s in steps] or (
         [steps[schedule["every"]]] if schedule["every"] in steps else [])
     if later:
@@ -307,6 +315,33 @@ def cost(worker_out: dict[str, Any]) -> dict[str, Any]:
         out["chunks"] = sorted({r.get("chunks") for r in clean})
         out["cli_memory"] = clean[-1].get("memory")
     return out
+
+
+def second_audit(worker_out: dict[str, Any]) -> list[dict[str, Any]]:
+    """The in-training audit begun at the second due step: its parts, in step order."""
+    every = (worker_out.get("schedule") or BEFORE_SPREAD)["every"]
+    later = [r for r in worker_out.get("in_training") or [] if (r.get("step") or 0) >= every]
+    return later[:next((i for i, r in enumerate(later) if i and (r.get("part") or {}).get(
+        "part") == 1), len(later))]
+
+
+def in_training_detection(worker_out: dict[str, Any]) -> dict[str, Any]:
+    """With ``--train-fault``: each part of the second audit (step, blocks, verdict, first
+    wrong), and whether it is right: the part that replays the fault's block flags it there
+    in its direction (a backward fault with the forward clean), and no part names another
+    block (the end-to-end loss a forward fault moves names none)."""
+    spec = worker_out["train_fault"]
+    key, graph = str(spec["block"]), spec["graph"]
+    parts = [{"step": r.get("step"), "blocks": (r.get("part") or {}).get("blocks"),
+              "verdict": r.get("verdict"), "first_wrong": r.get("first_wrong") or {}}
+             for r in second_audit(worker_out)]
+    mine = [p for p in parts if p["blocks"] is None or key in p["blocks"]]
+    named = bool(mine) and all(
+        p["verdict"] == "flagged" and p["first_wrong"].get(graph) == key
+        and (graph == "forward" or p["first_wrong"].get("forward") is None) for p in mine)
+    elsewhere = [b for p in parts for b in p["first_wrong"].values()
+                 if b is not None and b != key]
+    return {"spec": spec, "parts": parts, "right": named and not elsewhere}
 
 
 def detection(worker_out: dict[str, Any]) -> dict[str, Any]:
@@ -354,6 +389,8 @@ def figures(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
                      "cost": cost(w), "references": reference_figures(w),
                      "in_training_verdicts": [r.get("verdict") for r in w.get("in_training")
                                               or []]}
+        if w.get("train_fault"):
+            out[name]["in_training_detection"] = in_training_detection(w)
     return out
 
 
@@ -361,12 +398,14 @@ def figures(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def launch(name: str, logs: Path, seeds: int, cpu: bool, timeout: float,
-           cost_only: bool = False, spread: int | None = None) -> dict[str, Any]:
+           cost_only: bool = False, spread: int | None = None,
+           train_fault: str | None = None) -> dict[str, Any]:
     """One worker process, fresh caches; its log and JSON go under ``logs``."""
     result = logs / f"{name}.json"
     cmd = [sys.executable, "-m", "benchmarks.audit_matrix", "--worker", name, "--result",
            str(result), "--seeds", str(seeds), *(["--cpu"] if cpu else []),
-           *(["--cost"] if cost_only else []), *(["--spread", str(spread)] if spread else [])]
+           *(["--cost"] if cost_only else []), *(["--spread", str(spread)] if spread else []),
+           *(["--train-fault", train_fault] if train_fault else [])]
     env = harness.child_env(harness.fresh_dir(f"audit-{name}"))
     code, wall = harness.run_logged(cmd, logs / f"{name}.log", env, timeout)
     return {"name": name, "exit": code, "wall_s": round(wall, 1)}
@@ -401,6 +440,9 @@ def main(argv: list[str] | None = None) -> int:
                         "no references)")
     parser.add_argument("--spread", type=int, default=None,
                         help="the training's numerics_audit_spread (default: the setting's)")
+    parser.add_argument("--train-fault", metavar="SPEC",
+                        help="the test fault (TITAN_ROCM_DEBUG_CORRUPT's syntax) on from the "
+                        "second in-training audit's first step")
     parser.add_argument("--cpu", action="store_true",
                         help="the CPU test trainer instead of TorchTitan's (code path only)")
     harness.add_budget(parser, None,
@@ -409,13 +451,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.worker, args.result, args.seeds, args.cpu, args.cost, args.spread)
+        return worker(args.worker, args.result, args.seeds, args.cpu, args.cost, args.spread,
+                      args.train_fault)
     if args.reanalyse:
         return harness.print_reanalysis(parser, reanalyse, args.reanalyse)
     names = args.only.split(",") if args.only else list(DEFAULT)
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         parser.error(f"--only {','.join(unknown)}: accepted: {', '.join(MODELS)}")
+    if args.train_fault:
+        from titan_rocm.testing import corrupt
+
+        try:
+            spec = corrupt.parse(args.train_fault)
+        except corrupt.CorruptSpecError as exc:
+            parser.error(f"--train-fault: {exc}")
+        if (spec.op, spec.index) != ("mul", 0):
+            parser.error(f"--train-fault {args.train_fault}: the benchmark's fault op is "
+                         "aten.mul #0 (op=mul,index=0); accepted: any block, graph, fraction")
     if args.list:
         for n in names:
             print(f"{n}: {' '.join(job_flags(MODELS[n]))}")
@@ -431,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         timeout = MODELS[name].timeout * (10 if args.cpu else 1)  # a CPU compiles slowly
         run = call.record(name, launch(name, call.logs, args.seeds, args.cpu,
                                        min(call.left_s(), timeout), args.cost,
-                                       args.spread))["runs"][name]
+                                       args.spread, args.train_fault))["runs"][name]
         print(f"[{name}] exit={run['exit']} wall={run['wall_s']}s", flush=True)
     print(json.dumps(figures(read_workers(call.logs, call.results)), indent=2, default=str))
     return 0

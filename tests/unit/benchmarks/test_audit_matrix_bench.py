@@ -63,10 +63,50 @@ def test_the_matrix_figures_the_docs_quote() -> None:
     assert tensors == 3705
 
 
+def _part(step: int, blocks: list[str] | None, verdict: str = "ok",
+          forward: str | None = None, backward: str | None = None) -> dict:
+    return {"step": step, "verdict": verdict, "first_wrong": {"forward": forward,
+                                                              "backward": backward},
+            "part": None if blocks is None else {"part": 1 if step == 6 else 2,
+                                                 "blocks": blocks}}
+
+
+def test_the_in_training_fault_is_right_only_at_its_block_and_direction() -> None:
+    """``--train-fault``'s figure: the second audit's part that replays the block flags it in
+    the fault's direction; another block named anywhere, a miss, the wrong direction or a
+    backward fault that moved the forward is not right; parts of the first audit and of a
+    third are not read."""
+    from benchmarks.audit_matrix import in_training_detection
+
+    def judged(parts: list[dict], graph: str = "backward") -> bool:
+        worker = {"schedule": {"steps": 11, "every": 6, "spread": 3},
+                  "train_fault": {"block": 1, "graph": graph},
+                  "in_training": [_part(1, ["0"], "flagged", backward="0"), *parts,
+                                  {**_part(12, ["0"], "flagged", backward="0"),
+                                   "part": {"part": 1, "blocks": ["0"]}}]}
+        return in_training_detection(worker)["right"]
+
+    bwd = _part(7, ["1"], "flagged", backward="1")
+    assert judged([_part(6, ["0"]), bwd, _part(8, [])])
+    assert not judged([_part(6, ["0"]), _part(7, ["1"]), _part(8, [])])  # missed
+    assert not judged([_part(6, ["0"], "flagged", backward="0"), bwd, _part(8, [])])
+    assert not judged([_part(6, ["0"]), {**bwd, "first_wrong": {"forward": "1",
+                                                              "backward": "1"}}, _part(8, [])])
+    assert not judged([_part(6, ["0"]), bwd, _part(8, [])], graph="forward")
+    fwd = _part(7, ["1"], "flagged", forward="1", backward="1")
+    assert judged([_part(6, ["0"]), fwd, _part(8, [], "flagged")], graph="forward")
+    assert judged([_part(6, None, "flagged", forward="1")], graph="forward")  # whole audit
+
+
 def test_bad_input_is_one_sentence() -> None:
     done = _run("--only", "llama9_x", "--list")
     assert done.returncode == 2
     assert "--only llama9_x: accepted: " in done.stderr and "Traceback" not in done.stderr
+    fault = _run("--train-fault", "block=1,fraction=2", "--out", "/tmp/x")
+    assert fault.returncode == 2 and "--train-fault: " in fault.stderr
+    assert "Traceback" not in fault.stderr
+    op = _run("--train-fault", "block=1,op=add", "--out", "/tmp/x")
+    assert op.returncode == 2 and "accepted: any block, graph, fraction" in op.stderr
     missing = _run("--reanalyse", str(ROOT / "benchmarks" / "no-such-run"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
 
