@@ -120,7 +120,10 @@ class RocmSettings:
     """The high-precision replay's arithmetic (auto: float64 for a float32 job, tf32 for
     bfloat16, float32 for float16)."""
     numerics_audit_fudge: float = 3.0
-    """Flag a tensor whose error exceeds fudge x the eager error + the floor."""
+    """Flag a parameter's gradient (or the loss) whose error exceeds fudge x the eager error
+    + the floor."""
+    numerics_audit_activation_fudge: float = 1.5
+    """The same for a block's output and the gradient at its input."""
     numerics_audit_floor_eps: float = 64.0
     """The additive floor of the relative error, in float32 machine epsilons."""
     numerics_audit_outlier_k: float = 10.0
@@ -142,6 +145,7 @@ NUMBERS: dict[str, Bounds] = {
     "numerics_audit_every": Bounds(int, 1, 10**9),
     "numerics_audit_spread": Bounds(int, 1, 10**6),
     "numerics_audit_fudge": Bounds(float, 0, 1e6, low_open=True),
+    "numerics_audit_activation_fudge": Bounds(float, 0, 1e6, low_open=True),
     "numerics_audit_floor_eps": Bounds(float, 0, 1e9, low_open=True),
     "numerics_audit_outlier_k": Bounds(float, 0, 1e6, low_open=True),
     "numerics_audit_outlier_quantile": Bounds(float, 0, 1, low_open=True, high_open=True),

@@ -65,7 +65,9 @@ def format_report(result: dict[str, Any], top: int = 10, step: int | None = None
             f"{_num(loss['err_job'])}, eager {_num(loss['err_eager'])}"
             + ("  FLAGGED" if loss["flagged"] else ""))
     lines.append(
-        f"  threshold: error > {s['fudge']:g} x eager error + {s['floor_eps']:g} float32 eps, "
+        f"  threshold: error > {s['fudge']:g} x eager error "
+        f"({s.get('activation_fudge', s['fudge']):g} x for block outputs and input gradients) "
+        f"+ {s['floor_eps']:g} float32 eps, "
         f"or > {s['outlier_max']:.2%} of elements beyond {s['outlier_k']:g} x the eager "
         f"error's {s['outlier_quantile']:g} quantile")
     segs = result["segments"]

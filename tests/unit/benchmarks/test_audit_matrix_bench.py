@@ -32,7 +32,11 @@ def test_the_stored_runs_are_there() -> None:
     names = {p.name for p in STORED}
     assert {"audit-matrix-a", "audit-matrix-b", "audit-matrix-c", "audit-matrix-d",
             "audit-matrix-e", "audit-matrix-cost-head-whole", "audit-matrix-f",
-            "audit-matrix-cost-spread4", "audit-matrix-cost-spread1"} <= names
+            "audit-matrix-cost-spread4", "audit-matrix-cost-spread1", "audit-matrix-g",
+            "audit-matrix-train-fault-deepseek-fwd", "audit-matrix-train-fault-deepseek-fwd-fudge3",
+            "audit-matrix-train-fault-llama3-bwd-fudge3",
+            "audit-matrix-train-fault-llama3-fwd-fudge3",
+            "audit-matrix-train-fault-deepseek-bwd-fudge3"} <= names
 
 
 @pytest.mark.parametrize("directory", STORED, ids=lambda p: p.name)
@@ -109,6 +113,32 @@ def test_bad_input_is_one_sentence() -> None:
     assert op.returncode == 2 and "accepted: any block, graph, fraction" in op.stderr
     missing = _run("--reanalyse", str(ROOT / "benchmarks" / "no-such-run"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
+
+
+def test_the_current_matrix_and_in_training_faults_the_docs_quote() -> None:
+    """audit-matrix-g (the activation fudge): every fault of the three models named at its
+    block and direction, no clean audit flagged, the weakest scores; inside training each
+    fault named at the part that replays its block, except deepseek_v3's 0.5 % forward fault
+    under the single fudge of 3, named in the backward."""
+    h200 = ROOT / "benchmarks" / "results" / "2026-12-02-h200"
+    g = _reanalysed(h200 / "audit-matrix-g")["figures"]
+    weakest = {"llama3_1b": 2.99, "qwen3_1.7b": 2.89, "deepseek_v3_4b": 1.25}
+    for model, score in weakest.items():
+        d = g[model]["detection"]
+        assert (d["faults"], d["faults_right"], d["clean"], d["false_positives"]) == (18, 18, 5, 0)
+        assert round(d["weakest_fault_score"], 2) == score
+        for kind in ("output", "input_grad"):
+            assert g[model]["clean"][kind]["ratio_max"] < 1.005
+    right = {"deepseek-fwd": True, "deepseek-fwd-fudge3": False, "llama3-bwd-fudge3": True,
+             "llama3-fwd-fudge3": True, "deepseek-bwd-fudge3": True}
+    for name, expected in right.items():
+        figures = _reanalysed(h200 / f"audit-matrix-train-fault-{name}")["figures"]
+        (model,) = figures
+        found = figures[model]["in_training_detection"]
+        assert found["right"] is expected, (name, found)
+        assert sum(p["verdict"] == "flagged" for p in found["parts"]) == 1, name
+        flagged = next(p for p in found["parts"] if p["verdict"] == "flagged")
+        assert str(found["spec"]["block"]) in flagged["blocks"], name
 
 
 def test_the_cost_figures_the_docs_quote() -> None:
