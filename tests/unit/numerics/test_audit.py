@@ -735,6 +735,21 @@ def test_a_spread_audit_names_the_faulty_block_at_the_step_that_replays_it(
 
 
 @pytest.mark.slow
+def test_a_spread_of_one_step_is_the_whole_audit_at_that_step(
+        audit_env: Any, monkeypatch: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """``numerics_audit_spread = 1``: step 1 replays every block and the rest, reported as
+    the command line reports a whole audit (no part, the end-to-end loss), and no line for
+    the end of a spread."""
+    caplog.set_level(logging.INFO, logger="titan_rocm")
+    _, _, trainer = _train(audit_env, monkeypatch, ["--rocm.numerics_audit", "first_step",
+                                                    "--rocm.numerics_audit_spread", "1"])
+    (result,) = _audit_of(trainer).results
+    assert result["step"] == 1 and result["part"] is None and result["loss"] is not None
+    assert [s["segment"] for s in result["segments"]] == ["embedding", "0", "1", "head"]
+    assert not [m for m in caplog.messages if "begun at step" in m or "part 1 of" in m]
+
+
+@pytest.mark.slow
 def test_in_training_stop_policy_ends_the_run_at_a_flagged_step(audit_env: Any,
                                                                  monkeypatch: Any) -> None:
     """``numerics_audit = first_step``, policy ``stop``, the fault in block 0's compiled

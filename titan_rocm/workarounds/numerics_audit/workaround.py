@@ -152,7 +152,9 @@ class NumericsAudit(Workaround):
         if not self.pending:
             self.pending = spread(audit.block_keys, settings.numerics_audit_spread)
             self.begun, self.outcomes = step, []
-        audit.select(self.pending.pop(0))
+        share = self.pending.pop(0)
+        if share.count > 1:  # one part is the whole audit, reported as the command line's
+            audit.select(share)
         with audit.recording():
             loss = run()
         try:
