@@ -28,14 +28,12 @@ def skipped_line(step: int, reason: str) -> str:
     return f"{NAME} at step {step} skipped: {reason}"
 
 
-def complete_line(begun: int, outcomes: list[tuple[int, str]]) -> str:
+def complete_line(outcomes: list[tuple[int, str]]) -> str:
     """The end of an audit spread over steps: ``outcomes`` is each part's (step, ``ok``,
-    ``flagged`` or ``skipped``)."""
-    def steps(outcome: str) -> str:
-        return ", ".join(str(s) for s, o in outcomes if o == outcome)
-
-    said = [f"{o} at step(s) {steps(o)}" for o in ("flagged", "skipped") if steps(o)]
-    return (f"{NAME} begun at step {begun} ended at step {outcomes[-1][0]}: "
+    ``flagged`` or ``skipped``), in step order."""
+    said = [f"{o} at step(s) {joined}" for o in ("flagged", "skipped")
+            if (joined := ", ".join(str(s) for s, got in outcomes if got == o))]
+    return (f"{NAME} begun at step {outcomes[0][0]} ended at step {outcomes[-1][0]}: "
             f"{len(outcomes)} parts, " + ("; ".join(said) if said else "every one ok"))
 
 

@@ -420,9 +420,10 @@ class Audit:
     def select(self, part: Part) -> None:
         """Replay only ``part`` (before the job pass, after :meth:`prepare`): the job pass
         records its blocks alone, or every block where it compares the parts outside them
-        (their replay stands every block in as what the job computed)."""
+        (their replay stands every block in as what the job computed). The one part of an
+        audit in one step is the whole audit, reported as the command line reports one."""
         assert self.recorder is not None, "prepare() first"
-        self.part = part
+        self.part = part if part.count > 1 else None
         self.recorder.keys = None if part.outside else set(part.blocks)
 
     @contextlib.contextmanager

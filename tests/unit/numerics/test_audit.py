@@ -704,8 +704,8 @@ def test_a_spread_audit_deals_the_blocks_then_the_rest() -> None:
 def test_the_end_of_a_spread_audit_is_one_line_no_tool_takes_for_a_verdict() -> None:
     from titan_rocm import audit_message
 
-    ok = audit_message.complete_line(5, [(5, "ok"), (6, "ok"), (7, "ok")])
-    bad = audit_message.complete_line(1, [(1, "ok"), (2, "flagged"), (3, "skipped")])
+    ok = audit_message.complete_line([(5, "ok"), (6, "ok"), (7, "ok")])
+    bad = audit_message.complete_line([(1, "ok"), (2, "flagged"), (3, "skipped")])
     assert ok == "titan-rocm numerics audit begun at step 5 ended at step 7: 3 parts, every one ok"
     assert bad == ("titan-rocm numerics audit begun at step 1 ended at step 3: 3 parts, "
                    "flagged at step(s) 2; skipped at step(s) 3")

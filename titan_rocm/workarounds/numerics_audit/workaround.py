@@ -70,10 +70,9 @@ class NumericsAudit(Workaround):
         self.auditing = False
         self.pending: list[Part] = []
         """The parts of the audit under way still to run, one per step."""
-        self.begun: int | None = None
-        """The step the audit under way began at."""
         self.outcomes: list[tuple[int, str]] = []
-        """(step, verdict or ``skipped``) of each part of the audit under way that ran."""
+        """(step, verdict or ``skipped``) of each part of the audit under way that ran (the
+        first's step is the step the audit began at)."""
         self.results: list[dict[str, Any]] = []
         """Every audit's ``to_dict`` (tests, and anyone holding the converter)."""
 
@@ -125,8 +124,9 @@ class NumericsAudit(Workaround):
         due = self.due(step)
         if due and self.pending:
             log.info("titan-rocm: the numerics audit due at step %d is not started: the one "
-                     "begun at step %s has %d part(s) to run (numerics_audit_spread %d)", step,
-                     self.begun, len(self.pending), self.ctx.settings.numerics_audit_spread)
+                     "begun at step %d has %d part(s) to run (numerics_audit_spread %d)", step,
+                     self.outcomes[0][0], len(self.pending),
+                     self.ctx.settings.numerics_audit_spread)
         if not due and not self.pending:
             return run()
         self.auditing = True
@@ -151,10 +151,8 @@ class NumericsAudit(Workaround):
             return run()
         if not self.pending:
             self.pending = spread(audit.block_keys, settings.numerics_audit_spread)
-            self.begun, self.outcomes = step, []
-        share = self.pending.pop(0)
-        if share.count > 1:  # one part is the whole audit, reported as the command line's
-            audit.select(share)
+            self.outcomes = []
+        audit.select(self.pending.pop(0))
         with audit.recording():
             loss = run()
         try:
@@ -184,9 +182,9 @@ class NumericsAudit(Workaround):
     def _ended(self, step: int, outcome: str) -> None:
         """One part ended; after the last part of a spread audit, one line for the whole."""
         self.outcomes.append((step, outcome))
-        if self.pending or len(self.outcomes) < 2 or self.begun is None:
+        if self.pending or len(self.outcomes) < 2:
             return
-        log.info("%s", audit_message.complete_line(self.begun, self.outcomes))
+        log.info("%s", audit_message.complete_line(self.outcomes))
 
 
 def _where(result: dict[str, Any]) -> str:
