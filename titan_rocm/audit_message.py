@@ -43,8 +43,31 @@ def stopped_line(step: int, where: str) -> str:
             '[rocm] numerics_audit_policy = "stop"')
 
 
+def quarantined_line(step: int, segment: str, why: str, before_s: float,
+                     after_s: float) -> str:
+    """``numerics_audit_policy = "quarantine"`` took ``segment`` (``block 3``, ``embedding``,
+    ``head``) out of compilation at step ``step``: why (the flag's first line), and what the
+    flagged micro-batch's forward and backward took compiled (the audited pass) and again
+    with the segment eager (the redone pass), both measured in the run."""
+    return (f"{NAME} at step {step}: quarantined {segment} ({why}); step {step} redone with "
+            f"it eager, and it stays eager for the rest of the run; the micro-batch's forward "
+            f"and backward took {before_s:.3f} s compiled, {after_s:.3f} s with it eager")
+
+
+def quarantine_cost_line(segment: str, steps: int, before_s: float, after_s: float) -> str:
+    """The step time before the quarantine of ``segment`` and after it, each the mean of up
+    to ``steps`` unaudited steps measured in the run."""
+    ratio = after_s / before_s if before_s > 0 else float("nan")
+    return (f"{NAME}: quarantined {segment} costs {ratio:.2f} x the step time "
+            f"({after_s:.3f} s against {before_s:.3f} s, mean of {steps} unaudited step(s) "
+            "each side)")
+
+
 VERDICT = re.compile(rf"{re.escape(NAME)} at step (?P<step>\d{{1,18}}): "
                      rf"(?P<verdict>{'|'.join(VERDICTS)})\b")
 """An in-training verdict line; the step and the verdict."""
 STOP = re.compile(rf"{re.escape(NAME)} flagged step (?P<step>\d{{1,18}})\b")
 """The stop policy's exception, wherever the log prints it."""
+QUARANTINED = re.compile(rf"{re.escape(NAME)} at step (?P<step>\d{{1,18}}): quarantined "
+                         r"(?P<segment>embedding|head|block [^\s()]{1,64}) \(")
+"""A quarantine: the step and the segment taken out of compilation."""
