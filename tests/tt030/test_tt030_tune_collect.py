@@ -20,6 +20,8 @@ from titan_rocm.tuned_gemms import problems
 TT030 = Path(__file__).parent
 REPO = TT030.parents[1]
 JOB = ["--module", "tt030_tune_job"]
+TOKENS = 2 * 128
+"""The harness's batch: 2 samples of 128 tokens (tt030_harness.cpu_config)."""
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -62,8 +64,13 @@ def test_a_0_3_0_jobs_problems_are_tuned_and_its_table_covers_them(tmp_path: Pat
     assert found.settings["gemm_lookup"] == "off"  # the step never uses a table
     assert found.settings["gemm_lookup_table"] == "no-such-table.json"
     assert {p.op for p in found.problems} == {"mm"}
-    # A linear's forward, its input gradient and its weight gradient are three problems.
-    assert len(found.problems) >= 6 and sum(p.count for p in found.problems) >= 3 * 6
+    # Forward and backward: batch 2 x 128 tokens are the rows of a linear's forward and input
+    # gradient (M = 256), and the reduction of its weight gradient (K = 256).
+    rows = [p for p in found.problems if p.output.shape[0] == TOKENS]
+    weight_grads = [p for p in found.problems
+                    if p.args[0].shape[-1] == TOKENS and p.output.shape[0] != TOKENS]
+    assert len(rows) >= 4 and len(weight_grads) >= 3, [p.key for p in found.problems]
+    assert sum(p.count for p in found.problems) > len(found.problems)  # the blocks share some
     assert all(t.uid == "aten::mm" for p in found.problems for c in p.calls for t in c.templates)
     assert not list(tmp_path.rglob("checkpoint"))
 
@@ -109,16 +116,18 @@ def test_a_job_with_the_override_entry_is_collected_with_its_settings(tmp_path: 
     (["--training.steps", "2"], "name the job to collect: --module M --config F"),
     ([*JOB, "--config", "llama3_stock"], "titan-rocm is not attached to this job, so its "
      "training never reads [rocm] gemm_lookup_table"),
-    ([*JOB, "--config", "llama3_rocm", "--compile.no-enable"], "the job compiles no GEMM, "
-     "there is nothing to tune"),
-    ([*JOB, "--config", "no_such_config"], "no_such_config"),
+    ([*JOB, "--config", "llama3_rocm", "--compile.no-enable"], "compile.enable is false (or "
+     "'model' is not in compile.components): the job compiles no GEMM, there is nothing to "
+     "tune"),
+    ([*JOB, "--config", "no_such_config"], "'no_such_config'"),  # TorchTitan's sentence
 ])
 def test_bad_input_exits_2_with_one_sentence_before_the_step(
         tmp_path: Path, args: list[str], sentence: str) -> None:
     out = tmp_path / "problems.jsonl"
     done = _collect(tmp_path, out, *args)
     assert done.returncode == 2, (done.stdout[-1000:], done.stderr[-2000:])
-    assert f"titan-rocm tune: {sentence}" in done.stderr, done.stderr[-2000:]
+    said = [line for line in done.stderr.splitlines() if line.startswith("titan-rocm tune: ")]
+    assert len(said) == 1 and sentence in said[0], done.stderr[-2000:]
     assert "Traceback" not in done.stderr and not out.exists()
     assert "step:" not in done.stderr  # no training step ran
 

@@ -33,8 +33,8 @@ from titan_rocm.tuned_gemms.problems import Problem
 
 MERGE_WAIT_S = 600.0
 
-NO_GEMM = ("[compile] enable = false (or 'model' not in components): the job compiles no "
-           "GEMM, there is nothing to tune")
+NO_GEMM = ("compile.enable is false (or 'model' is not in compile.components): the job "
+           "compiles no GEMM, there is nothing to tune")
 """Why a job that compiles no model cannot be collected (both generations)."""
 
 

@@ -65,17 +65,18 @@ def collect(request: CollectRequest) -> int:
     from titan_rocm.adapters.tt022.preflight import parse_config
     from titan_rocm.numerics.audit import AuditError
 
-    try:  # one process without torchrun, as titan-rocm-train (TorchTitan reads LOCAL_RANK)
+    try:
         job_config = parse_config([*args, *STEP_FLAGS], launcher="titan-rocm", prog=PROG)
         settings = settings_from(job_config)
-        one_process("titan-rocm tune")
-    except (LaunchError, StartupError, ValueError) as exc:
+    except (StartupError, ValueError) as exc:
         raise CollectError(str(exc)) from None
     if not job_config.compile.enable or "model" not in job_config.compile.components:
         raise CollectError(NO_GEMM)
     try:
         cls = trainer_class(trainer)
-    except AuditError as exc:
+        # Without torchrun: one process, as titan-rocm-train (TorchTitan reads LOCAL_RANK).
+        one_process("titan-rocm tune")
+    except (AuditError, LaunchError) as exc:
         raise CollectError(str(exc)) from None
     from torchtitan.tools.logging import init_logger
 

@@ -66,14 +66,17 @@ def collect(request: CollectRequest) -> int:
     try:
         config = parse_job(args)
         settings, attached = settings_of(config)
-        one_process("titan-rocm tune")
-    except (PlanError, LaunchError) as exc:
+    except PlanError as exc:
         raise CollectError(str(exc)) from None
     if attached is None:
         raise CollectError(NOT_ATTACHED)
     if not config.compile.enable or "model" not in config.compile.components:
         raise CollectError(NO_GEMM)
     settings = one_step(config, settings)
+    try:
+        one_process("titan-rocm tune")
+    except LaunchError as exc:
+        raise CollectError(str(exc)) from None
     from torchtitan.tools.logging import init_logger
 
     init_logger()
