@@ -43,6 +43,11 @@ def _titan_rocm(tmp_path: Path, *args: str, cpu_trainer: bool = True,
                           capture_output=True, text=True, timeout=timeout)
 
 
+def _transposed(spec: Any) -> bool:
+    """A 2-D matrix stored column-major (a ``.t()`` view of a row-major one)."""
+    return spec.stride[0] == 1 and spec.shape[0] > 1
+
+
 def _collect(tmp_path: Path, out: Path, *args: str) -> subprocess.CompletedProcess:
     return _titan_rocm(tmp_path, "tune", "collect", "-o", str(out), *args)
 
@@ -64,12 +69,18 @@ def test_a_0_3_0_jobs_problems_are_tuned_and_its_table_covers_them(tmp_path: Pat
     assert found.settings["gemm_lookup"] == "off"  # the step never uses a table
     assert found.settings["gemm_lookup_table"] == "no-such-table.json"
     assert {p.op for p in found.problems} == {"mm"}
-    # Forward and backward: batch 2 x 128 tokens are the rows of a linear's forward and input
-    # gradient (M = 256), and the reduction of its weight gradient (K = 256).
-    rows = [p for p in found.problems if p.output.shape[0] == TOKENS]
-    weight_grads = [p for p in found.problems
-                    if p.args[0].shape[-1] == TOKENS and p.output.shape[0] != TOKENS]
-    assert len(rows) >= 4 and len(weight_grads) >= 3, [p.key for p in found.problems]
+    # A linear's three GEMMs, told apart by their layouts: forward x @ W.T (W.T a transposed
+    # view), input gradient g @ W (both row-major), weight gradient g.T @ x (g.T transposed);
+    # the tokens (batch 2 x 128) are the rows of the first two and the reduction of the third.
+    kinds: dict[str, list[Any]] = {"forward": [], "input_grad": [], "weight_grad": []}
+    for p in found.problems:
+        a, b = p.args
+        kind = ("weight_grad" if _transposed(a) else
+                "forward" if _transposed(b) else "input_grad")
+        kinds[kind].append(p)
+        assert (a.shape[1] if kind == "weight_grad" else a.shape[0]) == TOKENS, p.key
+    assert all(len(found) >= 2 for found in kinds.values()), \
+        {k: [p.key for p in v] for k, v in kinds.items()}
     assert sum(p.count for p in found.problems) > len(found.problems)  # the blocks share some
     assert all(t.uid == "aten::mm" for p in found.problems for c in p.calls for t in c.templates)
     assert not list(tmp_path.rglob("checkpoint"))
