@@ -37,7 +37,8 @@ TUNING_LOOKUP = ("titan_rocm.tuned_gemms.problems", "titan_rocm.tuned_gemms.reco
 """What training reads of the tuner (rocm.gemm_lookup stands on it): below the workarounds."""
 TUNING_DRIVER = ("titan_rocm.tuner.collect", "titan_rocm.tuner.runner",
                  "titan_rocm.tuner.minesweeper", "titan_rocm.tuner.settings")
-"""``titan-rocm tune``'s driver: a tool that may act as an adapter (it builds Contexts)."""
+"""``titan-rocm tune``'s driver: a tool that may act as an adapter (its minesweeper builds
+Contexts); ``collect`` records the step an adapter hands it."""
 SCANNER = ("titan_rocm.scanner.amdgcn", "titan_rocm.scanner.hazards",
            "titan_rocm.scanner.scan", "titan_rocm.scanner.names")
 """The AMDGCN parser, rules and scanner behind ``titan-rocm scan``: no torch, no Triton."""
@@ -242,6 +243,13 @@ def test_the_tuner_driver_is_imported_by_no_workaround(name: str) -> None:
     assert importers == [], f"workarounds {importers} import the tuner driver {name}"
 
 
+def test_tune_collect_reaches_no_adapter() -> None:
+    """``tune collect`` asks the installed adapter (each generation's ``tune`` module parses
+    its job and builds its trainer); the shared recorder imports no adapter, so no generation
+    is reached around the ``Adapter`` interface."""
+    assert sorted(m for m in internal("titan_rocm.tuner.collect") if _in(m, ADAPTERS)) == []
+
+
 @pytest.mark.parametrize("name", SCANNER)
 def test_the_scanner_needs_no_torch_no_triton_and_no_workaround(name: str) -> None:
     assert name in MODULES
@@ -403,7 +411,8 @@ def test_every_adapter_implements_the_interface_with_its_signatures() -> None:
     from titan_rocm.adapters import COMMANDS, FOLDERS
 
     interface = _signatures("titan_rocm.adapters", methods=True)
-    assert {"plan", "audit", "check_job_args", "torchtitan_help"} <= set(interface)
+    assert {"plan", "audit", "check_job_args", "torchtitan_help",
+            "tune_collect"} <= set(interface)
     for folder in FOLDERS.values():
         module = f"titan_rocm.adapters.{folder}.{COMMANDS}"
         assert module in MODULES, module

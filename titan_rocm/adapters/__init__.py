@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
-    from titan_rocm.adapters.common import AuditRequest, PlanRequest
+    from titan_rocm.adapters.common import AuditRequest, CollectRequest, PlanRequest
     from titan_rocm.numerics.audit import AuditResult
 
 FOLDERS: dict[str, str] = {"0.2": "tt022", "0.3": "tt030"}
@@ -61,6 +61,14 @@ class Adapter(Protocol):
 
         Raises:
             titan_rocm.numerics.audit.AuditError: bad input or the audit cannot run.
+        """
+
+    def tune_collect(self, request: CollectRequest) -> int:
+        """Parse the job, build its own trainer and record the GEMM problems of one step
+        (``titan-rocm tune collect``); the exit code.
+
+        Raises:
+            titan_rocm.tuner.collect.CollectError: bad input, or the job cannot be collected.
         """
 
 

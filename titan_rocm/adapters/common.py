@@ -17,6 +17,7 @@ import socket
 import sys
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from titan_rocm.numbers import MAX_RANKS, RANKS, Bounds
@@ -311,6 +312,33 @@ class AuditRequest:
     before_job: Callable[[list[Any]], None] | None = field(default=None, compare=False)
     """Called with the built model parts before the job pass (the CLI installs the test
     fault there)."""
+
+
+@dataclass(frozen=True)
+class CollectRequest:
+    """What ``titan-rocm tune collect`` asks of the installed generation's adapter (``-o``
+    already checked writable by the command line)."""
+
+    passthrough: list[str]
+    """The job's own flags, as TorchTitan reads them."""
+    output: Path
+    """The problems file to write."""
+    trainer: str | None = None
+    """``--trainer MODULE:CLASS`` (0.2.2's; None: TorchTitan's own)."""
+
+
+def one_process(command: str) -> None:
+    """Without torchrun, give this process the environment of torchrun's only worker
+    (:func:`single_process_environment`) and say so once on stderr, as ``command``.
+
+    Raises:
+        LaunchError: a partial torchrun environment.
+    """
+    added = single_process_environment()
+    if added:
+        print(f"{command}: no torchrun environment: one process (RANK=0, WORLD_SIZE=1, "
+              f"MASTER_PORT={os.environ['MASTER_PORT']}), as torchrun --standalone "
+              "--nproc_per_node=1 would start it", file=sys.stderr)
 
 
 def build_trainer(build: Callable[[], Any]) -> Any:

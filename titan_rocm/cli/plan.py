@@ -263,7 +263,8 @@ def _job_differences(plan: dict, job: dict, passthrough: list[str]) -> list[str]
     decides its GEMMs: the TOML, the world size, the shape-deciding flags."""
     differs = []
     planned_file, collected_file = plan.get("config_file"), job.get("config_file")
-    if planned_file and collected_file and not (
+    # 0.3.0 names its job --module M --config F (no file): the same words are the same job.
+    if planned_file and collected_file and planned_file != collected_file and not (
             os.path.exists(planned_file) and os.path.exists(collected_file)
             and os.path.samefile(planned_file, collected_file)):
         differs.append(f"collected from {collected_file}, this job is {planned_file}")

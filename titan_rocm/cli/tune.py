@@ -51,13 +51,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     collect = actions.add_parser(
         "collect", help="record every GEMM problem of one step of the job",
-        description="Run one step of the job (TorchTitan's flags, e.g. --job.config_file X) "
-        "with every GEMM compiled by ATen, and record the problems Inductor lowers.")
+        description="Run one step of the job with every GEMM compiled by ATen, and record the "
+        "problems Inductor lowers. The job is named as TorchTitan takes it: --job.config_file "
+        "X.toml [flags] (TorchTitan 0.2.2) or --module M --config F [flags] (TorchTitan 0.3.0; "
+        "the job must run titan-rocm: rocm(cfg), --module titan_rocm.torchtitan.configs, or "
+        "the override entry). `titan-rocm plan --help-torchtitan` lists TorchTitan's flags "
+        "(0.3.0: with the job's --module M --config F).")
     collect.add_argument("-o", "--output", type=Path, required=True, metavar="PROBLEMS",
                          help="problems file to write (JSON lines)")
-    collect.add_argument("--trainer", default="torchtitan.train:Trainer", metavar="MODULE:CLASS",
-                         help="the trainer class (default TorchTitan's, which needs a GPU; "
-                         "a fork's, or one that runs on CPU)")
+    collect.add_argument("--trainer", metavar="MODULE:CLASS",
+                         help="TorchTitan 0.2.2: the trainer class (default "
+                         "torchtitan.train:Trainer, which needs a GPU; a fork's, or one that "
+                         "runs on CPU); 0.3.0 jobs build the trainer their config names")
 
     run = actions.add_parser(
         "run", help="check and time every candidate of every problem (resumable)",
@@ -101,16 +106,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _collect(args: argparse.Namespace) -> int:
-    from titan_rocm.adapters.common import CONFIG_FILE_FLAGS, JobArgsError, flag_value
+    from titan_rocm import adapters
+    from titan_rocm.adapters.common import (
+        CONFIG_FILE_FLAGS,
+        CollectRequest,
+        JobArgsError,
+        flag_value,
+    )
     from titan_rocm.files import OutputError, check_output
-    from titan_rocm.tuner.collect import CollectError, collect
+    from titan_rocm.tuner.collect import CollectError
 
-    try:  # before the training step: a step's work is never lost to an unwritable -o
+    with as_command_error(adapters.NoAdapter, CollectError, OutputError, JobArgsError):
+        adapter = adapters.installed()
+        # Before the training step: a step's work is never lost to an unwritable -o.
         config = flag_value(args.passthrough, CONFIG_FILE_FLAGS)
         check_output(args.output, [config] if config else [])
-        return collect(args.passthrough, args.output, args.trainer)
-    except (CollectError, OutputError, JobArgsError) as exc:
-        raise CommandError(str(exc)) from None
+        return adapter.tune_collect(CollectRequest(args.passthrough, args.output, args.trainer))
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -69,6 +69,11 @@ def test_tune_collect_refuses_bad_input_before_the_training_step(tmp_path: Path)
         (["-o", "/proc/p.jsonl", "--job.config_file", str(config)], "cannot write there"),
         (["-o", str(config), "--job.config_file", str(config)], "(the same file)"),
         (["-o", "p.jsonl", "--job.config_file", str(deep)], "nested deeper"),
+        (["-o", "p.jsonl", "--module", "llama3", "--config", "llama3_debugmodel"],
+         "--module is TorchTitan 0.3.0's; torchtitan 0.2.2 is installed: collect a 0.2.2 job "
+         "with --job.config_file X.toml"),
+        (["-o", "p.jsonl", "--trainer", "no_colon", "--job.config_file",
+          str(REPO / "configs" / "llama3_debug.toml")], "--trainer 'no_colon' is not MODULE:CLASS"),
     ]
     for args, said in cases:
         done = _collect(tmp_path, *args)
@@ -90,6 +95,21 @@ def test_tune_collect_without_a_gpu_names_the_trainer_flag(tmp_path: Path) -> No
     assert "this machine has no GPU" in done.stderr and "--trainer MODULE:CLASS" in done.stderr
     assert "Traceback" not in done.stderr and not (tmp_path / "p.jsonl").exists()
     assert "torchtitan version" not in done.stdout + done.stderr  # refused before it loads
+
+
+def test_tune_collects_parser_box_names_a_command_that_exists(tmp_path: Path) -> None:
+    """TorchTitan's parser (tyro) ends its box with "For full helptext, run PROG --help":
+    PROG is the command that ran, never the titan-rocm-tune-collect that does not exist; the
+    sentence after it names the command that lists TorchTitan's flags."""
+    done = _collect(tmp_path, "-o", "p.jsonl", "--trainer", "tests.support.tune_trainer:X",
+                    "--job.config_file", str(REPO / "configs" / "llama3_debug.toml"),
+                    "--training.no_such_flag", "1")
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "For full helptext, run titan-rocm tune collect --help" in done.stderr
+    assert "titan-rocm-tune-collect" not in done.stderr
+    assert "titan-rocm plan --help-torchtitan lists every TorchTitan and --rocm.* flag" in \
+        done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "p.jsonl").exists()
 
 
 def test_scan_says_a_file_ends_before_its_kernel(tmp_path: Path,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from titan_rocm.adapters.common import AuditRequest, JobArgsError, PlanRequest
+from titan_rocm.adapters.common import AuditRequest, CollectRequest, JobArgsError, PlanRequest
 
 if TYPE_CHECKING:
     from titan_rocm.numerics.audit import AuditResult
@@ -73,3 +73,11 @@ def audit(request: AuditRequest) -> AuditResult:
     from titan_rocm.adapters.tt022.audit import audit as audit_job
 
     return audit_job(request)
+
+
+def tune_collect(request: CollectRequest) -> int:
+    """:func:`titan_rocm.adapters.tt022.tune.collect` of ``request`` (0.2.2's
+    ``--trainer`` is read)."""
+    from titan_rocm.adapters.tt022.tune import collect
+
+    return collect(request)

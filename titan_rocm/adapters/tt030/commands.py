@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from titan_rocm.adapters.common import AuditRequest, PlanRequest
+from titan_rocm.adapters.common import AuditRequest, CollectRequest, PlanRequest
 from titan_rocm.adapters.tt030.job_args import refuse_config_file
 
 if TYPE_CHECKING:
@@ -64,3 +64,11 @@ def audit(request: AuditRequest) -> AuditResult:
     from titan_rocm.adapters.tt030.audit import audit as audit_job
 
     return audit_job(request)
+
+
+def tune_collect(request: CollectRequest) -> int:
+    """:func:`titan_rocm.adapters.tt030.tune.collect` of ``request`` (``--trainer``
+    is refused: the config builds its own trainer)."""
+    from titan_rocm.adapters.tt030.tune import collect
+
+    return collect(request)
