@@ -678,6 +678,8 @@ class _Parser:
             mark = self._flagged(step, line_no, rank, "quarantine line")
             if mark.quarantine is None:
                 mark.quarantine = Quarantine(step, seg, line_no)
+            if wrong and not mark.wrong:  # its "why" is the flag's first line
+                mark.wrong.append((wrong.group("dir"), wrong.group("seg")))
             self._audit_pending.pop(rank, None)
             return
         cost = audit_message.QUARANTINE_COST.search(segment)
@@ -698,8 +700,6 @@ class _Parser:
             reference = _VERDICT_REFERENCE.search(segment, verdict.end())
             mark.reference = mark.reference or (
                 reference.group("ref") if reference else pending[1] if pending else None)
-            if pending and pending[2] is not None and mark.part is None:
-                mark.part = f"part {pending[2]}"
             self._audit_report[rank] = mark
             return
         complete = audit_message.COMPLETE.search(segment)

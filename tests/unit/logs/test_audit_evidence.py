@@ -158,6 +158,22 @@ def test_the_flag_names_what_was_wrong_and_against_which_reference(
     verdict = json.loads(capsys.readouterr().out)["files"][0]["verdict"]
     assert code == 4 and verdict["audit_flagged"]["reference"] == reference.split()[1]
     assert verdict["audit_flagged"]["wrong"][0]["segment"] == "block 0"
+    assert verdict["audit_flagged"]["part"] == "part 1 of 3: block 0"
+
+
+def test_a_tf32_reference_is_named_as_the_report_names_it() -> None:
+    """On a GPU a bfloat16 job's reference is float32 with TF32 GEMMs; the report's lines
+    name it ``float32 (TF32 GEMMs)`` (numerics/precision.py, Reference.name), the readers
+    too (the 0.3.0 run's lines with that name)."""
+    text = TT030.read_text(encoding="utf-8").replace(
+        "reference float32", "reference float32 (TF32 GEMMs)")
+    verdict = verdict_of([parse_text(text)])
+    assert "the float32 (TF32 GEMMs) reference" in verdict.reason, verdict.reason
+    lines = text.split("\n")
+    at = _flagged_line(lines)
+    del lines[at]  # the verdict line lost: its part header still names the reference
+    assert "the float32 (TF32 GEMMs) reference" in verdict_of([parse_text("\n".join(lines))]
+                                                            ).reason
 
 
 def test_the_0_3_0_run_names_its_second_flagged_step_too() -> None:
