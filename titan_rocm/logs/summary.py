@@ -211,8 +211,10 @@ def _reason(verdict: Verdict) -> str:
     if verdict.status == INCOMPLETE and not verdict.unread_bytes:
         return verdict.reason + " A run that did not finish is not a valid benchmark."
     if verdict.status == FLAGGED:
-        return verdict.reason + " A run whose numerics audit flagged a step is not a valid " \
-            "benchmark (after a quarantine, its steps do not time the compiled program)."
+        after = (" (after a quarantine, its steps do not time the compiled program)"
+                 if verdict.quarantines else "")
+        return (f"{verdict.reason} A run whose numerics audit flagged a step is not a valid "
+                f"benchmark{after}.")
     if verdict.status == UNREADABLE:
         return verdict.reason + " A run whose audit verdict cannot be read is not a valid " \
             "benchmark."
