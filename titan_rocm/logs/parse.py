@@ -545,9 +545,12 @@ class _Parser:
             raise ValueError(f"log format {fmt!r} is not valid; accepted: {', '.join(FORMATS)}")
         self.log = ParsedLog(source=source, fmt=fmt, lean=lean)
         self._crash_line = 0  # where the current traceback started (its exception line follows)
-        # Per rank: an audit part's header line (its verdict line comes next) and the last
-        # flagged verdict (its report's "first wrong in the" lines follow it).
-        self._audit_pending: dict[int | None, tuple[int, str, int | None]] = {}
+        # Per rank: the audit part headers whose verdict line has not come yet (several
+        # where ranks print without a prefix: each rank's header, then each rank's verdict),
+        # whether the last audit line was a header, and the last flagged verdict (its
+        # report's "first wrong in the" lines follow it).
+        self._audit_pending: dict[int | None, list[tuple[int, str, int | None]]] = {}
+        self._after_header: dict[int | None, bool] = {}
         self._audit_report: dict[int | None, AuditMark] = {}
         # Reports whose verdict line was lost, by rank and part number: an end-of-audit line
         # that names a flagged step takes its part's report from here.
@@ -642,11 +645,11 @@ class _Parser:
         report = self._audit_report.get(rank)
         wrong = _FIRST_WRONG.search(segment)
         if "numerics audit" not in segment:
-            if rank in self._audit_pending and (wrong or _REPORT_PART.search(segment)):
-                self._lost(rank, self._audit_pending[rank][0], "the verdict line after the "
-                           f"audit part's header at line {self._audit_pending[rank][0]} is "
-                           f"missing: its report follows at line {line_no} (the verdict line "
-                           "was cut or split by other output)")
+            if self._after_header.get(rank) and (wrong or _REPORT_PART.search(segment)):
+                header = self._audit_pending[rank][-1][0]
+                self._lost(rank, header, f"the verdict line after the audit part's header at "
+                           f"line {header} is missing: its report follows at line {line_no} "
+                           "(the verdict line was cut or split by other output)")
                 report = self._audit_report.get(rank)
             if report is None or line_no - report.line > _REPORT_LINES:
                 return
@@ -658,11 +661,11 @@ class _Parser:
                     f"{part.group('what').strip()}"
             return
         header = _PART_HEADER.search(segment)
+        self._after_header[rank] = header is not None
         if header:
-            self._unanswered(rank, "came with no verdict line after it")
             part = header.group("part")
-            self._audit_pending[rank] = (line_no, header.group("ref"),
-                                         int(part) if part else None)
+            self._audit_pending.setdefault(rank, []).append(
+                (line_no, header.group("ref"), int(part) if part else None))
             return
         stop = audit_message.STOP.search(segment)
         if stop:
@@ -670,7 +673,6 @@ class _Parser:
             mark.stop_line = mark.stop_line or line_no
             if wrong and not mark.wrong:
                 mark.wrong.append((wrong.group("dir"), wrong.group("seg")))
-            self._audit_pending.pop(rank, None)
             return
         quarantined = audit_message.QUARANTINED.search(segment)
         if quarantined:
@@ -680,7 +682,6 @@ class _Parser:
                 mark.quarantine = Quarantine(step, seg, line_no)
             if wrong and not mark.wrong:  # its "why" is the flag's first line
                 mark.wrong.append((wrong.group("dir"), wrong.group("seg")))
-            self._audit_pending.pop(rank, None)
             return
         cost = audit_message.QUARANTINE_COST.search(segment)
         if cost:
@@ -691,7 +692,7 @@ class _Parser:
             return
         verdict = audit_message.VERDICT.search(segment)
         if verdict:
-            pending = self._audit_pending.pop(rank, None)
+            pending = self._answer(rank)
             if verdict.group("verdict") == "OK":
                 log.audits_ok += 1
                 self._audit_report.pop(rank, None)
@@ -704,7 +705,6 @@ class _Parser:
             return
         complete = audit_message.COMPLETE.search(segment)
         if complete:
-            self._unanswered(rank, "came with no verdict line before the end-of-audit line")
             said = complete.group("said").rstrip()
             whole = audit_message.COMPLETE_SAID.fullmatch(said)
             flagged = whole.group("flagged") if whole else None
@@ -737,19 +737,18 @@ class _Parser:
                        f"split by other output: {_shorten(segment[at.start():])!r}")
             return
         if at:  # a skip: the part's outcome, with nothing to judge
-            self._audit_pending.pop(rank, None)
+            self._answer(rank)
 
-    def _unanswered(self, rank: int | None, why: str) -> None:
-        """The part header of ``rank`` still waiting for its verdict never got one."""
+    def _answer(self, rank: int | None) -> tuple[int, str, int | None] | None:
+        """The oldest part header of ``rank`` waiting for its verdict, now answered."""
         pending = self._audit_pending.get(rank)
-        if pending is not None:
-            self._lost(rank, pending[0], f"the audit part's header at line {pending[0]} {why} "
-                       "(the verdict line was lost, cut or split by other output)")
+        return pending.pop(0) if pending else None
 
     def _lost(self, rank: int | None, line_no: int, why: str) -> None:
         """A verdict of ``rank`` that cannot be read: unreadable, and the report lines after
         it kept aside for an end-of-audit line that names its step flagged."""
-        pending = self._audit_pending.pop(rank, None)
+        pending = self._answer(rank)
+        self._after_header[rank] = False
         self.log.audits_unread.append(AuditUnread(line_no, rank, why))
         orphan = AuditMark(0, line_no, rank, reference=pending[1] if pending else None)
         self._orphans.append((rank, pending[2] if pending else None, orphan))
@@ -757,8 +756,11 @@ class _Parser:
 
     def finish(self) -> None:
         """The end of the log: a part header still waiting has lost its verdict."""
-        for rank in list(self._audit_pending):
-            self._unanswered(rank, "came with no verdict line before the log ends")
+        for rank, pending in self._audit_pending.items():
+            for line_no, _, _ in pending:
+                self.log.audits_unread.append(AuditUnread(
+                    line_no, rank, f"the audit part's header at line {line_no} has no verdict "
+                    "line after it (lost, cut or split by other output)"))
 
     def _flagged(self, step: int, line_no: int, rank: int | None, seen_in: str) -> AuditMark:
         for mark in self.log.audits_flagged:

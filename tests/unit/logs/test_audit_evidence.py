@@ -312,3 +312,18 @@ def test_the_log_readers_import_no_module_in_a_circle() -> None:
     for module in sorted(graph):
         if module not in state:
             visit(module, [])
+
+
+@pytest.mark.parametrize("path, status", [(TT022_CLEAN, OK), (TT022, FLAGGED)],
+                         ids=["clean", "flagged"])
+def test_ranks_printing_without_a_prefix_are_no_lost_verdicts(path: Path, status: str) -> None:
+    """Two ranks writing to one stream without prefixes (no torchrun --tee, srun without
+    --label): each rank's part header, then each rank's verdict. Every header has its
+    verdict: nothing is unreadable; losing one rank's verdict line is."""
+    doubled = [line for line in _lines(path) for _ in range(2)]
+    verdict = verdict_of([parse_text("\n".join(doubled))])
+    assert verdict.status == status and verdict.audits_unread == (), verdict.reason
+    at = next(i for i, line in enumerate(doubled) if "numerics audit at step 2: OK" in line)
+    del doubled[at]
+    verdict = verdict_of([parse_text("\n".join(doubled))])
+    assert len(verdict.audits_unread) == 1 and verdict.status != OK, verdict.reason
