@@ -549,7 +549,12 @@ class _Parser:
         # where ranks print without a prefix: each rank's header, then each rank's verdict),
         # whether the last audit line was a header, and the last flagged verdict (its
         # report's "first wrong in the" lines follow it).
+        # A header without a part number ("numerics audit: 4 blocks, ...") is logged by
+        # audits outside training too (titan-rocm audit, the audit matrix), which print no
+        # verdict line into the log: it is kept apart and claims a verdict only where the
+        # log stops mid-line right after it.
         self._audit_pending: dict[int | None, list[tuple[int, str, int | None]]] = {}
+        self._audit_loose: dict[int | None, tuple[int, str, int | None]] = {}
         self._after_header: dict[int | None, bool] = {}
         self._audit_report: dict[int | None, AuditMark] = {}
         # Reports whose verdict line was lost, by rank and part number: an end-of-audit line
@@ -646,7 +651,7 @@ class _Parser:
         wrong = _FIRST_WRONG.search(segment)
         if "numerics audit" not in segment:
             if self._after_header.get(rank) and (wrong or _REPORT_PART.search(segment)):
-                header = self._audit_pending[rank][-1][0]
+                header = self._waiting(rank)[0]
                 self._lost(rank, header, f"the verdict line after the audit part's header at "
                            f"line {header} is missing: its report follows at line {line_no} "
                            "(the verdict line was cut or split by other output)")
@@ -664,8 +669,11 @@ class _Parser:
         self._after_header[rank] = header is not None
         if header:
             part = header.group("part")
-            self._audit_pending.setdefault(rank, []).append(
-                (line_no, header.group("ref"), int(part) if part else None))
+            entry = (line_no, header.group("ref"), int(part) if part else None)
+            if part:
+                self._audit_pending.setdefault(rank, []).append(entry)
+            else:
+                self._audit_loose[rank] = entry
             return
         stop = audit_message.STOP.search(segment)
         if stop:
@@ -739,10 +747,17 @@ class _Parser:
         if at:  # a skip: the part's outcome, with nothing to judge
             self._answer(rank)
 
-    def _answer(self, rank: int | None) -> tuple[int, str, int | None] | None:
-        """The oldest part header of ``rank`` waiting for its verdict, now answered."""
+    def _waiting(self, rank: int | None) -> tuple[int, str, int | None]:
+        """The header of ``rank`` just logged (a report follows it with no verdict)."""
         pending = self._audit_pending.get(rank)
-        return pending.pop(0) if pending else None
+        return pending[-1] if pending else self._audit_loose[rank]
+
+    def _answer(self, rank: int | None) -> tuple[int, str, int | None] | None:
+        """The oldest part header of ``rank`` waiting for its verdict (else the header
+        without a part number), now answered."""
+        pending = self._audit_pending.get(rank)
+        loose = self._audit_loose.pop(rank, None)
+        return pending.pop(0) if pending else loose
 
     def _lost(self, rank: int | None, line_no: int, why: str) -> None:
         """A verdict of ``rank`` that cannot be read: unreadable, and the report lines after
@@ -756,11 +771,15 @@ class _Parser:
 
     def finish(self) -> None:
         """The end of the log: a part header still waiting has lost its verdict."""
-        for rank, pending in self._audit_pending.items():
-            for line_no, _, _ in pending:
-                self.log.audits_unread.append(AuditUnread(
-                    line_no, rank, f"the audit part's header at line {line_no} has no verdict "
-                    "line after it (lost, cut or split by other output)"))
+        waiting = [(rank, entry) for rank, pending in self._audit_pending.items()
+                   for entry in pending]
+        if self.log.ends_mid_line:
+            waiting += [(rank, entry) for rank, entry in self._audit_loose.items()
+                        if self._after_header.get(rank)]
+        for rank, (line_no, _, _) in sorted(waiting, key=lambda w: w[1][0]):
+            self.log.audits_unread.append(AuditUnread(
+                line_no, rank, f"the audit's header at line {line_no} has no verdict line "
+                "after it (lost, cut or split by other output)"))
 
     def _flagged(self, step: int, line_no: int, rank: int | None, seen_in: str) -> AuditMark:
         for mark in self.log.audits_flagged:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,21 @@ TT022 = FIXTURES / "tt_cpu_audit_first_step_flagged.log"
 TT022_CLEAN = FIXTURES / "tt_cpu_audit_first_step_clean.log"
 TT022_STOP = FIXTURES / "tt_cpu_audit_first_step_stop.log"
 TT030 = FIXTURES / "tt030_cpu_audit_forward_float32_flagged.log"
+H200 = (ROOT / "benchmarks" / "results" / "2026-12-02-h200"
+        / "audit-matrix-train-fault-deepseek-fwd" / "logs.tar.gz")
+"""A stored H200 run (TorchTitan 0.2.2, deepseek_v3 3.9B, bf16): a fault in block 6's compiled
+forward, the float32 (TF32 GEMMs) reference, flagged by the in-training spread audit at step 6
+(docs/numerics-audit.md)."""
 END = "titan-rocm numerics audit begun at step"
+
+
+def _h200(tmp_path: Path) -> Path:
+    with tarfile.open(H200) as tar:
+        member = tar.extractfile("logs/deepseek_v3_4b.log")
+        assert member is not None
+        path = tmp_path / "deepseek_v3_4b.log"
+        path.write_bytes(member.read())
+    return path
 
 
 def _lines(path: Path) -> list[str]:
@@ -53,12 +68,12 @@ def _verdict(text: str) -> tuple[str, int, bool]:
     return verdict.status, exit_code_of(verdict), summarize([log], warmup=0).valid
 
 
-@pytest.mark.parametrize("path", [TT022, TT030], ids=["tt022", "tt030"])
-def test_a_flagged_verdict_line_cut_at_any_byte_is_never_ok(path: Path) -> None:
+@pytest.mark.parametrize("path", [TT022, TT030, H200], ids=["tt022", "tt030", "h200"])
+def test_a_flagged_verdict_line_cut_at_any_byte_is_never_ok(path: Path, tmp_path: Path) -> None:
     """Cut at every byte: the rest of the log after it (the lost bytes), the next line glued
     to the cut (a lost line end), or the log ending there. With the end-of-audit line after
     it the run is flagged; without any flag left to read, unreadable (check-log exit 2)."""
-    lines = _lines(path)
+    lines = _lines(_h200(tmp_path) if path == H200 else path)
     at = _flagged_line(lines)
     line = lines[at]
     seen: dict[str, set[str]] = {"rest": set(), "glued": set(), "end": set()}
@@ -159,6 +174,18 @@ def test_the_flag_names_what_was_wrong_and_against_which_reference(
     assert code == 4 and verdict["audit_flagged"]["reference"] == reference.split()[1]
     assert verdict["audit_flagged"]["wrong"][0]["segment"] == "block 0"
     assert verdict["audit_flagged"]["part"] == "part 1 of 3: block 0"
+
+
+def test_a_forward_fault_on_the_h200_is_named_against_the_tf32_reference(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's case: a forward flag against a float32 (TF32) reference was reported as
+    "the compiled gradients disagree with eager and float64"."""
+    code = main(["check-log", str(_h200(tmp_path))])
+    out = capsys.readouterr().out
+    assert code == 4 and "flagged step 6" in out, out
+    assert ("block 6's output (forward) and block 6's gradients (backward), compiled, are "
+            "further from the float32 (TF32 GEMMs) reference than eager's") in out, out
+    assert "float64" not in out
 
 
 def test_a_tf32_reference_is_named_as_the_report_names_it() -> None:
@@ -327,3 +354,21 @@ def test_ranks_printing_without_a_prefix_are_no_lost_verdicts(path: Path, status
     del doubled[at]
     verdict = verdict_of([parse_text("\n".join(doubled))])
     assert len(verdict.audits_unread) == 1 and verdict.status != OK, verdict.reason
+
+
+def test_headers_of_audits_outside_training_claim_no_verdict(tmp_path: Path) -> None:
+    """The audit matrix (a stored H200 run) audits after training in the same process: its
+    headers ("numerics audit: 16 blocks, ...") have no verdict line, as the command line's
+    have none; they are no lost verdict. The same header right before a log that stops
+    mid-line is."""
+    tar_path = H200.parents[1] / "audit-matrix-cost-spread4" / "logs.tar.gz"
+    with tarfile.open(tar_path) as tar:
+        member = tar.extractfile("logs/llama3_1b.log")
+        assert member is not None
+        text = member.read().decode("utf-8")
+    assert text.count("numerics audit: 16 blocks") == 3
+    verdict = verdict_of([parse_text(text)])
+    assert verdict.status == OK and verdict.audits_unread == (), verdict.reason
+    header = text.index("numerics audit: 16 blocks")
+    cut = text[:text.index("\n", header) + 1] + "[titan] 2026-12-02 10:01:04,700 - titan_rocm"
+    assert verdict_of([parse_text(cut)]).status == UNREADABLE
