@@ -68,7 +68,8 @@ def _verdict(text: str) -> tuple[str, int, bool]:
     return verdict.status, exit_code_of(verdict), summarize([log], warmup=0).valid
 
 
-@pytest.mark.parametrize("path", [TT022, TT030, H200], ids=["tt022", "tt030", "h200"])
+@pytest.mark.parametrize("path", [TT022, TT030, pytest.param(H200, marks=pytest.mark.slow)],
+                         ids=["tt022", "tt030", "h200"])
 def test_a_flagged_verdict_line_cut_at_any_byte_is_never_ok(path: Path, tmp_path: Path) -> None:
     """Cut at every byte: the rest of the log after it (the lost bytes), the next line glued
     to the cut (a lost line end), or the log ending there. With the end-of-audit line after
