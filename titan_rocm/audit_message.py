@@ -71,3 +71,19 @@ STOP = re.compile(rf"{re.escape(NAME)} flagged step (?P<step>\d{{1,18}})\b")
 QUARANTINED = re.compile(rf"{re.escape(NAME)} at step (?P<step>\d{{1,18}}): quarantined "
                          r"(?P<segment>embedding|head|block [^\s()]{1,64}) \(")
 """A quarantine: the step and the segment taken out of compilation."""
+COMPLETE = re.compile(rf"{re.escape(NAME)} begun at step (?P<begun>\d{{1,18}}) ended at step "
+                      r"(?P<ended>\d{1,18}): (?P<parts>\d{1,6}) parts, (?P<said>.*)")
+"""The end of a spread audit (:func:`complete_line`); ``said`` is what its parts found."""
+_STEPS = r"at step\(s\) \d{1,18}(?:, \d{1,18})*"
+COMPLETE_SAID = re.compile(rf"every one ok|(?=[fs])(?P<flagged>flagged {_STEPS})?"
+                           rf"(?:(?:; )?skipped {_STEPS})?")
+"""The whole of a :data:`COMPLETE` line's ``said`` as :func:`complete_line` writes it (a line
+cut or run into other output does not match it)."""
+AT_STEP = re.compile(rf"{re.escape(NAME)} at step (?P<step>\d{{1,18}})(?P<rest>.{{0,16}})")
+"""The start of a line about one audited step; what follows names the outcome."""
+AT_STEP_OUTCOME = re.compile(r": (?:OK|FLAGGED)\b| skipped: |: quarantined ")
+"""What follows :data:`AT_STEP` on a whole verdict, skip or quarantine line (anything else:
+the line was cut or split by other output)."""
+QUARANTINE_COST = re.compile(rf"{re.escape(NAME)}: quarantined (?P<segment>embedding|head|"
+                             r"block [^\s()]{1,64}) costs (?P<ratio>\S{1,20}) x the step time")
+"""The quarantine's cost line (:func:`quarantine_cost_line`): the segment and the ratio."""

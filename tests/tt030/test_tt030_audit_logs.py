@@ -55,3 +55,33 @@ def test_real_audited_runs_clean_and_flagged(cpu_harness: Any, tmp_path: Path) -
     assert tools.check["verdict"]["status"] == "flagged" and tools.check["steps_parsed"] == 2
     assert tools.bench_code == 1 and tools.bench["verdict"]["status"] == "flagged"
     assert tools.compare["compare_verdict"] == "numerics audit flagged at step 1"
+
+
+@pytest.mark.slow
+def test_a_forward_flag_against_a_float32_reference_is_named_so(cpu_harness: Any,
+                                                               tmp_path: Path) -> None:
+    """A fault in block 0's compiled forward, the float32 reference: every reader names the
+    block's output (the forward) and the float32 reference, not float64. Its log, paths
+    replaced by <repo>, is tests/fixtures/logs/tt030_cpu_audit_forward_float32_flagged.log."""
+    import torch
+    from torchtitan.models.llama3.config_registry import llama3_debugmodel
+
+    from titan_rocm.adapters.tt030 import rocm
+
+    log = tmp_path / "forward.log"
+    config = cpu_harness.config(llama3_debugmodel(), layers=2, steps=3, compile=True)
+    config.training.mixed_precision_param = "float32"
+    with torchtitan_log(log):
+        trainer = cpu_harness.build(rocm(config, numerics_audit="first_step",
+                                         numerics_audit_reference="float32"))
+        corrupt.install(trainer.model_parts,
+                        corrupt.parse("block=0,graph=forward,fraction=0.05"))
+        cpu_harness.train(trainer)
+    corrupt.uninstall()
+    torch._dynamo.reset()
+    tools = run_tools(log, log)
+    assert tools.check_code == 4 and tools.check["verdict"]["step"] == 1, tools.check
+    reason = tools.check["verdict"]["reason"]
+    assert "block 0's output (forward)" in reason and "float32 reference" in reason, reason
+    assert "float64" not in reason, reason
+    assert tools.bench["valid"] is False and tools.compare_code == 1

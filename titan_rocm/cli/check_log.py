@@ -14,9 +14,10 @@ HELP = (
     "finite (a log that ends in a crash after finite steps is reported as incomplete, still "
     "0); 1: a non-finite value or the divergence guard's stop message; 2: nothing to check "
     "(unreadable or not a regular file, no metric line, no training step, or the middle of "
-    "a line over 1 MiB not read); 3 with --require-complete: every value finite, but a run "
-    "did not finish; 4: every value finite, but the in-training numerics audit flagged a "
-    "step."
+    "a line over 1 MiB not read, or a numerics audit verdict line cut or split by other "
+    "output); 3 with --require-complete: every value finite, but a run did not finish or its "
+    "log shows no end of training; 4: every value finite, but the in-training numerics audit "
+    "flagged a step (a quarantine included)."
 )
 
 
@@ -29,8 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--require-complete", action="store_true",
-        help="exit 3 when a log ends in a crash after finite steps (incomplete), so a CI step "
-        "fails on a run that did not finish (default: 0, the report says incomplete)",
+        help="exit 3 when a log ends in a crash after finite steps (incomplete) or shows no "
+        "end of training ('Training completed', 'Process group destroyed', '[after training "
+        "is done]') after its last step, so a CI step fails on a run that did not finish "
+        "(default: 0, the report says so)",
     )
     parser.add_argument(
         "--json", action="store_true",

@@ -10,13 +10,17 @@ any gave 2, else 3 if any gave 3, else 0):
 1     a non-finite value, or the divergence guard's stop message (``diverged``)
 2     nothing to check: unreadable or not a regular file, no metric line (``empty``), or
       no training step (a start-up crash, only validation lines), or bytes of it not read
-      (the middle of a line longer than 1 MiB without a line end): an unchecked log is not
-      a pass
-3     only with ``--require-complete``: ``incomplete`` after finite steps (the run crashed;
-      a CI step that must see the run finish reads this code)
+      (the middle of a line longer than 1 MiB without a line end), or a numerics audit
+      verdict that cannot be read (``unreadable``: its line cut or split by other output):
+      an unchecked log is not a pass
+3     only with ``--require-complete``: every value finite, but the run did not finish
+      (``incomplete``: it crashed) or the log does not show it finished (no ``Training
+      completed``, ``Process group destroyed`` or ``[after training is done]`` after its
+      last step, e.g. a log cut mid-line); a CI step that must see the run finish reads it
 4     ``flagged``: every value finite, but the in-training numerics audit flagged a step
-      (its report or the stop policy's exception is in the log): the compiled gradients
-      were wrong there
+      (its verdict line, the stop policy's exception, a quarantine line or the end-of-audit
+      line says so): the compiled code was wrong there; a quarantined run is flagged too
+      (protected from then on, but the compiled code is wrong)
 ====  =====================================================================================
 """
 
@@ -32,6 +36,7 @@ from titan_rocm.logs.verdict import (
     FLAGGED,
     INCOMPLETE,
     OK,
+    UNREADABLE,
     Verdict,
     first_bad,
     verdict_of,
@@ -41,7 +46,8 @@ EXIT_OK = 0
 EXIT_NONFINITE = 1
 EXIT_ERROR = 2
 EXIT_INCOMPLETE = 3
-"""``--require-complete``: every value finite, but the log ends in a crash."""
+"""``--require-complete``: every value finite, but the run did not finish or the log does
+not show that it did."""
 EXIT_FLAGGED = 4
 """Every value finite, but the in-training numerics audit flagged a step."""
 
@@ -61,7 +67,7 @@ def exit_code_of(verdict: Verdict) -> int:
         return EXIT_NONFINITE
     if verdict.status == FLAGGED:
         return EXIT_FLAGGED
-    if verdict.unread_bytes:
+    if verdict.unread_bytes or verdict.status == UNREADABLE:
         return EXIT_ERROR
     if verdict.status == OK or (verdict.status == INCOMPLETE and verdict.train_steps):
         return EXIT_OK
@@ -98,8 +104,12 @@ class CheckResult:
         if self.log is None or self.verdict is None:
             return [f"{self.path}: error: {self.error}"]
         v = self.verdict
+        stop = [f"  stop: {v.stop.sentence()}."] if v.stop is not None else []
         if v.status == FLAGGED:
-            return [f"{self.path}: NUMERICS AUDIT FLAGGED: {v.reason}"]
+            return [f"{self.path}: NUMERICS AUDIT FLAGGED: {v.reason}", *stop]
+        if v.status == UNREADABLE:
+            return [f"{self.path}: NUMERICS AUDIT VERDICT UNREADABLE: {v.reason}",
+                    "  This log does not pass until the audit's verdict is read."]
         if v.status == OK:
             out = [f"{self.path}: ok: {v.reason[:-1]} ({self.log.format})."]
             if v.note:
@@ -131,7 +141,7 @@ class CheckResult:
                     f"  {label}: first non-finite step {rec.step} (line {rec.line}): "
                     f"{rec.describe()}."
                 )
-        return out
+        return out + stop
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` object for this log (strict JSON: non-finite values as strings)."""
@@ -184,7 +194,7 @@ def check_file(path: str | Path, fmt: str = "auto") -> CheckResult:
 def combined_exit_code(results: list[CheckResult], require_complete: bool = False) -> int:
     """1 if any log diverged (a definite finding), else 4 if any audit flagged (another),
     else 2 if any was not checked, else (with ``require_complete``) 3 if any run did not
-    finish, else 0."""
+    finish or its log does not show that it did, else 0."""
     codes = {r.exit_code for r in results}
     if EXIT_NONFINITE in codes:
         return EXIT_NONFINITE
@@ -192,7 +202,7 @@ def combined_exit_code(results: list[CheckResult], require_complete: bool = Fals
         return EXIT_FLAGGED
     if EXIT_ERROR in codes or not results:
         return EXIT_ERROR
-    if require_complete and any(r.verdict is not None and r.verdict.status == INCOMPLETE
-                                for r in results):
+    if require_complete and any(r.verdict is not None and (
+            r.verdict.status == INCOMPLETE or not r.verdict.completed) for r in results):
         return EXIT_INCOMPLETE
     return EXIT_OK

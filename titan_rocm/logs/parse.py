@@ -50,15 +50,14 @@ from typing import Any
 
 from titan_rocm import audit_message
 from titan_rocm.files import NotRegularFileError, open_regular
-from titan_rocm.guard_message import NUMBER, fmt_value
+from titan_rocm.guard_message import NUMBER
 from titan_rocm.guard_message import PATTERN as GUARD_PATTERN
+from titan_rocm.logs.record import GUARD_FORMAT, MEGATRON, TORCHTITAN, Record
+from titan_rocm.logs.record import json_value as json_value  # re-exported: its old home
 from titan_rocm.logs.tables import Curve, Figures
 from titan_rocm.serial import json_form
 
 FORMATS: tuple[str, ...] = ("auto", "torchtitan", "megatron")
-TORCHTITAN = "torchtitan"
-MEGATRON = "megatron"
-GUARD_FORMAT = "titan-rocm"
 FORMAT_NAMES: dict[str, str] = {TORCHTITAN: "TorchTitan", MEGATRON: "Megatron-LM"}
 
 MAX_LINE_BYTES = 1 << 20
@@ -125,6 +124,24 @@ _TT_AFTER: dict[str, re.Pattern[str]] = {
     "loss": re.compile(rf"{_SEP}(?:grad_norm|memory):", re.IGNORECASE),
     "grad_norm": re.compile(rf"{_SEP}memory:", re.IGNORECASE),
 }
+# The numerics audit's lines beside audit_message's: a part's header, logged just before its
+# verdict line (titan_rocm/numerics/audit.py, Audit.finish: "numerics audit: part 1 of 3:
+# 1 block(s), 64 tokens, reference float64, 3.7 s"; unspread: "numerics audit: 4 blocks, ..."),
+# and the report's lines under a verdict (titan_rocm/numerics/report.py, format_report).
+_AUDIT_HINTS: tuple[str, ...] = ("numerics audit", "first wrong in the ", "numerics_audit_spread")
+_PART_HEADER = re.compile(
+    r"numerics audit: (?:part (?P<part>\d{1,6}) of \d{1,6}: .{1,200}?|\d{1,6} blocks), "
+    r"\d{1,18} tokens, "
+    r"reference (?P<ref>[^,]{1,80}), \d{1,9}\.\d s\b")
+_BEGUN = f"{audit_message.NAME} begun at step"
+_VERDICT_REFERENCE = re.compile(r"; job [^,;]{1,40}, reference (?P<ref>[^;]{1,80});")
+_FIRST_WRONG = re.compile(r"first wrong in the (?P<dir>forward|backward): "
+                          r"(?P<seg>embedding|head|block [^\s:()]{1,64})")
+_REPORT_PART = re.compile(r"^\s{1,8}part (?P<part>\d{1,6}) of (?P<of>\d{1,6}) "
+                          r"\(numerics_audit_spread\): (?P<what>.{1,200})")
+_REPORT_LINES = 40
+"""How many lines after a flagged verdict line its report's lines are looked for (the
+report's "first wrong in the" lines are its second and third; other ranks may interleave)."""
 _BEFORE_CHARS = 120
 """How far before a named value its neighbour is looked for (a step and separators)."""
 
@@ -133,96 +150,6 @@ _BEFORE_CHARS = 120
 def to_float(text: str) -> float:
     """Parse a number matched by the patterns above (``1,234``, ``-nan``, ``Infinity``)."""
     return float(text.replace(",", ""))
-
-
-def json_value(value: float | None) -> float | str | None:
-    """A metric value for strict JSON: non-finite values become the strings nan/inf/-inf."""
-    if value is None or math.isfinite(value):
-        return value
-    return fmt_value(value)
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """One metric line: a training (or validation) step of one rank."""
-
-    format: str
-    """``torchtitan`` or ``megatron``."""
-    kind: str
-    """``train``, ``validation`` or ``guard`` (the runtime guard's stop message)."""
-    step: int
-    rank: int | None
-    """From a ``[rankN]:`` / ``[defaultN]:`` / ``N: `` prefix; None when the log shows none."""
-    line: int
-    """1-based line number in the source."""
-    losses: tuple[tuple[str, float], ...]
-    """Every loss the line logs, main loss first (TorchTitan: ``loss``; Megatron: ``lm loss``,
-    then e.g. ``load_balancing_loss``)."""
-    grad_norm: float | None = None
-    tps: float | None = None
-    """Tokens per second per device."""
-    tflops: float | None = None
-    """TFLOP/s per device."""
-    mfu: float | None = None
-    """Percent."""
-    memory_gib: float | None = None
-    """TorchTitan: peak reserved memory since the previous log line."""
-    iteration_ms: float | None = None
-    """Megatron: elapsed time per iteration."""
-    nan_iterations: int | None = None
-    """Megatron: ``number of nan iterations`` in the interval."""
-    guard_stop: bool = False
-    """A ``titan-rocm divergence guard: training diverged at step N`` message (kind
-    ``guard``): the run was stopped for a non-finite value, logged or not."""
-    raw: str | None = None
-    """Kind ``unreadable``: the text where a line names a loss or grad norm but holds no
-    finite number the parser can read (``tensor(nan)``, ``1.#QNAN``, a value on a line split
-    from its step by another rank's output); its value counts as NaN: a finding, not noise."""
-
-    @property
-    def loss(self) -> float | None:
-        """The main loss."""
-        return self.losses[0][1] if self.losses else None
-
-    def checked_values(self) -> dict[str, float]:
-        """The values that must be finite: every loss and the grad norm."""
-        values = dict(self.losses)
-        if self.grad_norm is not None:
-            values["grad_norm"] = self.grad_norm
-        return values
-
-    def bad_values(self) -> dict[str, float]:
-        """The non-finite checked values, plus Megatron's nan-iteration count when non-zero."""
-        bad = {k: v for k, v in self.checked_values().items() if not math.isfinite(v)}
-        if self.nan_iterations:
-            bad["number of nan iterations"] = float(self.nan_iterations)
-        if self.guard_stop:
-            bad["divergence guard stop"] = float("nan")
-        return bad
-
-    @property
-    def finite(self) -> bool:
-        """Every loss and grad norm is finite (and Megatron counted no nan iteration)."""
-        return not self.bad_values()
-
-    def describe(self) -> str:
-        """``loss=nan grad_norm=1.23`` for messages: every checked value the line logged."""
-        values = self.checked_values()
-        if self.nan_iterations:
-            values["nan iterations"] = float(self.nan_iterations)
-        if not values:
-            return "no loss or grad norm value logged"
-        if self.raw is not None:
-            name = next(iter(values))
-            return f"{name}: {self.raw!r} is not a finite number the parser can read"
-        return " ".join(f"{k.replace(' ', '_')}={fmt_value(v)}" for k, v in values.items())
-
-    def to_dict(self) -> dict[str, Any]:
-        """The record's position and values as strict JSON (non-finite values as strings)."""
-        return json_form(
-            self, "step rank line kind values bad",
-            values={k: json_value(v) for k, v in self.checked_values().items()},
-            bad={k: json_value(v) for k, v in self.bad_values().items()})
 
 
 @dataclass(frozen=True)
@@ -275,8 +202,12 @@ _EXCEPTION_LINE = re.compile(
 )
 _EXCEPTION_LOOKAHEAD = 400
 """Lines after a traceback start within which its exception line is looked for."""
-# The end of a finished run: TorchTitan 0.2.2's train() and Megatron-LM's pretrain().
-_COMPLETED = re.compile(r"\bTraining completed\b|\[after training is done\]")
+# The end of a finished run: TorchTitan's train() ("Training completed": rank 0 only on 0.2.2,
+# train.py line 710; every rank on 0.3.0, trainer.py line 1073), its main() after a train()
+# that returned ("Process group destroyed", every rank: 0.2.2 train.py line 777, 0.3.0 line
+# 75), and Megatron-LM's pretrain().
+_COMPLETED = re.compile(
+    r"\bTraining completed\b|\bProcess group destroyed\b|\[after training is done\]")
 _TEXT_MAX = 160
 
 # Words without which a line can be neither a metric line nor a crash marker nor the end of
@@ -286,7 +217,7 @@ _METRIC_HINTS: tuple[str, ...] = ("step:", "iteration", "memory (", "diverged at
 _END_HINTS: tuple[str, ...] = (
     "rror", "Traceback", "of memory", "illegal memory", "Segmentation fault", "access fault",
     "Killed", "SIG", "Signal", "terminate called", "dumped", "Watchdog", "Training completed",
-    "after training is done",
+    "Process group destroyed", "after training is done",
 )
 
 
@@ -339,7 +270,12 @@ class ParsedLog:
     """In-training numerics audit verdict lines that say OK (one per audited step: an audit
     spread over steps has one per part)."""
     audits_flagged: list[AuditMark] = field(default_factory=list)
-    """In-training numerics audits that flagged (one per step), in log order."""
+    """In-training numerics audits that flagged (one per step), in log order: from a verdict
+    line, the stop policy's exception, a quarantine line or an end-of-audit line."""
+    audits_unread: list[AuditUnread] = field(default_factory=list)
+    """Audit verdicts that could not be read (a cut or split line): never a pass."""
+    ends_mid_line: bool = False
+    """The log's last line has no line end (the writer stopped, or the file was cut, there)."""
 
     def add(self, record: Record) -> None:
         """Keep ``record`` if its format was asked for; else count it in :attr:`excluded`.
@@ -394,17 +330,62 @@ class ParsedLog:
                       | {rank for rank in self.curves if rank is not None})
 
 
-@dataclass(frozen=True)
+@dataclass
+class Quarantine:
+    """A segment the numerics audit's quarantine policy took out of compilation."""
+
+    step: int
+    segment: str
+    """``block 3``, ``embedding`` or ``head``."""
+    line: int
+    cost: str | None = None
+    """The cost line's ratio of step times after to before (``1.27``), once it is logged."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"step", "segment", "line", "cost_ratio"}``."""
+        return json_form(self, "step segment line cost_ratio=cost")
+
+
+@dataclass
 class AuditMark:
-    """An in-training numerics audit the log shows flagged."""
+    """An in-training numerics audit the log shows flagged, with what its lines say of it."""
 
     step: int
     line: int
     rank: int | None
+    seen_in: str = "verdict line"
+    """The first line that showed it: ``verdict line``, ``stop``, ``quarantine line`` or
+    ``end-of-audit line`` (the per-step verdict line was not read)."""
+    reference: str | None = None
+    """The report's reference (``float64``, ``float32 (TF32 GEMMs)``); None: not read."""
+    wrong: list[tuple[str, str]] = field(default_factory=list)
+    """Where it was first wrong, per direction: (``forward`` | ``backward``, segment)."""
+    part: str | None = None
+    """``part 2 of 4: block 1`` for a spread audit."""
+    stop_line: int | None = None
+    """The stop policy's exception (the run ended there)."""
+    quarantine: Quarantine | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"step", "line", "rank"}``."""
-        return {"step": self.step, "line": self.line, "rank": self.rank}
+        """The mark as strict JSON."""
+        return json_form(self, "step line rank seen_in reference wrong part stop_line "
+                         "quarantine", wrong=[{"direction": d, "segment": g}
+                                              for d, g in self.wrong])
+
+
+@dataclass(frozen=True)
+class AuditUnread:
+    """A numerics audit verdict the log does not let be read: its line was cut or split by
+    other output, or a part's header came with no verdict after it."""
+
+    line: int
+    rank: int | None
+    why: str
+    """One clause for messages."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"line", "rank", "why"}``."""
+        return json_form(self, "line rank why")
 
 
 def _segments(line: str) -> Iterator[tuple[int | None, str]]:
@@ -564,6 +545,21 @@ class _Parser:
             raise ValueError(f"log format {fmt!r} is not valid; accepted: {', '.join(FORMATS)}")
         self.log = ParsedLog(source=source, fmt=fmt, lean=lean)
         self._crash_line = 0  # where the current traceback started (its exception line follows)
+        # Per rank: the audit part headers whose verdict line has not come yet (several
+        # where ranks print without a prefix: each rank's header, then each rank's verdict),
+        # whether the last audit line was a header, and the last flagged verdict (its
+        # report's "first wrong in the" lines follow it).
+        # A header without a part number ("numerics audit: 4 blocks, ...") is logged by
+        # audits outside training too (titan-rocm audit, the audit matrix), which print no
+        # verdict line into the log: it is kept apart and claims a verdict only where the
+        # log stops mid-line right after it.
+        self._audit_pending: dict[int | None, list[tuple[int, str, int | None]]] = {}
+        self._audit_loose: dict[int | None, tuple[int, str, int | None]] = {}
+        self._after_header: dict[int | None, bool] = {}
+        self._audit_report: dict[int | None, AuditMark] = {}
+        # Reports whose verdict line was lost, by rank and part number: an end-of-audit line
+        # that names a flagged step takes its part's report from here.
+        self._orphans: list[tuple[int | None, int | None, AuditMark]] = []
 
     def feed(self, chunk: str) -> None:
         """One or more whole lines (line ends optional)."""
@@ -587,10 +583,12 @@ class _Parser:
                     last_train = i
             if named:
                 self._unreadable(first + i, line, log.records[count:])
-        if "numerics audit" in chunk:
+        if any(h in chunk for h in _AUDIT_HINTS):
             for i, line in enumerate(lines):
-                if "numerics audit" in line:
+                if any(h in line for h in _AUDIT_HINTS):
                     self._audit_line(first + i, line)
+        if chunk:
+            log.ends_mid_line = not chunk.endswith(("\n", "\r"))
         # 2. How the log ends: only lines after the chunk's last training step can hold it
         # (a crash marker followed by a step was a warning the run survived).
         if last_train >= 0:
@@ -636,25 +634,160 @@ class _Parser:
                     grad_norm=nan if is_grad else None, raw=raw[:_TEXT_MAX]))
 
     def _audit_line(self, line_no: int, line: str) -> None:
-        """Follow the in-training numerics audit: its verdict line names the step and says OK
-        or FLAGGED; the stop policy's exception names the step it flagged
-        (:mod:`titan_rocm.audit_message` owns both wordings)."""
-        log = self.log
+        """Follow the in-training numerics audit (docs/numerics-audit.md). Each part's header
+        (``numerics audit: part 1 of 3: ..., reference R, T s``) announces its verdict line
+        (``... at step N: OK`` or ``FLAGGED``), whose report names where it was first wrong
+        and against which reference; the stop policy's exception, a quarantine line and a
+        spread audit's end line (``... flagged at step(s) N``) are evidence of a flag on
+        their own. A verdict line cut or split by other output, or a header with no verdict
+        after it, is an unreadable verdict (:mod:`titan_rocm.audit_message` owns the
+        wordings; :mod:`titan_rocm.numerics.report` and ``numerics/audit.py`` the report's)."""
         for rank, segment in _segments(line):
-            stop = audit_message.STOP.search(segment)
-            if stop:
-                self._flagged(int(stop.group("step")), line_no, rank)
-                continue
-            verdict = audit_message.VERDICT.search(segment)
-            if verdict:
-                if verdict.group("verdict") == "OK":
-                    log.audits_ok += 1
-                else:
-                    self._flagged(int(verdict.group("step")), line_no, rank)
+            self._audit_segment(line_no, rank, segment)
 
-    def _flagged(self, step: int, line_no: int, rank: int | None) -> None:
-        if all(mark.step != step for mark in self.log.audits_flagged):
-            self.log.audits_flagged.append(AuditMark(step, line_no, rank))
+    def _audit_segment(self, line_no: int, rank: int | None, segment: str) -> None:
+        log = self.log
+        report = self._audit_report.get(rank)
+        wrong = _FIRST_WRONG.search(segment)
+        if "numerics audit" not in segment:
+            if self._after_header.get(rank) and (wrong or _REPORT_PART.search(segment)):
+                header = self._waiting(rank)[0]
+                self._lost(rank, header, f"the verdict line after the audit part's header at "
+                           f"line {header} is missing: its report follows at line {line_no} "
+                           "(the verdict line was cut or split by other output)")
+                report = self._audit_report.get(rank)
+            if report is None or line_no - report.line > _REPORT_LINES:
+                return
+            if wrong and all(d != wrong.group("dir") for d, _ in report.wrong):
+                report.wrong.append((wrong.group("dir"), wrong.group("seg")))
+            part = _REPORT_PART.search(segment)
+            if part and report.part is None:
+                report.part = f"part {part.group('part')} of {part.group('of')}: " \
+                    f"{part.group('what').strip()}"
+            return
+        header = _PART_HEADER.search(segment)
+        self._after_header[rank] = header is not None
+        if header:
+            part = header.group("part")
+            entry = (line_no, header.group("ref"), int(part) if part else None)
+            if part:
+                self._audit_pending.setdefault(rank, []).append(entry)
+            else:
+                self._audit_loose[rank] = entry
+            return
+        stop = audit_message.STOP.search(segment)
+        if stop:
+            mark = self._flagged(int(stop.group("step")), line_no, rank, "stop")
+            mark.stop_line = mark.stop_line or line_no
+            if wrong and not mark.wrong:
+                mark.wrong.append((wrong.group("dir"), wrong.group("seg")))
+            return
+        quarantined = audit_message.QUARANTINED.search(segment)
+        if quarantined:
+            step, seg = int(quarantined.group("step")), quarantined.group("segment")
+            mark = self._flagged(step, line_no, rank, "quarantine line")
+            if mark.quarantine is None:
+                mark.quarantine = Quarantine(step, seg, line_no)
+            if wrong and not mark.wrong:  # its "why" is the flag's first line
+                mark.wrong.append((wrong.group("dir"), wrong.group("seg")))
+            return
+        cost = audit_message.QUARANTINE_COST.search(segment)
+        if cost:
+            for mark in reversed(log.audits_flagged):
+                if mark.quarantine and mark.quarantine.segment == cost.group("segment"):
+                    mark.quarantine.cost = cost.group("ratio")
+                    break
+            return
+        verdict = audit_message.VERDICT.search(segment)
+        if verdict:
+            pending = self._answer(rank)
+            if verdict.group("verdict") == "OK":
+                log.audits_ok += 1
+                self._audit_report.pop(rank, None)
+                return
+            mark = self._flagged(int(verdict.group("step")), line_no, rank, "verdict line")
+            reference = _VERDICT_REFERENCE.search(segment, verdict.end())
+            mark.reference = mark.reference or (
+                reference.group("ref") if reference else pending[1] if pending else None)
+            self._audit_report[rank] = mark
+            return
+        complete = audit_message.COMPLETE.search(segment)
+        if complete:
+            said = complete.group("said").rstrip()
+            whole = audit_message.COMPLETE_SAID.fullmatch(said)
+            flagged = whole.group("flagged") if whole else None
+            if whole is None:
+                cut = re.match(r"flagged at step\(s\) (\d{1,18})", said)
+                flagged = cut.group(0) if cut else None
+                if flagged is None:
+                    log.audits_unread.append(AuditUnread(
+                        line_no, rank, f"the end-of-audit line is cut or split: "
+                        f"{_shorten(segment[complete.start():])!r}"))
+            begun = int(complete.group("begun"))
+            for step in re.findall(r"\d{1,18}", flagged or ""):
+                mark = self._flagged(int(step), line_no, rank, "end-of-audit line")
+                orphan = next((o for r, part, o in self._orphans
+                               if r == rank and part == int(step) - begun + 1), None)
+                if mark.seen_in == "end-of-audit line" and orphan is not None:
+                    mark.reference, mark.wrong = orphan.reference, orphan.wrong
+                    mark.part = orphan.part
+            self._orphans = [o for o in self._orphans if o[0] != rank]
+            return
+        begun = segment.find(_BEGUN)
+        if begun >= 0:
+            log.audits_unread.append(AuditUnread(
+                line_no, rank, "the end-of-audit line is cut or split: "
+                f"{_shorten(segment[begun:])!r}"))
+            return
+        at = audit_message.AT_STEP.search(segment)
+        if at and not audit_message.AT_STEP_OUTCOME.match(at.group("rest")):
+            self._lost(rank, line_no, f"the verdict line of step {at.group('step')} is cut or "
+                       f"split by other output: {_shorten(segment[at.start():])!r}")
+            return
+        if at:  # a skip: the part's outcome, with nothing to judge
+            self._answer(rank)
+
+    def _waiting(self, rank: int | None) -> tuple[int, str, int | None]:
+        """The header of ``rank`` just logged (a report follows it with no verdict)."""
+        pending = self._audit_pending.get(rank)
+        return pending[-1] if pending else self._audit_loose[rank]
+
+    def _answer(self, rank: int | None) -> tuple[int, str, int | None] | None:
+        """The oldest part header of ``rank`` waiting for its verdict (else the header
+        without a part number), now answered."""
+        pending = self._audit_pending.get(rank)
+        loose = self._audit_loose.pop(rank, None)
+        return pending.pop(0) if pending else loose
+
+    def _lost(self, rank: int | None, line_no: int, why: str) -> None:
+        """A verdict of ``rank`` that cannot be read: unreadable, and the report lines after
+        it kept aside for an end-of-audit line that names its step flagged."""
+        pending = self._answer(rank)
+        self._after_header[rank] = False
+        self.log.audits_unread.append(AuditUnread(line_no, rank, why))
+        orphan = AuditMark(0, line_no, rank, reference=pending[1] if pending else None)
+        self._orphans.append((rank, pending[2] if pending else None, orphan))
+        self._audit_report[rank] = orphan
+
+    def finish(self) -> None:
+        """The end of the log: a part header still waiting has lost its verdict."""
+        waiting = [(rank, entry) for rank, pending in self._audit_pending.items()
+                   for entry in pending]
+        if self.log.ends_mid_line:
+            waiting += [(rank, entry) for rank, entry in self._audit_loose.items()
+                        if self._after_header.get(rank)]
+        for rank, (line_no, _, _) in sorted(waiting, key=lambda w: w[1][0]):
+            self.log.audits_unread.append(AuditUnread(
+                line_no, rank, f"the audit's header at line {line_no} has no verdict line "
+                "after it (lost, cut or split by other output)"))
+
+    def _flagged(self, step: int, line_no: int, rank: int | None, seen_in: str) -> AuditMark:
+        for mark in self.log.audits_flagged:
+            if mark.step == step:
+                return mark
+        mark = AuditMark(step, line_no, rank, seen_in)
+        self.log.audits_flagged.append(mark)
+        return mark
 
     def _end_line(self, line_no: int, line: str) -> None:
         if self._crash_line and line_no - self._crash_line > _EXCEPTION_LOOKAHEAD:
@@ -708,6 +841,7 @@ def parse_lines(chunks: Iterable[str], fmt: str = "auto", source: str = "<text>"
     parser = _Parser(fmt, source)
     for chunk in chunks:
         parser.feed(chunk)
+    parser.finish()
     return parser.log
 
 
@@ -895,4 +1029,5 @@ def parse_file(path: str | Path, fmt: str = "auto", lean: bool = False,
             raise UnreadableLog(path, str(exc.strerror or exc)) from exc
         for block in _blocks(handle, str(path), parser.log):
             parser.feed(block)
+    parser.finish()
     return parser.log

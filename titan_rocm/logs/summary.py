@@ -12,9 +12,10 @@ Exit codes:
 
 ====  =====================================================================================
 0     valid: the figures may be published
-1     not a valid benchmark: the run diverged, its numerics audit flagged a step, it did
-      not finish (``incomplete``: a crash, no training step, or bytes not read), or it
-      logged a non-finite or negative throughput/memory figure
+1     not a valid benchmark: the run diverged, its numerics audit flagged a step (a
+      quarantine included) or left a verdict that cannot be read, it did not finish
+      (``incomplete``: a crash, no training step, or bytes not read), or it logged a
+      non-finite or negative throughput/memory figure
 2     nothing to summarize: a file unreadable or not a regular file, no metric line at all
       (``empty``), no training step after ``--warmup``, or no throughput figure logged
 ====  =====================================================================================
@@ -44,7 +45,15 @@ from titan_rocm.logs.tables import (
     distinct_count,
     median,
 )
-from titan_rocm.logs.verdict import EMPTY, FLAGGED, INCOMPLETE, OK, Verdict, verdict_of
+from titan_rocm.logs.verdict import (
+    EMPTY,
+    FLAGGED,
+    INCOMPLETE,
+    OK,
+    UNREADABLE,
+    Verdict,
+    verdict_of,
+)
 from titan_rocm.numbers import STEPS
 
 __all__ = ["DEFAULT_WARMUP", "FIGURE_FIELDS", "THROUGHPUT_FIELDS", "Stat", "Summary",
@@ -202,7 +211,12 @@ def _reason(verdict: Verdict) -> str:
     if verdict.status == INCOMPLETE and not verdict.unread_bytes:
         return verdict.reason + " A run that did not finish is not a valid benchmark."
     if verdict.status == FLAGGED:
-        return verdict.reason + " A run whose compiled gradients are wrong is not a valid " \
+        after = (" (after a quarantine, its steps do not time the compiled program)"
+                 if verdict.quarantines else "")
+        return (f"{verdict.reason} A run whose numerics audit flagged a step is not a valid "
+                f"benchmark{after}.")
+    if verdict.status == UNREADABLE:
+        return verdict.reason + " A run whose audit verdict cannot be read is not a valid " \
             "benchmark."
     return verdict.reason
 

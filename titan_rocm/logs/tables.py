@@ -1,6 +1,6 @@
 """Compact tables the log readers keep instead of one object per metric line.
 
-A log of 500,000 metric lines held as :class:`~titan_rocm.logs.parse.Record` objects costs
+A log of 500,000 metric lines held as :class:`~titan_rocm.logs.record.Record` objects costs
 about 400 bytes a line; what the tools print needs much less. Each rank's training curve is
 kept once per distinct step, as machine numbers in sorted arrays (:class:`Curve`: 25 bytes a
 step; the first line of a step wins, as the tools have always read a repeated step), and the
@@ -18,12 +18,10 @@ from array import array
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import ItemsView, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from titan_rocm.guard_message import fmt_value
-
-if TYPE_CHECKING:
-    from titan_rocm.logs.parse import Record
+from titan_rocm.logs.record import Record
 
 THROUGHPUT_FIELDS: tuple[str, ...] = ("tps", "tflops", "mfu", "iteration_ms")
 FIGURE_FIELDS: tuple[str, ...] = (*THROUGHPUT_FIELDS, "memory_gib")

@@ -6,9 +6,14 @@ compare): did it train, finitely, to the end?
 ``diverged``    a non-finite loss or grad norm (or Megatron's nan-iteration count, or the
                 titan-rocm divergence guard's stop message) at step N;
 ``flagged``     every value finite, but the in-training numerics audit
-                (``[rocm] numerics_audit``) flagged step N: its compiled gradients disagree
-                with eager and float64 (the audit's report, or the stop policy's exception,
-                is in the log; docs/numerics-audit.md);
+                (``[rocm] numerics_audit``) flagged step N: its verdict line, the stop
+                policy's exception, a quarantine line or a spread audit's end-of-audit line
+                says so, whatever happened to the others; the reason names what was wrong (a
+                segment's output, the forward, or its gradients, the backward) against the
+                report's reference, and a stop or quarantine (docs/numerics-audit.md);
+``unreadable``  every value finite, but a numerics audit verdict cannot be read: its line is
+                cut or split by other output, or a part's header has no verdict after it (a
+                verdict not read is never a pass);
 ``incomplete``  the log ends in a crash (traceback, OOM, signal, collective error) after its
                 last training step, or has metric lines but no training step at all, or
                 bytes of it were not read (the middle of a line longer than 1 MiB without a
@@ -17,10 +22,11 @@ compare): did it train, finitely, to the end?
 ``empty``       no metric line and no crash: nothing a training log would show.
 
 A crash marker followed by more training steps is a warning the run survived, not an end;
-one after TorchTitan's ``Training completed`` (Megatron: ``[after training is done]``) came
-after training finished and is reported as a note on an ``ok`` run. A log that simply stops,
-with no marker (a scheduler's SIGKILL that printed nothing), cannot be told from a finished
-one.
+one after TorchTitan's ``Training completed`` or ``Process group destroyed`` (Megatron:
+``[after training is done]``) came after training finished and is reported as a note on an
+``ok`` run. A log that simply stops, with no marker and none of those lines (a scheduler's
+SIGKILL that printed nothing, a log cut mid-line), is ``ok`` with a note and
+:attr:`Verdict.completed` false: check-log ``--require-complete`` fails it.
 """
 
 from __future__ import annotations
@@ -35,8 +41,10 @@ from titan_rocm.logs.parse import (
     MAX_LINE_BYTES,
     TAIL_BYTES,
     AuditMark,
+    AuditUnread,
     Crash,
     ParsedLog,
+    Quarantine,
     Record,
 )
 from titan_rocm.logs.tables import distinct_count
@@ -47,7 +55,8 @@ DIVERGED = "diverged"
 FLAGGED = "flagged"
 INCOMPLETE = "incomplete"
 EMPTY = "empty"
-STATUSES: tuple[str, ...] = (OK, DIVERGED, FLAGGED, INCOMPLETE, EMPTY)
+UNREADABLE = "unreadable"
+STATUSES: tuple[str, ...] = (OK, DIVERGED, FLAGGED, UNREADABLE, INCOMPLETE, EMPTY)
 
 
 def first_bad(records: Sequence[Record]) -> Record | None:
@@ -81,6 +90,15 @@ class Verdict:
     """Bytes of the logs not read (over-long lines): the verdict cannot be ``ok``."""
     audit: AuditMark | None = None
     """``flagged``: the first step the in-training numerics audit flagged."""
+    audits_flagged: tuple[AuditMark, ...] = ()
+    """Every step the audit flagged, in step order."""
+    audits_unread: tuple[AuditUnread, ...] = ()
+    """Audit verdicts that could not be read (``unreadable``, or beside a flag)."""
+    completed: bool = False
+    """The log shows the run finished: ``Training completed``, ``Process group destroyed``
+    or ``[after training is done]`` after its last training step."""
+    stop: Stop | None = None
+    """What stopped the run: the audit's stop policy or the divergence guard."""
 
     @property
     def step(self) -> int | None:
@@ -91,21 +109,57 @@ class Verdict:
         return self.audit.step if self.audit is not None else self.last_step
 
     @property
+    def quarantines(self) -> list[Quarantine]:
+        """The segments the audit's quarantine took out of compilation, in step order."""
+        return [m.quarantine for m in self.audits_flagged if m.quarantine is not None]
+
+    @property
     def label(self) -> str:
-        """``ok``, ``diverged at step 7``, ``numerics audit flagged at step 1``,
-        ``incomplete`` or ``empty``."""
+        """``ok``, ``diverged at step 7``, ``numerics audit flagged at step 1`` (``... at step
+        4, block 3 quarantined``), ``numerics audit verdict unreadable``, ``incomplete`` or
+        ``empty``."""
         if self.status == DIVERGED:
             return f"diverged at step {self.step}"
         if self.status == FLAGGED:
-            return f"numerics audit flagged at step {self.step}"
+            quarantined = ", ".join(f"{q.segment} quarantined at step {q.step}"
+                                    if q.step != self.step else f"{q.segment} quarantined"
+                                    for q in self.quarantines)
+            return f"numerics audit flagged at step {self.step}" + (
+                f", {quarantined}" if quarantined else "")
+        if self.status == UNREADABLE:
+            return "numerics audit verdict unreadable"
         return self.status
 
     def to_dict(self) -> dict[str, Any]:
         """The verdict as strict JSON."""
         return json_form(
-            self, "status label reason step train_steps last_step first_bad crash crash_file "
-            "note unread_bytes audit_flagged=audit",
-            crash_file=self.source if self.crash else None)
+            self, "status label reason step train_steps last_step completed first_bad crash "
+            "crash_file note unread_bytes stop audit_flagged=audit flagged_steps quarantined "
+            "audit_unreadable",
+            crash_file=self.source if self.crash else None,
+            flagged_steps=[m.step for m in self.audits_flagged],
+            quarantined=[q.to_dict() for q in self.quarantines],
+            audit_unreadable=[u.to_dict() for u in self.audits_unread])
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A stop the log shows: the audit's stop policy or the divergence guard ended the run."""
+
+    by: str
+    """``numerics audit`` or ``divergence guard``."""
+    step: int
+    line: int
+
+    def sentence(self) -> str:
+        """``the numerics audit's stop policy stopped the run at step 1 (line 67)``."""
+        who = ("the numerics audit's stop policy" if self.by == "numerics audit"
+               else "the divergence guard")
+        return f"{who} stopped the run at step {self.step} (line {self.line})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"by", "step", "line"}``."""
+        return json_form(self, "by step line")
 
 
 def _diverged(bad: Record) -> str:
@@ -129,12 +183,13 @@ def _diverged(bad: Record) -> str:
     )
 
 
-def _first_flagged(logs: Sequence[ParsedLog]) -> tuple[ParsedLog, AuditMark] | None:
-    marks = [(mark.step, i, mark) for i, log in enumerate(logs) for mark in log.audits_flagged]
-    if not marks:
-        return None
-    _, i, mark = min(marks, key=lambda m: m[:2])
-    return logs[i], mark
+def _flag_marks(logs: Sequence[ParsedLog]) -> list[tuple[ParsedLog, AuditMark]]:
+    """Every flagged step over ``logs`` (the first mark of each step), in step order."""
+    marks: dict[int, tuple[ParsedLog, AuditMark]] = {}
+    for log in logs:
+        for mark in log.audits_flagged:
+            marks.setdefault(mark.step, (log, mark))
+    return [marks[step] for step in sorted(marks)]
 
 
 def _ending_crash(log: ParsedLog) -> Crash | None:
@@ -145,17 +200,73 @@ def _ending_crash(log: ParsedLog) -> Crash | None:
     return None
 
 
-def _flagged(log: ParsedLog, mark: AuditMark, crash: Crash | None, several: bool, steps: int,
-             unread: int) -> str:
-    where = f"line {mark.line} of {log.source}" if several else f"line {mark.line}"
-    rank = f", rank {mark.rank}" if mark.rank is not None else ""
-    after = (f"; every loss and grad norm logged is finite over {steps} training step(s)"
-             if steps else "; no training step was logged")
-    ended = f", and the log ends in a crash ({_crash_text(log, crash, several)})" if crash else ""
-    unread_note = f" ({unread} byte(s) of the log were not read)" if unread else ""
-    return (f"the in-training numerics audit flagged step {mark.step} ({where}{rank}): the "
-            f"compiled gradients disagree with eager and float64 there{after}{ended}"
-            f"{unread_note}.")
+def _owner(segment: str) -> str:
+    return segment if segment.startswith("block ") else f"the {segment}"
+
+
+def what_was_wrong(mark: AuditMark) -> str:
+    """What the audit found wrong at ``mark`` and against which reference, from its report
+    lines: ``block 0's output (forward), compiled, is further from the float32 reference
+    than eager's, beyond the audit's threshold``."""
+    reference = (f"the {mark.reference} reference" if mark.reference
+                 else "its reference (no line naming it was read)")
+    said = [f"{_owner(seg)}'s output (forward)" if direction == "forward"
+            else f"{_owner(seg)}'s gradients (backward)" for direction, seg in mark.wrong]
+    if said:
+        verb = "is" if len(said) == 1 and said[0].endswith("(forward)") else "are"
+        return (f"{' and '.join(said)}, compiled, {verb} further from {reference} than "
+                "eager's, beyond the audit's threshold")
+    part = f" of {mark.part}" if mark.part else ""
+    return (f"the compiled code{part} is further from {reference} than eager, beyond the "
+            "audit's threshold (which segment and direction: no report line naming them was "
+            "read)")
+
+
+def _where(log: ParsedLog, line: int, rank: int | None, several: bool) -> str:
+    where = f"line {line} of {log.source}" if several else f"line {line}"
+    return where + (f", rank {rank}" if rank is not None else "")
+
+
+def _flagged(marks: list[tuple[ParsedLog, AuditMark]], crash: tuple[ParsedLog, Crash] | None,
+             several: bool, steps: int, unread: int,
+             unread_audits: Sequence[AuditUnread]) -> str:
+    log, mark = marks[0]
+    seen = {"verdict line": "", "stop": ", the stop policy's exception",
+            "quarantine line": ", a quarantine line",
+            "end-of-audit line": ", the end-of-audit line: its own verdict line was not read"}
+    out = (f"the in-training numerics audit flagged step {mark.step} "
+           f"({_where(log, mark.line, mark.rank, several)}{seen[mark.seen_in]}): "
+           f"{what_was_wrong(mark)}")
+    more = [m.step for _, m in marks[1:]]
+    if more:
+        out += f"; it flagged step(s) {', '.join(map(str, more))} too"
+    if mark.stop_line is not None:
+        out += f"; the stop policy ended the run there (line {mark.stop_line})"
+    for _, m in marks:
+        q = m.quarantine
+        if q is not None:
+            cost = f", at {q.cost} x the step time" if q.cost else ""
+            out += (f"; {q.segment} was quarantined at step {q.step} (line {q.line}): that "
+                    f"step was redone with it eager and it stayed eager{cost}, so the "
+                    f"training after it is protected, but the compiled {q.segment} is wrong")
+    out += (f"; every loss and grad norm logged is finite over {steps} training step(s)"
+            if steps else "; no training step was logged")
+    if crash is not None:
+        out += f", and the log ends in a crash ({_crash_text(*crash, several)})"
+    if unread_audits:
+        out += f"; {_audits_unread(unread_audits, logs_named=None)}"
+    if unread:
+        out += f" ({unread} byte(s) of the log were not read)"
+    return out + "."
+
+
+def _audits_unread(unread: Sequence[AuditUnread], logs_named: str | None) -> str:
+    first = unread[0]
+    rank = f", rank {first.rank}" if first.rank is not None else ""
+    more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
+    where = f" of {logs_named}" if logs_named else ""
+    return (f"{len(unread)} numerics audit verdict(s) could not be read: line {first.line}"
+            f"{where}{rank}: {first.why}{more}")
 
 
 def _unread(logs: Sequence[ParsedLog], unread: int) -> str:
@@ -199,28 +310,68 @@ def _crash_text(log: ParsedLog, crash: Crash, several: bool) -> str:
     return f'{crash.kind} at {where}{rank}: "{crash.text}"'
 
 
+def _stop(records: Sequence[Record], marks: list[tuple[ParsedLog, AuditMark]]) -> Stop | None:
+    guard = min((r for r in records if r.guard_stop), key=lambda r: (r.step, r.line),
+                default=None)
+    if guard is not None:
+        return Stop("divergence guard", guard.step, guard.line)
+    stopped = [m for _, m in marks if m.stop_line is not None]
+    if stopped:
+        return Stop("numerics audit", stopped[0].step, stopped[0].stop_line or stopped[0].line)
+    return None
+
+
+def _not_completed(logs: Sequence[ParsedLog], last: int | None) -> str:
+    mid = [log for log in logs if log.ends_mid_line]
+    cut = ""
+    if mid:
+        cut = (f"; it stops mid-line (line {mid[0].lines}"
+               + (f" of {mid[0].source}" if len(logs) > 1 else "") + ", no line end)")
+    return (f"the log shows no end of training after its last training step {last} "
+            "(TorchTitan's 'Training completed' or 'Process group destroyed', Megatron-LM's "
+            f"'[after training is done]') and no crash marker{cut}: whether the run finished "
+            "cannot be told from it, and --require-complete fails it.")
+
+
 def verdict_of(logs: Sequence[ParsedLog]) -> Verdict:
     """The verdict on one run whose lines are spread over ``logs`` (one file per rank, or one)."""
     records = [r for log in logs for r in log.records]
     count, last = distinct_count(c.steps for log in logs for c in log.curves.values())
-    common: dict[str, Any] = {"train_steps": count, "last_step": last}
+    marks = _flag_marks(logs)
+    unread_audits = tuple(u for log in logs for u in log.audits_unread)
+    common: dict[str, Any] = {
+        "train_steps": count, "last_step": last,
+        "completed": any(log.completed_line is not None for log in logs),
+        "stop": _stop(records, marks), "audits_flagged": tuple(m for _, m in marks),
+        "audits_unread": unread_audits}
     unread = sum(log.skipped_bytes for log in logs)
     bad = first_bad(records)
     if bad is not None:
         return Verdict(DIVERGED, _diverged(bad), first_bad=bad, unread_bytes=unread, **common)
-    flagged = _first_flagged(logs)
-    if flagged is not None:
-        log, mark = flagged
+    several = len(logs) > 1
+    if marks:
+        log, mark = marks[0]
         crash = _ending_crash(log)
-        return Verdict(FLAGGED, _flagged(log, mark, crash, len(logs) > 1, count, unread),
+        return Verdict(FLAGGED, _flagged(marks, (log, crash) if crash else None, several, count,
+                                         unread, unread_audits),
                        audit=mark, crash=crash, source=log.source, unread_bytes=unread,
                        **common)
+    if unread_audits:
+        holder = next(log for log in logs if log.audits_unread)
+        steps = (f"every loss and grad norm logged is finite over {count} training step(s)"
+                 if count else "no training step was logged")
+        return Verdict(
+            UNREADABLE,
+            f"{_audits_unread(unread_audits, holder.source if several else None)}; {steps}, "
+            "but an audit verdict not read is no pass: read the audit's report in the log "
+            "(docs/numerics-audit.md) or run the audit again.",
+            unread_bytes=unread, **common)
     if unread:
         return Verdict(INCOMPLETE, _unread(logs, unread), unread_bytes=unread, **common)
     ending = [(log, crash) for log in logs if (crash := _ending_crash(log)) is not None]
     if ending:
         log, crash = ending[0]
-        crash_text = _crash_text(log, crash, len(logs) > 1)
+        crash_text = _crash_text(log, crash, several)
         if count:
             reason = (
                 f"the run did not finish: after its last logged training step "
@@ -251,8 +402,10 @@ def verdict_of(logs: Sequence[ParsedLog]) -> Verdict:
         log, crash = after[0]
         note = (
             f"training completed (line {log.completed_line}), then the process failed "
-            f"({_crash_text(log, crash, len(logs) > 1)}); the training steps are complete."
+            f"({_crash_text(log, crash, several)}); the training steps are complete."
         )
+    elif not common["completed"]:
+        note = _not_completed(logs, last)
     return Verdict(
         OK,
         f"every loss and grad norm is finite over {count} training step(s), "
