@@ -1,0 +1,258 @@
+"""``numerics_audit_policy = "quarantine"`` (docs/numerics-audit.md#quarantine) on TorchTitan
+0.2.2's real ``Trainer.train()`` on CPU (tests/support/audit_trainer.py: blocks compiled by the
+model's own ``parallelize_fn``, each an ``OptimizedModule``), with the test fault in compiled
+code only (``TITAN_ROCM_DEBUG_CORRUPT``): the flagged micro-batch is redone with the segment
+eager, the segment stays eager, later audits of it are ok, and the final loss lands within the
+noise band of clean runs."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+TESTS = Path(__file__).resolve().parents[2]
+
+STEPS = 6
+EVERY = ["--rocm.numerics_audit", "every_n_steps", "--rocm.numerics_audit_every", "4"]
+"""Audits at steps 1 and 4 (each whole: ``SPREAD``), and the recheck a quarantine asks for at
+the step after it."""
+SPREAD = ["--rocm.numerics_audit_spread", "1"]
+"""The whole audit at step 1, so a fault there from the first step is caught before any of
+its gradients is applied: what is left to compare is quarantine alone."""
+TOLERANCE = 1e-6
+"""The relative loss difference never called one (``compare --tolerance``, as a fraction).
+On CPU in float32 repeat runs are bit-identical, so the noise band is this tolerance: above a
+block run eager instead of compiled (float32 rounding, a few 1e-7 after six steps), below
+what one step of the test fault's gradients leaves (1e-5 and more)."""
+
+
+@pytest.fixture
+def audit_env(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """tests/support/audit_trainer.py importable, the fault off, process patches undone."""
+    from tests.support.moe_test_models import clean_patches
+
+    monkeypatch.syspath_prepend(str(TESTS))
+    monkeypatch.delenv("TITAN_ROCM_DEBUG_CORRUPT", raising=False)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)
+    from tests.support import cpu_trainer
+
+    cpu_trainer.cpu_patches(monkeypatch.setattr)
+    monkeypatch.setattr(cpu_trainer.CpuTrainer, "patch_for_cpu", False)
+    from titan_rocm.testing import corrupt
+
+    corrupt.uninstall()
+    with clean_patches(), torch._inductor.config.patch(compile_threads=1):
+        from tests.support import audit_trainer
+
+        yield audit_trainer
+    from titan_rocm import patches
+    from titan_rocm.workarounds.divergence_guard import hooks
+    from titan_rocm.workarounds.numerics_audit import quarantine, seams_tt022
+
+    seams_tt022.uninstall()
+    patches.restore(by=quarantine.BY)
+    hooks.uninstall()
+    corrupt.uninstall()
+
+
+class Run:
+    """One training run: each step's logged loss, the audit's results and log lines, and
+    which blocks ran compiled at the end (before the trainer closed)."""
+
+    def __init__(self, losses: dict[int, float], results: list[dict[str, Any]],
+                 lines: list[str], compiled: dict[str, bool], audit: Any) -> None:
+        self.losses, self.results, self.lines = losses, results, lines
+        self.compiled, self.audit = compiled, audit
+
+
+def _compiled(trainer: Any) -> dict[str, bool]:
+    """Block key -> whether calling it runs compiled code now (its ``forward`` is Dynamo's)."""
+    out = {}
+    for key, block in trainer.model_parts[0].layers.named_children():
+        forward = block.__dict__.get("forward")
+        out[key] = forward is not None and hasattr(forward, "_torchdynamo_orig_callable")
+    return out
+
+
+def train(audit_env: Any, monkeypatch: Any, caplog: Any, policy: str,
+          fault: str | None = None, model: str = "llama3", layers: int = 3,
+          steps: int = STEPS, extra: list[str] | None = None) -> Run:
+    """Train ``model`` (``layers`` blocks) ``steps`` steps under ``policy`` with ``fault``
+    (compiled code only) from the first step."""
+    from torchtitan.components.metrics import MetricsProcessor
+
+    from titan_rocm.adapters.tt022.converters.converter import JOB_ATTR
+    from titan_rocm.testing import corrupt
+
+    losses: dict[int, float] = {}
+    original = MetricsProcessor.log
+
+    def log(self: Any, step: int, loss: Any, *a: Any, **k: Any) -> Any:
+        losses[step] = float(loss)
+        return original(self, step, loss, *a, **k)
+
+    monkeypatch.setattr(audit_env.AuditTrainer, "data_batches", None)
+    caplog.clear()
+    caplog.set_level(logging.INFO, logger="titan_rocm")
+    trainer, _ = audit_env.build(audit_env.MODELS[model] + [
+        "--training.steps", str(steps), "--metrics.log_freq", "1",
+        "--rocm.numerics_audit_policy", policy, *EVERY, *(extra or [])], layers)
+    if fault is not None:
+        corrupt.install(trainer.model_parts, corrupt.parse(fault))
+    audit = trainer.model_parts[0].__dict__[JOB_ATTR].instances["numerics_audit"]
+    MetricsProcessor.log = log
+    compiled: dict[str, bool] = {}
+    try:
+        trainer.train()
+        compiled = _compiled(trainer)
+    finally:
+        MetricsProcessor.log = original
+        trainer.close()
+    lines = [m for m in caplog.messages if "numerics audit" in m or "quarantine" in m]
+    from titan_rocm.workarounds.numerics_audit import seams_tt022
+
+    seams_tt022.uninstall()
+    return Run(losses, audit.results, lines, compiled, audit)
+
+
+def within_noise(base: dict[int, float], repeats: list[dict[int, float]],
+                 other: dict[int, float]) -> tuple[float, float]:
+    """``other``'s largest relative loss difference to ``base`` over the steps, and the noise
+    band at the last, as ``titan-rocm compare --noise`` computes them (with
+    :data:`TOLERANCE`)."""
+    from titan_rocm.logs.compare import noise_band, relative
+
+    band = noise_band(base, repeats, TOLERANCE)
+    diff = relative(base, other)
+    return max(abs(v) for v in diff.values), band.values[-1]
+
+
+def check_quarantined(run: Run, block: str, step: int, steps: int = STEPS) -> None:
+    """``block`` quarantined at ``step`` (one line), eager to the end while every other block
+    stays compiled, each later audit of it ok, and the run trained every step."""
+    from titan_rocm import audit_message
+
+    assert sorted(run.losses) == list(range(1, steps + 1))
+    quarantined = [m for m in run.lines if audit_message.QUARANTINED.search(m)]
+    assert len(quarantined) == 1, run.lines
+    found = audit_message.QUARANTINED.search(quarantined[0])
+    assert found and found["segment"] == f"block {block}" and int(found["step"]) == step
+    assert "(first wrong in the" in quarantined[0]
+    assert run.compiled == {k: k != block for k in run.compiled}
+    later = [r for r in run.results if r["step"] > step
+             and any(s["segment"] == block for s in r["segments"])]
+    assert later and all(r["verdict"] == "ok" for r in later), [
+        (r["step"], r["verdict"]) for r in run.results]
+    assert run.audit.quarantined == {block: step}
+    assert f"titan-rocm: the quarantined block {block} is ok at step {later[0]['step']} " \
+           f"(eager since step {step})" in run.lines
+
+
+_CLEAN: dict[str, tuple[dict[int, float], dict[int, float]]] = {}
+"""Per model: a clean run's losses and a repeat's (computed once per process)."""
+
+
+def clean_runs(audit_env: Any, monkeypatch: Any, caplog: Any,
+               model: str = "llama3") -> tuple[dict[int, float], dict[int, float]]:
+    """Two clean runs of ``model`` under quarantine (nothing is flagged in either)."""
+    if model not in _CLEAN:
+        runs = [train(audit_env, monkeypatch, caplog, "quarantine", model=model,
+                      extra=SPREAD) for _ in range(2)]
+        for run in runs:
+            assert not [m for m in run.lines if "quarantined" in m], run.lines
+            assert run.results and all(r["verdict"] == "ok" for r in run.results)
+        _CLEAN[model] = (runs[0].losses, runs[1].losses)
+    return _CLEAN[model]
+
+
+def test_a_forward_fault_is_quarantined_and_trains_to_a_clean_runs_loss(
+        audit_env: Any, monkeypatch: Any, caplog: Any) -> None:
+    """3 % of block 1's compiled forward (llama3, three blocks) from the first step: the audit
+    at step 1 flags it, the micro-batch is redone with block 1 eager, so no gradient of the
+    flagged pass is applied; block 1 stays eager while blocks 0 and 2 stay compiled, the
+    recheck at step 2 and the audit at step 4 are ok, and every step's loss is within the
+    noise band of two clean runs, where the same fault under ``warn`` leaves it."""
+    clean, repeat = clean_runs(audit_env, monkeypatch, caplog)
+    fault = "block=1,graph=forward,fraction=0.03"
+    healed = train(audit_env, monkeypatch, caplog, "quarantine", fault, extra=SPREAD)
+    check_quarantined(healed, "1", 1)
+    assert [(r["step"], r["verdict"]) for r in healed.results] == [
+        (1, "flagged"), (2, "ok"), (4, "ok")]
+    diff, band = within_noise(clean, [repeat], healed.losses)
+    assert diff <= band, (diff, band, healed.losses, clean)
+    warned = train(audit_env, monkeypatch, caplog, "warn", fault, extra=SPREAD)
+    diff, band = within_noise(clean, [repeat], warned.losses)
+    assert diff > band, (diff, band)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,fault", [
+    ("llama3", "block=0,graph=forward,fraction=0.03"),
+    ("llama3", "block=0,graph=backward,fraction=0.03"),
+    ("llama3", "block=1,graph=backward,fraction=0.03"),
+    ("llama3", "block=2,graph=forward,fraction=0.03"),
+    ("llama3", "block=2,graph=backward,fraction=0.03"),
+    ("deepseek_v3", "block=1,graph=forward,fraction=0.03"),
+    ("deepseek_v3", "block=2,graph=backward,fraction=0.03"),
+])
+def test_the_quarantine_matrix(audit_env: Any, monkeypatch: Any, caplog: Any, model: str,
+                               fault: str) -> None:
+    """Forward and backward faults in the first, a middle and the last block (deepseek_v3:
+    dense block 0, MoE blocks 1 and 2, whose token counts the redo puts back): each
+    quarantined at step 1, eager to the end with later audits ok, every step's loss within
+    the clean runs' noise band."""
+    from titan_rocm.testing import corrupt
+
+    clean, repeat = clean_runs(audit_env, monkeypatch, caplog, model)
+    healed = train(audit_env, monkeypatch, caplog, "quarantine", fault, model=model,
+                   extra=SPREAD)
+    check_quarantined(healed, corrupt.parse(fault).key, 1)
+    diff, band = within_noise(clean, [repeat], healed.losses)
+    assert diff <= band, (diff, band, healed.losses, clean)
+
+
+@pytest.mark.slow
+def test_a_spread_audit_quarantines_at_the_step_replaying_the_block_and_rechecks_next(
+        audit_env: Any, monkeypatch: Any, caplog: Any) -> None:
+    """The default spread (block 0, 1, 2, then the rest at steps 1 to 4): 3 % of block 1's
+    backward is flagged at step 2 and quarantined there; the recheck of block 1 runs at step 3,
+    ahead of the parts still to run, and is ok; the audit's end line counts five parts. Step 1
+    applied the fault's gradients (the detection latency quarantine cannot undo), so the loss
+    is judged against compare's default tolerance (0.01 %) only."""
+    from titan_rocm.logs.compare import DEFAULT_TOLERANCE_PCT, noise_band, relative
+
+    clean, repeat = clean_runs(audit_env, monkeypatch, caplog)
+    healed = train(audit_env, monkeypatch, caplog, "quarantine",
+                   "block=1,graph=backward,fraction=0.03")
+    check_quarantined(healed, "1", 2)
+    assert [(r["step"], r["part"]["blocks"], r["verdict"]) for r in healed.results] == [
+        (1, ["0"], "ok"), (2, ["1"], "flagged"), (3, ["1"], "ok"), (4, ["2"], "ok"),
+        (5, [], "ok")]
+    assert ("titan-rocm numerics audit begun at step 1 ended at step 5: 5 parts, flagged at "
+            "step(s) 2") in healed.lines
+    band = noise_band(clean, [repeat], DEFAULT_TOLERANCE_PCT / 100)
+    assert max(abs(v) for v in relative(clean, healed.losses).values) <= band.values[-1]
+
+
+@pytest.mark.slow
+def test_a_quarantined_block_flagged_again_stops_the_run(
+        audit_env: Any, monkeypatch: Any, caplog: Any) -> None:
+    """Where eager does not clear the flag (here: the switch is made to leave block 0
+    compiled, so the fault stays), the recheck at step 2 flags block 0 again and the run stops
+    with :class:`NumericsAuditFlagged`, naming the step it was quarantined at."""
+    from titan_rocm.workarounds.numerics_audit import quarantine
+    from titan_rocm.workarounds.numerics_audit.workaround import NumericsAuditFlagged
+
+    monkeypatch.setattr(quarantine, "_module_switches", lambda prefix, module: [
+        quarantine.Switch(module, "forward", lambda original: original, prefix)])
+    with pytest.raises(NumericsAuditFlagged, match=(
+            r"^titan-rocm numerics audit flagged step 2 \(first wrong in the forward: block 0; "
+            r"first wrong in the backward: block 0\) and block 0, eager since its quarantine "
+            r"at step 1, is still wrong")):
+        train(audit_env, monkeypatch, caplog, "quarantine", "block=0,graph=forward,fraction=0.03",
+              layers=2, extra=SPREAD)
