@@ -68,6 +68,7 @@ class Run:
                  lines: list[str], compiled: dict[str, bool], audit: Any) -> None:
         self.losses, self.results, self.lines = losses, results, lines
         self.compiled, self.audit = compiled, audit
+        self.loss_compiled: bool | None = None
 
 
 def _compiled(trainer: Any) -> dict[str, bool]:
@@ -107,9 +108,11 @@ def train(audit_env: Any, monkeypatch: Any, caplog: Any, policy: str,
     audit = trainer.model_parts[0].__dict__[JOB_ATTR].instances["numerics_audit"]
     MetricsProcessor.log = log
     compiled: dict[str, bool] = {}
+    loss_compiled = None
     try:
         trainer.train()
         compiled = _compiled(trainer)
+        loss_compiled = hasattr(trainer.loss_fn, "_torchdynamo_orig_callable")
     finally:
         MetricsProcessor.log = original
         trainer.close()
@@ -117,7 +120,9 @@ def train(audit_env: Any, monkeypatch: Any, caplog: Any, policy: str,
     from titan_rocm.workarounds.numerics_audit import seams_tt022
 
     seams_tt022.uninstall()
-    return Run(losses, audit.results, lines, compiled, audit)
+    run = Run(losses, audit.results, lines, compiled, audit)
+    run.loss_compiled = loss_compiled
+    return run
 
 
 def within_noise(base: dict[int, float], repeats: list[dict[int, float]],
@@ -133,15 +138,17 @@ def within_noise(base: dict[int, float], repeats: list[dict[int, float]],
 
 
 def check_quarantined(run: Run, block: str, step: int, steps: int = STEPS) -> None:
-    """``block`` quarantined at ``step`` (one line), eager to the end while every other block
-    stays compiled, each later audit of it ok, and the run trained every step."""
+    """``block`` (a ``model.layers`` key, or ``head``) quarantined at ``step`` (one line),
+    eager to the end while every other block stays compiled, each later audit of it ok, and
+    the run trained every step."""
     from titan_rocm import audit_message
 
     assert sorted(run.losses) == list(range(1, steps + 1))
     quarantined = [m for m in run.lines if audit_message.QUARANTINED.search(m)]
     assert len(quarantined) == 1, run.lines
     found = audit_message.QUARANTINED.search(quarantined[0])
-    assert found and found["segment"] == f"block {block}" and int(found["step"]) == step
+    name = block if block == "head" else f"block {block}"
+    assert found and found["segment"] == name and int(found["step"]) == step
     assert "(first wrong in the" in quarantined[0]
     assert run.compiled == {k: k != block for k in run.compiled}
     later = [r for r in run.results if r["step"] > step
@@ -149,7 +156,7 @@ def check_quarantined(run: Run, block: str, step: int, steps: int = STEPS) -> No
     assert later and all(r["verdict"] == "ok" for r in later), [
         (r["step"], r["verdict"]) for r in run.results]
     assert run.audit.quarantined == {block: step}
-    assert f"titan-rocm: the quarantined block {block} is ok at step {later[0]['step']} " \
+    assert f"titan-rocm: the quarantined {name} is ok at step {later[0]['step']} " \
            f"(eager since step {step})" in run.lines
 
 
@@ -199,19 +206,22 @@ def test_a_forward_fault_is_quarantined_and_trains_to_a_clean_runs_loss(
     ("llama3", "block=2,graph=backward,fraction=0.03"),
     ("deepseek_v3", "block=1,graph=forward,fraction=0.03"),
     ("deepseek_v3", "block=2,graph=backward,fraction=0.03"),
+    ("llama3", "block=head,graph=forward,op=sub,fraction=0.03"),
+    ("llama3", "block=head,graph=backward,op=sub,fraction=0.03"),
 ])
 def test_the_quarantine_matrix(audit_env: Any, monkeypatch: Any, caplog: Any, model: str,
                                fault: str) -> None:
     """Forward and backward faults in the first, a middle and the last block (deepseek_v3:
-    dense block 0, MoE blocks 1 and 2, whose token counts the redo puts back): each
-    quarantined at step 1, eager to the end with later audits ok, every step's loss within
-    the clean runs' noise band."""
+    dense block 0, MoE blocks 1 and 2, whose token counts the redo puts back) and in the
+    head's compiled loss: each quarantined at step 1, eager to the end with later audits ok,
+    every step's loss within the clean runs' noise band."""
     from titan_rocm.testing import corrupt
 
     clean, repeat = clean_runs(audit_env, monkeypatch, caplog, model)
     healed = train(audit_env, monkeypatch, caplog, "quarantine", fault, model=model,
                    extra=SPREAD)
     check_quarantined(healed, corrupt.parse(fault).key, 1)
+    assert healed.loss_compiled == (corrupt.parse(fault).key != "head")
     diff, band = within_noise(clean, [repeat], healed.losses)
     assert diff <= band, (diff, band, healed.losses, clean)
 
