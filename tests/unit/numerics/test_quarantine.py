@@ -266,3 +266,117 @@ def test_a_quarantined_block_flagged_again_stops_the_run(
             r"at step 1, is still wrong")):
         train(audit_env, monkeypatch, caplog, "quarantine", "block=0,graph=forward,fraction=0.03",
               layers=2, extra=SPREAD)
+
+
+# -- the pieces, on toy modules (no trainer) --------------------------------------------------
+
+
+def _toy() -> tuple[torch.nn.Module, Any]:
+    """A TorchTitan-shaped model: block 0 ``torch.compile``d (an ``OptimizedModule``), block 1
+    compiled in place, block 2 eager; and a trainer whose loss is ``torch.compile``d."""
+    import types
+
+    model = torch.nn.Module()
+    model.tok_embeddings = torch.nn.Embedding(8, 4)
+    blocks = {"0": torch.compile(torch.nn.Linear(4, 4)), "1": torch.nn.Linear(4, 4),
+              "2": torch.nn.Linear(4, 4)}
+    blocks["1"].compile()
+    model.layers = torch.nn.ModuleDict(blocks)
+    model.norm = torch.nn.LayerNorm(4)
+    model.output = torch.nn.Linear(4, 8)
+
+    def loss(pred: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(pred, labels)
+
+    return model, types.SimpleNamespace(loss_fn=torch.compile(loss), eager_loss=loss)
+
+
+def test_the_eager_switches_of_each_kind_of_segment_and_their_undoing() -> None:
+    """A ``torch.compile``d block's ``forward`` becomes its module's own call, a block compiled
+    in place loses its compiled call, an eager block and the (eager) embedding have nothing to
+    switch, the head's compiled loss becomes its function; the job's scope puts every one
+    back."""
+    from titan_rocm import patches
+    from titan_rocm.workarounds.numerics_audit import quarantine
+
+    model, trainer = _toy()
+    layers = model.layers
+    compiled_forward = layers["0"].forward
+    found = {seg: quarantine.eager_switches([model], trainer, seg)
+             for seg in ("0", "1", "2", "embedding", "head")}
+    assert {seg: [s.what for s in sw] for seg, sw in found.items()} == {
+        "0": ["layers.0"], "1": ["layers.1"], "2": [], "embedding": [], "head": ["loss_fn"]}
+    with patches.scope("job") as scope:
+        for switches in found.values():
+            for s in switches:
+                scope.patch(s.owner, s.name, s.make, by=quarantine.BY)
+        assert layers["0"].forward == layers["0"]._orig_mod.__call__
+        assert layers["1"]._compiled_call_impl is None
+        assert trainer.loss_fn is trainer.eager_loss
+        x = torch.randn(2, 4)
+        assert torch.equal(layers["0"](x), layers["0"]._orig_mod(x))
+    assert layers["0"].forward is compiled_forward
+    assert layers["1"]._compiled_call_impl is not None
+    assert trainer.loss_fn is not trainer.eager_loss
+
+
+def test_the_undo_puts_back_grads_buffers_rng_and_the_generations_state() -> None:
+    """What the flagged pass changed, put back before the redo: gradients (the copies of any
+    there were, None where None), buffers (a token count), the RNG stream, and the seam's
+    own state."""
+    from titan_rocm.workarounds.numerics_audit import quarantine
+
+    model = torch.nn.Linear(3, 3)
+    model.register_buffer("tokens", torch.zeros(3))
+    model.weight.grad = torch.ones(3, 3)
+    state = {"seen": 5}
+    undo = quarantine.Undo([model], torch.device("cpu"),
+                           lambda: state.__setitem__("seen", 5))
+    expected = torch.rand(4)
+    model(torch.randn(2, 3)).sum().backward()
+    model.tokens += 7
+    state["seen"] = 9
+    undo()
+    assert torch.equal(model.weight.grad, torch.ones(3, 3)) and model.bias.grad is None
+    assert torch.equal(model.tokens, torch.zeros(3)) and state == {"seen": 5}
+    assert torch.equal(torch.rand(4), expected)  # the stream as at the snapshot
+
+
+def test_the_step_clock_compares_unaudited_steps_on_each_side(monkeypatch: Any) -> None:
+    """Steps an audit touched are left out; the cost is known once COST_STEPS unaudited steps
+    ran after the quarantine, against up to COST_STEPS before it."""
+    from titan_rocm.workarounds.numerics_audit import quarantine
+
+    now = [0.0]
+    monkeypatch.setattr(quarantine.time, "perf_counter", lambda: now[0])
+    clock = quarantine.StepClock()
+    for seconds, touched in [(9.0, True), (1.0, False), (1.0, False), (5.0, True)]:
+        clock.step_begins()
+        clock.touched = touched
+        now[0] += seconds
+    clock.step_begins()
+    clock.quarantined("block 1")  # this step is audited and redone
+    now[0] += 7.0
+    for _ in range(quarantine.COST_STEPS):
+        assert clock.measured() is None
+        clock.step_begins()
+        now[0] += 1.5
+    clock.step_begins()
+    assert clock.measured() == (["block 1"], [1.0, 1.0], [1.5] * quarantine.COST_STEPS)
+    assert clock.measured() is None
+
+
+def test_the_quarantines_stop_sentences_read_as_stops() -> None:
+    from titan_rocm import audit_message
+
+    again = audit_message.quarantine_failed_line(
+        6, "first wrong in the forward: block 2", "block 2", 5)
+    cannot = audit_message.unquarantinable_line(
+        3, "the end-to-end loss", "only the end-to-end loss is wrong")
+    for line in (again, cannot):
+        found = audit_message.STOP.search(line)
+        assert found and found["step"] in ("6", "3")
+        assert not audit_message.QUARANTINED.search(line)
+    assert again == ("titan-rocm numerics audit flagged step 6 (first wrong in the forward: "
+                     "block 2) and block 2, eager since its quarantine at step 5, is still "
+                     'wrong: [rocm] numerics_audit_policy = "quarantine" stops the run')
