@@ -380,3 +380,63 @@ def test_the_quarantines_stop_sentences_read_as_stops() -> None:
     assert again == ("titan-rocm numerics audit flagged step 6 (first wrong in the forward: "
                      "block 2) and block 2, eager since its quarantine at step 5, is still "
                      'wrong: [rocm] numerics_audit_policy = "quarantine" stops the run')
+
+
+def _fsdp_run(tmp_path: Path, fault: str | None, port: int) -> tuple[str, dict[int, float]]:
+    """5 steps of llama3 debug (two blocks), compiled, FSDP over two gloo ranks in float32,
+    under quarantine with whole audits at steps 1 and 4; the log and rank 0's losses."""
+    import os
+    import subprocess
+    import sys
+
+    from titan_rocm.logs.parse import parse_text
+    from titan_rocm.testing.corrupt import ENV
+
+    root = TESTS.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), os.environ.get(
+        "PYTHONPATH", "")]))
+    env.pop(ENV, None)
+    if fault is not None:
+        env[ENV] = fault
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--tee",
+           "3", "--master_port", str(port), "-m", "tests.support.audit_train_main",
+           "--model.converters", "rocm", "--compile.enable", "--activation_checkpoint.mode",
+           "none", "--training.steps", "5", "--metrics.log_freq", "1",
+           "--parallelism.data_parallel_shard_degree", "2",
+           "--training.mixed_precision_param", "float32", "--rocm.numerics_audit_policy",
+           "quarantine", "--rocm.numerics_audit", "every_n_steps",
+           "--rocm.numerics_audit_every", "4", "--rocm.numerics_audit_spread", "1"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900,
+                          cwd=tmp_path)
+    text = done.stdout + done.stderr
+    assert done.returncode == 0, text[-3000:]
+    records = [r for r in parse_text(text).train_records if r.rank in (None, 0)]
+    return text, {r.step: r.loss for r in records}
+
+
+@pytest.mark.slow
+def test_fsdp_two_ranks_quarantine_the_same_block_and_train_to_a_clean_runs_loss(
+        tmp_path: Path) -> None:
+    """FSDP over two gloo ranks (each block an ``OptimizedModule`` that FSDP wraps): 3 % of
+    block 1's compiled backward on both ranks is flagged at step 1 (one verdict over the
+    ranks), both ranks quarantine block 1 and redo the micro-batch (the redo's reduce-scatter
+    is collective: a rank that did not would hang), the recheck at step 2 is ok on both, the
+    run ends, and every step's loss is within the band of a clean run (float32 gloo repeats
+    are bit-identical)."""
+    import os
+
+    from titan_rocm import audit_message
+
+    port = 29_500 + os.getpid() % 300
+    clean_text, clean = _fsdp_run(tmp_path, None, port)
+    assert not audit_message.QUARANTINED.search(clean_text)
+    text, healed = _fsdp_run(tmp_path, "block=1,graph=backward,fraction=0.03", port + 1)
+    lines = [line for line in text.splitlines() if audit_message.QUARANTINED.search(line)]
+    assert len(lines) == 2, lines  # one per rank
+    assert all("at step 1: quarantined block 1 (first wrong in the backward: block 1" in line
+               for line in lines)
+    assert text.count("titan-rocm: the quarantined block 1 is ok at step 2 (eager since "
+                      "step 1)") == 2
+    assert sorted(healed) == sorted(clean) == [1, 2, 3, 4, 5]
+    diff, band = within_noise(clean, [clean], healed)
+    assert diff <= band, (diff, band, healed, clean)
