@@ -25,8 +25,20 @@ the training steps from the second audit on: that audit's parts, one per step, m
 fault at the part that replays its block, naming the block and the direction, and no other
 block (the figure ``in_training_detection``).
 
+``--quarantine`` (with ``--train-fault``) proves ``numerics_audit_policy = "quarantine"``
+(docs/numerics-audit.md#quarantine) instead of the matrix: per model two trainings of
+``QUARANTINE_STEPS`` steps under that policy, audits begun every ``QUARANTINE_EVERY`` steps
+(from step 1), one clean (``NAME-clean``) and one with the fault on from the second audit's
+first step (``NAME``), no matrix and no references. The figure ``quarantine``: the flag, the
+quarantine line (segment, the flagged micro-batch's time compiled and redone eager), its cost
+line, each later audit of the segment, the median unaudited step before and after, the run's
+end, and its final loss against the clean run's (``titan-rocm compare``'s relative difference
+and default tolerance). ``--clean-runs N`` adds clean repeats for a noise band.
+
     python -m benchmarks.audit_matrix --out DIR [--only llama3_1b,...] [--seeds 5] [--cost]
                                       [--spread N] [--train-fault SPEC]
+    python -m benchmarks.audit_matrix --out DIR --quarantine --train-fault SPEC
+                                      [--only llama3_1b,deepseek_v3_4b] [--clean-runs N]
     python -m benchmarks.audit_matrix --reanalyse DIR        # every figure again, on a CPU
     python -m benchmarks.audit_matrix --list
 
@@ -43,6 +55,7 @@ import argparse
 import dataclasses
 import json
 import math
+import re
 import statistics
 import sys
 import time
@@ -60,6 +73,11 @@ are plain steps."""
 BEFORE_SPREAD = {"steps": 6, "every": 4, "spread": 1}
 """The schedule of runs stored before ``numerics_audit_spread``."""
 REFERENCES = ("float64", "float32", "tf32")
+QUARANTINE_STEPS = 24
+QUARANTINE_EVERY = 12
+"""``--quarantine``: audits begun at steps 1, 12 and 24; the fault on from step 12, so
+unaudited steps run on both sides of its quarantine (5 to 11, and from the recheck to 23)."""
+QUARANTINE_DEFAULT = ("llama3_1b", "deepseek_v3_4b")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,15 +102,22 @@ MODELS: dict[str, Model] = {
 DEFAULT = ("llama3_1b", "qwen3_1.7b", "deepseek_v3_4b")
 
 
-def job_flags(model: Model, spread: int | None = None) -> list[str]:
+def schedule_of(quarantine: bool) -> tuple[int, int]:
+    """Training steps and the steps between audits."""
+    return (QUARANTINE_STEPS, QUARANTINE_EVERY) if quarantine else (TRAIN_STEPS, AUDIT_EVERY)
+
+
+def job_flags(model: Model, spread: int | None = None, quarantine: bool = False) -> list[str]:
     """The job's flags: the model, titan-rocm forced on, the in-training audit's schedule."""
+    steps, every = schedule_of(quarantine)
     return ["--job.config_file", model.config, *model.flags, *ROCM_ON,
             "--rocm.moe_eager_scope", model.scope, "--debug.seed", "42",
-            "--training.steps", str(TRAIN_STEPS), "--metrics.log_freq", "1",
+            "--training.steps", str(steps), "--metrics.log_freq", "1",
             "--checkpoint.no-enable", "--rocm.numerics_audit", "every_n_steps",
-            "--rocm.numerics_audit_every", str(AUDIT_EVERY),
+            "--rocm.numerics_audit_every", str(every),
             "--experimental.custom_import", "benchmarks.bench_flavors_rocm",
-            *(["--rocm.numerics_audit_spread", str(spread)] if spread else [])]
+            *(["--rocm.numerics_audit_spread", str(spread)] if spread else []),
+            *(["--rocm.numerics_audit_policy", "quarantine"] if quarantine else [])]
 
 
 # -- the worker (one model, in this process) ------------------------------------------------
@@ -108,9 +133,10 @@ def _trim(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = False,
-           spread: int | None = None, train_fault: str | None = None) -> int:
+           spread: int | None = None, train_fault: str | None = None,
+           quarantine: bool = False) -> int:
     """Train, run the matrix and the references on one model (only the clean audits with
-    ``cost_only``); write ``out_file`` (JSON)."""
+    ``cost_only``; only the training with ``quarantine``); write ``out_file`` (JSON)."""
     import torch
 
     from titan_rocm.adapters.common import single_process_environment
@@ -127,6 +153,7 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
 
     model = MODELS[name]
     fault = corrupt.parse(train_fault) if train_fault else None
+    train_steps, every = schedule_of(quarantine)
     if cpu:
         from tests.support import audit_trainer, cpu_trainer
 
@@ -136,9 +163,10 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
         flags = [*audit_trainer.COMPILED, *audit_trainer.MODELS[
             "deepseek_v3" if "deepseek" in name else "llama3"],
                  "--rocm.numerics_audit", "every_n_steps", "--rocm.numerics_audit_every",
-                 str(AUDIT_EVERY), "--training.steps", str(TRAIN_STEPS),
+                 str(every), "--training.steps", str(train_steps),
                  "--metrics.log_freq", "1", "--rocm.moe_eager_scope", model.scope,
-                 *(["--rocm.numerics_audit_spread", str(spread)] if spread else [])]
+                 *(["--rocm.numerics_audit_spread", str(spread)] if spread else []),
+                 *(["--rocm.numerics_audit_policy", "quarantine"] if quarantine else [])]
         jc = cpu_trainer.job_config(flags)
     else:
         from torchtitan.config import ConfigManager
@@ -146,7 +174,7 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
 
         import benchmarks.bench_flavors_rocm  # noqa: F401 - the bench_* flavors
 
-        jc = ConfigManager().parse_args(job_flags(model, spread))
+        jc = ConfigManager().parse_args(job_flags(model, spread, quarantine))
     trainer = cls(jc)
     device = torch.device(getattr(trainer, "device", "cpu"))
     cuda = device.type == "cuda"
@@ -167,7 +195,7 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
         monitor.reset_peak_stats = keep_then_reset
 
     def timed(*args: Any, **kwargs: Any) -> Any:
-        if fault is not None and int(trainer.step) == AUDIT_EVERY:
+        if fault is not None and int(trainer.step) == every:
             corrupt.switch(fault)  # from the second audit on (``train`` counts the step first)
         if cuda:
             torch.cuda.synchronize(device)
@@ -184,7 +212,14 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
 
     trainer.train_step = timed
     t0 = time.perf_counter()
-    trainer.train()
+    stopped = None
+    try:
+        trainer.train()
+    except Exception as exc:  # noqa: BLE001 - a stopped run is a figure (quarantine failed)
+        if not quarantine:
+            raise
+        stopped = f"{type(exc).__name__}: {exc}"
+        print(f"[{name}] training stopped: {stopped}", flush=True)
     train_s = time.perf_counter() - t0
     corrupt.switch(None)
     job = trainer.model_parts[0].__dict__.get(JOB_ATTR)
@@ -210,14 +245,15 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
         return audit_built(trainer, settings, *state["batch"]).to_dict()
 
     keys = [k for k, _ in trainer.model_parts[0].layers.named_children()]
-    specs = [] if cost_only else audit_matrix.fault_specs(audit_matrix.first_middle_last(keys))
-    outcomes = audit_matrix.run(one, specs, list(range(seeds)), reseed,
+    specs = [] if cost_only or quarantine else audit_matrix.fault_specs(
+        audit_matrix.first_middle_last(keys))
+    outcomes = audit_matrix.run(one, specs, [] if quarantine else list(range(seeds)), reseed,
                                 on_outcome=lambda o: print(
                                     f"[{name}] {o.spec} seed={o.seed}: {o.verdict} "
                                     f"right={o.judged['right']} {o.seconds:.1f}s", flush=True))
     references = {}
     reseed(0)
-    for choice in () if cost_only else REFERENCES:
+    for choice in () if cost_only or quarantine else REFERENCES:
         chosen = dataclasses.replace(settings, numerics_audit_reference=choice)
         try:
             references[choice] = _trim(audit_built(trainer, chosen, *state["batch"]).to_dict())
@@ -225,8 +261,11 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
             references[choice] = {"error": f"{type(exc).__name__}: {exc}"}
     trainer.close()
     out = {"model": name, "cpu": cpu, "steps": steps, "train_s": train_s,
-           "schedule": {"steps": TRAIN_STEPS, "every": AUDIT_EVERY,
-                        "spread": settings.numerics_audit_spread},
+           "schedule": {"steps": train_steps, "every": every,
+                        "spread": settings.numerics_audit_spread,
+                        **({"policy": "quarantine"} if quarantine else {})},
+           **({"stopped": stopped} if quarantine else {}),
+           **({"quarantined": dict(audit.quarantined)} if quarantine and audit else {}),
            **({"train_fault": fault.to_dict()} if fault is not None else {}),
            "in_training": in_training, "references": references,
            "matrix": [{**o.to_dict(), "result": _trim(o.result)} for o in outcomes]}
@@ -380,10 +419,109 @@ def reference_figures(worker_out: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_MICRO = re.compile(r"took (?P<before>[0-9.]+) s compiled, (?P<after>[0-9.]+) s with it eager")
+_COST = re.compile(r"quarantined (?P<segment>.+?) costs (?P<ratio>[0-9.]+|nan) x the step time "
+                   r"\((?P<after>[0-9.]+) s against (?P<before>[0-9.]+) s, mean of "
+                   r"(?P<steps>[0-9]+) unaudited")
+_CONFIRMED = re.compile(r"titan-rocm: the quarantined (?P<segment>.+?) is ok at step "
+                        r"(?P<step>[0-9]+)")
+
+
+def _losses(text: str) -> dict[int, float]:
+    """Each step's loss in a training log (rank 0's, or the untagged one)."""
+    from titan_rocm.logs.parse import parse_text
+
+    return {r.step: r.loss for r in parse_text(text).train_records
+            if r.rank in (None, 0) and r.loss is not None}
+
+
+def _covers(result: dict[str, Any], segments: set[str]) -> bool:
+    """Whether an in-training audit (its trimmed object) replayed any of ``segments``."""
+    part = result.get("part")
+    if part is None:
+        return True
+    return bool(segments & set(part.get("blocks") or [])) or (
+        bool(part.get("outside")) and bool(segments & {"embedding", "head"}))
+
+
+def quarantine_figures(w: dict[str, Any], cleans: list[dict[str, Any]]) -> dict[str, Any]:
+    """``--quarantine``: the fault run ``w`` against its clean runs (each worker's JSON with
+    its log's text under ``log``): the flag, the quarantine and cost lines, the later audits
+    of the quarantined segments, unaudited step times before and after, the run's end and its
+    final loss against the clean run's (``compare``'s relative difference; the band from the
+    clean repeats, at least compare's default tolerance)."""
+    from titan_rocm import audit_message
+    from titan_rocm.logs.compare import DEFAULT_TOLERANCE_PCT, noise_band, relative
+
+    text = w.get("log") or ""
+    results = w.get("in_training") or []
+    flags = [{"step": r.get("step"), "first_wrong": r.get("first_wrong")}
+             for r in results if r.get("verdict") == "flagged"]
+    lines = []
+    for line in text.splitlines():
+        found = audit_message.QUARANTINED.search(line)
+        micro = _MICRO.search(line)
+        if found:
+            lines.append({"step": int(found["step"]), "segment": found["segment"],
+                          "micro_batch_s": {"compiled": float(micro["before"]),
+                                            "eager": float(micro["after"])} if micro else None})
+    cost_lines = [{"segment": m["segment"], "ratio": float(m["ratio"]),
+                   "before_s": float(m["before"]), "after_s": float(m["after"]),
+                   "steps": int(m["steps"])} for m in map(_COST.search, text.splitlines()) if m]
+    confirmed = [{"segment": m["segment"], "step": int(m["step"])}
+                 for m in map(_CONFIRMED.search, text.splitlines()) if m]
+    first = min((q["step"] for q in lines), default=None)
+    keys = set(w.get("quarantined") or {})
+    later = [{"step": r.get("step"), "verdict": r.get("verdict")} for r in results
+             if first is not None and (r.get("step") or 0) > first and _covers(r, keys)]
+    touched = {r.get("step") for r in results}
+    plain = {s["step"]: s["seconds"] for s in w.get("steps") or []
+             if s["step"] > 1 and s["step"] not in touched}
+    before = [v for k, v in plain.items() if first is not None and k < first]
+    after = [v for k, v in plain.items() if first is not None and k > first]
+    out: dict[str, Any] = {
+        "fault": w.get("train_fault"), "flags": flags, "quarantined": lines,
+        "cost_lines": cost_lines, "confirmed": confirmed, "later_audits": later,
+        "later_audits_ok": bool(later) and all(r["verdict"] == "ok" for r in later),
+        "step_s_before": statistics.median(before) if before else None,
+        "step_s_after": statistics.median(after) if after else None,
+        "unaudited_steps": [len(before), len(after)],
+        "stopped": w.get("stopped"),
+    }
+    if before and after:
+        out["step_ratio"] = out["step_s_after"] / out["step_s_before"]
+    losses = _losses(text)
+    clean = [_losses(c.get("log") or "") for c in cleans]
+    steps = (w.get("schedule") or {}).get("steps")
+    out["trained_to_the_end"] = bool(losses) and max(losses) == steps
+    if losses and clean and clean[0]:
+        base = clean[0]
+        diff = relative(base, losses)
+        band = noise_band(base, clean[1:], DEFAULT_TOLERANCE_PCT / 100)
+        last = max(set(base) & set(losses))
+        out["final_loss"] = {"step": last, "run": losses[last], "clean": base[last],
+                             "relative": diff.values[-1] if diff.values else None,
+                             "band": band.values[-1] if band.values else None,
+                             "clean_repeats": len(clean) - 1}
+        out["final_loss"]["within_band"] = (out["final_loss"]["relative"] is not None and abs(
+            out["final_loss"]["relative"]) <= out["final_loss"]["band"])
+    return out
+
+
 def figures(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Every figure, per model."""
     out = {}
     for name, w in workers.items():
+        if (w.get("schedule") or {}).get("policy") == "quarantine":
+            cleans = [workers[n] for n in sorted(workers) if n.startswith(f"{name}-clean")]
+            if w.get("train_fault"):
+                out[name] = {"quarantine": quarantine_figures(w, cleans),
+                             "in_training_verdicts": [r.get("verdict") for r in
+                                                      w.get("in_training") or []]}
+            else:
+                out[name] = {"in_training_verdicts": [r.get("verdict") for r in
+                                                      w.get("in_training") or []]}
+            continue
         clean = [m["result"] for m in w.get("matrix") or [] if m["spec"] is None]
         out[name] = {"detection": detection(w), "clean": distributions(clean),
                      "cost": cost(w), "references": reference_figures(w),
@@ -399,16 +537,20 @@ def figures(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def launch(name: str, logs: Path, seeds: int, cpu: bool, timeout: float,
            cost_only: bool = False, spread: int | None = None,
-           train_fault: str | None = None) -> dict[str, Any]:
-    """One worker process, fresh caches; its log and JSON go under ``logs``."""
-    result = logs / f"{name}.json"
+           train_fault: str | None = None, quarantine: bool = False,
+           label: str | None = None) -> dict[str, Any]:
+    """One worker process, fresh caches; its log and JSON go under ``logs`` (named ``label``,
+    default the model's name)."""
+    label = label or name
+    result = logs / f"{label}.json"
     cmd = [sys.executable, "-m", "benchmarks.audit_matrix", "--worker", name, "--result",
            str(result), "--seeds", str(seeds), *(["--cpu"] if cpu else []),
            *(["--cost"] if cost_only else []), *(["--spread", str(spread)] if spread else []),
-           *(["--train-fault", train_fault] if train_fault else [])]
-    env = harness.child_env(harness.fresh_dir(f"audit-{name}"))
-    code, wall = harness.run_logged(cmd, logs / f"{name}.log", env, timeout)
-    return {"name": name, "exit": code, "wall_s": round(wall, 1)}
+           *(["--train-fault", train_fault] if train_fault else []),
+           *(["--quarantine"] if quarantine else [])]
+    env = harness.child_env(harness.fresh_dir(f"audit-{label}"))
+    code, wall = harness.run_logged(cmd, logs / f"{label}.log", env, timeout)
+    return {"name": label, "exit": code, "wall_s": round(wall, 1)}
 
 
 def read_workers(logs: Path, runs: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -418,6 +560,9 @@ def read_workers(logs: Path, runs: dict[str, Any]) -> dict[str, dict[str, Any]]:
         path = logs / f"{name}.json"
         if path.is_file():
             out[name] = json.loads(path.read_text())
+            log = logs / f"{name}.log"
+            if (out[name].get("schedule") or {}).get("policy") == "quarantine" and log.is_file():
+                out[name]["log"] = log.read_text(errors="replace")
     return out
 
 
@@ -443,6 +588,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-fault", metavar="SPEC",
                         help="the test fault (TITAN_ROCM_DEBUG_CORRUPT's syntax) on from the "
                         "second in-training audit's first step")
+    parser.add_argument("--quarantine", action="store_true",
+                        help="with --train-fault: the quarantine policy's proof (a clean and "
+                        "a faulty training per model, no matrix)")
+    parser.add_argument("--clean-runs", type=int, default=1, metavar="N",
+                        help="--quarantine: clean trainings per model (2 or more: a noise "
+                        "band from the repeats; default 1)")
     parser.add_argument("--cpu", action="store_true",
                         help="the CPU test trainer instead of TorchTitan's (code path only)")
     harness.add_budget(parser, None,
@@ -452,10 +603,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker, args.result, args.seeds, args.cpu, args.cost, args.spread,
-                      args.train_fault)
+                      args.train_fault, args.quarantine)
     if args.reanalyse:
         return harness.print_reanalysis(parser, reanalyse, args.reanalyse)
-    names = args.only.split(",") if args.only else list(DEFAULT)
+    if args.quarantine and not args.train_fault:
+        parser.error("--quarantine needs --train-fault SPEC (the fault to quarantine)")
+    if args.clean_runs < 1:
+        parser.error(f"--clean-runs {args.clean_runs} is not valid; accepted: an integer >= 1")
+    names = args.only.split(",") if args.only else list(
+        QUARANTINE_DEFAULT if args.quarantine else DEFAULT)
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         parser.error(f"--only {','.join(unknown)}: accepted: {', '.join(MODELS)}")
@@ -471,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
                          "aten.mul #0 (op=mul,index=0); accepted: any block, graph, fraction")
     if args.list:
         for n in names:
-            print(f"{n}: {' '.join(job_flags(MODELS[n]))}")
+            print(f"{n}: {' '.join(job_flags(MODELS[n], args.spread, args.quarantine))}")
         return 0
     out = harness.require_out(parser, args)
     budget = args.budget_s if args.budget_s is not None else (None if args.cpu else BUDGET_S)
@@ -479,9 +635,21 @@ def main(argv: list[str] | None = None) -> int:
                                         "figures": figures(read_workers(c.logs, c.results))},
                         budget_s=budget, seeds=args.seeds, cpu=args.cpu, cost=args.cost)
     for name in names:
+        timeout = MODELS[name].timeout * (10 if args.cpu else 1)  # a CPU compiles slowly
+        if args.quarantine:
+            labels = [f"{name}-clean" + (str(k + 1) if k else "")
+                      for k in range(args.clean_runs)] + [name]
+            for label in labels:
+                if call.skip_unless(label, 60):
+                    continue
+                run = call.record(label, launch(
+                    name, call.logs, 0, args.cpu, min(call.left_s(), timeout), spread=args.spread,
+                    train_fault=None if label != name else args.train_fault, quarantine=True,
+                    label=label))["runs"][label]
+                print(f"[{label}] exit={run['exit']} wall={run['wall_s']}s", flush=True)
+            continue
         if call.skip_unless(name, 60):
             continue
-        timeout = MODELS[name].timeout * (10 if args.cpu else 1)  # a CPU compiles slowly
         run = call.record(name, launch(name, call.logs, args.seeds, args.cpu,
                                        min(call.left_s(), timeout), args.cost,
                                        args.spread, args.train_fault))["runs"][name]

@@ -63,6 +63,21 @@ def quarantine_cost_line(segment: str, steps: int, before_s: float, after_s: flo
             "each side)")
 
 
+def quarantine_failed_line(step: int, where: str, segment: str, since: int) -> str:
+    """What ``numerics_audit_policy = "quarantine"`` raises when a segment it made eager is
+    flagged again (matched by :data:`STOP`)."""
+    return (f"{NAME} flagged step {step} ({where}) and {segment}, eager since its "
+            f"quarantine at step {since}, is still wrong: "
+            '[rocm] numerics_audit_policy = "quarantine" stops the run')
+
+
+def unquarantinable_line(step: int, where: str, why: str) -> str:
+    """What ``numerics_audit_policy = "quarantine"`` raises for a flag it cannot act on
+    (matched by :data:`STOP`)."""
+    return (f"{NAME} flagged step {step} ({where}) and quarantine cannot clear it ({why}): "
+            '[rocm] numerics_audit_policy = "quarantine" stops the run')
+
+
 VERDICT = re.compile(rf"{re.escape(NAME)} at step (?P<step>\d{{1,18}}): "
                      rf"(?P<verdict>{'|'.join(VERDICTS)})\b")
 """An in-training verdict line; the step and the verdict."""

@@ -37,7 +37,7 @@ DocumentMasks = Literal["keep", "drop"]
 """What MLA on aiter does with per-document (``block_causal``) attention masks."""
 NumericsAudit = Literal["off", "first_step", "every_n_steps"]
 """When training audits its gradients against eager references (docs/numerics-audit.md)."""
-NumericsAuditPolicy = Literal["warn", "stop"]
+NumericsAuditPolicy = Literal["warn", "stop", "quarantine"]
 """What a flagged in-training audit does: log the table and go on, or stop the run."""
 NumericsAuditReference = Literal["auto", "float64", "float32", "tf32"]
 """The audit's high-precision arithmetic: auto (float64 for a float32 job, tf32 for a bfloat16
@@ -115,7 +115,10 @@ class RocmSettings:
     steps, then one step for the embedding, the head and the end-to-end loss (1: the whole
     audit in one step). Each audited step then costs about a ``spread``-th of the audit."""
     numerics_audit_policy: NumericsAuditPolicy = "warn"
-    """A flagged in-training audit: ``warn`` logs it and trains on, ``stop`` ends the run."""
+    """A flagged in-training audit: ``warn`` logs it and trains on, ``stop`` ends the run,
+    ``quarantine`` redoes the flagged micro-batch with the flagged segment eager (no gradient
+    of the flagged pass is applied) and keeps that segment eager for the rest of the run; a
+    later audit flagging it again, or a flag quarantine cannot act on, ends the run."""
     numerics_audit_reference: NumericsAuditReference = "auto"
     """The high-precision replay's arithmetic (auto: float64 for a float32 job, tf32 for
     bfloat16, float32 for float16)."""

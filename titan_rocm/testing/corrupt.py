@@ -46,10 +46,13 @@ from titan_rocm.log import forget, log, log_once
 from titan_rocm.numerics import blocks
 
 ENV = "TITAN_ROCM_DEBUG_CORRUPT"
-FORMAT = "block=K[,graph=backward|forward][,op=mul][,index=0][,fraction=0.03][,seed=0][,rank=R]"
+FORMAT = ("block=K|head[,graph=backward|forward][,op=mul][,index=0][,fraction=0.03][,seed=0]"
+          "[,rank=R]")
 """The accepted format (brackets: optional, with their defaults)."""
 EXAMPLE = "block=1,graph=backward,op=mul,index=0,fraction=0.03,seed=0"
 GRAPHS = ("backward", "forward")
+HEAD = "head"
+"""``block=head``: the fault hits compiled code run outside every block (the loss)."""
 KEYS = ("block", "graph", "op", "index", "fraction", "seed", "rank")
 
 _INT = re.compile(r"[0-9]+")
@@ -66,7 +69,9 @@ class CorruptSpec:
     """What to corrupt: ``fraction`` of the output of the ``index``-th ``aten.<op>`` node of
     block ``block``'s compiled ``graph`` graph (on global rank ``rank`` only, if given)."""
 
-    block: int
+    block: int | str
+    """A ``model.layers`` key as an integer, or ``"head"``: the compiled code that runs
+    outside every block (TorchTitan compiles the loss, ``[compile] components``)."""
     graph: str = "backward"
     op: str = "mul"
     index: int = 0
@@ -78,6 +83,11 @@ class CorruptSpec:
     def key(self) -> str:
         """The block's key in ``model.layers`` (TorchTitan names layers ``"0"``, ``"1"``, ...)."""
         return str(self.block)
+
+    @property
+    def where(self) -> str:
+        """``block 3`` or ``the head``."""
+        return "the head" if self.block == HEAD else f"block {self.block}"
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able fields."""
@@ -92,7 +102,7 @@ class CorruptSpec:
         """One phrase: what is corrupted, where."""
         where = "" if self.rank is None else f" on rank {self.rank}"
         return (f"{100 * self.fraction:.4g} % of the output of aten.{self.op} #{self.index} "
-                f"in block {self.block}'s compiled {self.graph} graph{where} (seed {self.seed})")
+                f"in {self.where}'s compiled {self.graph} graph{where} (seed {self.seed})")
 
 
 def _fail(text: str, detail: str) -> CorruptSpecError:
@@ -111,9 +121,13 @@ def _aten_op_exists(name: str) -> bool:
 
 def _value(text: str, key: str, value: str) -> Any:
     """One field's value, or the error naming it and what it accepts."""
+    if key == "block" and value == HEAD:
+        return value
     if key in ("block", "index", "seed", "rank"):
         if not _INT.fullmatch(value):
-            raise _fail(text, f"{key}={value!r} is not accepted ({key} is an integer >= 0)")
+            also = " or head" if key == "block" else ""
+            raise _fail(text, f"{key}={value!r} is not accepted ({key} is an integer >= 0"
+                              f"{also})")
         return int(value)
     if key == "graph":
         if value not in GRAPHS:
@@ -247,6 +261,10 @@ class _Runtime:
         self.hits.calls += 1
         spec = self.spec
         block = self.backward_block if backward else self.forward_block
+        if spec is not None and spec.block == HEAD:
+            # Outside every block: each pass runs the compiled loss once, so no window.
+            block = HEAD if block is None else None
+            self.window_hit = False
         if (spec is None or not self.active or self.window_hit or block != spec.key
                 or (spec.graph == "backward") != backward
                 or (spec.rank is not None and _rank() != spec.rank)):
@@ -280,7 +298,7 @@ class _Runtime:
         self.reported.add(when)
         h = self.hits
         if h.hits:
-            line = (f"titan-rocm: {ENV} {when}: corrupted block {spec.block}'s compiled "
+            line = (f"titan-rocm: {ENV} {when}: corrupted {spec.where}'s compiled "
                     f"{spec.graph} {h.hits} time(s), {h.changed} of {h.elements} elements "
                     f"changed ({100.0 * h.changed / max(h.elements, 1):.2f} %); the op is in "
                     f"{h.graphs} compiled graph(s) built here, ran {h.calls} time(s)")
@@ -295,7 +313,7 @@ class _Runtime:
         h = self.hits
         if h.calls:
             rank = "" if spec.rank is None else f" on rank {spec.rank}"
-            return (f"the op ran {h.calls} time(s) but never inside block {spec.block}'s "
+            return (f"the op ran {h.calls} time(s) but never inside {spec.where}'s "
                     f"{spec.graph}{rank} (that block runs eager, on another pipeline stage, "
                     "or the model was not called as a whole)")
         if h.graphs_without_node:
@@ -459,7 +477,7 @@ def install(model_parts: list[nn.Module], spec: CorruptSpec | None = None,
         log_once(f"{ENV}:no-layers", logging.WARNING,
                  "titan-rocm: %s: the model has no model.layers: nothing to corrupt in it", ENV)
         return spec
-    if spec.key not in keys:
+    if spec.key not in keys and spec.block != HEAD:
         raise _fail(spec.text(), f"block={spec.block} is not a block of this model "
                                  f"(model.layers has {', '.join(keys)})")
     if _RUNTIME.spec is not None and ((_RUNTIME.spec.op, _RUNTIME.spec.index) != (

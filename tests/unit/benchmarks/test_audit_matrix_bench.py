@@ -158,3 +158,28 @@ def test_the_cost_figures_the_docs_quote() -> None:
         assert round(w["in_training_extra_steps"], 1) == one_step > 3
         assert max(c["in_training_peak_ratio"], c["cli_audit_peak_ratio"]) <= 1.25
         assert spread[model]["in_training_verdicts"] == ["ok"] * 8
+
+
+def test_the_quarantine_figures_of_a_stored_cpu_run() -> None:
+    """``--quarantine --cpu`` (llama3 of three blocks on the CPU test trainer, 24 steps, the
+    fault 3 % of block 1's backward from step 12): recomputed from the stored logs, block 1 is
+    flagged and quarantined at step 13 (the part of the audit begun at 12 that replays it),
+    rechecked ok at step 14, its cost line measured over five unaudited steps, the run trains
+    to step 24 and ends at the clean run's final loss."""
+    stored = ROOT / "benchmarks" / "results" / "2026-12-03-cpu" / "audit-matrix-quarantine-cpu"
+    q = _reanalysed(stored)["figures"]["llama3_debug"]["quarantine"]
+    assert q["flags"] == [{"step": 13, "first_wrong": {"forward": None, "backward": "1"}}]
+    assert [(x["step"], x["segment"]) for x in q["quarantined"]] == [(13, "block 1")]
+    assert q["quarantined"][0]["micro_batch_s"]["eager"] > 0
+    assert [c["steps"] for c in q["cost_lines"]] == [5]
+    assert q["confirmed"] == [{"segment": "block 1", "step": 14}]
+    assert q["later_audits"] == [{"step": 14, "verdict": "ok"}] and q["later_audits_ok"]
+    assert q["unaudited_steps"] == [7, 7] and q["stopped"] is None
+    assert q["trained_to_the_end"] and q["final_loss"]["within_band"]
+    assert q["final_loss"]["step"] == 24
+
+
+def test_quarantine_needs_a_fault() -> None:
+    done = _run("--quarantine", "--out", "/nonexistent/never-written")
+    assert done.returncode == 2
+    assert "--quarantine needs --train-fault SPEC (the fault to quarantine)" in done.stderr

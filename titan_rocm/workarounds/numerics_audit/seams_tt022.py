@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -95,6 +95,11 @@ class Seam:
 
     def kit(self, trainer: Any, denominator: Any) -> Kit:
         return Kit(trainer, denominator)
+
+    def kept(self, trainer: Any) -> Callable[[], None]:
+        """Nothing: 0.2.2's ``forward_backward_step`` changes only the model (its token
+        count is kept by ``train_step``, outside it)."""
+        return lambda: None
 
 
 def attach(audit: Any, trainer: Any, scope: patches.Scope | None = None) -> None:

@@ -124,3 +124,13 @@ class Seam:
 
     def kit(self, trainer: Any, denominator: Any) -> Kit:
         return Kit(trainer, denominator)
+
+    def kept(self, trainer: Any) -> Callable[[], None]:
+        """``trainer.ntokens_seen``, which ``post_dataloading_process`` adds each micro-batch
+        to (a redone micro-batch must not count twice)."""
+        seen = trainer.ntokens_seen
+
+        def put_back() -> None:
+            trainer.ntokens_seen = seen
+
+        return put_back

@@ -14,7 +14,12 @@ and the step counter is not touched, so the trajectory is what it would have bee
 
 An audit never ends the run by failing: one that would not fit, or fails in any other way,
 is one logged warning and the step goes on. A flagged audit is a warning, or under
-``numerics_audit_policy = "stop"`` a clean stop (:class:`NumericsAuditFlagged`).
+``numerics_audit_policy = "stop"`` a clean stop (:class:`NumericsAuditFlagged`). Under
+``"quarantine"`` the flagged segments are made eager for the rest of the run and the flagged
+micro-batch runs again from the state it started from (:mod:`.quarantine`), so no gradient
+of the flagged pass reaches the optimizer; the next part replays a quarantined segment, and
+a segment flagged again, or a flag quarantine cannot act on (nothing of the segment is
+compiled, or only the end-to-end loss is wrong), stops the run as ``stop`` does.
 
 Where it listens is the job's seam (``ctx.seam("numerics_audit")``, :class:`AuditSeam`):
 TorchTitan 0.2.2's wraps the trainer's ``forward_backward_step`` on the instance
@@ -24,18 +29,21 @@ trainer adapter calls around each ``forward_backward_step`` (:mod:`.seams_tt030`
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
 import torch.nn as nn
 
-from titan_rocm import audit_message
+from titan_rocm import audit_message, patches
 from titan_rocm.log import log
 from titan_rocm.numerics.audit import Audit, AuditError, Part, StepKit, out_of_memory, spread
 from titan_rocm.numerics.report import format_report
 from titan_rocm.numerics.stats import AuditSettings
 from titan_rocm.workarounds.base import TrainerSeam, Workaround
+from titan_rocm.workarounds.numerics_audit import quarantine
+from titan_rocm.workarounds.numerics_audit.quarantine import label
 
 
 class AuditSeam(Protocol):
@@ -49,9 +57,14 @@ class AuditSeam(Protocol):
     def kit(self, trainer: Any, denominator: Any) -> StepKit:
         """The trainer's step on one micro-batch with the loss denominator ``denominator``."""
 
+    def kept(self, trainer: Any) -> Callable[[], None]:
+        """What the generation's step changes on the trainer besides the model (a count of
+        tokens seen), taken now; calling the result puts it back (before a redone pass)."""
+
 
 class NumericsAuditFlagged(RuntimeError):
-    """``numerics_audit_policy = "stop"`` and the audit flagged: the run stops."""
+    """``numerics_audit_policy = "stop"`` and the audit flagged, or ``"quarantine"`` and the
+    flag is one quarantine cannot clear: the run stops."""
 
 
 class NumericsAudit(Workaround):
@@ -75,6 +88,13 @@ class NumericsAudit(Workaround):
         first's step is the step the audit began at)."""
         self.results: list[dict[str, Any]] = []
         """Every audit's ``to_dict`` (tests, and anyone holding the converter)."""
+        self.quarantined: dict[str, int] = {}
+        """Segment (a ``model.layers`` key, ``embedding``, ``head``) -> the step it was
+        quarantined at (policy ``quarantine``)."""
+        self.unconfirmed: set[str] = set()
+        """Quarantined segments no audit has replayed since."""
+        self.clock = quarantine.StepClock()
+        self.scope: patches.Scope | None = None
 
     def check(self, model: nn.Module) -> str | None:
         if self.ctx.parallel.pp_enabled:
@@ -86,6 +106,7 @@ class NumericsAudit(Workaround):
         return None
 
     def apply(self, model: nn.Module) -> None:
+        self.scope = patches.current()
         self.trainer_seam = self.seam.install(self)
 
     def plan(self, model: nn.Module) -> dict[str, Any]:
@@ -119,6 +140,10 @@ class NumericsAudit(Workaround):
         to run."""
         first = step != self.last_step
         self.last_step = step
+        if first and not self.auditing and self.ctx.settings.numerics_audit_policy == \
+                "quarantine":
+            self.clock.step_begins()
+            self._cost()
         if self.auditing or self.trainer is None or not first:
             return run()
         due = self.due(step)
@@ -153,6 +178,9 @@ class NumericsAudit(Workaround):
             self.pending = spread(audit.block_keys, settings.numerics_audit_spread)
             self.outcomes = []
         audit.select(self.pending.pop(0))
+        self.clock.touched = True
+        undo = (quarantine.Undo(trainer.model_parts, audit.device, self.seam.kept(trainer))
+                if settings.numerics_audit_policy == "quarantine" else None)
         with audit.recording():
             loss = run()
         try:
@@ -171,12 +199,16 @@ class NumericsAudit(Workaround):
         text = format_report(result, step=step)
         if result["verdict"] == "ok":
             log.info("%s", text)
+            self._confirmed(step, result)
             self._ended(step, "ok")
             return loss
         log.warning("%s", text)
         self._ended(step, "flagged")
         if settings.numerics_audit_policy == "stop":
             raise NumericsAuditFlagged(audit_message.stopped_line(step, _where(result)))
+        if undo is not None:
+            self._confirmed(step, result)
+            return self._quarantine(step, result, text, audit, undo, run, loss)
         return loss
 
     def _ended(self, step: int, outcome: str) -> None:
@@ -185,6 +217,101 @@ class NumericsAudit(Workaround):
         if self.pending or len(self.outcomes) < 2:
             return
         log.info("%s", audit_message.complete_line(self.outcomes))
+
+
+    # -- numerics_audit_policy = "quarantine" ------------------------------------------------
+
+    def _confirmed(self, step: int, result: dict[str, Any]) -> None:
+        """A quarantined segment this audit replayed: ok (one line), or flagged again (the
+        run stops: eager did not clear it)."""
+        for seg in result.get("segments") or []:
+            name = seg["segment"]
+            if name not in self.quarantined:
+                continue
+            wrong = seg["forward"]["flagged"] or seg["backward"]["flagged"]
+            if wrong:
+                raise NumericsAuditFlagged(audit_message.quarantine_failed_line(
+                    step, _where(result), label(name), self.quarantined[name]))
+            if name in self.unconfirmed:
+                self.unconfirmed.discard(name)
+                log.info("titan-rocm: the quarantined %s is ok at step %d (eager since step "
+                         "%d)", label(name), step, self.quarantined[name])
+
+    def _quarantine(self, step: int, result: dict[str, Any], text: str, audit: Audit,
+                    undo: quarantine.Undo, run: Callable[[], Any], loss: Any) -> Any:
+        """Make the flagged segments eager and run the flagged micro-batch again from where
+        it started; its loss is the step's."""
+        wrong = [s["segment"] for s in result.get("segments") or []
+                 if s["forward"]["flagged"] or s["backward"]["flagged"]]
+        if not wrong:
+            raise NumericsAuditFlagged(audit_message.unquarantinable_line(
+                step, _where(result), "only the end-to-end loss is wrong, which names no "
+                "segment to take out of compilation"))
+        switches = {name: quarantine.eager_switches(self.trainer.model_parts, self.trainer,
+                                                    name) for name in wrong}
+        eager = [name for name, found in switches.items() if not found]
+        if eager:
+            raise NumericsAuditFlagged(audit_message.unquarantinable_line(
+                step, _where(result), f"nothing of {', '.join(label(n) for n in eager)} is "
+                "compiled, so running it eager changes nothing"))
+        scope = self.scope or patches.current()
+        for found in switches.values():
+            for switch in found:
+                scope.patch(switch.owner, switch.name, switch.make, by=quarantine.BY)
+        before_s = float((result.get("time_s") or {}).get("job") or 0.0)
+        del loss
+        undo()
+        quarantine.synchronize(audit.device)
+        t0 = time.perf_counter()
+        redone = run()
+        quarantine.synchronize(audit.device)
+        after_s = time.perf_counter() - t0
+        for name in wrong:
+            self.quarantined[name] = step
+            self.unconfirmed.add(name)
+            self.clock.quarantined(label(name))
+            log.warning("%s", audit_message.quarantined_line(
+                step, label(name), _why(text, name), before_s, after_s))
+        self._recheck(audit.block_keys, wrong)
+        return redone
+
+    def _recheck(self, keys: list[str], segments: list[str]) -> None:
+        """Have the next step replay the quarantined segments, unless a part still to run
+        replays them already."""
+        parts = spread(keys, self.ctx.settings.numerics_audit_spread)
+        wanted = [p for p in parts if any(
+            (name in p.blocks) or (p.outside and name in ("embedding", "head"))
+            for name in segments)]
+        pending = {(p.blocks, p.outside) for p in self.pending}
+        new = [p for p in wanted if (p.blocks, p.outside) not in pending]
+        if new and not self.pending:
+            self.outcomes = []
+        self.pending[:0] = new
+
+    def _cost(self) -> None:
+        """Once enough unaudited steps ran after a quarantine, its cost (one line)."""
+        measured = self.clock.measured()
+        if measured is None:
+            return
+        segments, before, after = measured
+        what = " and ".join(segments)
+        if not before:
+            log.info("titan-rocm: the step time before the quarantine of %s is not known (no "
+                     "unaudited step ran before it); %.3f s since, mean of %d unaudited "
+                     "step(s)", what, quarantine.mean(after), len(after))
+            return
+        log.info("%s", audit_message.quarantine_cost_line(what, len(after),
+                                                          quarantine.mean(before),
+                                                          quarantine.mean(after)))
+
+
+def _why(text: str, segment: str) -> str:
+    """The flag's first line naming ``segment`` (the report's ``first wrong ...`` line),
+    else its first line under the verdict."""
+    lines = [line.strip() for line in text.splitlines()[1:] if line.strip()]
+    named = [line for line in lines if line.startswith("first wrong")
+             and f": {label(segment)}:" in line]
+    return (named or lines or ["flagged"])[0]
 
 
 def _where(result: dict[str, Any]) -> str:
