@@ -35,7 +35,7 @@ from titan_rocm.log import log
 from titan_rocm.numerics.audit import Audit, AuditError, Part, StepKit, out_of_memory, spread
 from titan_rocm.numerics.report import format_report
 from titan_rocm.numerics.stats import AuditSettings
-from titan_rocm.workarounds.base import TrainerSeam, Workaround
+from titan_rocm.workarounds.base import RunStopped, TrainerSeam, Workaround
 
 
 class AuditSeam(Protocol):
@@ -50,8 +50,10 @@ class AuditSeam(Protocol):
         """The trainer's step on one micro-batch with the loss denominator ``denominator``."""
 
 
-class NumericsAuditFlagged(RuntimeError):
-    """``numerics_audit_policy = "stop"`` and the audit flagged: the run stops."""
+class NumericsAuditFlagged(RunStopped):
+    """``numerics_audit_policy = "stop"`` and the audit flagged: the run stops (every rank
+    exits with :data:`titan_rocm.exit_codes.FAILED_VALIDATION`, before the step's optimizer
+    step and its checkpoint)."""
 
 
 class NumericsAudit(Workaround):

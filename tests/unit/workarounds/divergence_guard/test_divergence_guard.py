@@ -25,6 +25,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from tests.support import cpu_trainer  # noqa: I001 - tests/ is on sys.path (pytest rootdir conftest-less import)
+from titan_rocm.adapters.stop import Stopped
+from titan_rocm.exit_codes import FAILED_VALIDATION
 from titan_rocm.guard_message import message
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.settings import RocmSettings
@@ -274,13 +276,21 @@ def _trainer(monkeypatch: pytest.MonkeyPatch, args: list[str], data_batches: int
 
 
 def _run(trainer: Any) -> None:
-    """What torchtitan.train.main does around a trainer: train(), then close()."""
+    """What torchtitan.train.main does around a trainer: train(), then close(). A stop ends
+    the rank as the process would end (exit code 17, the process group destroyed); the
+    guard's DivergenceError that caused it is raised here for the test to read."""
     try:
-        trainer.train()
-    except Exception:
+        try:
+            trainer.train()
+        except Exception:
+            trainer.close()
+            raise
         trainer.close()
-        raise
-    trainer.close()
+    except Stopped as stopped:
+        assert stopped.code == FAILED_VALIDATION == 17
+        assert not torch.distributed.is_initialized()
+        assert isinstance(stopped.error, DivergenceError)
+        raise stopped.error from None
 
 
 GUARD = ["--model.converters", "rocm.divergence_guard"]
