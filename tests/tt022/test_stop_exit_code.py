@@ -83,8 +83,8 @@ def assert_torchrun_names_17(proc: subprocess.CompletedProcess[str], nproc: int)
     worker's exit code 17, with no error file (the stop writes none: no worker traceback)."""
     own = proc.stdout + proc.stderr
     assert proc.returncode == 1, own[-3000:]
-    assert re.findall(r"exitcode\s*:\s*(\d+)", own) == ["17"] * nproc, own[-3000:]
-    assert re.findall(r"error_file\s*:\s*(\S+)", own) == ["<N/A>"] * nproc, own[-3000:]
+    assert re.findall(r"^\s*exitcode\s*:\s*(\d+)", own, re.M) == ["17"] * nproc, own[-3000:]
+    assert re.findall(r"^\s*error_file\s*:\s*(\S+)", own, re.M) == ["<N/A>"] * nproc, own[-3000:]
 
 
 @pytest.mark.slow
