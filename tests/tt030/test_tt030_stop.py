@@ -1,0 +1,101 @@
+"""A stopped run ends as a stop, not a crash, on TorchTitan 0.3.0: its own
+``torchtitan.train.main`` in processes (tests/tt030/tt030_main.py), RocmTrainer on CPU. The
+divergence guard and the numerics audit's ``stop`` policy end every rank with the sentence, no
+traceback, the process group destroyed and exit code 17 (titan_rocm/exit_codes.py), and no
+checkpoint of the flagged step. The 0.2.2 twin is tests/tt022/test_stop_exit_code.py."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from titan_rocm.exit_codes import FAILED_VALIDATION, stop_line
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+MAIN = str(HERE / "tt030_main.py")
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                      "MASTER_PORT", "GROUP_RANK", "ROLE_RANK")
+LEAK_WARNING = "destroy_process_group() was not called"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in TORCHRUN_VARIABLES and not k.startswith("TITAN_ROCM_DEBUG_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    return {**env, **extra}
+
+
+def _assert_stopped_cleanly(text: str, sentence: str) -> None:
+    assert sentence in text, text[-3000:]
+    assert stop_line() in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    assert LEAK_WARNING not in text, text[-3000:]
+
+
+def _checkpoints(tmp_path: Path) -> list[str]:
+    folder = tmp_path / "outputs" / "ckpt"
+    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+
+
+@pytest.mark.slow
+def test_the_guard_ends_the_process_with_17_and_no_checkpoint_of_the_bad_step(
+        tmp_path: Path) -> None:
+    """One process, the guard's NaN test hook at step 3, a checkpoint every step: exit 17,
+    steps 1 and 2 saved, step 3 not."""
+    proc = subprocess.run(
+        [sys.executable, MAIN, "--module", "tt030_stop_job", "--config", "llama3_guard"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env=_env(TITAN_ROCM_DEBUG_INJECT_NAN_STEP="3"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == FAILED_VALIDATION == 17, out[-3000:]
+    _assert_stopped_cleanly(out, "titan-rocm divergence guard: training diverged at step 3")
+    assert "Training completed" not in out
+    assert _checkpoints(tmp_path) == ["step-1", "step-2"]
+
+
+@pytest.mark.slow
+def test_a_flagged_audit_ends_the_process_with_17_before_its_steps_checkpoint(
+        tmp_path: Path) -> None:
+    """One process, compiled, the audit spread from step 1 with ``policy = stop`` and 3 % of
+    block 1's compiled backward corrupted: block 1's part (step 2) flags; exit 17 naming
+    step 2 and block 1; step 1 saved, step 2 not."""
+    proc = subprocess.run(
+        [sys.executable, MAIN, "--module", "tt030_stop_job", "--config", "llama3_audit_stop"],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        env=_env(TITAN_ROCM_DEBUG_CORRUPT="block=1,fraction=0.03"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 17, out[-3000:]
+    _assert_stopped_cleanly(out, "titan-rocm numerics audit flagged step 2 (first wrong in the "
+                                 "backward: block 1)")
+    assert _checkpoints(tmp_path) == ["step-1"]
+
+
+@pytest.mark.slow
+def test_two_ranks_stop_at_the_guard_with_17_each(tmp_path: Path) -> None:
+    """torchrun, 2 gloo ranks (FSDP), NaN on rank 1 at step 3: each rank ends with 17 in
+    torchrun's failure record (no error file: no worker traceback), rank 0 logs the full
+    message and rank 1 the short one; torchrun itself exits 1."""
+    logs = tmp_path / "torchrun-logs"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(28_000 + os.getpid() % 900), "--redirects", "3", "--log-dir",
+         str(logs), MAIN, "--module", "tt030_stop_job", "--config", "llama3_guard"],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
+        env=_env(TITAN_ROCM_DEBUG_INJECT_NAN_STEP="3", TITAN_ROCM_DEBUG_INJECT_NAN_RANK="1"))
+    own = proc.stdout + proc.stderr
+    assert proc.returncode == 1, own[-3000:]
+    assert re.findall(r"^\s*exitcode\s*:\s*(\d+)", own, re.M) == ["17", "17"], own[-3000:]
+    assert re.findall(r"^\s*error_file\s*:\s*(\S+)", own, re.M) == ["<N/A>"] * 2, own[-3000:]
+    ranks = []
+    for rank in (0, 1):
+        (folder,) = logs.glob(f"*/attempt_0/{rank}")
+        ranks.append((folder / "stdout.log").read_text() + (folder / "stderr.log").read_text())
+    _assert_stopped_cleanly(ranks[0], "training diverged at step 3 on rank 1 of 2: loss = nan")
+    _assert_stopped_cleanly(ranks[1], "training diverged at step 3 (first seen on rank 1)")
+    assert _checkpoints(tmp_path) == ["step-1", "step-2"]
