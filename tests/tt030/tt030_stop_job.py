@@ -34,3 +34,4 @@ def llama3_audit_stop() -> Any:
 
     return rocm(_llama3(steps=4, compile=True), numerics_audit="first_step",
                 numerics_audit_policy="stop")
+
