@@ -578,14 +578,19 @@ def test_two_ranks_both_stop_and_rank_0_reports_once(tmp_path: Path, mode: str,
     assert proc.returncode != 0, out[-3000:]
     assert time.monotonic() - start < 200
     errors = [ln for ln in out.splitlines() if "ERROR - titan-rocm divergence guard" in ln]
-    assert len(errors) == 1 and errors[0].startswith("[default0]:"), errors
-    assert "diverged at step 7 on rank 1 of 2" in errors[0]
-    assert found_at in errors[0], errors[0]
+    full = [ln for ln in errors if ln.startswith("[default0]:")]
+    assert len(full) == 1 and "diverged at step 7 on rank 1 of 2" in full[0], errors
+    assert found_at in full[0], full[0]
+    # Rank 1 logs the summary its stop carries, once: its own log says why it stopped.
+    (summary,) = [ln for ln in errors if ln.startswith("[default1]:")]
+    assert "diverged at step 7 (first seen on rank 1)" in summary, summary
     # Every rank ends as a stop (exit code 17 in torchrun's failure record), no traceback of
     # its own; torchrun's own ChildFailedError is its one (tests/tt022/test_stop_exit_code.py).
     workers = [ln for ln in out.splitlines() if ln.startswith("[default")]
     assert not [ln for ln in workers if "Traceback" in ln or "DivergenceError" in ln]
-    assert re.findall(r"^\s*exitcode\s*:\s*(\d+)", out, re.M) == ["17", "17"], out[-3000:]
+    # The root cause is 17; torchrun sends SIGTERM to a rank still leaving after the first.
+    codes = re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", out, re.M)
+    assert "17" in codes and len(codes) == 2 and set(codes) <= {"17", "-15"}, out[-3000:]
     for rank in (0, 1):
         assert f"[default{rank}]:" in out and stop_line() in "\n".join(
             ln for ln in workers if ln.startswith(f"[default{rank}]:"))
