@@ -7,38 +7,21 @@ checkpoint of the flagged step."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from titan_rocm.exit_codes import FAILED_VALIDATION, stop_line
-
-REPO = Path(__file__).resolve().parents[2]
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                      "MASTER_PORT", "GROUP_RANK", "ROLE_RANK")
-LEAK_WARNING = "destroy_process_group() was not called"
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in TORCHRUN_VARIABLES and not k.startswith("TITAN_ROCM_DEBUG_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    return {**env, **extra}
-
-
-def assert_stopped_cleanly(text: str, sentence: str) -> None:
-    """One rank's whole output: the stop's sentence and line, no traceback, no leak."""
-    assert sentence in text, text[-3000:]
-    assert stop_line() in text, text[-3000:]
-    assert "Traceback" not in text, text[-3000:]
-    assert LEAK_WARNING not in text, text[-3000:]
-
-
-def checkpoints(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+from tests.support.stop_checks import (
+    REPO,
+    assert_stopped_cleanly,
+    assert_torchrun_names_17,
+    checkpoints,
+    env,
+    torchrun,
+)
+from titan_rocm.exit_codes import FAILED_VALIDATION
 
 
 @pytest.mark.slow
@@ -54,7 +37,7 @@ def test_the_launcher_exits_with_17_at_a_nan_and_saves_no_checkpoint_of_it(
          "--metrics.log_freq", "1", "--checkpoint.enable", "--checkpoint.interval", "1",
          "--checkpoint.folder", "ckpt", "--job.dump_folder", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=REPO,
-        env=_env(TITAN_ROCM_DEBUG_INJECT_NAN_STEP="3"))
+        env=env(TITAN_ROCM_DEBUG_INJECT_NAN_STEP="3"))
     out = proc.stdout + proc.stderr
     assert proc.returncode == FAILED_VALIDATION == 17, out[-3000:]
     assert_stopped_cleanly(out, "titan-rocm divergence guard: training diverged at step 3")
@@ -62,44 +45,14 @@ def test_the_launcher_exits_with_17_at_a_nan_and_saves_no_checkpoint_of_it(
     assert checkpoints(tmp_path / "ckpt") == ["step-1", "step-2"]
 
 
-def _torchrun(tmp_path: Path, port: int, nproc: int, env: dict[str, str],
-              *args: str) -> tuple[subprocess.CompletedProcess[str], list[str]]:
-    """torchrun with each worker's output in its own files; its own output, and each rank's
-    (stdout then stderr)."""
-    logs = tmp_path / "torchrun-logs"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--master_port", str(port), "--redirects", "3", "--log-dir", str(logs), *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900,
-                          cwd=tmp_path)
-    ranks = []
-    for rank in range(nproc):
-        (folder,) = logs.glob(f"*/attempt_0/{rank}")
-        ranks.append((folder / "stdout.log").read_text() + (folder / "stderr.log").read_text())
-    return proc, ranks
-
-
-def assert_torchrun_names_17(proc: subprocess.CompletedProcess[str], nproc: int) -> None:
-    """torchrun exits with 1 (its ChildFailedError); its failure record's root cause is a
-    worker's exit code 17, with no error file (the stop writes none: no worker traceback).
-    torchrun sends SIGTERM to the workers still running once one has exited: a rank slower to
-    leave is listed as -15, never as a crash."""
-    own = proc.stdout + proc.stderr
-    assert proc.returncode == 1, own[-3000:]
-    root = own[own.index("Root Cause (first observed failure)"):]
-    assert re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", root, re.M)[0] == "17", own[-3000:]
-    codes = re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", own, re.M)
-    assert len(codes) == nproc and set(codes) <= {"17", "-15"}, own[-3000:]
-    assert re.findall(r"^\s*error_file\s*:\s*(\S+)", own, re.M) == ["<N/A>"] * nproc, own[-3000:]
-
-
 @pytest.mark.slow
 def test_two_ranks_stop_at_the_guard_with_17_each(tmp_path: Path) -> None:
     """torchrun, 2 gloo ranks, NaN on rank 1 at step 3: both ranks end with 17, rank 0 logs
     the full message, rank 1 the short one; no checkpoint of step 3."""
     port = 29_000 + os.getpid() % 500
-    proc, ranks = _torchrun(
+    proc, ranks = torchrun(
         tmp_path, port, 2,
-        _env(TITAN_ROCM_DEBUG_INJECT_NAN_STEP="3", TITAN_ROCM_DEBUG_INJECT_NAN_RANK="1"),
+        env(TITAN_ROCM_DEBUG_INJECT_NAN_STEP="3", TITAN_ROCM_DEBUG_INJECT_NAN_RANK="1"),
         str(REPO / "tests" / "support" / "cpu_trainer.py"),
         "--model.converters", "rocm.divergence_guard", "--training.steps", "5",
         "--metrics.log_freq", "1", "--checkpoint.enable", "--checkpoint.interval", "1",
@@ -117,8 +70,8 @@ def test_two_ranks_stop_at_a_flagged_audit_with_17_each(tmp_path: Path) -> None:
     ranks end with 17 naming step 2 and block 1, before step 2's optimizer step and
     checkpoint (step 1's is saved)."""
     port = 29_500 + os.getpid() % 400
-    proc, ranks = _torchrun(
-        tmp_path, port, 2, _env(TITAN_ROCM_DEBUG_CORRUPT="block=1,fraction=0.03"),
+    proc, ranks = torchrun(
+        tmp_path, port, 2, env(TITAN_ROCM_DEBUG_CORRUPT="block=1,fraction=0.03"),
         "-m", "tests.support.audit_train_main", "--model.converters", "rocm",
         "--compile.enable", "--activation_checkpoint.mode", "none",
         "--training.mixed_precision_param", "float32", "--training.steps", "4",

@@ -7,40 +7,27 @@ checkpoint of the flagged step. The 0.2.2 twin is tests/tt022/test_stop_exit_cod
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from titan_rocm.exit_codes import FAILED_VALIDATION, stop_line
+from tests.support.stop_checks import (
+    assert_stopped_cleanly,
+    assert_torchrun_names_17,
+    checkpoints,
+    env,
+    torchrun,
+)
+from titan_rocm.exit_codes import FAILED_VALIDATION
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parents[1]
 MAIN = str(HERE / "tt030_main.py")
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
-                      "MASTER_PORT", "GROUP_RANK", "ROLE_RANK")
-LEAK_WARNING = "destroy_process_group() was not called"
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in TORCHRUN_VARIABLES and not k.startswith("TITAN_ROCM_DEBUG_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    return {**env, **extra}
-
-
-def _assert_stopped_cleanly(text: str, sentence: str) -> None:
-    assert sentence in text, text[-3000:]
-    assert stop_line() in text, text[-3000:]
-    assert "Traceback" not in text, text[-3000:]
-    assert LEAK_WARNING not in text, text[-3000:]
 
 
 def _checkpoints(tmp_path: Path) -> list[str]:
-    folder = tmp_path / "outputs" / "ckpt"
-    return sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    return checkpoints(tmp_path / "outputs" / "ckpt")
 
 
 @pytest.mark.slow
@@ -51,10 +38,10 @@ def test_the_guard_ends_the_process_with_17_and_no_checkpoint_of_the_bad_step(
     proc = subprocess.run(
         [sys.executable, MAIN, "--module", "tt030_stop_job", "--config", "llama3_guard"],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
-        env=_env(TITAN_ROCM_DEBUG_INJECT_NAN_STEP="3"))
+        env=env(TITAN_ROCM_DEBUG_INJECT_NAN_STEP="3"))
     out = proc.stdout + proc.stderr
     assert proc.returncode == FAILED_VALIDATION == 17, out[-3000:]
-    _assert_stopped_cleanly(out, "titan-rocm divergence guard: training diverged at step 3")
+    assert_stopped_cleanly(out, "titan-rocm divergence guard: training diverged at step 3")
     assert "Training completed" not in out
     assert _checkpoints(tmp_path) == ["step-1", "step-2"]
 
@@ -68,10 +55,10 @@ def test_a_flagged_audit_ends_the_process_with_17_before_its_steps_checkpoint(
     proc = subprocess.run(
         [sys.executable, MAIN, "--module", "tt030_stop_job", "--config", "llama3_audit_stop"],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
-        env=_env(TITAN_ROCM_DEBUG_CORRUPT="block=1,fraction=0.03"))
+        env=env(TITAN_ROCM_DEBUG_CORRUPT="block=1,fraction=0.03"))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 17, out[-3000:]
-    _assert_stopped_cleanly(out, "titan-rocm numerics audit flagged step 2 (first wrong in the "
+    assert_stopped_cleanly(out, "titan-rocm numerics audit flagged step 2 (first wrong in the "
                                  "backward: block 1)")
     assert _checkpoints(tmp_path) == ["step-1"]
 
@@ -83,18 +70,9 @@ def test_under_torchrun_the_worker_exits_17_in_its_failure_record(tmp_path: Path
     sentence and no traceback; torchrun itself exits 1. (Two ranks run on 0.2.2,
     tests/tt022/test_stop_exit_code.py: on CPU, 0.3.0's fully_shard over two ranks refuses
     the model's plain parameters before training, with FSDP and with replicas alike.)"""
-    logs = tmp_path / "torchrun-logs"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
-         "--master_port", str(28_000 + os.getpid() % 900), "--redirects", "3", "--log-dir",
-         str(logs), MAIN, "--module", "tt030_stop_job", "--config", "llama3_guard"],
-        capture_output=True, text=True, timeout=900, cwd=tmp_path,
-        env=_env(TITAN_ROCM_DEBUG_INJECT_NAN_STEP="3"))
-    own = proc.stdout + proc.stderr
-    assert proc.returncode == 1, own[-3000:]
-    assert re.findall(r"^\s*exitcode\s*:\s*(\d+)", own, re.M) == ["17"], own[-3000:]
-    assert re.findall(r"^\s*error_file\s*:\s*(\S+)", own, re.M) == ["<N/A>"], own[-3000:]
-    (folder,) = logs.glob("*/attempt_0/0")
-    worker = (folder / "stdout.log").read_text() + (folder / "stderr.log").read_text()
-    _assert_stopped_cleanly(worker, "titan-rocm divergence guard: training diverged at step 3")
+    proc, (worker,) = torchrun(
+        tmp_path, 28_000 + os.getpid() % 900, 1, env(TITAN_ROCM_DEBUG_INJECT_NAN_STEP="3"),
+        MAIN, "--module", "tt030_stop_job", "--config", "llama3_guard")
+    assert_torchrun_names_17(proc, 1)
+    assert_stopped_cleanly(worker, "titan-rocm divergence guard: training diverged at step 3")
     assert _checkpoints(tmp_path) == ["step-1", "step-2"]
