@@ -123,14 +123,17 @@ def _job(cpu_jobs: Any, stock: dict[str, Any]) -> None:
         assert all(during[w] is not stock[w] for w in watched), [
             w for w in watched if during[w] is stock[w]]
         assert "forward_backward_step" in vars(trainer)  # the audit's, on the instance
+        # The stop's (titan_rocm/adapters/stop.py), on the instance too.
+        assert {"train_step", "close"} <= set(vars(trainer))
         assert {p.by for p in patches.installed()} >= {
             "divergence_guard", "moe_eager_compile", "grouped_mm", "triton_war",
-            "numerics_audit", "titan-rocm job teardown"}
+            "numerics_audit", "titan-rocm job teardown", "titan-rocm stop"}
     finally:
         trainer.close()
     after = {where: _own(*at) for where, at in watched.items()}
     assert [w for w in watched if after[w] is not stock[w]] == []
-    assert "forward_backward_step" not in vars(trainer)
+    assert not {"forward_backward_step", "train_step", "close"} & set(vars(trainer))
+    assert "save" not in vars(trainer.checkpointer)
     assert patches.installed() == []
     assert job.patches.patches == []
     results = job.instances["numerics_audit"].results

@@ -174,6 +174,7 @@ def test_nan_injection_stops_with_the_first_bad_step_not_the_log_step(cpu_harnes
             cpu_harness.train(config)
     finally:
         hooks.uninstall()
+    assert cpu_harness.stopped.code == 17  # the rank ended as a stop, not a crash
     divergence = info.value.divergence
     assert divergence.step == 2  # injected at 2, found at TorchTitan's log step 3
     assert math.isnan(divergence.grad_norm)  # the injection reached the gradients
@@ -205,7 +206,7 @@ def test_override_entry_attaches_the_same_workarounds_to_a_stock_trainer(cpu_har
             cpu_harness.train(trainer)
     finally:
         hooks.uninstall()
-    assert info.value.divergence.step == 2
+    assert info.value.divergence.step == 2 and cpu_harness.stopped.code == 17
     assert call_counts()["loop"] >= 2
 
 

@@ -213,6 +213,8 @@ class Harness:
         self.monkeypatch = monkeypatch
         self.tmp_path = tmp_path
         self._logged: list[tuple[int, float, float]] = []
+        self.stopped: Any = None
+        """The ``Stopped`` (``SystemExit``) the latest run ended with, if a stop ended it."""
 
     @classmethod
     def install(cls, monkeypatch: Any, tmp_path: Path) -> Harness:
@@ -249,21 +251,35 @@ class Harness:
 
     def train(self, config_or_trainer: Any) -> Run:
         """Build (unless given a trainer), ``train()`` and ``close()`` as ``torchtitan.train``
-        does (``close()`` also when training raised); return what was logged."""
+        does (``close()`` also when training raised an ``Exception``); return what was logged.
+
+        A stop (the guard's, the audit's) ends the rank as the process would end: the trainer
+        closed, the process group destroyed, ``SystemExit`` with exit code 17 (checked here);
+        the error that caused it is raised for the test to read."""
+        from titan_rocm.adapters.stop import Stopped
+
         trainer = config_or_trainer
         if not hasattr(trainer, "train_step"):
             trainer = self.build(config_or_trainer)
         self._logged.clear()
         run = Run(trainer)
+        stopped: Stopped | None = None
         try:
-            trainer.train()
-        except BaseException:
+            try:
+                trainer.train()
+            except Exception:
+                trainer.close()
+                raise
+            finally:
+                for step, loss, grad_norm in self._logged:
+                    run.steps.append(step)
+                    run.losses.append(loss)
+                    run.grad_norms.append(grad_norm)
             trainer.close()
-            raise
-        finally:
-            for step, loss, grad_norm in self._logged:
-                run.steps.append(step)
-                run.losses.append(loss)
-                run.grad_norms.append(grad_norm)
-        trainer.close()
+        except Stopped as stop:
+            stopped = stop
+        if stopped is not None:
+            assert stopped.code == 17 and not torch.distributed.is_initialized()
+            self.stopped = stopped
+            raise stopped.error  # outside the except: its own __context__ stays as it was
         return run

@@ -20,7 +20,7 @@ FACTS = ("titan_rocm.archs", "titan_rocm.platform", "titan_rocm.settings", "tita
          "titan_rocm.guard_message", "titan_rocm.audit_message", "titan_rocm._after_import",
          "titan_rocm.torchtitan_version",
          "titan_rocm.files", "titan_rocm.numbers", "titan_rocm.progress", "titan_rocm.measured",
-         "titan_rocm.patches", "titan_rocm.serial")
+         "titan_rocm.patches", "titan_rocm.serial", "titan_rocm.exit_codes")
 WORKAROUNDS = "titan_rocm.workarounds"
 SHARED_WORKAROUND_MODULES = {
     f"{WORKAROUNDS}.base", f"{WORKAROUNDS}.registry", f"{WORKAROUNDS}.moe_blocks",

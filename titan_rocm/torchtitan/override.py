@@ -86,6 +86,8 @@ def graft(trainer: Any, job: RocmJob) -> None:
     trainer.train_step = rocm_train_step
     trainer.forward_backward_step = rocm_forward_backward_step
     trainer.close = rocm_close
+    # Wrapped now, not at the first step's attach: that step already runs the bare one.
+    job.stop_cleanly(trainer)
 
 
 @override(target=BaseModel.Config, description="titan-rocm workarounds (ROCm), as RocmTrainer")

@@ -189,6 +189,20 @@ class Context:
         return name in self.job_decisions and self.job_decisions[name] is None
 
 
+class RunStopped(RuntimeError):
+    """A workaround stops the run on purpose: its results failed validation (the divergence
+    guard's ``DivergenceError``, the numerics audit's ``NumericsAuditFlagged``).
+
+    Raised inside a training step (or a checkpoint save, or the end of training); each
+    adapter turns it into the same end on every rank (:mod:`titan_rocm.adapters.stop`): the
+    message logged, the trainer closed, the process group destroyed, and the exit code
+    :data:`titan_rocm.exit_codes.FAILED_VALIDATION`, never a traceback.
+    """
+
+    logged = False
+    """This rank's log already holds the message (the guard's rank 0 logs a longer one)."""
+
+
 class TrainerSeam:
     """What a trainer adapter calls into an applied workaround at the trainer's own methods.
 

@@ -639,10 +639,14 @@ def _train(audit_env: Any, monkeypatch: Any, extra: list[str],
         corrupt.install(trainer.model_parts, corrupt.parse(fault))
     MetricsProcessor.log = log
     try:
-        trainer.train()
+        try:
+            trainer.train()
+        except Exception:
+            trainer.close()
+            raise
+        trainer.close()  # as torchtitan.train's main: a stop (SystemExit) closed it already
     finally:
         MetricsProcessor.log = original
-        trainer.close()
     params = [p.detach().clone() for p in trainer.model_parts[0].parameters()]
     return logged, params, trainer
 
@@ -754,15 +758,18 @@ def test_in_training_stop_policy_ends_the_run_at_a_flagged_step(audit_env: Any,
                                                                  monkeypatch: Any) -> None:
     """``numerics_audit = first_step``, policy ``stop``, the fault in block 0's compiled
     forward: ``Trainer.train()`` stops at step 1, before its optimizer step, naming block 0
-    and the direction."""
+    and the direction, and ends the rank with exit code 17 (the process group destroyed)."""
+    from titan_rocm.adapters.stop import Stopped
     from titan_rocm.workarounds.numerics_audit.workaround import NumericsAuditFlagged
 
-    with pytest.raises(NumericsAuditFlagged, match=r"flagged step 1 \(first wrong in the "
-                                                   r"forward: block 0; first wrong in the "
-                                                   r"backward: block 0\)"):
+    with pytest.raises(Stopped) as stopped:
         _train(audit_env, monkeypatch, ["--rocm.numerics_audit", "first_step",
                                         "--rocm.numerics_audit_policy", "stop"],
                fault="block=0,graph=forward,fraction=0.03")
+    assert stopped.value.code == 17 and not torch.distributed.is_initialized()
+    assert isinstance(stopped.value.error, NumericsAuditFlagged)
+    assert re.search(r"flagged step 1 \(first wrong in the forward: block 0; first wrong in "
+                     r"the backward: block 0\)", str(stopped.value.error))
 
 
 @pytest.mark.slow

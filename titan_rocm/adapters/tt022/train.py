@@ -10,7 +10,9 @@ Works under torchrun: ``torchrun --nproc_per_node=8 -m titan_rocm.train --job.co
 and alone as one process: without torchrun's environment it sets the one-rank environment
 ``torchrun --standalone --nproc_per_node=1`` would give its worker (TorchTitan reads
 ``LOCAL_RANK`` unconditionally). Exit codes: TorchTitan's; 2 for a bad TOML, ``[rocm]``
-value or torchrun environment before TorchTitan starts; 130 on Ctrl-C.
+value or torchrun environment before TorchTitan starts; 17
+(:data:`titan_rocm.exit_codes.FAILED_VALIDATION`) when titan-rocm stops the run (the
+divergence guard, a flagged numerics audit under ``policy = "stop"``); 130 on Ctrl-C.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch.nn as nn
 
+from titan_rocm.adapters import stop
 from titan_rocm.adapters.tt030.context import job_context
 from titan_rocm.log import log
 from titan_rocm.settings import RocmSettings
@@ -131,13 +132,22 @@ class RocmJob:
 
     # -- the trainer's seams -------------------------------------------------------------------
     def attach(self, trainer: Any) -> None:
-        """The trainer is built: attach the seams, hook the optimizers' step."""
+        """The trainer is built: attach the seams, hook the optimizers' step, end a stopped
+        run with its exit code (:mod:`titan_rocm.adapters.stop`)."""
         for seam in self.seams:
             seam.attach(trainer)
+        self.stop_cleanly(trainer)
         if self.applied:
             trainer.optimizers.register_step_post_hook(
                 lambda *args, **kwargs: self.after_optimizer_step(trainer)
             )
+
+    def stop_cleanly(self, trainer: Any) -> None:
+        """A stop (the guard's, the audit's) from ``trainer``'s step, checkpoint save or close
+        ends the process with its exit code, not as a crash; again after the checkpointer
+        exists (patches nothing twice)."""
+        if self.workarounds is not None:
+            stop.install(trainer, self.workarounds.patches)
 
     def after_optimizer_step(self, trainer: Any) -> None:
         """Every optimizer step: the workarounds' post-optimizer hooks, then the seams."""

@@ -286,9 +286,11 @@ class Monitor:
         if divergence is None:
             return
         self.divergence = divergence
+        error = DivergenceError(short_message(divergence), divergence)
         if rank() == 0:
             log.error(message(divergence))
-        raise DivergenceError(short_message(divergence), divergence)
+            error.logged = True  # the stop logs the short message on the other ranks only
+        raise error
 
 
 def _host_row(host: tuple[int, float, float]) -> Row:

@@ -14,11 +14,13 @@ import math
 import torch.distributed as dist
 
 from titan_rocm.guard_message import Divergence
+from titan_rocm.workarounds.base import RunStopped
 from titan_rocm.workarounds.divergence_guard.record import Row
 
 
-class DivergenceError(RuntimeError):
-    """Training produced a non-finite loss or grad norm; titan-rocm stopped it."""
+class DivergenceError(RunStopped):
+    """Training produced a non-finite loss or grad norm; titan-rocm stops it (every rank
+    exits with :data:`titan_rocm.exit_codes.FAILED_VALIDATION`)."""
 
     def __init__(self, message: str, divergence: Divergence) -> None:
         super().__init__(message)

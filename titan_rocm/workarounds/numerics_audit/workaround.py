@@ -41,7 +41,7 @@ from titan_rocm.log import log
 from titan_rocm.numerics.audit import Audit, AuditError, Part, StepKit, out_of_memory, spread
 from titan_rocm.numerics.report import format_report
 from titan_rocm.numerics.stats import AuditSettings
-from titan_rocm.workarounds.base import TrainerSeam, Workaround
+from titan_rocm.workarounds.base import RunStopped, TrainerSeam, Workaround
 from titan_rocm.workarounds.numerics_audit import quarantine
 from titan_rocm.workarounds.numerics_audit.quarantine import label
 
@@ -62,9 +62,11 @@ class AuditSeam(Protocol):
         tokens seen), taken now; calling the result puts it back (before a redone pass)."""
 
 
-class NumericsAuditFlagged(RuntimeError):
+class NumericsAuditFlagged(RunStopped):
     """``numerics_audit_policy = "stop"`` and the audit flagged, or ``"quarantine"`` and the
-    flag is one quarantine cannot clear: the run stops."""
+    flag is one quarantine cannot clear: the run stops (every rank exits with
+    :data:`titan_rocm.exit_codes.FAILED_VALIDATION`, before the step's optimizer step and its
+    checkpoint)."""
 
 
 class NumericsAudit(Workaround):

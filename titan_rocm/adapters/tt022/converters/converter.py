@@ -11,7 +11,10 @@ TorchTitan 0.2.2 has no trainer adapter, so the job's teardown is hooked where e
 ends: ``Trainer.close`` closes its ``MetricsProcessor`` last, and that processor holds the
 trainer's ``model_parts``. The job wraps ``MetricsProcessor.close`` (a patch it holds itself):
 after the stock close, each converted part's job closes (:meth:`JobWorkarounds.close`), which
-puts back every attribute its workarounds patched.
+puts back every attribute its workarounds patched. Where every trainer starts training,
+``CheckpointManager.load`` (``Trainer.train`` calls it first; it holds the trainer as
+``states["train_state"]``), the job hands the trainer to :func:`titan_rocm.adapters.stop.install`,
+so a stop (the guard's, the audit's) ends the process with its exit code instead of a crash.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, ClassVar
 
 import torch.nn as nn
 
+from titan_rocm.adapters import stop
 from titan_rocm.adapters.tt022.converters.context import job_context
 from titan_rocm.workarounds.base import Workaround
 from titan_rocm.workarounds.job import Decision, JobWorkarounds
@@ -50,14 +54,38 @@ def _closing_jobs(original: Callable[..., Any]) -> Callable[..., Any]:
     return close
 
 
+def _job_of_trainer(trainer: Any) -> JobWorkarounds | None:
+    for part in getattr(trainer, "model_parts", None) or []:
+        job = getattr(part, "__dict__", {}).get(JOB_ATTR)
+        if job is not None:
+            return job
+    return None
+
+
+def _stopping(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        trainer = (getattr(self, "states", None) or {}).get("train_state")
+        job = _job_of_trainer(trainer)
+        if job is not None:
+            stop.install(trainer, job.patches)
+        return result
+
+    return load
+
+
 def hook_teardown(job: JobWorkarounds) -> None:
-    """Close ``job`` when its trainer closes its metrics processor (not in a plan: nothing
-    trains there)."""
+    """Close ``job`` when its trainer closes its metrics processor, and end a stopped run
+    with its exit code once the trainer starts training (not in a plan: nothing trains
+    there)."""
     if job.ctx.planning:
         return
+    from torchtitan.components.checkpoint import CheckpointManager
     from torchtitan.components.metrics import MetricsProcessor
 
     job.patches.patch(MetricsProcessor, "close", _closing_jobs, by=TEARDOWN)
+    job.patches.patch(CheckpointManager, "load", _stopping, by=stop.BY)
 
 
 def workarounds_of(converter_names: list[str] | tuple[str, ...]) -> list[str]:
