@@ -8,6 +8,7 @@ noise band of clean runs."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -254,18 +255,22 @@ def test_a_quarantined_block_flagged_again_stops_the_run(
         audit_env: Any, monkeypatch: Any, caplog: Any) -> None:
     """Where eager does not clear the flag (here: the switch is made to leave block 0
     compiled, so the fault stays), the recheck at step 2 flags block 0 again and the run stops
-    with :class:`NumericsAuditFlagged`, naming the step it was quarantined at."""
+    with :class:`NumericsAuditFlagged` (exit code 17), naming the step it was quarantined at."""
+    from titan_rocm.adapters.stop import Stopped
     from titan_rocm.workarounds.numerics_audit import quarantine
     from titan_rocm.workarounds.numerics_audit.workaround import NumericsAuditFlagged
 
     monkeypatch.setattr(quarantine, "_module_switches", lambda prefix, module: [
         quarantine.Switch(module, "forward", lambda original: original, prefix)])
-    with pytest.raises(NumericsAuditFlagged, match=(
-            r"^titan-rocm numerics audit flagged step 2 \(first wrong in the forward: block 0; "
-            r"first wrong in the backward: block 0\) and block 0, eager since its quarantine "
-            r"at step 1, is still wrong")):
+    with pytest.raises(Stopped) as stopped:
         train(audit_env, monkeypatch, caplog, "quarantine", "block=0,graph=forward,fraction=0.03",
               layers=2, extra=SPREAD)
+    assert stopped.value.code == 17
+    assert isinstance(stopped.value.error, NumericsAuditFlagged)
+    assert re.search(
+        r"^titan-rocm numerics audit flagged step 2 \(first wrong in the forward: block 0; "
+        r"first wrong in the backward: block 0\) and block 0, eager since its quarantine "
+        r"at step 1, is still wrong", str(stopped.value.error))
 
 
 # -- the pieces, on toy modules (no trainer) --------------------------------------------------
