@@ -99,6 +99,41 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="run the test modules, and the tests inside each, in a random order drawn from "
         "SEED (an integer, or 'any' for a fresh one); the header names the seed to repeat it",
     )
+    parser.addoption(
+        "--state-leaks", action="store_true",
+        help="report each test that leaves torch's, Dynamo's or Inductor's global settings or "
+        "the environment changed (tests/support/state_leaks.py)",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Under ``--state-leaks``, the settings ``item`` (setup, call, teardown) left changed."""
+    if not item.config.getoption("--state-leaks"):
+        return (yield)
+    from tests.support import state_leaks
+
+    before = state_leaks.fingerprint()
+    result = yield
+    changed = state_leaks.differences(before, state_leaks.fingerprint())
+    if changed:
+        item.config.stash.setdefault(LEAKS, {})[item.nodeid] = changed
+    return result
+
+
+LEAKS = pytest.StashKey[dict[str, list[str]]]()
+"""nodeid -> what that test left changed (``--state-leaks``)."""
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if not config.getoption("--state-leaks"):
+        return
+    leaks = config.stash.get(LEAKS, {})
+    terminalreporter.section(f"state leaks: {len(leaks)} test(s) left process state changed")
+    for nodeid, changed in leaks.items():
+        terminalreporter.line(nodeid)
+        for line in changed:
+            terminalreporter.line(f"    {line}")
 
 
 def random_order_seed(config: pytest.Config) -> int | None:

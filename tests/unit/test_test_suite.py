@@ -150,3 +150,31 @@ def test_a_real_random_order_run_says_its_seed(tmp_path: Path) -> None:
            if "::test_" in line and "PASSED" in line]
     items = [_item(str(tests), f"test_{n}") for n in range(8)]
     assert ran == [i.name for i in conftest.shuffled(items, int(seed))]
+
+
+def test_state_leaks_name_each_setting_a_test_left_changed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+    import torch._dynamo.config  # loaded before the first fingerprint: its settings are read
+
+    from tests.support.state_leaks import differences, fingerprint
+
+    before = fingerprint()
+    assert differences(before, fingerprint()) == []
+    monkeypatch.setenv("TITAN_ROCM_LEAK_PROBE", "1")
+    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs",
+                        not torch._dynamo.config.capture_scalar_outputs)
+    dtype = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        after = fingerprint()
+    finally:
+        torch.set_default_dtype(dtype)
+    flag = torch._dynamo.config.capture_scalar_outputs
+    assert differences(before, after) == [
+        "os.environ['TITAN_ROCM_LEAK_PROBE']: <unset> -> '1'",
+        f"torch._dynamo.config.capture_scalar_outputs: {not flag!r} -> {flag!r}",
+        f"torch.get_default_dtype(): {dtype!r} -> torch.float64",
+    ]
+    newly_loaded = {**before, "torch.some.config.knob": "1"}
+    assert differences(before, newly_loaded) == []  # a module's defaults are no change
