@@ -59,9 +59,9 @@ def test_a_real_sigint_midway(tmp_path: Path) -> None:
     table = tmp_path / "big_bf16_tuned_gemm.csv"
     make_table(table, {("gfx950", "opus", "splitk"): 2_000, ("gfx950", "asm", "-"): 18_000})
     out_dir = tmp_path / "out"
-    midway = tmp_path / "midway"
+    midway, row = tmp_path / "midway", 10_000
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.paused_reader", str(midway), "10000",
+        [sys.executable, "-m", "tests.support.paused_reader", str(midway), str(row),
          "gemm-tables", "capture-safe", str(table), "-o", str(out_dir)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
@@ -71,7 +71,7 @@ def test_a_real_sigint_midway(tmp_path: Path) -> None:
     if not midway.exists():
         proc.kill()
         out, err = proc.communicate(timeout=60)
-        pytest.fail(f"the child never reached row 10000 (exit {proc.returncode}): {err[-2000:]}")
+        pytest.fail(f"the child never reached row {row} (exit {proc.returncode}): {err[-2000:]}")
     os.kill(proc.pid, signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
