@@ -118,6 +118,9 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
     changed = state_leaks.differences(before, state_leaks.fingerprint())
     if changed:
         item.config.stash.setdefault(LEAKS, {})[item.nodeid] = changed
+        reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:  # at once too: a run cut short still names what it found
+            reporter.write_line(f"state leak: {item.nodeid}: {'; '.join(changed)}")
     return result
 
 
