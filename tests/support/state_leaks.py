@@ -14,6 +14,10 @@ from typing import Any
 
 Fingerprint = dict[str, str]
 
+UNWATCHED_ENV = frozenset({"PYTEST_CURRENT_TEST", "_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"})
+"""Variables that change by design: pytest's own, and the address Inductor's compiled code
+keeps of a Python object (set at each compile)."""
+
 
 def _attr(owner: Any, name: str) -> str:
     return repr(getattr(owner, name, "<absent>"))
@@ -30,12 +34,15 @@ def _configs() -> Fingerprint:
         if module is None or not hasattr(module, "get_config_copy"):
             continue
         for key, value in module.get_config_copy().items():
+            if isinstance(value, (set, frozenset)):  # a set's repr has no fixed order
+                value = sorted(value, key=repr)
             out[f"{module_name}.{key}"] = repr(value)
     return out
 
 
 def fingerprint() -> Fingerprint:
-    """The settings a test could leave changed that change how later tests compute."""
+    """The settings a test could leave changed that change how later tests compute, and the
+    titan-rocm patches still installed (each workaround's, put back when its job closes)."""
     import torch
 
     state: Fingerprint = {
@@ -61,9 +68,13 @@ def fingerprint() -> Fingerprint:
     if mkldnn_matmul is not None:
         state["torch.backends.mkldnn.matmul.fp32_precision"] = _attr(mkldnn_matmul,
                                                                      "fp32_precision")
+    from titan_rocm import patches
+
+    state["titan_rocm.patches.installed()"] = repr(sorted(
+        f"{p.where} by {p.by}" for p in patches.installed()))  # a workaround's, never put back
     state.update(_configs())
     state.update({f"os.environ[{k!r}]": repr(v) for k, v in os.environ.items()
-                  if k != "PYTEST_CURRENT_TEST"})
+                  if k not in UNWATCHED_ENV})
     return state
 
 

@@ -176,5 +176,16 @@ def test_state_leaks_name_each_setting_a_test_left_changed(
         f"torch._dynamo.config.capture_scalar_outputs: {not flag!r} -> {flag!r}",
         f"torch.get_default_dtype(): {dtype!r} -> torch.float64",
     ]
+    from titan_rocm import patches
+
+    holder, base = type("Holder", (), {"value": 1}), fingerprint()
+    patches.patch(holder, "value", lambda old: old + 1, by="leak_probe")
+    try:
+        (changed,) = differences(base, fingerprint())
+        was, now = changed.removeprefix("titan_rocm.patches.installed(): ").split(" -> ")
+        assert "by leak_probe" not in was and "Holder.value by leak_probe'" in now, changed
+    finally:
+        patches.restore(by="leak_probe")
+    assert differences(base, fingerprint()) == []
     newly_loaded = {**before, "torch.some.config.knob": "1"}
     assert differences(before, newly_loaded) == []  # a module's defaults are no change
