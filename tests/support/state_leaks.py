@@ -54,6 +54,8 @@ def fingerprint() -> Fingerprint:
         "torch.is_grad_enabled()": repr(torch.is_grad_enabled()),
         "torch.is_anomaly_enabled()": repr(torch.is_anomaly_enabled()),
         "torch.is_autocast_enabled('cpu')": repr(torch.is_autocast_enabled("cpu")),
+        "torch.distributed.is_initialized()": repr(
+            torch.distributed.is_available() and torch.distributed.is_initialized()),
         "torch.utils.deterministic.fill_uninitialized_memory":
             _attr(torch.utils.deterministic, "fill_uninitialized_memory"),
         "torch.backends.fp32_precision": _attr(torch.backends, "fp32_precision"),
