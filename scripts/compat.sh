@@ -7,7 +7,8 @@
 # torch==TORCH_VERSION first (pinned; a CUDA build runs these suites on CPU), the Triton that
 # torch's metadata requires (a CPU build names none: --triton, default README's 3.9.0), then
 # torchtitan==TORCHTITAN and this checkout with its test extra. The 0.2.2 suite is README's
-# `python -m pytest -q`, the 0.3.0 suite `python -m pytest -q -m torchtitan030`; PYTEST_ARGS
+# `python -m pytest -q -m torchtitan022`, the 0.3.0 suite `python -m pytest -q -m
+# torchtitan030` (each marker runs its whole suite, slow tests included); PYTEST_ARGS
 # (e.g. tests/unit) are added to both. One line per suite at the end, e.g.
 #   compat: torch 2.15.0 + TorchTitan 0.3.0: 85 passed (log: /tmp/.../pytest.log)
 # Exit 0 when every suite passed, 1 when one failed, 2 on bad input or a failed install.
@@ -132,7 +133,7 @@ for tt in "${titans[@]}"; do
   else
     build "$venv" "$tt"
   fi
-  marker=()
+  marker=(-m torchtitan022)  # README's: the suite's marker, so slow tests run too
   [[ "$tt" == 0.3.0 ]] && marker=(-m torchtitan030)
   log="$venv/pytest.log"
   echo "compat: torch $torch_version + TorchTitan $tt: python -m pytest -q ${marker[*]} ${pytest_args[*]}"

@@ -7,13 +7,20 @@ fixes its device type when first imported). The other suite's test modules are n
 imported: each becomes one test skipped with the reason, so ``pytest -q`` in either
 environment says what it left out, and ``-m torchtitan030`` / ``-m torchtitan022`` selects
 one suite.
+
+Two more things every test run gets here: the Hypothesis profile (no wall-clock deadline, see
+:data:`HYPOTHESIS_PROFILE`) and ``--random-order`` (modules, then the tests in each module, in
+a seeded random order; ``scripts/random_order.sh`` runs the suite so twice).
 """
 
 from __future__ import annotations
 
+import os
+import random
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from tests.support.mla_test_support import clean_mla_state, fake_aiter, fake_aiter_path  # noqa: F401
 from titan_rocm import torchtitan_version
@@ -25,6 +32,17 @@ INSTALLED = torchtitan_version.installed()
 INSTALLED_SERIES = torchtitan_version.series()
 """The installed TorchTitan's API (its files, not its version string: main says 0.2.2 and has
 0.3's API); None when none is installed."""
+
+
+HYPOTHESIS_PROFILE = "titan-rocm"
+"""No per-example deadline. Hypothesis times examples and their generation by the wall clock;
+on a shared two-core machine a test's process waits for a core, so the default 200 ms deadline
+and the too_slow health check's budget (5 x the deadline: 1 s of drawing for the first
+examples) failed tests whose strategies are cheap (test_routing's, about 1 ms of drawing an
+example when idle). Without a deadline that budget is Hypothesis's 30 s, which only a truly
+heavy strategy reaches. ``HYPOTHESIS_PROFILE=default`` puts Hypothesis's own defaults back."""
+settings.register_profile(HYPOTHESIS_PROFILE, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", HYPOTHESIS_PROFILE))
 
 
 def suite_of(path: Path) -> str:
@@ -75,14 +93,100 @@ def _has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--random-order", metavar="SEED", default=None,
+        help="run the test modules, and the tests inside each, in a random order drawn from "
+        "SEED (an integer, or 'any' for a fresh one); the header names the seed to repeat it",
+    )
+    parser.addoption(
+        "--state-leaks", action="store_true",
+        help="report each test that leaves torch's, Dynamo's or Inductor's global settings or "
+        "the environment changed (tests/support/state_leaks.py)",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """Under ``--state-leaks``, the settings ``item`` (setup, call, teardown) left changed."""
+    if not item.config.getoption("--state-leaks"):
+        return (yield)
+    from tests.support import state_leaks
+
+    before = state_leaks.fingerprint()
+    result = yield
+    changed = state_leaks.differences(before, state_leaks.fingerprint())
+    if changed:
+        item.config.stash.setdefault(LEAKS, {})[item.nodeid] = changed
+        reporter = item.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:  # at once too: a run cut short still names what it found
+            reporter.write_line(f"state leak: {item.nodeid}: {'; '.join(changed)}")
+    return result
+
+
+LEAKS = pytest.StashKey[dict[str, list[str]]]()
+"""nodeid -> what that test left changed (``--state-leaks``)."""
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if not config.getoption("--state-leaks"):
+        return
+    leaks = config.stash.get(LEAKS, {})
+    terminalreporter.section(f"state leaks: {len(leaks)} test(s) left process state changed")
+    for nodeid, changed in leaks.items():
+        terminalreporter.line(nodeid)
+        for line in changed:
+            terminalreporter.line(f"    {line}")
+
+
+def random_order_seed(config: pytest.Config) -> int | None:
+    """The ``--random-order`` seed (drawn once per run for ``any``); None without the option."""
+    value = config.getoption("--random-order")
+    if value is None:
+        return None
+    if not hasattr(config, "_titan_rocm_seed"):
+        if value == "any":
+            config._titan_rocm_seed = random.SystemRandom().randrange(2**32)
+        else:
+            try:
+                config._titan_rocm_seed = int(value)
+            except ValueError:
+                raise pytest.UsageError(
+                    f"--random-order {value} is not valid; accepted: an integer seed or 'any'"
+                ) from None
+    return config._titan_rocm_seed
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    seed = random_order_seed(config)
+    return None if seed is None else f"random order: seed {seed} (again: --random-order {seed})"
+
+
+def shuffled(items: list[pytest.Item], seed: int) -> list[pytest.Item]:
+    """``items`` with their modules in a random order, and each module's tests in a random
+    order (a module stays together: its module-scoped fixtures are built once)."""
+    rng = random.Random(seed)
+    modules: dict[Path, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.path, []).append(item)
+    groups = list(modules.values())
+    rng.shuffle(groups)
+    for group in groups:
+        rng.shuffle(group)
+    return [item for group in groups for item in group]
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its TorchTitan suite; skip GPU-marked tests, with the reason,
-    where the machine has no GPU."""
+    where the machine has no GPU; shuffle under ``--random-order``."""
     gpu = _has_gpu()
     for item in items:
         item.add_marker(getattr(pytest.mark, SUITES[suite_of(item.path)][0]))
         if item.get_closest_marker("gpu") is not None and not gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA or ROCm GPU; none here"))
+    seed = random_order_seed(config)
+    if seed is not None:
+        items[:] = shuffled(items, seed)
 
 
 _FLAVOR_MODELS = ("llama3", "deepseek_v3", "qwen3", "llama4")

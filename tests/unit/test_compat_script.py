@@ -78,8 +78,8 @@ def test_reuse_runs_each_suite_in_its_kept_venv_and_prints_one_line_each(
         f"compat: torch 9.9.9 + TorchTitan {tt}: 3 passed, 1 failed, 2 skipped "
         f"(log: {venv / 'pytest.log'})" for tt, venv in (("0.2.2", old), ("0.3.0", new))]
     assert f"compat: reusing {old}" in done.stdout and "installing" not in done.stdout
-    assert (old / "pytest-args").read_text().split() == ["-m", "pytest", "-q", "tests/unit",
-                                                         "-x"]
+    assert (old / "pytest-args").read_text().split() == ["-m", "pytest", "-q", "-m",
+                                                         "torchtitan022", "tests/unit", "-x"]
     assert (new / "pytest-args").read_text().split() == ["-m", "pytest", "-q", "-m",
                                                          "torchtitan030", "tests/unit", "-x"]
     assert "3 passed, 1 failed" in (old / "pytest.log").read_text()

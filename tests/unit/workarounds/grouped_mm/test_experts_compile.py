@@ -27,6 +27,7 @@ from tests.support.moe_test_models import (
     two_block_deepseek_args,
     world_of_one,
 )
+from titan_rocm import patches
 from titan_rocm.workarounds import grouped_mm, moe_blocks
 from titan_rocm.workarounds.grouped_mm import backends
 from titan_rocm.workarounds.grouped_mm.experts_compile import CompileRequest, ExpertsRunner
@@ -45,10 +46,18 @@ torch._dynamo.register_backend(name=RECORDER)(_recorder)
 
 @pytest.fixture(autouse=True)
 def _clean():
+    """Each test starts from the process-wide state it reads, whatever ran before it: no
+    titan-rocm patch installed (the reference is stock TorchTitan, and Dynamo traces
+    TorchTitan's own apply_compile), no experts bound, the call counters at zero, Dynamo's
+    caches empty, and its capture_scalar_outputs at the default."""
     saved = dict(backends._registry), set(backends._compilable)
+    patches.restore()
+    grouped_mm.unbind_all()
+    grouped_mm.reset_calls()
+    moe_blocks.EAGER_FORWARD_CALLS.clear()
     GRAPHS.clear()
     torch._dynamo.reset()
-    with clean_patches():
+    with clean_patches(), torch._dynamo.config.patch(capture_scalar_outputs=False):
         yield
     backends._registry.clear()
     backends._registry.update(saved[0])
