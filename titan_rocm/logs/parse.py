@@ -972,6 +972,8 @@ def _blocks(handle: Any, name: str, log: ParsedLog | None = None) -> Iterator[st
         while data := handle.read(_BLOCK_BYTES):
             if b"\x00" in data:
                 data = data.replace(b"\x00", b"")
+                if not data:  # a block of NULs only: it says nothing about a pending "\r"
+                    continue
             if long is not None:
                 end = 0 if long.cr_last and data[:1] != b"\n" else _first_end(data)
                 if end <= 0 and not long.cr_last:

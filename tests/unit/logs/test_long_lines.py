@@ -137,6 +137,7 @@ PIECES = st.sampled_from([
 @given(data=st.lists(PIECES, max_size=25).map(b"".join))
 @example(data=b"x" * 40 + b"\r" + tt(2, "nan").encode())  # a lone \r ends a long line
 @example(data=b"x" * 40 + b"\r\n" + tt(2, "nan").encode())
+@example(data=b"x" * 40 + b"\r\x00\n")  # a block of NULs only between \r and \n
 @example(data=b"x" * 40)
 def test_streamed_long_lines_follow_the_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                              data: bytes) -> None:
