@@ -1,13 +1,6 @@
 """TorchTitan 0.3.0's MLA replacements for its ``(batch, seqlen, heads, dim)`` q/k/v
-(:data:`BATCHED`), swapped in by :mod:`.seams_tt030`.
-
-DeepSeek's ``Attention`` (``torchtitan/models/deepseek_v3/model.py``) calls ``inner_attention``
-with ``(q, k, v, attention_masks=..., scale=...)``, tensors ``(batch, seqlen, heads, dim)``;
-tensor parallelism keys the inner attention's sharding config on ``forward``'s positional
-argument names ``q_BLNH``/``k_BLNH``/``v_BLNH``. Each replacement is a TorchTitan ``Module``
-whose ``Config`` subclasses the config class that makes TorchTitan build the masks it needs
-and whose ``forward`` has the stock argument names; the work is 0.2.2's
-(:class:`~.module.MLAVarlenInnerAttention`, :class:`~.module.MLAInnerAttention`).
+(:data:`BATCHED`; ``forward`` takes the stock ``q_BLNH``/``k_BLNH``/``v_BLNH``, which tensor
+parallelism keys on), swapped in by :mod:`.seams_tt030`, which says how.
 """
 
 from __future__ import annotations
