@@ -19,8 +19,12 @@ does that for all of them, so that each replacement is:
 
 An owner is a module, a class, an instance, or a namespace ``dict`` (a function's
 ``__globals__``, which is where a module's code looks its globals up; a file loaded twice
-under two names has two). The registry holds each patched owner until its patch is restored:
-a patched instance (a trainer) lives at least until its job's teardown.
+under two names has two). A setting is patched the same way (:func:`setting`): an entry of a
+mapping such as ``os.environ``, or an option of one of torch's config modules
+(``torch._inductor.config``, ``torch.compiler.config``), whose values live outside the
+module's ``__dict__``: restoring puts back the value, or that the user never set one. The
+registry holds each patched owner until its patch is restored: a patched instance (a
+trainer) lives at least until its job's teardown.
 
 Several workarounds may patch the same attribute (the divergence guard and the numerics audit
 both wrap ``CheckpointManager.load``): the patches stack, the later one wrapping the earlier.
@@ -38,8 +42,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
+import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,36 +53,78 @@ _ABSENT: Any = object()
 """Nothing stood in the owner's own namespace (the attribute was inherited, or missing)."""
 
 
+def _config_entry(owner: Any, name: str) -> Any:
+    """``name``'s entry where ``owner`` is one of torch's config modules, else None.
+
+    torch/utils/_config_module.py (torch 2.13): ``ConfigModule`` keeps each option in
+    ``_config[name]``, the user's value in its ``user_override`` (a ``ContextVar`` whose default,
+    ``_UNSET_SENTINEL``, means never set): ``_is_default`` and the config's hash read it.
+    """
+    if isinstance(owner, (dict, MutableMapping)) or not hasattr(owner, "__dict__"):
+        return None
+    table = vars(owner).get("_config")
+    entry = table.get(name) if isinstance(table, dict) else None
+    return entry if isinstance(getattr(entry, "user_override", None), contextvars.ContextVar) \
+        else None
+
+
+def _unset_sentinel(owner: Any) -> Any:
+    return getattr(sys.modules.get(type(owner).__module__), "_UNSET_SENTINEL", _ABSENT)
+
+
 def _own(owner: Any, name: str) -> Any:
     """What stands under ``name`` in ``owner``'s own namespace, or :data:`_ABSENT`."""
-    if isinstance(owner, dict):
+    if isinstance(owner, (dict, MutableMapping)):
         return owner.get(name, _ABSENT)
+    entry = _config_entry(owner, name)
+    if entry is not None:
+        value = entry.user_override.get()
+        return _ABSENT if value is _unset_sentinel(owner) else value
     return vars(owner).get(name, _ABSENT) if hasattr(owner, "__dict__") else _ABSENT
 
 
 def _lookup(owner: Any, name: str) -> Any:
     """What code reading ``owner.name`` (or the global ``name``) gets now."""
-    if isinstance(owner, dict):
+    if isinstance(owner, (dict, MutableMapping)):
         if name not in owner:
-            raise AttributeError(f"namespace {owner.get('__name__', '?')!s} has no {name!r}")
+            raise AttributeError(f"namespace {describe(owner)} has no {name!r}")
         return owner[name]
     return getattr(owner, name)
 
 
 def _put(owner: Any, name: str, value: Any) -> None:
-    if value is _ABSENT:
-        if isinstance(owner, dict):
+    if isinstance(owner, (dict, MutableMapping)):
+        if value is _ABSENT:
             owner.pop(name, None)
-        elif name in vars(owner):
+        else:
+            owner[name] = value
+        return
+    entry = _config_entry(owner, name)
+    if value is _ABSENT and entry is not None:
+        # Deleting is how the config module forgets a user's value (unittest.mock's
+        # undo); it also hides the option until set again, which the option must not stay.
+        delattr(owner, name)
+        entry.hide = False
+    elif value is _ABSENT:
+        if name in vars(owner):
             delattr(owner, name)
-    elif isinstance(owner, dict):
-        owner[name] = value
     else:
         setattr(owner, name, value)
 
 
+def _same(now: Any, ours: Any) -> bool:
+    """``now`` is the value a patch put there: the same object, or (for a setting read back
+    as a new object, as ``os.environ`` decodes each read) an equal plain value."""
+    if now is ours:
+        return True
+    plain = (str, bytes, int, float, bool, tuple, frozenset, type(None))
+    return isinstance(ours, plain) and type(now) is type(ours) and now == ours
+
+
 def describe(owner: Any) -> str:
     """``owner`` as a dotted name, for logs and :func:`installed`."""
+    if owner is os.environ:
+        return "os.environ"
     if isinstance(owner, dict):
         return str(owner.get("__name__", "<namespace>"))
     if isinstance(owner, type):
@@ -110,6 +158,9 @@ class Patch:
     """``(id(owner), name)``: its place in the registry."""
     owner: Any = field(default=None, repr=False)
     """The patched module, class, instance or namespace."""
+    setting: bool = False
+    """A setting (:func:`setting`): it may be set where nothing stood (an environment
+    variable, a thread-local); restoring removes it again."""
 
     def restore(self) -> None:
         """Put back what this patch replaced, whoever holds it."""
@@ -138,7 +189,7 @@ class Scope:
         return self
 
     def patch(self, owner: Any, name: str, make: Callable[[Any], Any], *, by: str,
-              refresh: bool = False) -> Patch:
+              refresh: bool = False, setting: bool = False) -> Patch:
         """Replace ``owner.name`` with ``make(original)``, held by this scope.
 
         Idempotent per ``(owner, name, by)``: the patch already there is held by this scope
@@ -146,10 +197,11 @@ class Scope:
         the original).
 
         Raises:
-            AttributeError: ``owner`` has no ``name``.
+            AttributeError: ``owner`` has no ``name`` (and it is not a ``setting``, which
+                may be set where nothing stood).
         """
         with _lock:
-            return _install(self, owner, name, make, by, refresh)
+            return _install(self, owner, name, make, by, refresh, setting)
 
     @contextlib.contextmanager
     def active(self) -> Iterator[Scope]:
@@ -193,6 +245,19 @@ def patch(owner: Any, name: str, make: Callable[[Any], Any], *, by: str,
           refresh: bool = False) -> Patch:
     """:meth:`Scope.patch` in the :func:`current` scope."""
     return current().patch(owner, name, make, by=by, refresh=refresh)
+
+
+def setting(owner: Any, name: str, value: Any, *, by: str) -> Patch:
+    """Set ``owner.name`` (or ``owner[name]`` of a mapping such as ``os.environ``) to
+    ``value`` in the :func:`current` scope, put back when the scope lets go: a process-wide
+    setting (an Inductor option, an environment variable) is a patch like any other. Set
+    again by the same ``by``, the patch takes the new value (never a second layer).
+
+    Raises:
+        AttributeError: ``owner`` has no setting ``name`` (a config module's unknown option).
+    """
+    return current().patch(owner, name, lambda _before: value, by=by, refresh=True,
+                           setting=True)
 
 
 @contextlib.contextmanager
@@ -246,7 +311,7 @@ def _live_stack(owner: Any, name: str) -> list[Patch]:
     """The stack of ``owner.name``, forgotten first when someone replaced its top since."""
     key = _key(owner, name)
     stack = _stacks.get(key, [])
-    if stack and _own(owner, name) is not stack[-1].value:
+    if stack and not _same(_own(owner, name), stack[-1].value):
         _forget(key)
         return []
     return stack
@@ -279,7 +344,7 @@ def _hold(p: Patch, holder: Scope) -> Patch:
 
 
 def _install(holder: Scope, owner: Any, name: str, make: Callable[[Any], Any], by: str,
-             refresh: bool) -> Patch:
+             refresh: bool, setting: bool = False) -> Patch:
     stack = _live_stack(owner, name)
     for index, p in enumerate(stack):
         if p.by == by:
@@ -289,7 +354,8 @@ def _install(holder: Scope, owner: Any, name: str, make: Callable[[Any], Any], b
                 _rebuild(owner, name, stack[index:])
             return _hold(p, holder)
     key = _key(owner, name)
-    p = Patch(name, by, make, f"{describe(owner)}.{name}", key=key, owner=owner)
+    p = Patch(name, by, make, f"{describe(owner)}.{name}", key=key, owner=owner,
+              setting=setting)
     _rebuild(owner, name, [p])
     _stacks.setdefault(key, []).append(p)
     _order.append(p)
@@ -299,7 +365,12 @@ def _install(holder: Scope, owner: Any, name: str, make: Callable[[Any], Any], b
 def _rebuild(owner: Any, name: str, patches: list[Patch]) -> None:
     """Install ``patches`` in order over what stands at ``owner.name`` now."""
     for p in patches:
-        p.original = _lookup(owner, name)
+        try:
+            p.original = _lookup(owner, name)
+        except AttributeError:
+            if not p.setting:
+                raise
+            p.original = _ABSENT  # set where nothing stood; _put refuses an unknown option
         p.saved = _own(owner, name)
         p.value = p.make(p.original)
         _put(owner, name, p.value)
@@ -313,7 +384,7 @@ def _remove(p: Patch) -> None:
     stack = _stacks.get(key, [])
     if p not in stack:
         return
-    if _own(owner, p.name) is not stack[-1].value:  # replaced by someone else since
+    if not _same(_own(owner, p.name), stack[-1].value):  # replaced by someone else since
         _forget(key)
         return
     index = stack.index(p)

@@ -174,7 +174,8 @@ def run_case(name: str, parallel_dims: Any, args: Any, batch: tuple[Any, Any],
         decisions,
         loss_and_grads,
     )
-    from titan_rocm.workarounds import grouped_mm, moe_blocks
+    from titan_rocm.workarounds import moe_blocks
+    from titan_rocm.workarounds.grouped_mm import seams_tt022
 
     scope, ac = CASES[name]
     torch._dynamo.reset()
@@ -196,7 +197,7 @@ def run_case(name: str, parallel_dims: Any, args: Any, batch: tuple[Any, Any],
         RECORD.model = model
         loss, grads = loss_and_grads(model, *batch)
         RECORD.model = None
-        runner = grouped_mm.bound_runner(moe_blocks.unwrap_block(model.layers["1"]).moe.experts)
+        runner = seams_tt022.bound_runner(moe_blocks.unwrap_block(model.layers["1"]).moe.experts)
         full = {n: (g.full_tensor() if hasattr(g, "full_tensor") else g).detach()
                 for n, g in grads.items() if g is not None}
         if name == "eager":

@@ -15,6 +15,7 @@ import torch.nn as nn
 
 import titan_rocm.adapters.tt022.converters  # noqa: F401  (registers the converters with TorchTitan)
 from titan_rocm.workarounds import grouped_mm, moe_blocks
+from titan_rocm.workarounds.grouped_mm import seams_tt022 as grouped_mm_tt022
 from titan_rocm.workarounds.moe_eager_compile import seams_tt022
 
 MODELS = ("llama3", "llama4", "qwen3", "deepseek_v3", "gpt_oss")
@@ -123,7 +124,7 @@ def clean_patches() -> Iterator[None]:
     finally:
         for name in MODELS:
             seams_tt022.restore_apply_compile(get_train_spec(name).parallelize_fn)
-        grouped_mm.unbind_all()
+        grouped_mm_tt022.unbind_all()
         grouped_mm.reset_calls()
         moe_blocks.EAGER_FORWARD_CALLS.clear()
         torch._dynamo.config.capture_scalar_outputs = saved_capture

@@ -35,9 +35,8 @@ ABSENT = object()
 @pytest.fixture
 def cpu_jobs(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[Any]:
     """The audit trainer importable, on CPU, its MoE experts on the grouped-MM path as on an
-    MI300X (capability 9.4; TorchTitan turns it off below 9.0); what triton_war sets for its
-    compile workers (the environment, ``sys.path``, Inductor's cache tag: configuration, not
-    patches) put back."""
+    MI300X (capability 9.4; TorchTitan turns it off below 9.0); the environment, ``sys.path``
+    and the cache tag put back by hand as well, should a failing job leave them."""
     import torch.compiler.config as compiler_config
     import torchtitan.models.deepseek_v3.model.args as deepseek_args
 
@@ -103,11 +102,35 @@ def _watched() -> dict[str, tuple[Any, str]]:
     }
 
 
+def _settings() -> dict[str, Any]:
+    """Every process-wide setting the job's workarounds change, read from where it lives:
+    Inductor's option (precision_casts), the compile cache tag, the compile workers'
+    environment and ``sys.path`` (triton_war)."""
+    import torch._inductor.config as inductor_config
+    import torch.compiler.config as compiler_config
+
+    from titan_rocm.scanner.names import WORKER_ENV
+    from titan_rocm.workarounds.triton_war.cache_tag import CACHE_KEY_TAG_ENV
+
+    env = ("PYTHONPATH", "TORCH_CUSTOM_PYTHONPATH", CACHE_KEY_TAG_ENV, *WORKER_ENV)
+    return {
+        "emulate_precision_casts": inductor_config.emulate_precision_casts,
+        "emulate_precision_casts is default":
+            inductor_config._is_default("emulate_precision_casts"),
+        "cache_key_tag": compiler_config.cache_key_tag,
+        **{f"${key}": os.environ.get(key, ABSENT) for key in env},
+        "sys.path": list(sys.path),
+    }
+
+
 def _job(cpu_jobs: Any, stock: dict[str, Any]) -> None:
-    """Build, train two steps, close; check every watched attribute while training and after."""
+    """Build, train two steps, close; check every watched attribute and setting while
+    training and after."""
     from titan_rocm.adapters.tt022.converters.converter import JOB_ATTR
     from titan_rocm.workarounds.grouped_mm.seams_tt022 import experts_globals
 
+    settings = _settings()
+    assert settings["emulate_precision_casts"] is False
     watched = _watched()
     trainer, _ = cpu_jobs.build(cpu_jobs.DEEPSEEK + FORCED)
     model = trainer.model_parts[0]
@@ -122,6 +145,11 @@ def _job(cpu_jobs: Any, stock: dict[str, Any]) -> None:
         during = {where: _own(*at) for where, at in watched.items()}
         assert all(during[w] is not stock[w] for w in watched), [
             w for w in watched if during[w] is stock[w]]
+        changed = _settings()
+        assert sorted(k for k in settings if changed[k] != settings[k]) == sorted([
+            "emulate_precision_casts", "emulate_precision_casts is default", "cache_key_tag",
+            "$PYTHONPATH", "$TORCH_COMPILE_CACHE_KEY_TAG", "$TITAN_ROCM_TRITON_WAR",
+            "$TITAN_ROCM_TRITON_WAR_RULE", "$TITAN_ROCM_TRITON_WAR_STRICT", "sys.path"])
         assert "forward_backward_step" in vars(trainer)  # the audit's, on the instance
         # The stop's (titan_rocm/adapters/stop.py), on the instance too.
         assert {"train_step", "close"} <= set(vars(trainer))
@@ -132,6 +160,7 @@ def _job(cpu_jobs: Any, stock: dict[str, Any]) -> None:
         trainer.close()
     after = {where: _own(*at) for where, at in watched.items()}
     assert [w for w in watched if after[w] is not stock[w]] == []
+    assert _settings() == settings
     assert not {"forward_backward_step", "train_step", "close"} & set(vars(trainer))
     assert "save" not in vars(trainer.checkpointer)
     assert patches.installed() == []

@@ -101,8 +101,8 @@ def test_converted_deepseek_matches_stock_attention_with_the_same_documents(fake
                                                                             monkeypatch):
     from torchtitan.models.common.attention import FlexAttention, VarlenMetadata
 
+    from titan_rocm.workarounds.mla_ck_backward.batched_tt030 import MLAVarlenAttention
     from titan_rocm.workarounds.mla_ck_backward.documents import dense_mask
-    from titan_rocm.workarounds.mla_ck_backward.seams_tt030 import MLAVarlenAttention
 
     _flex_eager(monkeypatch)
     config = _deepseek_config()
@@ -165,7 +165,7 @@ def test_compiled_varlen_attention_serves_changing_documents_with_one_graph(fake
     from torch._dynamo.utils import counters
     from torchtitan.models.common.attention import create_varlen_metadata_for_document
 
-    from titan_rocm.workarounds.mla_ck_backward.seams_tt030 import MLAVarlenAttention
+    from titan_rocm.workarounds.mla_ck_backward.batched_tt030 import MLAVarlenAttention
 
     module = MLAVarlenAttention.Config().build()
     torch._dynamo.reset()
@@ -268,7 +268,7 @@ def test_rocm_trainer_trains_like_stock_attention_with_the_same_documents(cpu_ha
     from torchtitan.protocols.module import Module
 
     from titan_rocm.adapters.tt030 import rocm
-    from titan_rocm.workarounds.mla_ck_backward.seams_tt030 import MLAVarlenAttention
+    from titan_rocm.workarounds.mla_ck_backward.batched_tt030 import MLAVarlenAttention
 
     class SdpaUnderTheMask(Module, _SdpaUnderTheMask):
         @dataclasses.dataclass(kw_only=True, slots=True)

@@ -101,7 +101,7 @@ def _logits_and_grads(model, tokens, positions, masks):
 
 def test_converted_main_deepseek_matches_its_flex_attention_per_document(fake_aiter, main):
     from titan_rocm.workarounds.mla_ck_backward.documents import dense_mask
-    from titan_rocm.workarounds.mla_ck_backward.seams_tt030 import MLAFoldedVarlenAttention
+    from titan_rocm.workarounds.mla_ck_backward.folded_tt030 import MLAFoldedVarlenAttention
 
     config = _config(main)
     stock = _build(config)
@@ -168,7 +168,7 @@ def test_dropped_masks_run_causal_rows_of_max_context_length_through_varlen(fake
     """``mla_document_masks = "drop"``: causal within each ``max_context_length`` row of the
     folded tokens (a batch of rows folded), across documents: cu_seqlens at multiples of the
     row length, the last row shorter; equal to SDPA causal within each row."""
-    from titan_rocm.workarounds.mla_ck_backward.seams_tt030 import MLAFoldedRowsAttention
+    from titan_rocm.workarounds.mla_ck_backward.folded_tt030 import MLAFoldedRowsAttention
 
     config = _config(main)
     model = _build(config)
@@ -255,7 +255,7 @@ def test_compiled_folded_varlen_serves_changing_documents_with_one_graph(fake_ai
     once, then one fullgraph graph serves every layout, equal to eager."""
     from torch._dynamo.utils import counters
 
-    from titan_rocm.workarounds.mla_ck_backward.seams_tt030 import MLAFoldedVarlenAttention
+    from titan_rocm.workarounds.mla_ck_backward.folded_tt030 import MLAFoldedVarlenAttention
 
     module = MLAFoldedVarlenAttention.Config().build()
     torch._dynamo.reset()

@@ -2,7 +2,9 @@
 workarounds, workarounds on their own base, tools beside them.
 
 Read from the source with ``ast`` (nothing is imported), every import statement counted,
-those inside functions too; only ``if TYPE_CHECKING:`` blocks are left out.
+those inside functions and under ``if TYPE_CHECKING:`` too: a name a module needs only for
+its annotations still ties it to the module that defines it, and a circle of such ties is a
+floor that stands on what stands on it.
 """
 
 from __future__ import annotations
@@ -89,13 +91,6 @@ def _in(name: str, roots: tuple[str, ...]) -> bool:
     return any(name == r or name.startswith(r + ".") for r in roots)
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def imports_of(name: str) -> set[str]:
     """Every module ``name`` imports (titan_rocm modules resolved, others as written)."""
     path = MODULES[name]
@@ -103,10 +98,6 @@ def imports_of(name: str) -> set[str]:
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -177,6 +168,19 @@ def test_no_import_circle() -> None:
         if v not in index:
             connect(v)
     assert circles == []
+
+
+def test_type_checking_imports_are_counted() -> None:
+    """The registry names the workaround class it returns under ``TYPE_CHECKING``: that
+    import is an edge of the graph, as every other is."""
+    assert "titan_rocm.workarounds.base" in GRAPH["titan_rocm.workarounds.registry"]
+
+
+def test_the_seam_table_imports_no_workaround_and_not_the_registry() -> None:
+    """The seam layer stands below the workarounds: the registry hands it the seamed ones."""
+    seams = "titan_rocm.workarounds.seams"
+    above = sorted(m for m in internal(seams) if _in(m, (WORKAROUNDS,)))
+    assert above == [], f"{seams} imports {above}"
 
 
 @pytest.mark.parametrize("name", [m for m in MODULES if m.startswith(WORKAROUNDS)])
@@ -297,11 +301,14 @@ def test_settings_modes_and_the_registry_name_the_same_workarounds() -> None:
 
 def test_every_seam_module_a_generation_names_exists() -> None:
     from titan_rocm.workarounds.registry import WORKAROUNDS as REGISTERED
+    from titan_rocm.workarounds.registry import seam_targets, seamed
     from titan_rocm.workarounds.seams import GENERATIONS
 
     for generation in GENERATIONS.values():
+        assert set(seam_targets(generation)) == set(seamed())
         variants = [seams.items() for seams in generation.variants.values()]
-        for workaround, target in [*generation.seams.items(), *(i for v in variants for i in v)]:
+        for workaround, target in [*seam_targets(generation).items(),
+                                   *(i for v in variants for i in v)]:
             assert workaround in REGISTERED
             module, _, cls = target.partition(":")
             assert module in MODULES and cls in _defined_names(module), target

@@ -166,3 +166,72 @@ def test_a_deep_copy_of_a_holder_shares_its_scope() -> None:
     scope = patches.Scope("job")
     holder = {"scope": scope}
     assert copy.deepcopy(holder)["scope"] is scope
+
+
+# -- settings: an environment variable, an option of torch's config modules, sys.path ---------
+
+def test_an_environment_variable_is_set_and_put_back_or_removed() -> None:
+    import os
+
+    os.environ.pop("TITAN_ROCM_TEST_SETTING", None)
+    os.environ["TITAN_ROCM_TEST_KEPT"] = "mine"
+    try:
+        with patches.scope("job"):
+            patches.setting(os.environ, "TITAN_ROCM_TEST_SETTING", "1", by="test")
+            patches.setting(os.environ, "TITAN_ROCM_TEST_KEPT", "ours", by="test")
+            patches.setting(os.environ, "TITAN_ROCM_TEST_KEPT", "again", by="test")  # no layer
+            assert os.environ["TITAN_ROCM_TEST_SETTING"] == "1"
+            assert os.environ["TITAN_ROCM_TEST_KEPT"] == "again"
+            assert {p.where for p in patches.installed(by="test")} == {
+                "os.environ.TITAN_ROCM_TEST_SETTING", "os.environ.TITAN_ROCM_TEST_KEPT"}
+        assert "TITAN_ROCM_TEST_SETTING" not in os.environ
+        assert os.environ["TITAN_ROCM_TEST_KEPT"] == "mine"
+        assert patches.installed(by="test") == []
+    finally:
+        os.environ.pop("TITAN_ROCM_TEST_KEPT", None)
+
+
+def test_an_inductor_option_the_user_never_set_is_left_unset() -> None:
+    import torch._inductor.config as inductor_config
+
+    name = "emulate_precision_casts"
+    assert inductor_config._is_default(name)
+    before = getattr(inductor_config, name)
+    with patches.scope("job"):
+        patches.setting(inductor_config, name, not before, by="test")
+        assert getattr(inductor_config, name) is (not before)
+        assert not inductor_config._is_default(name)
+    assert getattr(inductor_config, name) is before
+    assert inductor_config._is_default(name)  # as if never set: a user's False stays theirs
+
+
+def test_an_option_the_user_set_gets_their_value_back() -> None:
+    import torch.compiler.config as compiler_config
+
+    saved = compiler_config.cache_key_tag
+    compiler_config.cache_key_tag = "user-tag"
+    try:
+        with patches.scope("job"):
+            patches.setting(compiler_config, "cache_key_tag", "user-tag+ours", by="test")
+            assert compiler_config.cache_key_tag == "user-tag+ours"
+        assert compiler_config.cache_key_tag == "user-tag"
+    finally:
+        compiler_config.cache_key_tag = saved
+
+
+def test_an_unknown_option_of_a_config_module_is_refused() -> None:
+    import torch._inductor.config as inductor_config
+
+    with pytest.raises(AttributeError, match="no_such_option"):
+        patches.setting(inductor_config, "no_such_option", 1, by="test")
+    assert patches.installed(by="test") == []
+
+
+def test_a_setting_someone_changed_since_is_theirs() -> None:
+    import os
+
+    os.environ.pop("TITAN_ROCM_TEST_SETTING", None)
+    with patches.scope("job"):
+        patches.setting(os.environ, "TITAN_ROCM_TEST_SETTING", "ours", by="test")
+        os.environ["TITAN_ROCM_TEST_SETTING"] = "theirs"
+    assert os.environ.pop("TITAN_ROCM_TEST_SETTING") == "theirs"

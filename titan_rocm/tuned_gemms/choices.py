@@ -56,6 +56,9 @@ def _template_params_class() -> type:
 
 DictKernelTemplateParams = _template_params_class()
 
+BY = "gemm choices"
+"""Who makes the settings and the patch :func:`install` makes (:mod:`titan_rocm.patches`)."""
+
 AUTOHEURISTIC_OP = "mm-ah"
 """tuned_mm's extra request for AutoHeuristic's configs: never answered by these handlers."""
 
@@ -370,7 +373,7 @@ def install_lowering_hook() -> None:
     """Wrap ``AlgorithmSelectorCache.__call__`` once (a patch of :mod:`titan_rocm.patches`): a
     handler with ``lowering_done`` settles each GEMM lowering's choices there. Other handlers
     see no change."""
-    patches.patch(AlgorithmSelectorCache, "__call__", _settling_lowerings, by="gemm choices")
+    patches.patch(AlgorithmSelectorCache, "__call__", _settling_lowerings, by=BY)
 
 
 def _settling_lowerings(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -384,20 +387,27 @@ def _settling_lowerings(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install(factory: ChoicesFactory, settings: dict[str, Any] | None = None) -> None:
-    """Make ``factory``'s handlers Inductor's choices handlers in every thread, from now on.
+    """Make ``factory``'s handlers Inductor's choices handlers in every thread, until the
+    current patch scope lets go (a job's: its teardown).
 
     Sets ``inductor_choices_class`` (and ``settings``, by default :data:`GEMM_SETTINGS`),
     replaces this thread's already created handler, lowers backward graphs eagerly (torch
     2.13's config is per thread: the autograd thread would not see these settings) and
-    installs the selector hook.
+    installs the selector hook; each is a setting or patch of :mod:`titan_rocm.patches`, put
+    back with the others.
     """
     for name, value in (GEMM_SETTINGS if settings is None else settings).items():
-        setattr(inductor_config, name, value)
-    inductor_config.inductor_choices_class = factory
-    V.set_choices_handler(factory())
+        patches.setting(inductor_config, name, value, by=BY)
+    patches.setting(inductor_config, "inductor_choices_class", factory, by=BY)
+    # torch/_inductor/virtualized.py: V.choices is this thread's handler, kept on its
+    # thread-local under the virtual's key; without one, Inductor builds one from
+    # inductor_choices_class on first use (what is left after the teardown).
+    from torch._inductor import virtualized
+
+    patches.setting(virtualized.threadlocal, virtualized._choices._key, factory(), by=BY)
     import torch._functorch.config as functorch_config
 
     if hasattr(functorch_config, "force_non_lazy_backward_lowering"):
-        functorch_config.force_non_lazy_backward_lowering = True
+        patches.setting(functorch_config, "force_non_lazy_backward_lowering", True, by=BY)
     install_lowering_hook()
     log.debug("titan-rocm: choices handler %s installed", factory().uuid())

@@ -15,7 +15,8 @@ each workaround in turn. The gate means the same everywhere:
 
 A workaround that needs to know whether another one runs in the same job asks
 :meth:`Context.will_apply`, answered from the job's decisions, made once before anything
-applies (:func:`decide_job`); it never re-runs another workaround's gate.
+applies (:meth:`~titan_rocm.workarounds.job.JobWorkarounds.decide`); it never re-runs another
+workaround's gate.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ class Context:
     ``framework`` (0.2.2's for a hand-built Context)."""
     job_decisions: dict[str, str | None] = field(default_factory=dict)
     """Every titan-rocm workaround this job runs: its skip reason, None where it applies.
-    Filled once, before any workaround applies (:func:`decide_job`)."""
+    Filled once, before any workaround applies (:meth:`.job.JobWorkarounds.decide`)."""
     job: Any = None
     """The job's :class:`~titan_rocm.workarounds.job.JobWorkarounds` (set when it is built):
     what applied, for the audit's attribution."""
@@ -158,8 +159,9 @@ class Context:
             self.generation = generation_of(self.framework)
         self._seams: dict[str, Any] = {}
 
-    def seam(self, name: str) -> Any:
-        """Workaround ``name``'s seam into this job's TorchTitan, built once per job.
+    def seam(self, name: str, package: str | None = None) -> Any:
+        """Workaround ``name``'s seam into this job's TorchTitan, built once per job; a
+        shipped generation finds it beside ``package``, the workaround's own.
 
         Raises:
             SeamUnavailable: the sentence why it cannot be used (see :meth:`Generation.load`).
@@ -167,7 +169,7 @@ class Context:
         if name not in self._seams:
             assert self.generation is not None  # __post_init__
             try:
-                self._seams[name] = self.generation.load(name, self)
+                self._seams[name] = self.generation.load(name, self, package)
             except SeamUnavailable as error:
                 self._seams[name] = error
         seam = self._seams[name]
@@ -272,10 +274,16 @@ class Workaround:
         """This workaround's mode from ``[rocm]``."""
         return self.ctx.mode(self.name)
 
+    @classmethod
+    def seam_package(cls) -> str:
+        """The package its seam modules sit in, beside its own module (``grouped_mm/``:
+        ``seams_tt022.py``, ``seams_tt030.py``)."""
+        return cls.__module__.rpartition(".")[0]
+
     @property
     def seam(self) -> Any:
         """This job's seam of this workaround (only where :meth:`seam_problem` is None)."""
-        return self.ctx.seam(self.name)
+        return self.ctx.seam(self.name, self.seam_package())
 
     def seam_problem(self) -> str | None:
         """Why this workaround's seam cannot be used in this job (None: it can, or it has
@@ -283,7 +291,7 @@ class Workaround:
         if not self.has_seam:
             return None
         try:
-            self.ctx.seam(self.name)
+            self.ctx.seam(self.name, self.seam_package())
         except SeamUnavailable as error:
             return str(error)
         return None

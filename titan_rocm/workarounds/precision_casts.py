@@ -4,7 +4,8 @@ Without it, Inductor fuses BF16 ops and keeps intermediates in FP32, so compiled
 graphs drop the rounding that eager mode does; the numerics drift from eager. The flag
 must be set before anything compiles: the converter runs before ``parallelize_fn``. The env
 var ``TORCHINDUCTOR_EMULATE_PRECISION_CASTS`` only counts when Inductor's config module is
-first imported, which has usually already happened, so titan-rocm sets the config itself.
+first imported, which has usually already happened, so titan-rocm sets the config itself,
+as a setting of :mod:`titan_rocm.patches`: the job's teardown puts back what stood there.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import torch._inductor.config as inductor_config
 import torch.nn as nn
 
+from titan_rocm import patches
 from titan_rocm.log import log
 from titan_rocm.workarounds.base import Workaround
 
@@ -38,7 +40,7 @@ def user_disabled() -> str | None:
 
 
 class PrecisionCasts(Workaround):
-    """Sets ``torch._inductor.config.emulate_precision_casts = True``."""
+    """Sets ``torch._inductor.config.emulate_precision_casts = True`` until the job closes."""
 
     name = "precision_casts"
     codegen = True
@@ -58,7 +60,7 @@ class PrecisionCasts(Workaround):
 
     def apply(self, model: nn.Module) -> None:
         if not inductor_config.emulate_precision_casts:
-            inductor_config.emulate_precision_casts = True
+            patches.setting(inductor_config, "emulate_precision_casts", True, by=self.name)
             log.info("titan-rocm: set torch._inductor.config.emulate_precision_casts = True")
 
     def plan(self, model: nn.Module) -> dict[str, Any]:

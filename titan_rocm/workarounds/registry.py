@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from titan_rocm.workarounds.base import Workaround
+    from titan_rocm.workarounds.seams import Generation
 
 WORKAROUNDS: dict[str, str] = {
     "precision_casts": "titan_rocm.workarounds.precision_casts:PrecisionCasts",
@@ -37,8 +38,14 @@ def seamed() -> dict[str, str]:
     """The registered workarounds that reach into TorchTitan's code (``has_seam``), each with
     the package its seams sit in, beside its workaround module (``titan_rocm.workarounds.
     grouped_mm``: ``seams_tt022.py``, ``seams_tt030.py``)."""
-    return {name: cls.__module__.rpartition(".")[0]
+    return {name: cls.seam_package()
             for name, cls in workaround_classes().items() if cls.has_seam}
+
+
+def seam_targets(generation: Generation) -> dict[str, str]:
+    """Workaround name -> ``"module:Class"`` of its seam in ``generation``, for every seamed
+    workaround the generation has one for (plan, the tests that hold every seam to a module)."""
+    return generation.targets(seamed())
 
 
 def workaround_class(name: str) -> type[Workaround]:

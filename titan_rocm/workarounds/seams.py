@@ -8,18 +8,22 @@ protocol the workaround declares. A :class:`Generation` names them by ``"module:
 strings (as :mod:`.registry` names the workarounds), so nothing of a generation the process
 does not run is imported. A new TorchTitan generation is one adapter plus one seam module per
 workaround, and one :class:`Generation` the adapter passes to its Context.
+
+This module stands below every workaround and imports none of them, nor the registry: a
+shipped generation finds a workaround's seam beside the package the workaround names when it
+asks (:meth:`Generation.load`'s ``package``), and the registry hands a generation the
+seamed workarounds when a whole table is wanted (:meth:`Generation.targets`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from titan_rocm.torchtitan_version import FOLDED_TOKENS, Installed
-from titan_rocm.workarounds import registry
 
 TORCHTITAN_022 = "torchtitan 0.2.2"
 """``Context.framework`` of a job built by the 0.2.2 converters
@@ -38,8 +42,13 @@ class Generation:
 
     framework: str
     """``Context.framework`` of its jobs, e.g. ``torchtitan 0.2.2``."""
-    seams: Mapping[str, str]
-    """Workaround name -> ``"module:Class"`` of its seam; a class takes the Context."""
+    seams: Mapping[str, str] = field(default_factory=dict)
+    """Workaround name -> ``"module:Class"`` of its seam; a class takes the Context. Named
+    here, a seam wins over :attr:`beside`'s."""
+    beside: str | None = None
+    """The suffix of the seam modules beside each workaround (``tt022``: ``Seam`` in
+    ``<its package>.seams_tt022``); None: only :attr:`seams` (a generation outside the
+    package, as a test's stub)."""
     moved: Mapping[str, str] = field(default_factory=dict)
     """Workaround name -> why its seam does not fit the installed TorchTitan (a known API
     shape whose seam moved): ``auto`` skips with it, ``on`` fails start-up with it."""
@@ -60,8 +69,24 @@ class Generation:
             seams.update(self.variants.get(variant, {}))
         return dataclasses.replace(self, seams=seams).with_moved(installed.moved)
 
-    def load(self, name: str, ctx: Any) -> Any:
-        """Workaround ``name``'s seam for this generation, built for ``ctx``.
+    def target(self, name: str, package: str | None = None) -> str | None:
+        """``"module:Class"`` of workaround ``name``'s seam, whose package is ``package``
+        (None: this generation has none for it)."""
+        if name in self.seams:
+            return self.seams[name]
+        if self.beside is None or package is None:
+            return None
+        return f"{package}.seams_{self.beside}:Seam"
+
+    def targets(self, seamed: Mapping[str, str]) -> dict[str, str]:
+        """Workaround name -> its seam's ``"module:Class"``, for the seamed workarounds
+        ``seamed`` names with their packages (:func:`.registry.seamed`)."""
+        return {name: target for name, package in seamed.items()
+                if (target := self.target(name, package)) is not None}
+
+    def load(self, name: str, ctx: Any, package: str | None = None) -> Any:
+        """Workaround ``name``'s seam for this generation, built for ``ctx``; ``package`` is
+        the workaround's (:meth:`.base.Workaround.seam_package`).
 
         Raises:
             SeamUnavailable: the seam moved, is not written for this generation, or does not
@@ -69,7 +94,7 @@ class Generation:
         """
         if name in self.moved:
             return _raise(self.moved[name])
-        target = self.seams.get(name)
+        target = self.target(name, package)
         if target is None:
             return _raise(f"titan-rocm has no {name} seam for {self.framework}")
         module_name, _, class_name = target.partition(":")
@@ -84,36 +109,9 @@ def _raise(reason: str) -> Any:
     raise SeamUnavailable(reason)
 
 
-class SeamsBeside(Mapping[str, str]):
-    """Workaround name -> ``"module:Class"`` of its seam for one generation, for every
-    registered workaround that declares ``has_seam``: ``Seam`` in ``seams_<generation>.py``
-    beside its workaround module (:func:`.registry.seamed`). Read from the registry each time
-    it is asked, never at import: the workaround classes stand on this module."""
-
-    def __init__(self, generation: str) -> None:
-        self.generation = generation
-        """The seam modules' suffix, e.g. ``tt022``."""
-
-    def _targets(self) -> dict[str, str]:
-        return {name: f"{package}.seams_{self.generation}:Seam"
-                for name, package in registry.seamed().items()}
-
-    def __getitem__(self, name: str) -> str:
-        return self._targets()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._targets())
-
-    def __len__(self) -> int:
-        return len(self._targets())
-
-    def __repr__(self) -> str:
-        return f"SeamsBeside({self.generation!r})"
-
-
-TT022 = Generation(TORCHTITAN_022, SeamsBeside("tt022"))
+TT022 = Generation(TORCHTITAN_022, beside="tt022")
 """TorchTitan 0.2.2: converters over the TOML JobConfig."""
-TT030 = Generation(TORCHTITAN_030, SeamsBeside("tt030"), variants={
+TT030 = Generation(TORCHTITAN_030, beside="tt030", variants={
     FOLDED_TOKENS: {
         "mla_ck_backward": "titan_rocm.workarounds.mla_ck_backward.seams_tt030:FoldedSeam",
     },

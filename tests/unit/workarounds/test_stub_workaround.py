@@ -26,7 +26,12 @@ from titan_rocm.workarounds.base import (
     Context,
 )
 from titan_rocm.workarounds.job import JobWorkarounds
-from titan_rocm.workarounds.registry import WORKAROUNDS, seamed, workaround_classes
+from titan_rocm.workarounds.registry import (
+    WORKAROUNDS,
+    seam_targets,
+    seamed,
+    workaround_classes,
+)
 from titan_rocm.workarounds.seams import TT022, TT030
 
 CPU = PlatformFacts("2.13.0", None, None, 0, None, None, None, "3.9.0", False)
@@ -89,8 +94,8 @@ def test_a_workaround_without_a_seam_decides_plans_is_attributed_and_tuned(with_
                                                   (TORCHTITAN_030, "tt030")])
 def test_a_workaround_with_a_seam_reaches_each_generation_through_its_own(
         with_stubs, framework, generation):
-    assert TT022.seams["stub_seamed"] == "tests.support.stub_seamed.seams_tt022:Seam"
-    assert TT030.seams["stub_seamed"] == "tests.support.stub_seamed.seams_tt030:Seam"
+    assert seam_targets(TT022)["stub_seamed"] == "tests.support.stub_seamed.seams_tt022:Seam"
+    assert seam_targets(TT030)["stub_seamed"] == "tests.support.stub_seamed.seams_tt030:Seam"
     ctx = Context(settings=with_stubs(), platform=CPU, framework=framework)
     job = JobWorkarounds(ctx, ["stub_seamed"])
     model = _model()
@@ -115,7 +120,8 @@ def test_a_generation_without_the_new_workaround_s_seam_skips_it_with_the_reason
 
 
 def test_the_stubs_leave_with_the_test():
-    assert not set(STUBS) & (set(WORKAROUNDS) | set(settings.mode_fields()) | set(TT022.seams))
+    assert not set(STUBS) & (set(WORKAROUNDS) | set(settings.mode_fields())
+                          | set(seam_targets(TT022)))
 
 
 def test_every_registered_workaround_declares_a_shape_the_audit_knows():

@@ -1,11 +1,12 @@
 """Grouped-MM binding: point the live model's MoE experts at a chosen grouped-MM backend.
 
 This package's face is the public API users extend (:func:`register_backend`) and read
-(:func:`call_counts`, :func:`layer_backends`). The workaround ``rocm.grouped_mm`` is
-:mod:`.workaround`; how the binding reaches what TorchTitan really calls, its seams
-(:mod:`.seams_tt022`: the module global; :mod:`.seams_tt030`: the experts' class); the
-backends, :mod:`.backends`; whether the bound function runs compiled (0.2.2),
-:mod:`.experts_compile`. Docs: docs/grouped-mm.md.
+(:func:`call_counts`, :func:`backend_names`), the same on every TorchTitan generation. The
+workaround ``rocm.grouped_mm`` is :mod:`.workaround`; how the binding reaches what TorchTitan
+really calls, its seams (:mod:`.seams_tt022`: the module global; :mod:`.seams_tt030`: the
+experts' class), each with its own ``layer_backends``; the backends, :mod:`.backends`;
+whether the bound function runs compiled (0.2.2), :mod:`.experts_compile`. Docs:
+docs/grouped-mm.md.
 """
 
 from titan_rocm.workarounds.grouped_mm.backends import (
@@ -16,24 +17,12 @@ from titan_rocm.workarounds.grouped_mm.backends import (
     reset_calls,
 )
 from titan_rocm.workarounds.grouped_mm.experts_compile import CompileRequest
-from titan_rocm.workarounds.grouped_mm.seams_tt022 import (
-    bind,
-    bound_runner,
-    find_grouped_experts,
-    layer_backends,
-    unbind_all,
-)
 
 __all__ = [
     "CompileRequest",
     "backend_names",
-    "bind",
-    "bound_runner",
     "call_counts",
-    "find_grouped_experts",
     "is_compilable",
-    "layer_backends",
     "register_backend",
     "reset_calls",
-    "unbind_all",
 ]

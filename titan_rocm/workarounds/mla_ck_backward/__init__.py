@@ -14,12 +14,15 @@ docs/mla-ck-backward.md.
 
 On TorchTitan 0.3.0, :mod:`~.seams_tt030` swaps in inner-attention configs of titan-rocm's own
 (the varlen one a ``VarlenAttention.Config``, so TorchTitan's own ``get_attention_masks``
-returns the document boundaries) whose modules run the same varlen and dense paths.
+returns the document boundaries) whose modules run the same varlen and dense paths: one
+module per q/k/v layout, :mod:`~.batched_tt030` (0.3.0's ``(batch, seqlen, heads, dim)``) and
+:mod:`~.folded_tt030` (TorchTitan main's folded ``(T, N, H)``).
 
 Modules: ``aiter_releases`` (the per-release facts), ``routing`` (the pure decision),
 ``aiter_api`` (lazy aiter access), ``op`` (the torch.library custom ops), ``documents`` (the
-per-document spans), ``kinds`` (the attention kinds), ``module`` (the replacement inner
-attentions), ``seams_tt022`` and ``seams_tt030`` (each TorchTitan generation's seam),
+per-document spans), ``kinds`` (the attention kinds, a layout's replacements), ``module`` (the
+replacement inner attentions), ``seams_tt022`` and ``seams_tt030`` (each TorchTitan
+generation's seam), ``batched_tt030`` and ``folded_tt030`` (0.3.0's replacements per layout),
 ``guard`` (the patch of aiter's own backward), ``route_log``, ``workaround`` (the gated
 converter step).
 """

@@ -3,6 +3,11 @@ name them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch.nn as nn
+
 DENSE, FLEX_CAUSAL, VARLEN, DROPPED = "sdpa", "flex", "varlen", "dropped"
 ROWS = "rows"
 """Document masks dropped on folded tokens (TorchTitan main's ``(T, N, H)``): causal attention
@@ -22,3 +27,15 @@ VARLEN_KINDS = frozenset({VARLEN, ROWS})
 """Kinds that run through aiter's varlen entry points (``thd`` tensors, ``cu_seqlens``)."""
 DROPPED_KINDS = (DROPPED, ROWS)
 """Kinds that ignore the per-document masks (``mla_document_masks = "drop"``)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The replacements of one q/k/v layout of TorchTitan 0.3.0's API: which module each attention
+    kind gets, and which kinds dropped masks and stock SDPA become."""
+
+    replacements: Mapping[str, type[nn.Module]]
+    dropped: str
+    """The kind of per-document attention under ``mla_document_masks = "drop"``."""
+    sdpa: str | None
+    """The kind stock ``ScaledDotProductAttention`` gets; None: left as it is."""

@@ -13,8 +13,9 @@ each document, reading the :class:`~.documents.DocumentSpans` the model now pass
 out. All keep the attribute name ``inner_attention``, which TorchTitan's tensor-parallel plan
 (``attention.inner_attention``) addresses.
 
-TorchTitan 0.3.0's replacements (``seams_tt030.py``) are TorchTitan modules built on these: they
-take 0.3.0's call (``(batch, seqlen, heads, dim)`` tensors, ``attention_masks=``) and run
+TorchTitan 0.3.0's replacements (``batched_tt030.py``, ``folded_tt030.py``) are TorchTitan
+modules built on these: they take 0.3.0's call (``(batch, seqlen, heads, dim)`` or folded
+``(T, N, H)`` tensors, ``attention_masks=``) and run
 :meth:`MLAVarlenInnerAttention.within_documents` or :class:`MLAInnerAttention`'s forward.
 
 Inputs aiter cannot take (float32, a head dim not a multiple of 8, q heads not a multiple of
@@ -45,8 +46,9 @@ _DEFAULT_SDPA_BACKENDS = [
 ]
 
 
-def unsupported_reason(q: Tensor, k: Tensor, v: Tensor) -> str | None:
-    """Why aiter flash attention cannot take these ``bhsd`` tensors, or None."""
+def unsupported_reason(q: Tensor, k: Tensor, v: Tensor, enable_gqa: bool = True) -> str | None:
+    """Why aiter flash attention cannot take these ``bhsd`` tensors, or None (without
+    ``enable_gqa``, q and k/v must have as many heads)."""
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         return f"expected 4-d bhsd q/k/v, got {q.dim()}-d/{k.dim()}-d/{v.dim()}-d"
     dtype = str(q.dtype).removeprefix("torch.")
@@ -62,6 +64,8 @@ def unsupported_reason(q: Tensor, k: Tensor, v: Tensor) -> str | None:
         return f"q head dim {q.shape[-1]} != k head dim {k.shape[-1]}"
     if q.shape[1] % k.shape[1] or k.shape[1] != v.shape[1]:
         return f"heads q {q.shape[1]}, k {k.shape[1]}, v {v.shape[1]} do not group"
+    if q.shape[1] != k.shape[1] and not enable_gqa:
+        return "q and k/v head counts differ and enable_gqa is False"
     return None
 
 
@@ -84,9 +88,7 @@ class MLAInnerAttention(nn.Module):
         is_causal: bool = True,
     ) -> Tensor:
         """Attention over ``bhsd`` q/k/v; returns ``bhsd`` output with v's head dim."""
-        reason = unsupported_reason(q, k, v)
-        if reason is None and q.shape[1] != k.shape[1] and not enable_gqa:
-            reason = "q and k/v head counts differ and enable_gqa is False"
+        reason = unsupported_reason(q, k, v, enable_gqa)
         if reason is not None:
             if not torch.compiler.is_dynamo_compiling():  # logging breaks a fullgraph trace
                 _log_fallback(q, v, reason)
@@ -130,41 +132,38 @@ class MLAFlexInnerAttention(MLAInnerAttention):
         return_lse: bool = False,
         enable_gqa: bool = False,
     ) -> Tensor:
-        """Causal attention over ``bhsd`` q/k/v (DeepSeek passes ``block_mask`` and ``scale``)."""
+        """Causal attention over ``bhsd`` q/k/v (DeepSeek passes ``block_mask`` and ``scale``);
+        what aiter cannot take runs TorchTitan's flex attention with ``block_mask``."""
         _refuse_flex_extras(self, score_mod, return_lse)
-        reason = unsupported_reason(q, k, v)
+        reason = self._flex_reason(q, k, v, block_mask)
         if reason is not None:
             if not torch.compiler.is_dynamo_compiling():
                 _log_fallback(q, v, reason, "flex attention")
             return _flex_attention(q, k, v, block_mask, scale, enable_gqa)
-        return super().forward(q, k, v, scale=scale, enable_gqa=enable_gqa, is_causal=True)
+        return self._attend(q, k, v, block_mask, scale, enable_gqa)
+
+    def _flex_reason(self, q: Tensor, k: Tensor, v: Tensor, block_mask: Any) -> str | None:
+        return unsupported_reason(q, k, v)
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, block_mask: Any, scale: float | None,
+                enable_gqa: bool) -> Tensor:
+        return MLAInnerAttention.forward(self, q, k, v, scale=scale, enable_gqa=enable_gqa,
+                                         is_causal=True)
 
 
 class MLAVarlenInnerAttention(MLAFlexInnerAttention):
     """Replaces ``FlexAttentionWrapper`` under ``block_causal`` masks: aiter varlen attention,
-    causal within each document of :class:`~.documents.DocumentSpans`."""
+    causal within each document of :class:`~.documents.DocumentSpans`, which ``block_mask``
+    must be (a real ``BlockMask``, e.g. one pipeline parallelism re-split, runs TorchTitan's
+    flex attention with it)."""
 
-    def forward(  # type: ignore[override]
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        score_mod: Any = None,
-        block_mask: Any = None,
-        scale: float | None = None,
-        return_lse: bool = False,
-        enable_gqa: bool = False,
-    ) -> Tensor:
-        """Per-document causal attention over ``bhsd`` q/k/v; ``block_mask`` must be the
-        model's :class:`~.documents.DocumentSpans` (a real ``BlockMask``, e.g. one pipeline
-        parallelism re-split, runs TorchTitan's flex attention with it)."""
-        _refuse_flex_extras(self, score_mod, return_lse)
-        if not isinstance(block_mask, DocumentSpans):
-            if not torch.compiler.is_dynamo_compiling():
-                _log_fallback(q, v, f"block_mask is a {type(block_mask).__name__}, not "
-                              "titan-rocm's DocumentSpans", "flex attention")
-            return _flex_attention(q, k, v, block_mask, scale, enable_gqa)
+    def _flex_reason(self, q: Tensor, k: Tensor, v: Tensor, block_mask: Any) -> str | None:
+        if isinstance(block_mask, DocumentSpans):
+            return None
+        return f"block_mask is a {type(block_mask).__name__}, not titan-rocm's DocumentSpans"
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, block_mask: Any, scale: float | None,
+                enable_gqa: bool) -> Tensor:
         batch, _, seqlen, _ = q.shape
         if (batch, seqlen) != (block_mask.batch, block_mask.seqlen):
             raise ValueError(
@@ -184,9 +183,7 @@ class MLAVarlenInnerAttention(MLAFlexInnerAttention):
         tokens, then the total; ``max_seqlen``: the longest document. The varlen path of both
         TorchTitan versions (0.3.0 passes its ``VarlenMetadata``'s, ``seams_tt030.py``).
         """
-        reason = unsupported_reason(q, k, v)
-        if reason is None and q.shape[1] != k.shape[1] and not enable_gqa:
-            reason = "q and k/v head counts differ and enable_gqa is False"
+        reason = unsupported_reason(q, k, v, enable_gqa)
         batch, heads, seqlen, _ = q.shape
         if reason is not None:
             if not torch.compiler.is_dynamo_compiling():

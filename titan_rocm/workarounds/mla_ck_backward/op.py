@@ -14,6 +14,9 @@ their outputs instead of recomputing them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -55,167 +58,43 @@ def _routed(direction: str, call: AttentionCall) -> Route:
     return route
 
 
-# ---- dense ---------------------------------------------------------------------------------
-
-
-@torch.library.custom_op("titan_rocm::mla_flash_attn_fwd", mutates_args=())
-def mla_flash_attn_fwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Routed flash attention forward: ``(out, softmax_lse, rng_state)``.
-
-    ``deterministic`` is only recorded for the backward (the forward is deterministic).
-    """
-    call = attention_call(q, k, v, "bshd", dropout_p=float(dropout_p), causal=bool(causal),
+def _forward(layout: str, q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
+             softmax_scale: float, causal: bool, deterministic: bool,
+             **spans: object) -> tuple[Tensor, Tensor, Tensor]:
+    """Either forward op's body: route the call, run aiter's function; ``spans`` are varlen's
+    ``cu_seqlens_*``/``max_seqlen_*`` (none for ``bshd``). ``deterministic`` is only recorded
+    for the backward (the forward is deterministic)."""
+    call = attention_call(q, k, v, layout, dropout_p=float(dropout_p), causal=bool(causal),
                           deterministic=bool(deterministic))
     route = _routed(FORWARD, call)
     return aiter_api.forward(route.function, {
-        "q": q, "k": k, "v": v, "dropout_p": float(dropout_p),
+        "q": q, "k": k, "v": v, **spans, "dropout_p": float(dropout_p),
         "softmax_scale": float(softmax_scale), "causal": bool(causal),
     })
 
 
-@mla_flash_attn_fwd.register_fake
-def _fwd_fake(q, k, v, dropout_p, softmax_scale, causal, deterministic):
-    batch, seqlen_q, heads, _ = q.shape
-    out = q.new_empty((batch, seqlen_q, heads, v.shape[-1]))
-    lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32)
-    return out, lse, q.new_empty((2,), dtype=torch.int64)
-
-
-def _backward_values(dout, q, k, v, out, softmax_lse, rng_state, dropout_p, softmax_scale, causal,
-                     deterministic):
-    return {
-        "dout": dout, "q": q, "k": k, "v": v, "out": out, "softmax_lse": softmax_lse,
-        "dq": torch.empty_like(q), "dk": torch.empty_like(k), "dv": torch.empty_like(v),
-        "dropout_p": float(dropout_p), "softmax_scale": float(softmax_scale),
-        "causal": bool(causal), "deterministic": bool(deterministic), "rng_state": rng_state,
-    }
-
-
-@torch.library.custom_op("titan_rocm::mla_flash_attn_bwd", mutates_args=())
-def mla_flash_attn_bwd(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    softmax_lse: Tensor,
-    rng_state: Tensor,
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The routed backward: ``(dq, dk, dv)`` with the shapes of ``q``, ``k``, ``v``."""
-    call = attention_call(q, k, v, "bshd", dropout_p=float(dropout_p), causal=bool(causal),
-                          deterministic=bool(deterministic))
-    route = _routed(BACKWARD, call)
-    values = _backward_values(dout, q, k, v, out, softmax_lse, rng_state, dropout_p,
-                              softmax_scale, causal, deterministic)
-    aiter_api.backward(route.function, values)
-    return values["dq"], values["dk"], values["dv"]
-
-
-@mla_flash_attn_bwd.register_fake
-def _bwd_fake(dout, q, k, v, out, softmax_lse, rng_state, dropout_p, softmax_scale, causal,
-              deterministic):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-
-
-def _setup_context(ctx, inputs, output) -> None:
-    q, k, v, dropout_p, softmax_scale, causal, deterministic = inputs
-    out, softmax_lse, rng_state = output
-    ctx.save_for_backward(q, k, v, out, softmax_lse, rng_state)
-    ctx.flags = (dropout_p, softmax_scale, causal, deterministic)
-
-
-def _backward(ctx, dout, _dlse, _drng):
-    q, k, v, out, softmax_lse, rng_state = ctx.saved_tensors
-    dq, dk, dv = mla_flash_attn_bwd(dout, q, k, v, out, softmax_lse, rng_state, *ctx.flags)
-    return dq, dk, dv, None, None, None, None
-
-
-mla_flash_attn_fwd.register_autograd(_backward, setup_context=_setup_context)
-
-
-# ---- varlen --------------------------------------------------------------------------------
-
-
-@torch.library.custom_op("titan_rocm::mla_varlen_attn_fwd", mutates_args=())
-def mla_varlen_attn_fwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Routed varlen forward over ``thd`` tensors: ``(out, softmax_lse (heads, total), rng)``."""
-    call = attention_call(q, k, v, "thd", dropout_p=float(dropout_p), causal=bool(causal),
-                          deterministic=bool(deterministic))
-    route = _routed(FORWARD, call)
-    return aiter_api.forward(route.function, {
-        "q": q, "k": k, "v": v, "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k,
-        "max_seqlen_q": int(max_seqlen_q), "max_seqlen_k": int(max_seqlen_k),
-        "dropout_p": float(dropout_p), "softmax_scale": float(softmax_scale),
-        "causal": bool(causal),
-    })
-
-
-@mla_varlen_attn_fwd.register_fake
-def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
-                     softmax_scale, causal, deterministic):
-    total, heads, _ = q.shape
-    out = q.new_empty((total, heads, v.shape[-1]))
-    lse = q.new_empty((heads, total), dtype=torch.float32)
-    return out, lse, q.new_empty((2,), dtype=torch.int64)
-
-
-@torch.library.custom_op("titan_rocm::mla_varlen_attn_bwd", mutates_args=())
-def mla_varlen_attn_bwd(
-    dout: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    out: Tensor,
-    softmax_lse: Tensor,
-    rng_state: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    dropout_p: float,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """The routed varlen backward: ``(dq, dk, dv)`` with the shapes of ``q``, ``k``, ``v``."""
-    call = attention_call(q, k, v, "thd", dropout_p=float(dropout_p), causal=bool(causal),
+def _backward_op(layout: str, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                 softmax_lse: Tensor, rng_state: Tensor, dropout_p: float,
+                 softmax_scale: float, causal: bool, deterministic: bool,
+                 **spans: object) -> tuple[Tensor, Tensor, Tensor]:
+    """Either backward op's body: ``(dq, dk, dv)`` laid out as ``q``, ``k``, ``v``."""
+    call = attention_call(q, k, v, layout, dropout_p=float(dropout_p), causal=bool(causal),
                           deterministic=bool(deterministic))
     route = _routed(BACKWARD, call)
     given = (q, k, v)
     if route.contiguous:
         # Before dq/dk/dv are allocated like q/k/v: the gate reads their contiguity too.
         dout, q, k, v, out = (t.contiguous() for t in (dout, q, k, v, out))
-    values = _backward_values(dout, q, k, v, out, softmax_lse, rng_state, dropout_p,
-                              softmax_scale, causal, deterministic)
-    values.update(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                  max_seqlen_q=int(max_seqlen_q), max_seqlen_k=int(max_seqlen_k))
+    values = {
+        "dout": dout, "q": q, "k": k, "v": v, "out": out, "softmax_lse": softmax_lse,
+        "dq": torch.empty_like(q), "dk": torch.empty_like(k), "dv": torch.empty_like(v),
+        "dropout_p": float(dropout_p), "softmax_scale": float(softmax_scale),
+        "causal": bool(causal), "deterministic": bool(deterministic), "rng_state": rng_state,
+        **spans,
+    }
     aiter_api.backward(route.function, values)
-    dq, dk, dv = (_laid_out_like(values[name], t) for name, t in zip(("dq", "dk", "dv"), given,
-                                                                      strict=True))
+    dq, dk, dv = (_laid_out_like(values[name], t)
+                  for name, t in zip(("dq", "dk", "dv"), given, strict=True))
     return dq, dk, dv
 
 
@@ -228,27 +107,113 @@ def _laid_out_like(grad: Tensor, t: Tensor) -> Tensor:
     return torch.empty_like(t).copy_(grad)
 
 
-@mla_varlen_attn_bwd.register_fake
-def _varlen_bwd_fake(dout, q, k, v, out, softmax_lse, rng_state, cu_seqlens_q, cu_seqlens_k,
-                     max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, deterministic):
+def _fake_forward(q: Tensor, v: Tensor, lse_shape: tuple[int, ...]) -> tuple[Tensor, ...]:
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    lse = q.new_empty(lse_shape, dtype=torch.float32)
+    return out, lse, q.new_empty((2,), dtype=torch.int64)
+
+
+def _fake_backward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _varlen_setup_context(ctx, inputs, output) -> None:
-    q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, softmax_scale, causal, deterministic = inputs
-    out, softmax_lse, rng_state = output
-    ctx.save_for_backward(q, k, v, out, softmax_lse, rng_state, cu_q, cu_k)
-    ctx.flags = (max_q, max_k, dropout_p, softmax_scale, causal, deterministic)
+def _autograd(backward_op: Any) -> tuple[Callable[..., Any], Callable[..., None]]:
+    """``(backward, setup_context)`` of a forward op whose inputs are q, k, v, then varlen's
+    span tensors and the numbers: saved q, k, v, the outputs and the spans; the numbers as
+    they came; gradients for q, k, v alone."""
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
+        q, k, v, *rest = inputs
+        ctx.save_for_backward(q, k, v, *output, *(x for x in rest if isinstance(x, Tensor)))
+        ctx.flags = tuple(x for x in rest if not isinstance(x, Tensor))
+        ctx.inputs = len(inputs)
+
+    def backward(ctx: Any, dout: Tensor, _dlse: Tensor, _drng: Tensor) -> tuple[Any, ...]:
+        grads = backward_op(dout, *ctx.saved_tensors, *ctx.flags)
+        return (*grads, *(None,) * (ctx.inputs - 3))
+
+    return backward, setup_context
 
 
-def _varlen_backward(ctx, dout, _dlse, _drng):
-    q, k, v, out, softmax_lse, rng_state, cu_q, cu_k = ctx.saved_tensors
-    dq, dk, dv = mla_varlen_attn_bwd(dout, q, k, v, out, softmax_lse, rng_state, cu_q, cu_k,
-                                     *ctx.flags)
-    return (dq, dk, dv) + (None,) * 8
+# ---- dense (bshd) --------------------------------------------------------------------------
 
 
-mla_varlen_attn_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+@torch.library.custom_op("titan_rocm::mla_flash_attn_fwd", mutates_args=())
+def mla_flash_attn_fwd(q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
+                       softmax_scale: float, causal: bool,
+                       deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Routed flash attention forward: ``(out, softmax_lse, rng_state)``."""
+    return _forward("bshd", q, k, v, dropout_p, softmax_scale, causal, deterministic)
+
+
+@mla_flash_attn_fwd.register_fake
+def _fwd_fake(q, k, v, dropout_p, softmax_scale, causal, deterministic):
+    batch, seqlen_q, heads, _ = q.shape
+    return _fake_forward(q, v, (batch, heads, seqlen_q))
+
+
+@torch.library.custom_op("titan_rocm::mla_flash_attn_bwd", mutates_args=())
+def mla_flash_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                       softmax_lse: Tensor, rng_state: Tensor, dropout_p: float,
+                       softmax_scale: float, causal: bool,
+                       deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The routed backward: ``(dq, dk, dv)`` with the shapes of ``q``, ``k``, ``v``."""
+    return _backward_op("bshd", dout, q, k, v, out, softmax_lse, rng_state, dropout_p,
+                        softmax_scale, causal, deterministic)
+
+
+@mla_flash_attn_bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, softmax_lse, rng_state, dropout_p, softmax_scale, causal,
+              deterministic):
+    return _fake_backward(q, k, v)
+
+
+# ---- varlen (thd) --------------------------------------------------------------------------
+
+
+@torch.library.custom_op("titan_rocm::mla_varlen_attn_fwd", mutates_args=())
+def mla_varlen_attn_fwd(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
+                        cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                        dropout_p: float, softmax_scale: float, causal: bool,
+                        deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Routed varlen forward over ``thd`` tensors: ``(out, softmax_lse (heads, total), rng)``."""
+    return _forward("thd", q, k, v, dropout_p, softmax_scale, causal, deterministic,
+                    **_spans(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+
+
+def _spans(cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int) -> dict[str, object]:
+    return {"cu_seqlens_q": cu_q, "cu_seqlens_k": cu_k, "max_seqlen_q": int(max_q),
+            "max_seqlen_k": int(max_k)}
+
+
+@mla_varlen_attn_fwd.register_fake
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                     softmax_scale, causal, deterministic):
+    total, heads, _ = q.shape
+    return _fake_forward(q, v, (heads, total))
+
+
+@torch.library.custom_op("titan_rocm::mla_varlen_attn_bwd", mutates_args=())
+def mla_varlen_attn_bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                        softmax_lse: Tensor, rng_state: Tensor, cu_seqlens_q: Tensor,
+                        cu_seqlens_k: Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                        dropout_p: float, softmax_scale: float, causal: bool,
+                        deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """The routed varlen backward: ``(dq, dk, dv)`` with the shapes of ``q``, ``k``, ``v``."""
+    return _backward_op("thd", dout, q, k, v, out, softmax_lse, rng_state, dropout_p,
+                        softmax_scale, causal, deterministic,
+                        **_spans(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
+
+
+@mla_varlen_attn_bwd.register_fake
+def _varlen_bwd_fake(dout, q, k, v, out, softmax_lse, rng_state, cu_seqlens_q, cu_seqlens_k,
+                     max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, deterministic):
+    return _fake_backward(q, k, v)
+
+
+for _fwd, _bwd in ((mla_flash_attn_fwd, mla_flash_attn_bwd),
+                   (mla_varlen_attn_fwd, mla_varlen_attn_bwd)):
+    _backward_fn, _setup = _autograd(_bwd)
+    _fwd.register_autograd(_backward_fn, setup_context=_setup)
 
 FORWARD_OP = torch.ops.titan_rocm.mla_flash_attn_fwd.default
 """The dense forward OpOverload."""

@@ -58,11 +58,6 @@ from titan_rocm.workarounds.mla_ck_backward.routing import (
     route_backward,
     route_forward,
 )
-from titan_rocm.workarounds.mla_ck_backward.seams_tt022 import (  # noqa: F401 - their names here
-    DEEPSEEK_PARALLELIZE,
-    deepseek_attention_modules,
-    expected_attention_dtype,
-)
 
 SDPA_LABEL = "PyTorch SDPA (fallback)"
 

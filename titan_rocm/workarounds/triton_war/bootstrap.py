@@ -15,6 +15,10 @@ which installs the wrapper right after ``triton`` is imported (or at once if it 
 is). Nothing is written to site-packages, so this works the same for ``pip install .``,
 ``pip install -e .`` and a bare ``PYTHONPATH`` checkout.
 
+Each variable and ``sys.path`` are settings of :mod:`titan_rocm.patches`, held by the job
+that applies the workaround: its teardown puts back what stood there (``sys.path`` the list
+that stood there, so entries added to it during the job leave with the job's list).
+
 This module must stay cheap: it runs at the start of every child interpreter. It imports
 neither torch, triton nor torchtitan until ``triton`` itself is imported.
 """
@@ -25,6 +29,7 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping
 
+from titan_rocm import patches
 from titan_rocm._after_import import AfterImport
 from titan_rocm.scanner.names import (
     ENV_ENABLE,
@@ -37,6 +42,8 @@ from titan_rocm.scanner.names import (
 from titan_rocm.settings import DEFAULT_HAZARD_RULE
 
 _TRIGGER = "triton"
+BY = "triton_war environment"
+"""Who makes the settings :func:`export` makes (:mod:`titan_rocm.patches`)."""
 
 
 def boot_dir() -> str:
@@ -86,25 +93,30 @@ def export(
     Returns the environment variables set (for logs and ``plan``).
     """
     env = os.environ if environ is None else environ
-    sys_path = sys.path if path is None else path
     values = worker_environment(rule, strict, stats_dir)
-    env.update(values)
     here = boot_dir()
-    if here in sys_path:
-        sys_path.remove(here)
-    sys_path.insert(0, here)  # Inductor hands sys.path to its workers as PYTHONPATH
-    env["PYTHONPATH"] = _prepend_path(env.get("PYTHONPATH"), here)
-    values["PYTHONPATH"] = env["PYTHONPATH"]
+    # Inductor hands sys.path to its workers as PYTHONPATH.
+    if path is None:
+        patches.setting(sys, "path", [here, *(p for p in sys.path if p != here)], by=BY)
+    else:
+        while here in path:
+            path.remove(here)
+        path.insert(0, here)
+    values["PYTHONPATH"] = _prepend_path(env.get("PYTHONPATH"), here)
     if env.get("TORCH_CUSTOM_PYTHONPATH"):
-        env["TORCH_CUSTOM_PYTHONPATH"] = _prepend_path(env["TORCH_CUSTOM_PYTHONPATH"], here)
-        values["TORCH_CUSTOM_PYTHONPATH"] = env["TORCH_CUSTOM_PYTHONPATH"]
+        values["TORCH_CUSTOM_PYTHONPATH"] = _prepend_path(env["TORCH_CUSTOM_PYTHONPATH"], here)
+    for key, value in values.items():
+        patches.setting(env, key, value, by=BY)
     return values
 
 
 def unexport(
     environ: MutableMapping[str, str] | None = None, path: list[str] | None = None
 ) -> None:
-    """Undo :func:`export` (tests, and turning the workaround off in-process)."""
+    """Undo :func:`export` whoever holds it (tests, and turning the workaround off
+    in-process); a job's teardown puts back what it set without this."""
+    if environ is None and path is None:
+        patches.restore(by=BY)
     env = os.environ if environ is None else environ
     sys_path = sys.path if path is None else path
     for key in WORKER_ENV:

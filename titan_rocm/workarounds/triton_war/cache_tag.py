@@ -8,6 +8,8 @@ the user set) and exports ``TORCH_COMPILE_CACHE_KEY_TAG`` for child processes: t
 that variable only when ``torch.compiler.config`` is first imported, which has long
 happened in the trainer, so the config must be set directly there.
 
+Both are settings of :mod:`titan_rocm.patches`: the job's teardown puts back the user's tag.
+
 The tag names the rule because the rule changes which binaries are produced; bump
 :data:`VERSION` whenever the wrapper's output for the same input changes.
 """
@@ -16,11 +18,15 @@ from __future__ import annotations
 
 import os
 
+from titan_rocm import patches
+
 CACHE_KEY_TAG_ENV = "TORCH_COMPILE_CACHE_KEY_TAG"
 """torch's variable for the tag, read in child processes when their torch.compiler.config loads."""
 VERSION = 1
 PREFIX = "titan-rocm-triton-war"
 SEPARATOR = "+"
+BY = "triton_war cache tag"
+"""Who makes the settings :func:`apply` makes (:mod:`titan_rocm.patches`)."""
 
 
 def tag_for(rule: str) -> str:
@@ -53,6 +59,6 @@ def apply(rule: str) -> str:
             "TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0"
         )
     tag = combine(compiler_config.cache_key_tag or "", rule)
-    compiler_config.cache_key_tag = tag
-    os.environ[CACHE_KEY_TAG_ENV] = tag
+    patches.setting(compiler_config, "cache_key_tag", tag, by=BY)
+    patches.setting(os.environ, CACHE_KEY_TAG_ENV, tag, by=BY)
     return tag

@@ -29,7 +29,7 @@ from tests.support.moe_test_models import (
 )
 from titan_rocm import patches
 from titan_rocm.workarounds import grouped_mm, moe_blocks
-from titan_rocm.workarounds.grouped_mm import backends
+from titan_rocm.workarounds.grouped_mm import backends, seams_tt022
 from titan_rocm.workarounds.grouped_mm.experts_compile import CompileRequest, ExpertsRunner
 
 RECORDER = "titan_rocm_test_recorder"
@@ -111,7 +111,7 @@ def test_experts_compiled_only_where_stock_compiles_them(monkeypatch, mixed, sco
     GRAPHS.clear()
     loss_c, grads_c = loss_and_grads(model, *batch)
 
-    runner = grouped_mm.bound_runner(model.layers["1"].moe.experts)
+    runner = seams_tt022.bound_runner(model.layers["1"].moe.experts)
     assert runner is not None and runner.compiled is (not mixed), runner.why
     assert grouped_mm.call_counts() == {"torch": 1}
     if mixed:

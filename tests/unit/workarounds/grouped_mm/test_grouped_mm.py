@@ -22,7 +22,7 @@ from tests.support.moe_test_models import (
 from titan_rocm import platform
 from titan_rocm.platform import PlatformFacts
 from titan_rocm.workarounds import grouped_mm
-from titan_rocm.workarounds.grouped_mm import backends
+from titan_rocm.workarounds.grouped_mm import backends, seams_tt022
 from titan_rocm.workarounds.grouped_mm.workaround import GroupedMMBinding
 
 ON = ("--model.converters", "rocm.grouped_mm", "--rocm.grouped_mm", "on")
@@ -267,16 +267,16 @@ def test_binding_reaches_experts_from_a_second_copy_of_moe_py(monkeypatch):
         with torch.no_grad():
             experts.w1.copy_(w1), experts.w2.copy_(w2), experts.w3.copy_(w3)
 
-        assert grouped_mm.bind(model, "loop") == [f"{name}.moe"]
+        assert seams_tt022.bind(model, "loop") == [f"{name}.moe"]
         assert second._run_experts_grouped_mm.titan_rocm_backend == "loop"
         assert canonical._run_experts_grouped_mm is stock  # the copy the model does not use
-        assert grouped_mm.layer_backends(model) == {"moe.experts": "loop"}
+        assert seams_tt022.layer_backends(model) == {"moe.experts": "loop"}
 
         out = experts(x, n)  # through TorchTitan's own padding wrapper
         assert grouped_mm.call_counts() == {"loop": 1}
         torch.testing.assert_close(out.double(), _reference(w1, w2, w3, x, n), rtol=1e-5,
                                    atol=1e-5)
-        grouped_mm.unbind_all()
+        seams_tt022.unbind_all()
         assert not hasattr(second._run_experts_grouped_mm, "titan_rocm_backend")
     finally:
         for key in [k for k in sys.modules if k == name or k.startswith(f"{name}.")]:
@@ -298,7 +298,7 @@ def test_registered_backend_is_called_by_the_model(monkeypatch):
     w1, w2, w3, x, n = _experts_inputs(torch.float32, COUNTS, pad=0)
     with torch.no_grad():
         experts.w1.copy_(w1), experts.w2.copy_(w2), experts.w3.copy_(w3)
-    grouped_mm.bind(experts, "mine")
+    seams_tt022.bind(experts, "mine")
     experts(x, n)
     assert len(seen) == 1 and grouped_mm.call_counts() == {"mine": 1}
 

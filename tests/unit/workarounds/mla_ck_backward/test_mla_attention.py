@@ -45,11 +45,11 @@ from titan_rocm.workarounds.mla_ck_backward.module import (
     MLAInnerAttention,
     MLAVarlenInnerAttention,
 )
-from titan_rocm.workarounds.mla_ck_backward.workaround import (
+from titan_rocm.workarounds.mla_ck_backward.seams_tt022 import (
     DEEPSEEK_PARALLELIZE,
-    MLACKBackward,
     expected_attention_dtype,
 )
+from titan_rocm.workarounds.mla_ck_backward.workaround import MLACKBackward
 
 pytestmark = pytest.mark.usefixtures("clean_mla_state")
 
