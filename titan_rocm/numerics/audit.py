@@ -216,7 +216,7 @@ class Audit:
         return self._result(run, job_loss, head, losses, started)
 
     @property
-    def _outside(self) -> bool:
+    def _compares_outside(self) -> bool:
         """Whether this audit compares the parts outside the blocks and the end-to-end loss."""
         return self.part is None or self.part.outside
 
@@ -260,7 +260,7 @@ class Audit:
             run.block(record)
         self.times["blocks"] = time.perf_counter() - t0
         self._peak("blocks")
-        if not self._outside:
+        if not self._compares_outside:
             return (0.0, 0.0), {"eager": 0.0, "reference": 0.0}
         t0 = time.perf_counter()
         head = run.outside()
@@ -286,7 +286,7 @@ class Audit:
         casts = getattr(run.held, "casts", {})
         scalar = torch.bfloat16 if casts.get("bfloat16") else (
             torch.float16 if casts.get("float16") else run.compute)
-        if not self._outside:
+        if not self._compares_outside:
             return tensors, None, {}
         tensors.append(loss_stats(job_value, head_eager, head_ref, scalar, self.settings,
                                   name="head loss (teacher-forced)", segment=HEAD))
@@ -334,9 +334,9 @@ class Audit:
 
     def _segments(self) -> list[Segment]:
         """The segments this audit (or its part) compares, in forward order."""
-        part = self.part
+        part, outside = self.part, self._compares_outside
         return [s for s in segments(self.model_parts, self.facts)
-                if part is None or s.name in part.blocks or (self._outside and s.kind != "block")]
+                if part is None or s.name in part.blocks or (outside and s.kind != "block")]
 
     def _log_done(self, replayed: int, tokens: int, reference: str) -> None:
         part = self.part
