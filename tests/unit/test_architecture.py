@@ -439,3 +439,31 @@ def test_an_adapters_commands_import_no_torch(folder: str) -> None:
                           f"titan_rocm.adapters.{folder}.job_args"}
                        - {"__future__", "importlib", "collections.abc", "typing"})
         assert heavy == [], f"{name} imports {heavy} at the top"
+
+
+LONGEST_FUNCTION = 60
+"""Lines of the longest function in titan_rocm/numerics/ (issue 39): state a function's
+closures would share is an object with named methods instead."""
+
+
+def function_lengths(source: str) -> list[tuple[str, int, int]]:
+    """Every function in ``source`` (nested ones too, each counted within its parent as well):
+    its name, first line and lines, ``def`` to last line, its docstring included."""
+    return [(node.name, node.lineno, node.end_lineno - node.lineno + 1)
+            for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno is not None]
+
+
+def test_no_function_of_the_numerics_audit_is_over_60_lines() -> None:
+    long = [f"{path.relative_to(PACKAGE.parent)}:{line} {name} ({lines} lines)"
+            for path in sorted((PACKAGE / "numerics").rglob("*.py"))
+            for name, line, lines in function_lengths(path.read_text(encoding="utf-8"))
+            if lines > LONGEST_FUNCTION]
+    assert not long, f"functions over {LONGEST_FUNCTION} lines: {long}"
+
+
+def test_a_functions_length_counts_its_docstring_and_its_closures() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(58))
+    source = (f'def outer():\n    """One\n    two."""\n    def inner():\n        pass\n{body}\n')
+    assert function_lengths(source) == [("outer", 1, 63), ("inner", 4, 2)]

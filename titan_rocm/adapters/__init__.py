@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
     from titan_rocm.adapters.common import AuditRequest, CollectRequest, PlanRequest
-    from titan_rocm.numerics.audit import AuditResult
+    from titan_rocm.numerics.result import AuditResult
 
 FOLDERS: dict[str, str] = {"0.2": "tt022", "0.3": "tt030"}
 """TorchTitan generation (its API shape) -> its adapter folder."""
@@ -60,7 +60,7 @@ class Adapter(Protocol):
         """Parse the job, build its own trainer and audit its first micro-batch.
 
         Raises:
-            titan_rocm.numerics.audit.AuditError: bad input or the audit cannot run.
+            titan_rocm.numerics.result.AuditError: bad input or the audit cannot run.
         """
 
     def tune_collect(self, request: CollectRequest) -> int:

@@ -394,7 +394,8 @@ def audit_job(request: AuditRequest, build: Callable[[], Any], settings: Any,
     Raises:
         AuditError: the job cannot start or the audit cannot run (one sentence).
     """
-    from titan_rocm.numerics.audit import AuditError, refuse_unsupported
+    from titan_rocm.numerics.audit import refuse_unsupported
+    from titan_rocm.numerics.result import AuditError
 
     try:
         single_process_environment()

@@ -6,7 +6,7 @@ Launched like training (``torchrun --nproc_per_node=N -m titan_rocm.cli audit
 as one process). The installed TorchTitan generation's adapter parses the job, builds its
 own trainer and audits the first micro-batch of its dataloader; nothing is stepped or saved.
 Exit codes: 0 ok, 1 flagged, 2 bad input or the audit cannot run (one sentence: the driver's
-:class:`~titan_rocm.numerics.audit.AuditError` becomes the CLI's ``CommandError`` here), 130
+:class:`~titan_rocm.numerics.result.AuditError` becomes the CLI's ``CommandError`` here), 130
 interrupted. ``--json`` prints one object on every exit path (rank 0), of the report's keys
 (:func:`error_report` when it could not run). With
 ``TITAN_ROCM_DEBUG_CORRUPT`` set, the test fault (``titan_rocm.testing.corrupt``) is put into
@@ -85,7 +85,7 @@ def _rank() -> int:
 
 def error_report(message: str, code: int) -> dict[str, Any]:
     """The ``--json`` object of an audit that could not run: the report's every key, empty."""
-    from titan_rocm.numerics.audit import error_dict
+    from titan_rocm.numerics.result import error_dict
 
     return {**error_dict(message), "exit_code": code}
 
@@ -164,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         CommandError: the audit cannot run (rank 0; the other ranks return 2 quietly).
     """
     from titan_rocm.adapters.common import one_line
-    from titan_rocm.numerics.audit import AuditError
+    from titan_rocm.numerics.result import AuditError
 
     error = None
     try:

@@ -191,35 +191,41 @@ def raised_to_sharded_dtype(modules: Iterable[nn.Module],
             _raise_casts(state, saved)
         for group in groups.values():
             for fsdp_param in group.fsdp_params:
-                if not hasattr(fsdp_param, "param_dtype"):  # before FSDP's lazy init
-                    if _policy_dtype(fsdp_param) in (None, _sharded_dtype(fsdp_param)):
-                        continue  # it will compute in its sharded dtype anyway
-                    raise FSDPLayoutError(
-                        "FSDP has not set its parameters' dtypes yet (no forward has run): "
-                        "run the job's own pass before the reference pass")
-                if getattr(fsdp_param, "reduce_dtype", None) is not None:
-                    saved.append((fsdp_param, "reduce_dtype", fsdp_param.reduce_dtype))
-                    fsdp_param.reduce_dtype = None
-                if fsdp_param.param_dtype is None:
-                    continue
-                if not isinstance(getattr(fsdp_param, "all_gather_outputs", None), list):
-                    raise FSDPLayoutError(
-                        f"FSDP mixed precision ({str(fsdp_param.param_dtype)[6:]} parameters) "
-                        "cannot be raised for the reference pass by this torch's FSDP: audit "
-                        "this job with --training.mixed_precision_param float32, or without "
-                        "FSDP on fewer GPUs")
-                saved += [(fsdp_param, "param_dtype", fsdp_param.param_dtype),
-                          (fsdp_param, "all_gather_outputs", fsdp_param.all_gather_outputs)]
-                fsdp_param.param_dtype = None
-                fsdp_param.all_gather_outputs = []
-                if hasattr(fsdp_param, "_unsharded_param"):
-                    saved.append((fsdp_param, "_unsharded_param", fsdp_param._unsharded_param))
-                    del fsdp_param._unsharded_param
+                _raise_param(fsdp_param, saved)
         yield
     finally:
         reshard(owners)  # frees the raised parameters and registers the shards again
         for obj, attr, value in reversed(saved):
             setattr(obj, attr, value)
+
+
+def _raise_param(fsdp_param: Any, saved: list[tuple[Any, str, Any]]) -> None:
+    """One ``FSDPParam`` at its sharded dtype (see :func:`raised_to_sharded_dtype`), what it
+    changed added to ``saved``."""
+    if not hasattr(fsdp_param, "param_dtype"):  # before FSDP's lazy init
+        if _policy_dtype(fsdp_param) in (None, _sharded_dtype(fsdp_param)):
+            return  # it will compute in its sharded dtype anyway
+        raise FSDPLayoutError(
+            "FSDP has not set its parameters' dtypes yet (no forward has run): "
+            "run the job's own pass before the reference pass")
+    if getattr(fsdp_param, "reduce_dtype", None) is not None:
+        saved.append((fsdp_param, "reduce_dtype", fsdp_param.reduce_dtype))
+        fsdp_param.reduce_dtype = None
+    if fsdp_param.param_dtype is None:
+        return
+    if not isinstance(getattr(fsdp_param, "all_gather_outputs", None), list):
+        raise FSDPLayoutError(
+            f"FSDP mixed precision ({str(fsdp_param.param_dtype)[6:]} parameters) "
+            "cannot be raised for the reference pass by this torch's FSDP: audit "
+            "this job with --training.mixed_precision_param float32, or without "
+            "FSDP on fewer GPUs")
+    saved += [(fsdp_param, "param_dtype", fsdp_param.param_dtype),
+              (fsdp_param, "all_gather_outputs", fsdp_param.all_gather_outputs)]
+    fsdp_param.param_dtype = None
+    fsdp_param.all_gather_outputs = []
+    if hasattr(fsdp_param, "_unsharded_param"):
+        saved.append((fsdp_param, "_unsharded_param", fsdp_param._unsharded_param))
+        del fsdp_param._unsharded_param
 
 
 def reshard(modules: Iterable[nn.Module]) -> None:

@@ -33,22 +33,37 @@ def format_report(result: dict[str, Any], top: int = 10, step: int | None = None
     wrong in each direction, the segments (all of them from the command line; in the training
     log only the wrong ones), the worst tensors, the end-to-end loss, the cost. Every line
     starts with the audit's name or two spaces, so no log reader takes one for a metric."""
-    s = result["settings"]
-    loss = result["loss"]
     lines = [
         f"{audit_message.verdict_line(result['verdict'], step)} ({result['tokens']} "
         f"tokens, {result['world_size']} rank(s); job {result['job_dtype']}, reference "
         f"{result['reference']}; block by block, teacher-forced)",
+        *_part_lines(result.get("part")),
+        *_first_wrong_lines(result),
+        *_loss_lines(result["loss"]),
+        _threshold_line(result["settings"]),
+        *_segment_lines(result["segments"], step),
+        *_tensor_lines(result["tensors"], top),
+        *_cost_lines(result),
     ]
-    part = result.get("part")
-    if part:
-        what = [f"block{'s' if len(part['blocks']) > 1 else ''} "
-                f"{', '.join(part['blocks'])}"] if part["blocks"] else []
-        what += ["the embedding, the head and the end-to-end loss"] if part["outside"] else []
-        lines.append(f"  part {part['part']} of {part['of']} (numerics_audit_spread): "
-                     f"{' and '.join(what)}")
+    return "\n".join(lines)
+
+
+def _part_lines(part: dict[str, Any] | None) -> list[str]:
+    """What a part of a spread audit replayed (nothing for a whole audit)."""
+    if not part:
+        return []
+    what = [f"block{'s' if len(part['blocks']) > 1 else ''} "
+            f"{', '.join(part['blocks'])}"] if part["blocks"] else []
+    what += ["the embedding, the head and the end-to-end loss"] if part["outside"] else []
+    return [f"  part {part['part']} of {part['of']} (numerics_audit_spread): "
+            f"{' and '.join(what)}"]
+
+
+def _first_wrong_lines(result: dict[str, Any]) -> list[str]:
+    """Per direction, the first segment wrong and its worst flagged tensor."""
     first = result.get("first_wrong") or {}
     tensors = result["tensors"]
+    lines = []
     for direction in ("forward", "backward"):
         seg = first.get(direction)
         if seg is None:
@@ -58,21 +73,33 @@ def format_report(result: dict[str, Any], top: int = 10, step: int | None = None
                     default=None)
         why = f": {worst['name']}: {worst['reason']}" if worst else ""
         lines.append(f"  first wrong in the {direction}: {label(seg)}{why}")
-    if loss is not None:
-        lines.append(
-            f"  end-to-end loss: job {_num(loss['job'])}, eager {_num(loss['eager'])}, "
+    return lines
+
+
+def _loss_lines(loss: dict[str, Any] | None) -> list[str]:
+    """The end-to-end loss, where this audit compared it."""
+    if loss is None:
+        return []
+    return [f"  end-to-end loss: job {_num(loss['job'])}, eager {_num(loss['eager'])}, "
             f"reference {_num(loss['reference'])}; relative error job "
             f"{_num(loss['err_job'])}, eager {_num(loss['err_eager'])}"
-            + ("  FLAGGED" if loss["flagged"] else ""))
-    lines.append(
-        f"  threshold: error > {s['fudge']:g} x eager error "
-        f"({s.get('activation_fudge', s['fudge']):g} x for block outputs and input gradients) "
-        f"+ {s['floor_eps']:g} float32 eps, "
-        f"or > {s['outlier_max']:.2%} of elements beyond {s['outlier_k']:g} x the eager "
-        f"error's {s['outlier_quantile']:g} quantile")
-    segs = result["segments"]
+            + ("  FLAGGED" if loss["flagged"] else "")]
+
+
+def _threshold_line(s: dict[str, Any]) -> str:
+    """The statistics' settings, as the sentence a reader checks a ratio against."""
+    return (f"  threshold: error > {s['fudge']:g} x eager error "
+            f"({s.get('activation_fudge', s['fudge']):g} x for block outputs and input "
+            f"gradients) + {s['floor_eps']:g} float32 eps, "
+            f"or > {s['outlier_max']:.2%} of elements beyond {s['outlier_k']:g} x the eager "
+            f"error's {s['outlier_quantile']:g} quantile")
+
+
+def _segment_lines(segs: list[dict[str, Any]], step: int | None) -> list[str]:
+    """The segments' table: every one from the command line, the wrong ones in training."""
     shown = segs if step is None else [
         g for g in segs if g["forward"]["flagged"] or g["backward"]["flagged"]]
+    lines = []
     if shown:
         lines += ["", f"  {'segment':<12} {'scope':<9} {'forward':<18} {'backward':<18} "
                       "workarounds"]
@@ -82,9 +109,14 @@ def format_report(result: dict[str, Any], top: int = 10, step: int | None = None
                          f"{', '.join(g['workarounds']) or '-'}")
     if step is not None and len(shown) < len(segs):
         lines.append(f"  ({len(segs) - len(shown)} segment(s) within the thresholds)")
+    return lines
+
+
+def _tensor_lines(tensors: list[dict[str, Any]], top: int) -> list[str]:
+    """The ``top`` worst tensors, flagged ones first."""
     rows = sorted(tensors, key=lambda t: (not t["flagged"], -_key(t["score"])))
-    lines += ["", f"  {'tensor':<44} {'dir':<4} {'err_job':>9} {'err_eager':>9} "
-                  f"{'ratio':>8} {'outliers':>9}"]
+    lines = ["", f"  {'tensor':<44} {'dir':<4} {'err_job':>9} {'err_eager':>9} "
+                 f"{'ratio':>8} {'outliers':>9}"]
     for t in rows[:top]:
         lines.append(
             f"  {t['name'][:44]:<44} {_DIRECTION[t['direction']]:<4} {_num(t['err_job']):>9} "
@@ -93,13 +125,16 @@ def format_report(result: dict[str, Any], top: int = 10, step: int | None = None
             + ("  FLAGGED: " + t["reason"] if t["flagged"] else ""))
     if len(rows) > top:
         lines.append(f"  ... {len(rows) - top} more (--json lists every tensor)")
-    t = result["time_s"]
+    return lines
+
+
+def _cost_lines(result: dict[str, Any]) -> list[str]:
+    """The time of each phase, the peak memory, and the notes."""
     memory = result.get("peak_memory_bytes")
-    parts = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in t.items())
-    lines += ["", f"  time: {parts}"
-              + (f"; peak memory {memory / 2**30:.2f} GiB" if memory else "")]
-    lines += [f"  note: {note}" for note in result.get("notes") or []]
-    return "\n".join(lines)
+    parts = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in result["time_s"].items())
+    return ["", f"  time: {parts}" + (f"; peak memory {memory / 2**30:.2f} GiB" if memory
+                                      else ""),
+            *(f"  note: {note}" for note in result.get("notes") or [])]
 
 
 _DIRECTION = {"forward": "fwd", "backward": "bwd"}

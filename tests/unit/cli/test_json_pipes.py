@@ -34,7 +34,7 @@ ERRORS: dict[str, list[list[str]]] = {
 }
 
 AUDIT_SCHEMA = 2
-"""The audit's error object is its report with every key empty (numerics/audit.py's
+"""The audit's error object is its report with every key empty (numerics/result.py's
 ``error_dict``), under the report's schema; every other command's is the shared envelope."""
 AUDIT_KEYS = {"verdict", "world_size", "tokens", "tensors", "segments", "first_wrong"}
 

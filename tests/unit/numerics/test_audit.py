@@ -102,7 +102,8 @@ def test_a_clean_toy_is_ok_in_every_segment_with_a_tied_weight() -> None:
 def test_runs_of_rows_give_the_whole_micro_batchs_numbers() -> None:
     """Replays in 3 runs of rows (5 rows: 2, 1, 2): the same errors, losses and verdicts as
     whole (float64 reference: to rounding); more runs than rows is refused, naming both."""
-    from titan_rocm.numerics.audit import AuditError, row_bounds
+    from titan_rocm.numerics.result import AuditError
+    from titan_rocm.numerics.rows import row_bounds
 
     whole = _Toy(rows=5).audit().to_dict()
     split = _Toy(rows=5).audit(chunks=3).to_dict()
@@ -126,7 +127,7 @@ def test_a_replay_out_of_memory_runs_again_in_more_runs_of_rows(
     rows (down to one row); the result says so, and its numbers are the whole batch's. The
     log line is not torch's wording ("CUDA out of memory": check-log's crash pattern)."""
     from titan_rocm.logs.parse import _CRASH_KINDS
-    from titan_rocm.numerics import audit, replay
+    from titan_rocm.numerics import audit_run, replay, state
 
     whole = _Toy().audit().to_dict()
     real = replay.replay_block
@@ -135,10 +136,10 @@ def test_a_replay_out_of_memory_runs_again_in_more_runs_of_rows(
     def failing(record: Any, lo: int, hi: int, dtype: Any) -> Any:
         calls.append((lo, hi, dtype))
         if record.key == "0" and dtype is not None and hi - lo > 1:
-            raise audit.OUT_OF_MEMORY("CUDA out of memory. Tried to allocate 8.00 GiB.")
+            raise state.OUT_OF_MEMORY("CUDA out of memory. Tried to allocate 8.00 GiB.")
         return real(record, lo, hi, dtype)
 
-    monkeypatch.setattr(audit, "replay_block", failing)
+    monkeypatch.setattr(audit_run, "replay_block", failing)
     caplog.set_level(logging.INFO, logger="titan_rocm")
     r = _Toy().audit().to_dict()
     assert r["chunks"] == 4  # block 0's reference: 4 rows, one per run
@@ -157,28 +158,29 @@ def test_a_replay_out_of_memory_runs_again_in_more_runs_of_rows(
 
 def test_a_replay_out_of_memory_on_one_row_is_one_sentence_and_gives_everything_back(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from titan_rocm.numerics import audit
+    from titan_rocm.numerics import audit_run, state
+    from titan_rocm.numerics.result import AuditError
 
     def failing(*args: Any) -> Any:
-        raise audit.OUT_OF_MEMORY("CUDA out of memory. Tried to allocate 8.00 GiB.")
+        raise state.OUT_OF_MEMORY("CUDA out of memory. Tried to allocate 8.00 GiB.")
 
     toy = _Toy(rows=1)
     toy.model.layers["0"][0].weight.grad = torch.ones(8, 8)
-    monkeypatch.setattr(audit, "replay_block", failing)
-    with pytest.raises(audit.AuditError, match=r"the block 0 eager replay ran out of memory on "
+    monkeypatch.setattr(audit_run, "replay_block", failing)
+    with pytest.raises(AuditError, match=r"the block 0 eager replay ran out of memory on "
                                                r"cpu in 1 run\(s\) of rows \(Tried to "
                                                r"allocate 8.00 GiB\): audit fewer tokens"):
         toy.audit()
     assert torch.equal(toy.model.layers["0"][0].weight.grad, torch.ones(8, 8))
     def reference_fails(record: Any, lo: int, hi: int, dtype: Any) -> Any:
         if dtype is not None:
-            raise audit.OUT_OF_MEMORY("CUDA out of memory. Tried to allocate 8.00 GiB.")
+            raise state.OUT_OF_MEMORY("CUDA out of memory. Tried to allocate 8.00 GiB.")
         return replay.replay_block(record, lo, hi, dtype)
 
     from titan_rocm.numerics import replay
 
-    monkeypatch.setattr(audit, "replay_block", reference_fails)
-    with pytest.raises(audit.AuditError, match=r"reference replay ran out of memory on cpu in 2 "
+    monkeypatch.setattr(audit_run, "replay_block", reference_fails)
+    with pytest.raises(AuditError, match=r"reference replay ran out of memory on cpu in 2 "
                                                r"run\(s\) of rows"):
         _Toy(rows=4).audit(chunks=2)  # a count the user gave is not changed
 
@@ -222,11 +224,12 @@ def test_the_memory_plan_is_estimated_before_anything_is_allocated(
     is one sentence."""
     from titan_rocm.numerics import audit, precision
     from titan_rocm.numerics.record import BlockRecord
-    from titan_rocm.numerics.stats import WORKSPACE_BYTES
+    from titan_rocm.numerics.result import AuditError
+    from titan_rocm.numerics.stats import WORKSPACE_BYTES, AuditSettings
 
     record = BlockRecord("0", torch.nn.Linear(1000, 1000), None, [torch.zeros(8, 4, 2)],
                          [True], None, [torch.zeros(8, 4, 2)], saved_bytes=100 * 2**20)
-    plan = audit.Audit([torch.nn.Module()], torch.device("cpu"), None, audit.AuditSettings())
+    plan = audit.Audit([torch.nn.Module()], torch.device("cpu"), None, AuditSettings())
     ref = precision.Reference(torch.float64)
     estimate = plan._estimate(record, ref, 8)
     assert estimate == int(3 * 100 * 2**20 * 2)  # float32 job: float64 is twice as wide
@@ -236,22 +239,23 @@ def test_the_memory_plan_is_estimated_before_anything_is_allocated(
                         lambda device: int((fixed + estimate / 3) / 0.9) + 100)
     caplog.set_level(logging.INFO, logger="titan_rocm")
     got = plan._plan({"0": record}, 8, ref, [])
-    assert got.chunks == 3 and got.estimate == estimate + fixed
-    assert got.eager == 2 and got.outside_eager == 1  # 3 x S is half the reference's
+    assert got.chunks.count == 3 and got.estimate == estimate + fixed
+    assert got.eager.count == 2 and got.outside_eager.count == 1  # 3 x S is half the reference's
     assert any("replays are estimated at" in m and "the blocks in 3 run(s) of rows (eager 2)"
                in m for m in caplog.messages)
     monkeypatch.setattr(audit, "free_bytes", lambda device: int((fixed + estimate) / 0.9) + 100)
     got = plan._plan({"0": record}, 8, ref, [])
-    assert (got.chunks, got.eager) == (1, 1)
+    assert (got.chunks.count, got.eager.count) == (1, 1)
     # The head's logits (8 rows x the vocabulary, four times, at float32 for eager and the
     # reference's float64; no recorder here: one token per row) are held to a block's
     # replay, eager and reference alike.
     vocab = int(2.4 * (estimate + fixed) / (4 * 8 * 4))
     head = [torch.nn.Parameter(torch.empty(vocab, 2, device="meta"))]
     got = plan._plan({"0": record}, 8, ref, head)
-    assert (got.chunks, got.eager, got.outside, got.outside_eager) == (1, 1, 5, 3)
+    assert (got.chunks.count, got.eager.count, got.outside.count,
+            got.outside_eager.count) == (1, 1, 5, 3)
     monkeypatch.setattr(audit, "free_bytes", lambda device: fixed)
-    with pytest.raises(audit.AuditError, match=r"the replays would need about .* GiB on cpu "
+    with pytest.raises(AuditError, match=r"the replays would need about .* GiB on cpu "
                                                r"for one row of one block"):
         plan._plan({"0": record}, 8, ref, [])
 
@@ -695,7 +699,7 @@ def test_a_spread_audit_deals_the_blocks_then_the_rest() -> None:
     """``numerics_audit_spread``: block i into part i mod n over all but the last step (a
     dense-then-MoE model costs about the same each step), the rest last; never more parts
     than blocks and one; one step is the whole audit."""
-    from titan_rocm.numerics.audit import Part, spread
+    from titan_rocm.numerics.result import Part, spread
 
     keys = [str(i) for i in range(5)]
     assert spread(keys, 4) == [Part(1, 4, ("0", "3"), False), Part(2, 4, ("1", "4"), False),
@@ -779,13 +783,14 @@ def test_an_audit_that_cannot_run_is_one_warning_and_training_goes_on(
     in a replay (an out-of-memory) is one logged warning naming the step, and training runs
     its steps with the trajectory of a run without the audit."""
     from titan_rocm.numerics import audit
+    from titan_rocm.numerics.result import AuditError
     from titan_rocm.workarounds.numerics_audit import seams_tt022
 
     plain, _, _ = _train(audit_env, monkeypatch, ["--rocm.numerics_audit", "off"])
     seams_tt022.uninstall()
 
     def no_room(self: Any, *args: Any) -> Any:
-        raise audit.AuditError("the replays would need about 9.0 GiB on cuda:0 for one row "
+        raise AuditError("the replays would need about 9.0 GiB on cuda:0 for one row "
                                "of one block, and 1.0 GiB are free: audit fewer tokens")
 
     monkeypatch.setattr(audit.Audit, "_plan", no_room)

@@ -21,7 +21,7 @@ from titan_rocm.adapters.common import (
     switch_off,
 )
 from titan_rocm.adapters.tt022.converters.converter import JOB_ATTR
-from titan_rocm.numerics.audit import AuditError, AuditResult
+from titan_rocm.numerics.result import AuditError, AuditResult
 from titan_rocm.numerics.stats import AuditSettings
 from titan_rocm.workarounds.numerics_audit.seams_tt022 import Kit, global_valid_tokens
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from titan_rocm.adapters.common import AuditRequest, CollectRequest, JobArgsError, PlanRequest
 
 if TYPE_CHECKING:
-    from titan_rocm.numerics.audit import AuditResult
+    from titan_rocm.numerics.result import AuditResult
 
 OTHER_FLAGS: tuple[str, ...] = ("--module", "--config")
 """TorchTitan 0.3.0's job flags (``python -m torchtitan.train --module M --config F``)."""

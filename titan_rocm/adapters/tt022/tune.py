@@ -63,7 +63,7 @@ def collect(request: CollectRequest) -> int:
                                      "that runs on CPU with --trainer MODULE:CLASS"))
     from titan_rocm.adapters.tt022.audit import trainer_class
     from titan_rocm.adapters.tt022.preflight import parse_config
-    from titan_rocm.numerics.audit import AuditError
+    from titan_rocm.numerics.result import AuditError
 
     try:
         job_config = parse_config([*args, *STEP_FLAGS], launcher="titan-rocm", prog=PROG)

@@ -21,7 +21,7 @@ from titan_rocm.adapters.common import (
     switch_off,
 )
 from titan_rocm.adapters.tt030.plan import parse_job
-from titan_rocm.numerics.audit import AuditError, AuditResult
+from titan_rocm.numerics.result import AuditError, AuditResult
 from titan_rocm.numerics.stats import AuditSettings
 from titan_rocm.settings import coerce
 from titan_rocm.workarounds.numerics_audit.seams_tt030 import Kit, global_valid_tokens

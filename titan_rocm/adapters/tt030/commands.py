@@ -13,7 +13,7 @@ from titan_rocm.adapters.common import AuditRequest, CollectRequest, PlanRequest
 from titan_rocm.adapters.tt030.job_args import refuse_config_file
 
 if TYPE_CHECKING:
-    from titan_rocm.numerics.audit import AuditResult
+    from titan_rocm.numerics.result import AuditResult
 
 
 def refuse_other_flags(args: Sequence[str]) -> None:

@@ -4,7 +4,7 @@ On an audited step, the step's first micro-batch's own forward and backward are 
 they run with the block boundaries recorded (:class:`~titan_rocm.numerics.audit.Audit`), and
 as soon as that micro-batch's backward has returned (before later micro-batches, gradient
 clipping and the optimizer step) the blocks are replayed and compared. One audit is spread
-over ``numerics_audit_spread`` consecutive steps (:func:`~titan_rocm.numerics.audit.spread`):
+over ``numerics_audit_spread`` consecutive steps (:func:`~titan_rocm.numerics.result.spread`):
 each step replays its share of the blocks, the last the parts outside them and the
 end-to-end loss, so no step stalls for the whole audit; an audit falling due while one is
 under way is not started (the one under way covers those steps). The step's gradients
@@ -38,8 +38,10 @@ import torch.nn as nn
 
 from titan_rocm import audit_message, patches
 from titan_rocm.log import log
-from titan_rocm.numerics.audit import Audit, AuditError, Part, StepKit, out_of_memory, spread
+from titan_rocm.numerics.audit import Audit, StepKit
 from titan_rocm.numerics.report import format_report
+from titan_rocm.numerics.result import AuditError, Part, spread
+from titan_rocm.numerics.state import out_of_memory
 from titan_rocm.numerics.stats import AuditSettings
 from titan_rocm.workarounds.base import RunStopped, TrainerSeam, Workaround
 from titan_rocm.workarounds.numerics_audit import quarantine

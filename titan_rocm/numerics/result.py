@@ -1,0 +1,151 @@
+"""What an audit reports: its result (the ``--json`` object, :data:`SCHEMA`), the error
+object of one that could not run, and the parts of an audit spread over steps
+(docs/numerics-audit.md).
+
+Below everything else of the audit: the replays (:mod:`.audit_run`) and the audit
+(:mod:`.audit`) raise :class:`AuditError` and build :class:`AuditResult`; the CLI and the
+in-training workaround read them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from titan_rocm.numerics.attribution import Segment
+from titan_rocm.numerics.stats import AuditSettings, TensorStats, json_number
+
+SCHEMA = 2
+"""Version of :meth:`AuditResult.to_dict`'s layout (keys are only ever added within one)."""
+
+
+@dataclass(frozen=True)
+class Part:
+    """What one step of an audit spread over steps replays (``numerics_audit_spread``)."""
+
+    index: int
+    """1-based, in the order the steps run them."""
+    count: int
+    """Parts of the whole audit."""
+    blocks: tuple[str, ...]
+    """The ``model.layers`` keys replayed, in forward order."""
+    outside: bool
+    """The parts outside the blocks (embedding, head) and the end-to-end loss."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``part``, ``of``, ``blocks``, ``outside``."""
+        return {"part": self.index, "of": self.count, "blocks": list(self.blocks),
+                "outside": self.outside}
+
+
+def spread(keys: list[str], steps: int) -> list[Part]:
+    """The parts of an audit of the blocks ``keys`` spread over ``steps`` steps.
+
+    One step: one part with everything. ``steps >= 2``: the blocks dealt into
+    ``min(steps - 1, len(keys))`` parts (block ``i`` into part ``i mod n``, so that a model
+    whose blocks differ, dense ones then MoE ones, costs about the same each step), then one
+    part with the parts outside the blocks and the end-to-end loss, whose logits over the
+    vocabulary cost about as much as a share of the blocks.
+    """
+    if steps <= 1 or not keys:
+        return [Part(1, 1, tuple(keys), True)]
+    n = min(steps - 1, len(keys))
+    return [*(Part(j + 1, n + 1, tuple(keys[j::n]), False) for j in range(n)),
+            Part(n + 1, n + 1, (), True)]
+
+
+class AuditError(RuntimeError):
+    """The audit cannot run (the message is one sentence saying why): exit 2, or a skip."""
+
+
+@dataclass
+class AuditResult:
+    """What one audit found; :meth:`to_dict` is the ``--json`` object."""
+
+    world_size: int
+    tokens: int
+    job_dtype: str
+    reference: str
+    settings: AuditSettings
+    segments: list[Segment]
+    """The segments this audit compared, in forward order."""
+    tensors: list[TensorStats]
+    loss: TensorStats | None
+    """The end-to-end loss: the job's against whole-model eager and reference passes (None
+    in a part of a spread audit that does not compare it)."""
+    loss_values: dict[str, float]
+    """The three end-to-end losses (job, eager, reference); empty where not compared."""
+    time_s: dict[str, float]
+    peak_memory_bytes: int | None
+    memory: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    chunks: int = 1
+    """Runs of rows each block's replays took."""
+    outside_chunks: int = 1
+    """Runs of rows the parts outside the blocks took."""
+    applied: list[str] = field(default_factory=list)
+    part: Part | None = None
+    """What this step replayed of an audit spread over steps (None: the whole audit)."""
+
+    @property
+    def flagged(self) -> bool:
+        """Any compared tensor or the end-to-end loss flagged."""
+        return (self.loss is not None and self.loss.flagged) or any(
+            t.flagged for t in self.tensors)
+
+    def first_wrong(self, direction: str) -> Segment | None:
+        """The first segment wrong in ``direction``: forward, in forward order; backward, in
+        backward order (the head first)."""
+        order = self.segments if direction == "forward" else list(reversed(self.segments))
+        wrong = {t.segment for t in self.tensors if t.flagged and t.direction == direction}
+        return next((s for s in order if s.name in wrong), None)
+
+    def segment_rows(self) -> list[dict[str, Any]]:
+        """Per segment: its facts, and per direction whether it is wrong, its worst score and
+        the flagged tensors."""
+        rows = []
+        for s in self.segments:
+            row = s.to_dict()
+            for direction in ("forward", "backward"):
+                mine = [t for t in self.tensors if t.segment == s.name
+                        and t.direction == direction]
+                scores = [t.score for t in mine if not math.isnan(t.score)]
+                row[direction] = {"flagged": [t.name for t in mine if t.flagged],
+                                  "worst_score": json_number(max(scores)) if scores else 0.0,
+                                  "tensors": len(mine)}
+            rows.append(row)
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` object (schema 2), with an ``exit_code`` of 0 (ok) or 1 (flagged)."""
+        flagged = self.flagged
+        first = {d: (s.name if (s := self.first_wrong(d)) else None)
+                 for d in ("forward", "backward")}
+        return {
+            "schema": SCHEMA, "command": "audit", "verdict": "flagged" if flagged else "ok",
+            "exit_code": 1 if flagged else 0, "error": None,
+            "world_size": self.world_size, "tokens": self.tokens,
+            "job_dtype": self.job_dtype, "reference": self.reference,
+            "settings": self.settings.to_dict(), "first_wrong": first,
+            "loss": None if self.loss is None else {
+                **self.loss.to_dict(), **{k: json_number(v) for k, v in self.loss_values.items()}},
+            "segments": self.segment_rows(),
+            "tensors": [t.to_dict() for t in self.tensors],
+            "workarounds_applied": self.applied, "time_s": self.time_s,
+            "peak_memory_bytes": self.peak_memory_bytes, "memory": self.memory,
+            "chunks": self.chunks, "outside_chunks": self.outside_chunks,
+            "notes": self.notes, "part": None if self.part is None else self.part.to_dict(),
+        }
+
+
+def error_dict(message: str, world_size: int = 1) -> dict[str, Any]:
+    """The ``--json`` object of an audit that could not run (exit 2): every key, empty."""
+    return {
+        "schema": SCHEMA, "command": "audit", "verdict": "error", "exit_code": 2,
+        "error": message, "world_size": world_size, "tokens": 0, "job_dtype": None,
+        "reference": None, "settings": {}, "first_wrong": {"forward": None, "backward": None},
+        "loss": None, "segments": [], "tensors": [], "workarounds_applied": [], "time_s": {},
+        "peak_memory_bytes": None, "memory": {}, "chunks": 0, "outside_chunks": 0,
+        "notes": [], "part": None,
+    }
