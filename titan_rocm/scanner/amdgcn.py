@@ -1,14 +1,8 @@
-"""A small parser for AMDGCN assembly text (what Triton keeps in ``kernel.asm["amdgcn"]``).
+"""A small parser for AMDGCN assembly text (Triton's ``kernel.asm["amdgcn"]``).
 
-It knows just enough for hazard rules: instructions (mnemonic, operands, modifiers, source
-line), register ranges (``v5``, ``v[0:3]``, ``a[4:7]``, ``s[8:11]``, ``ttmp2``), labels,
-basic blocks and their successors (fallthrough, both sides of ``s_cbranch_*``, the target
-of ``s_branch``; ``s_endpgm``/``s_setpc``/``s_swappc`` end a path). Comments (``;``,
-``//``) and directives (``.loc``, ``.p2align`` ...) are skipped: they are not instructions
-and cost no wait states.
-
-:func:`parse` never raises: unknown instructions, junk text and odd operands are kept as
-instructions whose registers are simply not understood.
+It knows just enough for hazard rules: instructions, register ranges, labels and basic blocks.
+:func:`parse` never raises, because the scanner reads any cache file: what it does not
+understand is kept as an instruction whose registers are unknown.
 """
 
 from __future__ import annotations
@@ -22,25 +16,22 @@ __all__ = ["Reg", "Instruction", "Block", "Program", "TextView", "parse", "parse
 
 @dataclass(frozen=True)
 class Reg:
-    """A contiguous range of registers of one file: ``v`` (VGPR), ``a`` (AGPR), ``s`` (SGPR),
-    ``ttmp``, or a named special register (``vcc``, ``exec``, ``m0`` ...) with lo = hi = 0."""
+    """A contiguous range of one register file (``v``, ``a``, ``s``, ``ttmp``), or a named
+    special register (``vcc``, ``exec``...) with lo = hi = 0."""
 
     file: str
     lo: int
     hi: int
 
     def overlaps(self, other: Reg) -> bool:
-        """True when both ranges are in the same register file and share a register."""
         return self.file == other.file and self.lo <= other.hi and other.lo <= self.hi
 
     @property
     def count(self) -> int:
-        """Number of 32-bit registers in the range."""
         return self.hi - self.lo + 1
 
     @property
     def is_vector(self) -> bool:
-        """VGPR or AGPR."""
         return self.file in ("v", "a")
 
     def __str__(self) -> str:
@@ -66,10 +57,7 @@ _ANY = 1 << 30
 
 
 def parse_register(token: str) -> tuple[Reg, ...]:
-    """Registers named by one operand token; ``()`` when it names none (literal, label...).
-
-    A bracket list ``[v0,v1,v2]`` gives one range per element.
-    """
+    """Registers named by one operand token; ``()`` when it names none (literal, label...)."""
     tok = token.strip()
     if not tok:
         return ()
@@ -123,7 +111,6 @@ def _parse_int(text: str) -> int | None:
 
 
 def _split_operands(args: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Split ``args`` into operand tokens and trailing modifiers (``offen``, ``offset:16``...)."""
     if not args:
         return (), ()
     if "[" not in args and "(" not in args:
@@ -156,7 +143,6 @@ def _split_operands(args: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 class Instruction:
-    """One machine instruction of the text."""
 
     __slots__ = ("mnemonic", "args", "line", "index", "block", "pos", "_ops", "_regs")
 
@@ -164,23 +150,16 @@ class Instruction:
         self, mnemonic: str, args: str, line: int, index: int, block: int = 0, pos: int = 0
     ) -> None:
         self.mnemonic = mnemonic
-        """Lower-case mnemonic, e.g. ``buffer_store_dwordx4``."""
         self.args = args
-        """Everything after the mnemonic, comment removed."""
         self.line = line
-        """1-based line number in the text."""
         self.index = index
-        """Position among the program's instructions."""
         self.block = block
-        """Index of its basic block."""
         self.pos = pos
-        """Position within its basic block."""
         self._ops: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._regs: dict[int, tuple[Reg, ...]] | None = None
 
     @property
     def text(self) -> str:
-        """The instruction as written, without its comment."""
         return f"{self.mnemonic} {self.args}" if self.args else self.mnemonic
 
     def __repr__(self) -> str:
@@ -193,12 +172,10 @@ class Instruction:
 
     @property
     def operands(self) -> tuple[str, ...]:
-        """Operand tokens in order (registers, literals, labels)."""
         return self._split()[0]
 
     @property
     def modifiers(self) -> tuple[str, ...]:
-        """Trailing modifiers such as ``offen``, ``offset:16``, ``sc0``, ``op_sel:[0,1]``."""
         return self._split()[1]
 
     def regs(self, i: int) -> tuple[Reg, ...]:
@@ -213,7 +190,7 @@ class Instruction:
 
     @property
     def wait_states(self) -> int:
-        """Wait states this instruction provides: ``s_nop K`` gives K+1 (K is 4 bits), others 1."""
+        """``s_nop K`` gives K+1 wait states (K is 4 bits), others 1."""
         if self.mnemonic == "s_nop":
             ops = self.operands
             k = _parse_int(ops[0]) if ops else 0
@@ -227,15 +204,14 @@ class Instruction:
 
     @property
     def is_load(self) -> bool:
-        """A memory instruction that writes loaded data into VGPRs/AGPRs (not the VALU)."""
+        """Loaded data lands in VGPRs/AGPRs without the VALU."""
         return self.mnemonic.startswith(_LOAD_PREFIXES)
 
     def valu_vector_defs(self) -> tuple[Reg, ...]:
-        """VGPR/AGPR ranges this instruction writes through the vector ALU.
+        """VGPR/AGPR ranges written through the vector ALU.
 
-        The destination is the first operand; ``v_swap*`` writes its first two operands;
-        ``v_movreld``/``v_movrelsd`` write an M0-relative register, counted as any VGPR.
-        SGPR destinations (``v_readfirstlane``, ``v_cmp_*_e64``) are not vector writes.
+        ``v_swap*`` writes two operands; ``v_movrel*d`` writes an M0-relative register, counted
+        as any VGPR; SGPR destinations (``v_readfirstlane``, ``v_cmp_*_e64``) do not count.
         """
         if not self.is_valu:
             return ()
@@ -253,7 +229,6 @@ class Instruction:
         return tuple(r for r in defs if r.is_vector)
 
     def vector_defs(self) -> tuple[Reg, ...]:
-        """Every VGPR/AGPR range this instruction writes: VALU results and loaded data."""
         if self.is_valu:
             return self.valu_vector_defs()
         if self.is_load:
@@ -262,7 +237,6 @@ class Instruction:
 
     @property
     def branch_target(self) -> str | None:
-        """The label of ``s_branch``/``s_cbranch_*``, else None."""
         if self.mnemonic == "s_branch" or self.mnemonic.startswith("s_cbranch_"):
             ops = self.operands
             return ops[0] if ops else None
@@ -270,25 +244,21 @@ class Instruction:
 
     @property
     def ends_path(self) -> bool:
-        """``s_endpgm``, ``s_setpc``, ``s_swappc``...: no successor is followed."""
         return self.mnemonic in _PATH_ENDS
 
 
 @dataclass
 class Block:
-    """A basic block: instructions that run in sequence, entered at the top."""
 
     index: int
     labels: list[str] = field(default_factory=list)
     kernel: str | None = None
     line: int = 0
-    """Line of its first label or instruction."""
     instructions: list[Instruction] = field(default_factory=list)
     successors: list[int] = field(default_factory=list)
 
     @property
     def name(self) -> str:
-        """Its first branch-target-like label (``.LBB0_3``, a function), or ``line N``."""
         for label in self.labels:
             if not label.startswith((".Ltmp", ".Lfunc", ".Ldebug", ".Lcfi")):
                 return label
@@ -297,37 +267,28 @@ class Block:
 
 @dataclass
 class Program:
-    """A parsed AMDGCN text."""
 
     instructions: list[Instruction]
     blocks: list[Block]
     labels: dict[str, int]
-    """Label -> block index."""
     kernels: list[str]
-    """Function labels in order of appearance."""
     target: str | None
-    """The ``.amdgcn_target`` string, if present."""
     memory_writes: list[Instruction] = field(default_factory=list)
-    """Instructions whose mnemonic names a store or an atomic, in order (what store
-    rules examine, without walking every instruction)."""
+    """Store and atomic instructions in order, so store rules need not walk every instruction."""
 
     @property
     def block_of(self) -> list[int]:
-        """Instruction index -> block index (also ``instructions[i].block``)."""
         return [ins.block for ins in self.instructions]
 
     @property
     def pos_in_block(self) -> list[int]:
-        """Instruction index -> position within its block (also ``instructions[i].pos``)."""
         return [ins.pos for ins in self.instructions]
 
     @property
     def arch(self) -> str | None:
-        """``gfxNNN`` taken from ``.amdgcn_target`` (e.g. ``amdgcn-amd-amdhsa--gfx942``)."""
         return arch_from_target(self.target)
 
     def kernel_of(self, ins: Instruction) -> str | None:
-        """The function label the instruction belongs to."""
         return self.blocks[ins.block].kernel
 
 
@@ -382,7 +343,6 @@ def _code_spans(text: str) -> list[tuple[int, int]]:
 
 
 def _link(blocks: list[Block], labels: dict[str, int]) -> None:
-    """Fill in every block's successors."""
     n = len(blocks)
     for b in blocks:
         last = b.instructions[-1] if b.instructions else None
@@ -403,7 +363,6 @@ def _link(blocks: list[Block], labels: dict[str, int]) -> None:
 
 
 def _operand_text(rest: str) -> str:
-    """An instruction line after its mnemonic, without a ``;`` or ``//`` comment."""
     for marker in (";", "//"):
         cut = rest.find(marker)
         if cut >= 0:
@@ -493,10 +452,9 @@ _LABEL_RE = re.compile(r"\n[ \t]*(?=([^\s;:,\"'#\[\]/]+))\1:([ \t]*[^\s;/])?")
 
 
 class TextView:
-    """Reads instructions straight from AMDGCN text, on demand, with the same line rules as
-    :func:`parse` but without building blocks: what a rule that looks a few instructions
-    past a store needs. :attr:`simple` is False for texts it does not follow exactly (a
-    label followed by more on its line); use :func:`parse` for those.
+    """Reads instructions from AMDGCN text on demand, with :func:`parse`'s line rules but no
+    blocks: a rule that looks a few instructions past a store need not parse a whole cache
+    file. :attr:`simple` is False where it does not follow the text exactly; parse those.
     """
 
     def __init__(self, text: str | bytes) -> None:
@@ -528,17 +486,15 @@ class TextView:
 
     @property
     def simple(self) -> bool:
-        """True when this view reads the text exactly as :func:`parse` does."""
         return self._simple
 
     @property
     def arch(self) -> str | None:
-        """``gfxNNN`` from ``.amdgcn_target``."""
         return arch_from_target(self.target)
 
     def lines_containing(self, needles: tuple[str, ...]) -> list[int]:
-        """Sorted offsets (of the newline before) of code lines containing any of the
-        lower-case ``needles``, case-insensitively. Needs :attr:`simple`."""
+        """Sorted offsets (of the newline before) of code lines containing any lower-case
+        ``needle``. Needs :attr:`simple`."""
         if self._lower is None:
             text = self.text
             if not text.isascii():  # lower() may change lengths; '?' per character does not
@@ -555,8 +511,7 @@ class TextView:
         return sorted(found)
 
     def instruction_at(self, offset: int) -> tuple[Instruction | None, int]:
-        """The instruction on the line at ``offset`` (None for a label, directive or junk)
-        and the offset of the next line."""
+        """The instruction at ``offset`` (None for a label, directive or junk), next line's offset."""
         m = _LINE_RE.match(self.text, offset)
         if m is None:
             nxt = self.text.find("\n", offset + 1)
@@ -564,8 +519,7 @@ class TextView:
         return self._instruction(m), m.end()
 
     def walk(self, offset: int) -> Iterator[tuple[Instruction, int]]:
-        """Instructions in text order from the line at ``offset`` on, across code spans,
-        with the offset of the line after each."""
+        """Instructions in text order from ``offset`` on, each with the next line's offset."""
         text = self.text
         for lo, hi in self.spans:
             if hi <= offset:
@@ -583,16 +537,14 @@ class TextView:
         return Instruction(tok.lower(), _operand_text(rest), 0, -1)
 
     def label_offset(self, name: str) -> int | None:
-        """Offset of the first code line defining label ``name``. Needs :attr:`simple`."""
+        """Needs :attr:`simple`."""
         return self._labels.get(name)
 
     def function_labels(self) -> list[tuple[int, str]]:
-        """(offset, name) of every label not starting with ``.`` (a kernel), in order.
-        Needs :attr:`simple`."""
+        """(offset, name) of every kernel label (not starting with ``.``). Needs :attr:`simple`."""
         return self._functions
 
     def line_numbers(self, offsets: list[int]) -> list[int]:
-        """1-based line numbers of the lines at ``offsets`` (sorted ascending)."""
         lines, pos, line = [], 0, 0
         for off in offsets:
             line += self.text.count("\n", pos, off + 1)
