@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     package = Path(args.package)
     if not package.is_dir():
-        print(f"docstring_lines: {package} is not a folder; give the package folder.", file=sys.stderr)
+        print(f"docstring_lines: {package} is not a folder; give the package folder.",
+              file=sys.stderr)
         return 2
     per_file = {p: count(p) for p in sorted(package.rglob("*.py"))}
     total = sum(n for n, _ in per_file.values())

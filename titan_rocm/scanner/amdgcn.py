@@ -511,7 +511,7 @@ class TextView:
         return sorted(found)
 
     def instruction_at(self, offset: int) -> tuple[Instruction | None, int]:
-        """The instruction at ``offset`` (None for a label, directive or junk), next line's offset."""
+        """The instruction at ``offset`` (None for a label or junk), next line's offset."""
         m = _LINE_RE.match(self.text, offset)
         if m is None:
             nxt = self.text.find("\n", offset + 1)

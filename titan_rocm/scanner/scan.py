@@ -115,7 +115,7 @@ class ScanReport:
     ``_on_rocm()`` gate)."""
     notes: list[str] = field(default_factory=list)
     cut_kernels: list[str] = field(default_factory=list)
-    """Kernels declared but never ended (no ``.size``): the file was cut and the rest not scanned."""
+    """Kernels declared but never ended (no ``.size``): the file was cut, the rest unscanned."""
 
     @property
     def hazardous(self) -> bool:
