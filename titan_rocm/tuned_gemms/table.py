@@ -1,11 +1,8 @@
 """Validated GEMM tables: built from ``tune run`` results, read by ``rocm.gemm_lookup``. Torch-free.
 
-A table file is one JSON object ``{"meta": {...}, "table": {...}}``. ``table`` maps Inductor
-lookup keys (``<device key>+<inputs key>+<op>``) to a one-entry list in the format of
-``torch._inductor.config.lookup_table.table``: ``template_id``, the template's full keyword
-parameters and ``template_hash``. Only a candidate whose result is ``pass`` enters; a
-problem's winner is written under every key its lowering asks for (addmm asks twice).
-The file is written to a temporary file in the same directory and renamed over the target.
+Entries are in ``torch._inductor.config.lookup_table.table``'s format, so Inductor reads them
+unchanged; only ``pass`` results enter, and a winner goes under every key its lowering asks
+for (addmm asks twice). Format: docs/validated-tuning.md.
 """
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ class LookupTableError(ValueError):
 
 
 def entry_of(result: dict[str, Any]) -> dict[str, Any]:
-    """The lookup-table entry of a ``result`` record."""
     entry = {"template_id": result["template_id"], **result.get("params", {})}
     if result.get("template_hash") is not None:
         entry["template_hash"] = result["template_hash"]
@@ -44,19 +40,17 @@ def full_key(device_key: str | None, key: str) -> str:
 
 @dataclass
 class ProblemChoice:
-    """What the table holds for one problem, and why."""
 
     key: str
     op: str
     winner: dict[str, Any] | None
-    """The chosen ``result`` record (None: no validated candidate)."""
+    """None: no validated candidate."""
     reason: str
     tasks: int
     done: int
     statuses: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
         return {
             "key": self.key, "op": self.op, "reason": self.reason,
             "winner": None if self.winner is None else {
@@ -68,7 +62,6 @@ class ProblemChoice:
 
 @dataclass
 class Built:
-    """A built table and the per-problem decisions behind it."""
 
     meta: dict[str, Any]
     table: dict[str, list[dict[str, Any]]]
@@ -77,11 +70,9 @@ class Built:
 
     @property
     def missing(self) -> list[ProblemChoice]:
-        """Problems with no validated winner."""
         return [d for d in self.decisions if d.winner is None]
 
     def to_bytes(self) -> bytes:
-        """The table file's bytes."""
         return (json.dumps({"meta": self.meta, "table": self.table}, indent=1, sort_keys=True)
                 + "\n").encode()
 
@@ -118,12 +109,8 @@ def _decide(key: str, problem: dict[str, Any], results: list[dict[str, Any]],
 
 
 def build(state: State, min_speedup: float = 1.0, created: str | None = None) -> Built:
-    """The table of a results :class:`State`.
-
-    Raises:
-        LookupTableError: not a results file of ``tune run``, or results from several devices or
-            software versions mixed in one file.
-    """
+    """The table of a results :class:`State`; raises LookupTableError for results that are not
+    ``tune run``'s, or that mix devices or software versions."""
     if state.run is None:
         raise LookupTableError(
             "no 'run' record: not a results file written by `titan-rocm tune run`"
@@ -158,13 +145,11 @@ def build(state: State, min_speedup: float = 1.0, created: str | None = None) ->
 
 
 def write(built: Built, path: str | Path) -> None:
-    """Write the table file atomically (temporary file + rename)."""
     write_atomic(Path(path), built.to_bytes())
 
 
 @dataclass(frozen=True)
 class TableFile:
-    """A table read back: its meta, its entries and the file's sha256."""
 
     path: Path
     meta: dict[str, Any]
@@ -173,12 +158,7 @@ class TableFile:
 
 
 def parse(data: bytes, path: str | Path) -> TableFile:
-    """Parse a table file's bytes.
-
-    Raises:
-        LookupTableError: not JSON, or not ``{"meta": {...}, "table": {key: [entry, ...]}}`` with a
-            ``template_id`` in every entry.
-    """
+    """Parse a table file's bytes; raises LookupTableError when it is not a table."""
     try:
         doc = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -201,11 +181,7 @@ def parse(data: bytes, path: str | Path) -> TableFile:
 
 
 def read(path: str | Path) -> TableFile:
-    """Read a table file.
-
-    Raises:
-        LookupTableError: unreadable or not a table (see :func:`parse`).
-    """
+    """Read a table file; raises LookupTableError when unreadable or not a table."""
     try:
         data = read_regular(path)  # a FIFO is refused, never waited on
     except OSError as exc:
@@ -220,7 +196,6 @@ def meta_mismatches(meta: dict[str, Any], env: dict[str, Any]) -> list[str]:
 
 
 def coverage(table: TableFile, problem_keys: list[list[str]]) -> dict[str, Any]:
-    """How many problems (each given by its call keys) the table answers."""
     device_key = table.meta.get("device_key")
     covered = [keys for keys in problem_keys
                if any(full_key(device_key, k) in table.table or k in table.table for k in keys)]
@@ -232,9 +207,7 @@ def problems_coverage(table_path: str | Path, problems_path: str | Path,
                       model: str | None = None, flavor: str | None = None) -> dict[str, Any]:
     """How many of a job's collected problems a table answers (``titan-rocm plan``).
 
-    Raises:
-        LookupTableError: the table cannot be read.
-        ProblemsError: the problems file cannot be read, or comes from another model/flavor.
+    Raises LookupTableError or ProblemsError when a file cannot be read or does not match.
     """
     from titan_rocm.tuned_gemms import problems as problems_module
 
