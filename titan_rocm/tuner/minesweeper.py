@@ -1,16 +1,10 @@
 """The minesweeper: the one process that runs candidate kernels, reused until one kills it.
 
-Its worker (:mod:`titan_rocm.tuner.runner`) starts it pinned to one GPU. It initialises
-the device, then says ``ready`` (so its start-up never counts against ``--timeout``). For
-each problem it compiles a one-op program under the job's settings with
-:class:`~titan_rocm.tuned_gemms.choices.EnumeratingChoices`, so Inductor offers exactly the
-candidates training would, and wraps ``AlgorithmSelectorCache.benchmark_choices`` (the one
-place that holds the ATen and the template inputs and outputs) to check each candidate:
-fill the output with NaN, run once, synchronise, compare with the ATen result and a float64
-reference; time it only if it passed. Every step is reported to the worker, which owns the
-clock: ``started`` (then it waits for ``go``: the record is on disk), ``loaded``,
-``checked``, ``result``. After a device error it reports ``cuda_error`` and exits: a device
-that saw an error is not trusted with the next candidate.
+It compiles each problem under the job's settings so Inductor offers exactly the candidates
+training would, and hooks ``benchmark_choices`` (the one place holding the ATen and template
+inputs and outputs) to check each candidate against ATen and a float64 reference before
+timing it. Its worker owns the clock. After a device error it exits: a device that saw one is
+not trusted with the next candidate. Docs: docs/validated-tuning.md.
 """
 
 from __future__ import annotations
@@ -69,7 +63,6 @@ def _reference(op: str, args: list[Any], scalars: dict[str, Any]) -> Any:
 
 @dataclass
 class Reference:
-    """The ATen result and the float64 reference of a problem, and the tolerance."""
 
     aten: Any
     exact: Any
@@ -78,7 +71,6 @@ class Reference:
 
 
 def make_reference(problem: Problem, autotune_args: Any, fudge: float) -> Reference:
-    """Compute the references from the ATen inputs Inductor made for the benchmark."""
     import torch
 
     inputs, out = autotune_args.get_benchmark_tensors(True).unpack()
@@ -100,7 +92,6 @@ def _fill(out: Any) -> None:
 
 
 def _runner(choice: Any, inputs: list[Any], out: Any) -> tuple[Any, Any]:
-    """(run once, clean up) for a ChoiceCaller; run writes ``out``."""
     target, args, dest = choice, list(inputs), out
     pre = getattr(choice, "_preprocessor", None)  # DataProcessorChoiceCallerWrapper (CPP)
     post = getattr(choice, "_postprocessor", None)
@@ -128,7 +119,6 @@ def _classify(error: BaseException) -> str:
 
 @dataclass
 class Candidate:
-    """One candidate of the problem being tuned."""
 
     choice: Any
     task: str
@@ -139,7 +129,6 @@ class Candidate:
     representable: bool
 
     def record(self, problem: Problem) -> dict[str, Any]:
-        """The identity fields every record of this task carries."""
         return {"task": self.task, "key": problem.key, "op": problem.op,
                 "call_key": self.call_key, "template_id": self.template_id,
                 "params": self.params, "template_hash": self.template_hash,
@@ -184,7 +173,6 @@ def candidates_of(problem: Problem, choices: list[Any], env: dict[str, Any]) -> 
 
 @dataclass
 class Target:
-    """The problem this minesweeper is tuning, and what it has reported."""
 
     index: int
     problem: Problem
@@ -223,7 +211,6 @@ class Target:
         return choices
 
     def validate(self, choices: list[Any], autotune_args: Any) -> dict[Any, float]:
-        """The hooked ``benchmark_choices``: check and time each of our candidates."""
         present = {id(c) for c in choices}
         for cand in self.candidates.values():
             if id(cand.choice) not in present and cand.task not in self.skip:
@@ -253,7 +240,6 @@ class Target:
         return timings
 
     def run(self, cand: Candidate, autotune_args: Any, ref: Reference) -> dict[str, Any]:
-        """Load, run once, check and (on a pass) time one candidate."""
         import torch
 
         from titan_rocm.tuned_gemms.choices import is_extern
@@ -311,8 +297,7 @@ _ACTIVE: list[Target] = []
 
 
 def install_benchmark_hook() -> None:
-    """Route ``benchmark_choices`` of the tuned lowering to :meth:`Target.validate` (once; a
-    patch of :mod:`titan_rocm.patches`)."""
+    """Route the tuned lowering's ``benchmark_choices`` to :meth:`Target.validate` (once)."""
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
     patches.patch(AlgorithmSelectorCache, "benchmark_choices", _validating, by="titan-rocm tune")
@@ -345,7 +330,6 @@ def _tensor(spec: TensorSpec, device: str) -> Any:
 
 
 def program(problem: Problem) -> Any:
-    """The one-op function whose compile lowers ``problem``."""
     import torch
 
     alpha, beta = problem.scalars.get("alpha", 1), problem.scalars.get("beta", 1)
@@ -392,7 +376,6 @@ def tune_problem(conn: Any, index: int, problem: Problem, skip: set[str],
 
 
 def setup(options: dict[str, Any]) -> dict[str, Any]:
-    """Configure Inductor for tuning, apply the job's codegen settings, initialise the device."""
     import torch
     import torch._inductor.config as inductor_config
 

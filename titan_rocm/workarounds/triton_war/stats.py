@@ -1,12 +1,8 @@
 """What the compile wrapper did, in this process and in every compile worker.
 
-Each process where the wrapper runs (the trainer and Inductor's compile workers) counts
-its compiles in a :class:`Stats`. When ``TITAN_ROCM_TRITON_WAR_STATS_DIR`` names a
-directory, every process also appends one JSON line per compile to
-``<dir>/<host>-<pid>.jsonl``; :func:`collect` merges those files, so the trainer (or
-``python -m titan_rocm.workarounds.triton_war.stats DIR``) sees what the workers did.
-
-Light: imports neither torch nor triton.
+Inductor's compile workers are other processes, so with ``TITAN_ROCM_TRITON_WAR_STATS_DIR``
+set each appends a JSON line per compile to ``<dir>/<host>-<pid>.jsonl`` and :func:`collect`
+merges them. Imports neither torch nor triton.
 """
 
 from __future__ import annotations
@@ -46,30 +42,24 @@ _NAMED: tuple[str, ...] = (PATCHED, RESIDUAL, UNSCANNED)
 
 @dataclass
 class Stats:
-    """Counts of one or more processes' compiles through the wrapper."""
 
     scanned: int = 0
-    """HIP kernels whose AMDGCN was scanned (clean + hazardous)."""
     skipped_non_hip: int = 0
     unscanned: int = 0
     hazardous: int = 0
-    """Kernels the scan flagged (patched + residual)."""
     patched: int = 0
     residual: int = 0
     names: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in _NAMED})
-    """Kernel names by outcome, for patched, residual and unscanned kernels."""
+    """For patched, residual and unscanned kernels."""
     processes: int = 1
-    """Processes merged into these counts."""
     bad_lines: int = 0
     """Stats-file lines that could not be read (truncated writes), when merged."""
 
     @property
     def compiled(self) -> int:
-        """Compiles seen by the wrapper (every outcome)."""
         return self.scanned + self.skipped_non_hip + self.unscanned
 
     def add(self, outcome: str, kernel: str) -> None:
-        """Count one compile with ``outcome`` (one of :data:`OUTCOMES`)."""
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r}; accepted: {', '.join(OUTCOMES)}")
         if outcome in (CLEAN, PATCHED, RESIDUAL):
@@ -88,7 +78,6 @@ class Stats:
             self.names[outcome].append(kernel)
 
     def merge(self, other: Stats) -> None:
-        """Add ``other``'s counts to these."""
         for name in ("scanned", "skipped_non_hip", "unscanned", "hazardous", "patched",
                      "residual", "processes", "bad_lines"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -97,7 +86,6 @@ class Stats:
             mine.extend(k for k in kernels if k not in mine)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (``titan-rocm plan``, logs)."""
         return json_form(
             self, "compiled scanned skipped_non_hip unscanned hazardous patched residual names "
             "processes bad_lines", names={k: list(v) for k, v in self.names.items()})
@@ -108,7 +96,6 @@ _local = Stats()
 
 
 def local() -> Stats:
-    """This process's counts (a copy)."""
     with _lock:
         copy = Stats(processes=1)
         copy.merge(_local)
@@ -124,13 +111,10 @@ def reset_local() -> None:
 
 
 def stats_file(directory: str | os.PathLike[str]) -> Path:
-    """This process's stats file in ``directory``."""
     return Path(directory) / f"{socket.gethostname()}-{os.getpid()}.jsonl"
 
 
 def record(outcome: str, kernel: str, **details: Any) -> None:
-    """Count one compile here and, when ``TITAN_ROCM_TRITON_WAR_STATS_DIR`` is set, append it
-    to this process's stats file there."""
     with _lock:
         _local.add(outcome, kernel)
         directory = os.environ.get(ENV_STATS_DIR)
@@ -148,7 +132,6 @@ def record(outcome: str, kernel: str, **details: Any) -> None:
 
 
 def read_file(path: str | os.PathLike[str]) -> Stats:
-    """The counts recorded in one stats file."""
     stats = Stats()
     with open(path, encoding="utf-8", errors="replace") as f:
         for raw in f:
@@ -161,15 +144,8 @@ def read_file(path: str | os.PathLike[str]) -> Stats:
 
 
 def collect(directory: str | os.PathLike[str] | None = None) -> Stats:
-    """Merged counts of every process that wrote to ``directory``.
-
-    ``directory`` defaults to ``$TITAN_ROCM_TRITON_WAR_STATS_DIR``; without either, the
-    counts of this process alone. With a directory, this process's counts come from its
-    own file there like everyone else's (no double counting).
-
-    Raises:
-        FileNotFoundError: ``directory`` does not exist.
-    """
+    """Merged counts of every process that wrote to ``directory`` (default: the environment's;
+    without one, this process alone). Raises FileNotFoundError for a missing directory."""
     directory = directory or os.environ.get(ENV_STATS_DIR)
     if not directory:
         return local()
