@@ -1,22 +1,11 @@
 """Make the Triton compile wrapper active in every process where Triton compiles.
 
-Inductor compiles in a pool of subprocesses (``torch/_inductor/compile_worker``) started
-with the trainer's environment and with ``PYTHONPATH`` set to the trainer's ``sys.path``.
-A wrapper installed only in the trainer never sees those compiles. So the converter calls
-:func:`export`, which
-
-* sets ``TITAN_ROCM_TRITON_WAR=1`` (+ rule, strict, stats directory) in ``os.environ``;
-* puts the directory holding titan-rocm's ``sitecustomize.py`` (:func:`boot_dir`) first
-  on ``sys.path`` and ``PYTHONPATH`` (and ``TORCH_CUSTOM_PYTHONPATH`` when set, since
-  Inductor then uses it instead of ``sys.path``).
-
-A child interpreter imports that ``sitecustomize`` at start-up; it calls :func:`boot`,
-which installs the wrapper right after ``triton`` is imported (or at once if it already
-is). Nothing is written to site-packages, so this works the same for ``pip install .``,
-``pip install -e .`` and a bare ``PYTHONPATH`` checkout.
-
-This module must stay cheap: it runs at the start of every child interpreter. It imports
-neither torch, triton nor torchtitan until ``triton`` itself is imported.
+Inductor compiles in subprocesses started with the trainer's environment, where a wrapper
+installed in the trainer never runs. :func:`export` sets ``TITAN_ROCM_TRITON_WAR*`` and puts
+titan-rocm's ``sitecustomize.py`` first on the path (``TORCH_CUSTOM_PYTHONPATH`` too, which
+Inductor then uses instead), so each child installs the wrapper when it imports ``triton``.
+Nothing is written to site-packages, so editable, wheel and ``PYTHONPATH`` installs behave
+alike. Kept cheap: it runs at the start of every child interpreter.
 """
 
 from __future__ import annotations
@@ -40,16 +29,11 @@ _TRIGGER = "triton"
 
 
 def boot_dir() -> str:
-    """The directory holding titan-rocm's ``sitecustomize.py``."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
 
 
 def settings_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, bool]:
-    """(rule, strict) from the environment.
-
-    Raises:
-        ValueError: naming the variable, its bad value and the accepted values.
-    """
+    """(rule, strict) from the environment; raises ValueError naming the bad variable."""
     env = os.environ if environ is None else environ
     rule = env.get(ENV_RULE, DEFAULT_HAZARD_RULE)
     if rule not in RULE_NAMES:
@@ -61,7 +45,6 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, bo
 
 
 def worker_environment(rule: str, strict: bool, stats_dir: str | None) -> dict[str, str]:
-    """The variables a child needs to install the wrapper itself (see :func:`export`)."""
     env = {ENV_ENABLE: "1", ENV_RULE: rule, ENV_STRICT: "1" if strict else "0"}
     if stats_dir:
         env[ENV_STATS_DIR] = stats_dir
@@ -81,10 +64,8 @@ def export(
     environ: MutableMapping[str, str] | None = None,
     path: list[str] | None = None,
 ) -> dict[str, str]:
-    """Arrange for every Python started from now on by this process to install the wrapper.
-
-    Returns the environment variables set (for logs and ``plan``).
-    """
+    """Make every Python this process starts from now on install the wrapper; return the
+    variables set (for logs and ``plan``)."""
     env = os.environ if environ is None else environ
     sys_path = sys.path if path is None else path
     values = worker_environment(rule, strict, stats_dir)
@@ -140,8 +121,8 @@ _hook = AfterImport(_TRIGGER, lambda _module: _install_from_env())
 
 
 def boot() -> None:
-    """Called by titan-rocm's ``sitecustomize`` at interpreter start: if
-    ``TITAN_ROCM_TRITON_WAR=1``, install the wrapper when ``triton`` is imported."""
+    """At interpreter start (``sitecustomize``): with ``TITAN_ROCM_TRITON_WAR=1``, install the
+    wrapper once ``triton`` is imported."""
     if os.environ.get(ENV_ENABLE) != "1":
         return
     _hook.arm()
