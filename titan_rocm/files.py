@@ -15,6 +15,7 @@ from pathlib import Path
 
 
 def describe_mode(mode: int) -> str:
+    """What a file of ``st_mode`` ``mode`` is, for a message: ``a named pipe (FIFO)``..."""
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):

@@ -37,6 +37,7 @@ class Bounds:
     """Values accepted outside the range (``-1``: every rank left over)."""
 
     def accepted(self) -> str:
+        """``a number > 0 and <= 86400 (seconds)``: the accepted values, for messages."""
         what = "an integer" if self.kind is int else "a number"
         low = f"> {_fmt(self.low)}" if self.low_open else f">= {_fmt(self.low)}"
         high = f"< {_fmt(self.high)}" if self.high_open else f"<= {_fmt(self.high)}"
@@ -99,6 +100,7 @@ class Bounds:
     def arg_many(self, name: str, *, sep: str, form: str, count: int | None = None,
                  distinct: bool = False, words: tuple[str, ...] = (),
                  ) -> Callable[[str], tuple[float | int, ...] | str]:
+        """An argparse ``type=`` for an option of several numbers (:meth:`parse_many`)."""
         return argparse_type(lambda text: self.parse_many(
             text, name, sep=sep, form=form, count=count, distinct=distinct, words=words),
             name, self)

@@ -35,6 +35,7 @@ INTERNAL_KEYS = frozenset({
 
 
 def value_text(value: Any) -> str:
+    """One value in the plan's one style: a string bare, anything else as JSON."""
     return value if isinstance(value, str) else json.dumps(value, default=str)
 
 
@@ -104,6 +105,7 @@ def _cost(d: dict[str, Any], converters: list[str], sources: list[str]) -> str:
 
 
 def verdict_lines(plan: dict[str, Any]) -> list[str]:
+    """The opening block: what changes in this run and what it costs, what was not simulated."""
     m = plan["model"]
     world = plan.get("world_size")
     where = plan["platform"].get("arch") or "this machine"

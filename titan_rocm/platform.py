@@ -53,6 +53,7 @@ DEFAULT_SIMULATED_AITER = "0.1.7"
 
 
 def aiter_choices_help() -> str:
+    """The ``--aiter`` choices with what each simulates, for both commands' ``--help``."""
     named = [f"{name}: {aiter.label}" for name, aiter in SIMULATED_AITERS.items()]
     return "; ".join([*named, "absent: no aiter"])
 API_GENERATIONS: tuple[str, ...] = ("0.1.7", "main")
@@ -83,6 +84,7 @@ def api_generation(version: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class AiterFacts:
+    """The installed aiter: its version, and the arch its ``get_gfx()`` answers."""
 
     version: str | None
     """``main`` when simulated; None unknown."""
@@ -91,12 +93,15 @@ class AiterFacts:
 
     @property
     def generation(self) -> str | None:
+        """The API generation (``0.1.7`` or ``main``); None when the version is unknown."""
         return api_generation(self.version)
 
     def mismatch(self, device_arch: str | None) -> bool:
+        """aiter's ``get_gfx()`` names another arch than the device's."""
         return device_arch is not None and self.gfx is not None and self.gfx != device_arch
 
     def describe(self) -> str:
+        """E.g. ``aiter 0.1.7.post2.dev18 (API 0.1.7), get_gfx() gfx950 (GPU_ARCHS ...)``."""
         generation = self.generation or "unknown"
         return (
             f"aiter {self.version or 'version unknown'} (API {generation}), "
@@ -182,6 +187,7 @@ class PlatformFacts:
 
     @property
     def is_rocm(self) -> bool:
+        """The torch build is a ROCm (HIP) build."""
         return self.hip_version is not None
 
     @property
@@ -191,6 +197,7 @@ class PlatformFacts:
 
     @property
     def arch(self) -> ArchFacts | None:
+        """Per-architecture facts for device 0, or None when unknown or not ROCm."""
         if self.gfx_arch is None:
             return None
         try:
@@ -204,6 +211,7 @@ class PlatformFacts:
         return self.aiter_spec_found and self.is_rocm and self.device_count > 0
 
     def describe(self) -> str:
+        """One line for logs and ``titan-rocm plan``."""
         if self.is_rocm:
             where = f"ROCm {self.hip_version}, {self.gcn_arch_name or 'no device'}"
         elif self.cuda_version:

@@ -56,6 +56,7 @@ class Progress:
             self._line(now)
 
     def line(self) -> str:
+        """The progress as one line (what goes out when not on a terminal)."""
         return self._text(time.monotonic())
 
     def _text(self, now: float) -> str:

@@ -105,6 +105,7 @@ SUPPORTED = "titan-rocm supports TorchTitan 0.2.2 (converters) and 0.3.0 (config
 
 @dataclass(frozen=True)
 class Installed:
+    """What :func:`detect` found: the distribution's version and the API its files have."""
 
     version: str | None
     """What it says, not what it is."""
@@ -126,6 +127,7 @@ class Installed:
         return text
 
     def unsupported(self) -> str | None:
+        """The sentence for a TorchTitan with neither API shape (None: it has one)."""
         if self.location is None or self.shape is not None:
             return None
         found = ", ".join(self.found) or "none of them"

@@ -36,6 +36,7 @@ class CaptureSafeInterrupted(Exception):
 
 
 def written_text(written: Sequence[Path], not_written: Sequence[Path]) -> str:
+    """``written: a, b; not written: c`` (or ``nothing written``) for a message."""
     if not written:
         return "nothing written"
     text = f"written {len(written)} of {len(written) + len(not_written)} table(s): "
@@ -51,6 +52,7 @@ MAX_NOTES = 10_000
 
 @dataclass(frozen=True)
 class RowNote:
+    """A row worth showing: removed, or with a kernelName/solidx disagreement."""
 
     line: int
     arch: str
@@ -75,6 +77,7 @@ class Notes:
     not_listed: int = 0
 
     def add(self, note: RowNote) -> None:
+        """List ``note``, or count it once the budget is spent."""
         if self.budget[0] > 0:
             self.budget[0] -= 1
             self.kept.append(note)
@@ -87,6 +90,7 @@ class Notes:
 
 @dataclass
 class FileResult:
+    """What the operation decided for one input table."""
 
     path: Path
     output: Path | None
@@ -102,15 +106,18 @@ class FileResult:
 
     @property
     def rows(self) -> int:
+        """Data rows read."""
         return sum(self.counts.values())
 
     @property
     def removed_rows(self) -> int:
+        """Data rows removed."""
         return len(self.removed)
 
 
 @dataclass
 class Result:
+    """The outcome of one ``capture-safe`` run."""
 
     policy: str
     check: bool
@@ -125,9 +132,11 @@ class Result:
 
     @property
     def disagreements(self) -> int:
+        """Rows whose kernelName and solidx disagree about split-K, across all files."""
         return sum(len(f.disagreements) for f in self.files)
 
     def rule_counts(self) -> list[dict[str, object]]:
+        """Per rule: whether it holds, why, rows removed and rows it would remove if held."""
         removed: Counter[str] = Counter()
         fixed: Counter[str] = Counter()
         for f in self.files:
@@ -436,6 +445,7 @@ def _count_rows(counts: Counter[tuple[str, str, bool]]) -> list[dict[str, object
 
 
 def totals(result: Result) -> Counter[tuple[str, str, bool]]:
+    """(arch, libtype, removed) → rows, summed over all files."""
     total: Counter[tuple[str, str, bool]] = Counter()
     for file_result in result.files:
         total.update(file_result.counts)

@@ -24,6 +24,7 @@ class ArchError(ValueError):
 
 @dataclass(frozen=True)
 class RowJudgement:
+    """The decision about one row."""
 
     unsafe: bool
     reason: str
@@ -32,6 +33,7 @@ class RowJudgement:
 
 
 def arches_for_cu_num(cu_num: str, archs: Mapping[str, ArchFacts] = ARCHS) -> list[str]:
+    """The architectures whose ``cu_nums`` include ``cu_num`` (a table field, as text)."""
     try:
         value = int(cu_num.strip())
     except ValueError:
@@ -78,10 +80,12 @@ def row_arch(
 
 
 def in_splitk_range(solidx: int, facts: ArchFacts) -> bool:
+    """Whether ``solidx`` is the id of a capture-unsafe split-K opus kernel on that arch."""
     return any(low <= solidx < high for low, high in facts.opus_splitk_solidx_ranges)
 
 
 def name_says_splitk(kernel_name: str) -> bool:
+    """Whether an opus kernel's name marks it as split-K."""
     return "splitk" in kernel_name.lower()
 
 
@@ -102,6 +106,7 @@ def parse_integer(text: str, field: str) -> int:
 
 
 def parse_solidx(text: str) -> int:
+    """Parse a ``solidx`` field (:func:`parse_integer`)."""
     return parse_integer(text, "solidx")
 
 

@@ -27,6 +27,7 @@ class Marker:
     text: str
 
     def found_in(self, root: Path) -> Path | None:
+        """The first file under ``root`` matching :attr:`path` that holds :attr:`text`."""
         for candidate in sorted(root.glob(self.path)):
             try:
                 if self.text in candidate.read_text(encoding="utf-8", errors="replace"):
@@ -36,6 +37,7 @@ class Marker:
         return None
 
     def describe(self) -> str:
+        """``'text' in aiter/path`` for a message."""
         return f"{self.text!r} in aiter/{self.path}"
 
 
@@ -160,6 +162,7 @@ RULE_NAMES: tuple[str, ...] = tuple(rule.name for rule in RULES)
 
 @dataclass(frozen=True)
 class RuleState:
+    """Whether one rule holds for the aiter in question, and why (one sentence)."""
 
     rule: CaptureRule
     holds: bool
@@ -171,12 +174,14 @@ class RuleState:
 
 @dataclass(frozen=True)
 class AiterRules:
+    """The rules in force and how the aiter they describe was known."""
 
     known_as: str
     """``installed at PATH``, ``--aiter NAME: ...``, or ``unknown`` (every rule holds)."""
     states: tuple[RuleState, ...]
 
     def holding(self) -> list[CaptureRule]:
+        """The rules that hold, in :data:`RULES` order."""
         return [s.rule for s in self.states if s.holds]
 
     def to_dict(self) -> dict[str, object]:

@@ -37,6 +37,7 @@ class GemmTableError(ValueError):
 
 @dataclass(frozen=True)
 class TableLine:
+    """One CSV record: its original bytes and, for data rows, its parsed fields."""
 
     line: int
     raw: bytes
@@ -96,6 +97,7 @@ def iter_records(lines: Iterable[bytes], where: str = "line ") -> Iterator[tuple
 
 
 def split_records(data: bytes, where: str = "line ") -> list[tuple[int, bytes]]:
+    """All records of ``data`` (see :func:`iter_records`)."""
     return list(iter_records(physical_lines([data]), where))
 
 
@@ -170,6 +172,7 @@ class Table:
 
     @property
     def has_gfx(self) -> bool:
+        """Whether rows name their architecture in a ``gfx`` column."""
         return OPTIONAL_ARCH_COLUMN in self.columns
 
     def records(self) -> Iterator[TableLine]:

@@ -24,14 +24,17 @@ class Reg:
     hi: int
 
     def overlaps(self, other: Reg) -> bool:
+        """True when both ranges are in the same register file and share a register."""
         return self.file == other.file and self.lo <= other.hi and other.lo <= self.hi
 
     @property
     def count(self) -> int:
+        """Number of 32-bit registers in the range."""
         return self.hi - self.lo + 1
 
     @property
     def is_vector(self) -> bool:
+        """VGPR or AGPR."""
         return self.file in ("v", "a")
 
     def __str__(self) -> str:
@@ -143,6 +146,7 @@ def _split_operands(args: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 class Instruction:
+    """One machine instruction of the text."""
 
     __slots__ = ("mnemonic", "args", "line", "index", "block", "pos", "_ops", "_regs")
 
@@ -160,6 +164,7 @@ class Instruction:
 
     @property
     def text(self) -> str:
+        """The instruction as written, without its comment."""
         return f"{self.mnemonic} {self.args}" if self.args else self.mnemonic
 
     def __repr__(self) -> str:
@@ -172,10 +177,12 @@ class Instruction:
 
     @property
     def operands(self) -> tuple[str, ...]:
+        """Operand tokens in order (registers, literals, labels)."""
         return self._split()[0]
 
     @property
     def modifiers(self) -> tuple[str, ...]:
+        """Trailing modifiers such as ``offen``, ``offset:16``, ``sc0``, ``op_sel:[0,1]``."""
         return self._split()[1]
 
     def regs(self, i: int) -> tuple[Reg, ...]:
@@ -229,6 +236,7 @@ class Instruction:
         return tuple(r for r in defs if r.is_vector)
 
     def vector_defs(self) -> tuple[Reg, ...]:
+        """Every VGPR/AGPR range this instruction writes: VALU results and loaded data."""
         if self.is_valu:
             return self.valu_vector_defs()
         if self.is_load:
@@ -237,6 +245,7 @@ class Instruction:
 
     @property
     def branch_target(self) -> str | None:
+        """The label of ``s_branch``/``s_cbranch_*``, else None."""
         if self.mnemonic == "s_branch" or self.mnemonic.startswith("s_cbranch_"):
             ops = self.operands
             return ops[0] if ops else None
@@ -244,11 +253,13 @@ class Instruction:
 
     @property
     def ends_path(self) -> bool:
+        """``s_endpgm``, ``s_setpc``, ``s_swappc``...: no successor is followed."""
         return self.mnemonic in _PATH_ENDS
 
 
 @dataclass
 class Block:
+    """A basic block: instructions that run in sequence, entered at the top."""
 
     index: int
     labels: list[str] = field(default_factory=list)
@@ -259,6 +270,7 @@ class Block:
 
     @property
     def name(self) -> str:
+        """Its first branch-target-like label (``.LBB0_3``, a function), or ``line N``."""
         for label in self.labels:
             if not label.startswith((".Ltmp", ".Lfunc", ".Ldebug", ".Lcfi")):
                 return label
@@ -267,6 +279,7 @@ class Block:
 
 @dataclass
 class Program:
+    """A parsed AMDGCN text."""
 
     instructions: list[Instruction]
     blocks: list[Block]
@@ -278,17 +291,21 @@ class Program:
 
     @property
     def block_of(self) -> list[int]:
+        """Instruction index -> block index (also ``instructions[i].block``)."""
         return [ins.block for ins in self.instructions]
 
     @property
     def pos_in_block(self) -> list[int]:
+        """Instruction index -> position within its block (also ``instructions[i].pos``)."""
         return [ins.pos for ins in self.instructions]
 
     @property
     def arch(self) -> str | None:
+        """``gfxNNN`` taken from ``.amdgcn_target`` (e.g. ``amdgcn-amd-amdhsa--gfx942``)."""
         return arch_from_target(self.target)
 
     def kernel_of(self, ins: Instruction) -> str | None:
+        """The function label the instruction belongs to."""
         return self.blocks[ins.block].kernel
 
 
@@ -486,10 +503,12 @@ class TextView:
 
     @property
     def simple(self) -> bool:
+        """True when this view reads the text exactly as :func:`parse` does."""
         return self._simple
 
     @property
     def arch(self) -> str | None:
+        """``gfxNNN`` from ``.amdgcn_target``."""
         return arch_from_target(self.target)
 
     def lines_containing(self, needles: tuple[str, ...]) -> list[int]:
@@ -545,6 +564,7 @@ class TextView:
         return self._functions
 
     def line_numbers(self, offsets: list[int]) -> list[int]:
+        """1-based line numbers of the lines at ``offsets`` (sorted ascending)."""
         lines, pos, line = [], 0, 0
         for off in offsets:
             line += self.text.count("\n", pos, off + 1)

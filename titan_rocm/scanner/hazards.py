@@ -47,6 +47,7 @@ _SGPR_FILES = frozenset(
 
 @dataclass(frozen=True)
 class StoreSite:
+    """A vector-memory store and the registers holding its data."""
 
     instruction: Instruction
     kind: str
@@ -57,6 +58,7 @@ class StoreSite:
 
     @property
     def data_dwords(self) -> int:
+        """Number of 32-bit data registers."""
         return sum(r.count for r in self.data)
 
 
@@ -85,6 +87,7 @@ def store_site(ins: Instruction) -> StoreSite | None:
 
 @dataclass(frozen=True)
 class Finding:
+    """A hazardous store as a rule sees it (scan.Hazard adds file and kernel)."""
 
     store: Instruction
     writer: Instruction
@@ -95,6 +98,7 @@ class Finding:
 
 @dataclass
 class RuleResult:
+    """What a rule found in one program."""
 
     findings: list[Finding] = field(default_factory=list)
     stores_checked: int = 0
@@ -190,9 +194,11 @@ class StoreDataRule(Rule):
         self.retires = retires
 
     def quick_check(self, view: TextView, arch: str | None = None) -> RuleResult | None:
+        """:meth:`check` without a full parse when the text is clean and simple; else None."""
         return _quick_check(self, view, arch)
 
     def required(self, site: StoreSite) -> int | None:
+        """Wait states this rule requires after ``site``."""
         if site.kind != "buffer":
             return self.flat_window
         return self.sgpr_window if site.sgpr_soffset else self.literal_window

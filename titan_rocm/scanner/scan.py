@@ -68,6 +68,7 @@ class Hazard:
     file: str | None = None
 
     def to_dict(self) -> dict[str, object]:
+        """One hazard of ``titan-rocm scan --json``."""
         return json_form(self, STORE_KEYS, kind="buffer", recompile_fixes=True,
                          path=self.path if isinstance(self.path, str) else list(self.path))
 
@@ -90,6 +91,7 @@ class StoreInfo:
 
     @property
     def unprotected(self) -> bool:
+        """A VALU instruction overwrites the data within the window."""
         return self.writer is not None
 
     def to_dict(self) -> dict[str, object]:
@@ -348,6 +350,7 @@ class Search:
     """``"<path>: <why>"`` for each path reached twice: nothing left out."""
 
     def take(self, st: os.stat_result) -> bool:
+        """True the first time this file or directory is reached."""
         key = (st.st_dev, st.st_ino)
         if key in self.seen:
             return False

@@ -10,6 +10,7 @@ from typing import Any
 
 
 def environment() -> dict[str, Any]:
+    """This process's device and software (the ``env`` of records and table meta)."""
     import torch
 
     env: dict[str, Any] = {"device": "cpu", "device_key": None, "torch": torch.__version__,

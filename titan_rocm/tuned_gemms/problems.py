@@ -33,6 +33,7 @@ class ProblemsError(ValueError):
 
 @dataclass(frozen=True)
 class TensorSpec:
+    """One tensor's dtype (as ``str(torch.dtype)``), shape, strides and storage offset."""
 
     dtype: str
     shape: tuple[int, ...]
@@ -85,6 +86,7 @@ class Call:
 
 @dataclass(frozen=True)
 class Problem:
+    """One GEMM lowering of the job (see the module docstring)."""
 
     op: str
     calls: tuple[Call, ...]
@@ -100,17 +102,21 @@ class Problem:
 
     @property
     def keys(self) -> tuple[str, ...]:
+        """Every distinct lookup key the lowering asks for, in order."""
         return tuple(dict.fromkeys(c.key for c in self.calls))
 
     @property
     def args(self) -> tuple[TensorSpec, ...]:
+        """The op's own arguments (the first call's inputs)."""
         return self.calls[0].inputs
 
     @property
     def tunable(self) -> bool:
+        """Whether ``tune run`` can check this op's candidates against a reference."""
         return self.op in TUNABLE_OPS
 
     def to_dict(self) -> dict[str, Any]:
+        """A ``problem`` record without its ``type``."""
         return {"key": self.key, "op": self.op, "calls": [c.to_dict() for c in self.calls],
                 "output": self.output.to_dict(), "scalars": dict(self.scalars),
                 "count": self.count}
@@ -128,6 +134,7 @@ class Problem:
 
 
 def merge(problems: Iterable[Problem]) -> list[Problem]:
+    """One problem per key, in first-seen order, with the counts added up."""
     merged: dict[str, Problem] = {}
     for p in problems:
         seen = merged.get(p.key)
@@ -144,6 +151,7 @@ def job_id(job: dict[str, Any]) -> str:
 
 @dataclass
 class ProblemsFile:
+    """A problems file: the job header and the problems, plus the file's hash."""
 
     header: dict[str, Any]
     problems: list[Problem]
@@ -151,25 +159,30 @@ class ProblemsFile:
 
     @property
     def job(self) -> dict[str, Any]:
+        """Which job the problems come from."""
         return dict(self.header.get("job") or {})
 
     @property
     def env(self) -> dict[str, Any]:
+        """The device and versions the job was collected on."""
         return dict(self.header.get("env") or {})
 
     @property
     def settings(self) -> dict[str, Any]:
+        """The job's ``[rocm]`` settings."""
         return dict(self.header.get("settings") or {})
 
 
 def header(job: dict[str, Any], env: dict[str, Any], settings: dict[str, Any],
            created: str) -> dict[str, Any]:
+    """The ``job`` header record of a problems file."""
     job = {**job, "id": job_id(job)}
     return {"type": "job", "format": FORMAT, "job": job, "env": env, "settings": settings,
             "created": created}
 
 
 def dumps(head: dict[str, Any], problems: Sequence[Problem]) -> bytes:
+    """The bytes of a problems file."""
     lines = [json.dumps(head, sort_keys=True)]
     lines += [json.dumps({"type": "problem", **p.to_dict()}, sort_keys=True) for p in problems]
     return ("\n".join(lines) + "\n").encode()

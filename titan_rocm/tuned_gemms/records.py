@@ -74,6 +74,7 @@ def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int]:
 
 @dataclass
 class State:
+    """What a results file says has happened."""
 
     run: dict[str, Any] | None = None
     envs: list[dict[str, Any]] = field(default_factory=list)
@@ -85,6 +86,7 @@ class State:
     garbled: int = 0
 
     def add(self, record: dict[str, Any]) -> None:
+        """Account for one record."""
         kind = record.get("type")
         if kind == "run" and self.run is None:
             self.run = record
@@ -110,10 +112,12 @@ class State:
             r.get("quarantined") or r.get("error") == QUARANTINE_ERROR)]
 
     def counts(self) -> Counter[str]:
+        """Terminal results by status."""
         return Counter(r["status"] for r in self.results.values())
 
 
 def load_state(path: str | Path) -> State:
+    """The :class:`State` of a results file (empty when it does not exist)."""
     return load_many([path])
 
 

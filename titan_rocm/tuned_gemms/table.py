@@ -27,6 +27,7 @@ class LookupTableError(ValueError):
 
 
 def entry_of(result: dict[str, Any]) -> dict[str, Any]:
+    """The lookup-table entry of a ``result`` record."""
     entry = {"template_id": result["template_id"], **result.get("params", {})}
     if result.get("template_hash") is not None:
         entry["template_hash"] = result["template_hash"]
@@ -40,6 +41,7 @@ def full_key(device_key: str | None, key: str) -> str:
 
 @dataclass
 class ProblemChoice:
+    """What the table holds for one problem, and why."""
 
     key: str
     op: str
@@ -62,6 +64,7 @@ class ProblemChoice:
 
 @dataclass
 class Built:
+    """A built table and the per-problem decisions behind it."""
 
     meta: dict[str, Any]
     table: dict[str, list[dict[str, Any]]]
@@ -70,9 +73,11 @@ class Built:
 
     @property
     def missing(self) -> list[ProblemChoice]:
+        """Problems with no validated winner."""
         return [d for d in self.decisions if d.winner is None]
 
     def to_bytes(self) -> bytes:
+        """The table file's bytes."""
         return (json.dumps({"meta": self.meta, "table": self.table}, indent=1, sort_keys=True)
                 + "\n").encode()
 
@@ -145,11 +150,13 @@ def build(state: State, min_speedup: float = 1.0, created: str | None = None) ->
 
 
 def write(built: Built, path: str | Path) -> None:
+    """Write the table file atomically (temporary file + rename)."""
     write_atomic(Path(path), built.to_bytes())
 
 
 @dataclass(frozen=True)
 class TableFile:
+    """A table read back: its meta, its entries and the file's sha256."""
 
     path: Path
     meta: dict[str, Any]
@@ -196,6 +203,7 @@ def meta_mismatches(meta: dict[str, Any], env: dict[str, Any]) -> list[str]:
 
 
 def coverage(table: TableFile, problem_keys: list[list[str]]) -> dict[str, Any]:
+    """How many problems (each given by its call keys) the table answers."""
     device_key = table.meta.get("device_key")
     covered = [keys for keys in problem_keys
                if any(full_key(device_key, k) in table.table or k in table.table for k in keys)]

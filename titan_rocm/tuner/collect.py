@@ -54,6 +54,7 @@ def _merge(output: Path, world: int) -> list[Problem]:
 
 
 def has_accelerator() -> bool:
+    """Whether torch sees a GPU (CUDA or ROCm) here."""
     import torch
 
     accelerator = getattr(torch, "accelerator", None)

@@ -63,6 +63,7 @@ def _reference(op: str, args: list[Any], scalars: dict[str, Any]) -> Any:
 
 @dataclass
 class Reference:
+    """The ATen result and the float64 reference of a problem, and the tolerance."""
 
     aten: Any
     exact: Any
@@ -71,6 +72,7 @@ class Reference:
 
 
 def make_reference(problem: Problem, autotune_args: Any, fudge: float) -> Reference:
+    """Compute the references from the ATen inputs Inductor made for the benchmark."""
     import torch
 
     inputs, out = autotune_args.get_benchmark_tensors(True).unpack()
@@ -119,6 +121,7 @@ def _classify(error: BaseException) -> str:
 
 @dataclass
 class Candidate:
+    """One candidate of the problem being tuned."""
 
     choice: Any
     task: str
@@ -129,6 +132,7 @@ class Candidate:
     representable: bool
 
     def record(self, problem: Problem) -> dict[str, Any]:
+        """The identity fields every record of this task carries."""
         return {"task": self.task, "key": problem.key, "op": problem.op,
                 "call_key": self.call_key, "template_id": self.template_id,
                 "params": self.params, "template_hash": self.template_hash,
@@ -173,6 +177,7 @@ def candidates_of(problem: Problem, choices: list[Any], env: dict[str, Any]) -> 
 
 @dataclass
 class Target:
+    """The problem this minesweeper is tuning, and what it has reported."""
 
     index: int
     problem: Problem
@@ -211,6 +216,7 @@ class Target:
         return choices
 
     def validate(self, choices: list[Any], autotune_args: Any) -> dict[Any, float]:
+        """The hooked ``benchmark_choices``: check and time each of our candidates."""
         present = {id(c) for c in choices}
         for cand in self.candidates.values():
             if id(cand.choice) not in present and cand.task not in self.skip:
@@ -240,6 +246,7 @@ class Target:
         return timings
 
     def run(self, cand: Candidate, autotune_args: Any, ref: Reference) -> dict[str, Any]:
+        """Load, run once, check and (on a pass) time one candidate."""
         import torch
 
         from titan_rocm.tuned_gemms.choices import is_extern
@@ -330,6 +337,7 @@ def _tensor(spec: TensorSpec, device: str) -> Any:
 
 
 def program(problem: Problem) -> Any:
+    """The one-op function whose compile lowers ``problem``."""
     import torch
 
     alpha, beta = problem.scalars.get("alpha", 1), problem.scalars.get("beta", 1)
@@ -376,6 +384,7 @@ def tune_problem(conn: Any, index: int, problem: Problem, skip: set[str],
 
 
 def setup(options: dict[str, Any]) -> dict[str, Any]:
+    """Configure Inductor for tuning, apply the job's codegen settings, initialise the device."""
     import torch
     import torch._inductor.config as inductor_config
 

@@ -43,6 +43,7 @@ class RunError(ValueError):
 
 @dataclass(frozen=True)
 class Options:
+    """How ``tune run`` checks candidates."""
 
     timeout: float = 30.0
     """Seconds a candidate may take to run once, and again to be timed."""
@@ -155,7 +156,6 @@ def _exit_fields(code: int | None) -> dict[str, Any]:
 
 
 class _Worker:
-
     def __init__(self, slot: int, inbox: Any, orders: Any, options: Options) -> None:
         self.slot, self.inbox, self.orders, self.options = slot, inbox, orders, options
         self.ms: _Minesweeper | None = None
@@ -293,6 +293,7 @@ class _Slot:
 
 
 class Main:
+    """The main process of ``tune run``."""
 
     def __init__(self, problems: ProblemsFile, output: Path, slots: list[str | None],
                  options: Options, progress: bool | None, retry_quarantined: bool = False,
@@ -355,6 +356,7 @@ class Main:
         return all(t in self.state.results for t in record.get("tasks", []))
 
     def skip_for(self, key: str) -> set[str]:
+        """Terminal tasks of ``key``; tasks started twice get their ``crash`` record now."""
         for task in self.state.started_twice():
             record = self._candidate(key, task)
             if record is not None:
@@ -426,6 +428,7 @@ class Main:
             self.failed = f"worker {slot} (device {self.slots[slot].device}): {message[2]}"
 
     def counts_text(self) -> str:
+        """``pass 12, mismatch 1``: the results so far by status."""
         counts = self.state.counts()
         tasks = sum(len(p.get("tasks", [])) for p in self.state.problems.values())
         parts = ", ".join(f"{s} {counts[s]}" for s in STATUSES if counts[s])
@@ -433,6 +436,7 @@ class Main:
                 f"{parts or 'none yet'}")
 
     def show(self, problems_done: int) -> None:
+        """Progress over the problems of this run (a total fixed at the start)."""
         if self.progress is not None:
             self.progress.update(problems_done, self.counts_text())
 
@@ -525,6 +529,7 @@ def run(problems: ProblemsFile, output: Path, gpus: str | tuple[int, ...] = "all
 
 
 def summary(state: State) -> dict[str, Any]:
+    """Counts of a results state, for ``--json`` and the final line."""
     return {"results": dict(Counter(r["status"] for r in state.results.values())),
             "problems": len(state.problems), "garbled_lines": state.garbled,
             "quarantined": len(state.quarantined())}

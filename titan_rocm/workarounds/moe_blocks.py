@@ -42,6 +42,7 @@ def wrapper_chain(block: nn.Module) -> list[nn.Module]:
 
 
 def unwrap_block(block: nn.Module) -> nn.Module:
+    """The TransformerBlock inside compile and AC wrappers."""
     return wrapper_chain(block)[-1]
 
 
@@ -52,10 +53,12 @@ def compiled_in_place(module: nn.Module) -> bool:
 
 
 def is_compiled(block: nn.Module) -> bool:
+    """``block`` is, or wraps, a ``torch.compile``d module (wrapped, or compiled in place)."""
     return any(isinstance(m, OptimizedModule) or compiled_in_place(m) for m in wrapper_chain(block))
 
 
 def is_moe_block(block: nn.Module) -> bool:
+    """The TransformerBlock inside ``block``'s wrappers has ``moe_enabled``."""
     return bool(getattr(unwrap_block(block), "moe_enabled", False))
 
 
@@ -87,6 +90,7 @@ def block_decision(block: nn.Module, scope: str = "block") -> str:
 
 
 def plan_blocks(model: nn.Module, scope: str = "block") -> dict[str, str]:
+    """:func:`block_decision` of every block in ``model.layers``, by layer id."""
     layers = getattr(model, "layers", None)
     if layers is None:
         return {}
@@ -94,6 +98,7 @@ def plan_blocks(model: nn.Module, scope: str = "block") -> dict[str, str]:
 
 
 def has_moe_blocks(model: nn.Module) -> bool:
+    """Some block of ``model.layers`` has ``moe_enabled``."""
     layers = getattr(model, "layers", None)
     return layers is not None and any(is_moe_block(b) for b in layers.children())
 
@@ -110,6 +115,7 @@ def _eager_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
 
 
 def eager_layer_id(block: nn.Module) -> str | None:
+    """The layer id of ``block`` (or a module in its wrapper chain) made eager, else None."""
     for module in wrapper_chain(block):
         layer_id = module.__dict__.get(EAGER_ATTR)
         if layer_id is not None:
@@ -191,4 +197,5 @@ def realize_eager_marks(model: nn.Module) -> dict[str, str]:
 
 
 def eager_forward_calls() -> dict[str, int]:
+    """:data:`EAGER_FORWARD_CALLS` as a plain dict (layer id -> eager forwards)."""
     return dict(EAGER_FORWARD_CALLS)

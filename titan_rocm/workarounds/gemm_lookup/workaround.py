@@ -49,6 +49,7 @@ class GemmLookup(Workaround):
 
     @property
     def path(self) -> str:
+        """``[rocm] gemm_lookup_table``."""
         return self.ctx.settings.gemm_lookup_table
 
     def unmet(self) -> str | None:
@@ -117,6 +118,7 @@ class GemmLookup(Workaround):
                  table.meta.get("device"))
 
     def report(self, when: str) -> None:
+        """Log the hits and misses so far."""
         if self.stats is None:
             return
         totals = self.stats.to_dict()

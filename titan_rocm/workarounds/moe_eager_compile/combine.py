@@ -79,4 +79,5 @@ def use_bf16_combine(moe: nn.Module) -> bool:
 
 
 def has_bf16_combine(moe: nn.Module) -> bool:
+    """``moe`` combines with :func:`weighted_combine`."""
     return type(moe) in _SUBCLASSES.values()

@@ -150,6 +150,7 @@ class Seam:
         self.ctx = ctx
 
     def apply(self, model: nn.Module, scope: str) -> str:
+        """Replace ``apply_compile``; return its name."""
         where = patch_apply_compile(self.ctx.parallelize_fn, scope)
         log.info("titan-rocm: replaced %s (dense fullgraph, MoE eager; moe_eager_scope = %r)",
                  where, scope)

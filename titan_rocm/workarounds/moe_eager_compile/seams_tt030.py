@@ -43,6 +43,7 @@ class Seam:
         self.ctx = ctx
 
     def apply(self, model: nn.Module, scope: str) -> str:
+        """Mark the MoE blocks; return what stands for the seam (:data:`.SEAM`)."""
         marked = mark_moe_blocks(model, scope, self.ctx.compile.backend)
         log.info("titan-rocm: MoE blocks %s will run %s (%s)", ", ".join(marked),
                  "eager" if scope == "block" else "with their MoE module eager", SEAM)

@@ -41,6 +41,7 @@ SCOPE_STATUS = {
 
 
 def scope_summary(scope: str) -> str:
+    """``<scope>: <measured cost>; <upstream status>``, one line for the plan."""
     return f"{scope!r}: {SCOPE_COST[scope]} on an H200; {SCOPE_STATUS[scope]}"
 
 
@@ -135,6 +136,7 @@ class MoEEagerCompile(Workaround):
                 "blocks": plan_blocks(model, self.scope), "patched": self._patched}
 
     def audit_blocks(self, model_parts: list[nn.Module]) -> dict[str, str]:
+        """How the mixed compile runs each block (fullgraph, eager, ...)."""
         blocks: dict[str, str] = {}
         for part in model_parts:
             blocks.update(plan_blocks(part, self.scope))

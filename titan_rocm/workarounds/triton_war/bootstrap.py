@@ -29,6 +29,7 @@ _TRIGGER = "triton"
 
 
 def boot_dir() -> str:
+    """The directory holding titan-rocm's ``sitecustomize.py``."""
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "_boot")
 
 
@@ -45,6 +46,7 @@ def settings_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, bo
 
 
 def worker_environment(rule: str, strict: bool, stats_dir: str | None) -> dict[str, str]:
+    """The variables a child needs to install the wrapper itself (see :func:`export`)."""
     env = {ENV_ENABLE: "1", ENV_RULE: rule, ENV_STRICT: "1" if strict else "0"}
     if stats_dir:
         env[ENV_STATS_DIR] = stats_dir

@@ -20,6 +20,7 @@ from titan_rocm.workarounds.triton_war.compile_lock import COMPILE_LOCK
 @contextlib.contextmanager
 def env_set(name: str, value: str, environ: MutableMapping[str, str] | None = None
             ) -> Iterator[None]:
+    """Set one environment variable inside the block; put back what was there (or nothing)."""
     env = os.environ if environ is None else environ
     saved = env.get(name)
     env[name] = value
@@ -34,6 +35,7 @@ def env_set(name: str, value: str, environ: MutableMapping[str, str] | None = No
 
 @dataclass(frozen=True)
 class BufferOpsKnob:
+    """How the installed Triton turns AMD buffer ops off, and what it does by default."""
 
     triton_version: str
     env_var: str
@@ -49,6 +51,7 @@ class BufferOpsKnob:
 
     @property
     def attr(self) -> str | None:
+        """The knob attribute on ``triton.knobs.amd``."""
         return self.knob.rsplit(".", 1)[1] if self.knob else None
 
     def to_dict(self) -> dict[str, Any]:

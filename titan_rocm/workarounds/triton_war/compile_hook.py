@@ -49,6 +49,7 @@ class HazardousKernelError(RuntimeError):
 
 
 def scan_amdgcn(text: str, arch: str | None, rule: str) -> Any:
+    """The default scanner: :func:`titan_rocm.scanner.scan.scan_text`."""
     from titan_rocm.scanner.scan import scan_text
 
     return scan_text(text, arch=arch, rule=rule)
@@ -64,6 +65,7 @@ class HookConfig:
 
 
 class CompileHook:
+    """The wrapper around one original ``compile`` function."""
 
     def __init__(self, original: Callable[..., Any], config: HookConfig) -> None:
         self.original = original
@@ -75,6 +77,7 @@ class CompileHook:
 
     @property
     def knob(self) -> BufferOpsKnob:
+        """The buffer-ops knob, inspected at first use."""
         if self._knob is None:
             self._knob = buffer_ops_knob()
         return self._knob
@@ -108,6 +111,7 @@ class CompileHook:
         return args, kwargs
 
     def recompile(self, args: tuple, kwargs: dict) -> Any:
+        """Compile the same source again with buffer ops off (cache key included)."""
         bound = self.signature.bind_partial(*args, **kwargs)
         if self.accepts_env_vars:
             bound.arguments["_env_vars"] = None  # recompute from os.environ inside the flip
@@ -116,6 +120,7 @@ class CompileHook:
             return self.original(*bound.args, **bound.kwargs)
 
     def check(self, kernel: Any, args: tuple, kwargs: dict) -> Any:
+        """Scan ``kernel``; return it, or its buffer-ops-off recompile when it is hazardous."""
         config = self.config
         metadata = getattr(kernel, "metadata", None)
         target = getattr(metadata, "target", None)
@@ -275,6 +280,7 @@ def uninstall() -> None:
 
 
 def installed() -> CompileHook | None:
+    """The active hook, or None."""
     return _hook
 
 

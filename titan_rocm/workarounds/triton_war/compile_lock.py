@@ -27,6 +27,7 @@ class CompileLock:
 
     @contextlib.contextmanager
     def shared(self) -> Iterator[None]:
+        """Hold the lock shared (many compiles at once; never during a flip)."""
         me = threading.get_ident()
         depth = getattr(self._tls, "depth", 0)
         if depth or self._writer == me:
@@ -52,6 +53,7 @@ class CompileLock:
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
+        """Hold the lock alone (no compile through the wrapper runs meanwhile)."""
         me = threading.get_ident()
         if self._writer == me:
             yield

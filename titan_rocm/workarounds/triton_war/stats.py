@@ -42,6 +42,7 @@ _NAMED: tuple[str, ...] = (PATCHED, RESIDUAL, UNSCANNED)
 
 @dataclass
 class Stats:
+    """Counts of one or more processes' compiles through the wrapper."""
 
     scanned: int = 0
     skipped_non_hip: int = 0
@@ -57,9 +58,11 @@ class Stats:
 
     @property
     def compiled(self) -> int:
+        """Compiles seen by the wrapper (every outcome)."""
         return self.scanned + self.skipped_non_hip + self.unscanned
 
     def add(self, outcome: str, kernel: str) -> None:
+        """Count one compile with ``outcome`` (one of :data:`OUTCOMES`)."""
         if outcome not in OUTCOMES:
             raise ValueError(f"unknown outcome {outcome!r}; accepted: {', '.join(OUTCOMES)}")
         if outcome in (CLEAN, PATCHED, RESIDUAL):
@@ -78,6 +81,7 @@ class Stats:
             self.names[outcome].append(kernel)
 
     def merge(self, other: Stats) -> None:
+        """Add ``other``'s counts to these."""
         for name in ("scanned", "skipped_non_hip", "unscanned", "hazardous", "patched",
                      "residual", "processes", "bad_lines"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -96,6 +100,7 @@ _local = Stats()
 
 
 def local() -> Stats:
+    """This process's counts (a copy)."""
     with _lock:
         copy = Stats(processes=1)
         copy.merge(_local)
@@ -111,10 +116,12 @@ def reset_local() -> None:
 
 
 def stats_file(directory: str | os.PathLike[str]) -> Path:
+    """This process's stats file in ``directory``."""
     return Path(directory) / f"{socket.gethostname()}-{os.getpid()}.jsonl"
 
 
 def record(outcome: str, kernel: str, **details: Any) -> None:
+    """Count one compile here and, with a stats directory, append it to this process's file."""
     with _lock:
         _local.add(outcome, kernel)
         directory = os.environ.get(ENV_STATS_DIR)
@@ -132,6 +139,7 @@ def record(outcome: str, kernel: str, **details: Any) -> None:
 
 
 def read_file(path: str | os.PathLike[str]) -> Stats:
+    """The counts recorded in one stats file."""
     stats = Stats()
     with open(path, encoding="utf-8", errors="replace") as f:
         for raw in f:

@@ -88,6 +88,7 @@ class TritonWar(Workaround):
 
     @property
     def strict(self) -> bool:
+        """``[rocm] triton_war_strict``."""
         return bool(self.ctx.settings.triton_war_strict)
 
     def unmet(self) -> str | None:

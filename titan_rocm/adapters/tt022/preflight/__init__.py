@@ -41,6 +41,7 @@ from titan_rocm.adapters.tt022.preflight.training import check_training
 
 @dataclass
 class Preflight:
+    """A job that passed every start-up check: its config and parallel layout."""
 
     job_config: Any
     launcher: str

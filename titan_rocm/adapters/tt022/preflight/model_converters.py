@@ -96,6 +96,7 @@ def check_quantization(job_config: Any) -> None:
 
 
 def titan_rocm_converters() -> set[str]:
+    """Names of titan-rocm's converters (registered in this process, whatever the job does)."""
     from torchtitan.protocols.model_converter import _registry_model_converter_cls as registry
 
     from titan_rocm import register_converters

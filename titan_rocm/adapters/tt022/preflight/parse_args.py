@@ -139,6 +139,7 @@ def check_toml_types(cls: type, table: dict[str, Any], section: str = "") -> Non
 
 
 def bool_flags(cls: type, prefix: str = "") -> set[str]:
+    """Dotted names (``rocm.triton_war_strict``) of every boolean field under ``cls``."""
     found: set[str] = set()
     hints = _hints(cls)
     for f in dataclasses.fields(cls):
