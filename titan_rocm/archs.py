@@ -1,9 +1,6 @@
-"""What happens on each AMD GPU architecture: the one place that records per-gfx facts.
+"""Per-gfx facts, in one place, so "what does titan-rocm do on gfx942" has one answer.
 
-Every workaround that behaves differently by architecture reads its answer from
-:data:`ARCHS` here, so a reader who wants to know "what does titan-rocm do on
-gfx942" finds it in this file. Sources for each fact are in the docs page of
-the workaround that uses it.
+Each fact's sources are in the docs page of the workaround that reads it.
 """
 
 from __future__ import annotations
@@ -17,32 +14,23 @@ class ArchFacts:
     """Facts about one AMD GPU architecture (a ``gfxNNN`` target)."""
 
     name: str
-    """The target name, e.g. ``gfx942``."""
     products: tuple[str, ...]
     """Marketing names, for messages."""
     wave_size: int
-    """Wavefront size Triton compiles for."""
     store_hazard_windows: bool
-    """LLVM's GCNHazardRecognizer states this arch's VMEM store data hazard windows (a VALU
-    write of a >64-bit buffer store's data within 1 wait state after an SGPR soffset, 2
-    after a literal: the gfx940 family, llvm-project #197267), which the ``precise`` rule
-    encodes. Where False titan-rocm has no facts for the arch: ``rocm.triton_war`` still
-    applies there (as on every ROCm GPU) and scans with the ``conservative`` rule.
-    This chooses the rule's windows only, never whether the scan runs.
-    Docs: docs/triton-buffer-store-hazard.md."""
+    """LLVM states this arch's VMEM store data hazard windows (the gfx940 family,
+    llvm-project #197267), which the ``precise`` rule encodes. Where False the scan still runs,
+    with the ``conservative`` rule. Docs: docs/triton-buffer-store-hazard.md."""
     aiter_fmha_v3_bwd_qk192_v128: bool
-    """aiter's fmha_v3 ASM backward supports q/k head dim 192 with v head dim 128
-    (DeepSeek MLA). Where False, that shape must go to aiter's generic CK backward.
-    Docs: docs/mla-ck-backward.md."""
+    """aiter's fmha_v3 ASM backward supports q/k head dim 192 with v 128 (DeepSeek MLA); where
+    False that shape must go to CK. Docs: docs/mla-ck-backward.md."""
     aiter_fmha_v3_bwd_qk128_v128: bool
-    """aiter's fmha_v3 ASM backward has q/k head dim 128 = v head dim 128 kernels, batch and
-    group (varlen) mode, and aiter's backward gates for this arch take that shape (read in
-    PyPI 0.1.7.post2 and main e4048607). Where True, titan-rocm leaves that shape to aiter
-    (Primus routes it to CK on gfx942). Docs: docs/mla-ck-backward.md."""
+    """aiter's fmha_v3 ASM backward takes q/k = v head dim 128 here (PyPI 0.1.7.post2 and main
+    e4048607), so titan-rocm leaves that shape to aiter (Primus routes it to CK on gfx942).
+    Docs: docs/mla-ck-backward.md."""
     opus_splitk_solidx_ranges: tuple[tuple[int, int], ...]
-    """Half-open ``solidx`` ranges of aiter's split-K "opus" GEMM kernels whose
-    workspace lives in a per-stream hipMalloc registry (unsafe under graph capture).
-    Empty where the arch's opus kernels are capture-safe. Docs: docs/gemm-tables.md."""
+    """Half-open ``solidx`` ranges of aiter's split-K opus GEMM kernels whose workspace is a
+    per-stream hipMalloc registry, unsafe under graph capture. Docs: docs/gemm-tables.md."""
     cu_nums: tuple[int, ...]
     """``cu_num`` values that identify this arch in aiter tables without a ``gfx`` column."""
 
@@ -97,16 +85,13 @@ ARCHS: dict[str, ArchFacts] = {
 
 
 def normalize_arch(name: str) -> str:
-    """Return the bare target of a ``gcnArchName`` such as ``gfx942:sramecc+:xnack-``."""
+    """The bare target of a ``gcnArchName`` such as ``gfx942:sramecc+:xnack-``."""
     return name.strip().split(":", 1)[0].lower()
 
 
 def arch_facts(name: str) -> ArchFacts:
-    """Facts for ``name`` (``gfx942``, ``gfx942:sramecc+:xnack-``, ...).
-
-    Raises:
-        ValueError: naming the value and the architectures titan-rocm knows.
-    """
+    """Facts for ``name`` (``gfx942``, ``gfx942:sramecc+:xnack-``...); raises ValueError naming
+    the architectures titan-rocm knows."""
     key = normalize_arch(name)
     try:
         return ARCHS[key]
@@ -123,15 +108,12 @@ _GFX10_AND_LATER = re.compile(r"gfx1\d\d")
 
 
 def stores_counted_by_vmcnt(arch: str | None) -> bool:
-    """Whether ``s_waitcnt vmcnt`` also waits for vector memory stores on ``arch`` (None:
-    not known, taken as GFX9, the family of every arch titan-rocm supports). GFX10 and later
-    count stores in their own counter (``s_waitcnt_vscnt``, ``s_wait_storecnt``); ``vmcnt``
-    waits only for loads there."""
+    """Whether ``s_waitcnt vmcnt`` also waits for stores on ``arch`` (None: taken as GFX9).
+    GFX10 and later count stores apart (``s_waitcnt_vscnt``, ``s_wait_storecnt``)."""
     return not (arch and _GFX10_AND_LATER.match(arch))
 
 
 def gfx9_waitcnt_vmcnt(imm: int) -> int:
-    """The ``vmcnt`` field of a GFX9 ``s_waitcnt`` immediate: bits 3:0 are its low four
-    bits, bits 15:14 its high two (llvm/llvm-project ``llvm/test/MC/AMDGPU/sopp-gfx9.s`` at
-    c1898945: ``vmcnt(31)`` encodes as 0x4f7f, ``vmcnt(62)`` as 0xcf7e)."""
+    """The ``vmcnt`` field of a GFX9 ``s_waitcnt`` immediate: bits 3:0 low, 15:14 high
+    (llvm-project ``llvm/test/MC/AMDGPU/sopp-gfx9.s`` at c1898945: ``vmcnt(62)`` is 0xcf7e)."""
     return (imm & 0xF) | ((imm >> 14) & 0x3) << 4

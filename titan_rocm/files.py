@@ -1,12 +1,8 @@
-"""Opening input files without blocking on ones that are not files (a FIFO, a device), and
-writing output files atomically.
+"""Reading input files without blocking on non-files, and writing output files atomically.
 
-``open()`` on a FIFO waits for a writer forever, so a tool given one by mistake hangs.
-:func:`open_regular` looks first (``os.stat``: a FIFO is named without being opened), then
-opens without blocking and checks what it opened, and refuses anything but a regular file
-with a message that says what it is. Every titan-rocm tool reads its inputs through it.
-:func:`write_atomic` and :func:`write_all` write through a temporary file and a rename, so a
-reader never sees half a file and a failed write leaves the destination as it was.
+``open()`` on a FIFO waits for a writer forever, so every titan-rocm tool reads its inputs
+through :func:`open_regular`, which refuses anything but a regular file without blocking.
+Writes go through a temporary file and a rename, so no reader sees half a file.
 """
 
 from __future__ import annotations
@@ -40,11 +36,9 @@ class NotRegularFileError(OSError):
 
 
 def open_regular(path: str | os.PathLike[str]) -> int:
-    """A read-only file descriptor of the regular file at ``path`` (symlinks followed).
+    """A read-only descriptor of the regular file at ``path``, without ever blocking.
 
-    Raises:
-        NotRegularFileError: ``path`` is a directory, FIFO, socket or device (never blocks).
-        OSError: it cannot be opened (FileNotFoundError when missing).
+    Raises NotRegularFileError for a directory, FIFO, socket or device; OSError otherwise.
     """
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
@@ -66,12 +60,8 @@ class TooLargeError(ValueError):
 
 
 def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
-    """The bytes of the regular file at ``path`` (see :func:`open_regular`).
-
-    Raises:
-        TooLargeError: the file holds more than ``limit`` bytes (then nothing more is read,
-            so memory stays bounded by ``limit``).
-    """
+    """The bytes of the regular file at ``path``; raises TooLargeError past ``limit``, having
+    read no more than that."""
     with os.fdopen(open_regular(path), "rb") as handle:
         if limit is None:
             return handle.read()
@@ -85,9 +75,8 @@ def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> byte
 
 
 def _stage(path: Path, data: bytes | Iterable[bytes]) -> str:
-    """``data`` (bytes, or pieces of them: a stream is written as it comes) in a temporary
-    file beside ``path`` (synced, with the permissions a new file gets: 0666 minus the
-    umask); the temporary file's name."""
+    """Write ``data`` (bytes or a stream of pieces) to a synced temporary file beside ``path``
+    with a new file's permissions; return its name."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -112,11 +101,8 @@ def _unlink(tmp: str) -> None:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file in the same directory and a rename.
-
-    Raises:
-        OSError: as the write or rename raised it; ``path`` is then as it was.
-    """
+    """Write ``data`` to ``path`` through a temporary file and a rename; on OSError ``path`` is
+    as it was."""
     try:
         write_all([(path, data)])
     except PartialWrite as exc:
@@ -134,16 +120,9 @@ class PartialWrite(Exception):
 def write_all(files: Sequence[tuple[Path, bytes | Iterable[bytes]]]) -> None:
     """Write every ``(path, data)`` atomically, all of them or (nearly) none.
 
-    ``data`` may be an iterable of byte pieces (a generator that reads while it yields):
-    an exception it raises is the ``cause`` of :class:`PartialWrite`, with nothing renamed.
-
-    Every file is first written to a temporary file beside its destination; only when all
-    are on disk are they renamed into place, so a full disk or a Ctrl-C while writing
-    leaves every destination as it was. Only a failure among the renames (rare: same
-    directory) leaves some tables replaced and others not.
-
-    Raises:
-        PartialWrite: with the destinations written and not written, and the cause.
+    All are staged before any is renamed, so a full disk or Ctrl-C changes no destination;
+    only a failing rename leaves some replaced. ``data`` may be a generator: its exception
+    becomes the ``cause``. Raises PartialWrite naming what was and was not written.
     """
     staged: list[tuple[str, Path]] = []
     written: list[Path] = []
@@ -161,8 +140,7 @@ def write_all(files: Sequence[tuple[Path, bytes | Iterable[bytes]]]) -> None:
 
 
 def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
-    """``a`` and ``b`` are one file (the same ``st_dev``/``st_ino``: through a symlink or a
-    hard link too); False when either does not exist."""
+    """Same ``st_dev``/``st_ino`` (links too); False when either does not exist."""
     try:
         sa, sb = os.stat(a), os.stat(b)
     except OSError:
@@ -171,17 +149,12 @@ def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
 
 
 class OutputError(ValueError):
-    """An output path that would destroy or cannot hold what is written; the message says
-    why and what to do."""
+    """An output path that would destroy or cannot hold what is written; the message says why."""
 
 
 def check_output(output: Path, inputs: Sequence[str | os.PathLike[str]], flag: str = "-o") -> None:
-    """Refuse an ``output`` that is one of the ``inputs`` (also through a link), that is not a
-    regular file, or whose directory cannot be written, before any work is done.
-
-    Raises:
-        OutputError: naming the path and the reason.
-    """
+    """Refuse, before any work, an ``output`` that is an input (also through a link), not a
+    regular file, or in a directory that cannot be written. Raises OutputError."""
     for source in inputs:
         if same_file(output, source):
             raise OutputError(

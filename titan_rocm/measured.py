@@ -1,10 +1,7 @@
-"""What titan-rocm's changes were measured to cost, as data, each with the stored result it
-comes from (the figures docs/performance.md discusses).
+"""What titan-rocm's changes were measured to cost, as data, each with its stored result.
 
-``titan-rocm plan`` quotes these in its verdict for the changes a job will get. Each figure
-names its benchmark and result folder, and ``tests/unit/test_measured.py`` recomputes every one
-from that folder with the benchmark's own ``--reanalyse`` code, so a figure here cannot drift
-from the logs it was measured in. Torch-free: plain data.
+``titan-rocm plan`` quotes these; ``tests/unit/test_measured.py`` recomputes each from its
+result folder, so a figure cannot drift from its logs. Discussed in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -20,9 +17,8 @@ H200 = "one NVIDIA H200 (CUDA, not ROCm)"
 class Measured:
     """One side-by-side throughput ratio from a stored benchmark result.
 
-    ``figure`` is the path of keys to the value in the benchmark's ``--reanalyse`` output;
-    with ``over``, the ratio is ``figure``'s value over ``over``'s (a figure the benchmark
-    stores only as two runs' medians).
+    With ``over``, the ratio is ``figure``'s value over ``over``'s: the benchmark stores only
+    the two runs' medians.
     """
 
     key: str
@@ -41,7 +37,6 @@ class Measured:
                 f"{self.benchmark}, {self.folder})")
 
     def to_dict(self) -> dict[str, Any]:
-        """The figure as JSON: ratio, what it is over, model, GPU, benchmark and folder."""
         return {"ratio": self.ratio, "over": self.what, "model": self.model, "gpu": self.gpu,
                 "benchmark": self.benchmark, "folder": self.folder}
 
@@ -79,20 +74,16 @@ FIGURES: dict[str, Measured] = {m.key: m for m in (
              "benchmarks/results/2026-11-30-h200-b/throughput-llama3-1b",
              ("figures", "throughput", "llama3_1b", "tps_ratio_rocm_on_over_stock", "pooled")),
 )}
-"""Every figure by key: ``<workaround>.<the setting that decides it>``; ``dense.all_on`` is
-every workaround forced on together on a dense model (none measured alone there)."""
+"""Keys are ``<workaround>.<the setting that decides it>``; ``dense.all_on`` is every
+workaround forced on together on a dense model (none measured alone there)."""
 
 FP8_CONVERTERS = ("quantize.linear.float8", "quantize.grouped_mm.float8")
-"""TorchTitan's float8 converters: with MoE blocks eager, their casts run unfused (the
-``moe_eager_compile.fp8`` figure)."""
+"""TorchTitan's float8 converters: with MoE blocks eager, their casts run unfused."""
 
 
 def cost_of(workaround: str, details: dict[str, Any], converters: list[str]) -> Measured | None:
-    """The measured figure for ``workaround`` as decided (its plan details), or None.
-
-    Reads the choice from the decision, never from a default: ``moe_eager_compile``'s
-    ``scope`` (and whether the job lists a float8 converter), ``divergence_guard``'s ``check``.
-    """
+    """The measured figure for ``workaround`` as decided, or None; the choice is read from the
+    decision, never from a default."""
     if workaround == "moe_eager_compile":
         if any(c.strip() in FP8_CONVERTERS for c in converters):
             return FIGURES["moe_eager_compile.fp8"]

@@ -1,12 +1,9 @@
-"""The one validator of numbers a user types: every numeric option of every command (their
-argparse types), every numeric ``[rocm]`` setting, and the numbers a command checks once it
-knows their range (the rows of a micro-batch, the GPUs of this machine).
+"""The one validator of numbers a user types: options, ``[rocm]`` settings, ranged checks.
 
-``float("nan")``, ``float("inf")`` and ``int("1" + "0" * 20)`` all parse, and a comparison
-with NaN is always false, so a check such as ``if value <= 0: refuse`` lets NaN through (a
-``--fudge nan`` tolerance passed every kernel). :class:`Bounds` accepts a finite number
-inside a stated range and names the range when it refuses, always in one shape
-(:func:`refusal`): ``NAME VALUE is not valid; accepted: ...``.
+``float("nan")`` and ``float("inf")`` parse, and a comparison with NaN is always false, so
+``if value <= 0: refuse`` lets NaN through (a ``--fudge nan`` tolerance passed every kernel).
+:class:`Bounds` accepts only a finite number in range and refuses in one shape
+(:func:`refusal`).
 """
 
 from __future__ import annotations
@@ -20,22 +17,21 @@ from typing import Any
 
 
 def refusal(name: str, value: object, accepted: str) -> str:
-    """The one sentence every refused value gets: ``{name} {value!r} is not valid; accepted:
-    {accepted}`` (``name`` is the flag, or ``[rocm] key =`` for a setting)."""
+    """``{name} {value!r} is not valid; accepted: {accepted}`` (``name``: the flag, or
+    ``[rocm] key =``)."""
     return f"{name} {value!r} is not valid; accepted: {accepted}"
 
 
 @dataclass(frozen=True)
 class Bounds:
-    """A finite ``kind`` (int or float) with ``low <= value <= high`` (``low`` excluded when
-    ``low_open``, ``high`` when ``high_open``), or one of the values ``also`` names."""
+    """A finite ``kind`` within ``low``..``high`` (ends excluded when ``*_open``), or one of
+    ``also``."""
 
     kind: type
     low: float
     high: float
     low_open: bool = False
     unit: str = ""
-    """Said after the range (``seconds``)."""
     high_open: bool = False
     also: tuple[int, ...] = ()
     """Values accepted outside the range (``-1``: every rank left over)."""
@@ -57,12 +53,7 @@ class Bounds:
             value > self.low if self.low_open else value >= self.low)
 
     def parse(self, text: str | float | int, name: str) -> float | int:
-        """``text`` (what the user typed, or a number) as a number in range.
-
-        Raises:
-            ValueError: :func:`refusal`'s sentence, for NaN, infinities, a non-number or a
-                number out of range.
-        """
+        """``text`` as a number in range; raises ValueError with :func:`refusal`'s sentence."""
         value: float | int
         try:
             if isinstance(text, bool):
@@ -78,13 +69,8 @@ class Bounds:
         return value
 
     def check(self, value: Any, name: str) -> float | int:
-        """A value a parser already typed (TOML, a dataclass field, a flag TorchTitan read):
-        a number of ``kind`` (an int for a float too; never a bool, a string or a float
-        for an int), in range.
-
-        Raises:
-            ValueError: :func:`refusal`'s sentence.
-        """
+        """A value a parser already typed (TOML, a dataclass field), in range: never a bool, a
+        string, or a float for an int. Raises ValueError with :func:`refusal`'s sentence."""
         numeric = (int,) if self.kind is int else (int, float)
         if isinstance(value, bool) or not isinstance(value, numeric):
             raise ValueError(refusal(name, value, self.accepted()))
@@ -93,13 +79,8 @@ class Bounds:
     def parse_many(self, text: str, name: str, *, sep: str, form: str,
                    count: int | None = None, distinct: bool = False,
                    words: tuple[str, ...] = ()) -> tuple[float | int, ...] | str:
-        """``text`` as numbers separated by ``sep`` (either case; exactly ``count`` of them
-        when given, each once when ``distinct``), each in range, or one of ``words`` as it
-        is (``all``); ``form`` names the layout in the refusal (``WIDTHxHEIGHT``).
-
-        Raises:
-            ValueError: :func:`refusal`'s sentence, naming the whole ``text``.
-        """
+        """``text`` as ``sep``-separated numbers in range (``count`` of them, ``distinct``), or
+        one of ``words``; raises ValueError naming the whole ``text``."""
         if text.strip() in words:
             return text.strip()
         parts = re.split(re.escape(sep), text, flags=re.IGNORECASE)
@@ -126,8 +107,7 @@ class Bounds:
 
 
 def argparse_type(parse: Callable[[str], Any], name: str, bounds: Bounds) -> Callable[[str], Any]:
-    """An argparse ``type=`` for option ``name`` from ``parse`` (text -> value, a ValueError
-    with :func:`refusal`'s sentence), whose numbers ``bounds`` checks."""
+    """An argparse ``type=`` for ``name`` from ``parse`` (text -> value), checked by ``bounds``."""
 
     def parse_option(text: str) -> Any:
         try:
@@ -146,10 +126,9 @@ def _fmt(value: float) -> str:
 
 
 MAX_RANKS = 1 << 20
-"""The most ranks (world size, nodes, processes per node, any parallel degree) a plan
-accepts: ten times the largest GPU cluster built so far; a bigger number is a typo."""
+"""The most ranks a plan accepts: ten times the largest GPU cluster built; more is a typo."""
 RANKS = Bounds(int, 1, MAX_RANKS)
 DEVICES = Bounds(int, 0, MAX_RANKS - 1)
-"""A device index (``tune run --gpus``); the machine's own count is checked where it is known."""
+"""A device index; the machine's own count is checked where it is known."""
 STEPS = Bounds(int, 0, 10**18)
-"""A step count (``--warmup``): the log parser reads steps of up to 18 digits."""
+"""A step count: the log parser reads steps of up to 18 digits."""

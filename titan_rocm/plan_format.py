@@ -1,19 +1,8 @@
 """``titan-rocm plan``'s text: the answer first, then the evidence.
 
-The plan (a dict: :func:`titan_rocm.adapters.tt022.plan.make_plan`, or 0.3.0's
-:func:`titan_rocm.adapters.tt030.plan.make_plan`) prints as
-
-1. a verdict: the job starts; what titan-rocm changes in this run, each change with its
-   measured cost and the GPU and benchmark that measured it (:mod:`titan_rocm.measured`);
-   what it leaves alone and why; what the plan could not simulate;
-2. each workaround's details, repeats collapsed into ranges (``layers.1–26.moe.experts``);
-3. the compile strategy per block, collapsed the same way, with its summary line;
-4. the ``[rocm]`` settings that differ from their defaults (all of them with ``--verbose``).
-
-Values print in one style, as JSON/TOML literals (``null``, ``true``, ``["a", "b"]``,
-``"auto"``), never Python reprs. Internals (cache keys, guard coverage notes, patched
-function names...) only with ``--verbose``. Each workaround's line in the verdict is its
-own (``Workaround.plan_line``, ``Workaround.not_measured``), looked up in the registry.
+Values print in one style, as JSON/TOML literals, never Python reprs; internals only with
+``--verbose``. Each workaround's verdict line is its own (``Workaround.plan_line``). Layout:
+docs/plan.md.
 """
 
 from __future__ import annotations
@@ -42,7 +31,7 @@ INTERNAL_KEYS = frozenset({
     "op_sac_save_list", "guard", "guard_not_covered", "accepted", "release_facts",
     "get_gfx_source", "get_gfx_matches_device", "in_cache_key", "checked_at",
 })
-"""Detail keys that explain how a workaround reaches into the job; shown with --verbose."""
+"""Shown with --verbose."""
 
 
 def value_text(value: Any) -> str:
@@ -54,11 +43,7 @@ _NUMBERED = re.compile(r"^(.*?)(\d+)(\D*)$")
 
 
 def collapse(items: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Runs of consecutive numbered keys with one value become one range.
-
-    ``[("layers.1.moe", "torch"), ("layers.2.moe", "torch")]`` -> ``[("layers.1–2.moe",
-    "torch")]``; keys that are not numbered, or whose neighbours differ, stay as they are.
-    """
+    """Runs of consecutive numbered keys with one value become one range (``layers.1–2.moe``)."""
     out: list[tuple[str, str]] = []
     run: tuple[str, int, int, str, str] | None = None  # prefix, first, last, suffix, value
 
@@ -173,7 +158,7 @@ def _settings_lines(settings: dict[str, Any], verbose: bool) -> list[str]:
 
 
 def format_plan(plan: dict[str, Any], verbose: bool = False) -> str:
-    """The plan as text for people: the verdict first (see the module's docstring)."""
+    """The plan as text for people: the verdict first."""
     lines = verdict_lines(plan)
     lines.append("")
     m = plan["model"]

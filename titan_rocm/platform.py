@@ -1,15 +1,9 @@
-"""Platform facts: which torch build, which GPU architecture, which Triton, which aiter.
+"""Platform facts: torch build, GPU architecture, Triton, aiter.
 
-Everything in titan-rocm that depends on the machine asks :func:`current`. The answer
-is detected once and cached; tests and ``titan-rocm plan --arch`` replace it with
-:func:`override` (a context manager) instead of patching torch.
-
-aiter is probed without importing it (:func:`probe_aiter`): its installed version, and the
-arch its ``get_gfx()`` answers. ``get_gfx()`` (``aiter/jit/utils/chip_info.py``, 0.1.7.post2
-and main e4048607) returns the *last* entry of ``GPU_ARCHS`` and asks ``rocminfo`` only when
-``GPU_ARCHS`` is unset or ``native``; its kernels, though, run by the device's real arch. So
-``GPU_ARCHS="gfx942;gfx950"`` on an MI300X makes aiter's Python dispatch plan for gfx950.
-Once aiter is imported, :func:`reprobe_aiter` asks its ``get_gfx()`` itself.
+One cached answer (:func:`current`) that tests and ``titan-rocm plan --arch`` replace with
+:func:`override` instead of patching torch. aiter is probed without importing it because its
+``get_gfx()`` answers the last ``GPU_ARCHS`` entry, not the device (aiter
+``aiter/jit/utils/chip_info.py``, 0.1.7.post2 and main e4048607; docs/mla-ck-backward.md).
 """
 
 from __future__ import annotations
@@ -32,20 +26,12 @@ AITER_DISTRIBUTIONS: tuple[str, ...] = ("amd-aiter", "aiter")
 
 @dataclass(frozen=True)
 class SimulatedAiter:
-    """One aiter ``--aiter`` can simulate: the version it reports and where its facts were read.
-
-    ``titan-rocm plan --aiter`` and ``titan-rocm gemm-tables --aiter`` both take their choices
-    from :data:`SIMULATED_AITERS` (the gemm-tables rules of each are in
-    ``titan_rocm.gemm_tables.rules.SIMULATED``, keyed by the same names).
-    """
+    """One aiter ``--aiter`` can simulate (gemm-tables rules are keyed by the same names)."""
 
     version: str
-    """What the simulated aiter reports as its version (sets its API generation and the MLA
-    release facts, ``titan_rocm.workarounds.mla_ck_backward.aiter_releases``)."""
+    """Sets the simulated API generation and MLA release facts."""
     label: str
-    """A few words for ``--help``."""
     read_at: str
-    """The aiter the facts were read from: repository, tag or commit, date."""
 
 
 SIMULATED_AITERS: dict[str, SimulatedAiter] = {
@@ -60,12 +46,8 @@ SIMULATED_AITERS: dict[str, SimulatedAiter] = {
         "ROCm/aiter main as read on 2026-12-01: e4048607 and the merged #4875, #4916 and "
         "#4961 (#4715 open)"),
 }
-"""``--aiter`` choice → the aiter it simulates. ``main`` is the newest aiter main read;
-``e4048607`` keeps the main read before it. docs/gemm-tables.md and docs/plan.md cite what
-each holds."""
+"""``--aiter`` choice → the aiter it simulates (docs/gemm-tables.md and docs/plan.md cite each)."""
 AITER_CHOICES: tuple[str, ...] = (*SIMULATED_AITERS, "absent")
-"""What ``titan-rocm plan --aiter`` and ``titan-rocm gemm-tables --aiter`` accept: the PyPI
-release, aiter main at e4048607, the newest aiter main read, no aiter."""
 DEFAULT_SIMULATED_AITER = "0.1.7"
 """``pip install amd-aiter`` installs 0.1.7.post2.dev18 (the newest wheel on PyPI)."""
 
@@ -76,15 +58,13 @@ def aiter_choices_help() -> str:
     return "; ".join([*named, "absent: no aiter"])
 API_GENERATIONS: tuple[str, ...] = ("0.1.7", "main")
 """aiter's Python API generations: ``0.1.7`` (``_flash_attn_forward`` without ``sink_size`` and
-fp8 descales) and ``main`` (0.1.8 and later, which added them; ``sink``/``d_sink`` in the
-backwards from 0.1.12)."""
+fp8 descales) and ``main`` (0.1.8 and later)."""
 
 _VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
 
 
 def parse_version(version: str) -> tuple[int, int, int] | None:
-    """``(major, minor, patch)`` of a version string; ``main`` sorts after every release;
-    None if the string does not start with a version number."""
+    """``(major, minor, patch)``; ``main`` sorts after every release; None if not a version."""
     if version.strip().lower().startswith("main"):
         return (10**6, 0, 0)
     match = _VERSION.match(version)
@@ -95,7 +75,7 @@ def parse_version(version: str) -> tuple[int, int, int] | None:
 
 
 def api_generation(version: str | None) -> str | None:
-    """The aiter API generation of ``version`` (see :data:`API_GENERATIONS`); None if unknown."""
+    """The aiter API generation of ``version``; None if unknown."""
     parsed = parse_version(version) if version else None
     if parsed is None:
         return None
@@ -107,11 +87,9 @@ class AiterFacts:
     """The installed aiter: its version, and the arch its ``get_gfx()`` answers."""
 
     version: str | None
-    """Distribution version (``0.1.7.post2.dev18``, ``main`` when simulated); None unknown."""
+    """``main`` when simulated; None unknown."""
     gfx: str | None
-    """What aiter's ``get_gfx()`` answers (asked, or predicted from ``GPU_ARCHS``)."""
     gfx_source: str
-    """How :attr:`gfx` was found, for messages."""
 
     @property
     def generation(self) -> str | None:
@@ -134,8 +112,7 @@ class AiterFacts:
 def predicted_aiter_gfx(
     device_arch: str | None, env: Mapping[str, str] | None = None
 ) -> tuple[str | None, str]:
-    """What aiter's ``get_gfx()`` will answer here, and why: the last ``GPU_ARCHS`` entry,
-    else (unset or ``native``) the GPU rocminfo lists first, taken to be the device."""
+    """What aiter's ``get_gfx()`` will answer here, and why (predicted before aiter imports)."""
     env = os.environ if env is None else env
     value = env.get("GPU_ARCHS", "native")
     if value == "native":
@@ -158,10 +135,7 @@ def _installed_aiter_version() -> str | None:
 def probe_aiter(
     device_arch: str | None, env: Mapping[str, str] | None = None
 ) -> AiterFacts | None:
-    """The installed aiter's facts, without importing aiter; None if aiter is not installed.
-
-    When aiter is already imported, its own ``get_gfx()`` is asked (cached by aiter).
-    """
+    """The installed aiter's facts without importing it; None if aiter is not installed."""
     if importlib.util.find_spec("aiter") is None:
         return None
     gfx, source = predicted_aiter_gfx(device_arch, env)
@@ -178,12 +152,8 @@ def probe_aiter(
 def simulated_aiter(
     choice: str, device_arch: str, env: Mapping[str, str] | None = None
 ) -> AiterFacts | None:
-    """A pretend aiter for ``titan-rocm plan --aiter`` (None for ``absent``); its ``get_gfx()``
-    is predicted from this shell's ``GPU_ARCHS``, as the real one would read it.
-
-    Raises:
-        ValueError: ``choice`` is not one of :data:`AITER_CHOICES`.
-    """
+    """A pretend aiter for ``plan --aiter`` (None for ``absent``); raises ValueError for an
+    unknown ``choice``."""
     if choice not in AITER_CHOICES:
         raise ValueError(
             f"aiter = {choice!r} is not valid; accepted: {', '.join(AITER_CHOICES)}"
@@ -200,24 +170,20 @@ class PlatformFacts:
 
     torch_version: str | None
     hip_version: str | None
-    """``torch.version.hip``; None on CUDA and CPU builds."""
     cuda_version: str | None
     device_count: int
     gcn_arch_name: str | None
-    """``gcnArchName`` of device 0 (e.g. ``gfx942:sramecc+:xnack-``); None off ROCm."""
+    """E.g. ``gfx942:sramecc+:xnack-``; None off ROCm."""
     device_capability: tuple[int, int] | None
     device_name: str | None
     triton_version: str | None
     aiter_spec_found: bool
-    """An ``aiter`` package is installed. Importing it is still left to the caller:
-    aiter raises RuntimeError/AssertionError at import without ROCm."""
+    """Installed only: aiter raises at import without ROCm, so importing is the caller's call."""
     simulated: bool = False
-    """True when these facts were made up (``plan --arch``, tests), not detected."""
+    """Made up (``plan --arch``, tests), not detected."""
     aiter: AiterFacts | None = None
-    """The installed aiter's version and ``get_gfx()`` answer (:func:`probe_aiter`)."""
     primus_turbo: bool | None = None
-    """Primus-Turbo's grouped GEMM is there: None on a real machine (asked by importing it,
-    when needed); True or False on a simulated one (``titan-rocm plan --primus-turbo``)."""
+    """None on a real machine (asked by importing it when needed); set on a simulated one."""
 
     @property
     def is_rocm(self) -> bool:
@@ -226,7 +192,7 @@ class PlatformFacts:
 
     @property
     def gfx_arch(self) -> str | None:
-        """Bare target of device 0, e.g. ``gfx942``; None off ROCm or without a device."""
+        """Bare target of device 0 (``gfx942``); None off ROCm or without a device."""
         return normalize_arch(self.gcn_arch_name) if self.gcn_arch_name else None
 
     @property
@@ -241,7 +207,7 @@ class PlatformFacts:
 
     @property
     def aiter_usable(self) -> bool:
-        """aiter can be expected to import: installed, on a ROCm build with a device."""
+        """Installed, on a ROCm build with a device: aiter can be expected to import."""
         return self.aiter_spec_found and self.is_rocm and self.device_count > 0
 
     def describe(self) -> str:
@@ -271,16 +237,9 @@ class PlatformFacts:
         aiter: str = DEFAULT_SIMULATED_AITER,
         primus_turbo: bool | None = None,
     ) -> PlatformFacts:
-        """Facts of a pretend ROCm machine with one ``arch`` device.
+        """Facts of a pretend ROCm machine with one ``arch`` device (``plan --arch``, tests).
 
-        Used by ``titan-rocm plan --arch`` on a login node and by tests. Each keyword simulates
-        one more part of the machine: ``aiter`` is one of :data:`AITER_CHOICES`;
-        ``primus_turbo`` says whether Primus-Turbo is installed there (None: as on this
-        machine).
-
-        Raises:
-            ValueError: ``arch`` is not an architecture titan-rocm knows, or a keyword's value
-                is not accepted.
+        Raises ValueError for an unknown ``arch`` or keyword value.
         """
         facts = arch_facts(arch)
         pretend_aiter = simulated_aiter(aiter, facts.name)
@@ -301,12 +260,9 @@ class PlatformFacts:
 
 def planned_facts(arch: str | None, aiter: str | None = None,
                   primus_turbo: str | None = None) -> PlatformFacts:
-    """The machine ``titan-rocm plan`` plans for: this one, or with ``arch`` a simulated ROCm
-    machine with that GPU, ``aiter`` (:data:`AITER_CHOICES`) and ``primus_turbo``
-    (``present``/``absent``).
+    """The machine ``titan-rocm plan`` plans for: this one, or a simulated ROCm ``arch``.
 
-    Raises:
-        ValueError: an unknown value, or ``aiter``/``primus_turbo`` without ``arch``.
+    Raises ValueError for an unknown value, or ``aiter``/``primus_turbo`` without ``arch``.
     """
     given = [f"--aiter {aiter}"] * (aiter is not None) + \
         [f"--primus-turbo {primus_turbo}"] * (primus_turbo is not None)
@@ -343,7 +299,7 @@ def _triton_version() -> str | None:
 
 
 def detect() -> PlatformFacts:
-    """Detect the facts of this process's machine (uncached; prefer :func:`current`)."""
+    """Detect this machine's facts, uncached (prefer :func:`current`)."""
     try:
         import torch
     except ImportError:
@@ -395,10 +351,7 @@ def current() -> PlatformFacts:
 
 
 def reprobe_aiter() -> PlatformFacts:
-    """Probe aiter again (its own ``get_gfx()`` once it is imported) into the cached facts.
-
-    Simulated or overridden facts are returned unchanged: a test or a plan decides them.
-    """
+    """Probe aiter again into the cached facts; simulated or overridden facts stay as given."""
     global _current
     facts = current()
     if _overrides or facts.simulated or not facts.is_rocm:

@@ -1,10 +1,7 @@
-"""Progress of a command that can run past a few seconds (``tune run``, ``scan`` of a large
-cache): a fixed total from the start and an estimate of the time left.
+"""Progress of a long command (``tune run``, ``scan``): fixed total, time left.
 
-On a terminal it is tqdm's bar (redrawn in place). Anywhere else (a log file, a pipe, CI)
-a bar would write ``\\r`` noise or nothing, so a plain line goes out every ``interval``
-seconds and once at the end, in the same words tqdm's bar uses (``tqdm.format_meter``).
-tqdm is the one progress library of the project: pure Python, no dependencies.
+tqdm's bar on a terminal; elsewhere (log, pipe, CI) a bar is ``\\r`` noise, so a plain line
+in tqdm's words goes out every ``interval`` seconds and once at the end.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 INTERVAL_S = 30.0
-"""Seconds between two progress lines when the stream is not a terminal."""
 
 _FORMAT = "{n_fmt}/{total_fmt} {unit}s [{elapsed}<{remaining}]"
 
@@ -25,13 +21,7 @@ _FORMAT = "{n_fmt}/{total_fmt} {unit}s [{elapsed}<{remaining}]"
 class Progress:
     """``n`` of a fixed ``total`` things done, with an ETA; use as a context manager.
 
-    Args:
-        total: how many things there are (fixed: known before the first is done).
-        unit: what one thing is called (``problem``, ``file``).
-        prefix: the command, printed first (``titan-rocm tune``).
-        stream: where to write (default ``sys.stderr``, so stdout stays the command's result).
-        tty: draw a bar (default: whether ``stream`` is a terminal).
-        interval: seconds between lines when not drawing a bar.
+    Writes to stderr by default, so stdout stays the command's result.
     """
 
     def __init__(self, total: int, unit: str, prefix: str, stream: TextIO | None = None,
@@ -45,7 +35,6 @@ class Progress:
         self._start = time.monotonic()
         self._last_line = self._start
         self.lines = 0
-        """Progress lines written (not on a terminal)."""
         self._bar: Any = None
         if self.tty:
             self._bar = tqdm(total=total, unit=unit, desc=prefix, file=self.stream,
@@ -80,8 +69,7 @@ class Progress:
         self.lines += 1
 
     def close(self) -> None:
-        """End the bar, or write the last line when earlier ones went out (so a log shows
-        where it ended)."""
+        """End the bar, or write a last line so a log shows where it ended."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None

@@ -1,18 +1,10 @@
 """Which TorchTitan is installed, read from the API its files have: TorchTitan is never imported.
 
-titan-rocm has one adapter per TorchTitan generation: model converters for 0.2.2
-(``titan_rocm.adapters.tt022.converters``, ``[model] converters = ["rocm"]``) and a trainer
-adapter for 0.3.0 (``titan_rocm.adapters.tt030``, typed as ``titan_rocm.torchtitan``). Each
-entry point asks :func:`require` first, so a user who calls the one for the other generation
-gets a sentence naming what is installed and the entry point that fits it,
-instead of an ImportError from deep inside TorchTitan.
-
-The generation is the API shape the installed package has (:func:`detect`), not its version
-string: TorchTitan main reports 0.2.2 (``assets/version.txt`` at pytorch/torchtitan b5bcd76c)
-but has 0.3.0's config functions and no ``torchtitan/protocols/model_converter.py``. Importing
-TorchTitan costs seconds and, in 0.3.0, fixes its device type for the process, so the probe
-finds the package with ``importlib.util.find_spec`` (which does not run a top-level package)
-and looks at its files.
+Each entry point calls :func:`require` first, so a user of the other generation's entry point
+gets a sentence naming what to use instead of an ImportError from deep inside TorchTitan.
+The generation is the API shape, not the version string: TorchTitan main reports 0.2.2
+(``assets/version.txt`` at pytorch/torchtitan b5bcd76c) but has 0.3.0's API. The files are
+read, not imported, because importing costs seconds and, in 0.3.0, fixes the device type.
 """
 
 from __future__ import annotations
@@ -26,7 +18,6 @@ from pathlib import Path
 from typing import Literal
 
 Series = Literal["0.2", "0.3"]
-"""The TorchTitan release lines titan-rocm has an adapter for."""
 
 ENTRY_POINTS: dict[str, str] = {
     "0.2": (
@@ -40,7 +31,6 @@ ENTRY_POINTS: dict[str, str] = {
         "(docs/torchtitan-0.3.md)"
     ),
 }
-"""What a user of each release line should use instead, for the error sentence."""
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)")
 
@@ -48,13 +38,12 @@ _VERSION = re.compile(r"^(\d+)\.(\d+)")
 class TorchTitanVersionError(RuntimeError):
     """The installed TorchTitan is not the one this titan-rocm entry point is for.
 
-    A RuntimeError, not an ImportError: TorchTitan 0.3.0's ``--module`` loader swallows
-    ImportErrors and would replace this sentence with its own "cannot import module".
+    A RuntimeError, because TorchTitan 0.3.0's ``--module`` loader swallows ImportErrors.
     """
 
 
 def installed() -> str | None:
-    """The installed ``torchtitan`` distribution's version, or None when it is not installed."""
+    """None when it is not installed."""
     try:
         return importlib.metadata.version("torchtitan")
     except importlib.metadata.PackageNotFoundError:
@@ -70,27 +59,22 @@ SHAPES: dict[str, tuple[str, ...]] = {
 """Files (under the ``torchtitan`` package) that each generation's API has, all of them."""
 
 FOLDED_TOKENS = "folded_tokens"
-"""The variant of a 0.3-shaped TorchTitan whose batch is folded into the token dimension:
-pytorch/torchtitan #4121 (commit 73aed7f6) made tokens, positions and hidden states ``[T]`` /
-``[T, D]`` and q/k/v ``(T, N, H)`` instead of ``(B, L, N, H)``. Workarounds whose seam reads the
-attention layout take that variant's seam (``workarounds/seams.py``, ``Generation.variants``)."""
+"""A 0.3-shaped TorchTitan with the batch folded into the token dimension (pytorch/torchtitan
+#4121, commit 73aed7f6: q/k/v ``(T, N, H)`` instead of ``(B, L, N, H)``); seams that read the
+attention layout differ by it."""
 FOLDED_TOKENS_MARKER = ("config/configs.py", "num_tokens_per_microbatch_per_dp_rank")
-"""How :data:`FOLDED_TOKENS` shows in the files: #4121 renamed ``training.local_batch_size`` to
-this field (pytorch/torchtitan b5bcd76c, ``torchtitan/config/configs.py``)."""
+"""#4121 renamed ``training.local_batch_size`` to this (b5bcd76c, ``config/configs.py``)."""
 
 
 @dataclass(frozen=True)
 class UnreadShape:
-    """A change to a 0.3-shaped TorchTitan that one workaround's seam was not written
-    against, read from the files: the seam is then moved (``auto`` skips with
+    """A TorchTitan change one workaround's seam was not written against (``auto`` skips with
     :attr:`reason`, ``on`` fails with it)."""
 
     workaround: str
     path: str
-    """A file under the ``torchtitan`` package."""
     lacks: str | None
-    """None: the file's existence is the change; else the change is the file lacking this
-    text (or being absent)."""
+    """None: the file's existence is the change; else the file lacking this text is."""
     reason: str
 
 
@@ -124,20 +108,17 @@ class Installed:
     """What :func:`detect` found: the distribution's version and the API its files have."""
 
     version: str | None
-    """The ``torchtitan`` distribution's version (what it says, not what it is)."""
+    """What it says, not what it is."""
     location: str | None = None
-    """The ``torchtitan`` package directory, None when none is importable."""
     shape: Series | None = None
-    """The generation whose API the files have, None for neither."""
+    """None for neither."""
     found: tuple[str, ...] = ()
-    """Every marker of :data:`SHAPES` that exists, for the sentence."""
     moved: Mapping[str, str] = field(default_factory=dict)
-    """Workaround -> why its seam does not fit this TorchTitan (a known shape that moved)."""
+    """Workaround -> why its seam does not fit this TorchTitan."""
     variants: tuple[str, ...] = ()
-    """Variants of its shape some seams differ by (:data:`FOLDED_TOKENS`)."""
 
     def describe(self) -> str:
-        """One phrase naming it, e.g. ``torchtitan 0.2.2 (with TorchTitan 0.3's API)``."""
+        """E.g. ``torchtitan 0.2.2 (with TorchTitan 0.3's API)``."""
         if self.location is None:
             return "no torchtitan"
         text = f"torchtitan {self.version or '(no version metadata)'}"
@@ -168,12 +149,7 @@ def _package_dir() -> Path | None:
 
 
 def detect(package_dir: str | Path | None = None) -> Installed:
-    """Which TorchTitan generation is installed, from its files (nothing is imported).
-
-    Args:
-        package_dir: the ``torchtitan`` package directory to judge (default: the importable
-            one; tests pass stand-ins).
-    """
+    """Which TorchTitan generation is installed, from its files (tests pass a stand-in dir)."""
     root = Path(package_dir) if package_dir is not None else _package_dir()
     version = installed()
     if root is None:
@@ -207,8 +183,7 @@ def _read(path: Path) -> str:
 
 
 def series(version: str | None = None) -> str | None:
-    """The installed TorchTitan's generation (``"0.2"``/``"0.3"``, from its API; None for
-    neither or none installed), or, given ``version``, that string's ``"major.minor"``."""
+    """``"0.2"``/``"0.3"`` of the installed API (None for neither), or of ``version``."""
     if version is None:
         return detect().shape
     match = _VERSION.match(version)
@@ -219,13 +194,8 @@ def require(wanted: Series, entry: str, version: str | None = None,
             found: Installed | None = None, advice: str | None = None) -> str:
     """Raise unless the installed TorchTitan has generation ``wanted``'s API; return its version.
 
-    Args:
-        wanted: the generation ``entry`` is written for.
-        entry: what the user called, for the sentence (e.g. ``"titan_rocm.torchtitan"``).
-        version: judge this version string instead of the installed files (tests).
-        found: judge this :func:`detect` result instead of the installed one (tests).
-        advice: what to do instead, for an entry the other generation has no twin of
-            (default: the installed generation's entry point, :data:`ENTRY_POINTS`).
+    ``version`` and ``found`` stand in for the installed files (tests); ``advice`` replaces
+    the other generation's entry point in the sentence where it has no twin.
 
     Raises:
         TorchTitanVersionError: naming ``entry``, what is installed and what to use.

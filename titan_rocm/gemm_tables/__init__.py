@@ -1,7 +1,6 @@
-"""aiter tuned GEMM tables: make them safe for HIP-graph capture (``titan-rocm gemm-tables``).
+"""aiter tuned GEMM tables made safe for HIP-graph capture (``titan-rocm gemm-tables``).
 
-Torch-free: only the standard library, :mod:`titan_rocm.archs` and :mod:`titan_rocm.platform`.
-The capture hazards are named rules (:data:`rules.RULES`). Docs: docs/gemm-tables.md.
+Torch-free. Docs: docs/gemm-tables.md.
 """
 
 from titan_rocm.gemm_tables.capture_safe import CaptureSafeError, Result, capture_safe

@@ -1,13 +1,8 @@
 """``capture-safe``: copy aiter tuned BF16 GEMM tables without the rows unsafe under capture.
 
-Each table is read one record at a time and judged as it is read (memory stays flat
-whatever its size); what survives goes to a temporary file in the output directory, and
-only when every input has been judged are the temporary files renamed over their
-destinations (:func:`write_all`). So a bad input changes no destination and leaves no
-file behind, no reader ever sees a partial table, and a full disk or Ctrl-C while
-writing changes no destination. Which rows are unsafe is decided by the capture rules
-that hold for the aiter in question (:mod:`titan_rocm.gemm_tables.rules`).
-Docs: docs/gemm-tables.md.
+Rows are judged as they stream (memory stays flat) into temporary files that are renamed into
+place only once every input is judged, so a bad input, a full disk or Ctrl-C changes no
+destination and no reader sees a partial table. Docs: docs/gemm-tables.md.
 """
 
 from __future__ import annotations
@@ -30,8 +25,7 @@ AITER_GEMM_CONFIG_ENV = "AITER_CONFIG_GEMM_BF16"
 
 
 class CaptureSafeError(ValueError):
-    """Bad input or output for the operation (message says what and what is accepted)."""
-
+    """Bad input or output: the message says what and what is accepted."""
 
 class CaptureSafeInterrupted(Exception):
     """Ctrl-C stopped the operation; ``written`` and ``not_written`` are the output paths."""
@@ -53,8 +47,7 @@ def written_text(written: Sequence[Path], not_written: Sequence[Path]) -> str:
 
 
 MAX_NOTES = 10_000
-"""Removed rows (and, apart, disagreements) listed per run; beyond it rows are still
-judged and counted, and the report says how many were not listed (memory stays flat)."""
+"""Rows listed per run; beyond it rows are only counted, so memory stays flat."""
 
 
 @dataclass(frozen=True)
@@ -69,20 +62,17 @@ class RowNote:
     kernel_name: str
     detail: str
     rule: str = ""
-    """The capture rule that removes the row (empty for a disagreement note)."""
+    """Empty for a disagreement note."""
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-able form."""
         return json_form(self, "line arch cu_num libtype solidx kernelName=kernel_name rule detail")
 
 
 @dataclass
 class Notes:
-    """One file's rows worth listing, within a budget that the files of a run share
-    (:data:`MAX_NOTES` by default); past it rows are only counted."""
+    """One file's listed rows, within a budget all files of a run share."""
 
     budget: list[int] = field(default_factory=lambda: [MAX_NOTES])
-    """Listings left, shared: ``[n]``."""
     kept: list[RowNote] = field(default_factory=list)
     not_listed: int = 0
 
@@ -106,16 +96,13 @@ class FileResult:
     output: Path | None
     has_gfx: bool = False
     counts: Counter[tuple[str, str, bool]] = field(default_factory=Counter)
-    """(arch, libtype, removed) → rows."""
     by_rule: Counter[str] = field(default_factory=Counter)
-    """Rule name → rows it removed."""
     fixed_by_rule: Counter[str] = field(default_factory=Counter)
     """Rule name → rows it would remove, kept because the rule does not hold."""
     removed: Notes = field(default_factory=Notes)
     disagreements: Notes = field(default_factory=Notes)
     unknown_cu_nums: Counter[tuple[str, str]] = field(default_factory=Counter)
-    """(arch, cu_num) → rows judged as that arch (by gfx or --arch) although
-    titan_rocm.archs does not list that cu_num for it."""
+    """(arch, cu_num) → rows judged as an arch that titan_rocm.archs lacks that cu_num for."""
 
     @property
     def rows(self) -> int:
@@ -140,7 +127,7 @@ class Result:
 
     @property
     def unsafe_rows(self) -> int:
-        """Rows removed (or, with ``check``, that would be removed) across all files."""
+        """Rows removed (or, with ``check``, that would be removed)."""
         return sum(f.removed_rows for f in self.files)
 
     @property
@@ -162,12 +149,12 @@ class Result:
         ]
 
     def env_line(self) -> str | None:
-        """``AITER_CONFIG_GEMM_BF16=...`` for the written files (``None`` when nothing written)."""
+        """None when nothing was written."""
         outputs = [str(f.output) for f in self.files if f.output is not None]
         return f"{AITER_GEMM_CONFIG_ENV}={':'.join(outputs)}" if outputs else None
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-able report of this run (what ``--json`` prints)."""
+        """What ``--json`` prints."""
         unknown: Counter[tuple[str, str]] = Counter()
         for file_result in self.files:
             unknown.update(file_result.unknown_cu_nums)
@@ -223,12 +210,9 @@ def judge_rows(
     arch_override: str | None = None,
     archs: Mapping[str, ArchFacts] = ARCHS,
 ) -> Iterator[bytes]:
-    """Decide every row of ``table`` as it is read, counting into ``result``; yield the
-    bytes that survive (the header first).
+    """Yield the bytes of ``table`` that survive (header first), counting into ``result``.
 
-    Raises:
-        CaptureSafeError: an opus row whose architecture is unknown or ambiguous, an opus
-            row whose solidx or an asm row whose splitK is not an integer, or a bad table.
+    Raises CaptureSafeError for a bad table or a row that cannot be judged.
     """
     holding = {rule.name for rule in rules.holding()}
     result.has_gfx = table.has_gfx
@@ -315,12 +299,10 @@ def _same_file(a: Path, b: Path) -> bool:
 
 
 def plan_outputs(inputs: Sequence[Path], outdir: Path) -> list[Path]:
-    """The output path for each input (``outdir/<same name>``), after safety checks.
+    """The output path for each input (``outdir/<same name>``).
 
-    Raises:
-        CaptureSafeError: two inputs share a name, an output would be its input (or any
-            input), ``outdir`` is not a directory, or a path contains ``:`` (the
-            separator of AITER_CONFIG_GEMM_BF16).
+    Raises CaptureSafeError when two inputs share a name, an output would overwrite an input,
+    ``outdir`` is not a directory, or a path holds ``:`` (AITER_CONFIG_GEMM_BF16's separator).
     """
     if outdir.exists() and not outdir.is_dir():
         raise CaptureSafeError(f"output directory {outdir} exists and is not a directory")
@@ -361,24 +343,13 @@ def capture_safe(
 ) -> Result:
     """Judge every table in ``inputs``; unless ``check``, write the safe copies to ``outdir``.
 
-    Args:
-        inputs: tuned BF16 GEMM CSV tables.
-        outdir: where the copies go, under the same names (created if missing);
-            ignored with ``check``.
-        policy: ``splitk-opus`` or ``all-opus`` (see :data:`policy.POLICIES`).
-        arch: the architecture of rows without a ``gfx`` value (``--arch``).
-        check: decide only; write nothing.
-        archs: per-arch facts (tests pass their own).
-        aiter: ``--aiter`` (:data:`titan_rocm.platform.AITER_CHOICES`); None: the installed
-            aiter decides which rules hold (:func:`rules.rules_for`).
-        rules: the rules in force, instead of ``aiter`` (tests pass their own).
+    ``aiter`` None lets the installed aiter decide which rules hold; ``archs`` and ``rules``
+    let tests pass their own.
 
     Raises:
-        CaptureSafeError: any bad input, output or option; nothing has been written,
-            except when renaming the finished tables into place fails midway (the
-            message names the tables written and those not).
-        CaptureSafeInterrupted: Ctrl-C; it says which tables were written (none unless
-            it came among the final renames).
+        CaptureSafeError: bad input, output or option; nothing is written, unless renaming
+            the finished tables fails midway (the message names what was written).
+        CaptureSafeInterrupted: Ctrl-C; it says which tables were written.
     """
     if not inputs:
         raise CaptureSafeError("no table given")
@@ -430,7 +401,6 @@ def capture_safe(
 
 
 def _write(outdir: Path, files: list[tuple[Path, Iterator[bytes]]]) -> None:
-    """Stage every table (judging it as it is read), then rename them all into place."""
     created = not outdir.exists()
     try:
         outdir.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,7 @@
 """Which tuned GEMM rows are unsafe under HIP-graph capture, and on which architecture.
 
-aiter's split-K "opus" kernels on gfx942/gfx950 keep their partial-sum workspace
-in a per-stream hipMalloc registry; a graph capture that is the first to touch it
-aborts the process. The kernels are identified by ``solidx`` ranges recorded per
-architecture in :mod:`titan_rocm.archs` (``opus_splitk_solidx_ranges``).
-Docs: docs/gemm-tables.md.
+aiter's split-K opus kernels keep their workspace in a per-stream hipMalloc registry, so a
+capture that touches it first aborts the process. Docs: docs/gemm-tables.md.
 """
 
 from __future__ import annotations
@@ -15,9 +12,8 @@ from dataclasses import dataclass
 from titan_rocm.archs import ARCHS, ArchFacts, normalize_arch
 
 POLICIES: tuple[str, ...] = ("splitk-opus", "all-opus")
-"""``splitk-opus``: remove split-K opus rows only (the precise rule, default).
-``all-opus``: remove every opus row of an architecture with capture-unsafe opus
-kernels (the blunt fix seen in the wild, for comparison)."""
+"""``splitk-opus`` (default) removes split-K opus rows only; ``all-opus`` every opus row of an
+unsafe arch, the blunt fix seen in the wild, kept for comparison."""
 
 OPUS = "opus"
 
@@ -31,9 +27,7 @@ class RowJudgement:
     """The decision about one row."""
 
     unsafe: bool
-    """Remove the row under the chosen policy."""
     reason: str
-    """Why it is removed (empty when kept)."""
     disagreement: str
     """Non-empty when ``kernelName`` and ``solidx`` disagree about split-K (explains how)."""
 
@@ -52,14 +46,9 @@ def row_arch(
     arch_override: str | None,
     archs: Mapping[str, ArchFacts] = ARCHS,
 ) -> str:
-    """The architecture a row applies to.
+    """The architecture a row applies to: its ``gfx``, else ``--arch``, else its ``cu_num``.
 
-    A non-empty ``gfx`` field names it. Otherwise ``arch_override`` (``--arch``)
-    does, and without it the ``cu_num`` must map to exactly one architecture.
-
-    Raises:
-        ArchError: the named architecture is unknown, or the cu_num maps to no
-            architecture or to several.
+    Raises ArchError when that is unknown or the cu_num maps to no or several architectures.
     """
     known = ", ".join(sorted(archs))
     gfx = fields.get("gfx", "").strip()
@@ -101,11 +90,7 @@ def name_says_splitk(kernel_name: str) -> bool:
 
 
 def parse_integer(text: str, field: str) -> int:
-    """Parse an integer field of a table row (``250`` or an integral float such as ``250.0``).
-
-    Raises:
-        ValueError: naming ``field`` and the value when it is not an integer.
-    """
+    """An integer table field (``250`` or ``250.0``); raises ValueError naming ``field``."""
     value = text.strip()
     try:
         return int(value)
@@ -128,14 +113,9 @@ def parse_solidx(text: str) -> int:
 def judge(fields: Mapping[str, str], facts: ArchFacts, policy: str) -> RowJudgement:
     """Decide whether the row ``fields`` (of architecture ``facts``) is unsafe under ``policy``.
 
-    Only ``libtype == "opus"`` rows of an architecture with capture-unsafe split-K
-    kernels (non-empty ``opus_splitk_solidx_ranges``) can be unsafe. The rule is the
-    ``solidx`` range; ``kernelName`` containing ``splitk`` is cross-checked, and a row
-    whose name says split-K while its id lies outside every range is removed too
-    (a crash under capture costs more than one tuned row), flagged as a disagreement.
-
-    Raises:
-        ValueError: unknown policy, or an opus row whose solidx is not an integer.
+    The ``solidx`` range decides; a row whose ``kernelName`` says split-K outside every range
+    is removed too, flagged, because a crash under capture costs more than one tuned row.
+    Raises ValueError for an unknown policy or a non-integer opus solidx.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of: {', '.join(POLICIES)}")

@@ -1,13 +1,8 @@
-"""The capture hazards of aiter's tuned BF16 GEMM kernels, as named rules (data), and which
-of them hold for an aiter.
+"""The capture hazards of aiter's tuned BF16 GEMM kernels as named rules, and which hold.
 
-Each :class:`CaptureRule` names the rows it removes, what goes wrong when such a row runs
-inside a HIP/CUDA graph, where aiter's source shows it, and the aiter change that ends it.
-Whether a rule holds depends on the aiter the job runs, so it is decided from that aiter's
-own Python sources (:func:`detect`: a marker of the fix, not a version string), or from
-``--aiter`` (:data:`titan_rocm.platform.AITER_CHOICES`: facts read at the tags and commits
-named in :data:`SIMULATED`); with no aiter known every rule holds (:func:`unknown_aiter`).
-Docs: docs/gemm-tables.md ("The rules").
+Whether a rule holds depends on the aiter the job runs, so it is read from that aiter's
+sources (a marker of the fix, not a version string) or from ``--aiter``; with no aiter known
+every rule holds. Docs: docs/gemm-tables.md ("The rules").
 """
 
 from __future__ import annotations
@@ -29,7 +24,6 @@ class Marker:
     """Text that one of aiter's Python files holds, e.g. the line a fix added."""
 
     path: str
-    """A glob relative to the aiter package directory (``ops/gemm_op_a16w16.py``)."""
     text: str
 
     def found_in(self, root: Path) -> Path | None:
@@ -48,8 +42,7 @@ class Marker:
 
 
 Match = Callable[[Mapping[str, str], "ArchFacts | None", str], "str | None"]
-"""(row fields, the row's arch facts or None when unknown, policy) → why the rule removes
-the row, or None when it does not concern the row."""
+"""(row fields, arch facts or None, policy) → why the rule removes the row, or None."""
 
 
 @dataclass(frozen=True)
@@ -59,18 +52,15 @@ class CaptureRule:
     name: str
     libtype: str
     rows: str
-    """Which rows, in one sentence."""
     failure: str
-    """What happens under capture."""
     source: str
-    """Where aiter's code shows it (repo, file, commit)."""
+    """Repo, file, commit."""
     ended_by: str
-    """The aiter change that ends it."""
     hazard: Marker
-    """Code the defect lives in (an aiter without it, and without :attr:`fix`, is not known
-    to this rule: the rule then holds, to be safe)."""
+    """Code the defect lives in; an aiter with neither it nor :attr:`fix` is unknown, and the
+    rule holds to be safe."""
     fix: Marker
-    """Code the change in :attr:`ended_by` adds: found, the rule does not hold."""
+    """Found, the rule does not hold."""
     matches: Match
 
     def to_dict(self) -> dict[str, str]:
@@ -166,7 +156,6 @@ RULES: tuple[CaptureRule, ...] = (
         matches=_flydsl_splitk,
     ),
 )
-"""Every capture rule, in the order a row is tested against them."""
 
 RULE_NAMES: tuple[str, ...] = tuple(rule.name for rule in RULES)
 
@@ -180,7 +169,6 @@ class RuleState:
     why: str
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-able form."""
         return {**self.rule.to_dict(), "holds": self.holds, "why": self.why}
 
 
@@ -189,8 +177,7 @@ class AiterRules:
     """The rules in force and how the aiter they describe was known."""
 
     known_as: str
-    """``installed at PATH``, ``--aiter NAME: what it simulates``, or ``unknown`` (every rule
-    holds)."""
+    """``installed at PATH``, ``--aiter NAME: ...``, or ``unknown`` (every rule holds)."""
     states: tuple[RuleState, ...]
 
     def holding(self) -> list[CaptureRule]:
@@ -198,7 +185,6 @@ class AiterRules:
         return [s.rule for s in self.states if s.holds]
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-able form."""
         return {"known_as": self.known_as, "rules": [s.to_dict() for s in self.states]}
 
 
@@ -250,12 +236,11 @@ SIMULATED: dict[str, dict[str, tuple[bool, str]]] = {
         ),
     },
 }
-"""``--aiter`` choice (:data:`titan_rocm.platform.SIMULATED_AITERS`) → rule → (holds, why),
-read from aiter's sources at the commits named."""
+"""``--aiter`` choice → rule → (holds, why), read from aiter's sources at the commits named."""
 
 
 def unknown_aiter(reason: str) -> AiterRules:
-    """Every rule holds: nothing tells which aiter will read the tables (``reason`` says why)."""
+    """Every rule holds: nothing tells which aiter will read the tables."""
     return AiterRules(
         known_as="unknown",
         states=tuple(RuleState(rule, True, f"{reason}: every rule applies") for rule in RULES),
@@ -263,11 +248,7 @@ def unknown_aiter(reason: str) -> AiterRules:
 
 
 def simulated(choice: str) -> AiterRules:
-    """The rules of ``--aiter choice`` (one of :data:`titan_rocm.platform.AITER_CHOICES`).
-
-    Raises:
-        ValueError: an unknown choice, naming those accepted.
-    """
+    """The rules of ``--aiter choice``; raises ValueError naming those accepted."""
     if choice not in AITER_CHOICES:
         raise ValueError(f"--aiter {choice!r} is not valid; accepted: {', '.join(AITER_CHOICES)}")
     if choice == "absent":
@@ -280,9 +261,8 @@ def simulated(choice: str) -> AiterRules:
 
 
 def detect(root: Path, rules: Sequence[CaptureRule] = RULES) -> AiterRules:
-    """The rules that hold for the aiter package whose directory is ``root``, read from its
-    Python sources: a rule whose fix marker is there does not hold; one whose defect or
-    fix cannot be found holds (an aiter this table of rules does not know)."""
+    """The rules that hold for the aiter at ``root``: a found fix marker ends a rule; an aiter
+    this table does not know keeps it."""
     states = []
     for rule in rules:
         fixed = rule.fix.found_in(root)
@@ -302,7 +282,7 @@ def detect(root: Path, rules: Sequence[CaptureRule] = RULES) -> AiterRules:
 
 
 def installed_aiter_root() -> Path | None:
-    """The directory of the importable ``aiter`` package, found without importing it."""
+    """Found without importing aiter (it raises at import without ROCm)."""
     try:
         spec = importlib.util.find_spec("aiter")
     except (ImportError, ValueError):
@@ -316,11 +296,9 @@ def installed_aiter_root() -> Path | None:
 
 
 def rules_for(aiter: str | None) -> AiterRules:
-    """The rules in force: of ``--aiter aiter`` when given, else of the installed aiter,
-    else all of them (no aiter known).
+    """The rules in force: of ``--aiter``, else of the installed aiter, else all of them.
 
-    Raises:
-        ValueError: ``aiter`` is not one of :data:`titan_rocm.platform.AITER_CHOICES`.
+    Raises ValueError for an unknown ``aiter``.
     """
     if aiter is not None:
         return simulated(aiter)

@@ -1,11 +1,7 @@
 """Read an aiter tuned-GEMM CSV table as bytes, one record per CSV row, losslessly, streaming.
 
-The table is never rewritten through a CSV writer: each record keeps the exact
-bytes it had in the file (line ending, quoting, spacing), so a filtered table is
-the original file with whole lines taken out. The ``csv`` module only *parses* a
-record to decide about it. The file is read in chunks and one record at a time
-(:class:`Table` is an open table), so memory stays flat whatever the table's size; a
-record longer than :data:`MAX_RECORD_BYTES` (no table row comes near it) is refused.
+Records keep their exact bytes so a filtered table is the original minus whole lines; ``csv``
+only parses to decide. Streaming keeps memory flat whatever the table's size.
 """
 
 from __future__ import annotations
@@ -21,17 +17,15 @@ from typing import BinaryIO
 from titan_rocm.files import NotRegularFileError, open_regular
 
 REQUIRED_COLUMNS: tuple[str, ...] = ("cu_num", "libtype", "solidx", "kernelName")
-"""Columns a tuned BF16 GEMM table must have for the capture-safety decision."""
 
 OPTIONAL_ARCH_COLUMN = "gfx"
-"""The architecture column of current aiter tables; older tables only have ``cu_num``."""
+"""Current aiter tables have it; older ones only ``cu_num``."""
 
 DECIDING_COLUMNS: tuple[str, ...] = (*REQUIRED_COLUMNS, OPTIONAL_ARCH_COLUMN, "splitK")
-"""Every column the capture rules read; none may be named twice (:func:`repeated_column`)."""
 
 MAX_RECORD_BYTES = 1 << 20
-"""The longest record read (1 MiB): aiter's rows are about 200 bytes, so a longer one is a
-quote never closed or not a table, and holding it would make memory grow with the file."""
+"""1 MiB: aiter's rows are about 200 bytes, so a longer record is an unclosed quote or not a
+table, and holding it would make memory grow with the file."""
 
 CHUNK_BYTES = 1 << 16
 
@@ -39,26 +33,21 @@ _BOM = b"\xef\xbb\xbf"
 
 
 class GemmTableError(ValueError):
-    """The file is not a tuned GEMM table this tool can process (message says why)."""
-
+    """Not a tuned GEMM table this tool can process; the message says why."""
 
 @dataclass(frozen=True)
 class TableLine:
     """One CSV record: its original bytes and, for data rows, its parsed fields."""
 
     line: int
-    """1-based number of the record's first physical line in the file."""
     raw: bytes
-    """The record's exact bytes, line ending(s) included."""
     fields: dict[str, str] | None
-    """Column name → value; ``None`` for a blank line (aiter's pandas reader skips those)."""
+    """``None`` for a blank line (aiter's pandas reader skips those)."""
 
 
 def physical_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """The lines of the bytes ``chunks`` join to, each with its ending (``\\r\\n``, ``\\n``,
-    ``\\r``, or none on the last), as ``bytes.splitlines(keepends=True)`` splits them; a
-    piece without an ending grows only to :data:`MAX_RECORD_BYTES` (then it is yielded as
-    is, and the record check refuses it)."""
+    """Lines of the joined ``chunks`` with their endings; an endless piece stops growing at
+    :data:`MAX_RECORD_BYTES` so the record check refuses it."""
     pending = b""
     for chunk in chunks:
         pending += chunk
@@ -79,15 +68,10 @@ def physical_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 
 def iter_records(lines: Iterable[bytes], where: str = "line ") -> Iterator[tuple[int, bytes]]:
-    """Join physical ``lines`` into CSV records, each as (first line number, exact bytes).
+    """Join physical ``lines`` into CSV records (a quoted field may hold a line break).
 
-    A quoted field may contain a line break, so physical lines are joined until the
-    record's double quotes balance (an escaped quote ``""`` counts twice and so never
-    unbalances).
-
-    Raises:
-        GemmTableError: the data ends inside a quoted field, or a record is longer than
-            :data:`MAX_RECORD_BYTES` (``where`` prefixes the line number: ``"t.csv:"``).
+    Raises GemmTableError when the data ends inside a quote or a record exceeds
+    :data:`MAX_RECORD_BYTES`.
     """
     pending: list[bytes] = []
     size = start = quotes = 0
@@ -139,13 +123,11 @@ def _chunks(handle: BinaryIO, path: Path) -> Iterator[bytes]:
 
 
 def repeated_column(columns: tuple[str, ...]) -> str | None:
-    """Why the header cannot be judged, when it names a column of :data:`DECIDING_COLUMNS`
-    twice (names compared stripped); None when it does not.
+    """Why the header cannot be judged when it names a deciding column twice; else None.
 
-    aiter reads its tables with ``pandas.read_csv``, which keeps the first column spelt exactly
-    ``solidx`` under that name and renames a later one ``solidx.1``; a name with a space
-    (``" solidx"``) is another column to pandas, so which value aiter uses depends on spacing
-    these stripped names do not keep. Either guess could pass an unsafe row.
+    aiter's ``pandas.read_csv`` renames repeats (``solidx.1``) and treats ``" solidx"`` as
+    another column, so which value aiter uses is unknowable here; either guess could pass an
+    unsafe row.
     """
     for name in DECIDING_COLUMNS:
         places = [str(i) for i, column in enumerate(columns, start=1) if column == name]
@@ -160,11 +142,7 @@ def repeated_column(columns: tuple[str, ...]) -> str | None:
 
 
 class Table:
-    """An open tuned GEMM table: its header, then its records read one at a time.
-
-    Use as a context manager (the file is closed on leaving it); :meth:`records` can be
-    iterated once.
-    """
+    """An open tuned GEMM table: header, then records read once, one at a time (``with``)."""
 
     def __init__(self, path: Path, handle: BinaryIO) -> None:
         self.path = path
@@ -198,11 +176,9 @@ class Table:
         return OPTIONAL_ARCH_COLUMN in self.columns
 
     def records(self) -> Iterator[TableLine]:
-        """The records after the header, in file order (blank lines with ``fields`` None).
+        """The records after the header (blank lines with ``fields`` None).
 
-        Raises:
-            GemmTableError: non-UTF-8 bytes, malformed CSV, a row whose field count differs
-                from the header's, or the reasons of :func:`iter_records`.
+        Raises GemmTableError for non-UTF-8 bytes, malformed CSV or a wrong field count.
         """
         columns = self.columns
         for line, raw in self._records:
@@ -222,7 +198,6 @@ class Table:
             yield TableLine(line, raw, dict(zip(columns, values, strict=True)))
 
     def close(self) -> None:
-        """Close the file."""
         self._handle.close()
 
     def __enter__(self) -> Table:
@@ -233,11 +208,7 @@ class Table:
 
 
 def read_table(path: str | Path) -> Table:
-    """Open the tuned GEMM table at ``path`` and read its header (close it, or use ``with``).
-
-    Raises:
-        GemmTableError: the file cannot be read or does not start as such a table.
-    """
+    """Open the table at ``path`` and read its header; raises GemmTableError if it is not one."""
     path = Path(path)
     try:
         handle = os.fdopen(open_regular(path), "rb")

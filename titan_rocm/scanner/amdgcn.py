@@ -1,14 +1,8 @@
-"""A small parser for AMDGCN assembly text (what Triton keeps in ``kernel.asm["amdgcn"]``).
+"""A small parser for AMDGCN assembly text (Triton's ``kernel.asm["amdgcn"]``).
 
-It knows just enough for hazard rules: instructions (mnemonic, operands, modifiers, source
-line), register ranges (``v5``, ``v[0:3]``, ``a[4:7]``, ``s[8:11]``, ``ttmp2``), labels,
-basic blocks and their successors (fallthrough, both sides of ``s_cbranch_*``, the target
-of ``s_branch``; ``s_endpgm``/``s_setpc``/``s_swappc`` end a path). Comments (``;``,
-``//``) and directives (``.loc``, ``.p2align`` ...) are skipped: they are not instructions
-and cost no wait states.
-
-:func:`parse` never raises: unknown instructions, junk text and odd operands are kept as
-instructions whose registers are simply not understood.
+It knows just enough for hazard rules: instructions, register ranges, labels and basic blocks.
+:func:`parse` never raises, because the scanner reads any cache file: what it does not
+understand is kept as an instruction whose registers are unknown.
 """
 
 from __future__ import annotations
@@ -22,8 +16,8 @@ __all__ = ["Reg", "Instruction", "Block", "Program", "TextView", "parse", "parse
 
 @dataclass(frozen=True)
 class Reg:
-    """A contiguous range of registers of one file: ``v`` (VGPR), ``a`` (AGPR), ``s`` (SGPR),
-    ``ttmp``, or a named special register (``vcc``, ``exec``, ``m0`` ...) with lo = hi = 0."""
+    """A contiguous range of one register file (``v``, ``a``, ``s``, ``ttmp``), or a named
+    special register (``vcc``, ``exec``...) with lo = hi = 0."""
 
     file: str
     lo: int
@@ -66,10 +60,7 @@ _ANY = 1 << 30
 
 
 def parse_register(token: str) -> tuple[Reg, ...]:
-    """Registers named by one operand token; ``()`` when it names none (literal, label...).
-
-    A bracket list ``[v0,v1,v2]`` gives one range per element.
-    """
+    """Registers named by one operand token; ``()`` when it names none (literal, label...)."""
     tok = token.strip()
     if not tok:
         return ()
@@ -123,7 +114,6 @@ def _parse_int(text: str) -> int | None:
 
 
 def _split_operands(args: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Split ``args`` into operand tokens and trailing modifiers (``offen``, ``offset:16``...)."""
     if not args:
         return (), ()
     if "[" not in args and "(" not in args:
@@ -164,17 +154,11 @@ class Instruction:
         self, mnemonic: str, args: str, line: int, index: int, block: int = 0, pos: int = 0
     ) -> None:
         self.mnemonic = mnemonic
-        """Lower-case mnemonic, e.g. ``buffer_store_dwordx4``."""
         self.args = args
-        """Everything after the mnemonic, comment removed."""
         self.line = line
-        """1-based line number in the text."""
         self.index = index
-        """Position among the program's instructions."""
         self.block = block
-        """Index of its basic block."""
         self.pos = pos
-        """Position within its basic block."""
         self._ops: tuple[tuple[str, ...], tuple[str, ...]] | None = None
         self._regs: dict[int, tuple[Reg, ...]] | None = None
 
@@ -213,7 +197,7 @@ class Instruction:
 
     @property
     def wait_states(self) -> int:
-        """Wait states this instruction provides: ``s_nop K`` gives K+1 (K is 4 bits), others 1."""
+        """``s_nop K`` gives K+1 wait states (K is 4 bits), others 1."""
         if self.mnemonic == "s_nop":
             ops = self.operands
             k = _parse_int(ops[0]) if ops else 0
@@ -227,15 +211,14 @@ class Instruction:
 
     @property
     def is_load(self) -> bool:
-        """A memory instruction that writes loaded data into VGPRs/AGPRs (not the VALU)."""
+        """Loaded data lands in VGPRs/AGPRs without the VALU."""
         return self.mnemonic.startswith(_LOAD_PREFIXES)
 
     def valu_vector_defs(self) -> tuple[Reg, ...]:
-        """VGPR/AGPR ranges this instruction writes through the vector ALU.
+        """VGPR/AGPR ranges written through the vector ALU.
 
-        The destination is the first operand; ``v_swap*`` writes its first two operands;
-        ``v_movreld``/``v_movrelsd`` write an M0-relative register, counted as any VGPR.
-        SGPR destinations (``v_readfirstlane``, ``v_cmp_*_e64``) are not vector writes.
+        ``v_swap*`` writes two operands; ``v_movrel*d`` writes an M0-relative register, counted
+        as any VGPR; SGPR destinations (``v_readfirstlane``, ``v_cmp_*_e64``) do not count.
         """
         if not self.is_valu:
             return ()
@@ -282,7 +265,6 @@ class Block:
     labels: list[str] = field(default_factory=list)
     kernel: str | None = None
     line: int = 0
-    """Line of its first label or instruction."""
     instructions: list[Instruction] = field(default_factory=list)
     successors: list[int] = field(default_factory=list)
 
@@ -302,14 +284,10 @@ class Program:
     instructions: list[Instruction]
     blocks: list[Block]
     labels: dict[str, int]
-    """Label -> block index."""
     kernels: list[str]
-    """Function labels in order of appearance."""
     target: str | None
-    """The ``.amdgcn_target`` string, if present."""
     memory_writes: list[Instruction] = field(default_factory=list)
-    """Instructions whose mnemonic names a store or an atomic, in order (what store
-    rules examine, without walking every instruction)."""
+    """Store and atomic instructions in order, so store rules need not walk every instruction."""
 
     @property
     def block_of(self) -> list[int]:
@@ -382,7 +360,6 @@ def _code_spans(text: str) -> list[tuple[int, int]]:
 
 
 def _link(blocks: list[Block], labels: dict[str, int]) -> None:
-    """Fill in every block's successors."""
     n = len(blocks)
     for b in blocks:
         last = b.instructions[-1] if b.instructions else None
@@ -403,7 +380,6 @@ def _link(blocks: list[Block], labels: dict[str, int]) -> None:
 
 
 def _operand_text(rest: str) -> str:
-    """An instruction line after its mnemonic, without a ``;`` or ``//`` comment."""
     for marker in (";", "//"):
         cut = rest.find(marker)
         if cut >= 0:
@@ -493,10 +469,9 @@ _LABEL_RE = re.compile(r"\n[ \t]*(?=([^\s;:,\"'#\[\]/]+))\1:([ \t]*[^\s;/])?")
 
 
 class TextView:
-    """Reads instructions straight from AMDGCN text, on demand, with the same line rules as
-    :func:`parse` but without building blocks: what a rule that looks a few instructions
-    past a store needs. :attr:`simple` is False for texts it does not follow exactly (a
-    label followed by more on its line); use :func:`parse` for those.
+    """Reads instructions from AMDGCN text on demand, with :func:`parse`'s line rules but no
+    blocks: a rule that looks a few instructions past a store need not parse a whole cache
+    file. :attr:`simple` is False where it does not follow the text exactly; parse those.
     """
 
     def __init__(self, text: str | bytes) -> None:
@@ -537,8 +512,8 @@ class TextView:
         return arch_from_target(self.target)
 
     def lines_containing(self, needles: tuple[str, ...]) -> list[int]:
-        """Sorted offsets (of the newline before) of code lines containing any of the
-        lower-case ``needles``, case-insensitively. Needs :attr:`simple`."""
+        """Sorted offsets (of the newline before) of code lines containing any lower-case
+        ``needle``. Needs :attr:`simple`."""
         if self._lower is None:
             text = self.text
             if not text.isascii():  # lower() may change lengths; '?' per character does not
@@ -555,8 +530,7 @@ class TextView:
         return sorted(found)
 
     def instruction_at(self, offset: int) -> tuple[Instruction | None, int]:
-        """The instruction on the line at ``offset`` (None for a label, directive or junk)
-        and the offset of the next line."""
+        """The instruction at ``offset`` (None for a label or junk), next line's offset."""
         m = _LINE_RE.match(self.text, offset)
         if m is None:
             nxt = self.text.find("\n", offset + 1)
@@ -564,8 +538,7 @@ class TextView:
         return self._instruction(m), m.end()
 
     def walk(self, offset: int) -> Iterator[tuple[Instruction, int]]:
-        """Instructions in text order from the line at ``offset`` on, across code spans,
-        with the offset of the line after each."""
+        """Instructions in text order from ``offset`` on, each with the next line's offset."""
         text = self.text
         for lo, hi in self.spans:
             if hi <= offset:
@@ -583,12 +556,11 @@ class TextView:
         return Instruction(tok.lower(), _operand_text(rest), 0, -1)
 
     def label_offset(self, name: str) -> int | None:
-        """Offset of the first code line defining label ``name``. Needs :attr:`simple`."""
+        """Needs :attr:`simple`."""
         return self._labels.get(name)
 
     def function_labels(self) -> list[tuple[int, str]]:
-        """(offset, name) of every label not starting with ``.`` (a kernel), in order.
-        Needs :attr:`simple`."""
+        """(offset, name) of every kernel label (not starting with ``.``). Needs :attr:`simple`."""
         return self._functions
 
     def line_numbers(self, offsets: list[int]) -> list[int]:

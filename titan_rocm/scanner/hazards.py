@@ -1,22 +1,11 @@
 """Hazard rules over a parsed AMDGCN :class:`~.amdgcn.Program`.
 
-A rule is an object with a ``name`` and ``check(program, arch=None) -> RuleResult``, so
-another hardware hazard can be added later as another rule. The one hazard covered now is
-the VMEM store data hazard (LLVM ``GCNHazardRecognizer``: ``createsVALUHazard`` /
-``checkVALUHazardsHelper``; llvm-project PR #197267): a MUBUF/MTBUF store of more than
-64 bits reads its data VGPRs/AGPRs after it issues, so a VALU instruction that overwrites
-any of them must be separated from the store by N wait states.
-
-Rules:
-
-``precise``
-    N = 1 when ``soffset`` is an SGPR, N = 2 when it is a literal/inline constant (or
-    absent). This is the hardware rule on gfx940-family GPUs (gfx942, gfx950).
-``conservative``
-    N = 2 for every ``soffset``.
-``naive``
-    The wrong first-cut rule, for benchmark comparison only: any redefinition of the
-    data registers (VALU or load) before the next ``s_waitcnt`` that counts VMEM.
+The one hazard covered is the VMEM store data hazard (LLVM ``GCNHazardRecognizer``
+``checkVALUHazardsHelper``; llvm-project PR #197267): a MUBUF/MTBUF store of more than 64 bits
+reads its data registers after it issues, so a VALU write to them needs N wait states first.
+``precise`` is the gfx940-family rule (N = 1 with an SGPR ``soffset``, else 2),
+``conservative`` always 2, ``naive`` a wrong first cut kept as a benchmark baseline
+(docs/triton-buffer-store-hazard.md).
 """
 
 from __future__ import annotations
@@ -65,9 +54,7 @@ class StoreSite:
     """``buffer`` (MUBUF/MTBUF: the hazard applies) or ``global``/``flat``/``scratch``."""
     data: tuple[Reg, ...]
     soffset: str | None
-    """The ``soffset`` operand of a buffer store as written; None when absent."""
     sgpr_soffset: bool
-    """``soffset`` is an SGPR (``s12``), not a literal/inline constant."""
 
     @property
     def data_dwords(self) -> int:
@@ -78,10 +65,7 @@ class StoreSite:
 def store_site(ins: Instruction) -> StoreSite | None:
     """Describe ``ins`` as a VMEM store with vector data, or None if it is not one.
 
-    Buffer stores put the data first (``buffer_store_dwordx4 v[0:3], v36, s[8:11], 0
-    offen``); global/flat/scratch stores put the address first (``global_store_dwordx4
-    v[38:39], v[0:3], off``). Buffer atomics count too (LLVM treats any MUBUF that may
-    store with wide ``vdata`` alike).
+    Buffer atomics count too: LLVM treats any MUBUF that may store wide ``vdata`` alike.
     """
     m = ins.mnemonic
     if m.startswith(_BUFFER_STORE_PREFIXES):
@@ -108,11 +92,8 @@ class Finding:
     store: Instruction
     writer: Instruction
     wait_states: int
-    """Wait states found between the store and the writer on the worst path."""
     required: int
-    """Wait states the rule requires."""
     path: tuple[int, ...]
-    """Block indices from the store's block to the writer's block."""
 
 
 @dataclass
@@ -121,15 +102,11 @@ class RuleResult:
 
     findings: list[Finding] = field(default_factory=list)
     stores_checked: int = 0
-    """Stores the rule examined (MUBUF/MTBUF stores of more than 64 bits)."""
     info: list[StoreSite] = field(default_factory=list)
-    """Global/flat/scratch stores of more than 64 bits: listed for information, since
-    recompiling without buffer ops cannot remove them."""
+    """Wide global/flat/scratch stores: information only, recompiling cannot remove them."""
     info_findings: list[Finding | None] = field(default_factory=list)
-    """For each ``info`` store: a VALU write of its data within the rule's flat window
-    (2 wait states), or None."""
+    """Per ``info`` store: a VALU write of its data within 2 wait states, or None."""
     info_offsets: list[int] = field(default_factory=list)
-    """From :meth:`StoreDataRule.quick_check` only: text offsets of the ``info`` stores."""
 
 
 class Rule:
@@ -158,8 +135,7 @@ def _int(text: str) -> int | None:
 
 
 def retires_all_stores(ins: Instruction, arch: str | None = None) -> bool:
-    """True for a wait that completes every earlier store: ``s_waitcnt vmcnt(0)`` (or an
-    immediate whose vmcnt field is 0), ``s_waitcnt_vscnt <sgpr>, 0``, ``s_wait_storecnt 0``."""
+    """A wait that completes every earlier store (vmcnt 0, vscnt 0, storecnt 0)."""
     m = ins.mnemonic
     if m == "s_waitcnt":
         if not stores_counted_by_vmcnt(arch):
@@ -181,7 +157,6 @@ def retires_all_stores(ins: Instruction, arch: str | None = None) -> bool:
 
 
 def _any_vmem_wait(ins: Instruction, arch: str | None = None) -> bool:
-    """The naive rule's stop: any ``s_waitcnt`` that names vmcnt, or a store-count wait."""
     m = ins.mnemonic
     if m == "s_waitcnt":
         return "vmcnt" in ins.args.lower() or _int(ins.args) is not None
@@ -191,13 +166,9 @@ def _any_vmem_wait(ins: Instruction, arch: str | None = None) -> bool:
 class StoreDataRule(Rule):
     """The VMEM store data hazard, parameterised by window, writers and retiring waits.
 
-    For every MUBUF/MTBUF store of more than 64 bits of vector data, follow every control
-    path after it (fallthrough, both sides of conditional branches, branch targets, loop
-    back-edges) counting wait states (``s_nop K`` = K+1, any other instruction 1) until
-    the window is reached, a path ends, or a wait retires the store. An instruction on
-    the way whose written registers overlap the data is a hazard. Which instructions write
-    (``writes``) and which waits retire the store (``retires``) are the hardware rule's
-    unless a rule says otherwise: VALU writes, and waits that retire every store.
+    Every control path after a wide store is followed (loop back-edges included) until the
+    window, a path end or a retiring wait, because branchy code is where LLVM dropped the
+    protective ``s_nop`` (llvm-project #203770).
     """
 
     def __init__(
@@ -214,19 +185,16 @@ class StoreDataRule(Rule):
         self.name = name
         self.description = description
         self.sgpr_window = sgpr_window
-        """Wait states required with an SGPR soffset (None: until a retiring wait)."""
+        """With an SGPR soffset (None: until a retiring wait)."""
         self.literal_window = literal_window
-        """Wait states required with a literal or absent soffset (None: unbounded)."""
+        """With a literal or absent soffset (None: unbounded)."""
         self.flat_window = flat_window
-        """Wait states checked after wide global/flat/scratch stores (information only:
-        LLVM protects them with 2 on gfx940, and recompiling cannot change them; None:
-        not checked)."""
+        """After wide global/flat/scratch stores (information only; None: not checked)."""
         self.writes = writes
         self.retires = retires
 
     def quick_check(self, view: TextView, arch: str | None = None) -> RuleResult | None:
-        """The same result as :meth:`check` without a full parse, when the text is clean
-        and simple; None otherwise (then parse and :meth:`check`)."""
+        """:meth:`check` without a full parse when the text is clean and simple; else None."""
         return _quick_check(self, view, arch)
 
     def required(self, site: StoreSite) -> int | None:
@@ -253,7 +221,7 @@ class StoreDataRule(Rule):
         return result
 
     def _walk(self, program: Program, site: StoreSite, arch: str | None) -> Finding | None:
-        """Search every path after the store; return the writer with the fewest wait states."""
+        """The writer with the fewest wait states over every path after the store."""
         window = self.required(site)
         store = site.instruction
         data = site.data
@@ -304,10 +272,8 @@ def _quick_check(
 ) -> RuleResult | None:
     """Prove ``view`` free of hazards without parsing all of it, or return None.
 
-    Reads only the lines after each wide store (and at branch targets) that the window
-    reaches; the result equals :meth:`StoreDataRule.check` on the parsed text whenever it
-    is not None. None means "maybe hazardous, or a text this shortcut does not follow":
-    the caller parses fully.
+    Equal to :meth:`StoreDataRule.check` whenever not None; None means "maybe hazardous, or a
+    text this shortcut does not follow": parse fully. It exists because caches are large.
     """
     if rule.sgpr_window is None or rule.literal_window is None or not view.simple:
         return None
@@ -333,7 +299,6 @@ def _quick_check(
 def _quick_safe(
     rule: StoreDataRule, view: TextView, site: StoreSite, start: int, arch: str | None
 ) -> bool:
-    """True when no path from ``start`` writes the store's data within the window."""
     window = rule.required(site)
     assert window is not None
     data = site.data
@@ -391,17 +356,12 @@ NAIVE = StoreDataRule(
 )
 
 RULES: dict[str, Rule] = {r.name: r for r in (PRECISE, CONSERVATIVE, NAIVE)}
-"""Every rule by name."""
 CLI_RULES: tuple[str, ...] = RULE_NAMES
 """Rules offered to users (``naive`` is a benchmark baseline, not a choice)."""
 
 
 def get_rule(name: str | Rule) -> Rule:
-    """The rule called ``name`` (a Rule passes through).
-
-    Raises:
-        ValueError: naming the value and the rules that exist.
-    """
+    """The rule called ``name`` (a Rule passes through); raises ValueError for an unknown one."""
     if isinstance(name, Rule):
         return name
     try:

@@ -1,12 +1,7 @@
-"""Public API: scan AMDGCN text or files for the buffer-store data hazard.
+"""Scan AMDGCN text or files for the buffer-store data hazard.
 
-Used by the Triton compile wrapper (scan each HIP kernel's ``asm["amdgcn"]``, recompile
-the hazardous ones) and by ``titan-rocm scan`` (audit a Triton/Inductor cache). Light:
-imports neither torch nor triton.
-
-    report = scan_text(kernel.asm["amdgcn"])
-    if report.hazardous:
-        ...  # recompile with buffer ops off
+Shared by the Triton compile hook and ``titan-rocm scan``; imports neither torch nor triton so
+the CLI stays light.
 """
 
 from __future__ import annotations
@@ -61,44 +56,33 @@ class Hazard:
     kernel: str | None
     """The function label containing the store (the Triton kernel name)."""
     line: int
-    """1-based line of the store in the text."""
     store: str
-    """The store instruction as written, e.g. ``buffer_store_dwordx4 v[0:3], v36, s[8:11], 0
-    offen``."""
     writer: str
-    """The instruction that overwrites the data, e.g. ``v_pk_mul_f32 v[0:1], v[2:3], v[4:5]``."""
     writer_line: int
     wait_states: int
     """Wait states between store and writer on the worst path."""
     required: int
     """Wait states the rule requires (-1: the naive rule, unbounded)."""
     path: tuple[int, ...] | str
-    """How control gets from the store to the writer: ``"straight line"``, or the branches
-    taken/not taken, e.g. ``"s_cbranch_scc1 to .LBB0_1"`` (a loop back-edge)."""
+    """``"straight line"``, or the branches taken on the way (``"s_cbranch_scc1 to .LBB0_1"``)."""
     file: str | None = None
 
     def to_dict(self) -> dict[str, object]:
-        """JSON-able form (the ``--json`` output of ``titan-rocm scan``)."""
+        """One hazard of ``titan-rocm scan --json``."""
         return json_form(self, STORE_KEYS, kind="buffer", recompile_fixes=True,
                          path=self.path if isinstance(self.path, str) else list(self.path))
 
 
 @dataclass(frozen=True)
 class StoreInfo:
-    """A global/flat/scratch store of more than 64 bits: informational only, since
-    recompiling with buffer ops off cannot remove it (it is what that produces).
-
-    These stores have the same hazard (LLVM protects them with 2 wait states on gfx940,
-    and LLVM regressions have dropped that protection: llvm-project #202333). When a VALU
-    instruction writes the data within 2 wait states, ``writer`` and ``wait_states`` say
-    so: a real hazard that only a compiler fix removes.
-    """
+    """A global/flat/scratch store of more than 64 bits: informational, since recompiling
+    without buffer ops cannot remove it (llvm-project #202333: LLVM regressions dropped its
+    2-wait-state protection on gfx940)."""
 
     kernel: str | None
     line: int
     store: str
     kind: str
-    """``global``, ``flat`` or ``scratch``."""
     file: str | None = None
     writer: str | None = None
     writer_line: int | None = None
@@ -120,25 +104,20 @@ class ScanReport:
     """The result of scanning one AMDGCN text with one rule."""
 
     arch: str | None
-    """The architecture the text was scanned for (``gfx942``), None when unknown."""
     rule: str
     hazards: list[Hazard]
     stores_checked: int
-    """MUBUF/MTBUF stores of more than 64 bits examined."""
     info: list[StoreInfo] = field(default_factory=list)
     file: str | None = None
     kernels: list[str] = field(default_factory=list)
     has_code: bool = False
-    """The input held AMDGCN instructions (False: empty, junk, not assembly)."""
+    """False for empty, junk or non-assembly input."""
     arch_status: str = UNKNOWN
-    """``affected`` (titan-rocm has the arch's hazard windows: gfx942, gfx950) or ``unknown``
-    (arch missing, unknown to titan-rocm, or without window facts: scanned as if affected;
-    no arch is ever exempt, as AMD-AGI/Primus's ``_on_rocm()`` gate)."""
+    """``affected`` or ``unknown`` (scanned as if affected: no arch is exempt, as AMD-AGI/Primus's
+    ``_on_rocm()`` gate)."""
     notes: list[str] = field(default_factory=list)
-    """Human-readable remarks (unknown arch, arch not affected, no instructions...)."""
     cut_kernels: list[str] = field(default_factory=list)
-    """Kernels the text declares (``.type K,@function``) but never ends (no ``.size K,``):
-    the file was cut inside them, and what is missing was not scanned."""
+    """Kernels declared but never ended (no ``.size``): the file was cut, the rest unscanned."""
 
     @property
     def hazardous(self) -> bool:
@@ -165,8 +144,6 @@ def _arch_status(arch: str | None) -> tuple[str, str | None]:
 
 
 def _path_text(program: Program, path: tuple[int, ...]) -> str:
-    """The branches a block path takes: ``straight line``, ``s_cbranch_scc1 to .LBB0_2``,
-    ``s_cbranch_execz not taken, s_branch to .LBB0_5``..."""
     steps = []
     for a, b in zip(path, path[1:], strict=False):
         instrs = program.blocks[a].instructions
@@ -244,9 +221,8 @@ _SIZE_RE = re.compile(rb"^[ \t]*\.size[ \t]+([\w.$]+)[ \t]*,", re.M)
 
 
 def cut_kernels(text: str | bytes) -> list[str]:
-    """Kernels ``text`` declares as functions but whose end (``.size``) it does not reach:
-    a file truncated inside its kernel (LLVM writes ``.size K, .Lfunc_endN-K`` after the
-    last instruction of every function)."""
+    """Kernels whose ``.size`` (LLVM writes it after each function's last instruction) the
+    text never reaches: a file truncated inside them."""
     data = text.encode("utf-8", errors="replace") if isinstance(text, str) else bytes(text)
     ended = set(_SIZE_RE.findall(data))
     return [name.decode("utf-8", errors="replace") for name in
@@ -254,8 +230,7 @@ def cut_kernels(text: str | bytes) -> list[str]:
 
 
 def note_cut_kernels(report: ScanReport, text: str | bytes) -> ScanReport:
-    """Fill ``report.cut_kernels`` from ``text`` and say each in ``report.notes`` (``titan-rocm
-    scan``: a file on disk can be cut; a compiler's text in the compile hook is not)."""
+    """Record cut kernels in ``report`` (a file on disk can be cut; compiler text cannot)."""
     report.cut_kernels = cut_kernels(text) if report.has_code else []
     for name in report.cut_kernels:
         report.notes.append(
@@ -273,17 +248,8 @@ def scan_text(
 ) -> ScanReport:
     """Scan AMDGCN assembly ``text`` for hazardous buffer stores.
 
-    Args:
-        text: the assembly (``kernel.asm["amdgcn"]`` or a cache's ``.amdgcn`` file).
-        arch: ``gfx942``... overrides the ``.amdgcn_target`` of the text.
-        rule: ``precise`` (default), ``conservative``, ``naive`` (see ``hazards``), or a
-            :class:`~.hazards.Rule` object.
-        file: recorded in the report and its hazards.
-
-    Never raises on odd text (junk, truncated, empty); raises ValueError for an unknown
-    ``rule``. An unknown or missing arch is scanned as if affected and said so in
-    ``notes``, as is an arch without hazard-window facts (``archs.ArchFacts.store_hazard_windows``):
-    no architecture is exempt.
+    Never raises on odd text; raises ValueError for an unknown ``rule``. An unknown arch, or
+    one without hazard-window facts, is scanned as if affected: no architecture is exempt.
     """
     the_rule = get_rule(rule)
     if isinstance(the_rule, StoreDataRule):
@@ -344,19 +310,14 @@ _AMDGCN_INSTRUCTION_RE = re.compile(
 )
 _CODE_LINE_RE = re.compile(r"^[ \t]*[A-Za-z_][\w.]*(?=[ \t;\r]|$)", re.M)
 MIN_BARE_INSTRUCTIONS = 8
-"""Recognised instructions a text without any AMDGPU directive needs to count as AMDGCN
-(most of its instruction-like lines must be such instructions, too)."""
+"""Instructions a bare listing (no AMDGPU directive) needs before it counts as AMDGCN."""
 
 
 def not_amdgcn(data: str | bytes) -> str | None:
     """Why ``data`` is not AMDGCN assembly text, or None when it is.
 
-    AMDGCN is recognised positively: an ELF object (a ``.hsaco``), binary data or text
-    without AMDGCN instructions is not, however many lines of it happen to parse. Text
-    counts when it has an AMDGPU directive (``.amdgcn_target``, ``.amdhsa_kernel``) and at
-    least one AMDGCN instruction (``s_*``, ``v_*``, ``buffer_*``, ``global_*``...), or, as a
-    bare listing, at least :data:`MIN_BARE_INSTRUCTIONS` of them making up most of its
-    instruction-like lines.
+    Recognised positively (a directive plus an instruction, or mostly instructions), so an ELF
+    ``.hsaco`` or junk that happens to parse is refused.
     """
     raw = data.encode("utf-8", "replace") if isinstance(data, str) else bytes(data)
     if raw.startswith(b"\x7fELF"):
@@ -383,13 +344,10 @@ class Search:
     """What a search of scan paths found: files to scan once each, and what it skipped."""
 
     seen: set[tuple[int, int]] = field(default_factory=set)
-    """(device, inode) of every file and directory already taken."""
     skipped: list[str] = field(default_factory=list)
-    """``"<path>: <why>"`` for each dangling link, special file or unreadable directory
-    left out: things that were not scanned."""
+    """``"<path>: <why>"`` for each thing left out unscanned (dangling link, special file...)."""
     notes: list[str] = field(default_factory=list)
-    """``"<path>: <why>"`` for each path reached twice (scanned once) or directory link
-    back into the tree (not followed again): nothing left out."""
+    """``"<path>: <why>"`` for each path reached twice: nothing left out."""
 
     def take(self, st: os.stat_result) -> bool:
         """True the first time this file or directory is reached."""
@@ -405,15 +363,8 @@ def find_amdgcn_files(
 ) -> Iterator[Path]:
     """``path`` itself if it is not a directory, else every ``*.amdgcn`` below it, sorted.
 
-    Directory symlinks are followed, each directory once (a link back into the tree is not
-    followed again, said in ``search.notes``); a file reached twice (given twice, or through
-    a link) is yielded once; a dangling link, a FIFO or another special file named
-    ``*.amdgcn`` inside the tree, and an unreadable directory, are skipped and said in
-    ``search.skipped``. A path given itself is yielded whatever it is: reading it says what
-    is wrong.
-
-    Raises:
-        FileNotFoundError: when ``path`` does not exist (or is a dangling link).
+    Each file and directory is taken once so symlink loops terminate; what is skipped is said
+    in ``search`` so nothing is left out silently. Raises FileNotFoundError for a missing path.
     """
     search = search if search is not None else Search()
     p = Path(path)
@@ -477,14 +428,9 @@ def find_amdgcn_files(
 def scan_path(
     path: str | os.PathLike[str], *, arch: str | None = None, rule: str | Rule = DEFAULT_HAZARD_RULE
 ) -> list[ScanReport]:
-    """Scan an ``.amdgcn`` file, or every ``*.amdgcn`` under a directory (recursively).
+    """Scan an ``.amdgcn`` file, or every ``*.amdgcn`` under a directory; one report per file.
 
-    Returns one report per file (an empty list for a directory without ``.amdgcn`` files).
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-        OSError: a file cannot be read (or, given as ``path``, is a FIFO or device).
-        ValueError: unknown ``rule``.
+    Raises FileNotFoundError, OSError (unreadable, FIFO, device) or ValueError (unknown rule).
     """
     the_rule = get_rule(rule)
     reports = []

@@ -1,7 +1,7 @@
 """The device and software a GEMM kernel was (or is about to be) chosen on.
 
-The same fields identify a tuning task (:func:`titan_rocm.tuned_gemms.records.task_id`), head a
-table (its ``meta``) and are compared by ``rocm.gemm_lookup`` before it trusts a table.
+The same fields identify a tuning task, head a table and are compared before a table is
+trusted.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """GEMM problems: what ``titan-rocm tune collect`` records and ``tune run`` tunes. Torch-free.
 
-A *problem* is one GEMM lowering of the job: Inductor's lowering of ``aten.mm`` (or addmm,
-bmm, ...) asks the choices handler for candidates once or several times (addmm asks once
-for the ATen kernels with the original bias and once for the Triton templates with the
-bias expanded), each time with its own lookup key. A problem keeps every such *call*:
-its lookup key, its input layouts and the templates it offered.
-
-The problems file is JSON lines: a ``job`` header (which job, on which device and
-versions, under which ``[rocm]`` settings), then one ``problem`` record per distinct GEMM.
+A problem is one GEMM lowering of the job. It keeps every call the lowering makes to the
+choices handler (addmm asks twice: ATen kernels with the bias, templates with it expanded),
+because each call has its own lookup key. Format: docs/validated-tuning.md.
 """
 
 from __future__ import annotations
@@ -22,12 +17,11 @@ from typing import Any
 from titan_rocm.files import read_regular
 
 FORMAT = 1
-"""Version of the problems and results record formats."""
 
 GEMM_OPS: tuple[str, ...] = (
     "mm", "addmm", "bmm", "baddbmm", "mm_plus_mm", "int_mm", "scaled_mm",
 )
-"""Inductor lowerings whose candidates go through the choices handler (lookup-table ops)."""
+"""Inductor lowerings whose candidates go through the choices handler."""
 
 TUNABLE_OPS: tuple[str, ...] = ("mm", "addmm", "bmm", "baddbmm", "mm_plus_mm", "int_mm")
 """Ops ``tune run`` can check against a reference (scaled_mm needs its scales: not yet)."""
@@ -47,13 +41,11 @@ class TensorSpec:
     offset: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
         return {"dtype": self.dtype, "shape": list(self.shape), "stride": list(self.stride),
                 "offset": self.offset}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TensorSpec:
-        """Inverse of :meth:`to_dict`."""
         return cls(str(d["dtype"]), tuple(int(x) for x in d["shape"]),
                    tuple(int(x) for x in d["stride"]), int(d.get("offset", 0)))
 
@@ -66,18 +58,16 @@ class Template:
     src_hash: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
         return {"uid": self.uid, "src_hash": self.src_hash}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Template:
-        """Inverse of :meth:`to_dict`."""
         return cls(str(d["uid"]), d.get("src_hash"))
 
 
 @dataclass(frozen=True)
 class Call:
-    """One request for candidates within a lowering (one ``get_template_configs`` call)."""
+    """One ``get_template_configs`` call within a lowering."""
 
     key: str
     """Device-agnostic lookup key: ``<inputs key>+<op>``."""
@@ -85,13 +75,11 @@ class Call:
     templates: tuple[Template, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
         return {"key": self.key, "inputs": [t.to_dict() for t in self.inputs],
                 "templates": [t.to_dict() for t in self.templates]}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Call:
-        """Inverse of :meth:`to_dict`."""
         return cls(str(d["key"]), tuple(TensorSpec.from_dict(x) for x in d["inputs"]),
                    tuple(Template.from_dict(x) for x in d["templates"]))
 
@@ -105,11 +93,11 @@ class Problem:
     output: TensorSpec
     scalars: dict[str, Any] = field(default_factory=dict)
     count: int = 1
-    """How many times the job lowered this problem (not part of its identity)."""
+    """Not part of its identity."""
 
     @property
     def key(self) -> str:
-        """The problem's identity: the first call's key (ATen's, whose inputs are the op's)."""
+        """The first call's key (ATen's, whose inputs are the op's)."""
         return self.calls[0].key
 
     @property
@@ -128,14 +116,13 @@ class Problem:
         return self.op in TUNABLE_OPS
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (a ``problem`` record without its ``type``)."""
+        """A ``problem`` record without its ``type``."""
         return {"key": self.key, "op": self.op, "calls": [c.to_dict() for c in self.calls],
                 "output": self.output.to_dict(), "scalars": dict(self.scalars),
                 "count": self.count}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Problem:
-        """Inverse of :meth:`to_dict`."""
         problem = cls(str(d["op"]), tuple(Call.from_dict(c) for c in d["calls"]),
                       TensorSpec.from_dict(d["output"]), dict(d.get("scalars") or {}),
                       int(d.get("count", 1)))
@@ -202,12 +189,7 @@ def dumps(head: dict[str, Any], problems: Sequence[Problem]) -> bytes:
 
 
 def parse(data: bytes, path: str | Path) -> ProblemsFile:
-    """Parse the bytes of a problems file read from ``path`` (used in messages).
-
-    Raises:
-        ProblemsError: not JSON lines, no ``job`` header first, another format version,
-            or a ``problem`` record that does not parse.
-    """
+    """Parse a problems file's bytes (``path`` is for messages); raises ProblemsError."""
     head: dict[str, Any] | None = None
     problems: list[Problem] = []
     for number, line in enumerate(data.decode("utf-8", errors="replace").splitlines(), 1):
@@ -249,11 +231,7 @@ def parse(data: bytes, path: str | Path) -> ProblemsFile:
 
 
 def read(path: str | Path) -> ProblemsFile:
-    """Read a problems file.
-
-    Raises:
-        ProblemsError: unreadable or not a problems file (see :func:`parse`).
-    """
+    """Read a problems file; raises ProblemsError when unreadable or not one."""
     try:
         data = read_regular(path)  # a FIFO is refused, never waited on
     except OSError as exc:

@@ -1,18 +1,9 @@
 """The results file of ``titan-rocm tune run``: JSON lines, appended, never rewritten. Torch-free.
 
-Record types (each line one JSON object with a ``type``):
-
-- ``run``: written once when the file is created: which problems file (its sha256) and job.
-- ``env``: a minesweeper's device and versions (once per distinct environment).
-- ``problem``: a problem's candidates as enumerated on the device (task ids, in order).
-- ``started``: written (and fsync'ed) before a candidate runs.
-- ``result``: the terminal record of a task: ``status`` is one of :data:`STATUSES`.
-- ``retry``: ``tune run --retry-quarantined`` lets a quarantined task run again.
-
-Resume is the default: a task with a ``result`` never runs again; a task with two
-``started`` records and no result is recorded ``crash`` and not run a third time
-(quarantined: the kills may have been its doing) until ``--retry-quarantined`` asks.
-A line that does not parse (a write cut by a kill) is skipped and counted.
+Append-only so a kill loses at most the line being written (skipped and counted on read), and
+resume is the default: a ``result`` is final; a task ``started`` twice without one is recorded
+``crash`` and quarantined, since the kills may have been its doing. Record types:
+docs/validated-tuning.md.
 """
 
 from __future__ import annotations
@@ -35,7 +26,6 @@ STATUSES: tuple[str, ...] = (
 """Terminal results of a task. Only ``pass`` ever enters a table."""
 
 QUARANTINE_ERROR = "started twice without a result: not run a third time"
-"""The error of a quarantined task's ``crash`` record (``quarantined: true``)."""
 
 ENV_FIELDS: tuple[str, ...] = ("torch", "triton", "hip", "cuda")
 """Versions that are part of a task's identity (with the device key)."""
@@ -54,12 +44,9 @@ def task_id(key: str, template_id: str, params: dict[str, Any], template_hash: s
 
 
 def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int]:
-    """Every record of a results file, and how many lines were skipped as garbled.
+    """Every record of a results file (none if missing) and how many garbled lines were skipped.
 
-    A missing file reads as no records.
-
-    Raises:
-        ResultsError: the file exists but cannot be read.
+    Raises ResultsError when the file exists but cannot be read.
     """
     path = Path(path)
     try:
@@ -94,9 +81,8 @@ class State:
     problems: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Problem key -> its latest ``problem`` record."""
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Task id -> its terminal record (the first one written)."""
+    """Task id -> its first terminal record."""
     started: Counter[str] = field(default_factory=Counter)
-    """Task id -> number of ``started`` records."""
     garbled: int = 0
 
     def add(self, record: dict[str, Any]) -> None:
@@ -117,12 +103,11 @@ class State:
             self.started[record["task"]] = 0
 
     def started_twice(self) -> list[str]:
-        """Tasks started at least twice without a result: they are not run a third time."""
+        """Started at least twice without a result: never run a third time."""
         return [t for t, n in self.started.items() if n >= 2 and t not in self.results]
 
     def quarantined(self) -> list[str]:
-        """Tasks recorded ``crash`` because they were started twice without a result: the
-        kills may have been theirs, or not (a fault elsewhere): ``--retry-quarantined``."""
+        """Recorded ``crash`` after two starts without a result (``--retry-quarantined``)."""
         return [t for t, r in self.results.items() if r.get("status") == "crash" and (
             r.get("quarantined") or r.get("error") == QUARANTINE_ERROR)]
 
@@ -150,10 +135,8 @@ def load_many(paths: Iterable[str | Path]) -> State:
 class Appender:
     """Appends records to a results file: one line each, written whole and fsync'ed.
 
-    If the file ends in a partial line (a write cut by a kill), a newline is written first
-    so that the partial line stays one garbled line and the next record is whole. A write
-    that fails (a full disk) is undone (the file is cut back to its last whole record) before
-    the OSError is raised, so the file stays readable and resumable.
+    A partial last line gets a newline first so the next record is whole; a failed write is
+    cut back before the OSError is raised, so the file stays resumable.
     """
 
     def __init__(self, path: str | Path, fail_after: int | None = None) -> None:
@@ -186,14 +169,9 @@ class Appender:
             raise
 
     def write(self, record: dict[str, Any]) -> None:
-        """Write one record durably.
-
-        Raises:
-            OSError: the write failed (the file is as it was before it).
-        """
+        """Write one record durably; on OSError the file is as it was."""
         self._append(json.dumps(record, sort_keys=True, default=str).encode() + b"\n")
         self._written += 1
 
     def close(self) -> None:
-        """Close the file."""
         os.close(self._fd)

@@ -1,11 +1,8 @@
 """Validated GEMM tables: built from ``tune run`` results, read by ``rocm.gemm_lookup``. Torch-free.
 
-A table file is one JSON object ``{"meta": {...}, "table": {...}}``. ``table`` maps Inductor
-lookup keys (``<device key>+<inputs key>+<op>``) to a one-entry list in the format of
-``torch._inductor.config.lookup_table.table``: ``template_id``, the template's full keyword
-parameters and ``template_hash``. Only a candidate whose result is ``pass`` enters; a
-problem's winner is written under every key its lowering asks for (addmm asks twice).
-The file is written to a temporary file in the same directory and renamed over the target.
+Entries are in ``torch._inductor.config.lookup_table.table``'s format, so Inductor reads them
+unchanged; only ``pass`` results enter, and a winner goes under every key its lowering asks
+for (addmm asks twice). Format: docs/validated-tuning.md.
 """
 
 from __future__ import annotations
@@ -49,14 +46,13 @@ class ProblemChoice:
     key: str
     op: str
     winner: dict[str, Any] | None
-    """The chosen ``result`` record (None: no validated candidate)."""
+    """None: no validated candidate."""
     reason: str
     tasks: int
     done: int
     statuses: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form."""
         return {
             "key": self.key, "op": self.op, "reason": self.reason,
             "winner": None if self.winner is None else {
@@ -118,12 +114,8 @@ def _decide(key: str, problem: dict[str, Any], results: list[dict[str, Any]],
 
 
 def build(state: State, min_speedup: float = 1.0, created: str | None = None) -> Built:
-    """The table of a results :class:`State`.
-
-    Raises:
-        LookupTableError: not a results file of ``tune run``, or results from several devices or
-            software versions mixed in one file.
-    """
+    """The table of a results :class:`State`; raises LookupTableError for results that are not
+    ``tune run``'s, or that mix devices or software versions."""
     if state.run is None:
         raise LookupTableError(
             "no 'run' record: not a results file written by `titan-rocm tune run`"
@@ -173,12 +165,7 @@ class TableFile:
 
 
 def parse(data: bytes, path: str | Path) -> TableFile:
-    """Parse a table file's bytes.
-
-    Raises:
-        LookupTableError: not JSON, or not ``{"meta": {...}, "table": {key: [entry, ...]}}`` with a
-            ``template_id`` in every entry.
-    """
+    """Parse a table file's bytes; raises LookupTableError when it is not a table."""
     try:
         doc = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -201,11 +188,7 @@ def parse(data: bytes, path: str | Path) -> TableFile:
 
 
 def read(path: str | Path) -> TableFile:
-    """Read a table file.
-
-    Raises:
-        LookupTableError: unreadable or not a table (see :func:`parse`).
-    """
+    """Read a table file; raises LookupTableError when unreadable or not a table."""
     try:
         data = read_regular(path)  # a FIFO is refused, never waited on
     except OSError as exc:
@@ -232,9 +215,7 @@ def problems_coverage(table_path: str | Path, problems_path: str | Path,
                       model: str | None = None, flavor: str | None = None) -> dict[str, Any]:
     """How many of a job's collected problems a table answers (``titan-rocm plan``).
 
-    Raises:
-        LookupTableError: the table cannot be read.
-        ProblemsError: the problems file cannot be read, or comes from another model/flavor.
+    Raises LookupTableError or ProblemsError when a file cannot be read or does not match.
     """
     from titan_rocm.tuned_gemms import problems as problems_module
 

@@ -1,18 +1,9 @@
 """``titan-rocm tune collect``: one step of the job, recording every GEMM problem it lowers.
 
-What both TorchTitan generations share; each adapter (``adapters/tt022/tune.py``,
-``adapters/tt030/tune.py``) parses its generation's job, builds its own trainer and hands
-:func:`record` the step to run. The step is the job's own trainer (forward and backward, the
-real model, the real parallelism on each rank), one step long, with
-:class:`~titan_rocm.tuned_gemms.choices.RecordingChoices` installed: Triton templates are
-offered (``max_autotune_gemm``, backends ATEN,TRITON) and recorded, but every GEMM compiles
-with its ATen kernel, so nothing is benchmarked. Caches that would skip lowering (FX graph,
-AOT autograd) are off. The job's titan-rocm workarounds apply as in training;
-``rocm.gemm_lookup`` is off for the step.
-
-Under torchrun each rank writes its part; rank 0 merges them into ``-o``. Without torchrun it
-runs as one process with the environment ``titan-rocm-train`` gives (``RANK=0``,
-``WORLD_SIZE=1``, a free ``MASTER_PORT``, ...); the adapter sets it.
+The step is the job's own trainer, so the problems are exactly training's (real model, real
+parallelism); every GEMM compiles with ATen so nothing is benchmarked, and lowering caches are
+off so nothing is skipped. Each generation's adapter builds the trainer; this is what they
+share. Docs: docs/validated-tuning.md.
 """
 
 from __future__ import annotations
@@ -35,7 +26,6 @@ MERGE_WAIT_S = 600.0
 
 NO_GEMM = ("compile.enable is false (or 'model' is not in compile.components): the job "
            "compiles no GEMM, there is nothing to tune")
-"""Why a job that compiles no model cannot be collected (both generations)."""
 
 
 class CollectError(ValueError):
@@ -73,17 +63,15 @@ def has_accelerator() -> bool:
 
 
 def no_device(trainer: str, advice: str = "") -> str:
-    """The sentence refusing ``trainer`` (a generation's own, which trains on CUDA/ROCm) on
-    a machine without a GPU; ``advice``: how else to go on, if there is a way."""
+    """The sentence refusing ``trainer`` on a machine without a GPU, with ``advice`` if any."""
     return (f"this machine has no GPU (torch sees no accelerator), and {trainer} trains on "
             f"CUDA/ROCm: run tune collect on a GPU node of the cluster{advice} "
             "(docs/validated-tuning.md, \"Without a GPU\")")
 
 
 def train(build: Callable[[], Any]) -> None:
-    """Build the job's trainer and train it (its steps are the collect step), as both
-    generations' ``torchtitan.train.main`` do: ``close()`` also when training raises, then
-    the process group is destroyed."""
+    """Build and train the job's trainer as ``torchtitan.train.main`` does: ``close()`` even
+    when training raises, then destroy the process group."""
     import torch
 
     trainer = build()
@@ -99,13 +87,8 @@ def train(build: Callable[[], Any]) -> None:
 
 def record(step: Callable[[], None], job: dict[str, Any], settings: RocmSettings,
            output: Path) -> int:
-    """Run ``step`` (the job's one training step) recording every GEMM Inductor lowers, and
-    write the problems (``job``: the header's description of the job; ``settings``: its
-    titan-rocm settings, ``gemm_lookup`` off). Returns the exit code.
-
-    Raises:
-        CollectError: the step lowered no GEMM, or the ranks' parts could not be merged.
-    """
+    """Run ``step`` recording every GEMM Inductor lowers and write the problems; return the
+    exit code. Raises CollectError when no GEMM was lowered or the ranks' parts cannot merge."""
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 

@@ -1,16 +1,10 @@
 """The minesweeper: the one process that runs candidate kernels, reused until one kills it.
 
-Its worker (:mod:`titan_rocm.tuner.runner`) starts it pinned to one GPU. It initialises
-the device, then says ``ready`` (so its start-up never counts against ``--timeout``). For
-each problem it compiles a one-op program under the job's settings with
-:class:`~titan_rocm.tuned_gemms.choices.EnumeratingChoices`, so Inductor offers exactly the
-candidates training would, and wraps ``AlgorithmSelectorCache.benchmark_choices`` (the one
-place that holds the ATen and the template inputs and outputs) to check each candidate:
-fill the output with NaN, run once, synchronise, compare with the ATen result and a float64
-reference; time it only if it passed. Every step is reported to the worker, which owns the
-clock: ``started`` (then it waits for ``go``: the record is on disk), ``loaded``,
-``checked``, ``result``. After a device error it reports ``cuda_error`` and exits: a device
-that saw an error is not trusted with the next candidate.
+It compiles each problem under the job's settings so Inductor offers exactly the candidates
+training would, and hooks ``benchmark_choices`` (the one place holding the ATen and template
+inputs and outputs) to check each candidate against ATen and a float64 reference before
+timing it. Its worker owns the clock. After a device error it exits: a device that saw one is
+not trusted with the next candidate. Docs: docs/validated-tuning.md.
 """
 
 from __future__ import annotations
@@ -100,7 +94,6 @@ def _fill(out: Any) -> None:
 
 
 def _runner(choice: Any, inputs: list[Any], out: Any) -> tuple[Any, Any]:
-    """(run once, clean up) for a ChoiceCaller; run writes ``out``."""
     target, args, dest = choice, list(inputs), out
     pre = getattr(choice, "_preprocessor", None)  # DataProcessorChoiceCallerWrapper (CPP)
     post = getattr(choice, "_postprocessor", None)
@@ -311,8 +304,7 @@ _ACTIVE: list[Target] = []
 
 
 def install_benchmark_hook() -> None:
-    """Route ``benchmark_choices`` of the tuned lowering to :meth:`Target.validate` (once; a
-    patch of :mod:`titan_rocm.patches`)."""
+    """Route the tuned lowering's ``benchmark_choices`` to :meth:`Target.validate` (once)."""
     from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
     patches.patch(AlgorithmSelectorCache, "benchmark_choices", _validating, by="titan-rocm tune")

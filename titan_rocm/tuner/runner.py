@@ -1,18 +1,10 @@
 """``tune run``'s processes: main, one worker per GPU, one minesweeper per worker, one writer.
 
-- **main** (this module's :func:`run`, torch-free): reads the problems and what the results
-  file already holds, skips finished tasks, records a task started twice without a result as
-  ``crash`` (never a third run), hands problems to idle workers, restarts a dead worker, owns
-  the progress bar, and routes every record to the writer.
-- **worker** (one per GPU, spawned, torch-free): owns a minesweeper pinned to its GPU and the
-  clock. A minesweeper's start-up ends at ``ready`` and never counts against ``--timeout``;
-  a candidate gets ``--compile-timeout`` to load, then ``--timeout`` to run once and
-  ``--timeout`` to be timed. A candidate that outlives that is killed (``hang``), one whose
-  minesweeper dies is a ``crash`` (exit code or signal); either way a new minesweeper takes
-  the rest of the problem.
-- **minesweeper** (:mod:`titan_rocm.tuner.minesweeper`): runs the candidates.
-- **writer** (one, spawned): appends each record, flushed and fsync'ed; acknowledges
-  ``started`` records so no candidate runs before its ``started`` record is on disk.
+Main and the workers stay torch-free so a hung or crashed candidate only takes its
+minesweeper down: a worker kills a candidate past its timeouts (``hang``), records a dead
+minesweeper as ``crash`` and starts a new one for the rest of the problem. Main records a task
+started twice without a result as ``crash`` (never a third run). The writer fsyncs each record
+and acknowledges ``started`` before the candidate runs, so a resume always knows.
 """
 
 from __future__ import annotations
@@ -58,32 +50,23 @@ class Options:
     compile_timeout: float = 900.0
     """Seconds a problem may take to compile its candidates, and a candidate to load."""
     startup_timeout: float = 600.0
-    """Seconds a minesweeper may take to initialise its device."""
+    """Seconds a minesweeper may take to initialise its device (never counts as ``timeout``)."""
     fudge: float = 3.0
     search_space: str = "default"
     backends: str = "ATEN,TRITON"
     settings: dict[str, Any] = field(default_factory=dict)
-    """The job's ``[rocm]`` settings (from the problems file)."""
 
 
 def parse_gpus(text: str, devices: Bounds = DEVICES) -> tuple[int, ...] | str:
-    """``--gpus``: ``all``, or distinct device indices in ``devices``.
-
-    Raises:
-        ValueError: ``--gpus VALUE is not valid; accepted: ...``.
-    """
+    """``--gpus``: ``all``, or distinct device indices; raises ValueError naming the value."""
     return devices.parse_many(text, "--gpus", sep=",", distinct=True, words=("all",),
                               form="all, or device indices separated by commas, each once",
                               )  # type: ignore[return-value]
 
 
 def device_slots(gpus: str | tuple[int, ...]) -> list[str | None]:
-    """``--gpus`` (:func:`parse_gpus`'s value, or its text) as the values of
-    ``CUDA_VISIBLE_DEVICES`` each worker gets (None: CPU).
-
-    Raises:
-        RunError: not ``all`` or distinct indices of this machine's devices.
-    """
+    """``CUDA_VISIBLE_DEVICES`` per worker for ``--gpus`` (None: CPU); raises RunError when
+    it names devices this machine lacks."""
     import torch
 
     text = gpus if isinstance(gpus, str) else ",".join(map(str, gpus))
@@ -108,10 +91,8 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def die_with_parent() -> None:
-    """End this child process when its parent dies, even by ``kill -9``: the kernel sends it
-    SIGKILL (Linux ``PR_SET_PDEATHSIG``); a parent already gone ends it now. Every process
-    of ``tune run`` calls it first, so killing the main process takes the writer, the
-    workers and (through their workers) the minesweepers down with it."""
+    """End this child process when its parent dies, even by ``kill -9`` (Linux
+    ``PR_SET_PDEATHSIG``), so killing main takes every ``tune run`` process down with it."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -175,8 +156,6 @@ def _exit_fields(code: int | None) -> dict[str, Any]:
 
 
 class _Worker:
-    """Runs in the worker process: one problem at a time through its minesweeper."""
-
     def __init__(self, slot: int, inbox: Any, orders: Any, options: Options) -> None:
         self.slot, self.inbox, self.orders, self.options = slot, inbox, orders, options
         self.ms: _Minesweeper | None = None
@@ -338,8 +317,8 @@ class Main:
         self.records.put((record, ack))
 
     def check_resume(self) -> None:
-        """Refuse a results file begun for another problems file, and an existing file that
-        is not a results file at all (it would be appended to, never read back)."""
+        """Refuse another problems file's results, and a file that is not results at all (it
+        would be appended to, never read back)."""
         run = self.state.run
         if run is None and self.output.exists() and self.output.stat().st_size > 0:
             raise RunError(
@@ -361,8 +340,8 @@ class Main:
                         "created": datetime.now(timezone.utc).isoformat(timespec="seconds")})
 
     def retry(self) -> int:
-        """Let the quarantined tasks (``--retry-quarantined``) run again: a ``retry`` record
-        each, so a resume after a kill still knows. Returns how many."""
+        """Requeue the quarantined tasks with a ``retry`` record each, so a resume after a kill
+        still knows; returns how many."""
         tasks = self.state.quarantined()
         for task in tasks:
             self.write({"type": "retry", "task": task})
@@ -537,12 +516,8 @@ def run(problems: ProblemsFile, output: Path, gpus: str | tuple[int, ...] = "all
         retry_quarantined: bool = False) -> int:
     """Tune every problem; append to ``output`` (resuming it). Returns the exit code.
 
-    ``progress``: draw a bar (default: when stderr is a terminal; otherwise a line every 30 s).
-    ``retry_quarantined``: run the quarantined tasks again (see :meth:`State.quarantined`).
-
-    Raises:
-        RunError: ``--gpus`` is not valid here, or ``output`` belongs to other problems or is
-            not a results file.
+    Raises RunError when ``--gpus`` is not valid here, or ``output`` belongs to other problems
+    or is not a results file.
     """
     from titan_rocm.testing.faults import disk_full_after
 

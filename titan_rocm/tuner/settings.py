@@ -1,9 +1,7 @@
 """Apply a job's titan-rocm settings that change how code compiles, in the tuner's processes.
 
-The minesweeper must compile the same kernels training will: the workarounds that act on
-Inductor or Triton process-wide (not on the model) are decided and applied there too, through
-their own gates (:class:`~titan_rocm.workarounds.job.JobWorkarounds`), from the ``[rocm]``
-settings ``tune collect`` recorded. Here the tuner acts as an adapter: it builds the Context.
+The minesweeper must compile the same kernels training will, so the process-wide workarounds
+are applied there too, through their own gates; here the tuner acts as an adapter.
 """
 
 from __future__ import annotations
@@ -22,17 +20,14 @@ FRAMEWORK = "titan-rocm tune"
 
 
 def codegen_workarounds() -> tuple[str, ...]:
-    """The workarounds that change compiled code for the whole process, with no model needed
-    (``Workaround.codegen``), in apply order."""
+    """The workarounds that change compiled code process-wide (``Workaround.codegen``)."""
     return tuple(name for name, cls in workaround_classes().items() if cls.codegen)
 
 
 def apply_codegen_settings(settings: dict[str, Any]) -> list[str]:
-    """Apply the :func:`codegen_workarounds` whose gate holds under ``settings``; return their
-    names.
+    """Apply the :func:`codegen_workarounds` whose gate holds; return their names.
 
-    Raises:
-        ValueError: a ``[rocm]`` value is not valid, or a workaround set ``on`` cannot apply.
+    Raises ValueError for an invalid ``[rocm]`` value or an ``on`` workaround that cannot apply.
     """
     ctx = Context(settings=check_section(dict(settings)),
                   compile=CompileSettings(enable=True, components=("model",)),

@@ -1,10 +1,7 @@
 """Facts about a model's TransformerBlocks that several workarounds share.
 
-Which blocks are MoE blocks, what wraps a block (compile, activation checkpointing), which
-part of each MoE block is compiled and which is eager under each ``moe_eager_scope``, and how
-often the eager MoE part ran, are facts about the *model*: the mixed compile strategy acts on
-them, the grouped-MM binding and ``titan-rocm plan`` read the result. They live here, below
-every workaround, so no workaround reads another's internals.
+Which blocks are MoE, what wraps them and which part runs eager are facts about the model;
+they live below every workaround so that no workaround reads another's internals.
 """
 
 from __future__ import annotations
@@ -21,21 +18,18 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import Checkpoi
 FULLGRAPH = "fullgraph"
 EAGER_MOE = "eager (MoE)"
 MOE_CHILD = "moe"
-"""The child of an MoE TransformerBlock that holds its MoE module (router, token permutation,
-experts, shared experts): ``self.moe`` in every TorchTitan 0.2.2 MoE model."""
+"""The MoE child of an MoE TransformerBlock: ``self.moe`` in every TorchTitan 0.2.2 MoE model."""
 
 EAGER_ATTR = "_titan_rocm_eager_layer"
-"""Set on a module made eager (an MoE block, or its MoE module): the block's layer id."""
+"""Set on a module made eager: the block's layer id."""
 
 EAGER_FORWARD_CALLS: Counter[str] = Counter()
-"""How many times the eager MoE part of each block ran forward, by layer id (all models in the
-process): the whole block under ``moe_eager_scope = "block"``, its MoE module under ``"moe"``;
-one per micro-batch either way, activation-checkpoint recomputation not counted."""
+"""Eager MoE forwards by layer id, all models in the process: one per micro-batch,
+activation-checkpoint recomputation not counted."""
 
 
 def wrapper_chain(block: nn.Module) -> list[nn.Module]:
-    """``block`` and the modules inside its compile (``OptimizedModule``) and AC
-    (``CheckpointWrapper``) wrappers, outermost first; the last is the TransformerBlock."""
+    """``block`` and the modules inside its compile and AC wrappers, outermost first."""
     chain = [block]
     while True:
         if isinstance(block, OptimizedModule):
@@ -53,8 +47,8 @@ def unwrap_block(block: nn.Module) -> nn.Module:
 
 
 def compiled_in_place(module: nn.Module) -> bool:
-    """``module.compile()`` was called on ``module`` (TorchTitan 0.3.0 compiles blocks so:
-    the module stays itself, ``nn.Module.__call__`` goes through ``_compiled_call_impl``)."""
+    """``module.compile()`` was called (TorchTitan 0.3.0 compiles blocks in place, so the
+    module stays itself)."""
     return getattr(module, "_compiled_call_impl", None) is not None
 
 
@@ -69,11 +63,8 @@ def is_moe_block(block: nn.Module) -> bool:
 
 
 def split_children(block: nn.Module) -> tuple[list[str], list[str]] | None:
-    """For the ``moe`` scope: (children to compile, children to keep eager) of an MoE block.
-
-    Every child of the TransformerBlock is compiled except :data:`MOE_CHILD`, which stays
-    eager. None when the block has no such child (it then stays eager whole).
-    """
+    """(children to compile, children to keep eager) of an MoE block under the ``moe`` scope;
+    None when it has no :data:`MOE_CHILD` (it then stays eager whole)."""
     names = [name for name, _ in unwrap_block(block).named_children()]
     if MOE_CHILD not in names:
         return None
@@ -81,18 +72,13 @@ def split_children(block: nn.Module) -> tuple[list[str], list[str]] | None:
 
 
 def split_text(compiled: list[str], eager: list[str]) -> str:
-    """How a split MoE block runs (plan, log): ``attention, ... fullgraph; moe eager``."""
+    """E.g. ``attention, ... fullgraph; moe eager`` (plan, log)."""
     return f"{', '.join(compiled)} {FULLGRAPH}; {', '.join(eager)} eager"
 
 
 def block_decision(block: nn.Module, scope: str = "block") -> str:
-    """What the mixed compile does with ``block`` under ``moe_eager_scope`` ``scope``.
-
-    ``"fullgraph"`` for a dense block; for a block with ``moe_enabled``, ``"eager (MoE)"``
-    under the ``block`` scope, and under the ``moe`` scope :func:`split_text` (e.g.
-    ``"attention, attention_norm, ffn_norm fullgraph; moe eager"``), or ``"eager (MoE): no
-    'moe' child to split"`` for a block it cannot split.
-    """
+    """What the mixed compile does with ``block`` under ``scope``, in the words plan and the
+    log show (``"fullgraph"``, ``"eager (MoE)"``, a :func:`split_text`)."""
     if not is_moe_block(block):
         return FULLGRAPH
     if scope == "block":
@@ -119,7 +105,6 @@ def has_moe_blocks(model: nn.Module) -> bool:
 
 @torch.compiler.disable
 def _eager_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-    """The forward of a module made eager: counted, then the class's own forward."""
     # Counted before the module runs: code inside it (the experts) can see it is in one.
     # Not during backward: that is activation-checkpoint recomputation (the moe scope's MoE
     # module sits inside the checkpointed block; the block scope wraps the checkpoint
@@ -141,11 +126,9 @@ def eager_layer_id(block: nn.Module) -> str | None:
 def make_eager(block: nn.Module, layer_id: str) -> bool:
     """Keep ``block`` out of every trace and count its forwards; False if already done.
 
-    ``block`` is an MoE block (the ``block`` scope: pass the outermost module, the AC
-    wrapper when there is one, so the checkpointed region stays eager as a whole) or the MoE
-    module of one (the ``moe`` scope). FSDP's and EP's hooks still run, they live in
-    ``__call__``. The instance's ``forward`` is a bound method, so ``copy.deepcopy`` rebinds
-    it to the copy.
+    Pass the AC wrapper when there is one, so the checkpointed region stays eager whole. FSDP's
+    and EP's hooks still run (they live in ``__call__``); the bound ``forward`` survives
+    ``copy.deepcopy``.
     """
     if eager_layer_id(block) is not None:
         return False
@@ -156,26 +139,21 @@ def make_eager(block: nn.Module, layer_id: str) -> bool:
 
 
 KEEP_EAGER_ATTR = "_titan_rocm_keep_eager"
-"""Set on a TransformerBlock that must run eager whatever compiles it: ``(why, backend)``;
-``backend`` None keeps the whole block eager, a backend name keeps only its MoE module eager
-and compiles its other children with it (the ``moe`` scope)."""
+"""Set on a block that must run eager whatever compiles it: ``(why, backend)``; a backend
+keeps only the MoE module eager and compiles the other children with it (the ``moe`` scope)."""
 
 
 def mark_eager(block: nn.Module, why: str, split_backend: str | None = None) -> None:
     """Ask that ``block`` run eager once its framework has compiled the model.
 
-    For frameworks that compile blocks in place inside the model's parallelize function
-    (TorchTitan 0.3.0): a workaround marks blocks before it runs, the adapter calls
-    :func:`realize_eager_marks` after it. ``split_backend``: keep only the MoE module eager
-    and compile the block's other children (:func:`split_children`) with this backend. The
-    first mark given is kept (a whole-block mark is the stricter one).
+    For frameworks that compile blocks in place inside parallelize (TorchTitan 0.3.0): the
+    adapter calls :func:`realize_eager_marks` afterwards. The first mark is kept.
     """
     unwrap_block(block).__dict__.setdefault(KEEP_EAGER_ATTR, (why, split_backend))
 
 
 def eager_mark(block: nn.Module) -> str | None:
-    """How a marked ``block`` will run, and why (e.g. ``"eager (rocm.moe_eager_compile)"``), or
-    None when it is not marked."""
+    """How a marked ``block`` will run, and why; None when it is not marked."""
     mark = unwrap_block(block).__dict__.get(KEEP_EAGER_ATTR)
     if mark is None:
         return None
@@ -185,17 +163,10 @@ def eager_mark(block: nn.Module) -> str | None:
 
 
 def realize_eager_marks(model: nn.Module) -> dict[str, str]:
-    """Take every marked block of ``model.layers`` out of its compile: eager whole, or (a split
-    mark) its children but the MoE module compiled in place and the MoE module eager.
+    """Take every marked block of ``model.layers`` out of its compile; per layer id, its
+    :func:`eager_mark` (``" (already)"`` appended when an earlier call did it).
 
-    Clears ``_compiled_call_impl`` on every module of the block's wrapper chain (the AC
-    wrapper is what a compile of ``model.layers`` children reaches), then :func:`make_eager`
-    on the outermost, or on the MoE module. Idempotent (pipeline parallelism parallelizes
-    once per stage).
-
-    Returns:
-        Per marked layer id: :func:`eager_mark`, with ``" (already)"`` when an earlier call
-        did it.
+    Idempotent because pipeline parallelism parallelizes once per stage.
     """
     done: dict[str, str] = {}
     layers = getattr(model, "layers", None)

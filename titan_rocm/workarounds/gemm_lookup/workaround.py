@@ -1,16 +1,10 @@
 """The ``rocm.gemm_lookup`` workaround: compile GEMMs with kernels ``titan-rocm tune`` validated.
 
-Stock max-autotune never checks that a candidate computes the right answer (on ROCm a
-miscompiled Triton config is often the fastest because it is wrong), costs minutes at every
-start and may pick differently on each rank. With a table from ``titan-rocm tune table``,
-each GEMM lowering gets exactly one candidate: the table's validated winner on a hit, the
-ATen kernel on a miss (logged once per key). Nothing is benchmarked at start-up.
-
-It installs :class:`~titan_rocm.tuned_gemms.choices.TableChoices` through Inductor's
-``inductor_choices_class`` (its ``uuid()`` is the table file's sha256, so the FX-graph cache
-keys on the table), with ``max_autotune_gemm`` on and backends ATEN,TRITON. A table made on
-another device or with other torch/Triton/HIP/CUDA versions is refused: ``auto`` warns once
-and does nothing, ``on`` fails start-up. Docs: docs/validated-tuning.md.
+Stock max-autotune never checks that a candidate is right (on ROCm a miscompiled config is
+often the fastest because it is wrong), costs minutes per start and may differ by rank. Each
+GEMM lowering gets one candidate: the table's winner, or ATen on a miss. The choices
+handler's ``uuid()`` is the table's sha256 so the FX-graph cache keys on the table.
+Docs: docs/validated-tuning.md.
 """
 
 from __future__ import annotations
@@ -133,8 +127,7 @@ class GemmLookup(Workaround):
                  f"; missed keys: {totals['missed_keys'][:5]}" if totals["misses"] else "")
 
     def audit_note(self) -> str | None:
-        """How many GEMM lowerings came from the table (a table the job never hits proves
-        nothing about its kernels)."""
+        """Lowerings from the table: a table the job never hits proves nothing."""
         if self.stats is None:
             return None
         totals = self.stats.to_dict()

@@ -1,21 +1,9 @@
-"""``[rocm] moe_combine``: how an eager MoE module of TorchTitan 0.2.2 combines its experts'
-outputs.
+"""``[rocm] moe_combine``: how an eager MoE module of TorchTitan 0.2.2 combines its experts.
 
-TorchTitan 0.2.2's ``MoE.forward`` (``torchtitan/models/moe/moe.py``) weights each token's
-``top_k`` expert outputs with ``torch.bmm(top_scores, routed_output_unsorted.float())``: an
-FP32 copy of every routed output, which autograd keeps for the backward of every MoE layer.
-AMD-AGI/Primus PR #962, merged
-(``primus/backends/torchtitan/patches/dsv3_v022_perf_patches.py``, commit 64c3261b, the PR's
-head, ``_moe_forward_bf16_combine``) replaces it with a weighted sum over the BF16 outputs,
-"dropping the fp32 activation copy retained across MoE layers".
-
-``"bf16"`` does that here: the MoE modules that ``rocm.moe_eager_compile`` keeps eager get a
-subclass of their own class whose ``forward`` differs from the stock one only in that
-combine. The router's scores are FP32 (0.2.2 computes them in FP32), so the products are
-FP32 while they are summed and the sum is cast back to the activations' dtype, as stock
-casts the bmm's result; autograd keeps the BF16 outputs instead of an FP32 copy. (Primus
-returns the sum uncast; titan-rocm keeps stock's output dtype.) Docs:
-docs/moe-eager-compile.md.
+Stock ``MoE.forward`` combines with a bmm over an FP32 copy of every routed output, which
+autograd keeps for every MoE layer; ``"bf16"`` sums the BF16 outputs instead, as AMD-AGI/Primus
+PR #962 does (``dsv3_v022_perf_patches.py``, 64c3261b, ``_moe_forward_bf16_combine``), but
+casts the sum back as stock does. Docs: docs/moe-eager-compile.md.
 """
 
 from __future__ import annotations
@@ -30,7 +18,6 @@ COMBINES: dict[str, str] = {
     "bf16": ("AMD-AGI/Primus PR #962's: weighted sum over the expert outputs in their own dtype "
              "(no FP32 copy kept for the backward)"),
 }
-"""What each ``moe_combine`` value does, for the plan and the log."""
 
 _SUBCLASSES: dict[type, type] = {}
 
@@ -39,15 +26,9 @@ def weighted_combine(
     routed_output: torch.Tensor, token_indices: torch.Tensor, top_scores: torch.Tensor,
     out_dtype: torch.dtype, *, weighted: bool = True,
 ) -> torch.Tensor:
-    """Each token's ``top_k`` expert outputs, weighted by its scores and summed.
-
-    Args:
-        routed_output: ``(tokens * top_k, dim)``, sorted by expert.
-        token_indices: where each row of ``routed_output`` goes in token-major order.
-        top_scores: ``(tokens, top_k)``.
-        out_dtype: the dtype returned (the activations').
-        weighted: False when the scores were applied before the experts: a plain sum.
-    """
+    """Each token's ``top_k`` expert outputs (rows sorted by expert, placed by
+    ``token_indices``), weighted by ``top_scores`` unless ``weighted`` is False, summed in FP32
+    and cast to ``out_dtype``."""
     tokens, top_k = top_scores.shape
     unsorted = routed_output.new_zeros(tokens * top_k, routed_output.shape[-1])
     # index_put_ keeps only the indices for its backward (index_copy would keep the outputs).
@@ -81,10 +62,10 @@ def _forward_bf16_combine(self: Any, x: torch.Tensor) -> torch.Tensor:
 
 
 def use_bf16_combine(moe: nn.Module) -> bool:
-    """Give ``moe`` (a TorchTitan 0.2.2 ``MoE``) the BF16 combine; False if it has it already.
+    """Give ``moe`` the BF16 combine; False if it has it already.
 
-    The class is swapped for a subclass (made once per class) rather than the instance's
-    ``forward``: the mixed compile's eager wrapper calls ``type(module).forward``.
+    The class is swapped, not the instance's ``forward``, because the mixed compile's eager
+    wrapper calls ``type(module).forward``.
     """
     cls = type(moe)
     if cls in _SUBCLASSES.values():

@@ -1,33 +1,11 @@
-"""TorchTitan 0.2.2's seam of the mixed compile: the model's ``apply_compile``, replaced in the
-module globals its ``parallelize_fn`` reads.
+"""TorchTitan 0.2.2's seam of the mixed compile: the model's ``apply_compile``.
 
-TorchTitan 0.2.2 compiles per block in ``apply_compile``, called by the model's
-``parallelize_fn`` after activation checkpointing and before FSDP. llama3's compiles every
-block with ``fullgraph=True``; llama4's (imported *by name* by qwen3 and deepseek_v3)
-compiles the children of MoE blocks, and the children of their MoE module except
-``experts``, and wraps the grouped-MM function in ``torch.compile``. Those compiled MoE
-pieces (data-dependent token counts, a compiled grouped-MM with dynamic shapes) are what
-titan-rocm keeps out of Inductor on ROCm, so the seam replaces ``apply_compile`` in the
-globals of the current model's ``parallelize_fn`` -- the dictionary that function really
-reads, a patch of :mod:`titan_rocm.patches` -- with one that:
-
-- compiles each dense block whole, ``torch.compile(block, backend=<[compile] backend>,
-  fullgraph=True)`` (an activation-checkpoint wrapper is compiled with its block, as stock);
-- in each block with ``moe_enabled``, by ``[rocm] moe_eager_scope``:
-
-  - ``block``: compiles nothing; the block's ``forward`` (its AC wrapper's, when it has one)
-    is wrapped in ``torch.compiler.disable`` so nothing traces it;
-  - ``moe``: compiles each child except the MoE module (attention and the two norms), each
-    ``fullgraph=True``, exactly where stock compiles them (inside the AC wrapper, under the
-    block's FSDP hooks); the MoE module's ``forward`` is wrapped in
-    ``torch.compiler.disable``. FSDP's hooks (on the block and, with EP, on the experts), EP's
-    dispatch/combine (on the experts), the router, token permutation and grouped GEMM are
-    then in no graph;
-
-  either way the eager part's forwards are counted
-  (:data:`~titan_rocm.workarounds.moe_blocks.EAGER_FORWARD_CALLS`);
-- is idempotent: pipeline parallelism calls it once per stage, and a block (or child)
-  already compiled, or already made eager, is left alone.
+TorchTitan 0.2.2 compiles in ``apply_compile``; llama4's (imported by name by qwen3 and
+deepseek_v3) compiles MoE pieces with data-dependent shapes that titan-rocm keeps out of
+Inductor on ROCm. The replacement is patched into the globals ``parallelize_fn`` really
+reads, compiles dense blocks fullgraph as stock does, and keeps MoE blocks (or their MoE
+module) eager by ``moe_eager_scope``. Idempotent: pipeline parallelism calls it per stage.
+See docs/moe-eager-compile.md.
 """
 
 from __future__ import annotations
@@ -53,9 +31,8 @@ from titan_rocm.workarounds.moe_blocks import (
 )
 
 NAME = "moe_eager_compile"
-"""Who the seam's patches are ``by``."""
 PATCHED_ATTR = "titan_rocm_mixed_compile"
-"""Set on the replacement ``apply_compile``; its value is the function it replaced."""
+"""Set on the replacement ``apply_compile``: the function it replaced."""
 SCOPE_ATTR = "titan_rocm_moe_eager_scope"
 """Set on the replacement ``apply_compile``: the ``moe_eager_scope`` it applies."""
 
@@ -63,12 +40,7 @@ SCOPE_ATTR = "titan_rocm_moe_eager_scope"
 def compile_blocks(model: nn.Module, backend: str, scope: str = "block") -> dict[str, str]:
     """Compile dense blocks of ``model.layers`` fullgraph; MoE blocks by ``scope`` (idempotent).
 
-    ``scope`` ``"block"`` makes each MoE block eager whole; ``"moe"`` compiles its children
-    but the MoE module fullgraph and makes the MoE module eager (:func:`split_children`).
-
-    Returns:
-        Per layer id, what was done: the decision, or ``"<decision> (already)"`` when an
-        earlier call did it.
+    Returns per layer id the decision, ``"<decision> (already)"`` when an earlier call did it.
     """
     done: dict[str, str] = {}
     for layer_id, block in list(model.layers.named_children()):
@@ -90,11 +62,10 @@ def compile_blocks(model: nn.Module, backend: str, scope: str = "block") -> dict
 
 
 def _split_block(inner: nn.Module, compiled: list[str], layer_id: str, backend: str) -> bool:
-    """The ``moe`` scope on one TransformerBlock (inside any AC wrapper); False if done before.
+    """The ``moe`` scope on one block; False if done before.
 
-    The children are compiled inside the checkpointed region, where stock compiles them:
-    the AC wrapper checkpoints the whole block, and recomputation in the backward runs the
-    compiled children's forward graphs again (no retrace) around the eager MoE module.
+    Children compile inside the AC wrapper, where stock compiles them, so recomputation reruns
+    their graphs without a retrace.
     """
     fresh = False
     for name in compiled:
@@ -110,11 +81,7 @@ def _split_block(inner: nn.Module, compiled: list[str], layer_id: str, backend: 
 def make_mixed_apply_compile(
     original: Callable[..., Any], scope: str = "block"
 ) -> Callable[..., None]:
-    """A drop-in replacement for TorchTitan's ``apply_compile`` ``original``.
-
-    Accepts both stock signatures: llama3's ``(model, compile_config)`` and llama4's
-    ``(model, compile_config, ep_enabled)``.
-    """
+    """A drop-in for ``original``, with either stock signature (llama3's, llama4's)."""
     def apply_compile(model: nn.Module, compile_config: Any, *args: Any, **kwargs: Any) -> None:
         """titan-rocm mixed compile: dense blocks fullgraph, MoE blocks eager (by scope)."""
         # capture_scalar_outputs is left as it is: stock llama4 turns it on for the MoE pieces
@@ -141,16 +108,10 @@ def make_mixed_apply_compile(
 
 
 def patch_apply_compile(parallelize_fn: Callable[..., Any], scope: str = "block") -> str:
-    """Replace ``apply_compile`` in ``parallelize_fn.__globals__`` (idempotent).
+    """Replace ``apply_compile`` in ``parallelize_fn.__globals__``; return the name replaced.
 
-    A replacement made for another scope (an earlier job in this process) is replaced
-    again, from the same stock function.
-
-    Returns:
-        ``"<module>.apply_compile"``, the name replaced.
-
-    Raises:
-        ValueError: that module has no ``apply_compile``.
+    Idempotent; a replacement for another scope (an earlier job) is redone from the stock
+    function. Raises ValueError when that module has no ``apply_compile``.
     """
     module_globals = parallelize_fn.__globals__
     where = f"{module_globals.get('__name__', '?')}.apply_compile"
@@ -164,8 +125,7 @@ def patch_apply_compile(parallelize_fn: Callable[..., Any], scope: str = "block"
 
 
 def stock_apply_compile(parallelize_fn: Callable[..., Any]) -> Callable[..., Any] | None:
-    """TorchTitan's own ``apply_compile`` that ``parallelize_fn`` reads (patched or not); None
-    where its module has none (its model compiles no blocks)."""
+    """TorchTitan's own ``apply_compile``; None where the model compiles no blocks."""
     module_globals = parallelize_fn.__globals__
     if "apply_compile" not in module_globals:
         return None

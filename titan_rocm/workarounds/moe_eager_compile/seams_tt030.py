@@ -1,18 +1,10 @@
 """TorchTitan 0.3.0's seam of the mixed compile: stock compile, then MoE blocks back to eager.
 
-0.3.0's ``torchtitan/distributed/compile.py:apply_compile(model, *, compile_config,
-parallel_dims)`` compiles every child of ``model.layers`` in place with ``fullgraph=True``
-(``nn.Module.compile``: no ``OptimizedModule``, the module keeps a ``_compiled_call_impl``),
-MoE blocks included, inside each model's ``parallelize_fn`` (after activation checkpointing,
-before FSDP). Its dense-block compile is already what the mixed strategy wants (the job's
-backend, fullgraph, plus async TP and regional Inductor for ``aot_eager``), so nothing
-replaces it here: each MoE block is marked (:func:`~titan_rocm.workarounds.moe_blocks.mark_eager`)
-on the meta model, and the 0.3.0 adapter, once the stock ``parallelize_fn`` has run, takes
-the marked blocks out of their compile and makes them eager
-(:func:`~titan_rocm.workarounds.moe_blocks.realize_eager_marks`): the FSDP hooks and the
-expert dispatch of an MoE block then run outside every Inductor graph, as on 0.2.2. Under
-``moe_eager_scope = "moe"`` the block's other children (attention, norms) are then compiled
-in place, ``fullgraph=True``, inside the AC wrapper, and only the MoE module runs eager.
+0.3.0's ``torchtitan/distributed/compile.py:apply_compile`` compiles every block in place,
+already as the mixed strategy wants for dense blocks, so nothing replaces it: MoE blocks are
+marked on the meta model and the adapter takes them out of their compile after
+``parallelize_fn`` (:func:`~titan_rocm.workarounds.moe_blocks.realize_eager_marks`), so
+their FSDP hooks and expert dispatch run outside every graph, as on 0.2.2.
 """
 
 from __future__ import annotations
@@ -28,14 +20,11 @@ SEAM = (
     "torchtitan.distributed.compile.apply_compile compiles every block in place; MoE blocks "
     "are taken out of it after parallelize_fn (torchtitan 0.3.0)"
 )
-"""What :func:`mark_moe_blocks` stands for, for the log and the plan."""
 
 
 def mark_moe_blocks(model: nn.Module, scope: str = "block", backend: str = "inductor"
                     ) -> list[str]:
-    """Mark every MoE block of ``model.layers`` to run eager (``scope`` ``block``) or with only
-    its MoE module eager, its other children compiled with ``backend`` (``moe``); return their
-    layer ids."""
+    """Mark every MoE block of ``model.layers`` eager by ``scope``; return their layer ids."""
     marked = []
     for layer_id, block in model.layers.named_children():
         if is_moe_block(block):

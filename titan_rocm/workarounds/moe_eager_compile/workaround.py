@@ -1,19 +1,10 @@
 """Mixed compile: dense TransformerBlocks compiled whole (fullgraph), MoE blocks eager (or part).
 
-TorchTitan compiles per block inside the model's ``parallelize_fn``, MoE blocks included (0.2.2's
-llama4 ``apply_compile``, imported *by name* by qwen3 and deepseek_v3, compiles the children of
-MoE blocks and wraps the grouped-MM function in ``torch.compile``; 0.3.0 compiles every block in
-place). Those compiled MoE pieces (data-dependent token counts, a compiled grouped-MM with
-dynamic shapes) are what titan-rocm keeps out of Inductor on ROCm. By ``[rocm]
-moe_eager_scope``, each block with ``moe_enabled`` runs eager whole (``block``) or with only
-its MoE module eager, its attention and norms compiled fullgraph where stock compiles them
-(``moe``); dense blocks stay compiled whole. How each generation's compile is changed is its
-seam (:class:`MixedCompileSeam`): 0.2.2 replaces ``apply_compile`` in the globals
-``parallelize_fn`` reads (:mod:`.seams_tt022`), 0.3.0 marks the MoE blocks for the adapter to
-take out of the stock compile (:mod:`.seams_tt030`).
-
-:func:`~titan_rocm.workarounds.moe_blocks.block_decision` decides per block; both the
-compile and ``titan-rocm plan`` use it.
+TorchTitan compiles MoE blocks too, and their pieces (data-dependent token counts, a compiled
+grouped-MM with dynamic shapes) are what titan-rocm keeps out of Inductor on ROCm. Each
+generation reaches its compile through its own seam (:mod:`.seams_tt022`, :mod:`.seams_tt030`);
+:func:`~titan_rocm.workarounds.moe_blocks.block_decision` decides per block for both the
+compile and ``titan-rocm plan``. Docs: docs/moe-eager-compile.md.
 """
 
 from __future__ import annotations
@@ -39,8 +30,8 @@ from titan_rocm.workarounds.moe_eager_compile import combine
 
 SCOPE_COST = {scope: f"{FIGURES[f'moe_eager_compile.{scope}'].ratio:g} of stock tokens/s"
               for scope in ("block", "moe")}
-"""The mixed strategy's measured cost by scope (deepseek_v3 3.9 B, GPU-bound, one H200): the
-figures the plan's verdict quotes (:data:`titan_rocm.measured.FIGURES`), so the two agree."""
+"""Measured cost by scope: the figures the plan's verdict quotes
+(:data:`titan_rocm.measured.FIGURES`), so the two agree."""
 SCOPE_STATUS = {
     "block": "the fix AMD-AGI/Primus PR #962 validated on MI300X",
     "moe": ("unvalidated on ROCm: Primus PR #962 found that compiling even the outer MoE "
@@ -61,13 +52,12 @@ class MixedCompileSeam(Protocol):
     """Why ``moe_combine = "bf16"`` cannot apply in this generation (None: it can)."""
 
     def apply(self, model: nn.Module, scope: str) -> str:
-        """Make the MoE blocks (or, by ``scope``, their MoE module) run eager; return what was
-        patched, for the plan."""
+        """Make the MoE blocks (or their MoE module) run eager; return what was patched."""
 
 
 class MoEEagerCompile(Workaround):
-    """Makes the model's compile mixed: dense blocks fullgraph, MoE blocks eager (by
-    ``[rocm] moe_eager_scope``: the whole block, or only its MoE module)."""
+    """Makes the model's compile mixed: dense blocks fullgraph, MoE blocks (or their MoE
+    module) eager."""
 
     name = "moe_eager_compile"
     has_seam = True
@@ -113,7 +103,6 @@ class MoEEagerCompile(Workaround):
         self._patched = self.seam.apply(model, self.scope)
 
     def _apply_combine(self, model: nn.Module) -> None:
-        """``[rocm] moe_combine = "bf16"``: the MoE modules get Primus's weighted-sum combine."""
         if self.ctx.settings.moe_combine != "bf16":
             return
         if self.seam.combine_unsupported is not None:

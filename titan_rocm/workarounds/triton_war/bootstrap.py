@@ -1,26 +1,13 @@
 """Make the Triton compile wrapper active in every process where Triton compiles.
 
-Inductor compiles in a pool of subprocesses (``torch/_inductor/compile_worker``) started
-with the trainer's environment and with ``PYTHONPATH`` set to the trainer's ``sys.path``.
-A wrapper installed only in the trainer never sees those compiles. So the converter calls
-:func:`export`, which
-
-* sets ``TITAN_ROCM_TRITON_WAR=1`` (+ rule, strict, stats directory) in ``os.environ``;
-* puts the directory holding titan-rocm's ``sitecustomize.py`` (:func:`boot_dir`) first
-  on ``sys.path`` and ``PYTHONPATH`` (and ``TORCH_CUSTOM_PYTHONPATH`` when set, since
-  Inductor then uses it instead of ``sys.path``).
-
-A child interpreter imports that ``sitecustomize`` at start-up; it calls :func:`boot`,
-which installs the wrapper right after ``triton`` is imported (or at once if it already
-is). Nothing is written to site-packages, so this works the same for ``pip install .``,
-``pip install -e .`` and a bare ``PYTHONPATH`` checkout.
-
-Each variable and ``sys.path`` are settings of :mod:`titan_rocm.patches`, held by the job
-that applies the workaround: its teardown puts back what stood there (``sys.path`` the list
-that stood there, so entries added to it during the job leave with the job's list).
-
-This module must stay cheap: it runs at the start of every child interpreter. It imports
-neither torch, triton nor torchtitan until ``triton`` itself is imported.
+Inductor compiles in subprocesses started with the trainer's environment, where a wrapper
+installed in the trainer never runs. :func:`export` sets ``TITAN_ROCM_TRITON_WAR*`` and puts
+titan-rocm's ``sitecustomize.py`` first on the path (``TORCH_CUSTOM_PYTHONPATH`` too, which
+Inductor then uses instead), so each child installs the wrapper when it imports ``triton``.
+Nothing is written to site-packages, so editable, wheel and ``PYTHONPATH`` installs behave
+alike. Kept cheap: it runs at the start of every child interpreter.
+Each variable and ``sys.path`` are settings of :mod:`titan_rocm.patches`: the job's teardown
+puts back what stood there.
 """
 
 from __future__ import annotations
@@ -52,11 +39,7 @@ def boot_dir() -> str:
 
 
 def settings_from_env(environ: Mapping[str, str] | None = None) -> tuple[str, bool]:
-    """(rule, strict) from the environment.
-
-    Raises:
-        ValueError: naming the variable, its bad value and the accepted values.
-    """
+    """(rule, strict) from the environment; raises ValueError naming the bad variable."""
     env = os.environ if environ is None else environ
     rule = env.get(ENV_RULE, DEFAULT_HAZARD_RULE)
     if rule not in RULE_NAMES:
@@ -88,10 +71,8 @@ def export(
     environ: MutableMapping[str, str] | None = None,
     path: list[str] | None = None,
 ) -> dict[str, str]:
-    """Arrange for every Python started from now on by this process to install the wrapper.
-
-    Returns the environment variables set (for logs and ``plan``).
-    """
+    """Make every Python this process starts from now on install the wrapper; return the
+    variables set (for logs and ``plan``)."""
     env = os.environ if environ is None else environ
     values = worker_environment(rule, strict, stats_dir)
     here = boot_dir()
@@ -152,8 +133,8 @@ _hook = AfterImport(_TRIGGER, lambda _module: _install_from_env())
 
 
 def boot() -> None:
-    """Called by titan-rocm's ``sitecustomize`` at interpreter start: if
-    ``TITAN_ROCM_TRITON_WAR=1``, install the wrapper when ``triton`` is imported."""
+    """At interpreter start (``sitecustomize``): with ``TITAN_ROCM_TRITON_WAR=1``, install the
+    wrapper once ``triton`` is imported."""
     if os.environ.get(ENV_ENABLE) != "1":
         return
     _hook.arm()

@@ -1,8 +1,7 @@
 """The AMD buffer-ops knob of the installed Triton: find it, and turn it off for a recompile.
 
-Triton's AMD backend reads the knob when it compiles, but builds its cache key from
-``os.environ``: a recompile with the knob off must change both, or it is a cache hit on the
-hazardous binary (or, forced, stores the safe binary under the unsafe key).
+Triton reads the knob when it compiles but keys its cache on ``os.environ``, so a recompile
+must change both or it hits the hazardous binary.
 """
 
 from __future__ import annotations
@@ -40,18 +39,15 @@ class BufferOpsKnob:
 
     triton_version: str
     env_var: str
-    """Environment variable of the knob (``AMDGCN_USE_BUFFER_OPS``)."""
+    """``AMDGCN_USE_BUFFER_OPS``."""
     knob: str | None
     """``triton.knobs.amd.<attr>`` (Triton >= 3.4), None where only the variable exists."""
     default: bool | None
     """Buffer ops on when the variable is unset (None: this Triton does not say)."""
     env_value: str | None
-    """The variable's value in this process now (None: unset)."""
     effective: bool | None
-    """Buffer ops on for compiles now (knob value; None where unknown)."""
     in_cache_key: bool
-    """The variable is one of Triton's cache-invalidating variables (must be True, or the
-    recompile would be a cache hit on the hazardous binary)."""
+    """Must be True, or the recompile would be a cache hit on the hazardous binary."""
 
     @property
     def attr(self) -> str | None:
@@ -59,13 +55,12 @@ class BufferOpsKnob:
         return self.knob.rsplit(".", 1)[1] if self.knob else None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (plan)."""
         return asdict(self)
 
 
 def _knob_descriptor(amd: Any) -> tuple[str, Any] | None:
-    """(attribute, descriptor) of the buffer-ops knob on ``triton.knobs.amd``; found by its
-    environment variable so a renamed attribute is still found."""
+    """(attribute, descriptor) of the knob, found by its environment variable so a renamed
+    attribute is still found."""
     fallback = None
     for klass in type(amd).__mro__:
         for attr, desc in vars(klass).items():
@@ -77,8 +72,7 @@ def _knob_descriptor(amd: Any) -> tuple[str, Any] | None:
 
 
 def cache_env_fn() -> Callable[[], dict[str, str]] | None:
-    """Triton's "environment variables in the cache key" function, wherever this version
-    keeps it (None if it has none)."""
+    """Triton's "environment variables in the cache key" function, wherever this Triton keeps it."""
     for module_name in ("triton.compiler.compiler", "triton._C.libtriton", "triton.runtime.cache"):
         try:
             fn = getattr(importlib.import_module(module_name), "get_cache_invalidating_env_vars",
@@ -120,8 +114,7 @@ def buffer_ops_knob() -> BufferOpsKnob:
 
 
 def _env_in_cache_key(env_var: str) -> bool:
-    """Set the variable briefly and see if Triton's cache key would include it (caller holds
-    the lock exclusive)."""
+    """Whether Triton's cache key would include the variable (caller holds the lock exclusive)."""
     fn = cache_env_fn()
     if fn is None:
         return False
@@ -131,10 +124,9 @@ def _env_in_cache_key(env_var: str) -> bool:
 
 @contextlib.contextmanager
 def buffer_ops_off(knob: BufferOpsKnob) -> Iterator[None]:
-    """Compiles inside see buffer ops off, in the knob AND in ``os.environ`` (the cache key).
+    """Compiles inside see buffer ops off, in the knob and in ``os.environ`` (the cache key).
 
-    Holds :data:`COMPILE_LOCK` exclusive; restores knob, environment and
-    ``knobs.propagate_env`` on exit.
+    Holds :data:`COMPILE_LOCK` exclusive because both are process-global.
     """
     with COMPILE_LOCK.exclusive():
         if knob.attr is None:

@@ -1,26 +1,11 @@
 """Wrap Triton's ``compile``: scan each HIP kernel, recompile hazardous ones with buffer ops off.
 
-:func:`install` replaces ``triton.compiler.compiler.compile`` with a wrapper and rebinds the
-names Triton and Inductor call it by: ``triton.compile`` (Inductor's
-``triton_heuristics``), ``triton.compiler.compile`` (``@triton.jit`` binds it at a kernel's
-first launch) and ``triton.compiler.compiler.compile``; each is a patch of
-:mod:`titan_rocm.patches` made ``by`` :data:`NAME`, restored with the job that made it. For
-every kernel the wrapper:
-
-1. compiles as usual (cache hits included), holding the compile lock *shared*;
-2. skips non-HIP targets (``kernel.metadata.target.backend``);
-3. scans ``kernel.asm["amdgcn"]`` with the hazard scanner (``scan.scan_text``);
-4. if hazardous, recompiles the same source with buffer ops off, holding the compile lock
-   *exclusive* (no other compile in this process runs meanwhile, because knobs and
-   ``os.environ`` are process-global), under ``triton.knobs.amd.scope()`` with
-   ``knobs.propagate_env = True``: the backend reads the knob, but the cache key is built
-   from ``os.environ``; without the environment the recompile would be a cache hit on the
-   hazardous binary (or, forced, would store the safe binary under the unsafe key);
-5. rescans: clean -> return the recompiled kernel ("patched"); recompile failed, same cache
-   entry, or still hazardous -> keep the original, log an error naming the kernel
-   ("residual"), raise :class:`HazardousKernelError` when ``strict``.
-
-The lock is :mod:`.compile_lock`, the knob :mod:`.buffer_ops`; counts go to :mod:`.stats`.
+The wrapper is bound at every name Triton and Inductor call ``compile`` by (``triton.compile``,
+``triton.compiler.compile``, ``triton.compiler.compiler.compile``), each a patch of
+:mod:`titan_rocm.patches`. The recompile holds the compile lock exclusive, because knobs and
+``os.environ`` are process-global, and sets ``knobs.propagate_env``: the cache key is built
+from ``os.environ``, so without it the recompile would hit the hazardous binary. A kernel that
+stays hazardous is kept and logged ("residual"), or raises when ``strict``.
 Docs: docs/triton-buffer-store-hazard.md, "How titan-rocm recompiles (wrapper)".
 """
 
@@ -47,7 +32,6 @@ from titan_rocm.workarounds.triton_war.buffer_ops import (
 from titan_rocm.workarounds.triton_war.compile_lock import COMPILE_LOCK
 
 NAME = "triton_war"
-"""Who the wrapper's patches are ``by``."""
 _MARK = "__titan_rocm_triton_war__"
 # Where Triton and Inductor look ``compile`` up: (module name, attribute).
 _BIND_SITES: tuple[tuple[str, str], ...] = (
@@ -113,9 +97,8 @@ class CompileHook:
         return compile
 
     def _fresh_env_vars(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """Drop a caller's ``_env_vars`` computed while another thread had buffer ops off
-        (the JIT's async path computes them before calling): it would key this compile as
-        buffer-ops-off while the compiler, now, has them on."""
+        """Drop ``_env_vars`` computed while another thread had buffer ops off (the JIT's async
+        path computes them early): they would key this compile as buffer-ops-off."""
         bound = self.signature.bind_partial(*args, **kwargs)
         given = bound.arguments.get("_env_vars")
         fn = cache_env_fn()
@@ -236,12 +219,10 @@ def _modules() -> dict[str, Any]:
 def install(
     *, rule: str = DEFAULT_HAZARD_RULE, strict: bool = False, scanner: Scanner | None = None
 ) -> CompileHook:
-    """Install the wrapper (idempotent: a second call updates rule/strict/scanner and
-    re-binds any site that was reset). Returns the active hook.
+    """Install the wrapper and return the active hook; a second call updates it and rebinds any
+    site that was reset.
 
-    Raises:
-        ValueError: ``rule`` is not one of :data:`~.names.RULE_NAMES`.
-        ImportError: Triton is not installed.
+    Raises ValueError for an unknown ``rule``, ImportError without Triton.
     """
     if rule not in RULE_NAMES:
         raise ValueError(
@@ -276,10 +257,9 @@ def install(
 
 
 def _jit_functions(compiled_by: Callable[..., Any]) -> list[Any]:
-    """``@triton.jit`` functions copy ``compile`` into ``fn.compile`` at their first launch
-    on a device: those whose copy is ``compiled_by``, where Triton keeps a registry of every
-    JITFunction (``triton.runtime.jit._triton_jit_function_registry``, present in 3.9).
-    Without it, only functions first launched after :func:`install` get the wrapper."""
+    """``@triton.jit`` functions whose ``fn.compile`` copy is ``compiled_by``: they copy it at
+    first launch, so without Triton's JIT registry (present in 3.9) only functions first
+    launched after :func:`install` would get the wrapper."""
     import sys
 
     jit = sys.modules.get("triton.runtime.jit")
@@ -288,8 +268,7 @@ def _jit_functions(compiled_by: Callable[..., Any]) -> list[Any]:
 
 
 def uninstall() -> None:
-    """Restore Triton's own ``compile`` where the wrapper is bound, whoever holds it, and in
-    the functions that copied the wrapper at their first launch (tests)."""
+    """Restore Triton's own ``compile`` everywhere the wrapper is bound or was copied (tests)."""
     global _hook
     with _install_lock:
         if _hook is None:

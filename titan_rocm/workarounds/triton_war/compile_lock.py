@@ -1,8 +1,7 @@
 """The process-wide lock around Triton compiles made through the compile wrapper.
 
-Ordinary compiles hold it shared and run together; the recompile of a hazardous kernel
-holds it exclusive, because it flips process-global state (Triton's knobs and
-``os.environ``) that every other compile in the process would otherwise see.
+The recompile of a hazardous kernel flips process-global state (Triton's knobs,
+``os.environ``), so it holds the lock exclusive; ordinary compiles share it.
 """
 
 from __future__ import annotations
@@ -15,8 +14,8 @@ from collections.abc import Iterator
 class CompileLock:
     """Shared for ordinary compiles, exclusive for the buffer-ops flip; writers first.
 
-    Reentrant per thread for the shared side. Taking the exclusive side while this thread
-    holds the shared side would deadlock, so it raises RuntimeError instead.
+    Taking the exclusive side while holding the shared side would deadlock, so it raises
+    RuntimeError instead.
     """
 
     def __init__(self) -> None:
@@ -78,4 +77,3 @@ class CompileLock:
 
 
 COMPILE_LOCK = CompileLock()
-"""The process-wide lock around Triton compiles made through the wrapper."""

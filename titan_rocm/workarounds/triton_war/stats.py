@@ -1,12 +1,8 @@
 """What the compile wrapper did, in this process and in every compile worker.
 
-Each process where the wrapper runs (the trainer and Inductor's compile workers) counts
-its compiles in a :class:`Stats`. When ``TITAN_ROCM_TRITON_WAR_STATS_DIR`` names a
-directory, every process also appends one JSON line per compile to
-``<dir>/<host>-<pid>.jsonl``; :func:`collect` merges those files, so the trainer (or
-``python -m titan_rocm.workarounds.triton_war.stats DIR``) sees what the workers did.
-
-Light: imports neither torch nor triton.
+Inductor's compile workers are other processes, so with ``TITAN_ROCM_TRITON_WAR_STATS_DIR``
+set each appends a JSON line per compile to ``<dir>/<host>-<pid>.jsonl`` and :func:`collect`
+merges them. Imports neither torch nor triton.
 """
 
 from __future__ import annotations
@@ -49,17 +45,14 @@ class Stats:
     """Counts of one or more processes' compiles through the wrapper."""
 
     scanned: int = 0
-    """HIP kernels whose AMDGCN was scanned (clean + hazardous)."""
     skipped_non_hip: int = 0
     unscanned: int = 0
     hazardous: int = 0
-    """Kernels the scan flagged (patched + residual)."""
     patched: int = 0
     residual: int = 0
     names: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in _NAMED})
-    """Kernel names by outcome, for patched, residual and unscanned kernels."""
+    """For patched, residual and unscanned kernels."""
     processes: int = 1
-    """Processes merged into these counts."""
     bad_lines: int = 0
     """Stats-file lines that could not be read (truncated writes), when merged."""
 
@@ -97,7 +90,6 @@ class Stats:
             mine.extend(k for k in kernels if k not in mine)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (``titan-rocm plan``, logs)."""
         return json_form(
             self, "compiled scanned skipped_non_hip unscanned hazardous patched residual names "
             "processes bad_lines", names={k: list(v) for k, v in self.names.items()})
@@ -129,8 +121,7 @@ def stats_file(directory: str | os.PathLike[str]) -> Path:
 
 
 def record(outcome: str, kernel: str, **details: Any) -> None:
-    """Count one compile here and, when ``TITAN_ROCM_TRITON_WAR_STATS_DIR`` is set, append it
-    to this process's stats file there."""
+    """Count one compile here and, with a stats directory, append it to this process's file."""
     with _lock:
         _local.add(outcome, kernel)
         directory = os.environ.get(ENV_STATS_DIR)
@@ -161,15 +152,8 @@ def read_file(path: str | os.PathLike[str]) -> Stats:
 
 
 def collect(directory: str | os.PathLike[str] | None = None) -> Stats:
-    """Merged counts of every process that wrote to ``directory``.
-
-    ``directory`` defaults to ``$TITAN_ROCM_TRITON_WAR_STATS_DIR``; without either, the
-    counts of this process alone. With a directory, this process's counts come from its
-    own file there like everyone else's (no double counting).
-
-    Raises:
-        FileNotFoundError: ``directory`` does not exist.
-    """
+    """Merged counts of every process that wrote to ``directory`` (default: the environment's;
+    without one, this process alone). Raises FileNotFoundError for a missing directory."""
     directory = directory or os.environ.get(ENV_STATS_DIR)
     if not directory:
         return local()

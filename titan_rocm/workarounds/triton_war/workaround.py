@@ -1,10 +1,8 @@
 """The ``rocm.triton_war`` workaround: recompile only the Triton kernels with the
 buffer-store data hazard, in the trainer and in every Inductor compile worker.
 
-apply() installs the compile wrapper in this process (:mod:`.compile_hook`), exports the
-environment that makes child interpreters install it too (:mod:`.bootstrap`), tags
-torch.compile's caches (:mod:`.cache_tag`) and restarts an already running compile-worker
-pool so its workers start with that environment. Docs: docs/triton-buffer-store-hazard.md.
+A running compile-worker pool is restarted so its workers start with the exported
+environment. Docs: docs/triton-buffer-store-hazard.md.
 """
 
 from __future__ import annotations
@@ -29,12 +27,11 @@ WORKER_REACH = (
     f"{ENV_ENABLE}=1; installs the wrapper when a child imports triton"
 )
 STATS_EVERY_S = 60.0
-"""post_optimizer_hook reads the workers' stats at most this often."""
 
 
 def restart_compile_workers() -> bool:
-    """Shut down Inductor's compile-worker pools if any is running (they restart on the next
-    compile, with the current environment). Returns True if one was running."""
+    """Shut down running compile-worker pools so they restart with the current environment;
+    True if one was running."""
     async_compile = sys.modules.get("torch._inductor.async_compile")
     if async_compile is None or not getattr(async_compile, "_pool_set", None):
         return False
@@ -73,9 +70,8 @@ class TritonWar(Workaround):
 
     @property
     def rule(self) -> str:
-        """The hazard rule this job scans with: ``[rocm] triton_war_rule`` on an architecture
-        whose hazard windows titan-rocm knows (``archs.ArchFacts.store_hazard_windows``), else
-        ``conservative`` (unknown, gfx90a, gfx1250...: no facts to narrow the window)."""
+        """``[rocm] triton_war_rule`` where titan-rocm knows the arch's hazard windows, else
+        ``conservative``: no facts to narrow the window."""
         return self.ctx.settings.triton_war_rule if self._windows_known() else "conservative"
 
     def _windows_known(self) -> bool:
@@ -83,7 +79,6 @@ class TritonWar(Workaround):
         return arch is not None and arch.store_hazard_windows
 
     def _rule_note(self) -> str | None:
-        """Why the rule is not the configured one (None when it is)."""
         if self._windows_known() or self.ctx.settings.triton_war_rule == "conservative":
             return None
         gfx = self.ctx.platform.gfx_arch or "unknown (no device)"
@@ -136,8 +131,7 @@ class TritonWar(Workaround):
         )
 
     def post_optimizer_hook(self, model_parts: list[nn.Module]) -> None:
-        """At most every :data:`STATS_EVERY_S`: merge the workers' stats and log an error for
-        each newly seen residual (hazardous, unfixed) kernel."""
+        """At most every :data:`STATS_EVERY_S`, log each newly seen residual kernel of a worker."""
         now = time.monotonic()
         if now < self._next_stats or self.dry_run:
             return

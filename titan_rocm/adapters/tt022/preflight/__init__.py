@@ -1,28 +1,8 @@
 """The start-up checks TorchTitan 0.2.2 makes before it touches a GPU, made on a login node.
 
-``titan-rocm plan`` calls :func:`check_job` first: it reads the job as the chosen launcher
-would (``torchrun -m torchtitan.train``, or titan-rocm's ``python -m titan_rocm.train``,
-which adds ``custom_config_module`` and registers titan-rocm's converters itself) and raises
-:class:`StartupError` with one sentence for every failure TorchTitan would stop on at
-start-up that needs no GPU, in TorchTitan's order where it matters, one module per check
-(``parse_args``, ``custom_import``, ``parallel_dims``, ``training``, ``model_converters``):
-
-1. ``ConfigManager.parse_args``: the TOML (unreadable, not TOML, not UTF-8), the
-   ``custom_config_module`` import, unknown keys, the command line (tyro); plus what 0.2.2
-   passes through unchecked from the TOML: values of the wrong type (``"two"`` for an
-   integer; ``converters = "rocm"``, which 0.2.2 iterates letter by letter). Boolean flags
-   given a value (``--rocm.triton_war_strict true``) are named with the bare form to use.
-2. ``Trainer.__init__``: the ``[experimental] custom_import`` import.
-3. ``ParallelDims`` and its device mesh: every degree against the world size (given with
-   ``--world-size`` or ``--nnodes``/``--nproc-per-node``, else derived and said so).
-4. The train spec, pipelining support, and the batch-size arithmetic.
-5. ``build_model_converters``: each ``[model] converters`` name against TorchTitan's real
-   registry, where titan-rocm's names count only when the job would import ``titan_rocm``;
-   TorchTitan's quantization converters' own first check (one quantization type per job).
-
-Model construction and titan-rocm's own converters run afterwards in
-:mod:`titan_rocm.adapters.tt022.plan`,
-inside :func:`startup_step`.
+``titan-rocm plan`` calls :func:`check_job` first so a job that would stop at start-up on the
+cluster is refused in one sentence here, in TorchTitan's order, one module per check. The
+list of checks is in docs/plan.md ("What plan checks, in TorchTitan's order").
 """
 
 from __future__ import annotations
@@ -80,8 +60,7 @@ def check_job(
 ) -> Preflight:
     """Every GPU-free start-up check TorchTitan 0.2.2 would make on the job in ``args``.
 
-    Raises:
-        StartupError: the first check that fails, in one sentence with the fix.
+    Raises StartupError for the first that fails, in one sentence with the fix.
     """
     if launcher not in LAUNCHERS:
         raise StartupError(f"unknown launcher {launcher!r}; accepted: {', '.join(LAUNCHERS)}")
@@ -100,9 +79,8 @@ def check_job(
 
 @contextlib.contextmanager
 def startup_step(what: str) -> Iterator[None]:
-    """Turn any exception raised inside into a :class:`StartupError`: ``what`` is a step
-    TorchTitan's own start-up runs (building the model, its converters), so the job would
-    stop there too."""
+    """Turn any exception inside into a :class:`StartupError`: ``what`` is a step TorchTitan's
+    own start-up runs, so the job would stop there too."""
     try:
         yield
     except StartupError:
@@ -129,4 +107,3 @@ __all__ = [
     "startup_step",
     "world_size",
 ]
-"""What the plan, the launcher, the audit, the CLI and the tests use of the checks."""

@@ -1,7 +1,4 @@
-"""Check 2: ``Trainer.__init__``'s ``[experimental] custom_import``.
-
-Part of :mod:`titan_rocm.adapters.tt022.preflight` (one module per TorchTitan check it
-mirrors, so a check TorchTitan drops can be dropped here alone)."""
+"""Check 2: ``Trainer.__init__``'s ``[experimental] custom_import``."""
 
 from __future__ import annotations
 
@@ -13,11 +10,7 @@ from titan_rocm.adapters.tt022.preflight.parse_args import _import
 
 
 def check_custom_import(job_config: Any) -> None:
-    """Import ``[experimental] custom_import`` as ``Trainer.__init__`` does first thing.
-
-    Raises:
-        StartupError: the module cannot be imported.
-    """
+    """Import ``custom_import`` as ``Trainer.__init__`` does first; raises StartupError."""
     name = job_config.experimental.custom_import
     if not name:
         return

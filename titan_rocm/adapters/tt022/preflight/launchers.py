@@ -1,7 +1,4 @@
-"""How a 0.2.2 job is started (the launcher decides who registers titan-rocm).
-
-Part of :mod:`titan_rocm.adapters.tt022.preflight` (one module per TorchTitan check it
-mirrors, so a check TorchTitan drops can be dropped here alone)."""
+"""How a 0.2.2 job is started (the launcher decides who registers titan-rocm)."""
 
 from __future__ import annotations
 

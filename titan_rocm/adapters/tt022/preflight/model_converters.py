@@ -1,7 +1,4 @@
-"""Check 5: ``build_model_converters``' names and the quantization converters' first check.
-
-Part of :mod:`titan_rocm.adapters.tt022.preflight` (one module per TorchTitan check it
-mirrors, so a check TorchTitan drops can be dropped here alone)."""
+"""Check 5: ``build_model_converters``' names and the quantization converters' first check."""
 
 from __future__ import annotations
 
@@ -17,9 +14,8 @@ from titan_rocm.adapters.tt022.preflight.launchers import LAUNCH_LINES
 
 
 def _modules_register_titan_rocm(modules: Sequence[str]) -> bool:
-    """Whether a fresh interpreter of this environment imports titan_rocm once ``modules``
-    are imported, which registers its converters with TorchTitan (a ``sitecustomize`` of
-    the environment counts too, as it would in the job)."""
+    """Whether a fresh interpreter of this environment imports titan_rocm once ``modules`` are
+    imported (a ``sitecustomize`` counts too, as it would in the job)."""
     if any(m.split(".")[0] == "titan_rocm" for m in modules):
         return True
     code = ("import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
@@ -35,10 +31,8 @@ def _modules_register_titan_rocm(modules: Sequence[str]) -> bool:
 def registered_converters(job_config: Any, launcher: str) -> tuple[str, ...]:
     """The model converter names TorchTitan's registry would hold for this job.
 
-    TorchTitan's own register when ``torchtitan.train`` is imported; the job's
-    ``custom_import`` has been imported (:func:`check_custom_import`); titan-rocm's names
-    count only when the job imports ``titan_rocm`` (its launcher, ``custom_import`` or
-    ``custom_config_module``): this process registers them either way.
+    This process registers titan-rocm's either way; they count only when the job imports
+    ``titan_rocm`` (launcher, ``custom_import`` or ``custom_config_module``).
     """
     import torchtitan.train  # noqa: F401 - what the launch imports; registers TorchTitan's
     from torchtitan.protocols.model_converter import _registry_model_converter_cls as registry
@@ -57,12 +51,8 @@ def registered_converters(job_config: Any, launcher: str) -> tuple[str, ...]:
 
 
 def check_converters(job_config: Any, registered: Sequence[str]) -> None:
-    """Each ``[model] converters`` name must be registered, as ``build_model_converters``
-    looks every one up.
-
-    Raises:
-        StartupError: naming the first unknown name, TorchTitan's KeyError and the fix.
-    """
+    """Each ``[model] converters`` name must be registered; raises StartupError naming the
+    first unknown one, TorchTitan's KeyError and the fix."""
     known = set(registered)
     ours = titan_rocm_converters()
     for name in job_config.model.converters:
@@ -92,13 +82,8 @@ def check_converters(job_config: Any, registered: Sequence[str]) -> None:
 
 
 def check_quantization(job_config: Any) -> None:
-    """The GPU-free check every TorchTitan quantization converter makes first: one
-    quantization type (float8 or mx) for the whole job. (Building them needs a GPU: they
-    ask for its compute capability.)
-
-    Raises:
-        StartupError: with TorchTitan's reason.
-    """
+    """The quantization converters' GPU-free first check: one quantization type per job
+    (building them needs a GPU). Raises StartupError with TorchTitan's reason."""
     if not any("quantize" in c for c in job_config.model.converters):
         return
     from torchtitan.components.quantization import QuantizationConverter

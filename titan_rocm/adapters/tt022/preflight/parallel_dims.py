@@ -1,7 +1,4 @@
-"""Check 3: the degrees against the world size, as ``ParallelDims`` and its mesh check them.
-
-Part of :mod:`titan_rocm.adapters.tt022.preflight` (one module per TorchTitan check it
-mirrors, so a check TorchTitan drops can be dropped here alone)."""
+"""Check 3: the degrees against the world size, as ``ParallelDims`` and its mesh check them."""
 
 from __future__ import annotations
 
@@ -16,12 +13,8 @@ from titan_rocm.adapters.common import one_line as _one_line
 
 
 def check_parallelism(d: dict[str, int], world: WorldSize) -> Any:
-    """TorchTitan 0.2.2's ``ParallelDims`` for degrees ``d`` (:func:`degrees`) on ``world``,
-    with the arithmetic of the device mesh it builds at start-up.
-
-    Raises:
-        StartupError: a degree that ParallelDims or its mesh would refuse, with the reason.
-    """
+    """TorchTitan 0.2.2's ``ParallelDims`` for degrees ``d`` on ``world``, with its mesh's
+    arithmetic; raises StartupError for a degree either would refuse."""
     from torchtitan.distributed import ParallelDims
 
     size = world.size

@@ -1,7 +1,4 @@
-"""Check 1: the config, as TorchTitan 0.2.2's ``ConfigManager.parse_args`` reads it.
-
-Part of :mod:`titan_rocm.adapters.tt022.preflight` (one module per TorchTitan check it
-mirrors, so a check TorchTitan drops can be dropped here alone)."""
+"""Check 1: the config, as TorchTitan 0.2.2's ``ConfigManager.parse_args`` reads it."""
 
 from __future__ import annotations
 
@@ -92,12 +89,8 @@ def _type_name(value: Any) -> str:
 def check_toml_types(cls: type, table: dict[str, Any], section: str = "") -> None:
     """Check a TOML table against the (merged) JobConfig dataclass ``cls``.
 
-    TorchTitan 0.2.2 rejects unknown keys but hands every other TOML value to the trainer
-    unconverted: a string where an integer belongs fails later with a TypeError, and a
-    string where a list belongs is iterated letter by letter.
-
-    Raises:
-        StartupError: an unknown key, or a value of the wrong type (naming both).
+    TorchTitan 0.2.2 passes TOML values on unconverted: a string for an integer fails later,
+    and a string for a list is iterated letter by letter. Raises StartupError naming both.
     """
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
@@ -159,11 +152,8 @@ def bool_flags(cls: type, prefix: str = "") -> set[str]:
 
 
 def check_bool_flags(args: Sequence[str], flags: set[str]) -> None:
-    """Refuse ``--x.flag true`` / ``--x.flag=false``: tyro's boolean flags take no value.
-
-    Raises:
-        StartupError: naming the bare forms to write instead.
-    """
+    """Refuse ``--x.flag true``: tyro's boolean flags take no value (StartupError names the
+    bare forms)."""
     for i, arg in enumerate(args):
         if not arg.startswith("--"):
             continue
@@ -185,7 +175,6 @@ def check_bool_flags(args: Sequence[str], flags: set[str]) -> None:
 
 
 def _arguments(args: Sequence[str], launcher: str) -> tuple[list[str], dict[str, Any]]:
-    """The arguments the launcher hands to ConfigManager, and the job's TOML."""
     try:
         toml = load_toml(args)
         prepared = prepare(args) if launcher == "titan-rocm" else list(args)
@@ -231,7 +220,6 @@ def _import(name: str) -> Any:
 
 
 def _config_class(manager: Any, args: list[str], toml: dict[str, Any]) -> type:
-    """ConfigManager's JobConfig class, merged with the job's custom_config_module."""
     module = config_module(args, toml)
     if module is not None and not isinstance(module, str):
         raise StartupError(
@@ -258,9 +246,8 @@ def parse_config(args: Sequence[str], launcher: str = DEFAULT_LAUNCHER,
                  prog: str = "titan-rocm plan") -> Any:
     """The JobConfig TorchTitan 0.2.2's ConfigManager makes of ``args`` under ``launcher``.
 
-    Raises:
-        StartupError: anything ConfigManager would stop on, or a TOML value of the wrong
-            type that it would pass through.
+    Raises StartupError for anything it would stop on, or a wrong-typed TOML value it would
+    pass through.
     """
     from torchtitan.config import ConfigManager
 

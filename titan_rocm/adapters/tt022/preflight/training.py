@@ -1,7 +1,4 @@
-"""Check 4: the train spec, pipelining support and the batch-size arithmetic.
-
-Part of :mod:`titan_rocm.adapters.tt022.preflight` (one module per TorchTitan check it
-mirrors, so a check TorchTitan drops can be dropped here alone)."""
+"""Check 4: the train spec, pipelining support and the batch-size arithmetic."""
 
 from __future__ import annotations
 
@@ -11,16 +8,11 @@ from titan_rocm.adapters.common import StartupError
 from titan_rocm.numbers import Bounds
 
 LOCAL_BATCH = Bounds(int, 1, 10**9)
-"""``[training] local_batch_size``: at least one sequence per rank (0 would divide by zero
-in the global batch's check); a billion is a typo."""
+"""At least one sequence per rank (0 would divide by zero); a billion is a typo."""
 
 
 def check_training(job_config: Any, parallel_dims: Any) -> None:
-    """The train spec lookup, pipelining support and batch-size checks of Trainer.__init__.
-
-    Raises:
-        StartupError: with TorchTitan's reason.
-    """
+    """Trainer.__init__'s train spec, pipelining and batch-size checks; raises StartupError."""
     from torchtitan.protocols.train_spec import get_train_spec
 
     try:

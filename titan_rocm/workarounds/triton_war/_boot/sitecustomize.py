@@ -1,11 +1,8 @@
 """titan-rocm worker bootstrap, loaded as ``sitecustomize`` at interpreter start.
 
-The ``rocm.triton_war`` converter puts this directory first on ``sys.path`` and
-``PYTHONPATH`` of the training process, so every Python it starts (Inductor's compile
-workers get the parent's ``sys.path`` as their ``PYTHONPATH``) imports this file at start-up.
-It does nothing unless ``TITAN_ROCM_TRITON_WAR=1``; then it arranges for titan-rocm's Triton
-compile wrapper to be installed as soon as ``triton`` is imported. It then runs the
-``sitecustomize`` it shadows, if there is one, so that one keeps working.
+Inductor's compile workers get the trainer's ``sys.path`` as ``PYTHONPATH``, so they import
+this; with ``TITAN_ROCM_TRITON_WAR=1`` it installs the wrapper once ``triton`` is imported,
+then runs the ``sitecustomize`` it shadows so that one keeps working.
 """
 
 import os as _os
