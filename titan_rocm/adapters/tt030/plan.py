@@ -181,7 +181,7 @@ def _config_function(args: list[str], job: str) -> Any:
         return fn
     available = sorted(n for n in dir(module) if not n.startswith("_") and n[0].islower()
                        and callable(getattr(module, n)))
-    raise PlanError(f"--config {config_name}: {module.__name__}.{config_name} is "
+    raise PlanError(f"{job}: {module.__name__}.{config_name} is "
                     f"{type(fn).__name__} {fn!r:.40}, not a function; accepted: a config "
                     f"function of {module.__name__} ({', '.join(available) or 'it has none'})")
 
