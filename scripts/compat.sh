@@ -10,7 +10,7 @@
 # `python -m pytest -q -m torchtitan022`, the 0.3.0 suite `python -m pytest -q -m
 # torchtitan030` (each marker runs its whole suite, slow tests included); PYTEST_ARGS
 # (e.g. tests/unit) are added to both. One line per suite at the end, e.g.
-#   compat: torch 2.15.0 + TorchTitan 0.3.0: 85 passed (log: /tmp/.../pytest.log)
+#   compat: torch 2.15.0 + TorchTitan 0.3.0: 137 passed (log: /tmp/.../pytest.log)
 # Exit 0 when every suite passed, 1 when one failed, 2 on bad input or a failed install.
 #
 # Options:
@@ -23,8 +23,8 @@
 #   --python P       interpreter the venvs are made from (default: python3.11, else python3)
 #   --triton VER     Triton for a torch that requires none (default 3.9.0)
 #
-# A pip constraints file that caps torch below TORCH_VERSION stops the install (pip says so);
-# PIP_CONSTRAINT=/dev/null in front of the command lifts it for this run.
+# A pip constraints file that caps torch below TORCH_VERSION stops the install, with pip's own
+# reason (its log's last lines); PIP_CONSTRAINT=/dev/null in front lifts it for this run.
 set -uo pipefail
 
 fail() { echo "compat: $*" >&2; exit 2; }
@@ -45,7 +45,7 @@ while (($#)); do
       esac
       shift ;;
     --) shift; pytest_args=("$@"); break ;;
-    -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) fail "unknown option $1; accepted: --reuse, --torch-from V, --dir D, --python P, --triton VER, --" ;;
     *)
       if [[ -z "$torch_version" ]]; then torch_version="$1"
@@ -72,6 +72,18 @@ if [[ -n "$torch_from" ]]; then
   base_site="$("$torch_from/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
     || fail "cannot read the site-packages of $torch_from"
 fi
+
+# pip install ARGS into the venv of python $1, its whole output in $venv/pip.log: pip states
+# why it refuses (e.g. "The user requested (constraint) torch<=2.14.1") at its INFO level,
+# which -q would hide, so on a failure the log's last lines go to stderr before the sentence.
+pip_install() {
+  local py="$1" log="$venv/pip.log"
+  shift
+  "$py" -m pip install "$@" >>"$log" 2>&1 && return 0
+  echo "compat: pip's last lines (whole output: $log):" >&2
+  tail -n 20 "$log" >&2
+  return 1
+}
 
 # The torch release a venv's python imports (local suffix such as +cpu dropped), and its
 # TorchTitan; "none" for what is missing.
@@ -104,7 +116,7 @@ build() {  # venv, TorchTitan: a fresh venv with torch first, then the rest
     echo "$base_site" > "$site/titan-rocm-compat-base.pth"
   else
     echo "compat: installing torch==$torch_version into $venv"
-    "$py" -m pip install -q "torch==$torch_version" \
+    pip_install "$py" "torch==$torch_version" \
       || fail "pip could not install torch==$torch_version (a constraints file capping torch? PIP_CONSTRAINT=/dev/null lifts it)"
   fi
   local have
@@ -115,7 +127,7 @@ build() {  # venv, TorchTitan: a fresh venv with torch first, then the rest
   "$py" -c 'import importlib.metadata as m, sys
 sys.exit(any(r.startswith("triton") for r in m.requires("torch") or []))' && extra=("triton==$triton")
   echo "compat: installing ${extra[*]:+${extra[*]} }torchtitan==$tt and titan-rocm[test] into $venv"
-  "$py" -m pip install -q "${extra[@]}" "torchtitan==$tt" -e "$repo[test]" \
+  pip_install "$py" "${extra[@]}" "torchtitan==$tt" -e "$repo[test]" \
     || fail "pip could not install torchtitan==$tt and titan-rocm into $venv"
   read -r have _ <<<"$(versions "$py")"
   [[ "$have" == "$torch_version" ]] \

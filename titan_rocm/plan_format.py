@@ -115,7 +115,10 @@ def verdict_lines(plan: dict[str, Any]) -> list[str]:
         where += f"; {world['size']} rank(s), {world['source']}"
     lines = [f"verdict: the job starts ({m['name']} {m['flavor']} on {where})"]
     applied = [d for d in plan["workarounds"] if d["applied"]]
-    skipped = [d for d in plan["workarounds"] if not d["applied"]]
+    # A workaround listed twice (``rocm`` and ``rocm.<name>``) applies once; its second
+    # listing's skip is not "left as stock".
+    skipped = [d for d in plan["workarounds"] if not d["applied"]
+               and d["workaround"] not in {a["workaround"] for a in applied}]
     sources: list[str] = []
     if not plan["titan_rocm_listed"]:
         lines.append("titan-rocm changes nothing in this run: " + plan.get(

@@ -1,12 +1,10 @@
-"""The CPU trainer the audit tests build: tests/support/cpu_trainer.py's real TorchTitan 0.2.2
-trainer, parallelised and compiled by the model's own ``parallelize_fn`` (Inductor's CPU
-backend), as ``Trainer.__init__`` does on a GPU. For ``titan-rocm audit --trainer
-tests.support.audit_trainer:AuditTrainer`` (with the repository root on ``PYTHONPATH``) and
-in-process tests.
+"""The CPU trainer the audit tests build: the package's ``titan-rocm audit --trainer
+cpu-tiny`` (titan_rocm/adapters/tt022/cpu_trainer.py: TorchTitan 0.2.2's real trainer,
+parallelised and compiled by the model's own ``parallelize_fn``, Inductor's CPU backend),
+for in-process tests.
 
-At import it lets TorchTitan's MoE run on CPU (its token counting and padding are GPU-only,
-see moe_test_models.cpu_histc / cpu_permute_indices), process-wide: this module is only ever
-imported by the audit tests' own processes and cases.
+At import it lets TorchTitan's MoE run on CPU (its token counting and padding are GPU-only),
+process-wide: this module is only ever imported by the audit tests' own processes and cases.
 
 Faults come from titan-rocm's own injector (``TITAN_ROCM_DEBUG_CORRUPT``, compiled code only;
 docs/numerics-audit-fault.md), installed on the built model when the variable is set.
@@ -25,23 +23,12 @@ from typing import Any
 
 import torch
 
-from tests.support.cpu_trainer import TINY, CpuTrainer
+from titan_rocm.adapters.tt022.cpu_trainer import TINY, TinyCpuTrainer, cpu_patches
 
-
-def _cpu_moe() -> None:
-    import types
-
-    import torchtitan.models.moe.moe as moe_module
-
-    from tests.support.moe_test_models import cpu_histc, cpu_permute_indices
-
-    if getattr(torch.histc, "__name__", "") != "histc_any_dtype":  # once per process
-        for_good = types.SimpleNamespace(setattr=setattr)
-        cpu_histc(for_good)
-        cpu_permute_indices(for_good, moe_module)
-
-
-_cpu_moe()
+# TorchTitan's MoE on CPU for the whole process (the package's CPU trainer does it at build;
+# the in-process tests build the model before any trainer): only the audit tests' own
+# processes and cases import this module.
+cpu_patches()
 
 
 COMPILED_CALLS: list[int] = [0]
@@ -64,42 +51,17 @@ if "audit_counting" not in torch._dynamo.list_backends(exclude_tags=()):
     torch._dynamo.register_backend(_counting_backend, name="audit_counting")
 
 
-class AuditTrainer(CpuTrainer):
-    """CpuTrainer with the job's ParallelDims and the model's own ``parallelize_fn``; with
-    ``TITAN_ROCM_DEBUG_CORRUPT`` set, the test fault installed on the built model (a test
-    harness installs it; training never does)."""
-
-    patch_for_cpu = True
+class AuditTrainer(TinyCpuTrainer):
+    """The package's tiny CPU trainer (``titan-rocm audit --trainer cpu-tiny``: the job's
+    ParallelDims and the model's own ``parallelize_fn``); with ``TITAN_ROCM_DEBUG_CORRUPT``
+    set, the test fault installed on the built model (a test harness installs it for the
+    in-process audits; training never does)."""
 
     def __init__(self, job_config: Any) -> None:
         super().__init__(job_config)
         from titan_rocm.testing import corrupt
 
         corrupt.install(self.model_parts)
-
-    def parallel_dims_for(self, job_config: Any, world: int) -> Any:
-        from torchtitan.distributed import ParallelDims
-
-        p = job_config.parallelism
-        dims = ParallelDims(
-            dp_replicate=p.data_parallel_replicate_degree, dp_shard=p.data_parallel_shard_degree,
-            cp=p.context_parallel_degree, tp=p.tensor_parallel_degree,
-            pp=p.pipeline_parallel_degree, ep=p.expert_parallel_degree,
-            etp=p.expert_tensor_parallel_degree, world_size=world,
-        )
-        if world > 1:
-            dims.build_mesh()
-        return dims
-
-    def parallelize(self, model: Any) -> None:
-        from torch.distributed.fsdp import FSDPModule
-
-        self.train_spec.parallelize_fn(model, self.parallel_dims, self.job_config)
-        for module in model.modules():
-            if isinstance(module, FSDPModule):
-                # gloo has no PREMUL_SUM; TorchTitan's divide factor is 1, so a plain sum is
-                # what NCCL computes (as tests/support/moe_scope_worker.py does).
-                module.set_force_sum_reduction_for_comms(True)
 
 
 __all__ = ["TINY", "AuditTrainer"]

@@ -1,31 +1,15 @@
 """CPU stand-ins shared by the TorchTitan 0.2.2 and 0.3.0 test harnesses (no TorchTitan import).
 
-Both trainers read device memory through TorchTitan's CUDA ``DeviceMemoryMonitor`` and start
-a process group from torchrun's environment; on a CPU test machine these stand in.
+Both trainers start a process group from torchrun's environment; the memory monitor that
+stands in for TorchTitan's CUDA one is the package's (``titan_rocm.adapters.common``).
 """
 
 from __future__ import annotations
 
 import os
-import resource
 import socket
-from typing import Any
 
-
-class CpuMemoryMonitor:
-    """Stand-in for TorchTitan's CUDA ``DeviceMemoryMonitor``: peak RSS of this process."""
-
-    device_name = "CPU (titan-rocm test harness)"
-    device_capacity_gib = 0.0
-
-    def get_peak_stats(self) -> Any:
-        from torchtitan.components.metrics import DeviceMemStats
-
-        gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KiB -> GiB
-        return DeviceMemStats(gib, 0.0, gib, 0.0, 0, 0)
-
-    def reset_peak_stats(self) -> None:
-        """Peak RSS cannot be reset; nothing to do."""
+from titan_rocm.adapters.common import CpuMemoryMonitor  # noqa: F401 - the harnesses' name
 
 
 def default_rank_env() -> None:

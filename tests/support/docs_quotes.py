@@ -292,3 +292,51 @@ def value_at(tree: Any, path: tuple[str, ...]) -> Any:
     for key in path:
         tree = tree[int(key)] if isinstance(tree, (list, tuple)) else tree[key]
     return tree
+
+
+# --- links between pages ------------------------------------------------------------------
+
+LINK = re.compile(r"\]\((?P<target>[^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6}[ \t]+(?P<title>.+?)[ \t]*#*[ \t]*$", re.M)
+FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```[ \t]*$", re.M | re.S)
+
+
+def anchor(title: str) -> str:
+    """The anchor GitHub gives a heading: lower case, markup and punctuation dropped (``-``
+    and ``_`` kept), each space a ``-``."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", title)  # a link keeps its text
+    text = re.sub(r"<[^>]+>", "", text).lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    """Every heading anchor of ``path`` (a repeated title's ``-1``, ``-2`` too)."""
+    seen: dict[str, int] = {}
+    for m in HEADING.finditer(FENCE.sub("", path.read_text())):
+        slug = anchor(m.group("title"))
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        if n:
+            seen[f"{slug}-{n}"] = 1
+    return set(seen)
+
+
+def broken_links(paths: list[Path] | None = None) -> list[str]:
+    """``page:line: target (why)`` for each relative markdown link whose file or heading does
+    not exist."""
+    broken = []
+    for path in paths or doc_paths():
+        text = path.read_text()
+        for m in LINK.finditer(FENCE.sub(lambda f: re.sub(r"[^\n]", " ", f.group()), text)):
+            target = m.group("target")
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # https:, mailto:
+                continue
+            file, _, fragment = target.partition("#")
+            linked = (path.parent / file).resolve() if file else path
+            where = _where(path, text, m.start())
+            if not linked.exists():
+                broken.append(f"{where}: {target} (no such file)")
+            elif fragment and linked.suffix == ".md" and fragment not in anchors(linked):
+                broken.append(f"{where}: {target} (no heading with that anchor)")
+    return broken

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
-import sys
 import types
 from collections.abc import Iterator
 from typing import Any
@@ -131,31 +129,16 @@ def clean_patches() -> Iterator[None]:
 
 
 def cpu_permute_indices(monkeypatch: Any, moe_module: types.ModuleType) -> None:
-    """Let TorchTitan's MoE padding wrapper run on CPU (its index kernel is Triton by default).
+    """Let TorchTitan's MoE padding wrapper run on CPU: the package's CPU trainer's patch
+    (titan_rocm/adapters/tt022/cpu_trainer.py), undone after the test."""
+    from titan_rocm.adapters.tt022 import cpu_trainer
 
-    Patches ``generate_permute_indices`` in the utils module that ``moe_module``'s padding
-    wrapper really uses, to its own ``use_cpu=True`` implementation.
-    """
-    utils = sys.modules[moe_module.indices_padding_wrapper.__module__]
-    monkeypatch.setattr(
-        utils,
-        "generate_permute_indices",
-        functools.partial(utils.generate_permute_indices, use_cpu=True),
-    )
+    cpu_trainer.cpu_permute_indices(monkeypatch.setattr, moe_module)
 
 
 def cpu_histc(monkeypatch: Any) -> None:
-    """Let TorchTitan's MoE router count tokens on CPU.
+    """Let TorchTitan's MoE router count int64 expert indices on CPU: the package's CPU
+    trainer's patch, undone after the test."""
+    from titan_rocm.adapters.tt022 import cpu_trainer
 
-    The router calls ``torch.histc`` on int64 expert indices, which CUDA/ROCm support and
-    CPU does not ("histogram_cpu" not implemented for 'Long'). Count in float on CPU and
-    return the input's dtype, as the GPU kernel does.
-    """
-    histc = torch.histc
-
-    def histc_any_dtype(input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if input.device.type == "cpu" and not input.is_floating_point():
-            return histc(input.float(), *args, **kwargs).to(input.dtype)
-        return histc(input, *args, **kwargs)
-
-    monkeypatch.setattr(torch, "histc", histc_any_dtype)
+    cpu_trainer.cpu_histc(monkeypatch.setattr)

@@ -386,3 +386,12 @@ def test_the_meta_model_is_built_on_meta_at_the_training_dtype(dtype: str, expec
     model, _ = build_meta_model(job, titan_rocm.platform.PlatformFacts.simulated_rocm("gfx942"))
     assert all(p.is_meta for p in model.parameters())
     assert {str(p.dtype) for p in model.parameters()} == {expected}
+
+
+def test_a_workaround_listed_twice_is_a_change_and_not_left_as_stock(capsys) -> None:
+    text = _text(capsys, "--job.config_file", "configs/llama3_debug.toml",
+                 "--model.converters", "rocm,rocm.divergence_guard")
+    stock = next(line for line in text.splitlines() if line.startswith("left as stock: "))
+    assert "  rocm.divergence_guard: stops at the first non-finite loss" in text
+    assert "rocm.divergence_guard" not in stock, stock
+    assert "rocm.numerics_audit (" in stock  # the others still are

@@ -20,6 +20,17 @@ MODULES = {
     "raises": ("def job():\n    raise KeyError('lr')\n",
                "the config function raised KeyError: 'lr'"),
     "exits_on_import": ("import sys\nsys.exit(3)\n", "called sys.exit(3)"),
+    # The user's own ValueError is not one of TorchTitan's messages: module, function, class.
+    "raises_value": ("def job():\n    raise ValueError('config function blew up')\n",
+                     "the config function raised ValueError: config function blew up"),
+    # An import inside the module fails: the real error, not "cannot import module".
+    "imports_missing": ("import no_such_package_xyz\n\ndef job():\n    pass\n",
+                        "importing robust_cfg_imports_missing failed with "
+                        "ModuleNotFoundError: No module named 'no_such_package_xyz'; install "
+                        "what it names or fix that import"),
+    "not_a_function": ("job = 3\n\ndef other():\n    pass\n",
+                       "robust_cfg_not_a_function.job is int 3, not a function; accepted: a "
+                       "config function of robust_cfg_not_a_function (other)"),
 }
 
 

@@ -91,3 +91,29 @@ def test_one_suite_that_passes_exits_0(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1].startswith(
         "compat: torch 9.9.9 + TorchTitan 0.3.0: 3 passed")
+
+
+FAKE_INTERPRETER = """#!/usr/bin/env bash
+# "-m venv DIR" makes a venv whose python refuses torch as pip does under a constraints file.
+[[ "$1 $2" == "-m venv" ]] || exit 9
+mkdir -p "$3/bin"
+cat > "$3/bin/python" <<'PY'
+#!/usr/bin/env bash
+# pip's ERROR line is CRITICAL, its reason INFO: -q keeps the first only.
+echo "ERROR: Cannot install torch==9.9.9 because of conflicting dependencies." >&2
+[[ " $* " == *" -q "* ]] || echo "    The user requested (constraint) torch<=2.14.1"
+exit 1
+PY
+chmod +x "$3/bin/python"
+"""
+
+
+def test_a_refused_install_shows_pips_own_reason(tmp_path: Path) -> None:
+    interpreter = tmp_path / "fake-python"
+    interpreter.write_text(FAKE_INTERPRETER)
+    interpreter.chmod(0o755)
+    done = _run("9.9.9", "0.2.2", "--dir", str(tmp_path / "venvs"), "--python", str(interpreter))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "The user requested (constraint) torch<=2.14.1" in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith(
+        "compat: pip could not install torch==9.9.9"), done.stderr

@@ -17,6 +17,51 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+def test_every_link_finds_its_page_and_heading():
+    assert not (broken := docs_quotes.broken_links()), "\n".join(broken)
+
+
+def test_a_link_to_a_missing_heading_or_page_is_named(tmp_path):
+    (tmp_path / "a.md").write_text("# Top\n\n## The `x` flag: 0.3.0 (new)\n\n## Top\n")
+    (tmp_path / "b.md").write_text(
+        "[ok](a.md#the-x-flag-030-new) [ok](a.md#top-1) [ok](#here) [web](https://x.org/#y)\n"
+        "# Here\n```\n[in code](a.md#nowhere)\n```\n"
+        "[bad](a.md#measured-on-an-h200) [gone](c.md)\n")
+    assert docs_quotes.broken_links([tmp_path / "b.md"]) == [
+        f"{tmp_path / 'b.md'}:6: a.md#measured-on-an-h200 (no heading with that anchor)",
+        f"{tmp_path / 'b.md'}:6: c.md (no such file)"]
+
+
+LAYOUT_ENTRY = re.compile(r"^  (?P<dir>[a-z_]+)/ +(?P<text>.*)$")
+
+
+def layout_misplaced() -> list[str]:
+    """Each ``name.py`` README's layout lists in a ``titan_rocm/`` package's entry that is
+    not in that package (a name with a ``/`` is read from ``titan_rocm/``)."""
+    block = (REPO / "README.md").read_text().split("\ntitan_rocm/\n", 1)[1].split("```", 1)[0]
+    entries: list[tuple[str, str]] = []
+    for line in block.splitlines():
+        if m := LAYOUT_ENTRY.match(line):
+            entries.append((m.group("dir"), m.group("text")))
+        elif line.startswith("   ") and entries:
+            entries[-1] = (entries[-1][0], entries[-1][1] + " " + line.strip())
+        elif line and not line.startswith(" "):
+            break  # configs/, docs/, tests/: the repository root, not the package
+    wrong = []
+    for folder, text in entries:
+        for name in re.findall(r"[\w/]+\.py\b", text):
+            base = REPO / "titan_rocm"
+            found = (base / name).exists() if "/" in name else any(
+                (base / folder).rglob(name))
+            if not found:
+                wrong.append(f"{name} (listed under {folder}/)")
+    return wrong
+
+
+def test_readme_layout_puts_each_module_in_its_package():
+    assert not (wrong := layout_misplaced()), "\n".join(wrong)
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
 

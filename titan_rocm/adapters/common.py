@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import resource
 import socket
 import sys
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
@@ -280,6 +281,23 @@ def single_process_environment(environ: MutableMapping[str, str] = os.environ) -
     return added
 
 
+class CpuMemoryMonitor:
+    """Stand-in for TorchTitan's CUDA ``DeviceMemoryMonitor`` on a CPU trainer (either
+    generation): peak RSS of this process."""
+
+    device_name = "CPU (titan-rocm CPU trainer)"
+    device_capacity_gib = 0.0
+
+    def get_peak_stats(self) -> Any:
+        from torchtitan.components.metrics import DeviceMemStats  # both generations'
+
+        gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # KiB -> GiB
+        return DeviceMemStats(gib, 0.0, gib, 0.0, 0, 0)
+
+    def reset_peak_stats(self) -> None:
+        """Peak RSS cannot be reset; nothing to do."""
+
+
 @dataclass(frozen=True)
 class PlanRequest:
     """What ``titan-rocm plan`` asks of the installed generation's adapter (its flags already
@@ -341,7 +359,7 @@ def one_process(command: str) -> None:
               "--nproc_per_node=1 would start it", file=sys.stderr)
 
 
-def build_trainer(build: Callable[[], Any]) -> Any:
+def build_trainer(build: Callable[[], Any], no_gpu_hint: str = "") -> Any:
     """``build()``, the job's own trainer; a failure as one sentence, saying where the audit
     has to run when this machine has no GPU (the job's trainer needs the job's GPU).
 
@@ -358,7 +376,7 @@ def build_trainer(build: Callable[[], Any]) -> Any:
             if not torch.cuda.is_available():
                 where = (" (this machine has no GPU, and the audit builds the job's own "
                          "trainer: run titan-rocm audit where the job trains, e.g. "
-                         "torchrun --nproc_per_node=N -m titan_rocm.cli audit ...)")
+                         f"torchrun --nproc_per_node=N -m titan_rocm.cli audit ...{no_gpu_hint})")
         except ImportError:
             pass
         raise StartupError(f"the job cannot start: {one_line(exc)}{where}") from None
@@ -386,10 +404,12 @@ def switch_off(config: Any, keys: Sequence[tuple[str, str]]) -> None:
 
 
 def audit_job(request: AuditRequest, build: Callable[[], Any], settings: Any,
-              audit_built: Callable[..., Any]) -> Any:
+              audit_built: Callable[..., Any], no_gpu_hint: str = "") -> Any:
     """``audit``'s first half, either generation: build the job's own trainer (``build()``)
     as one process, refuse what the audit cannot check, take the first micro-batch, call
     ``request.before_job``, then audit it with the generation's ``audit_built``.
+    ``no_gpu_hint``: the generation's way to audit on this machine when the job cannot
+    start for want of a GPU (:func:`build_trainer`).
 
     Raises:
         AuditError: the job cannot start or the audit cannot run (one sentence).
@@ -399,7 +419,7 @@ def audit_job(request: AuditRequest, build: Callable[[], Any], settings: Any,
 
     try:
         single_process_environment()
-        trainer = build_trainer(build)
+        trainer = build_trainer(build, no_gpu_hint)
         refuse_unsupported(getattr(trainer, "parallel_dims", None))
         input_dict, labels = first_batch(trainer)
     except (LaunchError, StartupError) as exc:

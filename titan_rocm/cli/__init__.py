@@ -48,7 +48,7 @@ _HELP: dict[str, str] = {
     "compare": "training runs side by side against a baseline and its noise band",
     "gemm-tables": "make aiter's tuned GEMM tables safe for HIP-graph capture",
     "tune": "validated GEMM tuning: collect, run (checked, crash-isolated), table",
-    "audit": "prove a compiled job's gradients against eager references, per parameter",
+    "audit": "check a compiled job block by block against eager and high-precision replays",
 }
 
 

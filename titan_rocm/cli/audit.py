@@ -38,7 +38,10 @@ EPILOG = (
     "Every other option is TorchTitan's (--model.converters rocm, --compile.enable, "
     "--rocm.numerics_audit_fudge 3, ...). Under torchrun every rank audits its shards and "
     "all ranks share one verdict; rank 0 prints. The job's trainer needs the job's GPUs: run "
-    "it where the job trains."
+    "it where the job trains. Without a GPU (TorchTitan 0.2.2): --trainer cpu builds the "
+    "job's own model on the CPU (titan_rocm/adapters/tt022/cpu_trainer.py; random tokens, no "
+    "autocast), --trainer cpu-tiny its architecture at two blocks of 64, e.g. titan-rocm "
+    "audit --job.config_file configs/llama3_debug.toml --trainer cpu-tiny."
 )
 
 PASSTHROUGH = True
@@ -75,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trainer", metavar="MODULE:CLASS", default=None,
         help="TorchTitan 0.2.2: the Trainer class to build (default: TorchTitan's; a "
-        "subclass your job launches with, e.g. mypkg.train:MyTrainer)",
+        "subclass your job launches with, e.g. mypkg.train:MyTrainer), or without a GPU: "
+        "cpu (the job's model on the CPU) or cpu-tiny (its architecture, two blocks of 64)",
     )
 
 
@@ -147,14 +151,30 @@ def _audit(args: argparse.Namespace) -> dict[str, Any]:
     _log_to_stderr()
     out = adapter.audit(request).to_dict()
     if args.plot and _rank() == 0:
-        from titan_rocm.logs.plot import MissingMatplotlib
         from titan_rocm.numerics.report import plot
 
         try:
             plot(out, args.plot)
-        except (MissingMatplotlib, OSError) as exc:
+        except OSError as exc:
             raise CommandError(f"--plot {args.plot!r}: {exc}") from None
     return out
+
+
+def check_plot(text: str | None) -> None:
+    """``--plot``'s file name, directory and matplotlib, before the audit builds anything:
+    a picture that cannot be drawn is refused in seconds, not after the audit's minutes.
+
+    Raises:
+        CommandError: naming the value and what to do.
+    """
+    if text is None:
+        return
+    from titan_rocm.logs.compare import CompareError
+    from titan_rocm.logs.plot import plot_path, require_matplotlib
+
+    with as_command_error(CompareError):
+        plot_path(text)
+        require_matplotlib()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -166,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
     from titan_rocm.adapters.common import one_line
     from titan_rocm.numerics.result import AuditError
 
+    check_plot(args.plot)
     error = None
     try:
         result = _audit(args)

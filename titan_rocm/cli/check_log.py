@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from titan_rocm.cli import CommandError
 from titan_rocm.logs.check import check_file, combined_exit_code
 from titan_rocm.logs.parse import FORMATS
 
@@ -42,7 +43,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Check every log; print the verdicts; return the exit code."""
+    """Check every log; print the verdicts; return the exit code.
+
+    Raises:
+        CommandError: a LOG of ``-`` (standard input is not read).
+    """
+    if "-" in args.logs:
+        # check_file reads regular files only; '-' would be looked up as a file name.
+        raise CommandError("LOG '-' is not valid: check-log does not read standard input; "
+                           "accepted: the path of a log file (save the stream first, e.g. "
+                           "... | tee train.log; a file named - is ./-)")
     results = [check_file(path, args.format) for path in args.logs]
     code = combined_exit_code(results, args.require_complete)
     if args.json:

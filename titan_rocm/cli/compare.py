@@ -19,6 +19,7 @@ from titan_rocm.logs.compare import (
     load_run,
 )
 from titan_rocm.logs.parse import FORMATS, UnreadableLog
+from titan_rocm.logs.plot import plot_path
 from titan_rocm.logs.summary import DEFAULT_WARMUP
 from titan_rocm.numbers import Bounds
 
@@ -31,7 +32,6 @@ HELP = (
     "differs or is invalid, 2 bad input."
 )
 
-PLOT_SUFFIXES: tuple[str, ...] = (".png", ".svg")
 DEFAULT_SIZE = (1200, 1100)
 
 
@@ -70,17 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--format", choices=FORMATS, default="auto",
         help="log format (default: auto, both TorchTitan and Megatron-LM lines)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def _plot_path(text: str) -> Path:
-    path = Path(text)
-    if path.suffix.lower() not in PLOT_SUFFIXES:
-        raise CompareError(
-            f"--plot {text!r} is not valid: the file name must end in "
-            f"{' or '.join(PLOT_SUFFIXES)}.")
-    if not path.parent.is_dir():
-        raise CompareError(f"--plot {text!r}: the directory {str(path.parent)!r} does not exist.")
-    return path
 
 
 _SEPARATORS = "_-.@ "
@@ -123,8 +112,8 @@ def run(args: argparse.Namespace) -> int:
             raise CompareError(
                 "compare needs a baseline LOG and at least one other LOG to compare with it.")
         labels = _labels(args)
-        plot_path = _plot_path(args.plot) if args.plot else None
-        if plot_path is not None:
+        picture = plot_path(args.plot) if args.plot else None
+        if picture is not None:
             from titan_rocm.logs.plot import require_matplotlib
 
             require_matplotlib()
@@ -136,17 +125,17 @@ def run(args: argparse.Namespace) -> int:
         repeats = [load(p, f"repeat {i}: {Path(p).name}") for i, p in
                    enumerate(args.noise, start=1)]
     comparison = compare(runs[0], runs[1:], repeats, args.tolerance, args.warmup)
-    if plot_path is not None:
+    if picture is not None:
         from titan_rocm.logs.plot import plot
 
         try:
-            plot(comparison, plot_path, size=args.size, log_y=args.log_y)
+            plot(comparison, picture, size=args.size, log_y=args.log_y)
         except OSError as exc:
-            raise CommandError(f"cannot write {plot_path}: {exc.strerror or exc}.") from None
+            raise CommandError(f"cannot write {picture}: {exc.strerror or exc}.") from None
     if args.json:
         print(json.dumps(comparison.to_dict(), indent=2, allow_nan=False))
     else:
         print("\n".join(comparison.lines()))
-        if plot_path is not None:
-            print(f"picture: {plot_path}")
+        if picture is not None:
+            print(f"picture: {picture}")
     return comparison.exit_code

@@ -57,6 +57,27 @@ def require_matplotlib() -> None:
         ) from exc
 
 
+PLOT_SUFFIXES: tuple[str, ...] = (".png", ".svg")
+"""What ``--plot`` writes (``compare``, ``audit``): PNG or SVG, by the file's suffix."""
+
+
+def plot_path(text: str) -> Path:
+    """``--plot``'s file, checked before any work: a PNG or SVG name in a directory that
+    exists.
+
+    Raises:
+        CompareError: naming the value and what is accepted.
+    """
+    path = Path(text)
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise CompareError(
+            f"--plot {text!r} is not valid: the file name must end in "
+            f"{' or '.join(PLOT_SUFFIXES)}.")
+    if not path.parent.is_dir():
+        raise CompareError(f"--plot {text!r}: the directory {str(path.parent)!r} does not exist.")
+    return path
+
+
 PANELS: tuple[str, ...] = ("difference", "loss", "grad_norm")
 """Top to bottom: the difference panel is the main one."""
 

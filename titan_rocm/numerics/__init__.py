@@ -1,1 +1,2 @@
-"""Numerics audit: compiled gradients against eager references, per parameter (docs/numerics-audit.md)."""
+"""Numerics audit: each compiled block, forward and backward, against eager and
+high-precision replays of its own inputs (docs/numerics-audit.md)."""

@@ -233,7 +233,10 @@ class Target:
             if reference is None:
                 reference = make_reference(self.problem, autotune_args, self.fudge)
             self.conn.send(("started", {**cand.record(self.problem), "pid": os.getpid()}))
-            if self.conn.recv() != ("go",):
+            answer = self.conn.recv()
+            if answer == ("stop",):  # the run ends before this candidate (its writer failed)
+                raise SystemExit(0)  # a normal exit: this process's semaphores are unlinked
+            if answer != ("go",):
                 raise RuntimeError("the worker did not answer 'go'")
             result = self.run(cand, autotune_args, reference)
             self.skip.add(cand.task)

@@ -131,6 +131,19 @@ class _Minesweeper:
         self.process.start()
         child.close()
 
+    def stop(self) -> None:
+        """End it by asking (where it waits for a problem or for ``go``): it exits normally,
+        so the semaphores its torch made are unlinked; a SIGKILL leaves them to the resource
+        tracker, whose "leaked semaphore" warning would be the run's last line. Killed if it
+        does not end in 10 s."""
+        if self.process.is_alive():
+            try:
+                self.conn.send(("stop",))
+            except OSError:
+                pass
+            self.process.join(10)
+        self.kill()
+
     def kill(self) -> None:
         if self.process.is_alive():
             os.kill(self.process.pid, signal.SIGKILL)
@@ -250,6 +263,7 @@ class _Worker:
                     if order == ("go", current["task"]):
                         break
                     if order == ("stop",):  # the run ends (its writer failed): run nothing
+                        ms.stop()
                         raise SystemExit(0)
                 ms.conn.send(("go",))
                 phase, deadline = "load", time.monotonic() + o.compile_timeout
@@ -281,7 +295,7 @@ def _worker_main(slot: int, device: str | None, inbox: Any, orders: Any,
                 worker.tune(order[1], order[2], set(order[3]))
     finally:
         if worker.ms is not None:
-            worker.ms.kill()
+            worker.ms.stop()
 
 
 @dataclass

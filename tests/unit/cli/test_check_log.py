@@ -153,3 +153,14 @@ def test_a_crash_after_finite_steps_exits_3_only_when_completion_is_required(
     assert run(capsys, "--require-complete", crashed, clean)[0] == 3
     assert run(capsys, "--require-complete", crashed, FIXTURES / "megatron_nan.log")[0] == 1
     assert run(capsys, "--require-complete", crashed, tmp_path / "missing.log")[0] == 2
+
+
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_a_dash_says_standard_input_is_not_read(capsys, json_flag: list[str]) -> None:
+    assert main(["check-log", "tests/fixtures/logs/tt_cpu_clean.log", "-", *json_flag]) == 2
+    captured = capsys.readouterr()
+    assert "LOG '-' is not valid: check-log does not read standard input; accepted: the path " \
+        "of a log file" in captured.err
+    assert "No such file" not in captured.err + captured.out
+    if json_flag:
+        assert json.loads(captured.out)["exit_code"] == 2

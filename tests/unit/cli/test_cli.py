@@ -103,3 +103,12 @@ def test_plan_keeps_torchtitans_warnings_and_hands_on_the_rest(
             root.handle(r)
     assert warned == ["odd default"] and root.handlers == []
     assert capsys.readouterr().err == "titan-rocm's own\n"
+
+
+def test_the_command_list_describes_the_audit_as_its_own_help_does() -> None:
+    from titan_rocm.cli import _HELP
+    from titan_rocm.cli.audit import HELP
+
+    # The audit compares blocks, forward and backward, not parameters one by one.
+    assert "block by block" in _HELP["audit"] and "block by block" in HELP
+    assert "per parameter" not in _HELP["audit"]

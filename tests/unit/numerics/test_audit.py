@@ -399,8 +399,8 @@ def _cli(*args: str, env: dict[str, str] | None = None, nproc: int = 1, timeout:
                   f"--nproc_per_node={nproc}", "-m", "titan_rocm.cli"]
     else:
         launch = [sys.executable, "-m", "titan_rocm.cli"]
-    job = ["--trainer", "tests.support.audit_trainer:AuditTrainer", *BASE_ARGS] if trainer \
-        else []
+    # The package's CPU trainer, as a user without a GPU runs it (the fault: the CLI's).
+    job = ["--trainer", "cpu-tiny", *BASE_ARGS] if trainer else []
     return subprocess.run([*launch, "audit", *job, *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=ROOT)
 
@@ -484,8 +484,48 @@ def test_cli_on_a_machine_without_gpu_says_where_to_run(tests_on_path: None) -> 
     assert error.startswith("the job cannot start: ")
     assert error.endswith("(this machine has no GPU, and the audit builds the job's own "
                           "trainer: run titan-rocm audit where the job trains, e.g. torchrun "
-                          "--nproc_per_node=N -m titan_rocm.cli audit ...)")
+                          "--nproc_per_node=N -m titan_rocm.cli audit ...; or try it on this "
+                          "CPU: --trainer cpu (the job's model) or --trainer cpu-tiny (its "
+                          "architecture, two blocks of 64))")
     assert "Traceback" not in done.stderr
+
+
+def test_the_cpu_trainers_are_named_in_the_help_and_by_trainer() -> None:
+    from titan_rocm.adapters.tt022 import cpu_trainer
+    from titan_rocm.adapters.tt022.audit import trainer_class
+    from titan_rocm.cli.audit import EPILOG
+    from titan_rocm.numerics.audit import AuditError
+
+    assert trainer_class("cpu") is cpu_trainer.CpuTrainer
+    assert trainer_class("cpu-tiny") is cpu_trainer.TinyCpuTrainer
+    assert "--trainer cpu" in EPILOG and "--trainer cpu-tiny" in EPILOG
+    with pytest.raises(AuditError, match=r"'gpu' is not MODULE:CLASS .* nor one of cpu, "
+                       "cpu-tiny"):
+        trainer_class("gpu")
+
+
+@pytest.mark.parametrize("plot,sentence", [
+    ("audit.png", "--plot needs matplotlib, which is not installed; install it with: pip "
+     "install 'titan-rocm[plot]'"),
+    ("audit.txt", "--plot 'audit.txt' is not valid: the file name must end in .png or .svg"),
+    ("nowhere/audit.png", "the directory 'nowhere' does not exist"),
+])
+def test_a_plot_that_cannot_be_drawn_is_refused_before_the_audit_runs(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        plot: str, sentence: str) -> None:
+    from titan_rocm.cli import audit as audit_cli
+    from titan_rocm.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
+
+    def no_audit(args: Any) -> None:
+        raise AssertionError("the audit ran before --plot was checked")
+
+    monkeypatch.setattr(audit_cli, "_audit", no_audit)
+    assert main(["audit", "--job.config_file", "job.toml", "--plot", plot]) == 2
+    err = capsys.readouterr().err
+    assert sentence in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.slow

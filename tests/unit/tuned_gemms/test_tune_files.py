@@ -126,6 +126,10 @@ def test_a_full_disk_ends_the_run_with_a_sentence_and_resumes(
     assert full.returncode == 1, full.stderr[-3000:]
     assert "Traceback" not in full.stderr
     assert f"cannot write to {out}: No space left on device" in full.stderr
+    # The sentence is the last line: the minesweepers are asked to stop, not killed, so none
+    # leaves a semaphore for the resource tracker to warn about after it.
+    last = full.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"titan-rocm tune: error: cannot write to {out}"), last
     kept, garbled = records.read_records(out)
     assert garbled == 0 and len(kept) == 6
     again = _tune(problems_file, out)

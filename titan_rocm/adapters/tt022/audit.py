@@ -28,19 +28,26 @@ from titan_rocm.workarounds.numerics_audit.seams_tt022 import Kit, global_valid_
 PROG = "titan-rocm audit"
 TRAINER = "torchtitan.train:Trainer"
 """The trainer built when ``--trainer`` is not given."""
+CPU_TRAINERS = {
+    "cpu": "titan_rocm.adapters.tt022.cpu_trainer:CpuTrainer",
+    "cpu-tiny": "titan_rocm.adapters.tt022.cpu_trainer:TinyCpuTrainer",
+}
+"""``--trainer`` names for a machine without a GPU: the job's own model, or its architecture
+at two blocks of 64 (titan_rocm/adapters/tt022/cpu_trainer.py)."""
 ZERO_FLAGS = ("--module", "--config")
 """TorchTitan 0.3.0's job flags, refused here with the sentence naming 0.2.2's."""
 
 
 def trainer_class(spec: str) -> type:
-    """The class ``MODULE:CLASS`` names.
+    """The class ``MODULE:CLASS`` (or a name of :data:`CPU_TRAINERS`) names.
 
     Raises:
-        AuditError: not MODULE:CLASS, the module does not import, or it has no such class.
+        AuditError: neither, the module does not import, or it has no such class.
     """
-    module_name, sep, class_name = spec.partition(":")
+    module_name, sep, class_name = CPU_TRAINERS.get(spec, spec).partition(":")
     if not sep or not module_name or not class_name:
-        raise AuditError(f"--trainer {spec!r} is not MODULE:CLASS (e.g. {TRAINER})")
+        raise AuditError(f"--trainer {spec!r} is not MODULE:CLASS (e.g. {TRAINER}) nor one "
+                         f"of {', '.join(CPU_TRAINERS)}")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import failure is the user's module
@@ -86,7 +93,9 @@ def audit(request: AuditRequest) -> AuditResult:
     switch_off(job_config, WRITERS)
     import titan_rocm  # noqa: F401 - registers the converters
 
-    return audit_job(request, lambda: cls(job_config), settings, audit_built)
+    return audit_job(request, lambda: cls(job_config), settings, audit_built,
+                     no_gpu_hint="; or try it on this CPU: --trainer cpu (the job's model) "
+                     "or --trainer cpu-tiny (its architecture, two blocks of 64)")
 
 
 audit_built = partial(

@@ -114,19 +114,100 @@ def torchtitan_help(args: Sequence[str], prog: str = "titan-rocm plan") -> int:
     return 0
 
 
+SHORTHAND_PREFIXES = ("torchtitan.models", "torchtitan.experiments",
+                      "torchtitan.experiments.rl.examples")
+"""Where TorchTitan 0.3.0's ``ConfigManager._load_config`` looks for a shorthand module's
+``config_registry`` (``torchtitan/config/manager.py``), in its order."""
+
+
+def _is_absent(exc: ImportError, candidate: str) -> bool:
+    """Whether ``exc`` says ``candidate`` itself (or a package above it) does not exist, as
+    opposed to an import inside it failing."""
+    name = getattr(exc, "name", None)
+    return isinstance(exc, ModuleNotFoundError) and name is not None and (
+        candidate == name or candidate.startswith(name + "."))
+
+
+def _config_module(module_name: str, job: str) -> Any:
+    """The module TorchTitan would take the config function from, in its order of candidates
+    (None: none exists; TorchTitan's own sentence then names what is accepted).
+
+    Raises:
+        PlanError: a candidate exists but importing it fails (the real error, named).
+    """
+    import importlib
+
+    from torchtitan.experiments import _supported_experiments
+    from torchtitan.models import _supported_models
+
+    shorthand = module_name in _supported_models | _supported_experiments
+    if shorthand:
+        candidates = [f"{prefix}.{module_name}.config_registry" for prefix in SHORTHAND_PREFIXES]
+    else:
+        candidates = [f"{module_name}.config_registry", module_name]
+    for candidate in candidates:
+        # A parent that fails to import fails its .config_registry: name the user's module.
+        named = candidate if shorthand else module_name
+        try:
+            return importlib.import_module(candidate)
+        except ImportError as exc:
+            if _is_absent(exc, candidate):
+                continue
+            raise PlanError(f"{job}: importing {named} failed with {type(exc).__name__}: "
+                            f"{exc}; install what it names or fix that import") from None
+        except (SyntaxError, RecursionError):
+            raise  # _load_config's sentences
+        except Exception as exc:  # noqa: BLE001 - the user's module: one sentence
+            raise PlanError(f"{job}: importing {named} raised {type(exc).__name__}: "
+                            f"{exc}") from None
+    return None
+
+
+def _config_function(args: list[str], job: str) -> Any:
+    """The job's config function, found as TorchTitan finds it (None: TorchTitan's own
+    sentence says what is wrong with the flags, the module or the name).
+
+    Raises:
+        PlanError: the module exists but does not import, or the name is not a function.
+    """
+    module_name, config_name = module_and_config(args)
+    if not module_name or not config_name:
+        return None
+    module = _config_module(module_name, job)
+    if module is None:
+        return None
+    fn = getattr(module, config_name, None)
+    if fn is None or callable(fn):
+        return fn
+    available = sorted(n for n in dir(module) if not n.startswith("_") and n[0].islower()
+                       and callable(getattr(module, n)))
+    raise PlanError(f"{job}: {module.__name__}.{config_name} is "
+                    f"{type(fn).__name__} {fn!r:.40}, not a function; accepted: a config "
+                    f"function of {module.__name__} ({', '.join(available) or 'it has none'})")
+
+
 def _load_config(args: list[str]) -> None:
     """Run the job's config function as TorchTitan's ``ConfigManager`` does (its
     ``_load_config``), turning what the user's module or function does wrong into one
-    sentence: a syntax error, an exception, endless recursion, ``sys.exit``, or a return
-    value that is not a config."""
+    sentence: an import inside the module that fails, a name that is no function, a syntax
+    error, an exception (whatever its class: a ``ValueError`` of the user's is not one of
+    TorchTitan's messages), endless recursion, ``sys.exit``, or a return value that is not a
+    config."""
     from torchtitan.config import ConfigManager
 
     load = getattr(ConfigManager(), "_load_config", None)
     if load is None:  # another 0.3.x: parse_args reports what it can
         return
     job = _job_flags(args)
+    fn = None
     try:
-        loaded, _ = load(args)
+        fn = _config_function(args, job)
+        if fn is None:  # TorchTitan's own sentence: flags, module or name not found
+            load(args)
+            return
+        loaded = fn()
+    except PlanError:
+        raise
     except SyntaxError as exc:
         raise PlanError(f"{job}: the module does not compile: {exc.filename}, line "
                         f"{exc.lineno}: {exc.msg}") from None
@@ -136,8 +217,11 @@ def _load_config(args: list[str]) -> None:
     except SystemExit as exc:
         raise PlanError(f"{job}: importing the module or calling the config function called "
                         f"sys.exit({exc.code!r}) instead of returning a config") from None
-    except (ValueError, ImportError) as exc:  # TorchTitan's own messages: module, function
-        raise PlanError(str(exc)) from None
+    except (ValueError, ImportError) as exc:
+        if fn is None:  # TorchTitan's own messages: module, function
+            raise PlanError(str(exc)) from None
+        raise PlanError(f"{job}: the config function raised {type(exc).__name__}: "
+                        f"{exc}") from None
     except Exception as exc:  # noqa: BLE001 - the user's code: one sentence, no traceback
         raise PlanError(f"{job}: the config function raised {type(exc).__name__}: "
                         f"{exc}") from None
