@@ -183,3 +183,28 @@ def test_quarantine_needs_a_fault() -> None:
     done = _run("--quarantine", "--out", "/nonexistent/never-written")
     assert done.returncode == 2
     assert "--quarantine needs --train-fault SPEC (the fault to quarantine)" in done.stderr
+
+
+def test_the_h200_quarantine_figures_the_docs_quote() -> None:
+    """numerics-audit.md's quarantine table: each H200 training flags the fault's block at the
+    step the docs name, quarantines it there, rechecks it ok, trains to step 24 with the step
+    time and final loss the table quotes."""
+    h200 = ROOT / "benchmarks" / "results" / "2026-12-03-h200"
+    expect = {  # dir: (model, flagged step, block, step ratio, final relative %, band %)
+        "audit-matrix-quarantine-llama3": ("llama3_1b", 12, "9", 1.06, -0.31, 8.1),
+        "audit-matrix-quarantine-deepseek": ("deepseek_v3_4b", 12, "6", 1.00, -2.2, 8.1),
+        "audit-matrix-quarantine-llama3-block8-latency": ("llama3_1b", 14, "8", 0.97, -1.6,
+                                                          None),
+    }
+    for name, (model, step, block, ratio, final, band) in expect.items():
+        q = _reanalysed(h200 / name)["figures"][model]["quarantine"]
+        assert q["flags"] == [{"step": step, "first_wrong": {"forward": None,
+                                                             "backward": block}}], name
+        assert [(x["step"], x["segment"]) for x in q["quarantined"]] == [(step, f"block {block}")]
+        assert q["later_audits_ok"] and q["later_audits"][0]["step"] == step + 1
+        assert q["trained_to_the_end"] and q["stopped"] is None
+        assert round(q["step_ratio"], 2) == ratio
+        f = q["final_loss"]
+        assert f["step"] == 24 and round(100 * f["relative"], 2 if abs(final) < 1 else 1) == final
+        if band is not None:
+            assert round(100 * f["band"], 1) == band and f["within_band"]
