@@ -73,12 +73,18 @@ class Run:
 
 
 def _compiled(trainer: Any) -> dict[str, bool]:
-    """Block key -> whether calling it runs compiled code now (its ``forward`` is Dynamo's)."""
-    out = {}
-    for key, block in trainer.model_parts[0].layers.named_children():
-        forward = block.__dict__.get("forward")
-        out[key] = forward is not None and hasattr(forward, "_torchdynamo_orig_callable")
-    return out
+    """Block key -> whether calling it runs compiled code now: an ``OptimizedModule`` in it
+    whose ``forward`` is Dynamo's, or a module compiled in place (deepseek_v3's MoE blocks
+    under ``moe_eager_compile`` have compiled children only)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    def runs_compiled(m: torch.nn.Module) -> bool:
+        if isinstance(m, OptimizedModule):
+            return hasattr(m.__dict__.get("forward"), "_torchdynamo_orig_callable")
+        return getattr(m, "_compiled_call_impl", None) is not None
+
+    return {key: any(runs_compiled(m) for m in block.modules())
+            for key, block in trainer.model_parts[0].layers.named_children()}
 
 
 def train(audit_env: Any, monkeypatch: Any, caplog: Any, policy: str,
