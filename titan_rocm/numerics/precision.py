@@ -73,14 +73,17 @@ def choose_reference(choice: str, job_dtype: torch.dtype, sharded: bool,
 @contextlib.contextmanager
 def tf32(enabled: bool) -> Iterator[None]:
     """cuBLAS/cuDNN TF32 as asked (on ROCm, hipBLASLt's XF32 where the GPU has it), restored."""
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
+    # Written only where it differs: on torch >= 2.9 writing the legacy flag back sets
+    # ``fp32_precision`` to "ieee" where it stood at "none" (the same arithmetic, another state).
+    flags = [f for f in (torch.backends.cuda.matmul, torch.backends.cudnn)
+             if f.allow_tf32 != enabled]
+    for f in flags:
+        f.allow_tf32 = enabled
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = matmul
-        torch.backends.cudnn.allow_tf32 = cudnn
+        for f in flags:
+            f.allow_tf32 = not enabled
 
 
 @contextlib.contextmanager
