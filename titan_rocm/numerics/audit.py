@@ -39,7 +39,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -48,7 +48,7 @@ from titan_rocm.log import log
 from titan_rocm.numbers import Bounds
 from titan_rocm.numerics import blocks, fsdp, precision
 from titan_rocm.numerics.attribution import HEAD, JobFacts, Segment, clean_name, segments
-from titan_rocm.numerics.audit_run import AuditRun, Plan, Runs
+from titan_rocm.numerics.audit_run import AuditRun, Plan, Runs, StepKit
 from titan_rocm.numerics.held_precision import HeldPrecision
 from titan_rocm.numerics.record import BlockRecord, Recorder, RecordError, recorder_for
 from titan_rocm.numerics.result import AuditError, AuditResult, Part
@@ -78,20 +78,6 @@ EAGER_FACTOR = 3.0
 """Eager replays keep about this many times what the compiled block saved (unfused
 intermediates); only the first block's estimate uses it: later blocks use what the first
 one measured."""
-
-
-class StepKit(Protocol):
-    """A TorchTitan generation's step on one micro-batch, its loss denominator fixed."""
-
-    def run(self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
-        """Forward and backward as the trainer runs them; returns the loss."""
-
-    def forward(self, input_dict: dict[str, torch.Tensor],
-                labels: torch.Tensor) -> torch.Tensor:
-        """The same loss, forward only (called under ``torch.no_grad``)."""
-
-    def reference(self) -> contextlib.AbstractContextManager[Any]:
-        """The trainer's own switches for the reference's arithmetic (its autocast off)."""
 
 
 def refuse_unsupported(parallel_dims: Any) -> None:

@@ -10,10 +10,11 @@ kernel refuses the held dtype (:meth:`AuditRun.held_or_not`).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 import torch.nn as nn
@@ -29,13 +30,24 @@ from titan_rocm.numerics.rows import Batch, cut_batch, joined, row_bounds
 from titan_rocm.numerics.state import allocation, first_line, out_of_memory, put_back, world
 from titan_rocm.numerics.stats import Accumulator, AuditSettings
 
-if TYPE_CHECKING:
-    from titan_rocm.numerics.audit import StepKit
-
 T = TypeVar("T")
 
 
 @dataclass
+class StepKit(Protocol):
+    """A TorchTitan generation's step on one micro-batch, its loss denominator fixed."""
+
+    def run(self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+        """Forward and backward as the trainer runs them; returns the loss."""
+
+    def forward(self, input_dict: dict[str, torch.Tensor],
+                labels: torch.Tensor) -> torch.Tensor:
+        """The same loss, forward only (called under ``torch.no_grad``)."""
+
+    def reference(self) -> contextlib.AbstractContextManager[Any]:
+        """The trainer's own switches for the reference's arithmetic (its autocast off)."""
+
+
 class Runs:
     """Runs of rows one kind of replay splits the micro-batch into: doubled after running out
     of memory in one process, unless the user gave the count (``--reference-chunks``)."""

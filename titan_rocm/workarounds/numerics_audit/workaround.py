@@ -38,7 +38,8 @@ import torch.nn as nn
 
 from titan_rocm import audit_message, patches
 from titan_rocm.log import log
-from titan_rocm.numerics.audit import Audit, StepKit
+from titan_rocm.numerics.audit import Audit
+from titan_rocm.numerics.audit_run import StepKit
 from titan_rocm.numerics.report import format_report
 from titan_rocm.numerics.result import AuditError, Part, spread
 from titan_rocm.numerics.state import out_of_memory
