@@ -41,7 +41,7 @@ class Experts(torch.nn.Module):
 
 class _Kit:
     """A model whose one block is ``block`` (the job's: compiled, or wrapped to misbehave) and
-    a square loss, as a :class:`~titan_rocm.numerics.audit.StepKit`."""
+    a square loss, as a :class:`~titan_rocm.numerics.audit_run.StepKit`."""
 
     def __init__(self, block: torch.nn.Module) -> None:
         self.model = torch.nn.Module()

@@ -35,7 +35,7 @@ _audits: list[tuple[Any, patches.Scope]] = []
 
 class Kit:
     """TorchTitan 0.2.2's step on one micro-batch, its loss denominator fixed
-    (:class:`~titan_rocm.numerics.audit.StepKit`)."""
+    (:class:`~titan_rocm.numerics.audit_run.StepKit`)."""
 
     def __init__(self, trainer: Any, denominator: torch.Tensor) -> None:
         self.trainer = trainer

@@ -29,7 +29,7 @@ from titan_rocm.workarounds.base import TrainerSeam
 
 class Kit:
     """TorchTitan 0.3.0's step on one micro-batch, its loss denominator fixed
-    (:class:`~titan_rocm.numerics.audit.StepKit`)."""
+    (:class:`~titan_rocm.numerics.audit_run.StepKit`)."""
 
     def __init__(self, trainer: Any, denominator: torch.Tensor) -> None:
         self.trainer = trainer
