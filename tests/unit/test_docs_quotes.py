@@ -191,6 +191,8 @@ SETS_ONE_RANK = {
     "titan_rocm.adapters.tt022.train": ("`titan-rocm-train`",),
     # audit_job and one_process (tune collect), both generations'
     "titan_rocm.adapters.common": ("`titan-rocm audit`", "`titan-rocm tune collect`"),
+    # the shipped CPU trainer, also when a test or script builds it without the command
+    "titan_rocm.adapters.tt022.cpu_trainer": ("`titan-rocm audit --trainer cpu`",),
 }
 """Each module that gives a process started without torchrun the one-rank environment, and
 the commands docs/environment-variables.md names for it."""
