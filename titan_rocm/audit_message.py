@@ -1,12 +1,9 @@
 """The numerics audit's report lines in the training log: their wording and the patterns that
 find them.
 
-One owner for a contract between two parts that must not drift apart: the in-training audit
-(``rocm.numerics_audit``) writes its verdict line, a skip or a stop into the training log, and
-the log tools (``titan-rocm check-log``, ``bench-summary``, ``compare``) recognise a flagged
-audit by them (and never take any of its lines for a metric). Both import from here.
-
-Torch-free and TorchTitan-free: the offline log tools import it on any machine.
+One owner for a contract that must not drift: the in-training audit writes these lines and
+the log tools (``check-log``, ``bench-summary``, ``compare``) recognise a flagged audit by
+them. Torch-free, so the offline log tools import it on any machine.
 """
 
 from __future__ import annotations
@@ -45,10 +42,9 @@ def stopped_line(step: int, where: str) -> str:
 
 def quarantined_line(step: int, segment: str, why: str, before_s: float,
                      after_s: float) -> str:
-    """``numerics_audit_policy = "quarantine"`` took ``segment`` (``block 3``, ``embedding``,
-    ``head``) out of compilation at step ``step``: why (the flag's first line), and what the
-    flagged micro-batch's forward and backward took compiled (the audited pass) and again
-    with the segment eager (the redone pass), both measured in the run."""
+    """The quarantine line of ``segment`` at ``step``: why (the flag's first line), and the
+    flagged micro-batch's measured time compiled and again with the segment eager.
+    """
     return (f"{NAME} at step {step}: quarantined {segment} ({why}); step {step} redone with "
             f"it eager, and it stays eager for the rest of the run; the micro-batch's forward "
             f"and backward took {before_s:.3f} s compiled, {after_s:.3f} s with it eager")

@@ -1,11 +1,8 @@
 """The divergence guard's stop message: its wording, the pattern that finds it, value format.
 
-One owner for a contract between two parts that must never drift apart: the runtime guard
-(``rocm.divergence_guard``) writes this message into the training log when it stops a run,
-and the log tools (``titan-rocm check-log``, ``bench-summary``) recognise a stopped run by
-it. Both import from here, and a round-trip test parses what :func:`short_message` writes.
-
-Torch-free and TorchTitan-free: the offline log tools import it on any machine.
+One owner for a contract that must never drift: the guard writes this message when it stops
+a run and the log tools recognise a stopped run by it (a round-trip test parses what
+:func:`short_message` writes). Torch-free, so the offline log tools import it anywhere.
 """
 
 from __future__ import annotations

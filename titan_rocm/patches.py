@@ -1,41 +1,16 @@
-"""The one way titan-rocm replaces an attribute of code it does not own, and puts it back.
+"""The one way titan-rocm replaces an attribute of code it does not own, and puts it back
+(docs/architecture.md, "Patching code titan-rocm does not own").
 
-A workaround that must act inside TorchTitan, Triton, Inductor or aiter replaces a function,
-a method or a module global with its own (usually a wrapper of what stood there). This module
-does that for all of them, so that each replacement is:
+Each replacement is remembered (restoring puts back exactly what stood in the owner's own
+namespace, or removes a shadowing entry), installed once (a second :func:`patch` by the same
+workaround rebinds, never wraps the wrapper), scoped (held by the :class:`Scope` current when
+made, restored when the last holder lets go), and introspectable (:func:`installed`).
 
-- **remembered**: the value that stood in the owner's own namespace (or that nothing did: an
-  instance attribute shadowing its class's method, a method a subclass inherits) is kept, and
-  restoring puts exactly that back (or deletes the shadowing entry);
-- **installed once**: a second :func:`patch` by the same workaround on the same attribute
-  returns the patch already there instead of wrapping the wrapper (``refresh`` builds the
-  value again from the original: a rebinding, never a second layer);
-- **scoped**: a patch is held by the :class:`Scope` that was current when it was made (a job's,
-  while its workarounds apply; :data:`PROCESS` otherwise) and by every later scope that asked
-  for it; it is restored when the last of them is released (:meth:`Scope.release`, or the end
-  of a ``with scope():`` block). :func:`restore` takes patches off whoever holds them (tests);
-- **introspectable**: :func:`installed` lists what is patched now, by whom, held by which
-  scopes.
-
-An owner is a module, a class, an instance, or a namespace ``dict`` (a function's
-``__globals__``, which is where a module's code looks its globals up; a file loaded twice
-under two names has two). A setting is patched the same way (:func:`setting`): an entry of a
-mapping such as ``os.environ``, or an option of one of torch's config modules
-(``torch._inductor.config``, ``torch.compiler.config``), whose values live outside the
-module's ``__dict__``: restoring puts back the value, or that the user never set one. The
-registry holds each patched owner until its patch is restored: a patched instance (a
-trainer) lives at least until its job's teardown.
-
-Several workarounds may patch the same attribute (the divergence guard and the numerics audit
-both wrap ``CheckpointManager.load``): the patches stack, the later one wrapping the earlier.
-Restoring one in the middle of a stack rebuilds the ones above it over what is left, from the
-functions that made them. A patch whose attribute someone else has replaced since is
-forgotten, not restored: what stands there now is not titan-rocm's to take away.
-
-Triton's ``knobs.py`` has the same shape for its settings (a knob set on an instance shadows
-the class's default; ``scope()`` puts the instance's own dictionary back, ``reset()`` empties
-it): what was set is what stands in the owner's own namespace, and undoing is putting that
-namespace back.
+Patches of one attribute by two workarounds stack; restoring a lower one rebuilds those above
+it from the functions that made them. A patch someone else has since replaced is forgotten,
+not restored: what stands there now is not titan-rocm's to take away. Settings
+(``os.environ``, torch's config modules) are patched the same way (:func:`setting`), since
+their values live outside the module's ``__dict__``.
 """
 
 from __future__ import annotations
@@ -56,9 +31,9 @@ _ABSENT: Any = object()
 def _config_entry(owner: Any, name: str) -> Any:
     """``name``'s entry where ``owner`` is one of torch's config modules, else None.
 
-    torch/utils/_config_module.py (torch 2.13): ``ConfigModule`` keeps each option in
-    ``_config[name]``, the user's value in its ``user_override`` (a ``ContextVar`` whose default,
-    ``_UNSET_SENTINEL``, means never set): ``_is_default`` and the config's hash read it.
+    torch/utils/_config_module.py (torch 2.13): the user's value lives in the entry's
+    ``user_override`` ContextVar (``_UNSET_SENTINEL``: never set), which ``_is_default`` and
+    the config's hash read.
     """
     if isinstance(owner, (dict, MutableMapping)) or not hasattr(owner, "__dict__"):
         return None
@@ -192,13 +167,11 @@ class Scope:
               refresh: bool = False, setting: bool = False) -> Patch:
         """Replace ``owner.name`` with ``make(original)``, held by this scope.
 
-        Idempotent per ``(owner, name, by)``: the patch already there is held by this scope
-        too and returned (with ``refresh``, its value is first built again by ``make`` from
-        the original).
+        Idempotent per ``(owner, name, by)``: the existing patch is held and returned
+        (``refresh`` rebuilds its value from the original first).
 
         Raises:
-            AttributeError: ``owner`` has no ``name`` (and it is not a ``setting``, which
-                may be set where nothing stood).
+            AttributeError: ``owner`` has no ``name`` (and it is not a ``setting``).
         """
         with _lock:
             return _install(self, owner, name, make, by, refresh, setting)
@@ -248,10 +221,9 @@ def patch(owner: Any, name: str, make: Callable[[Any], Any], *, by: str,
 
 
 def setting(owner: Any, name: str, value: Any, *, by: str) -> Patch:
-    """Set ``owner.name`` (or ``owner[name]`` of a mapping such as ``os.environ``) to
-    ``value`` in the :func:`current` scope, put back when the scope lets go: a process-wide
-    setting (an Inductor option, an environment variable) is a patch like any other. Set
-    again by the same ``by``, the patch takes the new value (never a second layer).
+    """Set ``owner.name`` (or a mapping's ``owner[name]``) to ``value`` in the :func:`current`
+    scope, put back when the scope lets go; set again by the same ``by``, it takes the new
+    value (never a second layer).
 
     Raises:
         AttributeError: ``owner`` has no setting ``name`` (a config module's unknown option).

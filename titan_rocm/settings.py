@@ -203,10 +203,8 @@ def validate(settings: RocmSettings) -> None:
 
 
 def check_section(section: Any) -> RocmSettings:
-    """Validate a raw ``[rocm]`` table from a TOML file (unknown keys included).
-
-    TorchTitan reports unknown keys without listing the accepted ones; titan-rocm's own
-    entry points call this first for a clearer message.
+    """Validate a raw ``[rocm]`` table from a TOML file, unknown keys included: TorchTitan reports
+    unknown keys without listing the accepted ones.
 
     Raises:
         ValueError: naming the key or value and what is accepted.
@@ -221,13 +219,9 @@ def check_section(section: Any) -> RocmSettings:
 
 
 def check_flags(args: Sequence[str]) -> None:
-    """Validate the values of ``--rocm.<field> VALUE`` (or ``--rocm.<field>=VALUE``) flags.
-
-    tyro checks a value's type and a ``Literal``'s choices itself (its box names the flag and
-    the choices), but a number out of :data:`NUMBERS`' range or an empty string is reported
-    only as "Error parsing rocm", in a box the caller cannot read back; checking those first
-    gives the sentence that names the value and what is accepted. Everything tyro explains
-    itself (a word for a number, a choice, a bare boolean flag) is left to it.
+    """Validate the values of ``--rocm.<field> VALUE`` (or ``=VALUE``) flags that tyro would
+    report only as "Error parsing rocm" (a number out of :data:`NUMBERS`' range, an empty
+    string); what tyro explains itself is left to it.
 
     Raises:
         ValueError: naming the key, the bad value and the accepted values.
@@ -254,9 +248,9 @@ def check_flags(args: Sequence[str]) -> None:
 
 
 def coerce(settings: Any) -> RocmSettings:
-    """``RocmSettings`` from what a front end parsed: the dataclass itself (validated), a
-    dict (a raw ``[rocm]`` table), or None (defaults); any other object is read field by
-    field (a dataclass of another extension that also defines these fields)."""
+    """``RocmSettings`` from what a front end parsed: the dataclass (validated), a raw ``[rocm]``
+    dict, None (defaults), or any object with these fields (another extension's dataclass).
+    """
     if settings is None:
         return RocmSettings()
     if isinstance(settings, RocmSettings):

@@ -1,8 +1,7 @@
-"""The TorchTitan adapters, one folder per generation (tt022: converters over the TOML
-JobConfig; tt030: config functions and Trainer.Config). The command line asks the installed
-generation's adapter (:func:`installed`, an :class:`Adapter`) and holds no generation branch
-of its own: each folder's ``commands`` module implements :class:`Adapter` with the same
-names and signatures (``tests/unit/test_architecture.py`` holds both to it)."""
+"""The TorchTitan adapters, one folder per generation. The command line asks the installed
+generation's adapter (:func:`installed`) and holds no generation branch of its own: each
+folder's ``commands`` module implements :class:`Adapter` (``tests/unit/test_architecture.py``).
+"""
 
 from __future__ import annotations
 
@@ -33,16 +32,15 @@ class Adapter(Protocol):
         """
 
     def check_job_args(self, args: Sequence[str]) -> None:
-        """The torch-free checks of the job's own flags and files (``titan-rocm plan`` makes
-        them before torch and TorchTitan load).
+        """The torch-free checks of the job's flags and files, made before torch loads.
 
         Raises:
             titan_rocm.adapters.common.JobArgsError: the reason, as the full plan gives it.
         """
 
     def torchtitan_help(self, args: Sequence[str]) -> int:
-        """Print TorchTitan's own flags, ``[rocm]``'s included, for the job in ``args`` where
-        the flags depend on it (0.3.0's config function); the exit code.
+        """Print TorchTitan's own flags for the job in ``args`` (0.3.0's depend on its config
+        function); return the exit code.
 
         Raises:
             titan_rocm.adapters.common.StartupError: the job's config cannot be loaded.
@@ -64,8 +62,8 @@ class Adapter(Protocol):
         """
 
     def tune_collect(self, request: CollectRequest) -> int:
-        """Parse the job, build its own trainer and record the GEMM problems of one step
-        (``titan-rocm tune collect``); the exit code.
+        """Record the GEMM problems of one step of the job's own trainer (``titan-rocm tune
+        collect``); return the exit code.
 
         Raises:
             titan_rocm.tuner.collect.CollectError: bad input, or the job cannot be collected.

@@ -1,10 +1,6 @@
-"""What both TorchTitan adapters (``tt022/``, ``tt030/``) and the CLI share, from neither
-generation: the one error a job's start-up or plan raises, the world size a plan assumes
-from the job's parallel degrees, and the command-line flag readers that need no torch.
-
-Each adapter keeps what is its generation's own (0.2.2's ``preflight`` mirrors TorchTitan
-0.2.2's start-up checks; 0.3.0's plan asks 0.3.0's config); neither adapter imports the
-other (``tests/unit/test_architecture.py``).
+"""What both TorchTitan adapters and the CLI share, torch-free: the start-up error, the
+plan's world size, and the command-line flag readers. Neither adapter imports the other
+(``tests/unit/test_architecture.py``).
 """
 
 from __future__ import annotations
@@ -27,10 +23,9 @@ CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
 """TorchTitan 0.2.2's TOML flag (0.3.0 takes ``--module M --config F`` instead)."""
 
 LAUNCHERS: tuple[str, ...] = ("torchtitan", "titan-rocm")
-"""How a 0.2.2 job starts: ``torchrun ... -m torchtitan.train`` (the documented way, default)
-or ``torchrun ... -m titan_rocm.train`` / ``titan-rocm-train``. Here, not in 0.2.2's
-adapter, because ``titan-rocm plan --launcher`` lists them before any TorchTitan is looked
-for; 0.3.0's plan has no launcher to check."""
+"""How a 0.2.2 job starts (``torchrun ... -m torchtitan.train``, the default, or
+``titan_rocm.train``); here because ``plan --launcher`` lists them before TorchTitan is found.
+"""
 DEFAULT_LAUNCHER = "torchtitan"
 
 
@@ -97,7 +92,7 @@ def check_degrees(d: dict[str, Any]) -> None:
     """Each of the degrees ``d`` (:func:`degrees`) is an integer :data:`DEGREES` accepts.
 
     Raises:
-        StartupError: ``[parallelism] NAME = VALUE is not valid; accepted: ...``.
+        StartupError: naming the degree and what is accepted.
     """
     for short, value in d.items():
         try:
@@ -114,11 +109,7 @@ def degrees(job_config: Any) -> dict[str, int]:
 
 
 def check_counts(size: int | None, nnodes: int | None, nproc_per_node: int | None) -> None:
-    """Each world-size flag given is a rank count (``numbers.RANKS``).
-
-    Raises:
-        StartupError: one that is not, naming it and what is accepted.
-    """
+    """Each world-size flag given is a rank count (``numbers.RANKS``); else StartupError."""
     for value, flag in ((size, "--world-size"), (nnodes, "--nnodes"),
                         (nproc_per_node, "--nproc-per-node")):
         if value is not None:
@@ -129,7 +120,7 @@ def check_counts(size: int | None, nnodes: int | None, nproc_per_node: int | Non
 
 
 def check_world_flags(size: int | None, nnodes: int | None, nproc_per_node: int | None) -> None:
-    """The world-size flags on their own (torch-free, so plan refuses them at once).
+    """The world-size flags alone, torch-free so plan refuses them at once.
 
     Raises:
         StartupError: a count below 1, or ``--world-size`` disagreeing with the other two.
@@ -150,17 +141,12 @@ def world_size(
     nnodes: int | None = None,
     nproc_per_node: int | None = None,
 ) -> WorldSize:
-    """The world size a plan uses: given, or the smallest the degrees ``d`` fit.
-
-    Args:
-        d: the job's degrees (:func:`degrees`).
-        size: ``--world-size``.
-        nnodes, nproc_per_node: as on the job's torchrun line (``--nnodes 2
-            --nproc-per-node 8`` is 16 ranks; ``--nnodes`` alone counts 1 per node).
+    """The world size a plan uses: ``size``, else ``nnodes * nproc_per_node``, else the smallest
+    the degrees ``d`` fit.
 
     Raises:
-        StartupError: a count or a degree out of range (10**20 would make the mesh
-            arithmetic run for ever), or ``--world-size`` disagreeing with the other two.
+        StartupError: a count or degree out of range (10**20 would make the mesh arithmetic
+            run for ever), or ``--world-size`` disagreeing with the other two.
     """
     check_world_flags(size, nnodes, nproc_per_node)
     check_degrees(d)
@@ -195,14 +181,11 @@ def world_size(
 # --- flags read without torch ----------------------------------------------------------
 
 def flag_value(args: Sequence[str], names: Sequence[str]) -> str | None:
-    """Value of the first of ``names`` in ``args`` (``--flag value`` or ``--flag=value``).
+    """Value of the first of ``names`` in ``args``, read as TorchTitan 0.2.2 does (first
+    occurrence; ``tests/tt022/test_job_args.py`` holds it to TorchTitan's answers).
 
-    Kept by hand, not asked of TorchTitan's ``ConfigManager``: importing it imports torch
-    (10-20 s on a login node), and ``plan`` refuses a missing TOML before that. It reads a
-    flag as TorchTitan 0.2.2 does (``_maybe_load_toml``, ``_maybe_add_custom_config``: the
-    first occurrence); ``tests/tt022/test_job_args.py`` holds it to their answers on generated
-    command lines. A flag with no value after it is refused here, where TorchTitan would stop
-    later (its parser) or fail with an IndexError.
+    By hand because TorchTitan's ``ConfigManager`` imports torch (10-20 s on a login node).
+    A flag without a value is refused here, where TorchTitan would raise an IndexError.
     """
     for i, arg in enumerate(args):
         key, sep, value = arg.partition("=")
@@ -216,9 +199,9 @@ def flag_value(args: Sequence[str], names: Sequence[str]) -> str | None:
 
 
 def module_and_config(args: Sequence[str]) -> tuple[str | None, str | None]:
-    """``--module`` and ``--config`` as TorchTitan 0.3.0's ``ConfigManager._load_config``
-    reads them: one pass over both, each flag consuming its value, the last occurrence wins
-    (held to it by the 0.3.0 suite). None for one that is absent or left without a value."""
+    """``--module`` and ``--config`` as TorchTitan 0.3.0's ``ConfigManager._load_config`` reads
+    them (last occurrence wins); None for one absent or without a value.
+    """
     found: dict[str, str | None] = {"--module": None, "--config": None}
     i = 0
     while i < len(args):
@@ -251,12 +234,11 @@ def free_port(host: str = "127.0.0.1") -> int:
 def single_process_environment(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
     """Give a process started without torchrun the environment of torchrun's only worker.
 
-    Sets only what is absent (a ``MASTER_PORT`` of the user's is kept) and nothing at all
-    when torchrun's variables are present. Returns what it set.
+    Sets only what is absent, nothing under torchrun; returns what it set.
 
     Raises:
-        LaunchError: some but not all of RANK, LOCAL_RANK, WORLD_SIZE are set (a launcher
-            that sets part of them cannot be completed safely).
+        LaunchError: only some of RANK, LOCAL_RANK, WORLD_SIZE are set (cannot be completed
+            safely).
     """
     present = [v for v in RANK_VARIABLES if v in environ]
     if present:
@@ -346,8 +328,7 @@ class CollectRequest:
 
 
 def one_process(command: str) -> None:
-    """Without torchrun, give this process the environment of torchrun's only worker
-    (:func:`single_process_environment`) and say so once on stderr, as ``command``.
+    """:func:`single_process_environment`, said once on stderr as ``command``.
 
     Raises:
         LaunchError: a partial torchrun environment.
@@ -360,8 +341,8 @@ def one_process(command: str) -> None:
 
 
 def build_trainer(build: Callable[[], Any], no_gpu_hint: str = "") -> Any:
-    """``build()``, the job's own trainer; a failure as one sentence, saying where the audit
-    has to run when this machine has no GPU (the job's trainer needs the job's GPU).
+    """``build()``, the job's own trainer; a failure says where to audit when this machine has
+    no GPU.
 
     Raises:
         StartupError: the job cannot start.
@@ -386,7 +367,7 @@ def first_batch(trainer: Any) -> tuple[Any, Any]:
     """The first micro-batch of the trainer's dataloader.
 
     Raises:
-        StartupError: the dataloader gave none (one sentence).
+        StartupError: the dataloader gave none.
     """
     try:
         return next(iter(trainer.dataloader))
@@ -405,11 +386,8 @@ def switch_off(config: Any, keys: Sequence[tuple[str, str]]) -> None:
 
 def audit_job(request: AuditRequest, build: Callable[[], Any], settings: Any,
               audit_built: Callable[..., Any], no_gpu_hint: str = "") -> Any:
-    """``audit``'s first half, either generation: build the job's own trainer (``build()``)
-    as one process, refuse what the audit cannot check, take the first micro-batch, call
-    ``request.before_job``, then audit it with the generation's ``audit_built``.
-    ``no_gpu_hint``: the generation's way to audit on this machine when the job cannot
-    start for want of a GPU (:func:`build_trainer`).
+    """``audit``'s first half for either generation: build the job's trainer as one process,
+    take the first micro-batch, and audit it with the generation's ``audit_built``.
 
     Raises:
         AuditError: the job cannot start or the audit cannot run (one sentence).
@@ -432,9 +410,8 @@ def audit_job(request: AuditRequest, build: Callable[[], Any], settings: Any,
 def audit_built_with(trainer: Any, settings: Any, input_dict: Any, labels: Any,
                      tokens: int | None = None, chunks: int | None = None, *,
                      job: Callable[[Any], Any], kit: Callable[[Any, Any], Any]) -> Any:
-    """Audit one micro-batch of a built trainer (``audit``'s second half; tests and the
-    benchmarks audit one trainer many times). The generation gives ``job(trainer)``, its
-    workaround job (None without one), and ``kit(trainer, labels)``, its step's seams.
+    """Audit one micro-batch of a built trainer (``audit``'s second half, separate so tests and
+    benchmarks reuse one trainer).
 
     Raises:
         AuditError: the audit cannot run (one sentence).

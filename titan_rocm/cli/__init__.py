@@ -1,21 +1,12 @@
 """``titan-rocm``: the command-line front door.
 
-Each subcommand lives in its own module ``titan_rocm.cli.<name>`` that defines
-``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``; one that sets
-``PASSTHROUGH = True`` receives the options it does not know in ``args.passthrough``; one
-whose ``--json`` report has keys of its own defines ``error_report(message, code) -> dict``,
-its report of a run that could not go on (the keys of :func:`error_envelope` among them).
-Modules are imported only when their subcommand runs, so ``titan-rocm scan`` never pays for torch.
+Each subcommand is a module ``titan_rocm.cli.<name>`` with ``HELP``, ``add_arguments(parser)``
+and ``run(args) -> int`` (optional: ``PASSTHROUGH``, ``error_report``), imported only when it
+runs, so ``titan-rocm scan`` never pays for torch.
 
-Every subcommand refuses bad input the same way: it raises :class:`CommandError` (a
-command's own errors are converted at its boundary), and ``main`` prints the one sentence
-and exits 2. Two promises are kept here, once, for every subcommand:
-
-- With ``--json``, stdout carries exactly one JSON object on every exit path: the command's
-  own report, or its error object (:func:`error_envelope`, or the command's
-  ``error_report``) for bad flags, a :class:`CommandError` and Ctrl-C.
-- A reader that closes the pipe early (``titan-rocm check-log *.log | head -1``) ends the
-  command quietly with exit 141 (128 + SIGPIPE, as shells report a command killed by it).
+Promises kept here, once, for every subcommand: bad input is a :class:`CommandError`, printed
+as one sentence with exit 2; with ``--json`` stdout carries exactly one JSON object on every
+exit path; a reader closing the pipe early ends it quietly with 141 (128 + SIGPIPE).
 """
 
 from __future__ import annotations
@@ -63,9 +54,10 @@ BROKEN_PIPE = 141
 
 
 class CommandError(Exception):
-    """The one error through which a subcommand refuses bad input or stops (exit 2 unless
-    ``code`` says otherwise): ``main`` prints ``titan-rocm <command>: <message>`` on stderr
-    (and the command's error object under ``--json``) and exits with ``code``."""
+    """The one error through which a subcommand refuses bad input or stops: ``main`` prints
+    ``titan-rocm <command>: <message>`` on stderr (and the error object under ``--json``) and
+    exits with ``code`` (2 by default).
+    """
 
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
@@ -122,12 +114,7 @@ def _parser_for(name: str) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``titan-rocm`` with ``argv`` (default: ``sys.argv[1:]``); return the exit code.
-
-    Ctrl-C anywhere prints one line and returns 130 (a command that must say what it left
-    behind, such as ``gemm-tables``, says so itself first); a closed stdout returns 141
-    quietly; under ``--json`` every exit path prints one JSON object.
-    """
+    """Run ``titan-rocm`` with ``argv``; return the exit code (Ctrl-C: 130, closed stdout: 141)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     name = argv[0] if argv and argv[0] in SUBCOMMANDS else ""
     # Before parsing, --json is known only by its spelling; it is a flag of every command.
@@ -151,11 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console_main() -> NoReturn:
-    """The ``titan-rocm`` executable (and ``python -m titan_rocm.cli``): :func:`main`, then exit.
-
-    After Ctrl-C the process ends at once with 130: a KeyboardInterrupt that landed while a
-    C extension was being imported can otherwise make Python kill itself with SIGINT at exit,
-    after the one line was printed.
+    """The ``titan-rocm`` executable: :func:`main`, then exit. After Ctrl-C the process ends at
+    once with 130: a KeyboardInterrupt that landed during a C extension's import can
+    otherwise make Python kill itself with SIGINT at exit.
     """
     code = main()
     if code == INTERRUPTED:

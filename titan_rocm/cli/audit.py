@@ -1,16 +1,7 @@
 """``titan-rocm audit``: a compiled job checked block by block against eager and
-high-precision replays of its own inputs (docs/numerics-audit.md).
-
-Launched like training (``torchrun --nproc_per_node=N -m titan_rocm.cli audit
---job.config_file X.toml``; TorchTitan 0.3.0: ``... audit --module M --config F``; or alone
-as one process). The installed TorchTitan generation's adapter parses the job, builds its
-own trainer and audits the first micro-batch of its dataloader; nothing is stepped or saved.
-Exit codes: 0 ok, 1 flagged, 2 bad input or the audit cannot run (one sentence: the driver's
-:class:`~titan_rocm.numerics.result.AuditError` becomes the CLI's ``CommandError`` here), 130
-interrupted. ``--json`` prints one object on every exit path (rank 0), of the report's keys
-(:func:`error_report` when it could not run). With
-``TITAN_ROCM_DEBUG_CORRUPT`` set, the test fault (``titan_rocm.testing.corrupt``) is put into
-the job's compiled code first.
+high-precision replays of its own inputs (docs/numerics-audit.md gives the launch lines, the
+exit codes and the ``--json`` report). The installed generation's adapter builds the job's own
+trainer and audits its first micro-batch; nothing is stepped or saved.
 """
 
 from __future__ import annotations
@@ -122,10 +113,9 @@ def _install_fault(model_parts: list[Any]) -> None:
 
 
 def _log_to_stderr() -> None:
-    """The job's INFO lines (titan-rocm's among them: which workarounds applied, and why one
-    did not) on stderr in TorchTitan's format, as training shows them; TorchTitan's own
-    ``init_logger`` writes to stdout, where ``--json`` prints. A handler already there (a
-    test's, the user's) is left alone."""
+    """The job's INFO lines on stderr in TorchTitan's format, because TorchTitan's
+    ``init_logger`` writes to stdout, where ``--json`` prints; a handler already there is left.
+    """
     import logging
 
     root = logging.getLogger()
@@ -161,8 +151,8 @@ def _audit(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def check_plot(text: str | None) -> None:
-    """``--plot``'s file name, directory and matplotlib, before the audit builds anything:
-    a picture that cannot be drawn is refused in seconds, not after the audit's minutes.
+    """``--plot``'s file, directory and matplotlib, checked before the audit builds anything: a
+    picture that cannot be drawn is refused in seconds, not after minutes.
 
     Raises:
         CommandError: naming the value and what to do.

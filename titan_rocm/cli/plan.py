@@ -1,8 +1,5 @@
-"""``titan-rocm plan``: check a TorchTitan job on a login node before it waits in a queue.
-
-Exit codes: 0 planned (the job passes every start-up check that needs no GPU), 2 bad
-input or a job that would stop at start-up (one line says why), 130 interrupted.
-Docs: docs/plan.md.
+"""``titan-rocm plan``: check a TorchTitan job on a login node before it waits in a queue
+(docs/plan.md gives the exit codes).
 """
 
 from __future__ import annotations
@@ -117,10 +114,8 @@ USAGE = (
 
 
 def _refuse_early(args: argparse.Namespace, passthrough: list[str], adapter: Adapter) -> None:
-    """Every refusal that needs no torch, made before torch and TorchTitan load (which takes
-    10-20 s on a login node): bad world-size flags, an unknown --arch, --aiter or
-    --primus-turbo without --arch, the job's flags and files as the installed generation's
-    adapter checks them, a missing --tune-problems file.
+    """Every refusal that needs no torch, made before torch and TorchTitan load (10-20 s on a
+    login node).
 
     Raises:
         CommandError: the reason, as the full plan would give it.
@@ -224,10 +219,10 @@ Not ``titan-rocm plan: ``, which starts plan's own answer or refusal only."""
 
 @contextlib.contextmanager
 def torchtitan_warnings(messages: list[str]) -> Iterator[None]:
-    """While TorchTitan reads the job and builds its model, collect into ``messages`` the
-    warnings its code logs (a default it finds odd; a path missing on this machine, such as
-    ``HF assets path ... does not exist!``, which is about the cluster's files that the plan
-    does not check), each once, instead of printing them bare before the plan's answer."""
+    """Collect into ``messages``, each once, the warnings TorchTitan's code logs while it reads
+    the job (e.g. an HF assets path missing on this machine, about the cluster's files), so
+    they do not print bare before the plan's answer.
+    """
     root = logging.getLogger()
     handler = _TorchTitanWarnings()
     root.addHandler(handler)

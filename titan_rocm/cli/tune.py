@@ -1,13 +1,5 @@
-"""``titan-rocm tune``: validated GEMM tuning for a TorchTitan job (docs/validated-tuning.md).
-
-- ``collect``: one step of the job, recording every GEMM problem (``-o problems.jsonl``).
-- ``run``: every candidate of every problem checked against a float64 reference in a
-  crash-isolated minesweeper, timed if it passed (``-o results.jsonl``, resumed).
-- ``table``: the fastest validated candidate per problem (``-o gemm_lookup.json``).
-
-Exit codes: 0 done (``table --check``: every problem has a validated winner), 1 a device
-could not be used (``run``) or some problem has no winner (``table --check``), 2 bad input
-(nothing overwritten).
+"""``titan-rocm tune``: validated GEMM tuning for a TorchTitan job (docs/validated-tuning.md
+gives the steps ``collect``, ``run`` and ``table``, and the exit codes).
 """
 
 from __future__ import annotations

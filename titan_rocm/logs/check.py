@@ -1,27 +1,10 @@
-"""Is every logged loss and grad norm of a training log finite? (``titan-rocm check-log``).
+"""Is every logged loss and grad norm of a training log finite? (``titan-rocm check-log``;
+docs/divergence-detection.md gives the exit codes.)
 
-Exit codes (per file; several files: 1 if any diverged, else 4 if any was flagged, else 2 if
-any gave 2, else 3 if any gave 3, else 0):
-
-====  =====================================================================================
-0     at least one training step, every loss and grad norm finite (``ok``); also a run that
-      did not finish (``incomplete``: its log ends in a crash) after finite steps: the
-      report says so, but its numerics are fine as far as they go
-1     a non-finite value, or the divergence guard's stop message (``diverged``)
-2     nothing to check: unreadable or not a regular file, no metric line (``empty``), or
-      no training step (a start-up crash, only validation lines), or bytes of it not read
-      (the middle of a line longer than 1 MiB without a line end), or a numerics audit
-      verdict that cannot be read (``unreadable``: its line cut or split by other output):
-      an unchecked log is not a pass
-3     only with ``--require-complete``: every value finite, but the run did not finish
-      (``incomplete``: it crashed) or the log does not show it finished (no ``Training
-      completed``, ``Process group destroyed`` or ``[after training is done]`` after its
-      last step, e.g. a log cut mid-line); a CI step that must see the run finish reads it
-4     ``flagged``: every value finite, but the in-training numerics audit flagged a step
-      (its verdict line, the stop policy's exception, a quarantine line or the end-of-audit
-      line says so): the compiled code was wrong there; a quarantined run is flagged too
-      (protected from then on, but the compiled code is wrong)
-====  =====================================================================================
+An unchecked log (unreadable, empty, bytes not read, an unreadable audit verdict) exits 2,
+never 0: it is not a pass. A run that crashed after finite steps exits 0 (its numerics are
+fine as far as they go) unless ``--require-complete``, which a CI step that must see the run
+finish uses.
 """
 
 from __future__ import annotations
@@ -192,9 +175,9 @@ def check_file(path: str | Path, fmt: str = "auto") -> CheckResult:
 
 
 def combined_exit_code(results: list[CheckResult], require_complete: bool = False) -> int:
-    """1 if any log diverged (a definite finding), else 4 if any audit flagged (another),
-    else 2 if any was not checked, else (with ``require_complete``) 3 if any run did not
-    finish or its log does not show that it did, else 0."""
+    """1 if any log diverged, else 4 if any audit flagged (both definite findings), else 2 if any
+    was not checked, else (with ``require_complete``) 3 if any did not finish, else 0.
+    """
     codes = {r.exit_code for r in results}
     if EXIT_NONFINITE in codes:
         return EXIT_NONFINITE

@@ -1,41 +1,12 @@
-"""Put training runs side by side: loss and grad-norm curves against a baseline, within or
-outside the noise that repeats of the baseline show (``titan-rocm compare``).
+"""Put training runs side by side against a baseline, within or outside the noise that
+repeats of the baseline show (``titan-rocm compare``; docs/compare.md defines the relative
+difference, the band, the verdicts, the throughput ratio and the exit codes).
 
-Each run is one log file, read with the log parser and given the run verdict of
-:mod:`titan_rocm.logs.verdict`: a run that diverged or did not finish is named as such and
-never enters the noise band or a throughput figure.
-
-**Relative difference** of a run to the baseline at step s: ``(run(s) - baseline(s)) /
-|baseline(s)|``, at the training steps both logged with a finite value (per rank where
-both logs tag ranks).
-
-**Noise band** at step s, from repeat runs of the baseline job (``--noise``): the largest
-``|relative difference|`` any valid repeat showed at step s or before, and at least the
-tolerance. Taking the running maximum over earlier steps is deliberate: two runs of one job
-that have drifted apart by step t can be that far apart at any later step, and a step where
-their noisy curves happen to cross is no narrowing of the noise. With K repeats, a further
-run of the same job lands outside the band at a given step about once in K + 1 (the runs are
-exchangeable), so a band of one repeat gives a weak verdict; the report says so.
-
-**Verdict** per run: ``diverged at step N`` or ``incomplete`` (its run verdict), else with
-repeats ``within noise`` or ``differs from step N`` (the first step where the loss leaves its
-band), else ``unqualified`` (no repeats: the first step past the tolerance is reported, and
-judged by no one). The grad norm gets its own band and first step outside it in the report,
-but no say in the verdict: it swings by tens of percent between runs of one job, far more
-than a few repeats can bound, while the loss is what "the same run" means.
-
-**Throughput ratio**: the run's median tokens/s after warm-up over the baseline's, as
-``bench-summary`` computes it (:func:`titan_rocm.logs.summary.summarize`); a log without
-tokens/s uses TFLOP/s, then iteration time (inverted, so above 1 is faster).
-
-Exit codes: 0 every run within noise (or, without repeats, every run valid); 1 a run differs
-from the baseline, or a run (baseline, other or repeat) diverged, was flagged by its numerics
-audit or did not finish; 2 bad input.
-
-Memory: each log is read lean (:mod:`titan_rocm.logs.tables`): per rank one entry per
-distinct step, in arrays, and counts of distinct throughput values; curves, differences and
-bands are arrays too (:class:`~titan_rocm.logs.tables.StepValues`), so memory grows with the
-distinct steps, not with the metric lines (``benchmarks/reader_memory.py``).
+Why the band is a running maximum: two runs that drifted apart by step t can be that far
+apart at any later step; a crossing of noisy curves does not narrow the noise. Why only the
+loss decides: the grad norm swings by tens of percent between runs of one job, more than a
+few repeats can bound. Logs are read lean (:mod:`titan_rocm.logs.tables`), so memory grows
+with the distinct steps, not the metric lines.
 """
 
 from __future__ import annotations
@@ -143,7 +114,7 @@ def load_run(path: str | Path, label: str, fmt: str = "auto",
 
     Raises:
         UnreadableLog: the file cannot be read.
-        CompareError: the log holds no metric line (nothing to compare).
+        CompareError: the log holds no metric line.
     """
     log = parse_file(path, fmt, lean=True, warmup=warmup)
     summary = summarize([log], warmup)
@@ -175,9 +146,9 @@ def _common(base: StepValues, other: StepValues) -> tuple[array, array, array]:
 
 
 def relative(base: Mapping[int, float], other: Mapping[int, float]) -> StepValues:
-    """``(other - base) / |base|`` at the steps both have finite (base non-zero); a
-    difference too large for a float (loss 1e308 against -1e308, a base of 1e-300) is held at
-    :data:`CEILING`, so it is outside every band and still a finite JSON number."""
+    """``(other - base) / |base|`` at the steps both have finite (base non-zero); an overflow
+    is held at :data:`CEILING`: outside every band, still finite JSON.
+    """
     out = StepValues()
     for step, b, o in zip(*_common(StepValues.of(base), StepValues.of(other)), strict=True):
         if math.isfinite(b) and math.isfinite(o) and b != 0:

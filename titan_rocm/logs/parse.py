@@ -1,41 +1,13 @@
-"""Find training-metric lines of TorchTitan and Megatron-LM inside real, messy logs.
+"""Find TorchTitan and Megatron-LM training-metric lines inside real, messy logs.
 
-TorchTitan 0.2.2 and 0.3.0 (``MetricsProcessor.log`` in ``torchtitan/components/metrics.py``:
-0.2.2 lines 461-470, 0.3.0 lines 523-532) print, on log steps only::
-
-    step: 12  loss:  7.12345  grad_norm:  1.2345  memory: 12.34GiB(8.80%)  tps: 1,234
-    tflops: 56.78  mfu: 5.74%
-
-(one line, coloured with ANSI codes unless ``[metrics] disable_color_printing``; 0.3.0 prints
-``mfu: N/A`` where the peak FLOPs are unknown) and, for validation (``log_validation``: 0.2.2
-lines 504-510, 0.3.0 lines 566-572), ``validate step: 10  loss:  7.1234  memory: ...  tps:
-...``. A loss is read only where that line has it: right after ``step: N``. Any other line
-that names a loss (a numerics audit report's ``loss: job 8.09  eager 8.09 ...``, a user's
-print) is not a metric line and is never read as one (see :func:`_anchored`).
-
-Megatron-LM (``training_log``) prints one ``|``-separated line per log interval::
-
-     [2025-01-01 12:00:00] iteration       12/     100 | consumed samples: 384 |
-     elapsed time per iteration (ms): 1234.5 | throughput per GPU (TFLOP/s/GPU): 456.7 |
-     learning rate: 1.000000E-04 | global batch size: 32 | lm loss: 7.123456E+00 |
-     loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations: 0 |
-     number of nan iterations: 0 |
-
-and ``validation loss at iteration 100 ... | lm loss value: 7.1E+00 | lm loss PPL: ...``.
-
-Real logs wrap these in noise: ANSI colour codes, ``[rank0]:`` / ``[default0]:`` prefixes
-from torchrun (or ``0: `` from ``srun --label``), logging timestamps, lines of several
-ranks interleaved (even two ranks' output on one physical line), Windows line ends, a
-truncated last line, and values such as ``nan``, ``NaN``, ``-nan``, ``inf``, ``-inf``,
-``Infinity`` or ``1.0E+01`` followed by ``|`` or ``,``. :func:`parse_text` handles all of
-these and never raises on any text.
-
-Beside the metric lines the parser notes how a log ends: the first crash marker (a Python
-traceback, torchrun's ``ChildFailedError``, out of memory, a segmentation fault, ``Killed``,
-an NCCL/RCCL or GPU error) after the last training step, and TorchTitan's ``Training
-completed`` / Megatron's ``[after training is done]``. :mod:`titan_rocm.logs.verdict` turns
-that into the run's verdict. :func:`parse_file` streams a file in blocks (memory does not
-grow with the file) and refuses what is not a regular file before opening it.
+The formats: TorchTitan's ``MetricsProcessor.log``/``log_validation``
+(``torchtitan/components/metrics.py``: 0.2.2 lines 461-470 and 504-510, 0.3.0 lines 523-532
+and 566-572) and Megatron-LM's ``training_log`` ``|``-separated lines. A loss is read only
+where a metric line has it (see :func:`_anchored`), so an audit report's ``loss:`` is never a
+metric. Rank prefixes, ANSI codes, interleaved ranks, cut lines and ``nan``/``Infinity``
+spellings are noise the parser must survive: it never raises on any text. It also notes the
+first crash marker after the last step and the completion line, for
+:mod:`titan_rocm.logs.verdict`. docs/compare.md lists what is read.
 """
 
 from __future__ import annotations
@@ -61,13 +33,10 @@ FORMATS: tuple[str, ...] = ("auto", "torchtitan", "megatron")
 FORMAT_NAMES: dict[str, str] = {TORCHTITAN: "TorchTitan", MEGATRON: "Megatron-LM"}
 
 MAX_LINE_BYTES = 1 << 20
-"""A physical line longer than this is cut: its first MAX_LINE_BYTES bytes and its last
-:data:`TAIL_BYTES` (where a metric line glued to the end of other output would be) are read,
-the bytes between them skipped, and reading goes on after the line's end (a metric line is a
-few hundred bytes; a log with no newline at all must not be read into memory whole). Lines
-end at ``\n`` and at a lone ``\r`` (progress bars redraw with it), and NUL bytes (the head
-``copytruncate`` leaves) are dropped, so neither makes a line long; the bytes a cut skips
-are counted (:attr:`ParsedLog.skipped_bytes`) and a log with any is never ``ok``."""
+"""A physical line longer than this is read as its head and its last :data:`TAIL_BYTES` (where
+a glued metric line would be): a log with no newline must not be read into memory whole. The
+skipped bytes are counted (:attr:`ParsedLog.skipped_bytes`) and such a log is never ``ok``.
+"""
 TAIL_BYTES = 1 << 16
 """How much of the end of a cut line is read."""
 
@@ -140,8 +109,9 @@ _FIRST_WRONG = re.compile(r"first wrong in the (?P<dir>forward|backward): "
 _REPORT_PART = re.compile(r"^\s{1,8}part (?P<part>\d{1,6}) of (?P<of>\d{1,6}) "
                           r"\(numerics_audit_spread\): (?P<what>.{1,200})")
 _REPORT_LINES = 40
-"""How many lines after a flagged verdict line its report's lines are looked for (the
-report's "first wrong in the" lines are its second and third; other ranks may interleave)."""
+"""How many lines after a flagged verdict line its report is looked for (other ranks may
+interleave).
+"""
 _BEFORE_CHARS = 120
 """How far before a named value its neighbour is looked for (a step and separators)."""
 
@@ -244,18 +214,17 @@ class ParsedLog:
     crash: Crash | None = None
     """The first crash marker after the last training step (None: none, or steps follow)."""
     completed_line: int | None = None
-    """The last ``Training completed`` / ``[after training is done]`` line after the last
-    training step (None: none, or steps follow)."""
+    """The last completion line after the last training step (None: none, or steps follow)."""
     binary: str | None = None
-    """What the file's first bytes look like when they are not text (``gzip-compressed
-    data``, ``binary data``); None for text."""
+    """What the file's first bytes look like when not text (``binary data``); None: text."""
     skipped_bytes: int = 0
     """Bytes not read because a line ran past :data:`MAX_LINE_BYTES` without a line end."""
     cut_lines: list[int] = field(default_factory=list)
     """Line numbers of the lines cut so (their first and last bytes read)."""
     lean: bool = False
-    """Keep a finite training line only in :attr:`curves` (and :attr:`figures`), not as a
-    record: memory then grows with the distinct steps logged, not with the metric lines."""
+    """Keep finite training lines only in :attr:`curves`: memory then grows with the steps, not
+    with the metric lines.
+    """
     figures: Figures | None = None
     """The throughput figures gathered while reading (:func:`parse_file` with ``warmup``)."""
     metric_lines: int = 0
@@ -263,24 +232,19 @@ class ParsedLog:
     trains_added: int = 0
     last_train_step: int | None = None
     curves: dict[int | None, Curve] = field(default_factory=dict)
-    """Each rank's training curve (None: lines without a rank prefix), every training line
-    finite or not; the one source of the steps and ranks trained."""
+    """Each rank's training curve (None: no rank prefix); the one source of the steps and ranks."""
     train_formats: set[str] = field(default_factory=set)
     audits_ok: int = 0
-    """In-training numerics audit verdict lines that say OK (one per audited step: an audit
-    spread over steps has one per part)."""
+    """Audit verdict lines that say OK (one per audited step or part)."""
     audits_flagged: list[AuditMark] = field(default_factory=list)
-    """In-training numerics audits that flagged (one per step), in log order: from a verdict
-    line, the stop policy's exception, a quarantine line or an end-of-audit line."""
+    """Flagged audits (one per step) in log order, from whichever line showed the flag first."""
     audits_unread: list[AuditUnread] = field(default_factory=list)
     """Audit verdicts that could not be read (a cut or split line): never a pass."""
     ends_mid_line: bool = False
     """The log's last line has no line end (the writer stopped, or the file was cut, there)."""
 
     def add(self, record: Record) -> None:
-        """Keep ``record`` if its format was asked for; else count it in :attr:`excluded`.
-        A training line goes into its rank's curve; a lean log keeps a finite one only
-        there."""
+        """Keep ``record`` if its format was asked for; else count it in :attr:`excluded`."""
         if not (self.fmt in ("auto", record.format) or record.format == GUARD_FORMAT):
             self.excluded[record.format] = self.excluded.get(record.format, 0) + 1
             return
@@ -354,8 +318,9 @@ class AuditMark:
     line: int
     rank: int | None
     seen_in: str = "verdict line"
-    """The first line that showed it: ``verdict line``, ``stop``, ``quarantine line`` or
-    ``end-of-audit line`` (the per-step verdict line was not read)."""
+    """The first line that showed it (``verdict line``, ``stop``, ``quarantine line`` or
+    ``end-of-audit line``).
+    """
     reference: str | None = None
     """The report's reference (``float64``, ``float32 (TF32 GEMMs)``); None: not read."""
     wrong: list[tuple[str, str]] = field(default_factory=list)
@@ -375,8 +340,7 @@ class AuditMark:
 
 @dataclass(frozen=True)
 class AuditUnread:
-    """A numerics audit verdict the log does not let be read: its line was cut or split by
-    other output, or a part's header came with no verdict after it."""
+    """An audit verdict that cannot be read (cut or split line, or a header with no verdict)."""
 
     line: int
     rank: int | None
@@ -389,11 +353,7 @@ class AuditUnread:
 
 
 def _segments(line: str) -> Iterator[tuple[int | None, str]]:
-    """Split a physical line at torchrun rank prefixes: (rank, text) pieces.
-
-    Two ranks writing to one stream without a newline between them produce one physical
-    line with two prefixes; each piece keeps its own rank.
-    """
+    """Split a physical line at torchrun rank prefixes: two ranks can share one physical line."""
     matches = list(_RANK_PREFIX.finditer(line))
     if not matches:
         label = _SRUN_LABEL.match(line)
@@ -607,8 +567,9 @@ class _Parser:
             _megatron(segment, rank, line_no, log)
 
     def _unreadable(self, line_no: int, line: str, found: list[Record]) -> None:
-        """A loss or grad norm named on the line whose value is no finite number read into a
-        record of the line becomes an ``unreadable`` record (its value counts as NaN)."""
+        """A named loss or grad norm whose value cannot be read becomes an ``unreadable`` record
+        (counted as NaN), so it is never silently dropped.
+        """
         if self.log.fmt not in ("auto", TORCHTITAN, MEGATRON):
             return
         for rank, segment in _segments(line):
@@ -634,14 +595,10 @@ class _Parser:
                     grad_norm=nan if is_grad else None, raw=raw[:_TEXT_MAX]))
 
     def _audit_line(self, line_no: int, line: str) -> None:
-        """Follow the in-training numerics audit (docs/numerics-audit.md). Each part's header
-        (``numerics audit: part 1 of 3: ..., reference R, T s``) announces its verdict line
-        (``... at step N: OK`` or ``FLAGGED``), whose report names where it was first wrong
-        and against which reference; the stop policy's exception, a quarantine line and a
-        spread audit's end line (``... flagged at step(s) N``) are evidence of a flag on
-        their own. A verdict line cut or split by other output, or a header with no verdict
-        after it, is an unreadable verdict (:mod:`titan_rocm.audit_message` owns the
-        wordings; :mod:`titan_rocm.numerics.report` and ``numerics/audit.py`` the report's)."""
+        """Follow the in-training numerics audit (docs/numerics-audit.md; the wordings are
+        :mod:`titan_rocm.audit_message`'s). A cut or split verdict line, or a header with no
+        verdict after it, is unreadable, never a pass.
+        """
         for rank, segment in _segments(line):
             self._audit_segment(line_no, rank, segment)
 
@@ -753,15 +710,13 @@ class _Parser:
         return pending[-1] if pending else self._audit_loose[rank]
 
     def _answer(self, rank: int | None) -> tuple[int, str, int | None] | None:
-        """The oldest part header of ``rank`` waiting for its verdict (else the header
-        without a part number), now answered."""
+        """The oldest part header of ``rank`` still waiting for its verdict, now answered."""
         pending = self._audit_pending.get(rank)
         loose = self._audit_loose.pop(rank, None)
         return pending.pop(0) if pending else loose
 
     def _lost(self, rank: int | None, line_no: int, why: str) -> None:
-        """A verdict of ``rank`` that cannot be read: unreadable, and the report lines after
-        it kept aside for an end-of-audit line that names its step flagged."""
+        """An unreadable verdict of ``rank``; its report lines wait for an end-of-audit line."""
         pending = self._answer(rank)
         self._after_header[rank] = False
         self.log.audits_unread.append(AuditUnread(line_no, rank, why))
@@ -816,10 +771,9 @@ class _Parser:
 
 
 def _anchored(segment: str, m: re.Match[str]) -> bool:
-    """Whether the named value ``m`` stands where a metric line has it: TorchTitan's loss
-    right after ``step: N`` or right before the grad norm (a piece split off the line), its
-    grad norm right after the loss's value or right before ``memory:``; a Megatron-LM loss
-    or grad norm after the line's iteration (or validation) marker."""
+    """Whether ``m`` stands where a metric line puts that value (next to ``step: N``, the loss
+    or ``memory:``; after Megatron's iteration marker), not in some other line's text.
+    """
     name = m.group("name").lower()
     if name in _TT_BEFORE:
         before = segment[max(0, m.start() - _BEFORE_CHARS):m.start()]
@@ -829,14 +783,11 @@ def _anchored(segment: str, m: re.Match[str]) -> bool:
 
 
 def parse_lines(chunks: Iterable[str], fmt: str = "auto", source: str = "<text>") -> ParsedLog:
-    """Every metric line in ``chunks`` (pieces of a log that end at line ends), in format
-    ``fmt`` (auto: both), reading one chunk at a time: memory grows with the metric lines
-    found, not with the log.
-
-    Never raises on any text.
+    """Every metric line in ``chunks`` (log pieces that end at line ends) in format ``fmt``;
+    never raises on any text.
 
     Raises:
-        ValueError: ``fmt`` is not one of :data:`FORMATS` (a programming error, not bad text).
+        ValueError: ``fmt`` is not one of :data:`FORMATS` (a programming error).
     """
     parser = _Parser(fmt, source)
     for chunk in chunks:
@@ -875,10 +826,8 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
 
 
 def sniff_binary(head: bytes) -> str | None:
-    """What ``head`` (a file's first bytes) is when it is not text, else None.
-
-    Text here is what a training log holds: UTF-8 with ANSI colours and tabs. More than 10 %
-    NUL, other control bytes or undecodable bytes make it binary.
+    """What ``head`` (a file's first bytes) is when it is not text, else None: over 10 % NUL,
+    control or undecodable bytes make it binary.
     """
     for magic, what in _MAGIC:
         if head.startswith(magic):
@@ -891,8 +840,9 @@ def sniff_binary(head: bytes) -> str | None:
 
 
 def _open_regular(path: str | Path) -> int:
-    """An fd of ``path`` opened for reading, refusing anything but a regular file (a FIFO
-    is named without being opened: an open would block until a writer comes)."""
+    """An fd of ``path`` for reading; refuses anything but a regular file (opening a FIFO would
+    block).
+    """
     name = str(path)
     try:
         return open_regular(name)
@@ -909,15 +859,12 @@ _BLOCK_BYTES = 1 << 18
 
 
 def _cut(data: bytes) -> int:
-    """Where ``data`` may be cut between lines: after its last ``\n`` or lone ``\r`` (a
-    ``\r`` as the last byte may be half of ``\r\n``, so it waits for the next block)."""
+    """Where ``data`` may be cut between lines (a trailing CR may be half of a CRLF: it waits)."""
     return max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1)) + 1
 
 
 def _first_end(data: bytes) -> int:
-    """Just after the first line end in ``data`` (a ``\n``, a ``\r\n`` or a lone ``\r``);
-    0 when there is none; -1 when the only one is a ``\r`` as the last byte (half of a
-    ``\r\n`` or not: the next block says)."""
+    """Just after the first line end in ``data``; 0: none; -1: only a trailing CR (undecided)."""
     n, r = data.find(b"\n"), data.find(b"\r")
     if r != -1 and (n == -1 or r < n):
         if r + 1 == len(data):
@@ -945,9 +892,9 @@ class _LongLine:
         self.cr_last = self.tail.endswith(b"\r")
 
     def text(self) -> tuple[str, int]:
-        """The line as read (head, a mark naming the bytes skipped, tail: the mark keeps a
-        field at the end of the head from reading as the neighbour of one at the start of
-        the tail) and the number of bytes skipped."""
+        """The line as read (head, a mark for the skipped bytes, tail) and the bytes skipped; the
+        mark keeps the head's last field from reading as the tail's neighbour.
+        """
         skipped = self.after_head - len(self.tail)
         tail = bytes(self.tail)
         while tail[:1] and 0x80 <= tail[0] < 0xC0:  # a UTF-8 sequence cut at its start
@@ -958,13 +905,8 @@ class _LongLine:
 
 
 def _blocks(handle: Any, name: str, log: ParsedLog | None = None) -> Iterator[str]:
-    """The file's text in blocks of about 256 KiB that end at a line end, so that memory
-    does not grow with the file. Cut at line-end bytes (never inside a UTF-8 sequence, never
-    between ``\r`` and ``\n``), a block decodes to exactly the text whole-file decoding
-    gives, without its NUL bytes. A line still unfinished after MAX_LINE_BYTES is read as
-    its head and its last TAIL_BYTES, one line, once it ends; the bytes between them are
-    skipped, counted in ``log.skipped_bytes`` (the line's number in ``log.cut_lines``), and
-    reading goes on after it.
+    """The file's text in line-end-aligned blocks of about 256 KiB, so memory does not grow with
+    the file; cutting at line-end bytes keeps decoding identical to whole-file decoding.
     """
     carry = b""
     long: _LongLine | None = None
@@ -1009,13 +951,9 @@ def _end_long(long: _LongLine, log: ParsedLog | None) -> Iterator[str]:
 
 def parse_file(path: str | Path, fmt: str = "auto", lean: bool = False,
                warmup: int | None = None) -> ParsedLog:
-    """:func:`parse_lines` of a file, streamed in blocks of 256 KiB that end at line ends
-    (``-`` is not special).
-
-    Undecodable bytes become U+FFFD; a file whose first bytes are not text is still parsed,
-    and :attr:`ParsedLog.binary` says what it looks like. ``lean``: see :attr:`ParsedLog.lean`.
-    ``warmup``: gather :attr:`ParsedLog.figures` for that warm-up while reading (what
-    bench-summary and compare publish; a lean log has no other source of them).
+    """:func:`parse_lines` of a file, streamed; undecodable bytes become U+FFFD and
+    :attr:`ParsedLog.binary` names a non-text file. ``warmup`` gathers
+    :attr:`ParsedLog.figures` while reading (a lean log has no other source).
 
     Raises:
         UnreadableLog: the path is missing, not a regular file, or cannot be read.

@@ -1,14 +1,9 @@
-"""The picture of ``titan-rocm compare --plot``. The main panel is the verdict: each run's loss
-difference to the baseline, in percent, against the noise band the repeats make (shaded), with
-the first step outside the band marked. Below it, small, the loss and the grad norm curves.
-The legend, above the panels where it covers nothing, carries each run's verdict, throughput
-ratio and memory peak; a run that diverged is marked at the step its verdict names, and the
-mark and the legend tell the same story. Steps are integers.
+"""The picture of ``titan-rocm compare --plot`` (docs/compare.md shows one).
 
 matplotlib is an optional extra (``pip install 'titan-rocm[plot]'``), imported only here and
-only when a picture is asked for; it draws headless (a bare Figure rendered by Agg or SVG, no
-pyplot), and the file is written through a temporary file and a rename, so an interrupted run
-never leaves half a picture.
+only when a picture is asked for; it draws headless (a bare Figure, no pyplot), and the file
+is written through a temporary file and a rename, so an interrupted run never leaves half a
+picture.
 """
 
 from __future__ import annotations
@@ -62,8 +57,7 @@ PLOT_SUFFIXES: tuple[str, ...] = (".png", ".svg")
 
 
 def plot_path(text: str) -> Path:
-    """``--plot``'s file, checked before any work: a PNG or SVG name in a directory that
-    exists.
+    """``--plot``'s file, checked before any work: a PNG or SVG name in an existing directory.
 
     Raises:
         CompareError: naming the value and what is accepted.
@@ -117,9 +111,9 @@ def _curve(panel: str, role: str, name: str, label: str, colour: str,
 
 
 def _bad(run: Any, logged: int | None) -> tuple[int | None, str]:
-    """Where to mark a run that went non-finite, and what the mark says: the verdict's step
-    (the guard may name a step before the first logged bad value) and, when the log shows
-    it later, that too."""
+    """Where to mark a run that went non-finite and what the mark says: the verdict's step (the
+    guard may name one before the first logged bad value), and the logged one if later.
+    """
     verdict = run.verdict
     step = verdict.step if verdict.status == "diverged" else logged
     if step is None:
@@ -210,9 +204,9 @@ def bands(c: Comparison) -> dict[str, tuple[list[int], list[float], list[float]]
 
 
 def _draw(ax: Any, curve: Curve, legend: bool, marks: list[str]) -> None:
-    """Draw one curve (in the legend if ``legend``), the mark of its non-finite step and, on
-    the difference panel, of its first step outside the band; ``marks`` holds the notes
-    already written on the panel, so each new one sits below the last."""
+    """Draw one curve with its marks; ``marks`` holds the notes already on the panel, so each
+    new one sits below the last.
+    """
     style: dict[str, Any] = (
         {"linewidth": 1, "linestyle": "--", "zorder": 2} if curve.role == "repeat"
         else {"linewidth": 1.6 if curve.role == "baseline" else 1.4, "marker": "o",

@@ -1,8 +1,6 @@
-"""One metric line of a training log as the log readers keep it (:class:`Record`).
-
-Its own module so that :mod:`titan_rocm.logs.parse` (which makes records) and
-:mod:`titan_rocm.logs.tables` (which sums them up) both import it and neither imports the
-other: no import of titan_rocm.logs runs in a circle.
+"""One metric line of a training log as the log readers keep it (:class:`Record`); its own
+module so that :mod:`~titan_rocm.logs.parse` and :mod:`~titan_rocm.logs.tables` import no
+circle.
 """
 
 from __future__ import annotations
@@ -59,9 +57,9 @@ class Record:
     """A ``titan-rocm divergence guard: training diverged at step N`` message (kind
     ``guard``): the run was stopped for a non-finite value, logged or not."""
     raw: str | None = None
-    """Kind ``unreadable``: the text where a line names a loss or grad norm but holds no
-    finite number the parser can read (``tensor(nan)``, ``1.#QNAN``, a value on a line split
-    from its step by another rank's output); its value counts as NaN: a finding, not noise."""
+    """Kind ``unreadable``: the text of a named loss or grad norm with no finite number the parser
+    can read (``tensor(nan)``, ``1.#QNAN``); counted as NaN: a finding, not noise.
+    """
 
     @property
     def loss(self) -> float | None:

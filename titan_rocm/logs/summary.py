@@ -1,24 +1,10 @@
-"""What a benchmark pipeline may publish from a training log (``titan-rocm bench-summary``).
+"""What a benchmark pipeline may publish from a training log (``titan-rocm bench-summary``;
+docs/divergence-detection.md gives the figures and exit codes).
 
-Median, min and max of tokens/s, TFLOP/s and MFU (TorchTitan) or TFLOP/s, tokens/s and
-iteration time (Megatron-LM) over the training steps after warm-up, the memory peak and the
-number of steps parsed. Only a run whose verdict (:mod:`titan_rocm.logs.verdict`) is ``ok``
-and whose every throughput, timing and memory figure is finite and not negative is
-``valid: true``; any other run is ``valid: false`` with the reason and gets no figure at all.
-The figures come from :class:`~titan_rocm.logs.tables.Figures`, gathered while a log is read
-(a lean log) or from its kept records: the same numbers either way.
-
-Exit codes:
-
-====  =====================================================================================
-0     valid: the figures may be published
-1     not a valid benchmark: the run diverged, its numerics audit flagged a step (a
-      quarantine included) or left a verdict that cannot be read, it did not finish
-      (``incomplete``: a crash, no training step, or bytes not read), or it logged a
-      non-finite or negative throughput/memory figure
-2     nothing to summarize: a file unreadable or not a regular file, no metric line at all
-      (``empty``), no training step after ``--warmup``, or no throughput figure logged
-====  =====================================================================================
+Only a run whose verdict is ``ok`` and whose every figure is finite and not negative is
+``valid: true``; any other gets the reason and no figure at all, so a pipeline cannot publish
+a broken run's numbers. The figures come from :class:`~titan_rocm.logs.tables.Figures`,
+gathered while a lean log is read or from its records: the same numbers either way.
 """
 
 from __future__ import annotations
@@ -171,11 +157,10 @@ def _invalid(sources: list[str], warmup: int, reason: str, code: int, **kw: Any)
 
 
 def figures_of(log: ParsedLog, warmup: int) -> Figures:
-    """``log``'s figures for ``warmup``: those gathered while it was read, or from its records.
+    """``log``'s figures for ``warmup``: gathered while it was read, or from its records.
 
     Raises:
-        ValueError: ``log`` is lean (its finite lines are not kept) and was read for another
-            warm-up (a programming error: read it with ``parse_file(..., warmup=warmup)``).
+        ValueError: a lean log read for another warm-up (a programming error).
     """
     if log.figures is not None and log.figures.warmup == warmup:
         return log.figures
@@ -223,12 +208,8 @@ def _reason(verdict: Verdict) -> str:
 
 def summarize(logs: Sequence[ParsedLog], warmup: int = DEFAULT_WARMUP,
               unreadable: Sequence[UnreadableLog] = ()) -> Summary:
-    """The summary of one run whose metric lines are spread over ``logs``.
-
-    Args:
-        logs: parsed logs of one run (several files are pooled, e.g. one file per rank).
-        warmup: training steps ``<= warmup`` are left out of the throughput figures.
-        unreadable: the run's files that could not be read (the run is then invalid).
+    """The summary of one run whose metric lines are spread over ``logs`` (e.g. one per rank);
+    ``unreadable`` files make it invalid.
 
     Raises:
         ValueError: ``warmup`` is not a step count (:data:`~titan_rocm.numbers.STEPS`).

@@ -1,13 +1,9 @@
 """Compact tables the log readers keep instead of one object per metric line.
 
-A log of 500,000 metric lines held as :class:`~titan_rocm.logs.record.Record` objects costs
-about 400 bytes a line; what the tools print needs much less. Each rank's training curve is
-kept once per distinct step, as machine numbers in sorted arrays (:class:`Curve`: 25 bytes a
-step; the first line of a step wins, as the tools have always read a repeated step), and the
-throughput figures bench-summary and compare publish as counts of each distinct value
-(:class:`Figures`: TorchTitan prints tokens/s as a whole number and TFLOP/s and MFU to two
-decimals, so the values repeat). Memory then grows with the distinct steps and values a log
-holds, not with its lines.
+A :class:`~titan_rocm.logs.record.Record` costs about 400 bytes, so a 500,000-line log is
+kept as one entry per distinct step in sorted arrays (:class:`Curve`, 25 bytes a step) and
+counts of each distinct throughput value (:class:`Figures`: TorchTitan's printed values
+repeat). Memory then grows with the distinct steps and values, not the lines.
 """
 
 from __future__ import annotations
@@ -101,10 +97,10 @@ _PENDING_MAX = 4096
 
 class Curve:
     """One rank's training curve while a log is read: per distinct step its first logged loss
-    and its first logged grad norm (each kept separately, as a later line of the step may log
-    the one the first lacked), non-finite values kept. Steps mostly arrive in order and are
-    appended; the few that come late (a restart from a checkpoint logs earlier steps again)
-    are looked up by bisection, or held in a small dict and merged in."""
+    and grad norm (each separately, as a later line may log the one the first lacked),
+    non-finite values kept. Late steps (a restart logs earlier steps again) are bisected in
+    or held in a small dict and merged.
+    """
 
     __slots__ = ("_steps", "_loss", "_grad", "_has", "_pending", "_frozen")
 
@@ -215,10 +211,9 @@ def median(counts: Counter[float]) -> float:
 
 
 class Figures:
-    """What bench-summary publishes from a log's lines, gathered as they are read: per
-    throughput field the count of each distinct value on training lines after ``warmup``,
-    the memory peak over all lines, and the first line with a figure that cannot be
-    published (non-finite or negative), as a sentence."""
+    """What bench-summary publishes, gathered as lines are read: per throughput field the count
+    of each value after ``warmup``, the memory peak, and the first unpublishable figure.
+    """
 
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup

@@ -1,32 +1,11 @@
 """The one verdict on a training run that every log tool reports (check-log, bench-summary,
-compare): did it train, finitely, to the end?
+compare): did it train, finitely, to the end? docs/divergence-detection.md (check-log)
+defines ``ok``, ``diverged``, ``flagged``, ``unreadable``, ``incomplete`` and ``empty``.
 
-``ok``          at least one training step, every loss and grad norm finite, and the log does
-                not end in a crash;
-``diverged``    a non-finite loss or grad norm (or Megatron's nan-iteration count, or the
-                titan-rocm divergence guard's stop message) at step N;
-``flagged``     every value finite, but the in-training numerics audit
-                (``[rocm] numerics_audit``) flagged step N: its verdict line, the stop
-                policy's exception, a quarantine line or a spread audit's end-of-audit line
-                says so, whatever happened to the others; the reason names what was wrong (a
-                segment's output, the forward, or its gradients, the backward) against the
-                report's reference, and a stop or quarantine (docs/numerics-audit.md);
-``unreadable``  every value finite, but a numerics audit verdict cannot be read: its line is
-                cut or split by other output, or a part's header has no verdict after it (a
-                verdict not read is never a pass);
-``incomplete``  the log ends in a crash (traceback, OOM, signal, collective error) after its
-                last training step, or has metric lines but no training step at all, or
-                bytes of it were not read (the middle of a line longer than 1 MiB without a
-                line end: a metric line in it could be missed, so such a log is never
-                ``ok``);
-``empty``       no metric line and no crash: nothing a training log would show.
-
-A crash marker followed by more training steps is a warning the run survived, not an end;
-one after TorchTitan's ``Training completed`` or ``Process group destroyed`` (Megatron:
-``[after training is done]``) came after training finished and is reported as a note on an
-``ok`` run. A log that simply stops, with no marker and none of those lines (a scheduler's
-SIGKILL that printed nothing, a log cut mid-line), is ``ok`` with a note and
-:attr:`Verdict.completed` false: check-log ``--require-complete`` fails it.
+A verdict not read is never a pass, and a log with unread bytes is never ``ok`` (a metric
+line could be in them). A crash marker followed by training steps, or after the completion
+line, is a note, not an end; a log that simply stops is ``ok`` with
+:attr:`Verdict.completed` false, which ``--require-complete`` fails.
 """
 
 from __future__ import annotations
@@ -115,9 +94,9 @@ class Verdict:
 
     @property
     def label(self) -> str:
-        """``ok``, ``diverged at step 7``, ``numerics audit flagged at step 1`` (``... at step
-        4, block 3 quarantined``), ``numerics audit verdict unreadable``, ``incomplete`` or
-        ``empty``."""
+        """``ok``, ``diverged at step 7``, ``numerics audit flagged at step 1`` (``..., block 3
+        quarantined``), ``numerics audit verdict unreadable``, ``incomplete`` or ``empty``.
+        """
         if self.status == DIVERGED:
             return f"diverged at step {self.step}"
         if self.status == FLAGGED:
@@ -205,9 +184,7 @@ def _owner(segment: str) -> str:
 
 
 def what_was_wrong(mark: AuditMark) -> str:
-    """What the audit found wrong at ``mark`` and against which reference, from its report
-    lines: ``block 0's output (forward), compiled, is further from the float32 reference
-    than eager's, beyond the audit's threshold``."""
+    """What the audit found wrong at ``mark``, against which reference, from its report lines."""
     reference = (f"the {mark.reference} reference" if mark.reference
                  else "its reference (no line naming it was read)")
     said = [f"{_owner(seg)}'s output (forward)" if direction == "forward"

@@ -1,7 +1,6 @@
-"""Attribution: for each segment of the audit (embedding, each block, head), whether it ran
-compiled and which titan-rocm workarounds shaped it, read from the built model and from the
-job's own decisions, which the caller hands over as :class:`JobFacts` (no gate is re-run,
-and nothing here imports a workaround or an adapter).
+"""Attribution: for each audited segment, whether it ran compiled and which workarounds shaped
+it, from the built model and the job's own decisions (:class:`JobFacts`): no gate is re-run
+and nothing here imports a workaround or an adapter.
 """
 
 from __future__ import annotations
@@ -13,9 +12,7 @@ import torch.nn as nn
 from torch._dynamo.eval_frame import OptimizedModule
 
 SHAPES = ("compiled", "listed", "moe", "every")
-"""Which blocks a workaround shapes (``Workaround.audit_shapes``): every block that compiles,
-whole or in part (it acts on compiled kernels); the blocks it lists, each with how it runs
-them; every MoE block; every block."""
+"""Which blocks a workaround shapes (``Workaround.audit_shapes``; see there)."""
 
 WRAPPERS = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 """Module names torch.compile, activation checkpointing and FSDP1 insert into FQNs."""

@@ -1,36 +1,14 @@
 """The numerics audit of one micro-batch: block by block, teacher-forced (docs/numerics-audit.md).
 
-1. **The job pass** is the trainer's own step on the micro-batch, compiled, at the job's
-   precision, with every converter: in ``titan-rocm audit`` a step run for the audit, inside
-   training the step itself. A :class:`~titan_rocm.numerics.record.Recorder` on the block
-   boundaries keeps each block's inputs and outputs and the gradients that arrived at them.
-2. **Replays**, one block at a time: eager at the job's precision, then eager in high
-   precision (:mod:`.precision`), each from the job's own inputs of that block and the job's
-   own gradient at its outputs (:func:`~titan_rocm.numerics.replay.replay_block`), in runs of
-   whole rows where memory asks. Compared per block: each output, the gradient at each input,
-   each parameter's gradient. The parts outside the blocks are replayed by the trainer's own
-   step with every block standing in as what the job computed
-   (:class:`~titan_rocm.numerics.replay.StandIn`): the embedding's output and parameters,
-   and the head's loss, input gradient and parameters.
-3. **End to end**: the loss of forward-only eager and high-precision passes of the whole
-   model against the job's.
+The job pass (compiled, the job's precision) is recorded at the block boundaries; each block
+is then replayed eagerly at the job's precision and in high precision from the job's own
+inputs and output gradients, and the parts outside the blocks by the trainer's step with the
+blocks standing in (:class:`~titan_rocm.numerics.replay.StandIn`). Teacher forcing is why a
+wrong kernel in block k shows in block k alone, and why an audit can be spread over steps
+(:func:`~titan_rocm.numerics.result.spread`).
 
-A wrong kernel in block k then shows in block k alone: its forward output when the kernel is
-in the forward, its gradients when in the backward.
-:meth:`~titan_rocm.numerics.result.AuditResult.first_wrong` names the first segment wrong in
-each direction. Because each block is judged on its own, an audit can be spread over
-consecutive steps (:func:`~titan_rocm.numerics.result.spread`): each step replays a
-:class:`~titan_rocm.numerics.result.Part` of the blocks, and the last one the parts outside
-the blocks and the end-to-end loss.
-
-Here: the audit of one micro-batch (:class:`Audit`: its job pass recorded, its plan, its
-result); its replays are one :class:`~titan_rocm.numerics.audit_run.AuditRun`; what it
-reports is :mod:`titan_rocm.numerics.result`'s.
-
-Everything is given back: every parameter's ``.grad`` (the job's tensors themselves), every
-RNG stream, every buffer's value, FSDP's dtypes and buffers; nothing is stepped or written.
-The generation-specific parts (the step, a forward-only loss, the switch to the reference's
-arithmetic) come from the caller as a :class:`StepKit`.
+Everything is given back (gradients, RNG streams, buffers, FSDP's dtypes); nothing is stepped
+or written. The generation-specific parts come from the caller as a :class:`StepKit`.
 """
 
 from __future__ import annotations
@@ -76,16 +54,14 @@ from titan_rocm.numerics.stats import (
 
 EAGER_FACTOR = 3.0
 """Eager replays keep about this many times what the compiled block saved (unfused
-intermediates); only the first block's estimate uses it: later blocks use what the first
-one measured."""
+intermediates); only the first block's estimate uses it, later ones what it measured.
+"""
 
 
 def refuse_unsupported(parallel_dims: Any) -> None:
-    """Raise :class:`AuditError` for a layout the audit does not cover.
-
-    Pipeline parallelism: each stage holds other blocks and its schedule splits the batch.
-    Context parallelism: each rank holds a slice of every sequence and attention runs over
-    the ring only inside the trainer's context, which a block's replay does not enter.
+    """Raise :class:`AuditError` for a layout the audit does not cover: pipeline parallelism (a
+    stage holds other blocks, its schedule splits the batch) and context parallelism (ring
+    attention runs only inside the trainer's context, which a replay does not enter).
     """
     if getattr(parallel_dims, "pp_enabled", False):
         raise AuditError("pipeline parallelism is not audited (each stage holds other "
@@ -137,10 +113,9 @@ class Audit:
         self.block_modules = [module for _, module in found]
 
     def select(self, part: Part) -> None:
-        """Replay only ``part`` (before the job pass, after :meth:`prepare`): the job pass
-        records its blocks alone, or every block where it compares the parts outside them
-        (their replay stands every block in as what the job computed). The one part of an
-        audit in one step is the whole audit, reported as the command line reports one."""
+        """Replay only ``part`` (before the job pass, after :meth:`prepare`); the last part also
+        compares the parts outside the blocks, so its job pass records every block.
+        """
         assert self.recorder is not None, "prepare() first"
         self.part = part if part.count > 1 else None
         self.recorder.keys = None if part.outside else set(part.blocks)
@@ -172,8 +147,8 @@ class Audit:
 
     def finish(self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
                job_loss: torch.Tensor) -> AuditResult:
-        """Replay and compare, after the recorded job pass left the job's gradients in every
-        ``.grad``; everything is given back as it was (collective: every rank calls it).
+        """Replay and compare after the recorded job pass; everything is given back as it was
+        (collective: every rank calls it).
 
         Raises:
             AuditError: the job pass was not recorded, the replays do not fit, or this
@@ -394,10 +369,10 @@ class Audit:
 
     def _head_bytes(self, params: list[nn.Parameter], rows: int,
                     reference: precision.Reference | None) -> int:
-        """The head's replay: its logits over the vocabulary (the widest two-dimensional
-        parameter outside the blocks: the output projection or the embedding), at least
-        float32 (the loss casts them), about four times over (logits, their log-softmax,
-        and both gradients); the eager replay's where ``reference`` is None."""
+        """The head's replay bytes: about four copies of the logits (logits, log-softmax, both
+        gradients) at least float32, the widest 2-D parameter outside the blocks giving the
+        vocabulary.
+        """
         inside = {id(p) for m in self.block_modules for p in m.parameters()}
         vocab = max((int(p.shape[0]) for p in params if id(p) not in inside
                      and p.dim() == 2), default=0)
@@ -413,9 +388,9 @@ class Audit:
         return int(EAGER_FACTOR * saved * max(1.0, reference.dtype.itemsize / width))
 
     def _fixed(self, record: BlockRecord, reference: precision.Reference) -> int:
-        """What a block's replays hold whatever the rows: its parameters and gradients at the
-        reference's width, the eager replay's outputs and input gradients, and the
-        statistics' workspace."""
+        """What a block's replays hold whatever the rows: parameters and gradients at the
+        reference's width, the eager outputs and input gradients, the statistics' workspace.
+        """
         numel = sum(p.numel() for p in record.module.parameters())
         out = sum(t.numel() * t.element_size() for t in record.outputs
                   if isinstance(t, torch.Tensor))
@@ -428,10 +403,8 @@ def audit_micro_batch(model_parts: list[nn.Module], device: torch.device,
                       settings: AuditSettings, facts: JobFacts | None = None,
                       tokens: int | None = None, chunks: int | None = None,
                       reference: str = "auto") -> AuditResult:
-    """``titan-rocm audit``'s audit of a built trainer: one micro-batch (its first
-    ``tokens``), moved to ``device``; the step ``kit_of(labels)`` makes (its loss denominator
-    from those labels) runs the job pass here, compiled, then :meth:`Audit.finish`. The
-    trainer's gradients are as they were before, after.
+    """``titan-rocm audit``'s audit of a built trainer's first micro-batch (its first
+    ``tokens``, on ``device``); the trainer's gradients are as they were, after.
 
     Raises:
         AuditError: the audit cannot run (one sentence).

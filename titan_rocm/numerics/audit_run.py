@@ -1,11 +1,9 @@
-"""The replays of one audit, after its job pass (docs/numerics-audit.md): one object per run
-that holds what the replays share (the job's records and gradients, the reference, the plan's
-runs of rows, the statistics) and replays a block (:meth:`AuditRun.block`), the parts outside
-the blocks (:meth:`AuditRun.outside`) and the whole model's loss (:meth:`AuditRun.end_to_end`).
+"""The replays of one audit, after its job pass (docs/numerics-audit.md): one object holding
+what the replays share, replaying a block, the parts outside the blocks and the loss.
 
-Each replay runs in the plan's runs of rows, again in twice as many where one process runs out
-of memory (:meth:`AuditRun.retrying`), and once more with the model's own down-casts where a
-kernel refuses the held dtype (:meth:`AuditRun.held_or_not`).
+Replays run in the plan's runs of rows, in twice as many where memory runs out
+(:meth:`AuditRun.retrying`), and with the model's own down-casts where a kernel refuses the
+held dtype (:meth:`AuditRun.held_or_not`).
 """
 
 from __future__ import annotations
@@ -172,9 +170,10 @@ class AuditRun:
     # -- fallbacks -------------------------------------------------------------------------
 
     def held_or_not(self, run: Callable[[], T]) -> T:
-        """``run``; where a kernel refuses the held dtype (an extension taking bfloat16 only),
-        ``run`` again with the model's down-casts as it writes them, said once in a note and
-        the log (its low-precision parts are then judged against themselves)."""
+        """``run``; where a kernel refuses the held dtype (a bfloat16-only extension), ``run`` again
+        with the model's own down-casts, said once (those parts are then judged against
+        themselves).
+        """
         try:
             return run()
         except Exception as exc:
@@ -215,10 +214,10 @@ class AuditRun:
     # -- a block ---------------------------------------------------------------------------
 
     def block(self, record: BlockRecord) -> None:
-        """One block: its eager replay over the whole micro-batch, as the job ran it (a
-        parameter's gradient summed over runs of rows would round less than the job's one
-        sum, and eager would look better than it is), then its reference replay in the
-        plan's runs of rows, each compared with the same rows of the job's and eager's."""
+        """One block: the eager replay over the whole micro-batch, as the job ran it (gradients
+        summed over runs of rows would round less than the job's one sum, flattering eager),
+        then the reference replay in the plan's runs of rows.
+        """
         rows = rows_of(record)
 
         def both() -> None:
@@ -330,9 +329,10 @@ class AuditRun:
             cuttable=all(sliceable(r) for r in records))
 
     def _outside_segments(self, outside: list[tuple[str, nn.Parameter]]) -> dict[str, str]:
-        """Each outside parameter's segment: the embedding for the model's children declared
-        before ``layers`` (TorchTitan declares them in call order), the head for the rest (a
-        tied embedding and output weight is named once, by its first module)."""
+        """Each outside parameter's segment: children declared before ``layers`` are the embedding
+        (TorchTitan declares them in call order), the rest the head; a tied weight is named
+        once.
+        """
         before: set[str] = set()
         for part in self.model_parts:
             for name, _ in part.named_children():

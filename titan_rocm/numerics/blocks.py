@@ -1,17 +1,11 @@
 """Block boundaries: where the audit records and replays, and where the test fault listens.
 
-A TorchTitan model keeps its TransformerBlocks in ``model.layers`` (a ``ModuleDict`` keyed
-``"0"``, ``"1"``, ... in both 0.2.2 and 0.3.0) and calls them in that order from its own
-``forward``. TorchTitan compiles each block on its own (0.2.2 wraps it in ``torch.compile``;
-0.3.0 calls ``module.compile()``), and FSDP, activation checkpointing and the compile wrapper
-nest around it, so the outermost module at ``model.layers[key]`` is the one boundary every
-configuration shares, and a call of it always runs outside compiled code.
-
-:func:`mark` gives that outermost module a ``__call__`` of its own (a subclass swapped in,
-as FSDP2 does for its modules): each call goes through the :class:`Interceptor` stack
-(:func:`intercepting`) before the block runs. Nothing is intercepted while the stack is empty
-or while Dynamo traces (a model compiled as a whole traces the blocks: there is no boundary
-at run time, and :func:`boundaries_seen` stays 0).
+The outermost module at ``model.layers[key]`` is the one boundary every configuration shares
+(compile, FSDP and checkpointing nest around each block, in 0.2.2 and 0.3.0), and a call of
+it runs outside compiled code. :func:`mark` gives that module a ``__call__`` of its own (a
+swapped-in subclass, as FSDP2 does) that goes through the :class:`Interceptor` stack. Nothing
+is intercepted while Dynamo traces: a model compiled whole has no boundary at run time
+(:func:`boundaries_seen` stays 0).
 """
 
 from __future__ import annotations
@@ -83,9 +77,10 @@ def _marked_class(base: type) -> type:
 
 
 class _Chain:
-    """The interceptors of one block call, as ``proceed`` callables (an object, not a
-    closure that names itself: such a closure is a reference cycle that would keep the
-    interceptors, and the recorder's tensors, alive until the garbage collector runs)."""
+    """The interceptors of one block call, as ``proceed`` callables: an object, because a
+    self-naming closure is a reference cycle that would keep the recorder's tensors alive
+    until the garbage collector runs.
+    """
 
     __slots__ = ("call", "key", "module", "stack")
 

@@ -122,10 +122,11 @@ def _policy_dtype(fsdp_param: Any) -> torch.dtype | None:
 
 
 def compute_dtype(modules: Iterable[nn.Module]) -> torch.dtype | None:
-    """The dtype the FSDP-managed parameters of ``modules`` compute in: of each ``FSDPParam``'s
-    own policy, the least precise (2.15 may keep some parameters at their own dtype); None
-    where FSDP manages no floating parameter. Readable before FSDP's lazy init and while
-    :func:`raised_to_sharded_dtype` is active (the policy is not what it changes)."""
+    """The dtype the FSDP-managed parameters of ``modules`` compute in: the least precise of each
+    ``FSDPParam``'s own policy (2.15 may keep some parameters in their own dtype); None where
+    FSDP manages no floating parameter. Valid before lazy init and inside
+    :func:`raised_to_sharded_dtype`.
+    """
     dtypes = {dtype for group in param_groups(modules) for p in group.fsdp_params
               if (dtype := _policy_dtype(p)) is not None}
     if not dtypes:
@@ -152,26 +153,19 @@ def _raise_casts(state: Any, saved: list[tuple[Any, str, Any]]) -> None:
 @contextlib.contextmanager
 def raised_to_sharded_dtype(modules: Iterable[nn.Module],
                             exclude: Iterable[nn.Module] = ()) -> Iterator[None]:
-    """Within the block, the FSDP parameters owned by the FSDP states of ``modules`` (and of
-    modules below them, less the states of ``exclude`` and below them; no other) compute and
-    reduce their gradients in their sharded dtype (the job's float32 originals); on exit
-    everything is put back as it was.
+    """Within the block, the FSDP parameters of ``modules``' states (less ``exclude``'s) compute
+    and reduce gradients in their sharded dtype (the job's float32 originals); everything is
+    put back on exit.
 
-    Each state's forward casts its floating inputs up to its parameters' sharded dtype
-    instead of down to ``param_dtype`` (a raised block after one that is not gets the other's
-    low-precision output, exactly widened), and its outputs no more. Each ``FSDPParam`` with a
-    ``param_dtype`` gets none and an empty ``all_gather_outputs`` list, and loses its
-    ``_unsharded_param``: the next unshard all-gathers the shards as they are into buffers of
-    its own and makes a new unsharded parameter from them, so the job's low-precision buffers
-    and unsharded parameters are neither written nor freed; its ``reduce_dtype`` is lifted
-    too. The states' modules are resharded on entry (a module left all-gathered would keep
-    its low-precision parameters) and on exit. Must be entered after FSDP's lazy init (the
-    job's first forward), which would set the dtypes again.
+    The forward casts inputs up instead of down (a low-precision input is widened exactly).
+    Each ``FSDPParam`` gets an empty ``all_gather_outputs`` list and no ``_unsharded_param``,
+    so the next unshard gathers into buffers of its own: the job's low-precision buffers are
+    neither written nor freed. Modules are resharded on entry (an all-gathered one keeps its
+    low-precision parameters) and exit. Enter after FSDP's lazy init, which sets the dtypes.
 
     Raises:
-        FSDPLayoutError: a parameter has a ``param_dtype`` but this torch's FSDP has no
-            list of all-gather buffers to swap, FSDP has not initialized its dtypes yet, or
-            the state is not laid out as the module docstring says.
+        FSDPLayoutError: this torch's FSDP is not laid out as the module docstring says, or
+            has not initialized its dtypes yet.
     """
     saved: list[tuple[Any, str, Any]] = []
     skip = {id(state) for state in fsdp_states(exclude)}
@@ -229,9 +223,9 @@ def _raise_param(fsdp_param: Any, saved: list[tuple[Any, str, Any]]) -> None:
 
 
 def reshard(modules: Iterable[nn.Module]) -> None:
-    """Free every unsharded parameter of ``modules``' FSDP modules (the public
-    ``FSDPModule.reshard``): a replay of one block can leave the next one all-gathered by
-    forward prefetching."""
+    """Free every unsharded parameter of ``modules``' FSDP modules: a replay of one block can
+    leave the next one all-gathered by forward prefetching.
+    """
     for module in modules:
         for m in module.modules():
             if callable(getattr(m, "_get_fsdp_state", None)) and callable(

@@ -1,21 +1,12 @@
 """The reference pass's arithmetic kept at its own dtype where the model casts down itself.
 
-Re-typing parameters and turning autocast off does not make a pass high-precision when the
-model's code casts to a 16-bit dtype on its own: TorchTitan 0.3.0's
-``GroupedExperts.forward`` (``torchtitan/models/common/moe.py``) runs its three grouped GEMMs
-as ``torch._grouped_mm(x.bfloat16(), w.bfloat16().transpose(-2, -1), offs=...)`` whatever the
-parameters' dtype, and 0.2.2's ``_run_experts_grouped_mm`` does the same. Such a reference
-is as low-precision as the job there, and under FSDP (float32 reference, nothing re-typed) it
-*is* the eager pass: ``err_eager = 0`` and the float32 floor judges a bfloat16 computation
-(measured: 0.3.0's deepseek_v3 debug experts, compiled vs eager, 3.5e-3 apart with both
-5e-3 from a float64 computation; docs/numerics-audit.md).
-
-:class:`HeldPrecision` (a ``TorchDispatchMode``, active in the reference pass only) keeps
-those casts of plain tensors of 32 bits or more in the tensor's own dtype, and computes
-``torch._grouped_mm`` of such operands one matmul per group (:func:`grouped_mm_per_group`:
-``torch._grouped_mm`` has no float64 on CPU). Tensor subclasses (DTensors, quantised or
-wrapper tensors) and float8 casts (quantisation feeding scaled-GEMM kernels) are left as
-they are.
+TorchTitan's grouped experts cast to bfloat16 whatever the parameters' dtype (0.3.0
+``GroupedExperts.forward`` in ``torchtitan/models/common/moe.py``; 0.2.2
+``_run_experts_grouped_mm``), so re-typing parameters alone leaves a reference as low-precision
+as the job, and under FSDP identical to eager: ``err_eager = 0`` and a bfloat16 computation
+judged by the float32 floor (measured in docs/numerics-audit.md). :class:`HeldPrecision` holds
+such casts of 32-bit-or-wider plain tensors; subclasses and float8 casts (quantisation) are
+left alone.
 """
 
 from __future__ import annotations
@@ -38,12 +29,11 @@ def _plain_wide(t: Any) -> bool:
 
 def grouped_mm_per_group(a: torch.Tensor, b: torch.Tensor,
                          offs: torch.Tensor | None) -> torch.Tensor:
-    """``torch._grouped_mm(a, b, offs=offs)`` as one ordinary matmul per group, in the
-    operands' (wider) dtype, for its four forms (2-D x 3-D: ``a``'s rows grouped, as the experts'
-    forward; 2-D x 2-D: the shared dimension grouped, as the weight gradient; 3-D x 2-D:
-    ``b``'s columns grouped; 3-D x 3-D: a batched matmul). Rows or columns past the last
-    group get zeros. Reads the offsets on the host. (A tool may not import the grouped-MM
-    workaround's ``loop_gemm``, which is the first form alone: docs/architecture.md.)"""
+    """``torch._grouped_mm(a, b, offs=offs)`` as one matmul per group in the operands' (wider)
+    dtype, all four forms; rows or columns past the last group get zeros. ``torch._grouped_mm``
+    has no float64 on CPU. (Not the grouped-MM workaround's ``loop_gemm``: a tool may not import
+    it, docs/architecture.md.)
+    """
     wide = torch.promote_types(a.dtype, b.dtype)  # held operands of two widths: the wider
     a, b = a.to(wide), b.to(wide)
     if offs is None:
@@ -62,14 +52,13 @@ def grouped_mm_per_group(a: torch.Tensor, b: torch.Tensor,
 
 
 class HeldPrecision(TorchDispatchMode):
-    """Down-casts to bfloat16/float16 of wide plain tensors are held (a copy in the tensor's
-    own dtype), and ``torch._grouped_mm`` of wide plain operands is computed per group;
-    ``casts`` counts what was held, by target dtype, ``grouped`` the grouped GEMMs.
+    """Down-casts to bfloat16/float16 of wide plain tensors are held, and ``torch._grouped_mm``
+    of wide plain operands runs per group; ``casts`` and ``grouped`` count them.
 
-    A dispatch mode, not a function mode: it sits below autograd, so the cast's and the
-    GEMM's backward see it too, and activation checkpointing's recompute (which runs under
-    the engine, where a function mode is not active) sees the same operations as the
-    forward did."""
+    A dispatch mode, not a function mode: below autograd, so the backward and activation
+    checkpointing's recompute (run by the engine, where a function mode is inactive) see the
+    same operations as the forward.
+    """
 
     def __init__(self) -> None:
         super().__init__()

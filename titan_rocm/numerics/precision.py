@@ -1,24 +1,12 @@
-"""The two replays' precisions: eager at the job's own, and the high-precision reference.
+"""The two replays' precisions: eager at the job's own, and the high-precision reference
+(docs/numerics-audit.md gives which reference ``auto`` picks and why).
 
-- **eager**: ``torch.compiler.set_stance("force_eager")`` (every ``torch.compile`` wrapper runs
-  its original Python), the job's parameters and FSDP dtypes as they are, each block under
-  the autocast state it ran under in the job.
-- **reference**: eager too, autocast off, the replayed modules' floating parameters and
-  buffers re-typed in place to the reference dtype (``.data`` swapped, the job's tensors put
-  back untouched: the round trip is exact) or, under FSDP, all-gathered at their sharded
-  float32 (:func:`titan_rocm.numerics.fsdp.raised_to_sharded_dtype`), inputs cast up, and
-  the model's own casts to bfloat16/float16 held
-  (:class:`~titan_rocm.numerics.held_precision.HeldPrecision`).
-
-Which reference (``[rocm] numerics_audit_reference``): ``auto`` is float64 for a job that
-computes in float32 (errors of a few float32 ulps need a finer answer), ``tf32`` for a
-bfloat16 job and float32 for a float16 one. ``tf32`` is float32 with the GEMMs on TF32 units
-where the GPU has them (cuBLAS; hipBLASLt's XF32 on MI300X): TF32 keeps 10 mantissa bits,
-8 x finer than bfloat16's 7, so the reference's own error adds about 1/64 to a bfloat16 eager
-error in quadrature, at a fraction of full float32's cost (an H200 runs TF32 GEMMs at about
-7 x its float32 rate); float16 keeps 10 bits itself, so it gets full float32. Under FSDP the
-reference is float32 whatever is asked (its sharded parameters cannot be re-typed in
-place).
+Eager is ``set_stance("force_eager")`` with the job's parameters, FSDP dtypes and autocast as
+they are. The reference is eager too, autocast off, parameters re-typed in place (``.data``
+swapped, an exact round trip) or, under FSDP, all-gathered at their sharded float32
+(:func:`titan_rocm.numerics.fsdp.raised_to_sharded_dtype`: sharded parameters cannot be
+re-typed in place, so FSDP's reference is float32 whatever is asked), with the model's own
+low-precision casts held (:class:`~titan_rocm.numerics.held_precision.HeldPrecision`).
 """
 
 from __future__ import annotations
@@ -89,9 +77,9 @@ def tf32(enabled: bool) -> Iterator[None]:
 @contextlib.contextmanager
 def retyped(modules: list[nn.Module], dtype: torch.dtype,
             exclude: list[nn.Module] = ()) -> Iterator[None]:
-    """The floating parameters and buffers of ``modules`` (less those of ``exclude``) in
-    ``dtype`` (complex ones at its complex width), or under FSDP all-gathered at their
-    sharded dtype; exactly as before on exit."""
+    """The floating parameters and buffers of ``modules`` (less ``exclude``'s) in ``dtype``, or
+    under FSDP at their sharded dtype; exactly as before on exit.
+    """
     if fsdp.is_fsdp(modules):
         with fsdp.raised_to_sharded_dtype(modules, exclude):
             yield
@@ -119,9 +107,10 @@ def retyped(modules: list[nn.Module], dtype: torch.dtype,
 
 
 def _set_data(t: torch.Tensor, data: torch.Tensor) -> None:
-    """``t.data = data``, DTensors (tensor parallelism) included: on a DTensor that swaps the
-    wrapper's metadata only, and its local shard and spec, which its operators read, keep
-    the old dtype (torch 2.13-2.15 ``DTensor``: ``_local_tensor``, ``_spec``)."""
+    """``t.data = data``, DTensors included: on one it swaps only the wrapper's metadata, so
+    this swaps the local shard and spec its operators read too (torch 2.13-2.15 ``DTensor``:
+    ``_local_tensor``, ``_spec``).
+    """
     t.data = data
     if isinstance(data, DTensor):
         t._local_tensor = data._local_tensor
@@ -159,19 +148,15 @@ def autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) ->
 
 
 def ungrouped_heads(forward: Callable[..., Any]) -> Callable[..., Any]:
-    """An attention module's ``forward(q, k, v, *, ..., enable_gqa)`` that, asked for grouped
-    heads, repeats the key and value heads to the query's (``repeat_interleave`` over dim -3,
-    ``scaled_dot_product_attention``'s heads: what grouped-query attention means, and what
-    torch's math kernel does) and calls ``forward`` with ``enable_gqa`` off.
+    """An attention module's ``forward`` that repeats grouped key/value heads to the query's
+    (what torch's math kernel does) and calls ``forward`` with ``enable_gqa`` off.
 
     The memory-efficient kernel refuses grouped heads (pytorch/pytorch 001f694a
-    ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``,
-    ``can_use_mem_efficient_attention``: ``supports_gqa = false`` under ``USE_ROCM``; CUDA's
-    torch 2.11 refuses them too), so without this a llama's or qwen's float32 reference
-    falls to math, which keeps every score of the sequence and runs at a fraction of the
-    memory-efficient kernel's speed. It wraps the module's own ``forward`` rather than
-    intercepting the function in a mode: a mode is the calling thread's, and the autograd
-    engine recomputes checkpointed blocks on the device's own thread."""
+    ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``: ``supports_gqa = false`` under
+    ``USE_ROCM``), so a llama's float32 reference would fall to the slow, score-keeping math
+    kernel. It wraps ``forward`` rather than using a mode: a mode is the calling thread's,
+    and autograd recomputes checkpointed blocks on the device's own thread.
+    """
 
     @functools.wraps(forward)
     def call(q: Any, k: Any, v: Any, *args: Any, enable_gqa: bool = False,
@@ -190,15 +175,14 @@ def ungrouped_heads(forward: Callable[..., Any]) -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def efficient_attention(modules: list[nn.Module]) -> Iterator[None]:
-    """The memory-efficient SDPA kernel first in TorchTitan's attention modules, grouped heads
-    repeated (:func:`ungrouped_heads`), while the reference runs. TorchTitan's
-    ``ScaledDotProductAttention`` (0.2.2 ``torchtitan/models/attention.py``, 0.3.0
-    ``torchtitan/models/common/attention.py``, both as released) keeps an instance list
-    ``sdpa_backends`` of cuDNN, flash and math and runs under
-    ``sdpa_kernel(self.sdpa_backends, set_priority=True)``: in float32 only math takes the
-    inputs, and math keeps every score of the sequence (a 1.5B llama's block needs 4 GiB
-    more per row of 2048 tokens). The memory-efficient kernel takes float32 (float64 still
-    falls to math); eager replays keep the job's own choice."""
+    """The memory-efficient SDPA kernel first in TorchTitan's attention modules while the
+    reference runs, grouped heads repeated (:func:`ungrouped_heads`).
+
+    TorchTitan's ``ScaledDotProductAttention`` (0.2.2 ``torchtitan/models/attention.py``,
+    0.3.0 ``torchtitan/models/common/attention.py``) prefers cuDNN, flash and math: in float32
+    only math takes the inputs, and it keeps every score (4 GiB more per 2048-token row of a
+    1.5B llama block). Eager replays keep the job's own choice.
+    """
     try:
         from torch.nn.attention import SDPBackend
     except ImportError:

@@ -1,19 +1,11 @@
 """What the job's own step sent through each block: the audit's teacher-forcing record.
 
-While a :class:`Recorder` is on the block-boundary stack (:mod:`.blocks`), every call of a
-block keeps, for that micro-batch's forward and backward:
-
-- its inputs, all of them (hidden states, rope tables, masks, positions), as the job passed
-  them (references to the job's own tensors: nothing is copied);
-- its outputs;
-- the gradient that arrived at each output, and the one the block's backward gave each
-  input that requires grad (tensor hooks on a view of the input, so another reader of the
-  same tensor adds nothing; the gradient tensors autograd made, not copies);
-- the autocast state it ran under, and on a GPU the memory its forward kept (what the
-  compiled block saved for its backward: the replays' memory estimate starts from it).
-
-A replay then runs each block alone from exactly these inputs and output gradients
-(:mod:`.replay`), so an error the job made in block k shows in block k and nowhere else.
+While a :class:`Recorder` is on the block-boundary stack (:mod:`.blocks`), each block call
+keeps its inputs and outputs (references to the job's tensors, never copies), the gradients
+at them (hooks on a view of the input, so other readers of the tensor add nothing), its
+autocast state and, on a GPU, the memory its forward kept (where the replays' memory
+estimate starts). Replaying each block from exactly these (:mod:`.replay`) is what keeps an
+error the job made in block k in block k alone.
 """
 
 from __future__ import annotations

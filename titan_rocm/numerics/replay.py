@@ -1,17 +1,7 @@
-"""Teacher-forced replays: each block alone from the job's own inputs and output gradients,
-and the parts outside the blocks with every block standing in as what the job computed.
-
-:func:`replay_block` runs one block eagerly on rows ``[lo, hi)`` of its recorded inputs (cast
-to the reference dtype for the reference), then its backward from the recorded gradient at
-its outputs; it returns the outputs and the gradients at the inputs, and leaves the
-parameters' gradients in their ``.grad``.
-
-:class:`StandIn` is a block-boundary interceptor for the trainer's own step: a block's call
-returns what the job's block returned (the same rows, at the pass's width), and its backward
-hands its inputs the gradient the job's backward gave them. The step then computes exactly
-the parts outside the blocks (embedding, final norm, output projection, loss) from the job's
-own values, teacher-forced at both ends. It also keeps what arrived at the stand-ins: the
-embedding's output (the first block's input) and the gradient at the last block's output.
+"""Teacher-forced replays: each block alone from the job's own inputs and output gradients
+(:func:`replay_block`), and the parts outside the blocks with every block standing in as what
+the job computed (:class:`StandIn`), so those parts too are judged from the job's own values
+at both ends.
 """
 
 from __future__ import annotations
@@ -49,10 +39,10 @@ def _block_mask_type() -> type | None:
 
 
 def sliceable(record: BlockRecord) -> bool:
-    """Whether the record's inputs can be cut into runs of rows: every input is a tensor with
-    the hidden state's (batch, sequence) leading dimensions, a tensor without a batch
-    dimension, a flex-attention ``BlockMask`` (of the batch's rows, or one broadcast over
-    them), or a constant. Anything else (varlen metadata of a folded batch) is not."""
+    """Whether the record's inputs can be cut into runs of rows: tensors with the hidden state's
+    (batch, sequence) lead or no batch dimension, a ``BlockMask`` of the rows, constants;
+    not, e.g., a folded batch's varlen metadata.
+    """
     hidden = record.hidden()
     if hidden is None or hidden.dim() < 2:
         return False
@@ -78,10 +68,10 @@ def _shifted(mask_mod: Any, lo: int) -> Any:
 
 
 def cut(t: Any, lead: tuple[int, ...], lo: int, hi: int) -> Any:
-    """Rows ``[lo, hi)`` of a tensor with the (batch, sequence) leading dimensions ``lead``,
-    or of a ``BlockMask`` over the batch's rows (its mask function sees the rows' own batch
-    indices: ``BlockMask.__getitem__`` alone leaves a function that refuses to run);
-    anything else as it is."""
+    """Rows ``[lo, hi)`` of a tensor with leading dimensions ``lead``, or of a ``BlockMask``
+    (with its mask function re-indexed: ``BlockMask.__getitem__`` alone leaves one that
+    refuses to run); anything else as it is.
+    """
     if isinstance(t, torch.Tensor) and t.dim() >= 2 and tuple(t.shape[:2]) == lead:
         return t[lo:hi]
     block_mask = _block_mask_type()
@@ -109,9 +99,9 @@ class BlockReplay:
 
 
 def replay_block(record: BlockRecord, lo: int, hi: int, dtype: torch.dtype | None) -> BlockReplay:
-    """Rows ``[lo, hi)`` of one block, forward from the recorded inputs (cast to ``dtype``
-    when given) and backward from the recorded output gradients. The caller sets the
-    arithmetic (eager stance, autocast, held casts, TF32) around this call."""
+    """Rows ``[lo, hi)`` of one block, forward from the recorded inputs (cast to ``dtype`` when
+    given) and backward from the recorded output gradients, under the caller's arithmetic.
+    """
     lead = _lead(record)
     leaves: list[Any] = []
     for leaf, needs in zip(record.leaves, record.needs_grad, strict=True):

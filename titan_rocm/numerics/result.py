@@ -1,10 +1,6 @@
 """What an audit reports: its result (the ``--json`` object, :data:`SCHEMA`), the error
-object of one that could not run, and the parts of an audit spread over steps
-(docs/numerics-audit.md).
-
-Below everything else of the audit: the replays (:mod:`.audit_run`) and the audit
-(:mod:`.audit`) raise :class:`AuditError` and build :class:`AuditResult`; the CLI and the
-in-training workaround read them.
+object of one that could not run, and the parts of an audit spread over steps. Below the rest
+of the audit: the replays and the audit build it, the CLI and the in-training workaround read it.
 """
 
 from __future__ import annotations
@@ -42,11 +38,9 @@ class Part:
 def spread(keys: list[str], steps: int) -> list[Part]:
     """The parts of an audit of the blocks ``keys`` spread over ``steps`` steps.
 
-    One step: one part with everything. ``steps >= 2``: the blocks dealt into
-    ``min(steps - 1, len(keys))`` parts (block ``i`` into part ``i mod n``, so that a model
-    whose blocks differ, dense ones then MoE ones, costs about the same each step), then one
-    part with the parts outside the blocks and the end-to-end loss, whose logits over the
-    vocabulary cost about as much as a share of the blocks.
+    Blocks are dealt round-robin into ``min(steps - 1, len(keys))`` parts, so a model of dense
+    then MoE blocks costs about the same each step; the last part holds the outside parts and
+    the loss, whose logits cost about a share of the blocks. One step: one part.
     """
     if steps <= 1 or not keys:
         return [Part(1, 1, tuple(keys), True)]

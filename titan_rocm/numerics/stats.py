@@ -1,44 +1,12 @@
 """The audit's statistics: each compared tensor's error against the reference, streamed chunk
-by chunk, reduced over ranks, and its verdict (docs/numerics-audit.md, "The statistics").
+by chunk, reduced over ranks, and its verdict. docs/numerics-audit.md ("The statistics")
+gives the ratio test (the shape of PyTorch's minifier, ``torch._dynamo.utils.same``) and the
+outlier test.
 
-For one tensor with the job's value ``a``, the eager value ``b`` and the reference ``c`` (all
-read as float64; a sharded tensor contributes its local shard on every rank):
-
-* ``err_job = rmse(a, c) / rms(c)`` and ``err_eager = rmse(b, c) / rms(c)``;
-* the **ratio test**: flagged when ``err_job > fudge x err_eager + floor``, with
-  ``floor = floor_eps x eps(float32)``, the relative error a float32 value may carry whatever
-  eager does (where job and eager both agree with the reference to a few float32 ulps, as on
-  a CPU, the floor decides). ``score = err_job / (fudge x err_eager + floor)`` is flagged
-  above 1; ``ratio = err_job / err_eager`` is reported. The shape is PyTorch's accuracy
-  minifier's (``torch._dynamo.utils.same`` with an fp64 reference:
-  ``rmse(res, fp64) <= multiplier x rmse(ref, fp64) + tol / 10``). A block's output and
-  input gradient are judged with ``activation_fudge`` instead: the job and eager round the
-  same activations to the compute dtype, which is most of either's error, so a clean ratio
-  sits within a few thousandths of 1 where a parameter's gradient, summed over every token
-  in a different order, may reach 2;
-* the **outlier test**, for garbage an RMSE over a large tensor dilutes: element ``i`` is an
-  outlier when ``|a_i - c_i| > k x max(q, floor x rms(c)) + rtol x |c_i|`` *and*
-  ``|a_i - c_i| > k x |b_i - c_i|``, where ``q`` is the ``outlier_quantile`` of the eager
-  error ``|b - c|`` over the tensor and ``rtol`` the job's compute dtype's relative tolerance
-  (``torch.testing``'s defaults). The first condition is ``allclose``'s, with the eager error
-  as the absolute part; the second keeps out elements eager gets as wrong (a MoE token routed
-  to another expert at a near-tie moves the eager output as much as the job's). Flagged when
-  more than ``outlier_max`` of the elements are outliers.
-
-Everything is streamed: each chunk adds sums of squares, a maximum, and two histograms (of
-``|b - c|`` over a strided sample of the elements, and of the outlier statistic over the
-elements that pass the eager guard) on a fixed logarithmic grid, so a tensor's
-statistics do not need the whole tensor at once (the replays run in runs of rows), the
-quantile and the count come out of the histograms at the end, and ranks merge by summing.
-Nothing in a chunk waits for the device: the sums stay on it, the element counts are the
-host's, and the histograms are taken over a fixed range (:func:`histogram`), so the replays
-and the statistics queue up behind each other and the device never idles for the host.
-The grid has :data:`BINS_PER_OCTAVE` bins per factor of two (4.4 % wide): the quantile is
-taken at the top of its bin and only whole bins above the threshold are counted, so the
-outlier count errs low by at most one bin's width of threshold.
-
-Each element counts once: a DTensor dimension placed ``Replicate`` is counted by one rank of
-it, a ``Partial`` one is reduced first (:func:`_counted`).
+Each chunk adds sums of squares, a maximum and two histograms on a fixed logarithmic grid, so
+no tensor is needed whole, ranks merge by summing, and nothing waits for the device (the
+sums stay on it; the histograms use a fixed range, :func:`histogram`). The grid's
+:data:`BINS_PER_OCTAVE` bins (4.4 % wide) bound how low the outlier count can err: one bin.
 """
 
 from __future__ import annotations
@@ -59,17 +27,17 @@ OCTAVES = 280
 """Octaves on the grid: up to 2**130, above float32's largest value; more is the top bin."""
 NBINS = OCTAVES * BINS_PER_OCTAVE + 1
 SLICE = 1 << 24
-"""Elements of a tensor handled at once: each slice costs some 60 kernel launches whatever its
-size, so a MoE block's expert gradients (277M elements in deepseek_v3 16B's shapes) in
-slices of 4M kept a GPU waiting on the host; the temporaries of one slice stay under
-:data:`WORKSPACE_BYTES`."""
+"""Elements handled at once: each slice costs some 60 kernel launches whatever its size, and
+slices of 4M kept a GPU waiting on the host over deepseek_v3 16B's 277M expert-gradient
+elements; one slice's temporaries stay under :data:`WORKSPACE_BYTES`.
+"""
 WORKSPACE_BYTES = 16 * SLICE * 4
 """What one slice's temporaries hold at most (about sixteen float32 slices: the three values
 cast up, their differences, masks, bins), counted in the audit's memory estimate."""
 SAMPLE = 1 << 16
-"""Elements of each slice the eager error's histogram counts (a strided sample: the quantile
-of 65,536 evenly spaced elements per slice; counting every element on a GPU serialises on a
-few hot bins)."""
+"""Elements per slice the eager error's histogram counts (a strided sample: counting every
+element on a GPU serialises on a few hot bins).
+"""
 
 RTOL: dict[torch.dtype, float] = {
     torch.float16: 1e-3, torch.bfloat16: 1.6e-2, torch.float32: 1.3e-6, torch.float64: 1e-7,
@@ -172,12 +140,10 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _counted(t: torch.Tensor) -> torch.Tensor:
-    """What this rank adds to the all-reduced sums for tensor ``t``: each element once.
-
-    A DTensor's local shard, except that a ``Replicate`` mesh dimension (TP's norm and
-    replicated weights, HSDP's replicate dimension) is counted by its coordinate-0 rank only
-    (the others add an empty tensor), and a ``Partial`` one is reduced first (a partial sum
-    is not the value). A plain tensor is counted as it is on every rank."""
+    """What this rank adds to the all-reduced sums for ``t``, so each element counts once: a
+    ``Replicate`` mesh dimension is counted by its coordinate-0 rank only, a ``Partial`` one
+    is reduced first (a partial sum is not the value).
+    """
     placements = getattr(t, "placements", None)
     if placements is None:
         return t
@@ -212,16 +178,13 @@ def bin_of(x: torch.Tensor) -> torch.Tensor:
 
 
 def histogram(index: torch.Tensor) -> torch.Tensor:
-    """How many of ``index`` (bins from :func:`bin_of`; a negative index is not counted)
-    fall in each bin, as ``int64``.
+    """How many of ``index`` (bins from :func:`bin_of`; negatives not counted) fall in each bin.
 
-    ``torch.histc`` over the fixed range ``[-0.5, NBINS - 0.5)`` (a half-bin margin: its
-    float arithmetic cannot move an integer to the next bin; below the range is ignored)
-    does not read the data's range back to the host, where ``torch.bincount`` on a GPU waits
-    for the device twice (its minimum and maximum). Under
-    ``torch.use_deterministic_algorithms`` a GPU's ``histc`` refuses to run, and
-    ``bincount`` counts instead. Counts are exact: a chunk holds at most :data:`SLICE` =
-    2**24 elements, every count up to which float32 holds exactly."""
+    ``torch.histc`` over a fixed range (a half-bin margin keeps integers in their bin) reads
+    nothing back to the host, where a GPU ``bincount`` syncs twice; under deterministic
+    algorithms ``histc`` refuses and ``bincount`` counts. Exact: a chunk of at most
+    :data:`SLICE` = 2**24 elements fits float32's exact integers.
+    """
     if index.numel() == 0:
         return torch.zeros(NBINS, dtype=torch.int64, device=index.device)
     if index.device.type != "cpu" and torch.are_deterministic_algorithms_enabled():
@@ -293,10 +256,10 @@ class Accumulator:
 
     def add(self, name: str, segment: str, kind: str, a: torch.Tensor | None,
             b: torch.Tensor | None, c: torch.Tensor | None, rtol: float) -> None:
-        """Add one chunk of tensor ``name`` (``a`` job, ``b`` eager, ``c`` reference, the same
-        elements of each; None where a pass has no value). Differences are taken in float64
-        when the reference is float64, else in float32 (a 16-bit job's errors are 1e-3 and
-        more: float32's 1e-7 resolves them)."""
+        """Add one chunk of tensor ``name`` (``a`` job, ``b`` eager, ``c`` reference; None: no
+        value). Differences are in float32 unless the reference is float64: a 16-bit job's
+        1e-3 errors need no more.
+        """
         entry = self._entry(name, segment, kind, rtol)
         if a is None or b is None or c is None:
             if not (a is None and b is None and c is None):
@@ -402,9 +365,9 @@ class Accumulator:
 def loss_stats(job: float, eager: float, reference: float, compute_dtype: torch.dtype,
                settings: AuditSettings, name: str = "loss",
                segment: str = "end to end") -> TensorStats:
-    """A scalar (the loss) judged as a tensor is, with ``rtol`` of the compute dtype as the
-    floor: one value's eager error can be near zero by chance, which the ratio alone would
-    turn into a false alarm."""
+    """The loss judged as a tensor is, with the compute dtype's ``rtol`` as the floor: one
+    value's eager error can be near zero by chance, a false alarm for the ratio alone.
+    """
     scale = abs(reference) or 1.0
     err_job, err_eager = abs(job - reference) / scale, abs(eager - reference) / scale
     floor = max(settings.floor, RTOL.get(compute_dtype, RTOL[torch.float32]))

@@ -1,29 +1,15 @@
-"""``TITAN_ROCM_DEBUG_CORRUPT``: a fault injected into compiled code only, to prove the audit.
+"""``TITAN_ROCM_DEBUG_CORRUPT``: a fault injected into compiled code only, to prove the audit
+(docs/numerics-audit-fault.md gives the format).
 
-Test hook: installed only by ``titan-rocm audit`` (when the variable is set) and by tests and
-benchmarks, never by training itself. Format (docs/numerics-audit-fault.md)::
+A test hook, installed only by ``titan-rocm audit``, tests and benchmarks, never by training.
+An Inductor post-grad pass puts the opaque op ``titan_rocm::debug_corrupt`` after one
+``aten`` node, so eager code never reaches it. It corrupts values finitely and in range, as
+the Triton buffer-store hazard does.
 
-    TITAN_ROCM_DEBUG_CORRUPT="block=3,graph=backward,op=mul,index=0,fraction=0.03,seed=0"
-
-An Inductor post-grad pass puts a call to the custom op ``titan_rocm::debug_corrupt`` after
-the ``index``-th ``aten.<op>`` node (graph order, floating-point outputs only) of every
-compiled training graph of the kinds it is installed for, built after it is installed. The
-op is opaque to Inductor; it copies its input and, only while block ``block`` runs that
-``graph``, replaces ``fraction`` of the copy's elements by their neighbour's value (finite
-and in range, as the Triton buffer-store hazard leaves them). Eager code never reaches the op.
-
-Why the decision is made at run time: TorchTitan compiles each TransformerBlock separately,
-and with ``inline_inbuilt_nn_modules`` identical blocks share one compiled graph, so which
-block a graph belongs to is not known when it compiles. The fault is a block-boundary
-interceptor (:mod:`titan_rocm.numerics.blocks`): block ``key``'s forward runs between its
-call's enter and leave; its backward runs from the gradient of its output (a tensor hook) to
-the gradient of its input. The op hits at most once per pass of block ``block`` (the first
-graph of that block that reaches it). Because block, graph, fraction and seed are read when
-the op runs, :func:`switch` moves the fault without recompiling, as long as the op was put
-into graphs of the new ``graph`` kind (:func:`install` with ``graphs``).
-
-One log line when installed; one after the first forward and backward, and one at exit,
-saying how often it hit (or why it never did).
+The op decides at run time whether to hit because identical TransformerBlocks share one
+compiled graph (``inline_inbuilt_nn_modules``): a graph cannot know its block when it
+compiles. A block-boundary interceptor (:mod:`titan_rocm.numerics.blocks`) tells it, which
+also lets :func:`switch` move the fault without recompiling.
 """
 
 from __future__ import annotations
@@ -146,7 +132,7 @@ def _value(text: str, key: str, value: str) -> Any:
 
 
 def parse(text: str) -> CorruptSpec:
-    """The spec ``text`` (the variable's value) describes.
+    """The spec ``text`` describes.
 
     Raises:
         CorruptSpecError: one sentence naming the bad entry and the accepted format.
@@ -169,11 +155,7 @@ def parse(text: str) -> CorruptSpec:
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> CorruptSpec | None:
-    """The spec of :data:`ENV`; None when it is unset or empty.
-
-    Raises:
-        CorruptSpecError: the value is not accepted.
-    """
+    """The spec of :data:`ENV`; None when it is unset or empty (CorruptSpecError when bad)."""
     text = (os.environ if environ is None else environ).get(ENV, "").strip()
     return parse(text) if text else None
 
@@ -365,9 +347,9 @@ def graph_kind(graph: torch.fx.Graph) -> str | None:
 
 
 def feeding_first_output(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """The nodes the graph's first output depends on. AOTAutograd's forward graph returns
-    the module's outputs first and the tensors it saves for the backward after them: for a
-    block, its first output is the block's output."""
+    """The nodes the graph's first output depends on: AOTAutograd's forward graph returns the
+    block's output first, the tensors saved for the backward after it.
+    """
     out = next((n for n in graph.nodes if n.op == "output"), None)
     if out is None or not out.args:
         return set()
@@ -386,10 +368,10 @@ def feeding_first_output(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 
 
 def candidate_nodes(graph: torch.fx.Graph, op: str) -> list[torch.fx.Node]:
-    """The nodes ``index`` counts: calls of ``aten.<op>`` (any overload) with one
-    floating-point tensor output, in graph order; in a forward graph only those the block's
-    output depends on (a node whose value is only saved for the backward is, in effect, the
-    backward's input, and its fault shows there)."""
+    """The nodes ``index`` counts: ``aten.<op>`` calls with one floating-point output, in graph
+    order; in a forward graph only those the block's output depends on (a value only saved
+    for the backward shows its fault there).
+    """
     found = [n for n in graph.nodes
              if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
              and n.target.namespace == "aten" and n.target._opname == op
@@ -403,10 +385,9 @@ def candidate_nodes(graph: torch.fx.Graph, op: str) -> list[torch.fx.Node]:
 
 @functools.cache
 def pass_class() -> type:
-    """``CorruptPass``: the post-grad pass putting the op after the spec's node in graphs of
-    the kinds it is made for (it runs a ``previous`` pass first, if the job had one). Made on
-    first use: importing Inductor costs seconds, which a process that never installs the
-    fault must not pay."""
+    """``CorruptPass``, made on first use: importing Inductor costs seconds a process that never
+    installs the fault must not pay. It runs the job's ``previous`` pass first, if any.
+    """
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     class CorruptPass(CustomGraphPass):
@@ -444,9 +425,9 @@ def pass_class() -> type:
             log.debug("titan-rocm: %s: op after %s in a compiled %s graph", ENV, node.name, kind)
 
         def uuid(self) -> Any:
-            """Inductor's cache key part: a graph with the op is never served to a clean run.
-            Only what shapes the graph is in it: block, fraction, seed and rank are read by
-            the op when it runs."""
+            """Inductor's cache key part, so a graph with the op never serves a clean run; only
+            what shapes the graph is in it.
+            """
             previous = self.previous.uuid() if isinstance(self.previous, CustomGraphPass) else (
                 None if self.previous is None else id(self.previous))
             return ("titan-rocm-debug-corrupt-v3", self.graphs, self.op, self.index, previous)
@@ -457,9 +438,8 @@ def pass_class() -> type:
 def install(model_parts: list[nn.Module], spec: CorruptSpec | None = None,
             graphs: tuple[str, ...] | None = None,
             environ: Mapping[str, str] | None = None) -> CorruptSpec | None:
-    """Install the fault on ``model_parts`` (before anything of them compiles): ``spec``, or
-    :data:`ENV`'s when None; the op goes into graphs of the kinds ``graphs`` (default: the
-    spec's own). Idempotent for the same op and index; None when there is nothing to install.
+    """Install the fault on ``model_parts`` before anything of them compiles (``spec``, or
+    :data:`ENV`'s). Idempotent for the same op and index; None when there is nothing to install.
 
     Raises:
         CorruptSpecError: the value or a block is not accepted (one sentence).

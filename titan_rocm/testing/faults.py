@@ -1,16 +1,11 @@
-"""Test-only fault injection for ``tune run``: make chosen candidates misbehave.
+"""Test-only fault injection for ``tune run``: make chosen candidates misbehave
+(docs/environment-variables.md gives ``TITAN_ROCM_TUNE_FAULTS`` and
+``TITAN_ROCM_TUNE_WRONG_MM``).
 
-``TITAN_ROCM_TUNE_FAULTS`` lists ``FAULT:SELECTOR`` items separated by commas; SELECTOR is
-``TEMPLATE_ID[#N][@PROBLEM]``: the N-th candidate (default 0) of that template in problem
-number PROBLEM of the problems file (default: every problem). FAULT is one of
-:data:`FAULTS`. The chosen candidate's benchmark request is wrapped in a picklable
-:class:`FaultyRequest` (it passes ``module_path``, ``kernel_name``, ``module_cache_key`` and
-everything else through to the real request), so the real kernel still compiles.
-
-``TITAN_ROCM_TUNE_WRONG_MM=BLOCK_M,BLOCK_N,BLOCK_K`` patches Inductor's Triton ``mm``
-template (in the process that calls :func:`install_from_env`) so that configs with those
-block sizes skip 15/16 of the K loop: a real kernel that is wrong and fast, for
-the GPU proof that stock max-autotune picks it and the tuner rejects it.
+A chosen candidate's benchmark request is wrapped in a picklable :class:`FaultyRequest` that
+passes everything through, so the real kernel still compiles. ``TITAN_ROCM_TUNE_WRONG_MM``
+makes a real kernel that is wrong and fast, for the GPU proof that stock max-autotune picks it
+and the tuner rejects it.
 """
 
 from __future__ import annotations
@@ -192,9 +187,9 @@ def patch_wrong_mm(blocks: tuple[int, int, int]) -> None:
 
 
 def install_from_env() -> list[Fault]:
-    """Apply ``TITAN_ROCM_TUNE_WRONG_MM`` and ``TITAN_ROCM_TUNE_MAX_MM_CONFIGS`` (Inductor's
-    ``test_configs.max_mm_configs``: candidates per template, to keep a benchmark short) now;
-    return ``TITAN_ROCM_TUNE_FAULTS``' faults."""
+    """Apply ``TITAN_ROCM_TUNE_WRONG_MM`` and ``TITAN_ROCM_TUNE_MAX_MM_CONFIGS`` (fewer candidates
+    per template, for a short benchmark) now; return ``TITAN_ROCM_TUNE_FAULTS``' faults.
+    """
     cap = os.environ.get(ENV_MAX_MM_CONFIGS)
     if cap:
         import torch._inductor.config as inductor_config

@@ -1,25 +1,11 @@
 """What a graph Dynamo compiled contains, measured against the mixed compile's promise.
 
-The ROCm step-1 NaN that ``rocm.moe_eager_compile`` exists for came from whole-block MoE
-compile putting EP dispatch/combine and FSDP hooks into one Inductor graph (AMD-AGI/Primus
-PR #962, merged). Inductor compiles exactly the graphs Dynamo hands to the compile backend, so a
-backend that records every graph sees everything that is compiled (compiled autograd off,
-as in TorchTitan 0.2.2). :func:`audit` reads one such ``torch.fx.GraphModule`` and lists
-what it must not contain:
-
-- ``collectives``: any communication op (functional collectives, ``all_to_all``,
-  ``all_gather``, ``reduce_scatter``, ``all_reduce``, ``wait_tensor``, any ``c10d`` or
-  ``torch.distributed`` call, DTensor's included) or
-  a frame of EP's dispatch/combine (``torchtitan/distributed/expert_parallel.py``);
-- ``fsdp``: an FSDP op, an FSDP-managed module, or a frame of FSDP's hooks;
-- ``moe``: the MoE module's token routing and expert compute: the router's ``topk`` and
-  ``histc``, the permutation's ``argsort`` and its index kernels, the grouped GEMM, an MoE
-  module class in the graph's module stack, or a frame of TorchTitan's permutation / experts
-  functions.
-
-Used by ``tests/tt022/test_moe_scope_inspection.py`` (CPU, FSDP + EP over gloo) and by
-``benchmarks/torchtitan_runner.py`` (``TITAN_ROCM_RECORD_GRAPHS=1``, on GPUs). Torch-only:
-no TorchTitan import.
+The ROCm step-1 NaN ``rocm.moe_eager_compile`` exists for came from whole-block MoE compile
+putting EP dispatch/combine and FSDP hooks into one Inductor graph (AMD-AGI/Primus PR #962).
+Inductor compiles exactly the graphs Dynamo hands the backend, so a recording backend sees
+everything compiled; :func:`audit` lists what one graph must not contain: ``collectives``,
+``fsdp`` and ``moe`` (routing and expert compute). Torch-only, used by
+``tests/tt022/test_moe_scope_inspection.py`` and ``benchmarks/torchtitan_runner.py``.
 """
 
 from __future__ import annotations

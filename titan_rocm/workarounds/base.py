@@ -1,22 +1,9 @@
-"""The base every workaround stands on: the job's :class:`Context`, :class:`Workaround`,
-and the one gating vocabulary (a job's runner, ``JobWorkarounds``, and its ``Decision`` are in
-:mod:`titan_rocm.workarounds.job`).
+"""The base every workaround stands on: the job's :class:`Context`, :class:`Workaround` and the
+gating vocabulary (``on`` requires, ``auto`` skips with one logged reason, ``off`` does nothing).
 
-A workaround is one fix (precision casts, mixed MoE compile, ...). It never reads a
-TorchTitan config object: a TorchTitan adapter (``titan_rocm.adapters.tt022.converters``
-for 0.2.2) builds a version-neutral :class:`Context` from its own job description, and asks
-each workaround in turn. The gate means the same everywhere:
-
-- ``on`` **requires**: at start-up, :meth:`Workaround.require` raises ``ValueError`` with the
-  sentence :meth:`Workaround.unmet` returns when the machine lacks what the fix needs;
-- ``auto`` **skips** with one logged reason (not ROCm, a model it does not fit, an unmet
-  precondition);
-- ``off`` does nothing.
-
-A workaround that needs to know whether another one runs in the same job asks
-:meth:`Context.will_apply`, answered from the job's decisions, made once before anything
-applies (:meth:`~titan_rocm.workarounds.job.JobWorkarounds.decide`); it never re-runs another
-workaround's gate.
+A workaround never reads a TorchTitan config: each adapter builds a version-neutral
+:class:`Context`. Whether another workaround runs is answered by :meth:`Context.will_apply`
+from decisions made once before anything applies, never by re-running its gate.
 """
 
 from __future__ import annotations
@@ -47,10 +34,8 @@ _planning: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def planning() -> Iterator[None]:
-    """Mark workarounds run inside the block as a ``titan-rocm plan`` dry run.
-
-    Workarounds still decide and apply to the (meta) model, but skip effects that would
-    outlive the process, such as installing compile hooks or writing files.
+    """Mark workarounds run inside the block as a ``titan-rocm plan`` dry run: they apply to the
+    meta model but skip effects that outlive the process (compile hooks, files).
     """
     token = _planning.set(True)
     try:
@@ -160,11 +145,10 @@ class Context:
         self._seams: dict[str, Any] = {}
 
     def seam(self, name: str, package: str | None = None) -> Any:
-        """Workaround ``name``'s seam into this job's TorchTitan, built once per job; a
-        shipped generation finds it beside ``package``, the workaround's own.
+        """Workaround ``name``'s seam into this job's TorchTitan, built once per job.
 
         Raises:
-            SeamUnavailable: the sentence why it cannot be used (see :meth:`Generation.load`).
+            SeamUnavailable: the sentence why it cannot be used.
         """
         if name not in self._seams:
             assert self.generation is not None  # __post_init__
@@ -192,13 +176,10 @@ class Context:
 
 
 class RunStopped(RuntimeError):
-    """A workaround stops the run on purpose: its results failed validation (the divergence
-    guard's ``DivergenceError``, the numerics audit's ``NumericsAuditFlagged``).
+    """A workaround stops the run on purpose because its results failed validation.
 
-    Raised inside a training step (or a checkpoint save, or the end of training); each
-    adapter turns it into the same end on every rank (:mod:`titan_rocm.adapters.stop`): the
-    message logged, the trainer closed, the process group destroyed, and the exit code
-    :data:`titan_rocm.exit_codes.FAILED_VALIDATION`, never a traceback.
+    Each adapter ends every rank the same way (:mod:`titan_rocm.adapters.stop`): the message
+    logged and exit code :data:`titan_rocm.exit_codes.FAILED_VALIDATION`, never a traceback.
     """
 
     logged = False
@@ -206,12 +187,10 @@ class RunStopped(RuntimeError):
 
 
 class TrainerSeam:
-    """What a trainer adapter calls into an applied workaround at the trainer's own methods.
+    """Calls a trainer adapter makes into an applied workaround around its own methods; no-ops here.
 
-    TorchTitan 0.3.0's adapter subclasses the trainer (``titan_rocm.torchtitan``), so a
-    workaround that must act around a step (the divergence guard) gets these calls instead of
-    patching TorchTitan's classes; 0.2.2 has no such adapter and never calls them. Every
-    method is a no-op here.
+    0.3.0's adapter subclasses the trainer, so a step-level workaround (the divergence guard)
+    needs no patch of TorchTitan's classes; 0.2.2 never calls them.
     """
 
     def attach(self, trainer: Any) -> None:
@@ -253,14 +232,13 @@ class Workaround:
     """It reaches into TorchTitan's code through ``ctx.seam(name)`` (:mod:`.seams`): each
     generation's seam is ``Seam`` in ``seams_<generation>.py`` beside its module."""
     codegen: ClassVar[bool] = False
-    """It changes the code Inductor and Triton generate for the whole process from the
-    settings alone (no model, no table): ``titan-rocm tune``'s workers apply it too, so that
-    they compile the kernels training will (:mod:`titan_rocm.tuner.settings`)."""
+    """It changes Inductor/Triton codegen process-wide from the settings alone, so
+    ``titan-rocm tune``'s workers apply it too and compile the kernels training will.
+    """
     audit_shapes: ClassVar[str | None] = None
-    """Which blocks the numerics audit names it on where it applied: ``compiled`` (every
-    block that compiles, whole or in part: it acts on compiled kernels), ``listed`` (the
-    blocks :meth:`audit_blocks` names, each with how it runs), ``moe`` (every MoE block),
-    ``every`` (every block); None: none."""
+    """Which blocks the numerics audit names it on: ``compiled``, ``listed``
+    (:meth:`audit_blocks`), ``moe``, ``every``; None: none.
+    """
     not_measured: ClassVar[str | None] = None
     """Why ``titan-rocm plan`` quotes no measured cost for it; None: it quotes its figure in
     :mod:`titan_rocm.measured`, or the figure of every workaround forced on together."""
@@ -297,10 +275,8 @@ class Workaround:
         return None
 
     def unmet(self) -> str | None:
-        """What the machine or job lacks for this fix, whatever the model (None: nothing).
-
-        One sentence: ``on`` fails start-up with it, ``auto`` skips with it. Called at most
-        once per instance.
+        """One sentence naming what the machine or job lacks for this fix (None: nothing): ``on``
+        fails start-up with it, ``auto`` skips with it. Called at most once per instance.
         """
         return None
 
@@ -347,7 +323,7 @@ class Workaround:
         return self._unmet[0]
 
     def require(self) -> None:
-        """At start-up: under ``on``, fail when :meth:`unmet` names something missing.
+        """Under ``on``, fail start-up when :meth:`unmet` names something missing.
 
         Raises:
             ValueError: ``[rocm] <name> = "on" cannot apply: <what is missing>``.

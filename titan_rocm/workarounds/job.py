@@ -1,8 +1,6 @@
 """One job's titan-rocm workarounds: built once, decided once before any applies, applied in
-order (:class:`JobWorkarounds`), each outcome a :class:`Decision`.
-
-Apart from :mod:`.base` so that the base every workaround stands on does not import the
-registry, which imports every workaround.
+order (:class:`JobWorkarounds`), each outcome a :class:`Decision`. Apart from :mod:`.base`
+so that the base does not import the registry, which imports every workaround.
 """
 
 from __future__ import annotations
@@ -48,9 +46,9 @@ class Decision:
 
 
 class JobWorkarounds:
-    """The titan-rocm workarounds one job runs: one instance each, all decided once, before
-    any applies (so :meth:`Context.will_apply` is answered for every one of them), then
-    applied in order, each at most once, whoever asks."""
+    """The titan-rocm workarounds one job runs, all decided before any applies (so
+    :meth:`Context.will_apply` has an answer for each), then applied in order, once each.
+    """
 
     def __init__(
         self,
@@ -107,9 +105,9 @@ class JobWorkarounds:
         return decisions
 
     def audit_facts(self, model_parts: Sequence[nn.Module]) -> JobFacts:
-        """What applied, as the numerics audit attributes it: names in apply order, each
-        one's audit note, which blocks each shapes (``Workaround.audit_shapes``) and, for one
-        that lists its blocks, how it runs each."""
+        """What applied, as the numerics audit attributes it: names in apply order, audit notes,
+        the blocks each shapes and, for listed blocks, how each runs.
+        """
         applied = [name for name in self.instances if name in self.applied_by]
         notes = [note for name in applied
                  if (note := self.instances[name].audit_note()) is not None]

@@ -1,18 +1,10 @@
 """Where each workaround reaches into one TorchTitan generation's code: one seam per
 workaround per generation, picked once, when the job's :class:`~.base.Context` is built.
 
-A workaround keeps its decision logic once (its ``workaround.py``) and asks ``ctx.seam(name)``
-for the object that knows the generation's classes and module globals; that object lives in
-the workaround's package, ``seams_tt022.py`` or ``seams_tt030.py``, and implements the small
-protocol the workaround declares. A :class:`Generation` names them by ``"module:Class"``
-strings (as :mod:`.registry` names the workarounds), so nothing of a generation the process
-does not run is imported. A new TorchTitan generation is one adapter plus one seam module per
-workaround, and one :class:`Generation` the adapter passes to its Context.
-
-This module stands below every workaround and imports none of them, nor the registry: a
-shipped generation finds a workaround's seam beside the package the workaround names when it
-asks (:meth:`Generation.load`'s ``package``), and the registry hands a generation the
-seamed workarounds when a whole table is wanted (:meth:`Generation.targets`).
+Decision logic stays once per workaround; ``ctx.seam(name)`` gives the generation's object
+from ``seams_tt022.py``/``seams_tt030.py``. A :class:`Generation` names seams by
+``"module:Class"`` strings so nothing of a generation the process does not run is imported,
+and this module imports no workaround nor the registry, so it stands below them all.
 """
 
 from __future__ import annotations
@@ -47,15 +39,15 @@ class Generation:
     here, a seam wins over :attr:`beside`'s."""
     beside: str | None = None
     """The suffix of the seam modules beside each workaround (``tt022``: ``Seam`` in
-    ``<its package>.seams_tt022``); None: only :attr:`seams` (a generation outside the
-    package, as a test's stub)."""
+    ``<its package>.seams_tt022``); None: only :attr:`seams` (a test's stub).
+    """
     moved: Mapping[str, str] = field(default_factory=dict)
     """Workaround name -> why its seam does not fit the installed TorchTitan (a known API
     shape whose seam moved): ``auto`` skips with it, ``on`` fails start-up with it."""
     variants: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    """Variant of the installed TorchTitan (``torchtitan_version.Installed.variants``, e.g.
-    ``folded_tokens``) -> workaround name -> ``"module:Class"`` of the seam that variant
-    takes instead of :attr:`seams`'."""
+    """Variant of the installed TorchTitan (e.g. ``folded_tokens``) -> workaround name ->
+    ``"module:Class"`` of the seam that variant takes instead.
+    """
 
     def with_moved(self, moved: Mapping[str, str]) -> Generation:
         """This generation with the installed TorchTitan's moved seams added."""
@@ -85,8 +77,7 @@ class Generation:
                 if (target := self.target(name, package)) is not None}
 
     def load(self, name: str, ctx: Any, package: str | None = None) -> Any:
-        """Workaround ``name``'s seam for this generation, built for ``ctx``; ``package`` is
-        the workaround's (:meth:`.base.Workaround.seam_package`).
+        """Workaround ``name``'s seam for this generation, built for ``ctx``.
 
         Raises:
             SeamUnavailable: the seam moved, is not written for this generation, or does not
@@ -116,9 +107,7 @@ TT030 = Generation(TORCHTITAN_030, beside="tt030", variants={
         "mla_ck_backward": "titan_rocm.workarounds.mla_ck_backward.seams_tt030:FoldedSeam",
     },
 })
-"""TorchTitan 0.3.0 (and main): config functions and ``Trainer.Config``. Main folds the batch
-into the token dimension (q/k/v ``(T, N, H)``), which MLA's seam reads: it takes the folded
-seam there."""
+"""TorchTitan 0.3.0 (and main, whose folded ``(T, N, H)`` tokens take MLA's folded seam)."""
 
 GENERATIONS: dict[str, Generation] = {g.framework: g for g in (TT022, TT030)}
 """The shipped generations by framework name."""

@@ -1,10 +1,7 @@
-"""``titan-rocm audit`` on a TorchTitan 0.2.2 job (docs/numerics-audit.md).
-
-Parses the job as ``torchtitan.train`` does (its ``ConfigManager``, titan-rocm's ``[rocm]``
-section), builds the job's own trainer (``torchtitan.train:Trainer`` or ``--trainer``) with
-nothing of the job written (no checkpoint, TensorBoard, W&B or profiles), takes the first
-micro-batch of its dataloader, and audits it with 0.2.2's step
-(:class:`~titan_rocm.workarounds.numerics_audit.seams_tt022.Kit`).
+"""``titan-rocm audit`` on a TorchTitan 0.2.2 job (docs/numerics-audit.md): the job parsed as
+``torchtitan.train`` does, its own trainer built with nothing written (no checkpoint,
+TensorBoard, W&B or profiles), its first micro-batch audited with 0.2.2's
+:class:`~titan_rocm.workarounds.numerics_audit.seams_tt022.Kit`.
 """
 
 from __future__ import annotations

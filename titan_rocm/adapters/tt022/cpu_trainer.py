@@ -1,19 +1,11 @@
-"""TorchTitan 0.2.2's real trainer on a machine without a GPU, for ``titan-rocm audit
---trainer cpu`` (the job's own model) and ``--trainer cpu-tiny`` (a two-block model of the
-job's architecture, 64 wide): a way to try the audit, a fault (``TITAN_ROCM_DEBUG_CORRUPT``)
-included, before a GPU is at hand (docs/numerics-audit.md).
+"""TorchTitan 0.2.2's real trainer without a GPU, for ``titan-rocm audit --trainer cpu`` and
+``cpu-tiny`` (docs/numerics-audit.md): try the audit, or a fault, before a GPU is at hand.
 
-``Trainer.__init__`` is CUDA-bound (``torch.device("cuda:N")``, NCCL, a CUDA memory
-monitor), so :class:`CpuTrainer` replaces only ``__init__``: it assembles the same real
-components in the same order (the job's ParallelDims, model on meta, model converters, the
-model's own ``parallelize_fn`` (its compile: Inductor's CPU backend), ``MetricsProcessor``,
-the train spec's loss, optimizers, LR schedulers, ``CheckpointManager``) on CPU with a gloo
-process group. Everything after that is TorchTitan's own code.
-
-CPU stand-ins (nothing else is replaced): a memory monitor reporting this process's peak
-RSS, deterministic random tokens instead of the job's dataset (the audit judges the compiled
-code against eager on whatever batch it is given), no autocast, ``set_pg_timeouts`` (a CUDA
-barrier) skipped, and TorchTitan's MoE token counting and index padding on their CPU paths.
+``Trainer.__init__`` is CUDA-bound (``torch.device("cuda:N")``, NCCL, a CUDA memory monitor),
+so :class:`CpuTrainer` replaces only ``__init__``, assembling the same real components in the
+same order on CPU with gloo; everything after is TorchTitan's code. The CPU stand-ins: a peak
+RSS memory monitor, deterministic random tokens (the audit judges compiled against eager on
+any batch), no autocast, no ``set_pg_timeouts``, and the MoE helpers' CPU paths.
 """
 
 from __future__ import annotations
@@ -64,9 +56,9 @@ class SyntheticLoader:
 
 
 def cpu_histc(set_attr: Callable[..., Any] = setattr) -> None:
-    """Let TorchTitan's MoE router count tokens on CPU: it calls ``torch.histc`` on int64
-    expert indices, which CPU does not implement; count in float and return the input's
-    dtype, as the GPU kernel does."""
+    """Let TorchTitan's MoE router count tokens on CPU, which has no int64 ``torch.histc``: count
+    in float and return the input's dtype, as the GPU kernel does.
+    """
     histc = torch.histc
     if getattr(histc, "__name__", "") == "histc_any_dtype":  # already counting on CPU
         return
@@ -80,9 +72,9 @@ def cpu_histc(set_attr: Callable[..., Any] = setattr) -> None:
 
 
 def cpu_permute_indices(set_attr: Callable[..., Any], moe_module: types.ModuleType) -> None:
-    """Let TorchTitan's MoE padding wrapper run on CPU: ``generate_permute_indices`` in the
-    utils module ``moe_module``'s wrapper really uses, on its own ``use_cpu=True`` path (its
-    default is a Triton kernel)."""
+    """Let TorchTitan's MoE padding wrapper run on CPU: the module it really uses, on its own
+    ``use_cpu=True`` path (its default is a Triton kernel).
+    """
     utils = sys.modules[moe_module.indices_padding_wrapper.__module__]
     current = utils.generate_permute_indices
     if isinstance(current, functools.partial) and current.keywords.get("use_cpu"):

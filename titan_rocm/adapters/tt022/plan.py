@@ -1,9 +1,6 @@
-"""What a TorchTitan job would get from titan-rocm, worked out on a machine without a GPU.
-
-:func:`make_plan` reads the config exactly as TorchTitan does (its own ``ConfigManager``),
-builds the model on the meta device, runs titan-rocm's converters on it under the real or a
-simulated platform (``--arch``), and reports each workaround's decision and details, the
-compile strategy per block and the settings in force.
+"""What a TorchTitan 0.2.2 job would get from titan-rocm, worked out on a machine without a
+GPU: the config read by TorchTitan's own ``ConfigManager``, the model built on the meta
+device, and titan-rocm's converters run on it under the real or a simulated platform.
 """
 
 from __future__ import annotations
@@ -144,16 +141,9 @@ def make_plan(
 ) -> dict[str, Any]:
     """Work out what the job in ``args`` (TorchTitan flags) would get from titan-rocm.
 
-    Args:
-        args: TorchTitan arguments, e.g. ``["--job.config_file", "x.toml"]``.
-        arch: simulate a ROCm machine with this ``gfx`` target (default: this machine).
-        world_size, nnodes, nproc_per_node: number of ranks (default: the smallest the
-            degrees fit; see :func:`titan_rocm.adapters.tt022.preflight.world_size`).
-        launcher: ``torchtitan`` or ``titan-rocm``
-        (:data:`titan_rocm.adapters.tt022.preflight.LAUNCHERS`).
-        aiter: with ``arch``, the aiter that machine has (``0.1.7``, ``main``, ``absent``;
-            default ``0.1.7``, what ``pip install amd-aiter`` installs).
-        primus_turbo: with ``arch``, ``present`` or ``absent`` (default: as this machine).
+    ``arch``, ``aiter`` (default ``0.1.7``, what ``pip install amd-aiter`` installs) and
+    ``primus_turbo`` simulate a ROCm machine; the rank counts default to the smallest the
+    degrees fit; ``launcher``: :data:`titan_rocm.adapters.tt022.preflight.LAUNCHERS`.
 
     Raises:
         titan_rocm.adapters.tt022.preflight.StartupError: the job would stop at start-up

@@ -1,18 +1,11 @@
-"""``python -m titan_rocm.train`` / ``titan-rocm-train``: TorchTitan's trainer with titan-rocm.
+"""``python -m titan_rocm.train`` / ``titan-rocm-train``: TorchTitan's trainer with titan-rocm
+(docs/configs.md gives the exit codes).
 
 Runs ``torchtitan.train`` exactly as ``python -m torchtitan.train`` would (as ``__main__``,
-unchanged, nothing patched on the trainer module), after three things that otherwise need
-lines in the TOML: titan-rocm's converters are registered (no ``custom_import`` needed),
-``[rocm]`` / ``--rocm.*`` parse (``job.custom_config_module`` is added when absent), and the
-TOML's ``[rocm]`` table is checked with a message listing accepted keys and values.
-
-Works under torchrun: ``torchrun --nproc_per_node=8 -m titan_rocm.train --job.config_file X``,
-and alone as one process: without torchrun's environment it sets the one-rank environment
-``torchrun --standalone --nproc_per_node=1`` would give its worker (TorchTitan reads
-``LOCAL_RANK`` unconditionally). Exit codes: TorchTitan's; 2 for a bad TOML, ``[rocm]``
-value or torchrun environment before TorchTitan starts; 17
-(:data:`titan_rocm.exit_codes.FAILED_VALIDATION`) when titan-rocm stops the run (the
-divergence guard, a flagged numerics audit under ``policy = "stop"``); 130 on Ctrl-C.
+nothing patched on it), after what would otherwise need TOML lines: the converters registered,
+``[rocm]``/``--rocm.*`` parsing added, and the ``[rocm]`` table checked with a message listing
+what is accepted. Without torchrun it sets the one-rank environment torchrun would give its
+worker (TorchTitan reads ``LOCAL_RANK`` unconditionally).
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ them, so the workarounds decide with one vocabulary."""
 
 
 def quantized_experts(model_config: Any) -> tuple[str, ...]:
-    """The 0.2.2 names of the experts quantizations in a 0.3.0 model config tree (none where
-    TorchTitan has no ``GroupedExperts``: pytorch/torchtitan #4539's ``GroupedLinear``
-    experts, for which ``torchtitan_version`` marks the grouped-MM seam moved, with the
-    reason the plan and the log give)."""
+    """The 0.2.2 names of the experts quantizations in a 0.3.0 model config tree (none without
+    ``GroupedExperts``: pytorch/torchtitan #4539's ``GroupedLinear`` experts, whose moved seam
+    ``torchtitan_version`` reports).
+    """
     try:
         from torchtitan.models.common.moe import GroupedExperts
     except ImportError:
@@ -37,13 +37,8 @@ def quantized_experts(model_config: Any) -> tuple[str, ...]:
 
 def job_context(config: Any, parallel_dims: Any, settings: RocmSettings | None = None,
                 parallelize_fn: Any = None) -> Context:
-    """The :class:`Context` of a TorchTitan 0.3.0 job.
-
-    Args:
-        config: the job's ``Trainer.Config`` (any subclass).
-        parallel_dims: its ``ParallelDims`` (None: one rank).
-        settings: titan-rocm's settings (default: the config's ``rocm`` field, else defaults).
-        parallelize_fn: the model's stock parallelize function (default: the model spec's).
+    """The :class:`Context` of a TorchTitan 0.3.0 job; ``parallel_dims`` None is one rank, and
+    ``settings``/``parallelize_fn`` default to the config's.
 
     Raises:
         ValueError: a ``rocm`` value is not accepted (naming it and what is).

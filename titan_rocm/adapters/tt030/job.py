@@ -1,23 +1,14 @@
 """The titan-rocm workarounds of one TorchTitan 0.3.0 trainer: decided once, applied to the
 whole model where 0.2.2's converters ran, and called back at the trainer's seams.
 
-Where, in ``Trainer.__init__`` (``torchtitan/trainer.py``), and why there:
-
-- ``init_distributed()`` returns the ``ParallelDims``: the :class:`Context` is built then, and
-  every ``on`` workaround checks what it needs (start-up fails with the sentence), before
-  the model exists.
-- The model spec's ``parallelize_fn`` (and ``pipelining_fn``, which receives the whole model
-  under pipeline parallelism) are wrapped: the wrapper decides every workaround on the built
-  model (on the meta device, before any parallelism: where 0.2.2's converters ran), applies
-  them in order with one log line each, runs the stock function (activation checkpointing,
-  ``apply_compile`` in place, FSDP), then takes the blocks a workaround marked eager out of
-  their compile (:func:`~titan_rocm.workarounds.moe_blocks.realize_eager_marks`). The loss is
-  ``torch.compile``d earlier in ``__init__``, but Inductor reads its configuration (precision
-  casts) when it first compiles a graph, at the first forward in ``train()``: applying here
-  is before that.
-- After ``__init__``: the applied workarounds' :class:`~titan_rocm.workarounds.base.TrainerSeam`
-  objects are attached to the trainer, and the optimizers' post-step hook forwards to
-  ``post_optimizer_hook`` (as 0.2.2's converter container did) and then the seams.
+Where, in ``Trainer.__init__`` (``torchtitan/trainer.py``): the :class:`Context` is built
+after ``init_distributed()`` so ``on`` workarounds fail before the model exists; the
+``parallelize_fn`` (and ``pipelining_fn``) wrapper decides and applies them on the meta model
+before the stock function (checkpointing, compile, FSDP), then realizes eager marks
+(:func:`~titan_rocm.workarounds.moe_blocks.realize_eager_marks`). That precedes Inductor's
+first compile (the first forward), which is when it reads the precision casts' config.
+After ``__init__`` the seams are attached and the optimizers' post-step hook forwards to
+them.
 """
 
 from __future__ import annotations
@@ -40,9 +31,9 @@ from titan_rocm.workarounds.registry import WORKAROUNDS
 BY = "rocm (torchtitan 0.3.0)"
 """Who applied the workarounds, in decisions (0.2.2 names the converter)."""
 OVERRIDE_ENTRY = "titan_rocm.torchtitan.override.rocm"
-"""What users list in ``--override.imports`` to attach a :class:`RocmJob` to a stock trainer:
-the ``@override`` function of :mod:`titan_rocm.torchtitan.override`, whose module and name
-are its key (TorchTitan 0.3.0's ``config/override.py``)."""
+"""What users list in ``--override.imports`` to attach a :class:`RocmJob` to a stock trainer
+(TorchTitan 0.3.0's ``config/override.py`` keys it by module and name).
+"""
 WRAPPED_ATTR = "titan_rocm_job"
 """Set on a wrapped parallelize/pipelining function: the :class:`RocmJob` that wrapped it."""
 
@@ -143,9 +134,9 @@ class RocmJob:
             )
 
     def stop_cleanly(self, trainer: Any) -> None:
-        """A stop (the guard's, the audit's) from ``trainer``'s step, checkpoint save or close
-        ends the process with its exit code, not as a crash; again after the checkpointer
-        exists (patches nothing twice)."""
+        """A stop (the guard's, the audit's) ends the process with its exit code, not as a crash;
+        called again once the checkpointer exists (patches nothing twice).
+        """
         if self.workarounds is not None:
             stop.install(trainer, self.workarounds.patches)
 

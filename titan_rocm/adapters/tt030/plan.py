@@ -1,15 +1,10 @@
 """``titan-rocm plan --module M --config F [flags] [--arch gfx942]`` for TorchTitan 0.3.0 jobs.
 
-Reads the job as ``python -m torchtitan.train`` would (TorchTitan's ``ConfigManager``: the
-config function, then the command line through tyro), builds the model on the meta device
-as ``Trainer.__init__`` does (``update_from_config``, then ``model_config.build()``), and runs
-the same :class:`~titan_rocm.adapters.tt030.job.RocmJob` a ``RocmTrainer`` would, under the real
-or a simulated platform. The result has the shape of the 0.2.2 plan
-(:func:`titan_rocm.adapters.tt022.plan.make_plan`) and prints with the same formatter.
-
-titan-rocm runs in a 0.3.0 job when its config is a ``RocmTrainer`` config (``rocm(cfg)``,
-``--module titan_rocm.torchtitan.configs``) or when it lists the override entry; otherwise the
-plan says so and shows what the defaults would do.
+The job is read by TorchTitan's own ``ConfigManager`` and the model built on the meta device
+as ``Trainer.__init__`` does, so the plan runs the same
+:class:`~titan_rocm.adapters.tt030.job.RocmJob` a ``RocmTrainer`` would; the result has the
+0.2.2 plan's shape and formatter. A job without titan-rocm in its config is told so, with what
+the defaults would do.
 """
 
 from __future__ import annotations
@@ -97,8 +92,8 @@ def _job_flags(args: Sequence[str]) -> str:
 
 
 def torchtitan_help(args: Sequence[str], prog: str = "titan-rocm plan") -> int:
-    """Print TorchTitan 0.3.0's own help for the job in ``args`` (its flags depend on the
-    job's config, ``[rocm]``'s included under ``rocm(cfg)``); return its exit code.
+    """Print TorchTitan 0.3.0's own help for the job in ``args`` (its flags depend on the job's
+    config); return its exit code.
 
     Raises:
         PlanError: the config module or function cannot be loaded (one sentence).
@@ -129,8 +124,8 @@ def _is_absent(exc: ImportError, candidate: str) -> bool:
 
 
 def _config_module(module_name: str, job: str) -> Any:
-    """The module TorchTitan would take the config function from, in its order of candidates
-    (None: none exists; TorchTitan's own sentence then names what is accepted).
+    """The module TorchTitan would take the config function from (None: none exists, and
+    TorchTitan's own sentence names what is accepted).
 
     Raises:
         PlanError: a candidate exists but importing it fails (the real error, named).
@@ -164,8 +159,8 @@ def _config_module(module_name: str, job: str) -> Any:
 
 
 def _config_function(args: list[str], job: str) -> Any:
-    """The job's config function, found as TorchTitan finds it (None: TorchTitan's own
-    sentence says what is wrong with the flags, the module or the name).
+    """The job's config function, found as TorchTitan finds it (None: TorchTitan's own sentence
+    says what is wrong).
 
     Raises:
         PlanError: the module exists but does not import, or the name is not a function.
@@ -187,12 +182,10 @@ def _config_function(args: list[str], job: str) -> Any:
 
 
 def _load_config(args: list[str]) -> None:
-    """Run the job's config function as TorchTitan's ``ConfigManager`` does (its
-    ``_load_config``), turning what the user's module or function does wrong into one
-    sentence: an import inside the module that fails, a name that is no function, a syntax
-    error, an exception (whatever its class: a ``ValueError`` of the user's is not one of
-    TorchTitan's messages), endless recursion, ``sys.exit``, or a return value that is not a
-    config."""
+    """Run the job's config function as ``ConfigManager._load_config`` does, turning whatever the
+    user's module does wrong (a failing import, syntax error, any exception, recursion,
+    ``sys.exit``, a non-config return) into one sentence.
+    """
     from torchtitan.config import ConfigManager
 
     load = getattr(ConfigManager(), "_load_config", None)
@@ -248,9 +241,9 @@ def settings_of(config: Any) -> tuple[RocmSettings, str | None]:
 
 def _parallel_dims(config: Any, size: int | None, nnodes: int | None,
                    nproc_per_node: int | None) -> tuple[Any, WorldSize]:
-    """The job's ``ParallelDims`` on the world size given, or the smallest its degrees fit
-    (the same rule as 0.2.2's plan, :func:`titan_rocm.adapters.common.world_size`), and
-    that size."""
+    """The job's ``ParallelDims`` and world size (as 0.2.2's plan,
+    :func:`titan_rocm.adapters.common.world_size`).
+    """
     from torchtitan.distributed import ParallelDims
 
     try:
@@ -267,9 +260,8 @@ def _parallel_dims(config: Any, size: int | None, nnodes: int | None,
 
 def check_expert_mesh(dims: Any, world: WorldSize) -> None:
     """The arithmetic of 0.3.0's expert mesh, which ``ParallelDims`` leaves to ``build_mesh``
-    at start-up (torchtitan 0.3.0 ``distributed/parallel_dims.py``: ``efsdp = fsdp * tp //
-    ep``, then the world is unflattened into ``(pp, dp_replicate, efsdp, ep)``, which needs
-    ``ep`` to divide ``dp_shard x cp x tp``), as 0.2.2's plan checks its own.
+    (torchtitan 0.3.0 ``distributed/parallel_dims.py``: ``efsdp = fsdp * tp // ep``, and
+    ``ep`` must divide ``dp_shard x cp x tp``), checked here as 0.2.2's plan checks its own.
 
     Raises:
         PlanError: the expert mesh cannot be built on this world size.
@@ -312,9 +304,8 @@ def compile_per_block(model: torch.nn.Module, enabled: bool) -> dict[str, str]:
 def make_plan(args: Sequence[str], *, arch: str | None = None, world_size: int | None = None,
               nnodes: int | None = None, nproc_per_node: int | None = None,
               aiter: str | None = None, primus_turbo: str | None = None) -> dict[str, Any]:
-    """Work out what the TorchTitan 0.3.0 job in ``args`` would get from titan-rocm
-    (``arch``, ``aiter``, ``primus_turbo``: the simulated machine; ``world_size``, ``nnodes``,
-    ``nproc_per_node``: its ranks; both as for 0.2.2's plan).
+    """What the TorchTitan 0.3.0 job in ``args`` would get from titan-rocm on the simulated
+    machine and ranks given (as for 0.2.2's plan).
 
     Raises:
         PlanError: bad arguments, config, setting, architecture or aiter choice.

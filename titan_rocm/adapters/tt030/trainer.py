@@ -1,11 +1,9 @@
 """``RocmTrainer``: TorchTitan 0.3.0's ``Trainer`` with titan-rocm, and ``rocm(cfg)``.
 
-TorchTitan 0.3.0 builds whatever trainer class a config belongs to (``config.build()`` in
-``torchtitan/train.py``), and parses the command line against that config's class (tyro), so
-a ``Trainer.Config`` subclass with a ``rocm: RocmSettings`` field is all it takes for the
-stock entry point to build titan-rocm's trainer and accept ``--rocm.*`` flags.
-:func:`rocm_trainer_class` makes that pair for any trainer class (cached, one per class);
-:data:`RocmTrainer` is the one for TorchTitan's own ``Trainer``.
+TorchTitan 0.3.0 builds whatever trainer class a config belongs to and parses the command
+line against that config's class (tyro), so a ``Trainer.Config`` subclass with a
+``rocm: RocmSettings`` field is all the stock entry point needs to build titan-rocm's trainer
+and accept ``--rocm.*`` flags.
 """
 
 from __future__ import annotations
@@ -22,12 +20,9 @@ from titan_rocm.settings import RocmSettings, check_section, coerce
 
 
 class RocmTrainerMixin:
-    """titan-rocm at a TorchTitan 0.3.0 trainer's own methods (first in the bases).
-
-    ``__init__`` wraps the model spec's parallelize/pipelining functions (a copy of the spec:
-    the config the user built is left as it was); ``init_distributed`` builds the job's
-    context once the ``ParallelDims`` exist; ``train_step``, ``forward_backward_step`` and
-    ``close`` call the applied workarounds' seams (:class:`~titan_rocm.adapters.tt030.job.RocmJob`).
+    """titan-rocm at a TorchTitan 0.3.0 trainer's own methods (first in the bases), calling
+    :class:`~titan_rocm.adapters.tt030.job.RocmJob`; the model spec is copied, so the user's
+    config is left as it was.
     """
 
     _rocm: RocmJob
@@ -81,9 +76,9 @@ class RocmTrainerMixin:
 
 @functools.cache
 def rocm_trainer_class(base: type) -> type:
-    """``Rocm<base>``: ``base`` (a TorchTitan 0.3.0 trainer class) with titan-rocm, whose
-    ``Config`` adds ``rocm: RocmSettings``. One class per ``base``; a titan-rocm class is
-    returned as it is."""
+    """``Rocm<base>``: ``base`` with titan-rocm and a ``Config`` that adds ``rocm: RocmSettings``;
+    cached per ``base``, a titan-rocm class returned as it is.
+    """
     if issubclass(base, RocmTrainerMixin):
         return base
     if not (isinstance(base, type) and issubclass(base, Trainer)):

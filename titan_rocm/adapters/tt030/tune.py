@@ -1,12 +1,7 @@
-"""``titan-rocm tune collect`` on a TorchTitan 0.3.0 job (docs/validated-tuning.md).
-
-Parses the job as ``python -m torchtitan.train`` does (TorchTitan's own ``ConfigManager``:
-``--module M --config F`` and the config class's tyro flags,
-:func:`~titan_rocm.adapters.tt030.plan.parse_job`), sets one step, no checkpoint and
-``rocm.gemm_lookup`` off on the parsed config, builds the config's own trainer
-(``config.build()``, a ``RocmTrainer`` or a stock trainer with the override entry) and runs
-the step under :func:`titan_rocm.tuner.collect.record`. The problems file is the one 0.2.2
-writes; ``tune run``, ``tune table`` and ``[rocm] gemm_lookup_table`` read it alike.
+"""``titan-rocm tune collect`` on a TorchTitan 0.3.0 job (docs/validated-tuning.md): the job
+parsed as ``python -m torchtitan.train`` does, set to one step, no checkpoint and
+``rocm.gemm_lookup`` off, its own trainer built and the step recorded. The problems file is
+0.2.2's, so ``tune run``/``table`` and ``gemm_lookup_table`` read it alike.
 """
 
 from __future__ import annotations

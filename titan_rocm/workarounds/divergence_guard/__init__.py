@@ -1,15 +1,10 @@
-"""``rocm.divergence_guard``: stop a run at its first non-finite loss or grad norm.
+"""``rocm.divergence_guard``: stop a run at its first non-finite loss or grad norm
+(docs/divergence-detection.md).
 
-On by default on every platform (``needs_rocm = False``). Without any extra device-to-host
-synchronisation per step, a device-side sticky record keeps the first step whose loss or
-grad norm was non-finite; TorchTitan's log steps, checkpoint saves and the end of training
-read it (they synchronise anyway), so a NaN at step 7 with ``log_freq = 10`` stops the run
-as "step 7" at step 10 at the latest. ``[rocm] divergence_check = "every_step"`` reads each
-step's record at the end of the next step (no wait in steady state: a NaN at step 7 stops the
-run at the end of step 8, named step 7); ``"every_step_exact"`` at the step's own end (one
-sync per step). Every rank takes part in each check
-(one all-gather), so every rank stops; rank 0 logs the message. See
-``docs/divergence-detection.md``. The workaround is :mod:`.workaround`.
+On by default on every platform (``needs_rocm = False``): a device-side sticky record keeps the
+first bad step with no extra synchronisation per step, and is read where TorchTitan
+synchronises anyway (log steps, checkpoint saves, the end), or every step under
+``divergence_check``. Every rank joins each check, so every rank stops; rank 0 logs why.
 """
 
 from titan_rocm.guard_message import DOCS_PAGE, Divergence

@@ -1,13 +1,10 @@
 """What both TorchTitan generations' seams of the guard share: the active monitor, and the
 grad-norm wrapper.
 
-``torchtitan.distributed.utils.clip_grad_norm_``: ``Trainer.train_step`` calls
-``dist_utils.clip_grad_norm_`` every step in 0.2.2 and 0.3.0 alike, looked up on the module at
-each call; the wrapper keeps a reference to the total norm tensor it returns (already reduced
-over every parallel dimension). Every wrapper of the guard (here, in :mod:`.seams_tt022` and
-:mod:`.seams_tt030`) forwards to the active :class:`~.monitor.Monitor` and passes through
-when none is active; they are patches of :mod:`titan_rocm.patches` made ``by``
-:data:`NAME`, restored with the job that made them.
+``Trainer.train_step`` calls ``dist_utils.clip_grad_norm_`` every step in 0.2.2 and 0.3.0,
+looked up at each call, so wrapping it gives the total norm (already reduced over every
+parallel dimension). Every guard wrapper forwards to the active :class:`~.monitor.Monitor` and
+passes through when none is.
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """The guard's per-process state: what it observed, when it checks, and the NaN test hook.
 
 TorchTitan's pieces call in through the seams' wrappers (:mod:`.seams_tt022`, :mod:`.hooks`):
-
-======================================  ==========================================
-call                                    when (TorchTitan 0.2.2 ``Trainer.train_step``)
-======================================  ==========================================
-:meth:`Monitor.on_loss`                 each micro-batch's loss (device ops only)
-:meth:`Monitor.on_grad_norm`            ``clip_grad_norm_`` result (keeps a reference)
-:meth:`Monitor.on_step_end`             ``post_optimizer_hook`` (device ops only;
-                                        ``every_step``: reads the previous step's
-                                        copy and enqueues this step's;
-                                        ``every_step_exact``: checks this step)
-:meth:`Monitor.on_should_log`           ``MetricsProcessor.should_log`` returned True:
-                                        enqueue the rows' copy to the host (no wait)
-:meth:`Monitor.on_log`                  ``MetricsProcessor.log``: check point (reads
-                                        the copy TorchTitan's ``.item()`` waited for)
-:meth:`Monitor.on_save`                 ``CheckpointManager.save`` that will write
-:meth:`Monitor.on_close`                ``MetricsProcessor.close`` after a normal end
-======================================  ==========================================
+per micro-batch loss, ``clip_grad_norm_``, the step's end, ``should_log``/``log``, checkpoint
+saves and close. The other calls only queue device work; the check points read it
+(docs/divergence-detection.md gives when each mode checks and what it costs).
 """
 
 from __future__ import annotations
@@ -107,11 +93,10 @@ class Monitor:
         self.checks = 0
         """Check points run."""
         self.waits = 0
-        """Check points whose read found the copy still in flight and waited for the device (a
-        synchronisation the trainer did not already make). ``every_step_exact`` waits at
-        nearly every step on a GPU-bound run; ``every_step`` only when the device is more than
-        a step behind the host; checkpoint saves and the end of training can wait; log steps
-        of TorchTitan 0.2.2's trainer never do."""
+        """Check points that waited for the device (a sync the trainer did not already make):
+        ``every_step_exact`` nearly every step on a GPU-bound run, ``every_step`` only when the
+        device is over a step behind; log steps of 0.2.2's trainer never.
+        """
         self.pending: Snapshot | None = None
         """The rows' copy enqueued at the current log step's ``should_log``."""
         self.lagged: Snapshot | None = None
@@ -148,9 +133,9 @@ class Monitor:
 
     def on_loss(self, loss: torch.Tensor, labels: torch.Tensor | None,
                 inject: bool = True) -> torch.Tensor:
-        """A training micro-batch's summed loss; returns it (NaN at the injected step unless
-        ``inject`` is False: a trainer that observes the loss after its backward injects in
-        the loss itself)."""
+        """A micro-batch's summed loss, returned (NaN at the injected step unless ``inject`` is
+        False: a trainer that observes the loss after its backward injects in the loss itself).
+        """
         if not torch.is_grad_enabled() or self.divergence is not None:
             return loss  # validation runs under no_grad: not a training step
         if inject and self.injecting():
@@ -169,10 +154,9 @@ class Monitor:
     def on_step_end(self) -> None:
         """End of an optimizer step: fold it into the record (device ops only).
 
-        ``every_step``: read the copy enqueued at the end of the previous step (landed by now
-        on a device at most a step behind: no wait), then enqueue this step's copy. The record
-        is sticky and keeps the step number, so a NaN at step 7 is named step 7, found at the
-        end of step 8. ``every_step_exact``: read this step's record now (one wait).
+        ``every_step`` reads the previous step's copy (landed by now: no wait) and enqueues
+        this one; the sticky record keeps the step number, so a NaN at step 7 is named step 7
+        though found at step 8. ``every_step_exact`` reads this step's record now (one wait).
         """
         if self.divergence is not None:
             return
@@ -257,18 +241,10 @@ class Monitor:
               snapshot: Snapshot | None = None) -> None:
         """Read every rank's record; raise :class:`DivergenceError` if any step was bad.
 
-        Args:
-            where: for the message, e.g. ``log step 10``.
-            host: (step, loss, grad_norm) this rank was handed already on the host and found
-                non-finite; used if every device record is clean (e.g. a loss the guard does
-                not observe). These are TorchTitan's globally reduced values, the same on
-                every rank (except the loss under PP: only the last stage has it).
-            snapshot: the rows enqueued at ``should_log`` (no wait); None: gather now (one
-                all-gather and one wait for the device).
-
-        Every rank must call this at the same points (they all do: log steps, checkpoint
-        saves, end of training, and the end of every optimizer step in the ``every_step``
-        modes); each skips alike when every step ended was read already.
+        ``host``: (step, loss, grad_norm) already on the host and non-finite, used if every
+        device record is clean (TorchTitan's reduced values, the same on every rank except
+        the loss under PP). ``snapshot``: the rows enqueued at ``should_log``; None gathers
+        now (one wait). Collective: every rank calls it at the same points.
         """
         self.checks += 1
         if snapshot is None:

@@ -1,12 +1,9 @@
 """A device-side, sticky record of the first training step with a non-finite loss or grad norm.
 
-Updating the record uses device operations only: no ``.item()``, ``.cpu()``, ``bool()`` or
-``.tolist()`` on a device tensor, so the host never waits for the device. Only
-:meth:`NonFiniteRecord.row` (read at check points) copies it to the host.
-
-Layout of the record (float64, on the training device), :data:`FIELDS`:
-``[step, loss, grad_norm, has_loss, has_grad_norm]``; ``step`` is -1 while every step seen
-so far was finite. Once set, the row never changes (sticky): it keeps the first bad step.
+Updates are device operations only, so the host never waits for the device; only
+:meth:`NonFiniteRecord.row` (at check points) copies it to the host. :data:`FIELDS` gives the
+float64 row; ``step`` is -1 while every step was finite, and once set the row keeps the first
+bad step.
 """
 
 from __future__ import annotations
@@ -40,11 +37,7 @@ class Row:
 
 
 class NonFiniteRecord:
-    """Collects one step's loss and grad norm on the device; remembers the first bad step.
-
-    Per step: :meth:`observe_loss` once per micro-batch (the loss function's sum and the
-    labels), :meth:`observe_grad_norm` once, then :meth:`end_step` with the step number.
-    """
+    """Collects one step's loss and grad norm on the device; remembers the first bad step."""
 
     def __init__(self) -> None:
         self.device: torch.device | None = None
@@ -64,10 +57,8 @@ class NonFiniteRecord:
             self.device = tensor.device
 
     def observe_loss(self, loss_sum: torch.Tensor, labels: torch.Tensor | None = None) -> None:
-        """Add one micro-batch: the loss function's (sum-reduced) output and its labels.
-
-        With labels, the step's value is the local mean loss, sum / valid tokens, like
-        TorchTitan's ``local_avg_loss``; without, the sum.
+        """Add one micro-batch's sum-reduced loss; with labels the step's value is the local mean
+        (sum / valid tokens, like TorchTitan's ``local_avg_loss``), without them the sum.
         """
         self._bind(loss_sum)
         loss = loss_sum.detach().to(torch.float64)

@@ -1,27 +1,14 @@
 """TorchTitan 0.2.2's seam of the divergence guard: library functions and methods the trainer
 looks up at call time, wrapped, without touching the trainer module.
 
-The loss and the grad norm are locals of ``Trainer.train_step``, and ``python -m
-torchtitan.train`` runs the trainer as ``__main__`` (a second copy of the module), so
-patching ``torchtitan.train`` would not even reach the running trainer. The guard wraps:
-
-* ``torchtitan.components.loss.cross_entropy_loss``: ``build_cross_entropy_loss`` reads this
-  module global when the trainer builds its loss function, which happens after model
-  converters run; so the trainer's (and the pipeline schedule's) loss function is the
-  wrapper. Every micro-batch's loss passes through it on the device.
-* ``torchtitan.distributed.utils.clip_grad_norm_`` (:mod:`.hooks`, shared with 0.3.0).
-* ``MetricsProcessor.should_log`` (class attribute): when it says a step will be logged,
-  the guard enqueues every rank's record row to the host (:mod:`.snapshot`) before
-  TorchTitan reduces the loss and calls ``.item()``, which waits for that copy too.
-* ``MetricsProcessor.log``: the log steps, where TorchTitan has just synchronised to print
-  loss and grad norm: the check point, reading the copy that has landed.
-* ``MetricsProcessor.close``: the end of training, whatever made the loop stop.
-* ``CheckpointManager.save``: before a checkpoint is written (check first), and
-  ``CheckpointManager.load``: ``Trainer.train`` calls it first; it holds the trainer as
-  ``states["train_state"]``, whose ``step`` numbers the steps (after a resume too).
-
-Each is a patch of :mod:`titan_rocm.patches` (once per process, restored with the last job
-holding it); each forwards to :func:`.hooks.active` and passes through when it is None.
+The loss and grad norm are locals of ``Trainer.train_step``, and ``python -m
+torchtitan.train`` runs the trainer as ``__main__`` (a second copy of the module), so patching
+``torchtitan.train`` would not reach the running trainer. Instead the guard wraps
+``cross_entropy_loss`` (read when the trainer builds its loss, after the converters run),
+``clip_grad_norm_`` (:mod:`.hooks`), ``MetricsProcessor.should_log``/``log``/``close`` (the
+log steps, where TorchTitan synchronises anyway, and the end) and ``CheckpointManager.save``/
+``load`` (check before writing; ``load`` hands over the trainer). Each wrapper passes through
+while :func:`.hooks.active` is None.
 """
 
 from __future__ import annotations

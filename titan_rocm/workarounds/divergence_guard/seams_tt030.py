@@ -1,29 +1,17 @@
 """TorchTitan 0.3.0's seam of the divergence guard: the trainer adapter's calls
-(:class:`TrainerGuard`) at the trainer's own methods.
+(:class:`TrainerGuard`) at the trainer's own methods (``torchtitan/trainer.py``).
 
-What changed from 0.2.2, and where the guard listens instead (``torchtitan/trainer.py``):
+Why it listens where it does on 0.3.0:
 
-- The loss: ``config.loss.build()`` stores ``cross_entropy_loss`` in the loss object at
-  ``Trainer.__init__`` (now with a ``global_vocab_size`` keyword), ``ChunkedLossWrapper`` runs a
-  backward per chunk inside the loss call, and on NVIDIA ``_forward_backward_body`` is captured
-  as a CUDA graph by default (a wrapped loss would be captured: its Python would not run on
-  replays). So the guard reads the loss that ``forward_backward_step`` returns, outside any
-  graph: ``local sum / global_valid_tokens``, turned back into the sum
-  (:meth:`TrainerGuard.after_forward_backward`).
-- The NaN test hook must make the gradients NaN too, so it cannot act after the backward: it
-  multiplies the innermost loss (the one whose backward runs) by a device scalar that is 1,
-  or NaN at the injected step (set at :meth:`before_step`; a graph replay reads it too).
-- The grad norm: ``train_step`` still calls ``dist_utils.clip_grad_norm_`` (wrapped as on 0.2.2).
-- When to copy the record to the host: ``should_log`` now runs at the *start* of
-  ``train_step``, before the step's loss exists. The copy is enqueued from the optimizer's
-  post-step hook instead (after clipping, before TorchTitan's ``.item()`` for the log line):
-  :meth:`after_optimizer_step`.
-- At a log step with a non-finite loss TorchTitan raises its own ``RuntimeError("Loss is not
-  finite ... at step N")`` before ``MetricsProcessor.log``: :meth:`step_failed` turns it into
-  the guard's verdict, which names the *first* bad step and what was non-finite.
-- Log steps (``metrics_processor.log``) and checkpoint saves (``checkpointer.save``) are read
-  on the trainer's own objects (instance attributes, patches of :mod:`titan_rocm.patches`
-  held by the job), ``close`` through the trainer.
+- The loss object runs a backward per chunk and may be captured in a CUDA graph, where a
+  wrapper's Python would not run on replays; so the guard reads the loss
+  ``forward_backward_step`` returns (:meth:`TrainerGuard.after_forward_backward`).
+- The NaN hook must poison the gradients too, so it multiplies the innermost loss by a device
+  scalar (1, or NaN at the injected step), which a graph replay reads as well.
+- ``should_log`` now runs before the step's loss exists, so the record's copy is enqueued from
+  the optimizer's post-step hook (:meth:`after_optimizer_step`).
+- TorchTitan's own ``RuntimeError("Loss is not finite ...")`` at a log step becomes the guard's
+  verdict (:meth:`step_failed`), which names the *first* bad step.
 """
 
 from __future__ import annotations

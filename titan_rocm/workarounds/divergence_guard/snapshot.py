@@ -1,15 +1,10 @@
 """Every rank's record row, brought to the host without making the host wait for the device.
 
-At a log step TorchTitan 0.2.2 decides to log (``MetricsProcessor.should_log``) and only then
-reduces the loss and calls ``.item()``: the host waits for the device there anyway. A
-:class:`Snapshot` taken at ``should_log`` enqueues, on the current stream and before that
-``.item()``, the all-gather of every rank's row and a non-blocking copy into pinned host
-memory, then records an event. When ``MetricsProcessor.log`` runs, TorchTitan's own wait has
-already covered the copy: the event is complete and reading the rows waits for nothing.
-So the guard's default mode adds no host synchronisation at all, not even at log steps.
-
-Where the event is not complete when read (a trainer that does not synchronise between
-``should_log`` and ``log``), :meth:`Snapshot.rows` waits for it and says so (``waited``).
+TorchTitan 0.2.2 decides at ``should_log`` to log, then calls ``.item()`` and waits anyway. A
+:class:`Snapshot` taken at ``should_log`` enqueues the all-gather and a non-blocking copy to
+pinned memory before that ``.item()``, so by ``MetricsProcessor.log`` the copy has landed: the
+guard's default mode adds no host synchronisation at all. Where it has not (a trainer that
+does not synchronise in between), :meth:`Snapshot.rows` waits and says so (``waited``).
 """
 
 from __future__ import annotations

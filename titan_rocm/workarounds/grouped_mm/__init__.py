@@ -1,12 +1,8 @@
-"""Grouped-MM binding: point the live model's MoE experts at a chosen grouped-MM backend.
+"""Grouped-MM binding: point the live model's MoE experts at a chosen grouped-MM backend
+(docs/grouped-mm.md).
 
 This package's face is the public API users extend (:func:`register_backend`) and read
-(:func:`call_counts`, :func:`backend_names`), the same on every TorchTitan generation. The
-workaround ``rocm.grouped_mm`` is :mod:`.workaround`; how the binding reaches what TorchTitan
-really calls, its seams (:mod:`.seams_tt022`: the module global; :mod:`.seams_tt030`: the
-experts' class), each with its own ``layer_backends``; the backends, :mod:`.backends`;
-whether the bound function runs compiled (0.2.2), :mod:`.experts_compile`. Docs:
-docs/grouped-mm.md.
+(:func:`call_counts`, :func:`backend_names`), the same on every TorchTitan generation.
 """
 
 from titan_rocm.workarounds.grouped_mm.backends import (

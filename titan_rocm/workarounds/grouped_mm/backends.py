@@ -1,15 +1,9 @@
 """Grouped-MM backends for TorchTitan's MoE experts, by name, and the registry users extend.
 
-A backend computes the SwiGLU experts of one MoE layer, with the signature of TorchTitan
-0.2.2's ``torchtitan.models.moe.moe._run_experts_grouped_mm``::
-
-    fn(w1, w2, w3, x, num_tokens_per_expert) -> out
-
-``w1``/``w3``: ``(E, hidden, dim)``, ``w2``: ``(E, dim, hidden)``, ``x``: ``(T, dim)`` tokens
-sorted by expert, ``num_tokens_per_expert``: ``(E,)`` integer counts. Rows of ``x`` past
-``num_tokens_per_expert.sum()`` are padding (TorchTitan fills them from a zero row); their
-output rows are dropped by TorchTitan, so a backend may leave anything finite there.
-``out`` has ``x``'s shape and dtype.
+A backend has the signature of TorchTitan 0.2.2's
+``torchtitan.models.moe.moe._run_experts_grouped_mm``, ``fn(w1, w2, w3, x,
+num_tokens_per_expert) -> out``; rows of ``x`` past the counts' sum are padding whose output
+TorchTitan drops (docs/grouped-mm.md).
 """
 
 from __future__ import annotations
@@ -43,11 +37,10 @@ def torch_grouped_mm(
     x: torch.Tensor,
     num_tokens_per_expert: torch.Tensor,
 ) -> torch.Tensor:
-    """TorchTitan's stock path: ``torch._grouped_mm`` in BF16, result cast back to ``x``'s dtype.
+    """TorchTitan's stock path: ``torch._grouped_mm`` in BF16, cast back to ``x``'s dtype.
 
-    The same operations as the stock function (so torchao's float8 grouped-MM tensors
-    intercept it the same way): BF16 whatever the input dtype, padding rows left as
-    ``torch._grouped_mm`` leaves them.
+    The same operations as the stock function, so torchao's float8 grouped-MM tensors
+    intercept it the same way.
     """
     offsets = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
     xb = x.bfloat16()
@@ -65,11 +58,10 @@ def loop_grouped_mm(
     x: torch.Tensor,
     num_tokens_per_expert: torch.Tensor,
 ) -> torch.Tensor:
-    """One ordinary matmul per expert, in ``x``'s dtype: runs on every device and dtype.
+    """One matmul per expert in ``x``'s dtype: runs on every device and dtype.
 
-    Reads the counts on the host (one device-to-host sync per call), like TorchTitan's own
-    for-loop path. Not traceable by ``torch.compile(fullgraph=True)``, so it always runs
-    eager (its bound function is named so stock ``apply_compile`` leaves it alone).
+    It syncs the counts to the host, so ``fullgraph`` cannot trace it: it always runs eager
+    (its bound function is named so stock ``apply_compile`` leaves it alone).
     """
     counts = [int(c) for c in num_tokens_per_expert.tolist()]
     used = sum(counts)
@@ -89,10 +81,8 @@ PRIMUS_TURBO_MODULE = "primus_turbo.pytorch"
 
 
 def primus_turbo_status(facts: PlatformFacts | None = None) -> str | None:
-    """Why Primus-Turbo's grouped GEMM cannot be used here, or None when it can.
-
-    On a simulated machine (``facts.primus_turbo`` set), what it was said to have; otherwise
-    imports ``primus_turbo.pytorch`` (cached by Python after the first success).
+    """Why Primus-Turbo's grouped GEMM cannot be used here, or None when it can (a simulated
+    machine answers from ``facts.primus_turbo``).
     """
     if facts is not None and facts.primus_turbo is not None:
         if facts.primus_turbo:
@@ -119,9 +109,8 @@ def primus_turbo_grouped_mm(
 ) -> torch.Tensor:
     """Primus-Turbo's CK grouped GEMM (``primus_turbo.pytorch.ops.grouped_gemm``) in BF16.
 
-    Primus-Turbo requires the group sizes to cover every row of ``x``; TorchTitan's padding
-    rows past the last group (zeros) are folded into the last expert's group, without a
-    host sync; their outputs are zeros and TorchTitan drops them.
+    Its group sizes must cover every row, so TorchTitan's zero padding rows join the last
+    group without a host sync; TorchTitan drops their outputs.
     """
     # The group sizes once per call, for all three GEMMs.
     group_lens = _group_lens(num_tokens_per_expert.to(torch.int64), x.shape[0])
@@ -180,10 +169,8 @@ def _fp8_config_classes() -> tuple[Any, Any, Any] | None:
 def primus_turbo_fp8_status(facts: PlatformFacts | None = None) -> str | None:
     """Why Primus-Turbo's FP8 grouped GEMM cannot be used here, or None when it can.
 
-    Feature detection, not a version guess: ``ops.grouped_gemm_fp8`` must exist and declare
-    :data:`FP8_PARAMETERS`, and an E4M3 tensorwise ``Float8QuantConfig`` must be importable. A
-    simulated Primus-Turbo (``--primus-turbo present``) is one that has it (every release since
-    v0.1.0 does).
+    Feature detection, not a version guess: ``ops.grouped_gemm_fp8`` must declare
+    :data:`FP8_PARAMETERS` and an E4M3 tensorwise ``Float8QuantConfig`` must import.
     """
     missing = primus_turbo_status(facts)
     if missing is not None or (facts is not None and facts.primus_turbo is not None):
@@ -223,11 +210,9 @@ class _Unwrapped(torch.autograd.Function):
 def plain_weight(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` as a plain tensor Primus-Turbo's kernels can read.
 
-    TorchTitan's float8 grouped-MM converter wraps the experts' weights in torchao's
-    ``ScaledGroupedMMTensor`` (a wrapper subclass holding the weight as its one inner tensor,
-    ``torchao/prototype/moe_training/tensor.py``); it keeps that wrapper through ``.bfloat16()``
-    and has no storage of its own. Such a weight is unwrapped through an identity whose
-    gradient flows back to the wrapped parameter; any other tensor is returned as it is.
+    torchao's ``ScaledGroupedMMTensor`` (``torchao/prototype/moe_training/tensor.py``) has no
+    storage of its own and survives ``.bfloat16()``, so it is unwrapped through an identity
+    whose gradient flows back to the wrapped parameter.
     """
     if not is_traceable_wrapper_subclass(weight):
         return weight
@@ -253,9 +238,7 @@ def primus_turbo_fp8_grouped_mm(
     x: torch.Tensor,
     num_tokens_per_expert: torch.Tensor,
 ) -> torch.Tensor:
-    """:func:`primus_turbo_grouped_mm` with each GEMM in FP8 (``grouped_gemm_fp8``): BF16 in
-    and out, E4M3 tensorwise dynamic scaling; torchao-wrapped weights are unwrapped first
-    (:func:`plain_weight`)."""
+    """:func:`primus_turbo_grouped_mm` in FP8 (E4M3 tensorwise dynamic scaling), BF16 in and out."""
     group_lens = _group_lens(num_tokens_per_expert.to(torch.int64), x.shape[0])
     xb = x.bfloat16()
     w1, w2, w3 = (plain_weight(w).bfloat16() for w in (w1, w2, w3))
@@ -324,13 +307,11 @@ CALLS: Counter[str] = Counter()
 def register_backend(
     name: str, fn: ExpertsFn, *, replace: bool = False, compilable: bool = False
 ) -> None:
-    """Make ``fn`` available as ``[rocm] grouped_mm_backend = "<name>"``.
+    """Make ``fn`` available as ``[rocm] grouped_mm_backend = "<name>"`` (docs/grouped-mm.md).
 
-    Call it before TorchTitan builds the converters, e.g. at import of the module named in
-    ``[experimental] custom_import``. ``fn`` takes ``(w1, w2, w3, x, num_tokens_per_expert)``
-    and returns the experts' output for every row of ``x`` (see this module's docstring).
-    ``compilable=True`` says ``torch.compile(fn, fullgraph=True)`` traces it: it is then
-    compiled wherever TorchTitan would compile its own experts function.
+    Call it before TorchTitan builds the converters (e.g. from ``[experimental]
+    custom_import``). ``compilable=True``: ``torch.compile(fn, fullgraph=True)`` traces it,
+    so it compiles wherever TorchTitan compiles its own experts.
 
     Raises:
         ValueError: ``name`` is empty, is ``auto``, or is taken (and ``replace`` is False).

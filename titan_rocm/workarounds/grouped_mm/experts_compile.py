@@ -1,26 +1,11 @@
 """Compile the bound experts function where stock TorchTitan compiles its own.
 
-Stock llama4 ``apply_compile`` wraps ``_run_experts_grouped_mm`` in
-``torch.compile(fullgraph=True)`` (and, under expert parallelism, marks the token dimension
-dynamic before each call). titan-rocm's bound function carries the name that makes stock
-leave it alone, because ``loop``'s host sync cannot be traced. Without this module the
-experts' SwiGLU would then run eager whenever the binding is on: on an H200, with TorchTitan's
-MoE compile, taking the binding out made a GPU-bound deepseek_v3 run 2.85 % faster
-(docs/performance.md).
-
-So the bound function runs its backend through an :class:`ExpertsRunner`, which compiles it
-when
-
-- TorchTitan compiles the model (``[compile] enable``, ``"model"`` in ``components``);
-- the backend is traceable with ``fullgraph=True`` (``torch``, or registered as such);
-- the job does not run ``rocm.moe_eager_compile`` (asked of the job's decisions,
-  :meth:`~titan_rocm.workarounds.base.Context.will_apply`): under either of its scopes the
-  MoE module stays eager, experts included (the whole MoE block under ``moe_eager_scope =
-  "block"``, the MoE module alone under ``"moe"``), which is the point of the mixed
-  strategy.
-
-The runner acts at its first call (``parallelize_fn`` has run by then) and logs once what it
-does, and why.
+The bound function's name makes stock llama4 ``apply_compile`` leave it alone (``loop``'s
+host sync cannot be traced), so without this module the experts would run eager whenever the
+binding is on (2.85 % slower on a GPU-bound deepseek_v3 on an H200, docs/performance.md).
+:class:`ExpertsRunner` compiles a ``fullgraph``-traceable backend when TorchTitan compiles the
+model and ``rocm.moe_eager_compile`` does not run (keeping the MoE module eager is its point);
+it decides at its first call, after ``parallelize_fn``, and logs once what it does and why.
 """
 
 from __future__ import annotations

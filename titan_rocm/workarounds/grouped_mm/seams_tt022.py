@@ -1,22 +1,13 @@
 """TorchTitan 0.2.2's seam of the grouped-MM binding: the live model's MoE experts bound to a
-backend through the module global their ``forward`` really reads, compiled on its own
-(:mod:`.experts_compile`).
+backend through the module global their ``forward`` really reads.
 
-``GroupedExperts.forward`` (``torchtitan/models/moe/moe.py``, TorchTitan 0.2.2) looks up the
-module global ``_run_experts_grouped_mm`` on every call. The same file can be loaded twice
-under two module names (TorchTitan's model folders are PEP-420 namespace directories), so
-patching an attribute chain imported here may miss the module the model really uses. So the
-model's ``GroupedExperts`` instances are found, and the binding writes into
-``type(m).forward.__globals__`` (a patch of :mod:`titan_rocm.patches`: binding again rebinds
-from TorchTitan's function, restored with the last job holding it).
-
-The bound function is called ``_run_experts_grouped_mm_dynamic``: stock llama4
-``apply_compile`` checks that name (its "already patched" test) and then leaves it alone
-instead of wrapping it in ``torch.compile``. Where stock would have compiled its own function,
-the bound one compiles a traceable backend itself (:mod:`.experts_compile`).
-
-gpt_oss is NOT covered: ``GptOssGroupedExperts`` has its own ``_run_experts_grouped_mm`` with
-biases and a clamped SwiGLU, a different signature; its layers are reported as not covered.
+``GroupedExperts.forward`` (``torchtitan/models/moe/moe.py``) looks up
+``_run_experts_grouped_mm`` on every call, and TorchTitan's PEP-420 model folders can load
+that file twice under two names, so the binding patches ``type(m).forward.__globals__`` of
+the model's own instances. The bound name ``_run_experts_grouped_mm_dynamic`` is stock
+llama4 ``apply_compile``'s "already patched" test, so stock leaves it alone; a traceable
+backend is compiled by :mod:`.experts_compile` instead. gpt_oss's experts (another
+signature) are reported as not covered.
 """
 
 from __future__ import annotations
@@ -56,11 +47,8 @@ def _class_names(module: nn.Module) -> set[str]:
 
 
 def experts_globals(module: nn.Module) -> dict[str, Any] | None:
-    """The globals ``forward`` of a TorchTitan ``GroupedExperts`` reads, or None if not one.
-
-    Matched by class name (anywhere in the MRO, so FSDP's subclass matches too), the
-    ``w1``/``w2``/``w3``/``use_grouped_mm`` attributes, and a forward whose module defines
-    ``_run_experts_grouped_mm`` -- never by class identity, since moe.py may be loaded twice.
+    """The globals ``forward`` of a TorchTitan ``GroupedExperts`` reads, or None if not one;
+    matched by name and attributes, never class identity (moe.py may be loaded twice).
     """
     if _EXPERTS_CLASS not in _class_names(module):
         return None
@@ -86,8 +74,7 @@ def make_bound(
     backend: str, request: CompileRequest = NOT_COMPILED
 ) -> Callable[..., torch.Tensor]:
     """The function bound in place of ``_run_experts_grouped_mm``: counts, then calls ``backend``
-    (a backend name, or ``<name>:fp8`` for its FP8 form; compiled at the first call when
-    ``request`` and the blocks allow it, see :mod:`.experts_compile`).
+    (``<name>`` or ``<name>:fp8``), compiled where :mod:`.experts_compile` allows.
 
     Raises:
         ValueError: ``backend`` is not registered.
@@ -122,8 +109,8 @@ def _unique_globals(model: nn.Module) -> Iterator[dict[str, Any]]:
 def bind(model: nn.Module, backend: str, request: CompileRequest = NOT_COMPILED) -> list[str]:
     """Bind every ``GroupedExperts`` of ``model`` to ``backend``; return the patched modules.
 
-    ``request``: how TorchTitan compiles the model; the default keeps the experts eager.
-    Idempotent: binding again replaces the bound function, it never wraps it.
+    ``request``: how TorchTitan compiles the model (default: experts eager). Binding again
+    rebinds, never wraps.
     """
     bound = make_bound(backend, request)
     patched = []

@@ -1,30 +1,13 @@
 """TorchTitan 0.3.0's seam of the grouped-MM binding: the experts' class, not a module global.
 
-0.3.0 has no ``_run_experts_grouped_mm``: ``torchtitan/models/common/moe.py``'s
-``GroupedExperts.forward(x_RD, num_tokens_per_expert_E)`` computes the SwiGLU experts itself
-and calls the method ``self._grouped_mm(A=, B_t=, offs=)`` for each GEMM. Subclasses change
-either: gpt_oss's ``GptOssGroupedExperts`` has its own ``forward`` (fused ``mlp1`` with biases,
-a clamped SwiGLU) over ``_grouped_mm``; the MXFP8 converter overrides ``_grouped_mm``; Float8
-keeps both and quantizes the weights (torchao tensors that intercept ``torch._grouped_mm``).
-TorchTitan's own converters stack by subclassing the experts' class (one cached subclass per
-class); the binding does the same on the built model, swapping each experts module's class
-for a cached subclass of its own class (as FSDP does), so whatever the class did stays below:
-
-- backend ``torch``: ``forward`` counts the call and runs the class's own ``forward``
-  (stock math for every class, quantized ones included);
-- another backend, on a class whose ``forward`` and ``_grouped_mm`` are the stock ones:
-  ``forward`` runs the backend's experts function ``(w1, w2, w3, x, counts)``, the same
-  contract as on 0.2.2;
-- another backend, on a class with its own ``forward`` (gpt_oss): ``_grouped_mm`` runs the
-  backend's one-GEMM form (:data:`~.backends.GEMM_FORMS`, built-in backends only); a backend
-  without one leaves those experts stock, reported as not covered.
-
-The experts run inside their block, so they are compiled with it (0.3.0 compiles whole
-blocks, ``fullgraph=True``): ``torch`` and ``loop`` trace there (``apply_compile`` turns on
-``capture_scalar_outputs``, so ``loop``'s host read of the counts becomes unbacked sizes); a
-backend that does not trace (:func:`~.backends.is_compilable`) has its blocks marked eager
-(:func:`~titan_rocm.workarounds.moe_blocks.mark_eager`), which the 0.3.0 adapter realizes
-after the stock ``parallelize_fn``.
+0.3.0 has no ``_run_experts_grouped_mm``: ``GroupedExperts.forward``
+(``torchtitan/models/common/moe.py``) computes the SwiGLU experts and calls
+``self._grouped_mm(A=, B_t=, offs=)`` per GEMM, and subclasses override either (gpt_oss its
+``forward``, MXFP8 ``_grouped_mm``). So the binding swaps each experts module's class for a
+cached subclass of its own class (as TorchTitan's converters and FSDP do), keeping what the
+class did below; :func:`seam_for` says which method a backend takes. Experts compile with
+their block (``fullgraph=True``); a backend that does not trace has its blocks marked eager
+(:func:`~titan_rocm.workarounds.moe_blocks.mark_eager`).
 """
 
 from __future__ import annotations
@@ -49,9 +32,10 @@ BACKEND_ATTR = "_titan_rocm_backend"
 SEAM_ATTR = "_titan_rocm_seam"
 """Class attribute of a binding subclass: ``forward``, ``_grouped_mm`` or ``counted``."""
 TRACES_IN_BLOCK = frozenset({"loop"})
-"""Backends that are not :func:`~.backends.is_compilable` on their own but trace inside a
-0.3.0 block: ``loop`` reads the counts on the host, which ``apply_compile``'s
-``capture_scalar_outputs`` turns into unbacked sizes (checked on CPU by the 0.3.0 suite)."""
+"""Backends not :func:`~.backends.is_compilable` alone that still trace in a 0.3.0 block:
+``apply_compile``'s ``capture_scalar_outputs`` turns ``loop``'s host read of the counts into
+unbacked sizes (checked on CPU by the 0.3.0 suite).
+"""
 
 _subclasses: dict[tuple[type, str], type] = {}
 
@@ -77,8 +61,8 @@ def _local(param: torch.Tensor) -> torch.Tensor:
 
 def seam_for(module: nn.Module, backend: str) -> str | None:
     """Where ``backend`` goes in ``module``: ``counted`` (``torch``: the class's own path),
-    ``forward``, ``_grouped_mm``, or None (not covered: its own ``forward`` and no one-GEMM
-    form of ``backend``)."""
+    ``forward``, ``_grouped_mm``, or None (not covered).
+    """
     stock = _stock_experts_class(module)
     if stock is None:
         return None
@@ -101,9 +85,10 @@ def _unbound_class(module: nn.Module) -> type:
 
 
 def _count(backend: str) -> None:
-    """Count a call of ``backend``, in eager code only: inside a compiled block the count is a
-    side effect Dynamo guards on, so every new count recompiled the block until a fullgraph
-    block hit its recompile limit and failed the run."""
+    """Count a call of ``backend`` in eager code only: inside a compiled block the count is a
+    side effect Dynamo guards on, recompiling until a fullgraph block hit its limit and
+    failed the run.
+    """
     if not torch.compiler.is_compiling():
         CALLS[backend] += 1
 

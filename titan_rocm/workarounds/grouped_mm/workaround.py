@@ -1,8 +1,5 @@
-"""``rocm.grouped_mm``: point the live model's MoE experts at a chosen grouped-MM backend.
-
-How the binding reaches TorchTitan's experts is each generation's seam (:mod:`.seams_tt022`,
-:mod:`.seams_tt030`); the backends and their registry :mod:`.backends`; whether the bound
-function runs compiled :mod:`.experts_compile`. Docs: docs/grouped-mm.md.
+"""``rocm.grouped_mm``: point the live model's MoE experts at a chosen grouped-MM backend
+(docs/grouped-mm.md); the binding is each generation's seam.
 """
 
 from __future__ import annotations
@@ -97,8 +94,8 @@ class GroupedMMBinding(Workaround):
 
     def _choose_precision(self, quantized: list[str]) -> None:
         """FP8 through Primus-Turbo where the job's experts are float8 or the setting asks for
-        it and the installed Primus-Turbo has it; otherwise why not (:meth:`unmet` under
-        ``on``, one log line under ``auto``)."""
+        it and the installed Primus-Turbo has it; otherwise why not.
+        """
         asked = self.ctx.settings.grouped_mm_precision
         float8 = FLOAT8_EXPERTS in quantized
         if asked == "bf16" or (asked == "auto" and not float8):

@@ -1,19 +1,14 @@
 """Lazy access to aiter's flash-attention functions, across aiter versions.
 
-Nothing here imports aiter at module load. ``import aiter`` fails on machines without
-ROCm with RuntimeError/AssertionError from its JIT setup (not ImportError), so
-:func:`load_mha` checks the platform first and turns any exception into
+``import aiter`` fails off ROCm with RuntimeError/AssertionError from its JIT setup (not
+ImportError), so :func:`load_mha` checks the platform first and turns any exception into
 :class:`AiterUnavailable`.
 
-aiter's signatures grow between releases: PyPI 0.1.7.post2's ``_flash_attn_forward``,
-``mha_fwd`` and ``mha_varlen_fwd`` have no ``sink_size``, fp8 descales or ``sink_ptr``; main's
-(from v0.1.8) require ``sink_size`` positionally, and its backwards take ``sink``/``d_sink``
-(from v0.1.12). Every kernel (``@compile_ops``) and ``_flash_attn_backward``
-(``@torch_compile_guard``) is a ``(*args, **kwargs)`` wrapper around ``torch.ops.aiter.<name>``
-in both (``aiter/jit/core.py``, ``aiter/jit/utils/torch_guard.py``), so their parameters are read
-from the op schema; the plain Python dispatchers (``_flash_attn_forward``, the varlen ones) from
-their signatures. Calls pass keywords filtered to what the installed function declares; a
-required parameter titan-rocm does not know is an error that names it.
+aiter's signatures grow between releases (``sink_size`` required from v0.1.8, ``sink``/
+``d_sink`` from v0.1.12), and its kernels are ``(*args, **kwargs)`` wrappers
+(``aiter/jit/core.py``, ``aiter/jit/utils/torch_guard.py``), so parameters are read from the
+op schema or signature and calls pass only the keywords the installed function declares; an
+unknown required parameter is an error naming it.
 """
 
 from __future__ import annotations
@@ -87,10 +82,8 @@ def missing_requirements(facts: PlatformFacts | None = None) -> list[str]:
 
 
 def unavailable_reason(facts: PlatformFacts | None = None, *, try_import: bool) -> str | None:
-    """Why aiter cannot be used, or None.
-
-    With ``try_import``, also imports ``aiter.ops.mha`` — but never on simulated facts
-    (``titan-rocm plan --arch``), where aiter must not be imported.
+    """Why aiter cannot be used, or None; ``try_import`` also imports ``aiter.ops.mha``, never
+    on simulated facts (``titan-rocm plan --arch``).
     """
     facts = facts or platform.current()
     missing = missing_requirements(facts)
@@ -128,11 +121,8 @@ def load_mha(facts: PlatformFacts | None = None) -> Any:
 @functools.cache  # read once per function: every attention forward and backward asks
 def parameters(fn: Callable[..., Any], op_name: str) -> list[tuple[str, bool]] | None:
     """``(name, required)`` for each parameter of aiter function ``fn``, or None if unknown
-    (the list is shared: read it, never change it).
-
-    Uses the Python signature; for a ``torch_compile_guard`` or ``compile_ops`` wrapper
-    (``*args, **kwargs``) the schema of ``torch.ops.aiter.<op_name>`` (without its leading dummy
-    tensor), which is how titan-rocm reads every aiter kernel in practice.
+    (shared: never change it); a ``*args, **kwargs`` wrapper is read from the schema of
+    ``torch.ops.aiter.<op_name>`` (less its leading dummy tensor).
     """
     try:
         sig = inspect.signature(fn)
@@ -160,11 +150,11 @@ def parameters(fn: Callable[..., Any], op_name: str) -> list[tuple[str, bool]] |
 
 
 def call_with_known(fn: Callable[..., Any], op_name: str, values: dict[str, Any]) -> Any:
-    """Call ``fn`` with the keywords from ``values`` (plus neutral defaults) it declares.
+    """Call ``fn`` with the keywords of ``values`` (plus neutral defaults) it declares.
 
     Raises:
-        AiterUnavailable: ``fn``'s parameters cannot be read, or it requires a parameter
-            titan-rocm has no value for.
+        AiterUnavailable: ``fn``'s parameters cannot be read, or it requires one titan-rocm
+            has no value for.
     """
     params = parameters(fn, op_name)
     if params is None:

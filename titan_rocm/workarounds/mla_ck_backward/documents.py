@@ -1,23 +1,13 @@
 """Per-document (``block_causal``) attention as varlen spans: what the model hands its attention.
 
-TorchTitan 0.2.2's DeepSeek V3 builds, for ``attn_mask_type = "block_causal"``, a FlexAttention
-``BlockMask`` from ``get_causal_mask_mod()`` and ``get_document_mask_mod(input_batch, eos_id)``
-(``torchtitan/models/attention.py``, ``models/deepseek_v3/model/model.py``): a token attends to
-earlier tokens of its own document, a document ends with (and includes) its EOS token, and the
-end of each sample closes a document too. That is causal attention within each document, which
-is varlen attention over ``cu_seqlens`` made of the same boundaries. TorchTitan computes exactly
-those in ``create_varlen_metadata_for_document(input_batch, eos_id)``: per sample, offsets
-concatenated over the batch, ``max_seqlen`` by one ``.item()`` per forward (its one host sync);
-titan-rocm uses that function, so the boundaries are TorchTitan's own.
-
-:func:`install` gives the model a ``get_attention_masks`` (an instance attribute, which FSDP's
-class swap and pipeline splitting's deepcopy keep) that returns :class:`DocumentSpans` instead.
-TorchTitan's trainer and validator call it once per batch, outside torch.compile. DeepSeek's
-``Attention.forward`` checks ``isinstance(attention_masks, BlockMask)`` before handing the mask
-to its inner attention, so :class:`DocumentSpans` subclasses ``BlockMask``; its block tensors are
-placeholders (no block at all): it is not a usable FlexAttention mask, and only
-:class:`~.module.MLAVarlenInnerAttention` reads it (:meth:`DocumentSpans.dense_mask` is the real
-mask, for fallbacks).
+TorchTitan 0.2.2's block_causal ``BlockMask`` (``torchtitan/models/attention.py``) is causal
+attention within each document, which is varlen attention over the same boundaries; they come
+from TorchTitan's own ``create_varlen_metadata_for_document``, so they are TorchTitan's.
+:func:`install` gives the model a ``get_attention_masks`` instance attribute (FSDP's class swap
+and pipeline splitting's deepcopy keep it) returning :class:`DocumentSpans`, which subclasses
+``BlockMask`` only to pass DeepSeek's ``isinstance`` check: its blocks are placeholders and
+only :class:`~.module.MLAVarlenInnerAttention` reads it (:meth:`DocumentSpans.dense_mask` is
+the real mask, for fallbacks).
 """
 
 from __future__ import annotations
@@ -34,10 +24,9 @@ MARK = "_titan_rocm_document_spans"
 
 
 class DocumentSpans(BlockMask):
-    """The documents of a packed batch as varlen metadata, passed where a ``BlockMask`` goes.
-
-    ``cu_seqlens``: int32 offsets of every document in the flattened ``(batch * seqlen)``
-    tokens, then the total; ``max_seqlen``: the longest document.
+    """The documents of a packed batch as varlen metadata, passed where a ``BlockMask`` goes:
+    ``cu_seqlens``, int32 document offsets in the flattened ``(batch * seqlen)`` tokens then
+    the total; ``max_seqlen``, the longest document.
     """
 
     cu_seqlens: Tensor

@@ -1,26 +1,16 @@
 """Route other callers of aiter's ``_flash_attn_backward`` the same way.
 
-Code that uses aiter's flash attention directly (``aiter.flash_attn_func``, Primus-Turbo's
-aiter backend) reaches ``aiter.ops.mha._flash_attn_backward``, which ``FlashAttnFunc``
-looks up as a module global at backward time. :func:`install` replaces that global with a
-wrapper taking the same parameters: for calls that :func:`~.routing.route_backward` sends
-to CK (q/k 192, v 128 where the arch's fmha_v3 backward lacks it) it calls ``mha_bwd`` itself
-(into the caller's ``dq``/``dk``/``dv``, returning ``softmax_d`` as aiter does); every other
-call, v padded to 192 included, goes to aiter's original unchanged.
+Direct users of aiter's flash attention (``aiter.flash_attn_func``, Primus-Turbo's aiter
+backend) reach ``aiter.ops.mha._flash_attn_backward`` as a module global at backward time;
+:func:`install` replaces it with a wrapper that calls CK ``mha_bwd`` for what
+:func:`~.routing.route_backward` sends to CK and aiter's original for everything else.
 
-Primus-Turbo binds the name at its own import time
-(``from aiter.ops.mha import _flash_attn_backward, _flash_attn_forward`` in
-``primus_turbo/pytorch/kernels/attention/attention_aiter_impl.py``, AMD-AGI/Primus-Turbo
-03513570), so a module global of aiter's alone would miss it when Primus-Turbo was imported
-first. :func:`patch` therefore also re-binds, in every already-imported module, each global
-that holds aiter's original (as the grouped-MM binding writes into the MoE module's globals).
-
-aiter is never imported here: if ``aiter.ops.mha`` is already loaded it is patched now,
-otherwise a one-shot import hook patches it right after it first loads, before anyone can
-bind the name. Each replacement is a patch of :mod:`titan_rocm.patches` made ``by``
-:data:`NAME`, held by the scope :func:`install` ran in (the job's, also when the import hook
-fires later). Not covered: ``torch.ops.aiter._flash_attn_backward`` called directly, and the
-original held anywhere but a module global (a closure, an attribute, a default argument).
+Primus-Turbo binds the name at its own import
+(``primus_turbo/pytorch/kernels/attention/attention_aiter_impl.py``, AMD-AGI/Primus-Turbo
+03513570), so every already-imported module global holding the original is re-bound too.
+aiter is never imported here: a one-shot import hook patches it when it first loads. Not
+covered: ``torch.ops.aiter._flash_attn_backward`` called directly, or the original held
+anywhere but a module global.
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
-"""The replacements for a DeepSeek V3 block's ``attention.inner_attention``.
+"""The replacements for a DeepSeek V3 block's ``attention.inner_attention``
+(docs/mla-ck-backward.md).
 
-:class:`MLAInnerAttention` takes the call of TorchTitan 0.2.2's
-``ScaledDotProductAttentionWrapper`` (``attn_type = "sdpa"``):
-``forward(q, k, v, *, scale=None, enable_gqa=False, is_causal=True)``. The other two take the
-call of ``FlexAttentionWrapper`` (``attn_type = "flex"``): ``forward(q, k, v, *, score_mod=None,
-block_mask=None, scale=None, return_lse=False, enable_gqa=False)``.
-:class:`MLAVarlenInnerAttention` (``block_causal`` masks) runs aiter's varlen attention within
-each document, reading the :class:`~.documents.DocumentSpans` the model now passes as
-``block_mask``. :class:`MLAFlexInnerAttention` runs plain causal attention and ignores
-``block_mask``: for ``causal`` masks, and for ``block_causal`` ones only when the user chose
-``mla_document_masks = "drop"``. Tensors are ``bhsd`` (batch, heads, seqlen, head dim) in and
-out. All keep the attribute name ``inner_attention``, which TorchTitan's tensor-parallel plan
-(``attention.inner_attention``) addresses.
-
-TorchTitan 0.3.0's replacements (``batched_tt030.py``, ``folded_tt030.py``) are TorchTitan
-modules built on these: they take 0.3.0's call (``(batch, seqlen, heads, dim)`` or folded
-``(T, N, H)`` tensors, ``attention_masks=``) and run
-:meth:`MLAVarlenInnerAttention.within_documents` or :class:`MLAInnerAttention`'s forward.
-
-Inputs aiter cannot take (float32, a head dim not a multiple of 8, q heads not a multiple of
-k heads) go to the attention the original wrapper ran (SDPA, or flex attention with its
-block mask; with document spans, SDPA with the dense per-document mask); outside
-torch.compile that is logged once per shape.
+They take the calls of TorchTitan 0.2.2's ``ScaledDotProductAttentionWrapper``
+(:class:`MLAInnerAttention`) and ``FlexAttentionWrapper`` (the other two), ``bhsd`` in and out,
+and keep the name ``inner_attention``, which TorchTitan's tensor-parallel plan addresses.
+0.3.0's replacements (``batched_tt030.py``, ``folded_tt030.py``) are built on these. Inputs
+aiter cannot take (float32, a head dim not a multiple of 8, q heads not a multiple of k heads)
+go to the attention the original wrapper ran, logged once per shape outside torch.compile.
 """
 
 from __future__ import annotations
@@ -152,10 +137,10 @@ class MLAFlexInnerAttention(MLAInnerAttention):
 
 
 class MLAVarlenInnerAttention(MLAFlexInnerAttention):
-    """Replaces ``FlexAttentionWrapper`` under ``block_causal`` masks: aiter varlen attention,
-    causal within each document of :class:`~.documents.DocumentSpans`, which ``block_mask``
-    must be (a real ``BlockMask``, e.g. one pipeline parallelism re-split, runs TorchTitan's
-    flex attention with it)."""
+    """Replaces ``FlexAttentionWrapper`` under ``block_causal`` masks: aiter varlen attention
+    within each document of the :class:`~.documents.DocumentSpans` in ``block_mask`` (a real
+    ``BlockMask``, e.g. one pipeline parallelism re-split, runs flex attention with it).
+    """
 
     def _flex_reason(self, q: Tensor, k: Tensor, v: Tensor, block_mask: Any) -> str | None:
         if isinstance(block_mask, DocumentSpans):
@@ -176,12 +161,10 @@ class MLAVarlenInnerAttention(MLAFlexInnerAttention):
     def within_documents(self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
                          max_seqlen: int, *, scale: float | None = None,
                          enable_gqa: bool = False) -> Tensor:
-        """Causal attention within each document of ``bhsd`` q/k/v: aiter's varlen attention
-        over the packed tokens, or (inputs aiter cannot take) SDPA under the per-document mask.
-
-        ``cu_seqlens``: int32 offsets of every document in the flattened ``(batch * seqlen)``
-        tokens, then the total; ``max_seqlen``: the longest document. The varlen path of both
-        TorchTitan versions (0.3.0 passes its ``VarlenMetadata``'s, ``seams_tt030.py``).
+        """Causal attention within each document of ``bhsd`` q/k/v (``cu_seqlens``/``max_seqlen`` as
+        in :class:`~.documents.DocumentSpans`): aiter's varlen attention over the packed
+        tokens, or SDPA under the per-document mask for inputs aiter cannot take. The varlen
+        path of both TorchTitan versions.
         """
         reason = unsupported_reason(q, k, v, enable_gqa)
         batch, heads, seqlen, _ = q.shape

@@ -1,15 +1,8 @@
-"""The MLA flash attention as ``torch.library`` custom ops with autograd, dense and varlen.
+"""The MLA flash attention as ``torch.library`` custom ops with autograd, dense (``bshd``) and
+varlen (``thd``), each direction calling what :mod:`.routing` picks (v is never padded).
 
-Dense (``bshd``: batch, seqlen, heads, head dim, aiter's layout):
-``titan_rocm::mla_flash_attn_fwd`` / ``titan_rocm::mla_flash_attn_bwd``. Varlen (``thd``: the
-batch's tokens packed, with ``cu_seqlens`` marking where each sequence starts):
-``titan_rocm::mla_varlen_attn_fwd`` / ``titan_rocm::mla_varlen_attn_bwd``. Each direction calls
-the aiter function :func:`~.routing.route_forward` / :func:`~.routing.route_backward` picks for
-the call: aiter's own dispatch, or its CK kernel directly (v is never padded).
-
-Being custom ops with fake (meta) implementations, all are opaque nodes to torch.compile, and
-selective activation checkpointing can name the forward ops (:data:`FORWARD_OPS`) to save
-their outputs instead of recomputing them.
+Custom ops with fake implementations are opaque to torch.compile, and selective activation
+checkpointing can name the forward ops (:data:`FORWARD_OPS`) to save their outputs.
 """
 
 from __future__ import annotations
@@ -61,9 +54,9 @@ def _routed(direction: str, call: AttentionCall) -> Route:
 def _forward(layout: str, q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
              softmax_scale: float, causal: bool, deterministic: bool,
              **spans: object) -> tuple[Tensor, Tensor, Tensor]:
-    """Either forward op's body: route the call, run aiter's function; ``spans`` are varlen's
-    ``cu_seqlens_*``/``max_seqlen_*`` (none for ``bshd``). ``deterministic`` is only recorded
-    for the backward (the forward is deterministic)."""
+    """Either forward op's body: route the call, run aiter's function. ``deterministic`` is only
+    recorded for the backward (the forward is deterministic).
+    """
     call = attention_call(q, k, v, layout, dropout_p=float(dropout_p), causal=bool(causal),
                           deterministic=bool(deterministic))
     route = _routed(FORWARD, call)
@@ -118,9 +111,9 @@ def _fake_backward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Ten
 
 
 def _autograd(backward_op: Any) -> tuple[Callable[..., Any], Callable[..., None]]:
-    """``(backward, setup_context)`` of a forward op whose inputs are q, k, v, then varlen's
-    span tensors and the numbers: saved q, k, v, the outputs and the spans; the numbers as
-    they came; gradients for q, k, v alone."""
+    """``(backward, setup_context)`` of a forward op: q, k, v, the outputs and the spans saved,
+    gradients for q, k, v alone.
+    """
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
         q, k, v, *rest = inputs
         ctx.save_for_backward(q, k, v, *output, *(x for x in rest if isinstance(x, Tensor)))

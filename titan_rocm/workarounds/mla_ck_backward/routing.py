@@ -1,34 +1,11 @@
-"""Which aiter function each MLA attention call gets, forward and backward: a pure decision.
+"""Which aiter function each MLA attention call gets, forward and backward: a pure decision (no
+torch, no aiter), so every route can be tabulated and tested off the GPU.
 
-A pure function of the call: the device's real arch, what aiter's ``get_gfx()`` answers, the
-installed aiter version and the change markers its files hold, head dims, dropout,
-bias/alibi, layout (dense or varlen), dtype, causal, deterministic. No torch, no aiter. It
-reads two tables: the per-arch facts ``aiter_fmha_v3_bwd_qk192_v128``/``..._qk128_v128`` in
-:mod:`titan_rocm.archs`, and the per-release facts in :mod:`.aiter_releases` (where each fact
-was read in aiter's sources).
-
-What titan-rocm routes, and why (docs/mla-ck-backward.md):
-
-- The backward of q/k 192, v 128 (DeepSeek MLA) on an arch without an fmha_v3 backward kernel
-  for that shape (gfx942, gfx90a, an arch titan-rocm does not know) calls aiter's CK ``mha_bwd``
-  (dense) or ``mha_varlen_bwd`` (varlen) directly. aiter's own gates choose the same CK kernel
-  when ``get_gfx()`` answers the real arch; calling it directly keeps a mis-detected arch
-  (``GPU_ARCHS`` ending in gfx950 on an MI300X) from sending it to ``fmha_v3_bwd``.
-- Except the varlen backward where the installed aiter has ROCm/aiter#4875: its gate sends a
-  causal bf16 call on gfx942 to a FlyDSL kernel validated there, so titan-rocm leaves that call
-  to aiter's own ``_flash_attn_varlen_backward`` (with contiguous tensors, which the gate
-  requires), on the real arch the kernel was written for only.
-- The forward of q/k 192, v 128 calls CK ``mha_fwd`` / ``mha_varlen_fwd`` directly exactly where
-  the installed release's forward gate, told ``get_gfx()``'s answer, would pick an fmha_v3 ASM
-  forward that the real arch does not have in that release.
-- The backward of q/k 128, v 128 stays with aiter's own dispatch, which runs its fmha_v3 ASM
-  kernel on gfx942 (and gfx950): aiter's gates take the shape and the kernel tables have it, in
-  PyPI 0.1.7.post2 and on main. Primus (PR #962, merged) sends it to CK on gfx942; aiter's
-  sources say the ASM kernel is there, so titan-rocm does not (per-arch fact
-  ``aiter_fmha_v3_bwd_qk128_v128``). The route names the kernel aiter picks and why.
-- Everything else goes to aiter's own dispatch: other shapes (v padded to 192 among them:
-  gfx942's fmha_v3 backward has q/k 192 = v 192 kernels in 0.1.7 and on main), and the gfx950
-  backward, whose fmha_v3 table has q/k 192, v 128.
+It reads the per-arch facts ``aiter_fmha_v3_bwd_qk192_v128``/``..._qk128_v128`` in
+:mod:`titan_rocm.archs` and the per-release facts in :mod:`.aiter_releases` (each cited
+there). docs/mla-ck-backward.md gives every route and why: in short, CK is called directly
+where aiter's gates, told a mis-detected ``get_gfx()``, would pick an fmha_v3 kernel the real
+arch lacks; everything else, including ROCm/aiter#4875's varlen gate, stays with aiter.
 """
 
 from __future__ import annotations
@@ -85,8 +62,7 @@ class AttentionCall:
     """What the routing looks at for one attention call (either direction).
 
     Raises:
-        ValueError: a field has a value the routing cannot reason about (names it and
-            what is accepted).
+        ValueError: a field the routing cannot reason about (names it and what is accepted).
     """
 
     arch: str | None
@@ -241,10 +217,9 @@ def route_backward(call: AttentionCall) -> Route:
 def _qk128_backward(call: AttentionCall) -> Route:
     """q/k 128, v 128: always aiter's own dispatch; the kernel it picks, and why.
 
-    aiter's gates for this shape are the same in 0.1.7.post2 and main e4048607: on a
-    ``get_gfx()`` answer with the fact, dense needs no dropout/bias/alibi and (gfx942's gate)
-    not deterministic, then fmha_v3 for ``seqlen_q > 16``; varlen needs no dropout/alibi and
-    not deterministic.
+    aiter's gates for this shape are the same in 0.1.7.post2 and main e4048607: dense needs no
+    dropout/bias/alibi, not deterministic (gfx942), ``seqlen_q > 16``; varlen needs no
+    dropout/alibi, not deterministic.
     """
     ck = _ck(call, BACKWARD)
     facts = ARCHS.get(call.arch or "")

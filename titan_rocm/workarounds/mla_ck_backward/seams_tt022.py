@@ -1,8 +1,8 @@
-"""TorchTitan 0.2.2's seam of MLA attention: the DeepSeek ``Attention``'s inner SDPA and flex
-wrappers, swapped for :mod:`.module`'s; per-document masks become
-:class:`~.documents.DocumentSpans`; the forward ops join the parallelize module's
-``_op_sac_save_list`` (a patch of :mod:`titan_rocm.patches`: the module global, which
-``parallelize_fn`` reads at each call, becomes the set with them, restored with the job)."""
+"""TorchTitan 0.2.2's seam of MLA attention: DeepSeek's inner SDPA and flex wrappers swapped for
+:mod:`.module`'s, per-document masks as :class:`~.documents.DocumentSpans`, and the forward
+ops added to the parallelize module's ``_op_sac_save_list`` (read at each call, so patching
+the module global reaches it).
+"""
 
 from __future__ import annotations
 
@@ -77,11 +77,9 @@ def replacement(kind: str) -> type[nn.Module]:
 
 
 def expected_attention_dtype(ctx: Context) -> str:
-    """The dtype DeepSeek's q/k/v will have in training, as TorchTitan 0.2.2 sets it up.
-
-    ``training.dtype = "bfloat16"`` keeps everything bf16; otherwise mixed precision
-    (``mixed_precision_param``) applies through FSDP, or through autocast when neither TP
-    nor PP is on, and float32 remains under TP/PP without FSDP.
+    """The dtype DeepSeek's q/k/v will have in a TorchTitan 0.2.2 job: bf16 under
+    ``training.dtype = "bfloat16"``; else ``mixed_precision_param`` through FSDP, or autocast
+    without TP/PP; float32 under TP/PP without FSDP.
     """
     if ctx.training_dtype == "bfloat16":
         return "bfloat16"

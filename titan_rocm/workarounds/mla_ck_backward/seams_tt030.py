@@ -1,44 +1,15 @@
-"""TorchTitan 0.3.0's seam of MLA attention: inner-attention configs of titan-rocm's own,
-swapped in on the built model; the varlen path is 0.2.2's. TorchTitan main's folded tokens
-take the same seam with replacements that take ``(T, N, H)`` (:class:`FoldedSeam`). Each
-layout's replacements are one module: :mod:`.batched_tt030` (0.3.0's ``(batch, seqlen, heads,
-dim)``) and :mod:`.folded_tt030` (main's folded ``(T, N, H)``).
+"""TorchTitan 0.3.0's seam of MLA attention: inner-attention modules of titan-rocm's own,
+swapped in on the built model (docs/mla-ck-backward.md, "TorchTitan 0.3.0", cites the
+upstream files).
 
-What 0.3.0 has (paths under ``torchtitan/``):
-
-- DeepSeek's ``Attention`` (``models/deepseek_v3/model.py``) builds ``inner_attention`` from
-  its config (``Attention.Config.inner_attention``, ``FlexAttention.Config`` by default;
-  ``VarlenAttention.Config`` with ``attn_backend="varlen"``; ``sdpa`` is refused for language
-  models, ``models/common/config_utils.py``) and calls it with ``(q, k, v,
-  attention_masks=..., scale=...)``, tensors ``(batch, seqlen, heads, dim)``.
-- The masks are per document: ``Decoder.get_attention_masks(positions)``
-  (``models/common/decoder.py``) dispatches on the *config class* of the first attention's
-  ``inner_attention``: a ``BlockMask`` for ``FlexAttention.Config``, ``VarlenMetadata`` from
-  ``create_varlen_metadata_for_document(positions)`` (a document starts where ``positions``
-  resets to 0) for ``VarlenAttention.Config``. The trainer (``post_dataloading_process``) and
-  the validator call it once per batch, outside the compiled model.
-- Tensor parallelism is a ``sharding_config`` on the inner attention's config, copied to the
-  module at build (``protocols/module.py``) and keyed on ``forward``'s positional argument
-  names ``q_BLNH``/``k_BLNH``/``v_BLNH`` (``set_gqa_inner_attention_local_map``).
-- Op-level SAC saves what ``distributed/activation_checkpoint.py``'s ``_get_default_save_ops()``
-  returns (a fresh set per call; TorchTitan's own varlen op is in it): wrapped to add the MLA
-  forward ops (a patch of :mod:`titan_rocm.patches`, restored with the job).
-
-The seam: each replacement is a TorchTitan ``Module`` whose ``Config`` subclasses the config
-class that makes TorchTitan build the masks it needs (:class:`~.batched_tt030.MLAVarlenAttention`:
-``VarlenAttention.Config``, so ``get_attention_masks`` returns TorchTitan's own
-``VarlenMetadata``; the dense ones: ``ScaledDotProductAttention.Config``, no masks, or
-``FlexAttention.Config``, masks dropped) and whose ``forward`` has the stock argument names.
-The workaround decides on the built model (meta device, before ``parallelize_fn``): it builds
-each replacement from such a config carrying the stock one's fields (the sharding config
-among them), swaps it in, and puts the configs into the model's own copy of its config tree
-(the trainer's config tree stays as the user built it; the trainer dispatches Flex and Varlen
-configs alike to ``model.get_attention_masks``). Then the stock ``parallelize_fn`` shards,
-checkpoints and compiles the blocks with the replacements in them. The work itself is
-0.2.2's: :meth:`~.module.MLAVarlenInnerAttention.within_documents` (packing, the varlen ops,
-routing, fallbacks) and :class:`~.module.MLAInnerAttention` (dense). Which replacement each
-kind gets is a :class:`~.kinds.Layout`: :data:`~.batched_tt030.BATCHED`; TorchTitan main's folded
-``(T, N, H)`` tokens take the same seam with :data:`~.folded_tt030.FOLDED`.
+Each replacement's ``Config`` subclasses the stock config class that makes TorchTitan's
+``Decoder.get_attention_masks`` build the masks it needs (``VarlenAttention.Config`` for
+TorchTitan's own ``VarlenMetadata``), and its ``forward`` keeps the stock argument names,
+which TP's sharding config is keyed on. Swapping on the meta model, before
+``parallelize_fn``, lets the stock code shard, checkpoint and compile the blocks with the
+replacements in them; only the model's copy of its config tree changes. The work itself is
+0.2.2's (:mod:`.module`); each layout's replacements are one :class:`~.kinds.Layout`
+(:data:`~.batched_tt030.BATCHED`; main's folded ``(T, N, H)``: :data:`~.folded_tt030.FOLDED`).
 """
 
 from __future__ import annotations
@@ -140,10 +111,10 @@ def _config_of(cls: type, stock: Any, fields: Mapping[str, Any]) -> Any:
 
 def replace(model: nn.Module, kinds: dict[str, str | None], layout: Layout = BATCHED,
             fields: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, int]:
-    """Swap each attention's inner attention for the replacement of its kind, built from a
-    config (with ``fields[kind]`` set) that then stands in the model's own copy of its config
-    tree. Returns how many of each kind were swapped (one already replaced is left as it
-    is)."""
+    """Swap each attention's inner attention for its kind's replacement, whose config then
+    stands in the model's copy of its config tree; returns how many of each kind were
+    swapped (one already replaced is left).
+    """
     config = copy.deepcopy(model.config)  # the model's copy; the trainer's stays as built
     configs = {fqn: cfg for fqn, cfg, _p, _a in config.traverse(Attention.Config)}
     attentions = dict(attention_modules(model))
@@ -166,16 +137,17 @@ def replace(model: nn.Module, kinds: dict[str, str | None], layout: Layout = BAT
 
 
 def attention_dtype(training_dtype: str, mixed_precision_param: str) -> str:
-    """The dtype DeepSeek's q/k/v have in a 0.3.0 job: ``training.dtype = "bfloat16"`` keeps
-    everything bf16; otherwise mixed precision, which 0.3.0's DeepSeek ``parallelize_fn``
-    always applies (``fully_shard``: its ``fsdp`` mesh exists even at size 1)."""
+    """The dtype DeepSeek's q/k/v have in a 0.3.0 job: bf16 under ``training.dtype = "bfloat16"``,
+    else mixed precision, which 0.3.0's DeepSeek ``parallelize_fn`` always applies (its
+    ``fsdp`` mesh exists even at size 1).
+    """
     return "bfloat16" if training_dtype == "bfloat16" else mixed_precision_param
 
 
 def save_forward_in_op_sac() -> str:
-    """Make op-level SAC save the MLA forward ops: ``_get_default_save_ops`` returns them too
-    (idempotent, process-wide; the ops appear only where titan-rocm's attention runs).
-    Returns what was changed, for the log and the plan."""
+    """Make op-level SAC save the MLA forward ops too (idempotent, process-wide; they appear only
+    where titan-rocm's attention runs); returns what changed, for the log and the plan.
+    """
     module = importlib.import_module(SAC_MODULE)
     patches.patch(module, SAC_FUNCTION, _saving_forward_ops, by=NAME)
     return f"{SAC_MODULE}.{SAC_FUNCTION} (+ the MLA forward ops)"

@@ -1,34 +1,13 @@
 """``rocm.mla_ck_backward``: DeepSeek MLA attention on aiter, each direction routed by the
-device's real arch and the installed aiter release.
+device's real arch and the installed aiter release (docs/mla-ck-backward.md).
 
-Gate (``auto``): a ROCm build with a GPU and aiter installed, ``aiter.ops.mha`` importing
-cleanly (on a real machine), no context parallelism (CP shards SDPA ops, not aiter's; TorchTitan
-0.2.2 refuses flex attention with CP anyway), and a model with TorchTitan's DeepSeek V3
-attention. Otherwise one line says why and the model is left untouched; nothing imports
-aiter. ``on`` fails at start-up, naming what is missing.
-
-What each DeepSeek ``Attention.inner_attention`` becomes:
-
-- SDPA (``attn_type = "sdpa"``): :class:`~.module.MLAInnerAttention`, aiter dense attention;
-- flex with ``causal`` masks: :class:`~.module.MLAFlexInnerAttention`, the same;
-- flex with ``block_causal`` (per-document) masks, TorchTitan 0.2.2's 16B/236B/671B flavors:
-  :class:`~.module.MLAVarlenInnerAttention`, aiter's varlen attention within each document, and
-  the model's ``get_attention_masks`` returns :class:`~.documents.DocumentSpans` (the document
-  boundaries TorchTitan computes). Not under pipeline parallelism, which re-splits the masks
-  per microbatch. With ``[rocm] mla_document_masks = "drop"`` these run plain causal
-  attention instead (tokens attend across documents; warned at apply).
-
-Also: the forward ops join the op-level SAC save list of the model's parallelize module
-(``_op_sac_save_list``), so they are saved, not recomputed; aiter's own ``_flash_attn_backward``
-is guarded (:mod:`~.guard`); and a ``get_gfx()`` that names another arch than the device is
-logged once.
-
-The TorchTitan classes and globals are reached through the job's seam (:class:`MLASeam`):
-:mod:`~.seams_tt022` (the wrappers above), or on TorchTitan 0.3.0 :mod:`~.seams_tt030`, whose
-replacements are inner-attention configs of titan-rocm's own (the
-varlen one a ``VarlenAttention.Config``, so TorchTitan's own ``get_attention_masks`` returns
-the document boundaries) running the same varlen and dense paths: the same gate, kinds,
-routes and plan.
+Gate (``auto``): ROCm with a GPU, aiter importing cleanly, no context parallelism (CP shards
+SDPA ops, not aiter's), and TorchTitan's DeepSeek V3 attention; otherwise one line says why
+and nothing imports aiter. Each ``inner_attention`` kind (SDPA, causal flex, per-document
+flex) gets its replacement in :mod:`~.module`; per-document masks are not kept under pipeline
+parallelism, which re-splits the masks per microbatch. The TorchTitan classes are reached
+through the job's seam (:class:`MLASeam`: :mod:`~.seams_tt022` or :mod:`~.seams_tt030`),
+sharing the gate, kinds, routes and plan.
 """
 
 from __future__ import annotations
@@ -241,12 +220,8 @@ class MLACKBackward(Workaround):
         return {"arch": arch_label(facts.gfx_arch), "aiter": aiter_summary(facts)}
 
     def plan(self, model: nn.Module) -> dict[str, Any]:
-        """Per attention kind and shape: the routes a run gets (no aiter import).
-
-        E.g. ``{"arch": "gfx942", "aiter": {...}, "attention": "varlen (...)", "shape":
-        {"qk": 192, "v": 128}, "forward": "aiter (_flash_attn_varlen_forward)",
-        "forward_runs": "CK mha_varlen_fwd", "backward": "ck (mha_varlen_bwd)", ...,
-        "modules": 27}``; further kinds or shapes go under ``other_attention``.
+        """Per attention kind and shape: the routes a run gets (no aiter import); further kinds or
+        shapes go under ``other_attention``.
         """
         from titan_rocm.workarounds.mla_ck_backward.guard import NOT_COVERED
 

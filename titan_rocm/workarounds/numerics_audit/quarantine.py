@@ -1,20 +1,11 @@
 """``numerics_audit_policy = "quarantine"``: what it needs besides the decision (which lives
 in :mod:`.workaround`).
 
-- :class:`Undo`: the trainer's state before the audited micro-batch, to put back before that
-  micro-batch runs again (its gradients, every RNG stream, every buffer's value, and what the
-  generation's seam adds), so the redone pass starts where the flagged one did and no
-  gradient of the flagged pass is left for the optimizer.
-- :func:`eager_switches`: the patches that make one segment (a block, the embedding, the head)
-  run its original Python instead of its compiled code, on the modules as registered, so
-  FSDP's and TP's hooks and parameters stay where they are: an ``OptimizedModule``'s
-  ``forward`` (``torch.compile(block)``: TorchTitan 0.2.2, under FSDP the module FSDP wraps)
-  becomes its ``_orig_mod.__call__``; a module compiled in place (``module.compile()``:
-  0.3.0, and compiled children of a mixed MoE block) loses its ``_compiled_call_impl``; for
-  the head, a ``torch.compile``'d loss function (``[compile] components`` with ``loss``)
-  becomes the function it wraps. Every one is a patch of :mod:`titan_rocm.patches`, held by
-  the job's scope and put back when the trainer closes.
-- :class:`StepClock`: the mean time of unaudited steps before a quarantine and after it.
+:class:`Undo` puts the trainer's state back so the redone micro-batch starts where the flagged
+one did and no flagged gradient reaches the optimizer. :func:`eager_switches` makes one
+segment run its original Python by patching the modules as registered, so FSDP's and TP's
+hooks and parameters stay where they are. :class:`StepClock` times steps before and after a
+quarantine.
 """
 
 from __future__ import annotations
@@ -95,9 +86,9 @@ def _compiled_function(fn: Any) -> Any:
 
 def eager_switches(model_parts: list[nn.Module], trainer: Any, segment: str) -> list[Switch]:
     """The patches that make ``segment`` (a ``model.layers`` key, ``embedding`` or ``head``)
-    eager; empty when nothing of it is compiled. The embedding is what each model part
-    registers before ``layers``, the head what it registers after (TorchTitan's
-    ``tok_embeddings``; ``norm``, ``output``), plus a compiled loss for the head."""
+    eager; empty when nothing of it is compiled. The embedding is what a model part
+    registers before ``layers``, the head what comes after, plus a compiled loss.
+    """
     found: list[Switch] = []
     for part in model_parts:
         children = list(part.named_children())

@@ -1,18 +1,10 @@
 """TorchTitan 0.2.2's seam of ``rocm.numerics_audit``.
 
-0.2.2 runs its ``Trainer`` as ``__main__`` (``torchtitan/train.py``), so the class cannot be
-patched. ``CheckpointManager.load``, the first thing ``Trainer.train`` calls, hands over the
-trainer (``states["train_state"]``); its ``forward_backward_step`` is then wrapped on the
-instance (``train_step`` calls it through ``self``), so each micro-batch's forward and
-backward runs through :meth:`NumericsAudit.forward_backward` with ``trainer.step`` (which
-``train`` increments before ``train_step``). Both are patches of :mod:`titan_rocm.patches`:
-the class's once per process, the instance's held by the job whose audit it runs.
-
-:class:`Kit` is 0.2.2's step for the audit: ``forward_backward_step`` itself (the class's,
-never the wrapper), its forward alone (``post_dataloading_process``, ``train_context``,
-``maybe_enable_amp``, the model, ``loss_fn`` over the denominator: the lines of
-``forward_backward_step`` before its ``backward``), and the reference's switch (the trainer's
-autocast off).
+0.2.2 runs its ``Trainer`` as ``__main__``, so the class cannot be patched: the trainer that
+``CheckpointManager.load`` hands over (``Trainer.train`` calls it first) gets its
+``forward_backward_step`` wrapped on the instance. :class:`Kit` is 0.2.2's step for the audit:
+the class's ``forward_backward_step`` (never the wrapper), its forward alone, and turning the
+trainer's autocast off for the reference.
 """
 
 from __future__ import annotations

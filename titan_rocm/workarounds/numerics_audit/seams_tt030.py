@@ -1,19 +1,11 @@
 """TorchTitan 0.3.0's seam of ``rocm.numerics_audit``: the trainer adapter's calls.
 
-``attach`` hands over the trainer; ``before_step`` tells which step runs; each
-``forward_backward_step`` runs through :meth:`AuditTrainerSeam.forward_backward`. On NVIDIA,
-0.3.0 captures ``_forward_backward_body`` as a CUDA graph by default
-(``torchtitan/trainer.py``: ``fwd_bwd_fn = wrap_with_cuda_graph(...)`` unless
-``training.disable_cuda_graphs``), and a replayed graph runs no Python, so no block boundary
-could be recorded: the audited micro-batch runs the body itself (``post_dataloading_process``
-then ``_forward_backward_body``, the same compiled kernels launched one by one), and the
-other micro-batches and steps run as configured.
-
-:class:`Kit` is 0.3.0's step for the audit: ``post_dataloading_process`` then
-``_forward_backward_body`` (``post_dataloading_process`` adds to ``trainer.ntokens_seen``,
-a logged and checkpointed count: the kit puts it back), its forward alone (the body's lines
-before ``loss.backward()``), and no switch for the reference (0.3.0 computes through FSDP's
-mixed precision, not autocast: the reference raises FSDP's dtypes itself).
+On NVIDIA 0.3.0 captures ``_forward_backward_body`` as a CUDA graph by default
+(``torchtitan/trainer.py``, ``wrap_with_cuda_graph``), and a replayed graph runs no Python, so
+no block boundary could be recorded: the audited micro-batch runs the body itself (the same
+compiled kernels), the rest as configured. :class:`Kit` is 0.3.0's step for the audit; it puts
+back ``trainer.ntokens_seen`` (logged and checkpointed), and needs no reference switch (0.3.0
+computes through FSDP's mixed precision, which the reference raises itself).
 """
 
 from __future__ import annotations

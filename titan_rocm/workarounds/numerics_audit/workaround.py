@@ -1,30 +1,15 @@
 """``rocm.numerics_audit``: the numerics audit inside a real training run (docs/numerics-audit.md).
 
-On an audited step, the step's first micro-batch's own forward and backward are the job pass:
-they run with the block boundaries recorded (:class:`~titan_rocm.numerics.audit.Audit`), and
-as soon as that micro-batch's backward has returned (before later micro-batches, gradient
-clipping and the optimizer step) the blocks are replayed and compared. One audit is spread
-over ``numerics_audit_spread`` consecutive steps (:func:`~titan_rocm.numerics.result.spread`):
-each step replays its share of the blocks, the last the parts outside them and the
-end-to-end loss, so no step stalls for the whole audit; an audit falling due while one is
-under way is not started (the one under way covers those steps). The step's gradients
-are the job's own tensors and are given back; every RNG stream and every buffer's value
-(MoE token counts feeding the expert-bias update) are put back; the dataloader is not read
-and the step counter is not touched, so the trajectory is what it would have been without it.
+The audited step's first micro-batch is the job pass, replayed as soon as its backward
+returns (before clipping and the optimizer step). Everything it touches is given back and the
+dataloader and step counter are untouched, so the trajectory is what it would have been
+without it; spreading over ``numerics_audit_spread`` steps keeps any one step from stalling.
 
-An audit never ends the run by failing: one that would not fit, or fails in any other way,
-is one logged warning and the step goes on. A flagged audit is a warning, or under
-``numerics_audit_policy = "stop"`` a clean stop (:class:`NumericsAuditFlagged`). Under
-``"quarantine"`` the flagged segments are made eager for the rest of the run and the flagged
-micro-batch runs again from the state it started from (:mod:`.quarantine`), so no gradient
-of the flagged pass reaches the optimizer; the next part replays a quarantined segment, and
-a segment flagged again, or a flag quarantine cannot act on (nothing of the segment is
-compiled, or only the end-to-end loss is wrong), stops the run as ``stop`` does.
-
-Where it listens is the job's seam (``ctx.seam("numerics_audit")``, :class:`AuditSeam`):
-TorchTitan 0.2.2's wraps the trainer's ``forward_backward_step`` on the instance
-(:mod:`.seams_tt022`); 0.3.0's is a :class:`~titan_rocm.workarounds.base.TrainerSeam` the
-trainer adapter calls around each ``forward_backward_step`` (:mod:`.seams_tt030`).
+An audit never ends the run by failing: a failure is one logged warning. A flag is a warning,
+a clean stop (``"stop"``, :class:`NumericsAuditFlagged`), or under ``"quarantine"`` the
+flagged segments go eager and the micro-batch runs again (:mod:`.quarantine`), so no gradient
+of the flagged pass reaches the optimizer. The generation's seam
+(``ctx.seam("numerics_audit")``, :class:`AuditSeam`) is where it listens.
 """
 
 from __future__ import annotations
@@ -53,9 +38,9 @@ class AuditSeam(Protocol):
     """What the audit needs of one TorchTitan generation."""
 
     def install(self, audit: NumericsAudit) -> TrainerSeam | None:
-        """Make the generation hand the built trainer to :meth:`NumericsAudit.attach` and run
-        each ``forward_backward_step`` through :meth:`NumericsAudit.forward_backward`; return
-        the trainer seam an adapter calls, if the generation has one."""
+        """Route the built trainer and each ``forward_backward_step`` through this audit; return
+        the trainer seam an adapter calls, if the generation has one.
+        """
 
     def kit(self, trainer: Any, denominator: Any) -> StepKit:
         """The trainer's step on one micro-batch with the loss denominator ``denominator``."""
@@ -66,10 +51,10 @@ class AuditSeam(Protocol):
 
 
 class NumericsAuditFlagged(RunStopped):
-    """``numerics_audit_policy = "stop"`` and the audit flagged, or ``"quarantine"`` and the
-    flag is one quarantine cannot clear: the run stops (every rank exits with
-    :data:`titan_rocm.exit_codes.FAILED_VALIDATION`, before the step's optimizer step and its
-    checkpoint)."""
+    """The audit flagged under ``numerics_audit_policy = "stop"``, or a flag quarantine cannot
+    clear: every rank exits with :data:`titan_rocm.exit_codes.FAILED_VALIDATION`, before the
+    step's optimizer step and checkpoint.
+    """
 
 
 class NumericsAudit(Workaround):
@@ -140,9 +125,9 @@ class NumericsAudit(Workaround):
 
     def forward_backward(self, step: int, run: Callable[[], Any], input_dict: Any,
                          labels: Any, denominator: Any) -> Any:
-        """One ``forward_backward_step`` of step ``step`` (``run`` runs it): audited when it
-        is the step's first micro-batch and the step is due or an audit under way has parts
-        to run."""
+        """One ``forward_backward_step`` of ``step``: audited when it is the step's first
+        micro-batch and an audit is due or has parts left.
+        """
         first = step != self.last_step
         self.last_step = step
         if first and not self.auditing and self.ctx.settings.numerics_audit_policy == \

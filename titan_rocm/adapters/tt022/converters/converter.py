@@ -1,20 +1,12 @@
 """TorchTitan 0.2.2's converter class for titan-rocm: runs a fixed list of workarounds.
 
-TorchTitan instantiates one converter per name in ``[model] converters`` and calls
-``convert(model)`` on each in order. The first titan-rocm converter to convert a model makes
-the job's :class:`~titan_rocm.workarounds.job.JobWorkarounds` (every workaround of every
-titan-rocm converter the job lists, decided once) and keeps it on the model, so a workaround
-listed twice (``rocm`` and ``rocm.grouped_mm``) applies once and each workaround can ask
-whether another one runs.
-
-TorchTitan 0.2.2 has no trainer adapter, so the job's teardown is hooked where every trainer
-ends: ``Trainer.close`` closes its ``MetricsProcessor`` last, and that processor holds the
-trainer's ``model_parts``. The job wraps ``MetricsProcessor.close`` (a patch it holds itself):
-after the stock close, each converted part's job closes (:meth:`JobWorkarounds.close`), which
-puts back every attribute its workarounds patched. Where every trainer starts training,
-``CheckpointManager.load`` (``Trainer.train`` calls it first; it holds the trainer as
-``states["train_state"]``), the job hands the trainer to :func:`titan_rocm.adapters.stop.install`,
-so a stop (the guard's, the audit's) ends the process with its exit code instead of a crash.
+The first titan-rocm converter to convert a model makes the job's
+:class:`~titan_rocm.workarounds.job.JobWorkarounds` (every listed workaround, decided once)
+and keeps it on the model, so a workaround listed twice applies once. 0.2.2 has no trainer
+adapter, so the job hooks where every trainer ends and starts: ``MetricsProcessor.close``
+(``Trainer.close`` calls it last; it holds ``model_parts``) closes the job and puts back its
+patches, and ``CheckpointManager.load`` (``Trainer.train`` calls it first; it holds the
+trainer) installs :func:`titan_rocm.adapters.stop.install`.
 """
 
 from __future__ import annotations
@@ -76,9 +68,9 @@ def _stopping(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def hook_teardown(job: JobWorkarounds) -> None:
-    """Close ``job`` when its trainer closes its metrics processor, and end a stopped run
-    with its exit code once the trainer starts training (not in a plan: nothing trains
-    there)."""
+    """Close ``job`` when its trainer closes its metrics processor, and end a stopped run with
+    its exit code once training starts (not in a plan: nothing trains there).
+    """
     if job.ctx.planning:
         return
     from torchtitan.components.checkpoint import CheckpointManager
