@@ -31,7 +31,6 @@ from titan_rocm.numerics.stats import Accumulator, AuditSettings
 T = TypeVar("T")
 
 
-@dataclass
 class StepKit(Protocol):
     """A TorchTitan generation's step on one micro-batch, its loss denominator fixed."""
 
@@ -46,6 +45,7 @@ class StepKit(Protocol):
         """The trainer's own switches for the reference's arithmetic (its autocast off)."""
 
 
+@dataclass
 class Runs:
     """Runs of rows one kind of replay splits the micro-batch into: doubled after running out
     of memory in one process, unless the user gave the count (``--reference-chunks``)."""
