@@ -59,9 +59,12 @@ def cpu_histc(set_attr: Callable[..., Any] = setattr) -> None:
     """Let TorchTitan's MoE router count tokens on CPU, which has no int64 ``torch.histc``: count
     in float and return the input's dtype, as the GPU kernel does.
     """
-    histc = torch.histc
-    if getattr(histc, "__name__", "") == "histc_any_dtype":  # already counting on CPU
+    if getattr(torch.histc, "__name__", "") == "histc_any_dtype":  # already counting on CPU
         return
+    # The aten op, not the saved builtin: Dynamo maps torch's builtins by their names in
+    # ``torch``, and once ``torch.histc`` is this function the saved builtin has no name there
+    # (a compiled MoE block then fails "function marked as skipped").
+    histc = torch.ops.aten.histc
 
     def histc_any_dtype(input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if input.device.type == "cpu" and not input.is_floating_point():
