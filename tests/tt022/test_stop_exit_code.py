@@ -6,7 +6,6 @@ checkpoint of the flagged step."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ from tests.support.stop_checks import (
     env,
     torchrun,
 )
+from titan_rocm.adapters.common import free_port
 from titan_rocm.exit_codes import FAILED_VALIDATION
 
 
@@ -49,7 +49,7 @@ def test_the_launcher_exits_with_17_at_a_nan_and_saves_no_checkpoint_of_it(
 def test_two_ranks_stop_at_the_guard_with_17_each(tmp_path: Path) -> None:
     """torchrun, 2 gloo ranks, NaN on rank 1 at step 3: both ranks end with 17, rank 0 logs
     the full message, rank 1 the short one; no checkpoint of step 3."""
-    port = 29_000 + os.getpid() % 500
+    port = free_port()
     proc, ranks = torchrun(
         tmp_path, port, 2,
         env(TITAN_ROCM_DEBUG_INJECT_NAN_STEP="3", TITAN_ROCM_DEBUG_INJECT_NAN_RANK="1"),
@@ -69,7 +69,7 @@ def test_two_ranks_stop_at_a_flagged_audit_with_17_each(tmp_path: Path) -> None:
     and 3 % of block 1's compiled backward corrupted: block 1's part, at step 2, flags; both
     ranks end with 17 naming step 2 and block 1, before step 2's optimizer step and
     checkpoint (step 1's is saved)."""
-    port = 29_500 + os.getpid() % 400
+    port = free_port()
     proc, ranks = torchrun(
         tmp_path, port, 2, env(TITAN_ROCM_DEBUG_CORRUPT="block=1,fraction=0.03"),
         "-m", "tests.support.audit_train_main", "--model.converters", "rocm",

@@ -6,7 +6,6 @@ checkpoint of the flagged step. The 0.2.2 twin is tests/tt022/test_stop_exit_cod
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from tests.support.stop_checks import (
     env,
     torchrun,
 )
+from titan_rocm.adapters.common import free_port
 from titan_rocm.exit_codes import FAILED_VALIDATION
 
 HERE = Path(__file__).resolve().parent
@@ -71,7 +71,7 @@ def test_under_torchrun_the_worker_exits_17_in_its_failure_record(tmp_path: Path
     tests/tt022/test_stop_exit_code.py: on CPU, 0.3.0's fully_shard over two ranks refuses
     the model's plain parameters before training, with FSDP and with replicas alike.)"""
     proc, (worker,) = torchrun(
-        tmp_path, 28_000 + os.getpid() % 900, 1, env(TITAN_ROCM_DEBUG_INJECT_NAN_STEP="3"),
+        tmp_path, free_port(), 1, env(TITAN_ROCM_DEBUG_INJECT_NAN_STEP="3"),
         MAIN, "--module", "tt030_stop_job", "--config", "llama3_guard")
     assert_torchrun_names_17(proc, 1)
     assert_stopped_cleanly(worker, "titan-rocm divergence guard: training diverged at step 3")

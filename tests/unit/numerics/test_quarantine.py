@@ -434,14 +434,14 @@ def test_fsdp_two_ranks_quarantine_the_same_block_and_train_to_a_clean_runs_loss
     is collective: a rank that did not would hang), the recheck at step 2 is ok on both, the
     run ends, and every step's loss is within the band of a clean run (float32 gloo repeats
     are bit-identical)."""
-    import os
 
     from titan_rocm import audit_message
+    from titan_rocm.adapters.common import free_port
 
-    port = 29_500 + os.getpid() % 300
-    clean_text, clean = _fsdp_run(tmp_path, None, port)
+    clean_text, clean = _fsdp_run(tmp_path, None, free_port())
     assert not audit_message.QUARANTINED.search(clean_text)
-    text, healed = _fsdp_run(tmp_path, "block=1,graph=backward,fraction=0.03", port + 1)
+    text, healed = _fsdp_run(tmp_path, "block=1,graph=backward,fraction=0.03",
+                              free_port())
     lines = [line for line in text.splitlines() if audit_message.QUARANTINED.search(line)]
     assert len(lines) == 2, lines  # one per rank
     assert all("at step 1: quarantined block 1 (first wrong in the backward: block 1" in line
