@@ -162,18 +162,20 @@ def test_state_leaks_name_each_setting_a_test_left_changed(
     before = fingerprint()
     assert differences(before, fingerprint()) == []
     monkeypatch.setenv("TITAN_ROCM_LEAK_PROBE", "1")
-    monkeypatch.setattr(torch._dynamo.config, "capture_scalar_outputs",
-                        not torch._dynamo.config.capture_scalar_outputs)
+    # Assigned back by hand: monkeypatch's undo deletes the entry from torch's config module,
+    # and every later compile in the process then fails "capture_scalar_outputs does not exist".
+    flag = torch._dynamo.config.capture_scalar_outputs
     dtype = torch.get_default_dtype()
+    torch._dynamo.config.capture_scalar_outputs = not flag
     torch.set_default_dtype(torch.float64)
     try:
         after = fingerprint()
     finally:
         torch.set_default_dtype(dtype)
-    flag = torch._dynamo.config.capture_scalar_outputs
+        torch._dynamo.config.capture_scalar_outputs = flag
     assert differences(before, after) == [
         "os.environ['TITAN_ROCM_LEAK_PROBE']: <unset> -> '1'",
-        f"torch._dynamo.config.capture_scalar_outputs: {not flag!r} -> {flag!r}",
+        f"torch._dynamo.config.capture_scalar_outputs: {flag!r} -> {not flag!r}",
         f"torch.get_default_dtype(): {dtype!r} -> torch.float64",
     ]
     from titan_rocm import patches
