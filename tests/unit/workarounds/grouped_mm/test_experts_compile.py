@@ -52,7 +52,7 @@ def _clean():
     caches empty, and its capture_scalar_outputs at the default."""
     saved = dict(backends._registry), set(backends._compilable)
     patches.restore()
-    grouped_mm.unbind_all()
+    seams_tt022.unbind_all()
     grouped_mm.reset_calls()
     moe_blocks.EAGER_FORWARD_CALLS.clear()
     GRAPHS.clear()
