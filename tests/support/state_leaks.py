@@ -36,7 +36,10 @@ def _configs() -> Fingerprint:
         for key, value in module.get_config_copy().items():
             if isinstance(value, (set, frozenset)):  # a set's repr has no fixed order
                 value = sorted(value, key=repr)
-            out[f"{module_name}.{key}"] = repr(value)
+            # Assigning a setting its default still marks it user-set, which Inductor's and
+            # titan-rocm's "did the user set this?" questions read: the mark is state too.
+            user_set = "" if module._is_default(key) else " (user-set)"
+            out[f"{module_name}.{key}"] = repr(value) + user_set
     return out
 
 

@@ -30,18 +30,33 @@ from titan_rocm.workarounds.seams import (  # noqa: F401 - TORCHTITAN_*: their n
 _planning: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "titan_rocm_planning", default=False
 )
+_plan_teardowns: contextvars.ContextVar[list[Callable[[], None]] | None] = \
+    contextvars.ContextVar("titan_rocm_plan_teardowns", default=None)
 
 
 @contextlib.contextmanager
 def planning() -> Iterator[None]:
     """Mark workarounds run inside the block as a ``titan-rocm plan`` dry run: they apply to the
-    meta model but skip effects that outlive the process (compile hooks, files).
+    meta model but skip effects that outlive the process (compile hooks, files); every job
+    made inside is closed at the block's end, so a plan run in-process leaves no patch behind.
     """
     token = _planning.set(True)
+    teardowns: list[Callable[[], None]] = []
+    held = _plan_teardowns.set(teardowns)
     try:
         yield
     finally:
+        _plan_teardowns.reset(held)
         _planning.reset(token)
+        for teardown in reversed(teardowns):
+            teardown()
+
+
+def close_after_plan(teardown: Callable[[], None]) -> None:
+    """Run ``teardown`` when the current :func:`planning` block ends (nothing outside one)."""
+    teardowns = _plan_teardowns.get()
+    if teardowns is not None:
+        teardowns.append(teardown)
 
 
 @dataclass(frozen=True)

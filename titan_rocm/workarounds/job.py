@@ -16,7 +16,7 @@ import torch.nn as nn
 from titan_rocm import patches
 from titan_rocm.log import log, log_once
 from titan_rocm.numerics.attribution import JobFacts
-from titan_rocm.workarounds.base import Context, Workaround
+from titan_rocm.workarounds.base import Context, Workaround, close_after_plan
 from titan_rocm.workarounds.registry import workaround_class
 
 CORRUPT_ENV = "TITAN_ROCM_DEBUG_CORRUPT"
@@ -69,6 +69,7 @@ class JobWorkarounds:
         """What this job's workarounds patched (:mod:`titan_rocm.patches`): held while they
         apply, and by the seams they hand the trainer; released by :meth:`close`."""
         ctx.job = self
+        close_after_plan(self.close)
 
     def adopt(self, instances: Mapping[str, Workaround], model: nn.Module) -> None:
         """Take in workarounds this job did not know yet (decided at once if the job was)."""
