@@ -1,10 +1,6 @@
-"""The base every workaround stands on: the job's :class:`Context`, :class:`Workaround` and the
-gating vocabulary (``on`` requires, ``auto`` skips with one logged reason, ``off`` does nothing).
+"""The job's :class:`Context`, :class:`Workaround` and the gating vocabulary (docs/architecture.md).
 
-A workaround never reads a TorchTitan config: each adapter builds a version-neutral
-:class:`Context`. Whether another workaround runs is answered by :meth:`Context.will_apply`
-from decisions made once before anything applies, never by re-running its gate.
-"""
+A workaround never reads a TorchTitan config: each adapter builds a version-neutral Context."""
 
 from __future__ import annotations
 
@@ -34,8 +30,7 @@ _planning: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def planning() -> Iterator[None]:
-    """Mark workarounds run inside the block as a ``titan-rocm plan`` dry run: they apply to the
-    meta model but skip effects that outlive the process (compile hooks, files).
+    """Mark workarounds run inside as a ``titan-rocm plan`` dry run: no effects outlive the process.
     """
     token = _planning.set(True)
     try:
@@ -147,9 +142,7 @@ class Context:
     def seam(self, name: str, package: str | None = None) -> Any:
         """Workaround ``name``'s seam into this job's TorchTitan, built once per job.
 
-        Raises:
-            SeamUnavailable: the sentence why it cannot be used.
-        """
+        Raises SeamUnavailable with the sentence why it cannot be used."""
         if name not in self._seams:
             assert self.generation is not None  # __post_init__
             try:
@@ -176,22 +169,16 @@ class Context:
 
 
 class RunStopped(RuntimeError):
-    """A workaround stops the run on purpose because its results failed validation.
-
-    Each adapter ends every rank the same way (:mod:`titan_rocm.adapters.stop`): the message
-    logged and exit code :data:`titan_rocm.exit_codes.FAILED_VALIDATION`, never a traceback.
-    """
+    """A workaround's results failed validation: every rank stops with
+    :data:`titan_rocm.exit_codes.FAILED_VALIDATION` (:mod:`titan_rocm.adapters.stop`)."""
 
     logged = False
     """This rank's log already holds the message (the guard's rank 0 logs a longer one)."""
 
 
 class TrainerSeam:
-    """Calls a trainer adapter makes into an applied workaround around its own methods; no-ops here.
-
-    0.3.0's adapter subclasses the trainer, so a step-level workaround (the divergence guard)
-    needs no patch of TorchTitan's classes; 0.2.2 never calls them.
-    """
+    """Trainer-adapter calls into an applied workaround (0.3.0 only; no-ops here), so a step-level
+    workaround needs no patch of TorchTitan's classes."""
 
     def attach(self, trainer: Any) -> None:
         """The trainer is built (model, loss, optimizers, checkpointer, metrics)."""
@@ -232,12 +219,10 @@ class Workaround:
     """It reaches into TorchTitan's code through ``ctx.seam(name)`` (:mod:`.seams`): each
     generation's seam is ``Seam`` in ``seams_<generation>.py`` beside its module."""
     codegen: ClassVar[bool] = False
-    """It changes Inductor/Triton codegen process-wide from the settings alone, so
-    ``titan-rocm tune``'s workers apply it too and compile the kernels training will.
-    """
+    """Changes codegen process-wide from the settings alone: ``titan-rocm tune``'s workers apply
+    it too."""
     audit_shapes: ClassVar[str | None] = None
-    """Which blocks the numerics audit names it on: ``compiled``, ``listed``
-    (:meth:`audit_blocks`), ``moe``, ``every``; None: none.
+    """Blocks the numerics audit names it on: ``compiled``, ``listed``, ``moe``, ``every``, or None.
     """
     not_measured: ClassVar[str | None] = None
     """Why ``titan-rocm plan`` quotes no measured cost for it; None: it quotes its figure in
@@ -275,8 +260,7 @@ class Workaround:
         return None
 
     def unmet(self) -> str | None:
-        """One sentence naming what the machine or job lacks for this fix (None: nothing): ``on``
-        fails start-up with it, ``auto`` skips with it. Called at most once per instance.
+        """What the machine or job lacks for this fix, as one sentence (None: nothing); called once.
         """
         return None
 
@@ -323,11 +307,7 @@ class Workaround:
         return self._unmet[0]
 
     def require(self) -> None:
-        """Under ``on``, fail start-up when :meth:`unmet` names something missing.
-
-        Raises:
-            ValueError: ``[rocm] <name> = "on" cannot apply: <what is missing>``.
-        """
+        """Under ``on``, raise ValueError when :meth:`unmet` names something missing."""
         if self.mode == "on":
             missing = self.unmet_reason()
             if missing:

@@ -1,11 +1,7 @@
-"""What both TorchTitan generations' seams of the guard share: the active monitor, and the
-grad-norm wrapper.
+"""What both generations' guard seams share: the active monitor and the grad-norm wrapper.
 
-``Trainer.train_step`` calls ``dist_utils.clip_grad_norm_`` every step in 0.2.2 and 0.3.0,
-looked up at each call, so wrapping it gives the total norm (already reduced over every
-parallel dimension). Every guard wrapper forwards to the active :class:`~.monitor.Monitor` and
-passes through when none is.
-"""
+``clip_grad_norm_`` is looked up at each call in 0.2.2 and 0.3.0 and returns the norm already
+reduced over every parallel dimension, so wrapping it is enough."""
 
 from __future__ import annotations
 

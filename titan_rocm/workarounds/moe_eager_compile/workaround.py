@@ -1,11 +1,7 @@
-"""Mixed compile: dense TransformerBlocks compiled whole (fullgraph), MoE blocks eager (or part).
+"""Mixed compile: dense blocks compiled whole, MoE blocks eager (docs/moe-eager-compile.md).
 
-TorchTitan compiles MoE blocks too, and their pieces (data-dependent token counts, a compiled
-grouped-MM with dynamic shapes) are what titan-rocm keeps out of Inductor on ROCm. Each
-generation reaches its compile through its own seam (:mod:`.seams_tt022`, :mod:`.seams_tt030`);
-:func:`~titan_rocm.workarounds.moe_blocks.block_decision` decides per block for both the
-compile and ``titan-rocm plan``. Docs: docs/moe-eager-compile.md.
-"""
+MoE pieces (data-dependent token counts, grouped-MM with dynamic shapes) are what titan-rocm keeps
+out of Inductor on ROCm."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """TorchTitan 0.2.2's seam of ``rocm.numerics_audit``.
 
-0.2.2 runs its ``Trainer`` as ``__main__``, so the class cannot be patched: the trainer that
-``CheckpointManager.load`` hands over (``Trainer.train`` calls it first) gets its
-``forward_backward_step`` wrapped on the instance. :class:`Kit` is 0.2.2's step for the audit:
-the class's ``forward_backward_step`` (never the wrapper), its forward alone, and turning the
-trainer's autocast off for the reference.
-"""
+0.2.2 runs its ``Trainer`` as ``__main__``, so the class cannot be patched: the trainer
+``CheckpointManager.load`` hands over gets its ``forward_backward_step`` wrapped."""
 
 from __future__ import annotations
 

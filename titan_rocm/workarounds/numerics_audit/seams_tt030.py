@@ -1,12 +1,7 @@
 """TorchTitan 0.3.0's seam of ``rocm.numerics_audit``: the trainer adapter's calls.
 
-On NVIDIA 0.3.0 captures ``_forward_backward_body`` as a CUDA graph by default
-(``torchtitan/trainer.py``, ``wrap_with_cuda_graph``), and a replayed graph runs no Python, so
-no block boundary could be recorded: the audited micro-batch runs the body itself (the same
-compiled kernels), the rest as configured. :class:`Kit` is 0.3.0's step for the audit; it puts
-back ``trainer.ntokens_seen`` (logged and checkpointed), and needs no reference switch (0.3.0
-computes through FSDP's mixed precision, which the reference raises itself).
-"""
+A replayed CUDA graph runs no Python, so the audited micro-batch runs the body itself (the same
+compiled kernels)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The ``rocm.triton_war`` workaround: recompile only the Triton kernels with the
-buffer-store data hazard, in the trainer and in every Inductor compile worker.
-
-A running compile-worker pool is restarted so its workers start with the exported
-environment. Docs: docs/triton-buffer-store-hazard.md.
-"""
+"""The ``rocm.triton_war`` workaround (docs/triton-buffer-store-hazard.md); a running compile-worker
+pool is restarted so its workers get the exported environment."""
 
 from __future__ import annotations
 
