@@ -116,7 +116,6 @@ def load_run(path: str | Path, label: str, fmt: str = "auto",
 
 
 def _common(base: StepValues, other: StepValues) -> tuple[array, array, array]:
-    """The steps both have, ascending, with each one's value there."""
     steps, mine, theirs = array("q"), array("d"), array("d")
     a, b = base.steps, other.steps
     i = j = 0

@@ -404,7 +404,6 @@ def _guard(text: str, rank: int | None, line_no: int, log: ParsedLog) -> None:
 
 
 def _megatron_fields(text: str) -> dict[str, str]:
-    """``name: value`` pairs of a ``|``-separated Megatron line, names lower-cased."""
     fields: dict[str, str] = {}
     for part in text.split("|"):
         name, sep, value = part.partition(":")

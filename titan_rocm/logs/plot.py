@@ -192,7 +192,6 @@ def bands(c: Comparison) -> dict[str, tuple[list[int], list[float], list[float]]
 
 
 def _draw(ax: Any, curve: Curve, legend: bool, marks: list[str]) -> None:
-    """Draw one curve with its marks, each new note below those in ``marks``."""
     style: dict[str, Any] = (
         {"linewidth": 1, "linestyle": "--", "zorder": 2} if curve.role == "repeat"
         else {"linewidth": 1.6 if curve.role == "baseline" else 1.4, "marker": "o",

@@ -173,7 +173,6 @@ def _bad_peak(peaks_gib: Sequence[float]) -> str | None:
 
 
 def _stats(figures: Sequence[Figures]) -> dict[str, Stat | None]:
-    """Median, min and max of each throughput field after warm-up."""
     stats: dict[str, Stat | None] = {}
     for name in THROUGHPUT_FIELDS:
         counts: Counter[float] = Counter()

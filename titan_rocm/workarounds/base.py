@@ -125,14 +125,13 @@ class Context:
     framework: str = "none"
     """Which TorchTitan adapter built this context, e.g. ``torchtitan 0.2.2``."""
     generation: Generation | None = None
-    """Which seam each workaround uses (:mod:`.seams`); default: the shipped one of
-    ``framework`` (0.2.2's for a hand-built Context)."""
+    """Which seam each workaround uses; default: ``framework``'s (0.2.2's for a hand-built Context).
+    """
     job_decisions: dict[str, str | None] = field(default_factory=dict)
-    """Every titan-rocm workaround this job runs: its skip reason, None where it applies.
-    Filled once, before any workaround applies (:meth:`.job.JobWorkarounds.decide`)."""
+    """Each workaround's skip reason (None: it applies), filled once before any applies."""
     job: Any = None
-    """The job's :class:`~titan_rocm.workarounds.job.JobWorkarounds` (set when it is built):
-    what applied, for the audit's attribution."""
+    """The job's :class:`~titan_rocm.workarounds.job.JobWorkarounds`, for the audit's attribution.
+    """
 
     def __post_init__(self) -> None:
         if self.generation is None:
@@ -188,8 +187,8 @@ class TrainerSeam:
 
     def forward_backward(self, run: Callable[[], Any], input_dict: Any, labels: Any,
                          global_valid_tokens: Any) -> Any:
-        """Run one ``forward_backward_step`` (``run`` runs it) and return its loss; a seam may
-        act around it (the audit records it)."""
+        """Run one ``forward_backward_step`` (``run``) and return its loss; a seam may act around
+        it."""
         return run()
 
     def after_forward_backward(self, loss: Any, labels: Any, global_valid_tokens: Any) -> None:
@@ -216,8 +215,7 @@ class Workaround:
     needs_rocm: ClassVar[bool] = True
     """In ``auto`` mode, skip off ROCm."""
     has_seam: ClassVar[bool] = False
-    """It reaches into TorchTitan's code through ``ctx.seam(name)`` (:mod:`.seams`): each
-    generation's seam is ``Seam`` in ``seams_<generation>.py`` beside its module."""
+    """It reaches into TorchTitan's code through ``ctx.seam(name)`` (:mod:`.seams`)."""
     codegen: ClassVar[bool] = False
     """Changes codegen process-wide from the settings alone: ``titan-rocm tune``'s workers apply
     it too."""
@@ -239,8 +237,7 @@ class Workaround:
 
     @classmethod
     def seam_package(cls) -> str:
-        """The package its seam modules sit in, beside its own module (``grouped_mm/``:
-        ``seams_tt022.py``, ``seams_tt030.py``)."""
+        """The package its ``seams_tt022.py``/``seams_tt030.py`` sit in."""
         return cls.__module__.rpartition(".")[0]
 
     @property
@@ -249,8 +246,7 @@ class Workaround:
         return self.ctx.seam(self.name, self.seam_package())
 
     def seam_problem(self) -> str | None:
-        """Why this workaround's seam cannot be used in this job (None: it can, or it has
-        none): ``on`` fails start-up with it, ``auto`` skips with it."""
+        """Why this workaround's seam cannot be used in this job (None: it can, or it has none)."""
         if not self.has_seam:
             return None
         try:
@@ -281,23 +277,21 @@ class Workaround:
 
     @staticmethod
     def plan_line(details: dict[str, Any]) -> str:
-        """What it changes in this run, in one line of ``titan-rocm plan``'s verdict, from
-        the details its :meth:`plan` returned."""
+        """Its line in ``titan-rocm plan``'s verdict, from the details :meth:`plan` returned."""
         return "applied"
 
     def audit_blocks(self, model_parts: list[nn.Module]) -> dict[str, str]:
-        """Block key -> how it runs that block, for ``audit_shapes = "listed"`` (after
-        :meth:`apply`)."""
+        """Block key -> how it runs that block, for ``audit_shapes = "listed"``."""
         return {}
 
     def audit_note(self) -> str | None:
-        """One sentence on what the fix did in this process, for the numerics audit's notes
-        (None: nothing worth saying), asked after the audit's passes."""
+        """One sentence on what the fix did in this process, for the audit's notes (None: nothing).
+        """
         return None
 
     def skipped_plan(self, model: nn.Module) -> dict[str, Any]:
-        """JSON-able facts worth showing when the fix does not apply: what runs instead, what
-        the machine has. Never the effects the fix would have had."""
+        """JSON-able facts worth showing when the fix does not apply (never its would-be effects).
+        """
         return {}
 
     def unmet_reason(self) -> str | None:

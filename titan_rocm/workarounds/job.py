@@ -63,8 +63,8 @@ class JobWorkarounds:
         """Workaround name -> who applied it (a converter name)."""
         self.decided = False
         self.patches = patches.Scope(f"job ({ctx.framework})")
-        """What this job's workarounds patched (:mod:`titan_rocm.patches`): held while they
-        apply, and by the seams they hand the trainer; released by :meth:`close`."""
+        """What this job's workarounds patched (:mod:`titan_rocm.patches`); released by
+        :meth:`close`."""
         ctx.job = self
 
     def adopt(self, instances: Mapping[str, Workaround], model: nn.Module) -> None:
@@ -134,6 +134,6 @@ class JobWorkarounds:
         return Decision(name, by, True, "", w.plan(model))
 
     def close(self) -> None:
-        """The job's teardown: every attribute its workarounds patched is put back, unless
-        another job still holds the same patch."""
+        """Put back every attribute the workarounds patched, unless another job holds the same
+        patch."""
         self.patches.release()

@@ -14,8 +14,7 @@ from typing import Any
 from titan_rocm.torchtitan_version import FOLDED_TOKENS, Installed
 
 TORCHTITAN_022 = "torchtitan 0.2.2"
-"""``Context.framework`` of a job built by the 0.2.2 converters
-(``titan_rocm.adapters.tt022.converters``)."""
+"""``Context.framework`` of a job built by the 0.2.2 converters."""
 TORCHTITAN_030 = "torchtitan 0.3.0"
 """``Context.framework`` of a job built by the 0.3.0 trainer adapter (``titan_rocm.torchtitan``)."""
 
@@ -47,16 +46,14 @@ class Generation:
         return dataclasses.replace(self, moved={**self.moved, **moved})
 
     def for_installed(self, installed: Installed) -> Generation:
-        """This generation as the installed TorchTitan needs it: the seams of its variants,
-        and its moved seams."""
+        """This generation as the installed TorchTitan needs it (variants' and moved seams)."""
         seams = dict(self.seams)
         for variant in installed.variants:
             seams.update(self.variants.get(variant, {}))
         return dataclasses.replace(self, seams=seams).with_moved(installed.moved)
 
     def target(self, name: str, package: str | None = None) -> str | None:
-        """``"module:Class"`` of workaround ``name``'s seam, whose package is ``package``
-        (None: this generation has none for it)."""
+        """``"module:Class"`` of workaround ``name``'s seam (None: this generation has none)."""
         if name in self.seams:
             return self.seams[name]
         if self.beside is None or package is None:
@@ -64,8 +61,7 @@ class Generation:
         return f"{package}.seams_{self.beside}:Seam"
 
     def targets(self, seamed: Mapping[str, str]) -> dict[str, str]:
-        """Workaround name -> its seam's ``"module:Class"``, for the seamed workarounds
-        ``seamed`` names with their packages (:func:`.registry.seamed`)."""
+        """Workaround name -> its seam's ``"module:Class"``, for :func:`.registry.seamed`'s."""
         return {name: target for name, package in seamed.items()
                 if (target := self.target(name, package)) is not None}
 

@@ -43,8 +43,7 @@ def _wrap_clip(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Ten
 
 
 def install_grad_norm(monitor: Monitor, scope: patches.Scope | None = None) -> None:
-    """Make ``monitor`` the active one and wrap ``clip_grad_norm_`` (once per process),
-    held by ``scope`` (default: the current one)."""
+    """Make ``monitor`` the active one and wrap ``clip_grad_norm_`` (once per process)."""
     import torchtitan.distributed.utils as dist_utils
 
     activate(monitor)
@@ -52,8 +51,7 @@ def install_grad_norm(monitor: Monitor, scope: patches.Scope | None = None) -> N
 
 
 def uninstall() -> None:
-    """Restore every wrapper of the guard, whoever holds it, and deactivate the monitor
-    (tests)."""
+    """Restore every wrapper of the guard and deactivate the monitor (tests)."""
     global _active
     _active = None
     patches.restore(by=NAME)

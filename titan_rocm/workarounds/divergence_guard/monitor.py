@@ -79,8 +79,7 @@ class Monitor:
         self.injection = injection
         self.record = NonFiniteRecord()
         self.train_state: Any = None
-        """The Trainer (``CheckpointManager.states["train_state"]``): its ``step`` numbers
-        the steps. Bound by ``CheckpointManager.load``, which ``Trainer.train`` calls first."""
+        """The Trainer, whose ``step`` numbers the steps; bound by ``CheckpointManager.load``."""
         self.checked_through = 0
         """``record.steps_ended`` at the latest check."""
         self.checks = 0

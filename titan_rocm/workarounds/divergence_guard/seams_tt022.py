@@ -101,8 +101,7 @@ def _wrap_load(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install(monitor: Monitor) -> None:
-    """Make ``monitor`` the active one and wrap TorchTitan 0.2.2's functions (once per
-    process), held by the current scope."""
+    """Make ``monitor`` the active one and wrap TorchTitan 0.2.2's functions (once per process)."""
     import torchtitan.components.loss as loss_module
     from torchtitan.components.checkpoint import CheckpointManager
     from torchtitan.components.metrics import MetricsProcessor
@@ -128,7 +127,6 @@ class Seam:
         self.ctx = ctx
 
     def install(self, monitor: Monitor) -> TrainerSeam | None:
-        """Wrap the loss, the grad-norm clip, the metrics and the checkpointer: no trainer
-        adapter calls back on 0.2.2."""
+        """Wrap the loss, grad-norm clip, metrics and checkpointer: 0.2.2 has no trainer adapter."""
         install(monitor)
         return None

@@ -13,8 +13,7 @@ from titan_rocm.workarounds.divergence_guard.record import Row
 
 
 class DivergenceError(RunStopped):
-    """Training produced a non-finite loss or grad norm; titan-rocm stops it (every rank
-    exits with :data:`titan_rocm.exit_codes.FAILED_VALIDATION`)."""
+    """A non-finite loss or grad norm: every rank exits with ``FAILED_VALIDATION``."""
 
     def __init__(self, message: str, divergence: Divergence) -> None:
         super().__init__(message)

@@ -104,8 +104,7 @@ def bind(model: nn.Module, backend: str, request: CompileRequest = NOT_COMPILED)
 
 
 def unbind_all() -> None:
-    """Put back what was bound before titan-rocm, in every module it bound, whoever holds
-    the binding (tests)."""
+    """Put back what was bound before titan-rocm, whoever holds the binding (tests)."""
     patches.restore(by=NAME)
 
 

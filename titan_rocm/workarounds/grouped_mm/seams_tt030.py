@@ -64,7 +64,6 @@ def seam_for(module: nn.Module, backend: str) -> str | None:
 
 
 def _unbound_class(module: nn.Module) -> type:
-    """``module``'s class under any binding subclass of this module."""
     cls = type(module)
     while getattr(cls, SEAM_ATTR, None) is not None:
         cls = cls.__mro__[1]
@@ -110,8 +109,7 @@ def _binding_class(base: type, seam: str) -> type:
 
 
 def bind(model: nn.Module, backend: str) -> dict[str, str]:
-    """Bind every grouped-experts module of ``model`` to ``backend`` (idempotent: binding
-    again rebinds). Returns, per module, the seam used or why it was left stock."""
+    """Bind every grouped-experts module to ``backend``; per module, the seam used or why not."""
     experts_function(backend)  # ValueError names the accepted backends
     done: dict[str, str] = {}
     for name, module in find_experts(model):
@@ -190,8 +188,7 @@ class Seam:
         return check(model)
 
     def bind(self, model: nn.Module, backend: str, why: str) -> list[str]:
-        """Swap each experts module's class for a binding subclass; mark the blocks of a
-        backend that does not trace eager; return the seams used."""
+        """Swap each experts module's class for a binding subclass; return the seams used."""
         patched = sorted(set(bind(model, backend).values()))
         eager = mark_untraceable_blocks(model, backend) if self.ctx.compile.model else []
         log.info(

@@ -142,8 +142,8 @@ def marker_names() -> tuple[str, ...]:
 
 def release_for(version: str | None,
                 markers: frozenset[str] = frozenset()) -> AiterRelease | None:
-    """The table row for an installed aiter ``version`` whose files hold ``markers``; None when
-    the version is unknown."""
+    """The table row for aiter ``version`` whose files hold ``markers``; None for an unknown
+    version."""
     parsed = parse_version(version) if version else None
     if parsed is None:
         return None
@@ -156,8 +156,8 @@ def release_for(version: str | None,
 
 @functools.lru_cache(maxsize=8)
 def markers_in(root: Path) -> frozenset[str]:
-    """The changes whose markers the aiter package in directory ``root`` holds (cached: an
-    aiter's files do not change while it runs)."""
+    """The markers the aiter package at ``root`` holds (cached: its files do not change in a run).
+    """
     return frozenset(marker.change for marker in MARKERS if marker.held_by(root))
 
 

@@ -51,8 +51,7 @@ class DocumentSpans(BlockMask):
 
 
 def document_ids(cu_seqlens: Tensor, batch: int, seqlen: int) -> Tensor:
-    """``(batch, seqlen)``: the index of each token's document in the packed ``cu_seqlens``
-    (no host sync)."""
+    """Each token's document index, ``(batch, seqlen)``, with no host sync."""
     tokens = torch.arange(batch * seqlen, device=cu_seqlens.device)
     return torch.searchsorted(cu_seqlens[1:], tokens, right=True).view(batch, seqlen)
 
@@ -91,8 +90,8 @@ setattr(get_attention_masks, MARK, True)
 
 
 def install(model: nn.Module) -> bool:
-    """Make ``model.get_attention_masks`` return :class:`DocumentSpans`; False if it already
-    does."""
+    """Make ``model.get_attention_masks`` return :class:`DocumentSpans`; False if it already does.
+    """
     if installed(model):
         return False
     model.get_attention_masks = get_attention_masks  # type: ignore[method-assign]

@@ -34,7 +34,6 @@ ROW_LENGTH = "max_context_length"
 
 
 def _tokens_first(out: Tensor) -> Tensor:
-    """``(1, heads, tokens, dim)`` -> ``(tokens, heads, dim)``, a view."""
     return out.squeeze(0).transpose(0, 1)
 
 

@@ -129,8 +129,7 @@ def rebound() -> list[str]:
 
 
 def unpatch(module: ModuleType) -> bool:
-    """Put aiter's original back, in aiter and wherever it was re-bound; False if it was not
-    guarded."""
+    """Put aiter's original back wherever it was; False if it was not guarded."""
     with _lock:
         guarded = patches.find(module, TARGET_ATTR, NAME) is not None
         patches.restore(by=NAME)

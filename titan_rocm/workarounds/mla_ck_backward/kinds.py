@@ -1,5 +1,4 @@
-"""The attention kinds MLA on aiter tells apart, on either TorchTitan version, and how plans
-name them."""
+"""The attention kinds MLA on aiter tells apart, on either TorchTitan version."""
 
 from __future__ import annotations
 

@@ -108,7 +108,6 @@ def _fake_backward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Ten
 
 
 def _autograd(backward_op: Any) -> tuple[Callable[..., Any], Callable[..., None]]:
-    """``(backward, setup_context)`` of a forward op."""
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
         q, k, v, *rest = inputs
         ctx.save_for_backward(q, k, v, *output, *(x for x in rest if isinstance(x, Tensor)))

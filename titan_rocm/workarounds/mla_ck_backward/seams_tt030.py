@@ -157,8 +157,7 @@ def check_folded(model: nn.Module, kinds: dict[str, str | None]) -> str | None:
 
 
 def replace_folded(model: nn.Module, kinds: dict[str, str | None]) -> dict[str, int]:
-    """:func:`replace` with the folded replacements (rows as long as the model's
-    ``max_context_length``)."""
+    """:func:`replace` with the folded replacements."""
     return replace(model, kinds, FOLDED, {ROWS: {"row_length": row_length(model)}})
 
 

@@ -35,8 +35,7 @@ SDPA_LABEL = "PyTorch SDPA (fallback)"
 
 
 class MLASeam(Protocol):
-    """Where one TorchTitan generation's DeepSeek attention is read and replaced
-    (``seams_tt022``/``seams_tt030``)."""
+    """Where one generation's DeepSeek attention is read and replaced."""
 
     stock: str
     """The inner attentions titan-rocm replaces there, for the skip reason."""

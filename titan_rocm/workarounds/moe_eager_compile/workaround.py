@@ -26,8 +26,7 @@ from titan_rocm.workarounds.moe_eager_compile import combine
 
 SCOPE_COST = {scope: f"{FIGURES[f'moe_eager_compile.{scope}'].ratio:g} of stock tokens/s"
               for scope in ("block", "moe")}
-"""Measured cost by scope: the figures the plan's verdict quotes
-(:data:`titan_rocm.measured.FIGURES`), so the two agree."""
+"""Measured cost by scope, from :data:`titan_rocm.measured.FIGURES` so plan agrees."""
 SCOPE_STATUS = {
     "block": "the fix AMD-AGI/Primus PR #962 validated on MI300X",
     "moe": ("unvalidated on ROCm: Primus PR #962 found that compiling even the outer MoE "
@@ -52,8 +51,7 @@ class MixedCompileSeam(Protocol):
 
 
 class MoEEagerCompile(Workaround):
-    """Makes the model's compile mixed: dense blocks fullgraph, MoE blocks (or their MoE
-    module) eager."""
+    """Mixed compile: dense blocks fullgraph, MoE blocks (or their MoE module) eager."""
 
     name = "moe_eager_compile"
     has_seam = True

@@ -76,7 +76,6 @@ def _module_switches(prefix: str, module: nn.Module) -> list[Switch]:
 
 
 def _compiled_function(fn: Any) -> Any:
-    """The function ``torch.compile`` wrapped, or None when ``fn`` is not compiled."""
     return getattr(fn, "_torchdynamo_orig_callable", None)
 
 

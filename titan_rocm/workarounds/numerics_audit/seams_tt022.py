@@ -22,8 +22,8 @@ _audits: list[tuple[Any, patches.Scope]] = []
 
 
 class Kit:
-    """TorchTitan 0.2.2's step on one micro-batch, its loss denominator fixed
-    (:class:`~titan_rocm.numerics.audit_run.StepKit`)."""
+    """TorchTitan 0.2.2's step on one micro-batch (:class:`~titan_rocm.numerics.audit_run.StepKit`).
+    """
 
     def __init__(self, trainer: Any, denominator: torch.Tensor) -> None:
         self.trainer = trainer
@@ -91,8 +91,7 @@ class Seam:
 
 
 def attach(audit: Any, trainer: Any, scope: patches.Scope | None = None) -> None:
-    """Hand ``trainer`` to ``audit`` and route its ``forward_backward_step`` through it
-    (once per trainer), held by ``scope`` (default: the current one)."""
+    """Hand ``trainer`` to ``audit`` and route its ``forward_backward_step`` through it (once)."""
     audit.attach(trainer)
 
     def wrap(original: Any) -> Any:

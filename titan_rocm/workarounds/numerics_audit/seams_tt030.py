@@ -15,8 +15,8 @@ from titan_rocm.workarounds.base import TrainerSeam
 
 
 class Kit:
-    """TorchTitan 0.3.0's step on one micro-batch, its loss denominator fixed
-    (:class:`~titan_rocm.numerics.audit_run.StepKit`)."""
+    """TorchTitan 0.3.0's step on one micro-batch (:class:`~titan_rocm.numerics.audit_run.StepKit`).
+    """
 
     def __init__(self, trainer: Any, denominator: torch.Tensor) -> None:
         self.trainer = trainer
@@ -52,8 +52,7 @@ class Kit:
 
 
 def global_valid_tokens(trainer: Any, labels: torch.Tensor) -> torch.Tensor:
-    """The loss denominator TorchTitan 0.3.0's ``Trainer.train_step`` computes for a step of
-    this one micro-batch."""
+    """The loss denominator 0.3.0's ``Trainer.train_step`` computes for this one micro-batch."""
     from torchtitan.components.loss import IGNORE_INDEX
 
     local = (labels != IGNORE_INDEX).sum().to(trainer.device)
@@ -66,7 +65,6 @@ def global_valid_tokens(trainer: Any, labels: torch.Tensor) -> torch.Tensor:
 
 
 def _graphed(trainer: Any) -> bool:
-    """The trainer replays its forward and backward as a CUDA graph."""
     body = getattr(type(trainer), "_forward_backward_body", None)
     return getattr(getattr(trainer, "fwd_bwd_fn", None), "__func__", None) is not body
 

@@ -62,13 +62,11 @@ class NumericsAudit(Workaround):
         self.pending: list[Part] = []
         """The parts of the audit under way still to run, one per step."""
         self.outcomes: list[tuple[int, str]] = []
-        """(step, verdict or ``skipped``) of each part of the audit under way that ran (the
-        first's step is the step the audit began at)."""
+        """(step, verdict or ``skipped``) of each part of the audit under way."""
         self.results: list[dict[str, Any]] = []
         """Every audit's ``to_dict`` (tests, and anyone holding the converter)."""
         self.quarantined: dict[str, int] = {}
-        """Segment (a ``model.layers`` key, ``embedding``, ``head``) -> the step it was
-        quarantined at (policy ``quarantine``)."""
+        """Segment -> the step it was quarantined at."""
         self.unconfirmed: set[str] = set()
         """Quarantined segments no audit has replayed since."""
         self.clock = quarantine.StepClock()

@@ -127,8 +127,8 @@ _hook = AfterImport(_TRIGGER, lambda _module: _install_from_env())
 
 
 def boot() -> None:
-    """At interpreter start (``sitecustomize``): with ``TITAN_ROCM_TRITON_WAR=1``, install the
-    wrapper once ``triton`` is imported."""
+    """At interpreter start: with ``TITAN_ROCM_TRITON_WAR=1``, install the wrapper once ``triton``
+    is imported."""
     if os.environ.get(ENV_ENABLE) != "1":
         return
     _hook.arm()

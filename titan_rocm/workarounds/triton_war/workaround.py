@@ -26,8 +26,8 @@ STATS_EVERY_S = 60.0
 
 
 def restart_compile_workers() -> bool:
-    """Shut down running compile-worker pools so they restart with the current environment;
-    True if one was running."""
+    """Shut down running compile-worker pools so they restart with this environment; True if one
+    ran."""
     async_compile = sys.modules.get("torch._inductor.async_compile")
     if async_compile is None or not getattr(async_compile, "_pool_set", None):
         return False
