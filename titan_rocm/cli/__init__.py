@@ -1,13 +1,8 @@
-"""``titan-rocm``: the command-line front door.
+"""``titan-rocm``: the command-line front door; each subcommand (``titan_rocm.cli.<name>``) is
+imported only when it runs, so ``titan-rocm scan`` never pays for torch.
 
-Each subcommand is a module ``titan_rocm.cli.<name>`` with ``HELP``, ``add_arguments(parser)``
-and ``run(args) -> int`` (optional: ``PASSTHROUGH``, ``error_report``), imported only when it
-runs, so ``titan-rocm scan`` never pays for torch.
-
-Promises kept here, once, for every subcommand: bad input is a :class:`CommandError`, printed
-as one sentence with exit 2; with ``--json`` stdout carries exactly one JSON object on every
-exit path; a reader closing the pipe early ends it quietly with 141 (128 + SIGPIPE).
-"""
+Kept here once for every subcommand: bad input is one sentence and exit 2; ``--json`` prints exactly
+one JSON object on every exit path; a closed pipe ends quietly with 141."""
 
 from __future__ import annotations
 
@@ -54,10 +49,8 @@ BROKEN_PIPE = 141
 
 
 class CommandError(Exception):
-    """The one error through which a subcommand refuses bad input or stops: ``main`` prints
-    ``titan-rocm <command>: <message>`` on stderr (and the error object under ``--json``) and
-    exits with ``code`` (2 by default).
-    """
+    """How a subcommand refuses bad input or stops: ``main`` prints ``titan-rocm <command>:
+    <message>`` (and the error object under ``--json``) and exits with ``code`` (2 by default)."""
 
     def __init__(self, message: str, code: int = 2) -> None:
         super().__init__(message)
@@ -66,8 +59,7 @@ class CommandError(Exception):
 
 @contextlib.contextmanager
 def as_command_error(*errors: type[BaseException]) -> Iterator[None]:
-    """Refuse with :class:`CommandError` when the block raises one of ``errors``: their message
-    is the whole answer (no traceback)."""
+    """Refuse with :class:`CommandError` when the block raises one of ``errors`` (no traceback)."""
     try:
         yield
     except errors as exc:
@@ -79,8 +71,8 @@ class _ArgumentError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a bad option raises instead of exiting, so ``main`` can still answer in
-    JSON; the usage and ``error:`` line on stderr are argparse's own."""
+    """argparse, but a bad option raises instead of exiting, so ``main`` can still answer in JSON.
+    """
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
@@ -94,8 +86,8 @@ def error_envelope(command: str, message: str, code: int) -> dict[str, Any]:
 
 
 def error_report(command: str, message: str, code: int) -> dict[str, Any]:
-    """``command``'s error object: its module's ``error_report`` where it defines one (the
-    module loaded: an interrupt may come before), else :func:`error_envelope`."""
+    """``command``'s error object: its module's ``error_report`` where it has one, else
+    :func:`error_envelope`."""
     module = sys.modules.get(SUBCOMMANDS[command])
     own = getattr(module, "error_report", None)
     return own(message, code) if own is not None else error_envelope(command, message, code)
@@ -138,10 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console_main() -> NoReturn:
-    """The ``titan-rocm`` executable: :func:`main`, then exit. After Ctrl-C the process ends at
-    once with 130: a KeyboardInterrupt that landed during a C extension's import can
-    otherwise make Python kill itself with SIGINT at exit.
-    """
+    """The ``titan-rocm`` executable. After Ctrl-C it ends at once with 130: a KeyboardInterrupt
+    during a C extension's import can otherwise make Python kill itself with SIGINT at exit."""
     code = main()
     if code == INTERRUPTED:
         sys.stdout.flush()

@@ -1,8 +1,5 @@
-"""``titan-rocm audit``: a compiled job checked block by block against eager and
-high-precision replays of its own inputs (docs/numerics-audit.md gives the launch lines, the
-exit codes and the ``--json`` report). The installed generation's adapter builds the job's own
-trainer and audits its first micro-batch; nothing is stepped or saved.
-"""
+"""``titan-rocm audit``: a compiled job checked block by block against eager and high-precision
+replays of its own inputs (docs/numerics-audit.md)."""
 
 from __future__ import annotations
 
@@ -102,8 +99,8 @@ def _emit(args: argparse.Namespace, result: dict[str, Any]) -> int:
 
 
 def _install_fault(model_parts: list[Any]) -> None:
-    """The test fault, when ``TITAN_ROCM_DEBUG_CORRUPT`` asks for it (never otherwise: the
-    test-only module is not even imported)."""
+    """The test fault, when ``TITAN_ROCM_DEBUG_CORRUPT`` asks (the test-only module is not imported
+    otherwise)."""
     if not os.environ.get(CORRUPT_ENV, "").strip():
         return
     from titan_rocm.testing import corrupt
@@ -113,9 +110,8 @@ def _install_fault(model_parts: list[Any]) -> None:
 
 
 def _log_to_stderr() -> None:
-    """The job's INFO lines on stderr in TorchTitan's format, because TorchTitan's
-    ``init_logger`` writes to stdout, where ``--json`` prints; a handler already there is left.
-    """
+    """The job's INFO lines on stderr, because TorchTitan's ``init_logger`` writes to stdout, where
+    ``--json`` prints."""
     import logging
 
     root = logging.getLogger()
@@ -151,12 +147,8 @@ def _audit(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def check_plot(text: str | None) -> None:
-    """``--plot``'s file, directory and matplotlib, checked before the audit builds anything: a
-    picture that cannot be drawn is refused in seconds, not after minutes.
-
-    Raises:
-        CommandError: naming the value and what to do.
-    """
+    """``--plot``'s file, directory and matplotlib, checked before the audit builds anything, so a
+    picture that cannot be drawn is refused in seconds, not minutes."""
     if text is None:
         return
     from titan_rocm.logs.compare import CompareError
@@ -168,11 +160,8 @@ def check_plot(text: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Audit the job; print the report (or JSON); 0 ok, 1 flagged.
-
-    Raises:
-        CommandError: the audit cannot run (rank 0; the other ranks return 2 quietly).
-    """
+    """Audit the job; print the report (or JSON); 0 ok, 1 flagged. CommandError on rank 0 when it
+    cannot run (the other ranks return 2 quietly)."""
     from titan_rocm.adapters.common import one_line
     from titan_rocm.numerics.result import AuditError
 

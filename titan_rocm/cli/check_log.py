@@ -43,11 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Check every log; print the verdicts; return the exit code.
-
-    Raises:
-        CommandError: a LOG of ``-`` (standard input is not read).
-    """
+    """Check every log; print the verdicts; return the exit code. A LOG of ``-`` is refused."""
     if "-" in args.logs:
         # check_file reads regular files only; '-' would be looked up as a file name.
         raise CommandError("LOG '-' is not valid: check-log does not read standard input; "

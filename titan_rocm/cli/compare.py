@@ -1,5 +1,4 @@
-"""``titan-rocm compare BASELINE.log OTHER.log... [--label NAME]... [--noise REPEAT.log...]
-[--plot out.png|out.svg] [--json] [--warmup N]``."""
+"""``titan-rocm compare``: training runs side by side against a baseline (docs/compare.md)."""
 
 from __future__ import annotations
 
@@ -76,9 +75,8 @@ _SEPARATORS = "_-.@ "
 
 
 def short_names(names: list[str]) -> list[str]:
-    """Default labels: file names without the part every one shares at the start and the end
-    (``llama3_stock@1.log``, ``llama3_rocm_on@1.log`` -> ``stock@1``, ``rocm_on@1``), cut at a
-    separator (``_-.@``); the names as given when that would leave one empty or two alike."""
+    """Default labels: file names without the start and end they all share (``llama3_stock@1.log``
+    -> ``stock@1``); the names as given when that would leave one empty or two alike."""
     if len(names) < 2:
         return [n.removesuffix(".log") or n for n in names]
     prefix = os.path.commonprefix(names)

@@ -1,10 +1,5 @@
-"""``titan-rocm gemm-tables``: make aiter's tuned GEMM tables safe for HIP-graph capture.
-
-Torch-free. Exit codes: 0 done (``--check``: no unsafe row), 1 ``--check`` found
-unsafe rows, 2 bad input or output (nothing written, unless renaming the finished tables
-into place fails midway: the message names which were written), 130 interrupted (the
-message names which tables were written). Docs: docs/gemm-tables.md.
-"""
+"""``titan-rocm gemm-tables``: make aiter's tuned GEMM tables safe for HIP-graph capture
+(docs/gemm-tables.md gives the exit codes). Torch-free."""
 
 from __future__ import annotations
 

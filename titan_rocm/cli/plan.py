@@ -1,6 +1,5 @@
 """``titan-rocm plan``: check a TorchTitan job on a login node before it waits in a queue
-(docs/plan.md gives the exit codes).
-"""
+(docs/plan.md)."""
 
 from __future__ import annotations
 
@@ -114,12 +113,8 @@ USAGE = (
 
 
 def _refuse_early(args: argparse.Namespace, passthrough: list[str], adapter: Adapter) -> None:
-    """Every refusal that needs no torch, made before torch and TorchTitan load (10-20 s on a
-    login node).
-
-    Raises:
-        CommandError: the reason, as the full plan would give it.
-    """
+    """Every refusal that needs no torch, made before torch and TorchTitan load (10-20 s on a login
+    node)."""
     from titan_rocm.adapters.common import JobArgsError, StartupError, check_world_flags
     from titan_rocm.archs import arch_facts
 
@@ -188,8 +183,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 class _TorchTitanWarnings(logging.Handler):
-    """Keeps the warnings TorchTitan's own code logs (each message once); hands every other
-    record on as Python would without this handler."""
+    """Keeps the warnings TorchTitan's own code logs (each once); hands every other record on."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -213,16 +207,13 @@ class _TorchTitanWarnings(logging.Handler):
 
 WARNED = ("TorchTitan warned while titan-rocm plan read the job (its own warning, which the "
           "job prints at start-up too; the plan goes on regardless): ")
-"""Put before each of TorchTitan's warnings: whose it is, and that it does not stop the plan.
-Not ``titan-rocm plan: ``, which starts plan's own answer or refusal only."""
+"""Put before each of TorchTitan's warnings, so it is not read as plan's own answer."""
 
 
 @contextlib.contextmanager
 def torchtitan_warnings(messages: list[str]) -> Iterator[None]:
-    """Collect into ``messages``, each once, the warnings TorchTitan's code logs while it reads
-    the job (e.g. an HF assets path missing on this machine, about the cluster's files), so
-    they do not print bare before the plan's answer.
-    """
+    """Collect TorchTitan's warnings while it reads the job, so they do not print bare before the
+    plan's answer."""
     root = logging.getLogger()
     handler = _TorchTitanWarnings()
     root.addHandler(handler)
@@ -234,8 +225,7 @@ def torchtitan_warnings(messages: list[str]) -> Iterator[None]:
 
 
 SHAPE_FLAGS = ("--model.", "--training.", "--parallelism.", "--compile.")
-"""TorchTitan flags that decide which GEMMs a job lowers (its shapes); others (logging,
-checkpoints, dump folders, [rocm]) do not, so a problems file may differ there."""
+"""TorchTitan flags that decide which GEMMs a job lowers; a problems file may differ elsewhere."""
 
 
 def _shape_flags(args: list[str]) -> list[str]:
@@ -254,8 +244,7 @@ def _shape_flags(args: list[str]) -> list[str]:
 
 
 def _job_differences(plan: dict, job: dict, passthrough: list[str]) -> list[str]:
-    """How the job a problems file was collected from differs from the job planned, in what
-    decides its GEMMs: the TOML, the world size, the shape-deciding flags."""
+    """How the problems file's job differs from the job planned, in what decides its GEMMs."""
     differs = []
     planned_file, collected_file = plan.get("config_file"), job.get("config_file")
     # 0.3.0 names its job --module M --config F (no file): the same words are the same job.
@@ -275,8 +264,8 @@ def _job_differences(plan: dict, job: dict, passthrough: list[str]) -> list[str]
 
 
 def _add_coverage(plan: dict, problems: str, passthrough: list[str]) -> str | None:
-    """Put the table's coverage of ``problems`` into gemm_lookup's details, and say how the
-    problems' job differs from this one (on stderr and in ``job_differs``); an error or None."""
+    """Put the table's coverage of ``problems`` into gemm_lookup's details and say how the problems'
+    job differs; an error or None."""
     from titan_rocm.tuned_gemms.problems import ProblemsError
     from titan_rocm.tuned_gemms.table import LookupTableError, problems_coverage
 

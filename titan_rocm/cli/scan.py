@@ -1,12 +1,8 @@
-"""``titan-rocm scan``: audit AMDGCN files (Triton/Inductor caches) for the buffer-store
-data hazard.
+"""``titan-rocm scan``: audit AMDGCN files (Triton/Inductor caches) for the buffer-store data hazard
+(docs/triton-buffer-store-hazard.md gives the exit codes).
 
-Exit status: 0 no hazard, 1 hazards found, 2 bad input (a path that does not exist or
-cannot be read, a path given that is not AMDGCN, or no AMDGCN found at all), 130
-interrupted. AMDGCN is recognised positively (``not_amdgcn``): anything else found in a
-directory (binary junk, a README, an empty or truncated-to-nothing file) is named on stderr
-as not scanned and skipped, and never counts as a clean scan.
-"""
+AMDGCN is recognised positively: anything else found is named as not scanned, never counted as a
+clean scan."""
 
 from __future__ import annotations
 
@@ -30,8 +26,8 @@ from titan_rocm.scanner.scan import (
 from titan_rocm.settings import DEFAULT_HAZARD_RULE
 
 MAX_FILE_BYTES = 64 << 20
-"""The largest AMDGCN file scanned (it is read whole and parsed, about 3 times its size in
-memory; a Triton kernel's is a few MiB): a bigger one is named as not scanned, never read."""
+"""The largest AMDGCN file scanned (read whole, about 3 times its size in memory); a bigger one is
+named as not scanned."""
 
 HELP = (
     "audit AMDGCN files (Triton caches keep <kernel>.amdgcn) for wide stores whose data "

@@ -1,6 +1,4 @@
-"""``titan-rocm tune``: validated GEMM tuning for a TorchTitan job (docs/validated-tuning.md
-gives the steps ``collect``, ``run`` and ``table``, and the exit codes).
-"""
+"""``titan-rocm tune``: validated GEMM tuning for a TorchTitan job (docs/validated-tuning.md)."""
 
 from __future__ import annotations
 
@@ -22,8 +20,8 @@ FUDGE = Bounds(float, 0, 1000, low_open=True)
 MIN_SPEEDUP = Bounds(float, 0, 1000, low_open=True)
 GEMM_BACKENDS: tuple[str, ...] = (
     "ATEN", "TRITON", "CPP", "CK", "CKTILE", "CUTLASS", "CUTEDSL", "NVGEMM")
-"""The backends Inductor's ``max_autotune_gemm_backends`` names (torch 2.13.0,
-torch/_inductor/config.py); any other name would silently enumerate nothing."""
+"""The backends Inductor's ``max_autotune_gemm_backends`` names (torch 2.13.0); any other name would
+silently enumerate nothing."""
 
 
 def _backends(text: str) -> str:

@@ -1,7 +1,5 @@
-"""aiter tuned GEMM tables made safe for HIP-graph capture (``titan-rocm gemm-tables``).
-
-Torch-free. Docs: docs/gemm-tables.md.
-"""
+"""aiter tuned GEMM tables made safe for HIP-graph capture (``titan-rocm gemm-tables``;
+docs/gemm-tables.md). Torch-free."""
 
 from titan_rocm.gemm_tables.capture_safe import CaptureSafeError, Result, capture_safe
 from titan_rocm.gemm_tables.policy import POLICIES

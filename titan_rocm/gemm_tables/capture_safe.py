@@ -1,9 +1,8 @@
-"""``capture-safe``: copy aiter tuned BF16 GEMM tables without the rows unsafe under capture.
+"""``capture-safe``: copy aiter tuned BF16 GEMM tables without the rows unsafe under capture
+(docs/gemm-tables.md).
 
-Rows are judged as they stream (memory stays flat) into temporary files that are renamed into
-place only once every input is judged, so a bad input, a full disk or Ctrl-C changes no
-destination and no reader sees a partial table. Docs: docs/gemm-tables.md.
-"""
+Rows stream into temporary files renamed into place only once every input is judged, so a bad input,
+a full disk or Ctrl-C changes no destination and no reader sees a partial table."""
 
 from __future__ import annotations
 
@@ -210,10 +209,8 @@ def judge_rows(
     arch_override: str | None = None,
     archs: Mapping[str, ArchFacts] = ARCHS,
 ) -> Iterator[bytes]:
-    """Yield the bytes of ``table`` that survive (header first), counting into ``result``.
-
-    Raises CaptureSafeError for a bad table or a row that cannot be judged.
-    """
+    """Yield the bytes of ``table`` that survive (header first), counting into ``result``;
+    CaptureSafeError for a row that cannot be judged."""
     holding = {rule.name for rule in rules.holding()}
     result.has_gfx = table.has_gfx
     yield table.header.raw
@@ -301,9 +298,8 @@ def _same_file(a: Path, b: Path) -> bool:
 def plan_outputs(inputs: Sequence[Path], outdir: Path) -> list[Path]:
     """The output path for each input (``outdir/<same name>``).
 
-    Raises CaptureSafeError when two inputs share a name, an output would overwrite an input,
-    ``outdir`` is not a directory, or a path holds ``:`` (AITER_CONFIG_GEMM_BF16's separator).
-    """
+    Raises CaptureSafeError for two inputs of one name, an output over an input, an ``outdir`` that
+    is not a directory, or a ``:`` (AITER_CONFIG_GEMM_BF16's separator) in a path."""
     if outdir.exists() and not outdir.is_dir():
         raise CaptureSafeError(f"output directory {outdir} exists and is not a directory")
     outputs: list[Path] = []
@@ -342,15 +338,10 @@ def capture_safe(
     rules: AiterRules | None = None,
 ) -> Result:
     """Judge every table in ``inputs``; unless ``check``, write the safe copies to ``outdir``.
+    ``aiter`` None lets the installed aiter decide which rules hold.
 
-    ``aiter`` None lets the installed aiter decide which rules hold; ``archs`` and ``rules``
-    let tests pass their own.
-
-    Raises:
-        CaptureSafeError: bad input, output or option; nothing is written, unless renaming
-            the finished tables fails midway (the message names what was written).
-        CaptureSafeInterrupted: Ctrl-C; it says which tables were written.
-    """
+    Raises CaptureSafeError (nothing written, unless renaming fails midway: the message names what
+    was) or CaptureSafeInterrupted (Ctrl-C; it says which tables were written)."""
     if not inputs:
         raise CaptureSafeError("no table given")
     if policy not in POLICIES:

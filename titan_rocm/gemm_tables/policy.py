@@ -1,8 +1,7 @@
 """Which tuned GEMM rows are unsafe under HIP-graph capture, and on which architecture.
 
-aiter's split-K opus kernels keep their workspace in a per-stream hipMalloc registry, so a
-capture that touches it first aborts the process. Docs: docs/gemm-tables.md.
-"""
+aiter's split-K opus kernels keep their workspace in a per-stream hipMalloc registry, so a capture
+that touches it first aborts the process (docs/gemm-tables.md)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,8 @@ from dataclasses import dataclass
 from titan_rocm.archs import ARCHS, ArchFacts, normalize_arch
 
 POLICIES: tuple[str, ...] = ("splitk-opus", "all-opus")
-"""``splitk-opus`` (default) removes split-K opus rows only; ``all-opus`` every opus row of an
-unsafe arch, the blunt fix seen in the wild, kept for comparison."""
+"""``splitk-opus`` (default): split-K opus rows only; ``all-opus``: the blunt fix seen in the wild,
+kept for comparison."""
 
 OPUS = "opus"
 
@@ -46,10 +45,8 @@ def row_arch(
     arch_override: str | None,
     archs: Mapping[str, ArchFacts] = ARCHS,
 ) -> str:
-    """The architecture a row applies to: its ``gfx``, else ``--arch``, else its ``cu_num``.
-
-    Raises ArchError when that is unknown or the cu_num maps to no or several architectures.
-    """
+    """The architecture a row applies to: its ``gfx``, else ``--arch``, else its ``cu_num``;
+    ArchError when that is unknown or ambiguous."""
     known = ", ".join(sorted(archs))
     gfx = fields.get("gfx", "").strip()
     if gfx:
@@ -111,12 +108,10 @@ def parse_solidx(text: str) -> int:
 
 
 def judge(fields: Mapping[str, str], facts: ArchFacts, policy: str) -> RowJudgement:
-    """Decide whether the row ``fields`` (of architecture ``facts``) is unsafe under ``policy``.
+    """Whether the row ``fields`` is unsafe under ``policy``, by its ``solidx`` range.
 
-    The ``solidx`` range decides; a row whose ``kernelName`` says split-K outside every range
-    is removed too, flagged, because a crash under capture costs more than one tuned row.
-    Raises ValueError for an unknown policy or a non-integer opus solidx.
-    """
+    A split-K ``kernelName`` outside every range is removed too, flagged: a crash under capture
+    costs more than one tuned row. ValueError for an unknown policy or a bad opus solidx."""
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose one of: {', '.join(POLICIES)}")
     if fields["libtype"].strip().lower() != OPUS or not facts.opus_splitk_solidx_ranges:

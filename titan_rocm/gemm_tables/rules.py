@@ -1,9 +1,8 @@
-"""The capture hazards of aiter's tuned BF16 GEMM kernels as named rules, and which hold.
+"""The capture hazards of aiter's tuned BF16 GEMM kernels as named rules, and which hold
+(docs/gemm-tables.md, "The rules").
 
-Whether a rule holds depends on the aiter the job runs, so it is read from that aiter's
-sources (a marker of the fix, not a version string) or from ``--aiter``; with no aiter known
-every rule holds. Docs: docs/gemm-tables.md ("The rules").
-"""
+Read from the job's aiter sources (a marker of the fix, not a version string) or ``--aiter``; with
+no aiter known every rule holds."""
 
 from __future__ import annotations
 
@@ -57,8 +56,7 @@ class CaptureRule:
     """Repo, file, commit."""
     ended_by: str
     hazard: Marker
-    """Code the defect lives in; an aiter with neither it nor :attr:`fix` is unknown, and the
-    rule holds to be safe."""
+    """Code the defect lives in; an aiter with neither it nor :attr:`fix` keeps the rule."""
     fix: Marker
     """Found, the rule does not hold."""
     matches: Match
@@ -261,8 +259,8 @@ def simulated(choice: str) -> AiterRules:
 
 
 def detect(root: Path, rules: Sequence[CaptureRule] = RULES) -> AiterRules:
-    """The rules that hold for the aiter at ``root``: a found fix marker ends a rule; an aiter
-    this table does not know keeps it."""
+    """The rules that hold for the aiter at ``root``; an aiter this table does not know keeps them.
+    """
     states = []
     for rule in rules:
         fixed = rule.fix.found_in(root)
@@ -296,10 +294,8 @@ def installed_aiter_root() -> Path | None:
 
 
 def rules_for(aiter: str | None) -> AiterRules:
-    """The rules in force: of ``--aiter``, else of the installed aiter, else all of them.
-
-    Raises ValueError for an unknown ``aiter``.
-    """
+    """The rules in force: of ``--aiter``, else the installed aiter's, else all; ValueError for an
+    unknown ``aiter``."""
     if aiter is not None:
         return simulated(aiter)
     root = installed_aiter_root()

@@ -1,8 +1,5 @@
-"""Read an aiter tuned-GEMM CSV table as bytes, one record per CSV row, losslessly, streaming.
-
-Records keep their exact bytes so a filtered table is the original minus whole lines; ``csv``
-only parses to decide. Streaming keeps memory flat whatever the table's size.
-"""
+"""Read an aiter tuned-GEMM CSV table as bytes, one record per CSV row, losslessly, streaming:
+a filtered table is the original minus whole lines, and memory stays flat."""
 
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ OPTIONAL_ARCH_COLUMN = "gfx"
 DECIDING_COLUMNS: tuple[str, ...] = (*REQUIRED_COLUMNS, OPTIONAL_ARCH_COLUMN, "splitK")
 
 MAX_RECORD_BYTES = 1 << 20
-"""1 MiB: aiter's rows are about 200 bytes, so a longer record is an unclosed quote or not a
-table, and holding it would make memory grow with the file."""
+"""aiter's rows are about 200 bytes, so a longer record is an unclosed quote or not a table."""
 
 CHUNK_BYTES = 1 << 16
 
@@ -46,8 +42,8 @@ class TableLine:
 
 
 def physical_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """Lines of the joined ``chunks`` with their endings; an endless piece stops growing at
-    :data:`MAX_RECORD_BYTES` so the record check refuses it."""
+    """Lines with their endings; an endless piece stops at :data:`MAX_RECORD_BYTES` to be refused.
+    """
     pending = b""
     for chunk in chunks:
         pending += chunk
@@ -68,11 +64,8 @@ def physical_lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 
 def iter_records(lines: Iterable[bytes], where: str = "line ") -> Iterator[tuple[int, bytes]]:
-    """Join physical ``lines`` into CSV records (a quoted field may hold a line break).
-
-    Raises GemmTableError when the data ends inside a quote or a record exceeds
-    :data:`MAX_RECORD_BYTES`.
-    """
+    """Join physical ``lines`` into CSV records (a quoted field may hold a line break);
+    GemmTableError for an unclosed quote or an oversized record."""
     pending: list[bytes] = []
     size = start = quotes = 0
     number = 0
@@ -125,10 +118,8 @@ def _chunks(handle: BinaryIO, path: Path) -> Iterator[bytes]:
 def repeated_column(columns: tuple[str, ...]) -> str | None:
     """Why the header cannot be judged when it names a deciding column twice; else None.
 
-    aiter's ``pandas.read_csv`` renames repeats (``solidx.1``) and treats ``" solidx"`` as
-    another column, so which value aiter uses is unknowable here; either guess could pass an
-    unsafe row.
-    """
+    aiter's ``pandas.read_csv`` renames repeats (``solidx.1``), so which value aiter uses is
+    unknowable here; either guess could pass an unsafe row."""
     for name in DECIDING_COLUMNS:
         places = [str(i) for i, column in enumerate(columns, start=1) if column == name]
         if len(places) > 1:
@@ -176,10 +167,8 @@ class Table:
         return OPTIONAL_ARCH_COLUMN in self.columns
 
     def records(self) -> Iterator[TableLine]:
-        """The records after the header (blank lines with ``fields`` None).
-
-        Raises GemmTableError for non-UTF-8 bytes, malformed CSV or a wrong field count.
-        """
+        """The records after the header (blank lines with ``fields`` None); GemmTableError for bad
+        bytes, CSV or field counts."""
         columns = self.columns
         for line, raw in self._records:
             where = f"{self.path}:{line}"

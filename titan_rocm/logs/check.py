@@ -1,11 +1,5 @@
 """Is every logged loss and grad norm of a training log finite? (``titan-rocm check-log``;
-docs/divergence-detection.md gives the exit codes.)
-
-An unchecked log (unreadable, empty, bytes not read, an unreadable audit verdict) exits 2,
-never 0: it is not a pass. A run that crashed after finite steps exits 0 (its numerics are
-fine as far as they go) unless ``--require-complete``, which a CI step that must see the run
-finish uses.
-"""
+docs/divergence-detection.md gives the exit codes.) An unchecked log is never a pass."""
 
 from __future__ import annotations
 
@@ -29,8 +23,7 @@ EXIT_OK = 0
 EXIT_NONFINITE = 1
 EXIT_ERROR = 2
 EXIT_INCOMPLETE = 3
-"""``--require-complete``: every value finite, but the run did not finish or the log does
-not show that it did."""
+"""``--require-complete``: every value finite, but the log does not show the run finished."""
 EXIT_FLAGGED = 4
 """Every value finite, but the in-training numerics audit flagged a step."""
 
@@ -175,9 +168,8 @@ def check_file(path: str | Path, fmt: str = "auto") -> CheckResult:
 
 
 def combined_exit_code(results: list[CheckResult], require_complete: bool = False) -> int:
-    """1 if any log diverged, else 4 if any audit flagged (both definite findings), else 2 if any
-    was not checked, else (with ``require_complete``) 3 if any did not finish, else 0.
-    """
+    """1 diverged, else 4 audit flagged, else 2 not checked, else (``require_complete``) 3
+    unfinished, else 0."""
     codes = {r.exit_code for r in results}
     if EXIT_NONFINITE in codes:
         return EXIT_NONFINITE

@@ -1,13 +1,8 @@
-"""Put training runs side by side against a baseline, within or outside the noise that
-repeats of the baseline show (``titan-rocm compare``; docs/compare.md defines the relative
-difference, the band, the verdicts, the throughput ratio and the exit codes).
+"""Training runs side by side against a baseline, within or outside the noise that repeats of the
+baseline show (``titan-rocm compare``; docs/compare.md).
 
-Why the band is a running maximum: two runs that drifted apart by step t can be that far
-apart at any later step; a crossing of noisy curves does not narrow the noise. Why only the
-loss decides: the grad norm swings by tens of percent between runs of one job, more than a
-few repeats can bound. Logs are read lean (:mod:`titan_rocm.logs.tables`), so memory grows
-with the distinct steps, not the metric lines.
-"""
+The band is a running maximum: runs that drifted apart by step t can be that far apart at any later
+step. Only the loss decides: the grad norm swings by tens of percent between repeats."""
 
 from __future__ import annotations
 
@@ -27,8 +22,7 @@ from titan_rocm.numbers import Bounds
 DEFAULT_TOLERANCE_PCT = 0.01
 TOLERANCE = Bounds(float, 0, 1e6, unit="percent")
 """``--tolerance``: a relative difference in percent."""
-"""Relative differences up to this (in percent) are never called a difference: two losses
-that agree to 1e-4 relative are the same number for training (one BF16 rounding is 0.4 %)."""
+"""Relative differences up to this (percent) are never a difference: one BF16 rounding is 0.4 %."""
 
 METRICS: tuple[str, ...] = ("loss", "grad_norm")
 METRIC_NAMES: dict[str, str] = {"loss": "loss", "grad_norm": "grad norm"}
@@ -63,8 +57,8 @@ class Series:
 
 
 def series_of(log: ParsedLog, rank: int | None) -> Series:
-    """The training curve of ``rank`` (None: lines without a rank prefix); the first line of
-    a step wins where a rank logged it twice (each of loss and grad norm)."""
+    """The training curve of ``rank`` (None: lines without a rank prefix); a step's first line wins.
+    """
     curve = log.curves.get(rank)
     if curve is None:
         return Series(StepValues(), StepValues())
@@ -110,11 +104,7 @@ class Run:
 
 def load_run(path: str | Path, label: str, fmt: str = "auto",
              warmup: int = DEFAULT_WARMUP) -> Run:
-    """Parse one log into a :class:`Run`.
-
-    Raises:
-        UnreadableLog: the file cannot be read.
-        CompareError: the log holds no metric line.
+    """Parse one log into a :class:`Run`; UnreadableLog, or CompareError when it has no metric line.
     """
     log = parse_file(path, fmt, lean=True, warmup=warmup)
     summary = summarize([log], warmup)
@@ -126,8 +116,6 @@ def load_run(path: str | Path, label: str, fmt: str = "auto",
 
 
 def _common(base: StepValues, other: StepValues) -> tuple[array, array, array]:
-    """The steps both have, ascending, with each one's value there (a merge of the two
-    sorted step arrays)."""
     steps, mine, theirs = array("q"), array("d"), array("d")
     a, b = base.steps, other.steps
     i = j = 0
@@ -146,9 +134,8 @@ def _common(base: StepValues, other: StepValues) -> tuple[array, array, array]:
 
 
 def relative(base: Mapping[int, float], other: Mapping[int, float]) -> StepValues:
-    """``(other - base) / |base|`` at the steps both have finite (base non-zero); an overflow
-    is held at :data:`CEILING`: outside every band, still finite JSON.
-    """
+    """``(other - base) / |base|`` at the steps both have finite; an overflow is held at
+    :data:`CEILING` (outside every band, still finite JSON)."""
     out = StepValues()
     for step, b, o in zip(*_common(StepValues.of(base), StepValues.of(other)), strict=True):
         if math.isfinite(b) and math.isfinite(o) and b != 0:
@@ -169,8 +156,8 @@ def _finite(value: float) -> float:
 def noise_band(
     base: Mapping[int, float], repeats: Sequence[Mapping[int, float]], tolerance: float
 ) -> StepValues:
-    """At each baseline step, the largest ``|relative difference|`` of any repeat at that
-    step or before, at least ``tolerance`` (see the module docstring for why)."""
+    """At each baseline step, the largest ``|relative difference|`` of any repeat up to it, at least
+    ``tolerance``."""
     base = StepValues.of(base)
     diffs = [relative(base, rep) for rep in repeats]
     at = [0] * len(diffs)  # each difference's next step (its steps are the baseline's)
@@ -285,8 +272,8 @@ _THROUGHPUT_LABELS = {"tps": "tokens/s", "tflops": "TFLOP/s", "iteration_ms": "i
 
 
 def throughput(run: Run, base: Run) -> Throughput:
-    """Median after warm-up of ``run`` over ``base``: tokens/s, else TFLOP/s, else the
-    inverse of iteration time; None with the reason when either summary has none."""
+    """Median after warm-up of ``run`` over ``base``: tokens/s, else TFLOP/s, else 1 / iteration
+    time."""
     for summary, who in ((base.summary, "baseline"), (run.summary, "run")):
         if not summary.valid:
             return Throughput(None, None, None, None,
@@ -320,8 +307,8 @@ class RunComparison:
 
     @property
     def verdict(self) -> str:
-        """``diverged at step N``, ``incomplete``, ``within noise``, ``differs from step N``,
-        or ``unqualified`` (no repeats)."""
+        """``diverged at step N``, ``incomplete``, ``within noise``, ``differs from step N`` or
+        ``unqualified``."""
         if not self.run.valid:
             return self.run.verdict.label
         if not any(rc.steps_in_common for rc in self.ranks):
@@ -416,8 +403,7 @@ class Comparison:
 
 
 def repeat_series(repeat: Run, rank: int | None) -> Series | None:
-    """A repeat run's curve on ``rank`` (its only rank when it tags another; None if it has
-    several and not this one)."""
+    """A repeat run's curve on ``rank`` (its only rank when it tags another)."""
     ranks = train_ranks(repeat.log)
     if rank in ranks:
         return repeat.series(rank)
@@ -429,10 +415,7 @@ def compare(
     tolerance_pct: float = DEFAULT_TOLERANCE_PCT, warmup: int = DEFAULT_WARMUP,
 ) -> Comparison:
     """Compare each of ``others`` with ``baseline``; the band comes from the valid repeats.
-
-    Raises:
-        ValueError: ``tolerance_pct`` is negative or not finite.
-    """
+    ValueError for a negative or non-finite ``tolerance_pct``."""
     tolerance = TOLERANCE.parse(tolerance_pct, "--tolerance") / 100
     usable = [r for r in repeats if r.valid]
     band_cache: dict[tuple[int | None, str], StepValues | None] = {}
@@ -476,8 +459,7 @@ def plural(n: int, noun: str) -> str:
 
 
 def pct(value: float, digits: int = 3) -> str:
-    """A relative difference in percent with a sign and ``digits`` significant digits:
-    ``+1.23 %``, ``-0.0012 %``."""
+    """A signed relative difference in percent, ``digits`` significant: ``+1.23 %``."""
     return f"{100 * value:+.{digits}g} %"
 
 

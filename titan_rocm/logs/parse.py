@@ -1,14 +1,8 @@
-"""Find TorchTitan and Megatron-LM training-metric lines inside real, messy logs.
+"""Find TorchTitan and Megatron-LM training-metric lines inside real, messy logs (docs/compare.md
+lists what is read).
 
-The formats: TorchTitan's ``MetricsProcessor.log``/``log_validation``
-(``torchtitan/components/metrics.py``: 0.2.2 lines 461-470 and 504-510, 0.3.0 lines 523-532
-and 566-572) and Megatron-LM's ``training_log`` ``|``-separated lines. A loss is read only
-where a metric line has it (see :func:`_anchored`), so an audit report's ``loss:`` is never a
-metric. Rank prefixes, ANSI codes, interleaved ranks, cut lines and ``nan``/``Infinity``
-spellings are noise the parser must survive: it never raises on any text. It also notes the
-first crash marker after the last step and the completion line, for
-:mod:`titan_rocm.logs.verdict`. docs/compare.md lists what is read.
-"""
+TorchTitan's lines are ``MetricsProcessor.log``'s (``torchtitan/components/metrics.py``: 0.2.2 lines
+461-470 and 504-510, 0.3.0 lines 523-532 and 566-572). Never raises on any text."""
 
 from __future__ import annotations
 
@@ -33,10 +27,8 @@ FORMATS: tuple[str, ...] = ("auto", "torchtitan", "megatron")
 FORMAT_NAMES: dict[str, str] = {TORCHTITAN: "TorchTitan", MEGATRON: "Megatron-LM"}
 
 MAX_LINE_BYTES = 1 << 20
-"""A physical line longer than this is read as its head and its last :data:`TAIL_BYTES` (where
-a glued metric line would be): a log with no newline must not be read into memory whole. The
-skipped bytes are counted (:attr:`ParsedLog.skipped_bytes`) and such a log is never ``ok``.
-"""
+"""A longer line is read as its head and its last :data:`TAIL_BYTES` (where a glued metric line
+would be), so a log with no newline is never read whole; such a log is never ``ok``."""
 TAIL_BYTES = 1 << 16
 """How much of the end of a cut line is read."""
 
@@ -109,9 +101,7 @@ _FIRST_WRONG = re.compile(r"first wrong in the (?P<dir>forward|backward): "
 _REPORT_PART = re.compile(r"^\s{1,8}part (?P<part>\d{1,6}) of (?P<of>\d{1,6}) "
                           r"\(numerics_audit_spread\): (?P<what>.{1,200})")
 _REPORT_LINES = 40
-"""How many lines after a flagged verdict line its report is looked for (other ranks may
-interleave).
-"""
+"""Lines after a flagged verdict line in which its report is looked for (ranks interleave)."""
 _BEFORE_CHARS = 120
 """How far before a named value its neighbour is looked for (a step and separators)."""
 
@@ -222,9 +212,7 @@ class ParsedLog:
     cut_lines: list[int] = field(default_factory=list)
     """Line numbers of the lines cut so (their first and last bytes read)."""
     lean: bool = False
-    """Keep finite training lines only in :attr:`curves`: memory then grows with the steps, not
-    with the metric lines.
-    """
+    """Keep finite training lines only in :attr:`curves`, so memory grows with steps, not lines."""
     figures: Figures | None = None
     """The throughput figures gathered while reading (:func:`parse_file` with ``warmup``)."""
     metric_lines: int = 0
@@ -318,9 +306,7 @@ class AuditMark:
     line: int
     rank: int | None
     seen_in: str = "verdict line"
-    """The first line that showed it (``verdict line``, ``stop``, ``quarantine line`` or
-    ``end-of-audit line``).
-    """
+    """The first line that showed it."""
     reference: str | None = None
     """The report's reference (``float64``, ``float32 (TF32 GEMMs)``); None: not read."""
     wrong: list[tuple[str, str]] = field(default_factory=list)
@@ -418,7 +404,6 @@ def _guard(text: str, rank: int | None, line_no: int, log: ParsedLog) -> None:
 
 
 def _megatron_fields(text: str) -> dict[str, str]:
-    """``name: value`` pairs of a ``|``-separated Megatron line, names lower-cased."""
     fields: dict[str, str] = {}
     for part in text.split("|"):
         name, sep, value = part.partition(":")
@@ -567,9 +552,8 @@ class _Parser:
             _megatron(segment, rank, line_no, log)
 
     def _unreadable(self, line_no: int, line: str, found: list[Record]) -> None:
-        """A named loss or grad norm whose value cannot be read becomes an ``unreadable`` record
-        (counted as NaN), so it is never silently dropped.
-        """
+        """A named value that cannot be read becomes an ``unreadable`` record (counted as NaN),
+        never dropped."""
         if self.log.fmt not in ("auto", TORCHTITAN, MEGATRON):
             return
         for rank, segment in _segments(line):
@@ -595,10 +579,8 @@ class _Parser:
                     grad_norm=nan if is_grad else None, raw=raw[:_TEXT_MAX]))
 
     def _audit_line(self, line_no: int, line: str) -> None:
-        """Follow the in-training numerics audit (docs/numerics-audit.md; the wordings are
-        :mod:`titan_rocm.audit_message`'s). A cut or split verdict line, or a header with no
-        verdict after it, is unreadable, never a pass.
-        """
+        """Follow the in-training numerics audit (wordings: :mod:`titan_rocm.audit_message`); a cut
+        verdict, or a header with none after it, is unreadable, never a pass."""
         for rank, segment in _segments(line):
             self._audit_segment(line_no, rank, segment)
 
@@ -771,9 +753,8 @@ class _Parser:
 
 
 def _anchored(segment: str, m: re.Match[str]) -> bool:
-    """Whether ``m`` stands where a metric line puts that value (next to ``step: N``, the loss
-    or ``memory:``; after Megatron's iteration marker), not in some other line's text.
-    """
+    """Whether ``m`` stands where a metric line puts that value, so an audit report's ``loss:`` is
+    never a metric."""
     name = m.group("name").lower()
     if name in _TT_BEFORE:
         before = segment[max(0, m.start() - _BEFORE_CHARS):m.start()]
@@ -783,12 +764,8 @@ def _anchored(segment: str, m: re.Match[str]) -> bool:
 
 
 def parse_lines(chunks: Iterable[str], fmt: str = "auto", source: str = "<text>") -> ParsedLog:
-    """Every metric line in ``chunks`` (log pieces that end at line ends) in format ``fmt``;
-    never raises on any text.
-
-    Raises:
-        ValueError: ``fmt`` is not one of :data:`FORMATS` (a programming error).
-    """
+    """Every metric line in ``chunks`` (pieces that end at line ends); never raises on any text,
+    only ValueError for an unknown ``fmt``."""
     parser = _Parser(fmt, source)
     for chunk in chunks:
         parser.feed(chunk)
@@ -797,11 +774,7 @@ def parse_lines(chunks: Iterable[str], fmt: str = "auto", source: str = "<text>"
 
 
 def parse_text(text: str, fmt: str = "auto", source: str = "<text>") -> ParsedLog:
-    """:func:`parse_lines` of one string.
-
-    Raises:
-        ValueError: ``fmt`` is not one of :data:`FORMATS`.
-    """
+    """:func:`parse_lines` of one string."""
     return parse_lines((text,), fmt, source)
 
 
@@ -826,9 +799,8 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
 
 
 def sniff_binary(head: bytes) -> str | None:
-    """What ``head`` (a file's first bytes) is when it is not text, else None: over 10 % NUL,
-    control or undecodable bytes make it binary.
-    """
+    """What ``head`` is when it is not text, else None (over 10 % NUL, control or undecodable
+    bytes)."""
     for magic, what in _MAGIC:
         if head.startswith(magic):
             return what
@@ -840,9 +812,7 @@ def sniff_binary(head: bytes) -> str | None:
 
 
 def _open_regular(path: str | Path) -> int:
-    """An fd of ``path`` for reading; refuses anything but a regular file (opening a FIFO would
-    block).
-    """
+    """An fd of a regular file only: opening a FIFO would block."""
     name = str(path)
     try:
         return open_regular(name)
@@ -874,8 +844,7 @@ def _first_end(data: bytes) -> int:
 
 
 class _LongLine:
-    """A line past :data:`MAX_LINE_BYTES`: its head, its last :data:`TAIL_BYTES` so far, and
-    how many bytes came after the head."""
+    """A line past :data:`MAX_LINE_BYTES`: its head, its tail so far, and the bytes skipped."""
 
     def __init__(self, head: bytes, rest: bytes) -> None:
         self.head = head
@@ -892,9 +861,8 @@ class _LongLine:
         self.cr_last = self.tail.endswith(b"\r")
 
     def text(self) -> tuple[str, int]:
-        """The line as read (head, a mark for the skipped bytes, tail) and the bytes skipped; the
-        mark keeps the head's last field from reading as the tail's neighbour.
-        """
+        """The line as read and the bytes skipped; the mark between head and tail keeps the head's
+        last field from reading as the tail's neighbour."""
         skipped = self.after_head - len(self.tail)
         tail = bytes(self.tail)
         while tail[:1] and 0x80 <= tail[0] < 0xC0:  # a UTF-8 sequence cut at its start
@@ -905,9 +873,8 @@ class _LongLine:
 
 
 def _blocks(handle: Any, name: str, log: ParsedLog | None = None) -> Iterator[str]:
-    """The file's text in line-end-aligned blocks of about 256 KiB, so memory does not grow with
-    the file; cutting at line-end bytes keeps decoding identical to whole-file decoding.
-    """
+    """The file in line-end-aligned blocks of about 256 KiB; cutting at line ends keeps decoding
+    identical to whole-file decoding."""
     carry = b""
     long: _LongLine | None = None
     try:
@@ -951,13 +918,10 @@ def _end_long(long: _LongLine, log: ParsedLog | None) -> Iterator[str]:
 
 def parse_file(path: str | Path, fmt: str = "auto", lean: bool = False,
                warmup: int | None = None) -> ParsedLog:
-    """:func:`parse_lines` of a file, streamed; undecodable bytes become U+FFFD and
-    :attr:`ParsedLog.binary` names a non-text file. ``warmup`` gathers
+    """:func:`parse_lines` of a file, streamed; undecodable bytes become U+FFFD. ``warmup`` gathers
     :attr:`ParsedLog.figures` while reading (a lean log has no other source).
 
-    Raises:
-        UnreadableLog: the path is missing, not a regular file, or cannot be read.
-        ValueError: ``fmt`` is not one of :data:`FORMATS`.
+    Raises UnreadableLog for a missing, irregular or unreadable path, ValueError for a bad ``fmt``.
     """
     parser = _Parser(fmt, str(path), lean)
     if warmup is not None:

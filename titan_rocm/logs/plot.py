@@ -1,10 +1,5 @@
-"""The picture of ``titan-rocm compare --plot`` (docs/compare.md shows one).
-
-matplotlib is an optional extra (``pip install 'titan-rocm[plot]'``), imported only here and
-only when a picture is asked for; it draws headless (a bare Figure, no pyplot), and the file
-is written through a temporary file and a rename, so an interrupted run never leaves half a
-picture.
-"""
+"""The picture of ``titan-rocm compare --plot`` (docs/compare.md); matplotlib is an optional extra,
+imported only here, and the file is written atomically."""
 
 from __future__ import annotations
 
@@ -57,11 +52,7 @@ PLOT_SUFFIXES: tuple[str, ...] = (".png", ".svg")
 
 
 def plot_path(text: str) -> Path:
-    """``--plot``'s file, checked before any work: a PNG or SVG name in an existing directory.
-
-    Raises:
-        CompareError: naming the value and what is accepted.
-    """
+    """``--plot``'s file, checked before any work; CompareError names what is accepted."""
     path = Path(text)
     if path.suffix.lower() not in PLOT_SUFFIXES:
         raise CompareError(
@@ -93,8 +84,7 @@ class Curve:
     values: tuple[float, ...]
     """Non-finite values are NaN: a gap in the line."""
     first_nonfinite: int | None = None
-    """Marked on the panel: the step the run's verdict says it diverged at (or, without
-    such a verdict, its first logged non-finite loss or grad norm)."""
+    """The step the run's verdict says it diverged at (else its first logged non-finite value)."""
     note: str = ""
     """The mark's text: the same story as the run's legend entry."""
     first_outside: int | None = None
@@ -111,9 +101,8 @@ def _curve(panel: str, role: str, name: str, label: str, colour: str,
 
 
 def _bad(run: Any, logged: int | None) -> tuple[int | None, str]:
-    """Where to mark a run that went non-finite and what the mark says: the verdict's step (the
-    guard may name one before the first logged bad value), and the logged one if later.
-    """
+    """Where to mark a non-finite run: the verdict's step (the guard may name one before the first
+    logged bad value), and the logged one if later."""
     verdict = run.verdict
     step = verdict.step if verdict.status == "diverged" else logged
     if step is None:
@@ -149,8 +138,7 @@ _THROUGHPUT_NAMES = {"tps": "tokens/s", "tflops": "TFLOP/s", "iteration_ms": "sp
 
 
 def curves(c: Comparison) -> list[Curve]:
-    """Every line the picture of ``c`` draws, repeats first (underneath), then the baseline,
-    then each run, on the baseline rank :attr:`Comparison.plot_rank`."""
+    """Every line the picture draws, repeats first (underneath), on :attr:`Comparison.plot_rank`."""
     rank = c.plot_rank
     base = c.baseline.series(rank)
     out: list[Curve] = []
@@ -204,9 +192,6 @@ def bands(c: Comparison) -> dict[str, tuple[list[int], list[float], list[float]]
 
 
 def _draw(ax: Any, curve: Curve, legend: bool, marks: list[str]) -> None:
-    """Draw one curve with its marks; ``marks`` holds the notes already on the panel, so each
-    new one sits below the last.
-    """
     style: dict[str, Any] = (
         {"linewidth": 1, "linestyle": "--", "zorder": 2} if curve.role == "repeat"
         else {"linewidth": 1.6 if curve.role == "baseline" else 1.4, "marker": "o",
@@ -249,8 +234,7 @@ def _title(c: Comparison) -> str:
 
 
 def _wrapped(text: str, width_px: int) -> str:
-    """``text`` wrapped to the axes' width (85 % of the figure; ~8 pixels a character at
-    11 points)."""
+    """``text`` wrapped to the axes' width (~8 pixels a character at 11 points)."""
     width = max(40, int(width_px * 0.85 / 8))
     return "\n".join(textwrap.fill(line, width) for line in text.splitlines())
 
@@ -266,8 +250,7 @@ def _plain_log_ticks(ax: Any) -> None:
 
 
 def _difference_limits(ax: Any, drawn: list[Curve], band: tuple | None) -> bool:
-    """Fit the main panel to the runs and the band; False when no run has a finite
-    difference to draw (the panel then says so instead of showing an empty band)."""
+    """Fit the main panel to the runs and the band; False when no run has a finite difference."""
     finite = [[v for v in cv.values if math.isfinite(v)] for cv in drawn if cv.role == "run"]
     if not any(len(f) > 1 for f in finite):  # one point (step 1, +0 %) is no curve either
         return False
@@ -365,12 +348,7 @@ def figure(c: Comparison, size: tuple[int, int] = (1200, 1100), log_y: bool = Fa
 
 def plot(c: Comparison, path: str | Path, size: tuple[int, int] = (1200, 1100),
          log_y: bool = False) -> None:
-    """Draw ``c`` to ``path`` (``.png`` or ``.svg``), atomically.
-
-    Raises:
-        MissingMatplotlib: matplotlib is not installed.
-        OSError: the file cannot be written.
-    """
+    """Draw ``c`` to ``path`` (``.png`` or ``.svg``), atomically; MissingMatplotlib or OSError."""
     path = Path(path)
     data = figure_bytes(c, path.suffix.lower().lstrip("."), size, log_y)
     write_atomic(path, data)

@@ -1,7 +1,5 @@
-"""One metric line of a training log as the log readers keep it (:class:`Record`); its own
-module so that :mod:`~titan_rocm.logs.parse` and :mod:`~titan_rocm.logs.tables` import no
-circle.
-"""
+"""One metric line of a training log (:class:`Record`); its own module so that
+:mod:`~titan_rocm.logs.parse` and :mod:`~titan_rocm.logs.tables` import no circle."""
 
 from __future__ import annotations
 
@@ -38,8 +36,7 @@ class Record:
     line: int
     """1-based line number in the source."""
     losses: tuple[tuple[str, float], ...]
-    """Every loss the line logs, main loss first (TorchTitan: ``loss``; Megatron: ``lm loss``,
-    then e.g. ``load_balancing_loss``)."""
+    """Every loss the line logs, main loss first."""
     grad_norm: float | None = None
     tps: float | None = None
     """Tokens per second per device."""
@@ -54,12 +51,10 @@ class Record:
     nan_iterations: int | None = None
     """Megatron: ``number of nan iterations`` in the interval."""
     guard_stop: bool = False
-    """A ``titan-rocm divergence guard: training diverged at step N`` message (kind
-    ``guard``): the run was stopped for a non-finite value, logged or not."""
+    """A divergence guard stop message: stopped for a non-finite value, logged or not."""
     raw: str | None = None
-    """Kind ``unreadable``: the text of a named loss or grad norm with no finite number the parser
-    can read (``tensor(nan)``, ``1.#QNAN``); counted as NaN: a finding, not noise.
-    """
+    """Kind ``unreadable``: the text of a value the parser cannot read (``tensor(nan)``), counted as
+    NaN."""
 
     @property
     def loss(self) -> float | None:

@@ -1,11 +1,8 @@
 """What a benchmark pipeline may publish from a training log (``titan-rocm bench-summary``;
-docs/divergence-detection.md gives the figures and exit codes).
+docs/divergence-detection.md).
 
-Only a run whose verdict is ``ok`` and whose every figure is finite and not negative is
-``valid: true``; any other gets the reason and no figure at all, so a pipeline cannot publish
-a broken run's numbers. The figures come from :class:`~titan_rocm.logs.tables.Figures`,
-gathered while a lean log is read or from its records: the same numbers either way.
-"""
+Only an ``ok`` run with every figure finite and not negative is ``valid: true``; any other gets the
+reason and no figure, so a broken run's numbers cannot be published."""
 
 from __future__ import annotations
 
@@ -64,8 +61,7 @@ class Stat:
 
     @classmethod
     def of(cls, counts: Counter[float]) -> Stat | None:
-        """The statistics of the values ``counts`` holds (value -> how many times), or None
-        when there are none."""
+        """The statistics of ``counts`` (value -> multiplicity), or None when empty."""
         if not counts:
             return None
         return cls(median(counts), min(counts), max(counts), sum(counts.values()))
@@ -157,11 +153,7 @@ def _invalid(sources: list[str], warmup: int, reason: str, code: int, **kw: Any)
 
 
 def figures_of(log: ParsedLog, warmup: int) -> Figures:
-    """``log``'s figures for ``warmup``: gathered while it was read, or from its records.
-
-    Raises:
-        ValueError: a lean log read for another warm-up (a programming error).
-    """
+    """``log``'s figures for ``warmup``; ValueError for a lean log read for another warm-up."""
     if log.figures is not None and log.figures.warmup == warmup:
         return log.figures
     if log.lean:
@@ -181,8 +173,6 @@ def _bad_peak(peaks_gib: Sequence[float]) -> str | None:
 
 
 def _stats(figures: Sequence[Figures]) -> dict[str, Stat | None]:
-    """Median, min and max of each throughput field over the training steps after warm-up:
-    the figures bench-summary publishes (and compare's throughput ratio uses)."""
     stats: dict[str, Stat | None] = {}
     for name in THROUGHPUT_FIELDS:
         counts: Counter[float] = Counter()
@@ -208,12 +198,8 @@ def _reason(verdict: Verdict) -> str:
 
 def summarize(logs: Sequence[ParsedLog], warmup: int = DEFAULT_WARMUP,
               unreadable: Sequence[UnreadableLog] = ()) -> Summary:
-    """The summary of one run whose metric lines are spread over ``logs`` (e.g. one per rank);
-    ``unreadable`` files make it invalid.
-
-    Raises:
-        ValueError: ``warmup`` is not a step count (:data:`~titan_rocm.numbers.STEPS`).
-    """
+    """The summary of one run whose lines are spread over ``logs`` (e.g. one per rank);
+    ``unreadable`` files make it invalid. ValueError for a bad ``warmup``."""
     STEPS.check(warmup, "--warmup")
     sources = [log.source for log in logs] + [e.path for e in unreadable]
     if unreadable:

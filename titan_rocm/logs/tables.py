@@ -1,10 +1,5 @@
-"""Compact tables the log readers keep instead of one object per metric line.
-
-A :class:`~titan_rocm.logs.record.Record` costs about 400 bytes, so a 500,000-line log is
-kept as one entry per distinct step in sorted arrays (:class:`Curve`, 25 bytes a step) and
-counts of each distinct throughput value (:class:`Figures`: TorchTitan's printed values
-repeat). Memory then grows with the distinct steps and values, not the lines.
-"""
+"""Compact tables the log readers keep instead of a :class:`~titan_rocm.logs.record.Record` (about
+400 bytes) per metric line, so memory grows with the distinct steps and values, not the lines."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ class _Items(ItemsView):  # type: ignore[type-arg]
 
 
 class StepValues(Mapping[int, float]):
-    """step -> value, read-only, in ascending step order: two arrays (8 bytes a step each)
-    instead of a dict (about 100 bytes a step)."""
+    """step -> value in ascending order, as two arrays (8 bytes a step each) instead of a dict."""
 
     __slots__ = ("steps", "values")
 
@@ -96,11 +90,8 @@ _PENDING_MAX = 4096
 
 
 class Curve:
-    """One rank's training curve while a log is read: per distinct step its first logged loss
-    and grad norm (each separately, as a later line may log the one the first lacked),
-    non-finite values kept. Late steps (a restart logs earlier steps again) are bisected in
-    or held in a small dict and merged.
-    """
+    """One rank's curve while a log is read: per step its first logged loss and grad norm (each
+    separately: a later line may log the one the first lacked), non-finite values kept."""
 
     __slots__ = ("_steps", "_loss", "_grad", "_has", "_pending", "_frozen")
 
@@ -179,8 +170,8 @@ class Curve:
 
 def distinct_count(step_arrays: Iterable[array],
                    above: int | None = None) -> tuple[int, int | None]:
-    """(how many distinct steps, the largest) over sorted step arrays (several ranks or
-    files), streamed: no set of them is built. ``above``: count only steps greater."""
+    """(how many distinct steps, the largest) over sorted step arrays, streamed; ``above``: count
+    only steps greater."""
     count, last, previous = 0, None, None
     for step in heapq.merge(*step_arrays):
         if step == previous:
@@ -193,8 +184,7 @@ def distinct_count(step_arrays: Iterable[array],
 
 
 def median(counts: Counter[float]) -> float:
-    """``statistics.median`` of the values ``counts`` holds with their multiplicities (the
-    mean of the two middle values for an even count), without listing them."""
+    """``statistics.median`` of ``counts`` with multiplicities, without listing them."""
     n = sum(counts.values())
     if n == 0:
         raise ValueError("no values")
@@ -211,9 +201,7 @@ def median(counts: Counter[float]) -> float:
 
 
 class Figures:
-    """What bench-summary publishes, gathered as lines are read: per throughput field the count
-    of each value after ``warmup``, the memory peak, and the first unpublishable figure.
-    """
+    """What bench-summary publishes, gathered as lines are read."""
 
     def __init__(self, warmup: int) -> None:
         self.warmup = warmup

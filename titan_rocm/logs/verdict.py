@@ -1,12 +1,7 @@
 """The one verdict on a training run that every log tool reports (check-log, bench-summary,
-compare): did it train, finitely, to the end? docs/divergence-detection.md (check-log)
-defines ``ok``, ``diverged``, ``flagged``, ``unreadable``, ``incomplete`` and ``empty``.
+compare); docs/divergence-detection.md defines each.
 
-A verdict not read is never a pass, and a log with unread bytes is never ``ok`` (a metric
-line could be in them). A crash marker followed by training steps, or after the completion
-line, is a note, not an end; a log that simply stops is ``ok`` with
-:attr:`Verdict.completed` false, which ``--require-complete`` fails.
-"""
+A verdict not read is never a pass, and a log with unread bytes is never ``ok``."""
 
 from __future__ import annotations
 
@@ -59,8 +54,7 @@ class Verdict:
     first_bad: Record | None = None
     """``diverged``: the first non-finite record."""
     crash: Crash | None = None
-    """The crash that ended the run (``incomplete``), or one after training completed
-    (``ok``, see :attr:`note`)."""
+    """The crash that ended the run (``incomplete``), or one after training completed (a note)."""
     source: str | None = None
     """The file the crash is in, when the run spans several files."""
     note: str | None = None
@@ -74,15 +68,13 @@ class Verdict:
     audits_unread: tuple[AuditUnread, ...] = ()
     """Audit verdicts that could not be read (``unreadable``, or beside a flag)."""
     completed: bool = False
-    """The log shows the run finished: ``Training completed``, ``Process group destroyed``
-    or ``[after training is done]`` after its last training step."""
+    """The log shows the run finished after its last training step."""
     stop: Stop | None = None
     """What stopped the run: the audit's stop policy or the divergence guard."""
 
     @property
     def step(self) -> int | None:
-        """``diverged``: the first non-finite step; ``flagged``: the step the audit flagged;
-        otherwise the last training step."""
+        """The first non-finite step, the audit's flagged step, or else the last training step."""
         if self.first_bad is not None:
             return self.first_bad.step
         return self.audit.step if self.audit is not None else self.last_step
@@ -94,9 +86,7 @@ class Verdict:
 
     @property
     def label(self) -> str:
-        """``ok``, ``diverged at step 7``, ``numerics audit flagged at step 1`` (``..., block 3
-        quarantined``), ``numerics audit verdict unreadable``, ``incomplete`` or ``empty``.
-        """
+        """The verdict as printed, e.g. ``diverged at step 7``."""
         if self.status == DIVERGED:
             return f"diverged at step {self.step}"
         if self.status == FLAGGED:

@@ -1,9 +1,5 @@
-"""A small parser for AMDGCN assembly text (Triton's ``kernel.asm["amdgcn"]``).
-
-It knows just enough for hazard rules: instructions, register ranges, labels and basic blocks.
-:func:`parse` never raises, because the scanner reads any cache file: what it does not
-understand is kept as an instruction whose registers are unknown.
-"""
+"""A small parser for AMDGCN assembly text (Triton's ``kernel.asm["amdgcn"]``), just enough for
+hazard rules. :func:`parse` never raises, because the scanner reads any cache file."""
 
 from __future__ import annotations
 
@@ -16,8 +12,8 @@ __all__ = ["Reg", "Instruction", "Block", "Program", "TextView", "parse", "parse
 
 @dataclass(frozen=True)
 class Reg:
-    """A contiguous range of one register file (``v``, ``a``, ``s``, ``ttmp``), or a named
-    special register (``vcc``, ``exec``...) with lo = hi = 0."""
+    """A range of one register file (``v``, ``a``, ``s``, ``ttmp``), or a special register with lo =
+    hi = 0."""
 
     file: str
     lo: int
@@ -215,11 +211,8 @@ class Instruction:
         return self.mnemonic.startswith(_LOAD_PREFIXES)
 
     def valu_vector_defs(self) -> tuple[Reg, ...]:
-        """VGPR/AGPR ranges written through the vector ALU.
-
-        ``v_swap*`` writes two operands; ``v_movrel*d`` writes an M0-relative register, counted
-        as any VGPR; SGPR destinations (``v_readfirstlane``, ``v_cmp_*_e64``) do not count.
-        """
+        """VGPR/AGPR ranges written through the vector ALU (``v_swap*`` writes two; SGPR
+        destinations do not count)."""
         if not self.is_valu:
             return ()
         m = self.mnemonic
@@ -469,10 +462,8 @@ _LABEL_RE = re.compile(r"\n[ \t]*(?=([^\s;:,\"'#\[\]/]+))\1:([ \t]*[^\s;/])?")
 
 
 class TextView:
-    """Reads instructions from AMDGCN text on demand, with :func:`parse`'s line rules but no
-    blocks: a rule that looks a few instructions past a store need not parse a whole cache
-    file. :attr:`simple` is False where it does not follow the text exactly; parse those.
-    """
+    """Reads instructions from AMDGCN text on demand, so a rule need not parse a whole cache file;
+    where :attr:`simple` is False, parse instead."""
 
     def __init__(self, text: str | bytes) -> None:
         if isinstance(text, (bytes, bytearray, memoryview)):
@@ -512,8 +503,8 @@ class TextView:
         return arch_from_target(self.target)
 
     def lines_containing(self, needles: tuple[str, ...]) -> list[int]:
-        """Sorted offsets (of the newline before) of code lines containing any lower-case
-        ``needle``. Needs :attr:`simple`."""
+        """Sorted offsets of code lines containing any lower-case ``needle``; needs :attr:`simple`.
+        """
         if self._lower is None:
             text = self.text
             if not text.isascii():  # lower() may change lengths; '?' per character does not

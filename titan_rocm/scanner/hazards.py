@@ -1,12 +1,8 @@
-"""Hazard rules over a parsed AMDGCN :class:`~.amdgcn.Program`.
+"""Hazard rules over a parsed AMDGCN :class:`~.amdgcn.Program`: the VMEM store data hazard (LLVM
+``GCNHazardRecognizer`` ``checkVALUHazardsHelper``; llvm-project PR #197267).
 
-The one hazard covered is the VMEM store data hazard (LLVM ``GCNHazardRecognizer``
-``checkVALUHazardsHelper``; llvm-project PR #197267): a MUBUF/MTBUF store of more than 64 bits
-reads its data registers after it issues, so a VALU write to them needs N wait states first.
-``precise`` is the gfx940-family rule (N = 1 with an SGPR ``soffset``, else 2),
-``conservative`` always 2, ``naive`` a wrong first cut kept as a benchmark baseline
-(docs/triton-buffer-store-hazard.md).
-"""
+A MUBUF/MTBUF store of more than 64 bits reads its data registers after it issues, so a VALU write
+to them needs wait states first (docs/triton-buffer-store-hazard.md gives the rules)."""
 
 from __future__ import annotations
 
@@ -63,10 +59,7 @@ class StoreSite:
 
 
 def store_site(ins: Instruction) -> StoreSite | None:
-    """Describe ``ins`` as a VMEM store with vector data, or None if it is not one.
-
-    Buffer atomics count too: LLVM treats any MUBUF that may store wide ``vdata`` alike.
-    """
+    """``ins`` as a VMEM store with vector data, or None; buffer atomics count too, as in LLVM."""
     m = ins.mnemonic
     if m.startswith(_BUFFER_STORE_PREFIXES):
         data = tuple(r for r in ins.regs(0) if r.is_vector)
@@ -166,10 +159,8 @@ def _any_vmem_wait(ins: Instruction, arch: str | None = None) -> bool:
 class StoreDataRule(Rule):
     """The VMEM store data hazard, parameterised by window, writers and retiring waits.
 
-    Every control path after a wide store is followed (loop back-edges included) until the
-    window, a path end or a retiring wait, because branchy code is where LLVM dropped the
-    protective ``s_nop`` (llvm-project #203770).
-    """
+    Every control path after a wide store is followed, because branchy code is where LLVM dropped
+    the protective ``s_nop`` (llvm-project #203770)."""
 
     def __init__(
         self,
@@ -270,11 +261,8 @@ _MEMORY_WRITE_NEEDLES = ("_store", "_atomic")
 def _quick_check(
     rule: StoreDataRule, view: TextView, arch: str | None
 ) -> RuleResult | None:
-    """Prove ``view`` free of hazards without parsing all of it, or return None.
-
-    Equal to :meth:`StoreDataRule.check` whenever not None; None means "maybe hazardous, or a
-    text this shortcut does not follow": parse fully. It exists because caches are large.
-    """
+    """Prove ``view`` free of hazards without parsing all of it (caches are large), or None: parse
+    fully. Equal to :meth:`StoreDataRule.check` whenever not None."""
     if rule.sgpr_window is None or rule.literal_window is None or not view.simple:
         return None
     result = RuleResult()

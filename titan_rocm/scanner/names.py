@@ -1,9 +1,5 @@
-"""The names the buffer-store workaround shares between processes: its environment variables
-and the hazard rules a user may choose.
-
-A leaf, so the bootstrap that runs at the start of every compile worker stays cheap.
-("triton_war": the hazard is a write-after-read on a buffer store's data registers.)
-"""
+"""The names the buffer-store workaround shares between processes: its environment variables and
+hazard rules. A leaf, so the compile workers' bootstrap stays cheap."""
 
 from __future__ import annotations
 

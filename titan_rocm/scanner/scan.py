@@ -1,8 +1,5 @@
-"""Scan AMDGCN text or files for the buffer-store data hazard.
-
-Shared by the Triton compile hook and ``titan-rocm scan``; imports neither torch nor triton so
-the CLI stays light.
-"""
+"""Scan AMDGCN text or files for the buffer-store data hazard; imports neither torch nor triton so
+``titan-rocm scan`` stays light."""
 
 from __future__ import annotations
 
@@ -75,9 +72,8 @@ class Hazard:
 
 @dataclass(frozen=True)
 class StoreInfo:
-    """A global/flat/scratch store of more than 64 bits: informational, since recompiling
-    without buffer ops cannot remove it (llvm-project #202333: LLVM regressions dropped its
-    2-wait-state protection on gfx940)."""
+    """A wide global/flat/scratch store: informational, since recompiling without buffer ops cannot
+    remove it (llvm-project #202333)."""
 
     kernel: str | None
     line: int
@@ -113,8 +109,7 @@ class ScanReport:
     has_code: bool = False
     """False for empty, junk or non-assembly input."""
     arch_status: str = UNKNOWN
-    """``affected`` or ``unknown`` (scanned as if affected: no arch is exempt, as AMD-AGI/Primus's
-    ``_on_rocm()`` gate)."""
+    """``affected`` or ``unknown`` (scanned as if affected: no arch is exempt)."""
     notes: list[str] = field(default_factory=list)
     cut_kernels: list[str] = field(default_factory=list)
     """Kernels declared but never ended (no ``.size``): the file was cut, the rest unscanned."""
@@ -221,8 +216,7 @@ _SIZE_RE = re.compile(rb"^[ \t]*\.size[ \t]+([\w.$]+)[ \t]*,", re.M)
 
 
 def cut_kernels(text: str | bytes) -> list[str]:
-    """Kernels whose ``.size`` (LLVM writes it after each function's last instruction) the
-    text never reaches: a file truncated inside them."""
+    """Kernels whose ``.size`` directive the text never reaches: a file truncated inside them."""
     data = text.encode("utf-8", errors="replace") if isinstance(text, str) else bytes(text)
     ended = set(_SIZE_RE.findall(data))
     return [name.decode("utf-8", errors="replace") for name in
@@ -246,11 +240,8 @@ def scan_text(
     rule: str | Rule = DEFAULT_HAZARD_RULE,
     file: str | None = None,
 ) -> ScanReport:
-    """Scan AMDGCN assembly ``text`` for hazardous buffer stores.
-
-    Never raises on odd text; raises ValueError for an unknown ``rule``. An unknown arch, or
-    one without hazard-window facts, is scanned as if affected: no architecture is exempt.
-    """
+    """Scan AMDGCN assembly ``text`` for hazardous buffer stores; never raises on odd text, only
+    ValueError for an unknown ``rule``. An unknown arch is scanned as if affected."""
     the_rule = get_rule(rule)
     if isinstance(the_rule, StoreDataRule):
         # Most kernels are clean: prove it from the few lines after each store, and parse
@@ -314,11 +305,8 @@ MIN_BARE_INSTRUCTIONS = 8
 
 
 def not_amdgcn(data: str | bytes) -> str | None:
-    """Why ``data`` is not AMDGCN assembly text, or None when it is.
-
-    Recognised positively (a directive plus an instruction, or mostly instructions), so an ELF
-    ``.hsaco`` or junk that happens to parse is refused.
-    """
+    """Why ``data`` is not AMDGCN assembly text, or None; recognised positively, so an ELF or junk
+    that happens to parse is refused."""
     raw = data.encode("utf-8", "replace") if isinstance(data, str) else bytes(data)
     if raw.startswith(b"\x7fELF"):
         return "an ELF object (a .hsaco?), not assembly text: scan the .amdgcn beside it"
@@ -361,11 +349,8 @@ class Search:
 def find_amdgcn_files(
     path: str | os.PathLike[str], search: Search | None = None
 ) -> Iterator[Path]:
-    """``path`` itself if it is not a directory, else every ``*.amdgcn`` below it, sorted.
-
-    Each file and directory is taken once so symlink loops terminate; what is skipped is said
-    in ``search`` so nothing is left out silently. Raises FileNotFoundError for a missing path.
-    """
+    """``path`` itself, or every ``*.amdgcn`` below it, sorted; each taken once so symlink loops
+    end, and what is skipped is said in ``search``. FileNotFoundError for a missing path."""
     search = search if search is not None else Search()
     p = Path(path)
     try:
@@ -428,10 +413,8 @@ def find_amdgcn_files(
 def scan_path(
     path: str | os.PathLike[str], *, arch: str | None = None, rule: str | Rule = DEFAULT_HAZARD_RULE
 ) -> list[ScanReport]:
-    """Scan an ``.amdgcn`` file, or every ``*.amdgcn`` under a directory; one report per file.
-
-    Raises FileNotFoundError, OSError (unreadable, FIFO, device) or ValueError (unknown rule).
-    """
+    """Scan an ``.amdgcn`` file or directory; one report per file. FileNotFoundError, OSError or
+    ValueError (unknown rule)."""
     the_rule = get_rule(rule)
     reports = []
     for f in find_amdgcn_files(path):

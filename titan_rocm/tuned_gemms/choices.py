@@ -1,25 +1,9 @@
 """Inductor choices handlers for GEMM lowerings: record (collect), enumerate (tune run), table.
 
-Inductor's GEMM lowerings (``tuned_mm``, ``tuned_addmm``, ...) ask ``V.choices`` for
-candidates through ``_finalize_template_configs`` once or several times per lowering, then
-hand the candidates to ``AlgorithmSelectorCache.__call__``, which benchmarks them when there
-are two or more. :func:`install_lowering_hook` wraps ``__call__`` so that a handler of this
-module sees the end of each lowering (``lowering_done``) and can settle on its choices
-there; other handlers are not affected. The wrapper passes ``__call__``'s return value
-through unchanged (a ``(node, choice)`` pair in torch 2.13, the node in 2.11).
-
-- :class:`RecordingChoices` (``tune collect``): records each GEMM lowering as a
-  :class:`~titan_rocm.tuned_gemms.problems.Problem` and keeps only the first ATen kernel, so the
-  job compiles without benchmarking anything.
-- :class:`EnumeratingChoices` (the tuner's minesweeper): passes every candidate through and
-  reports the lowering with its candidates.
-- :class:`TableChoices` (``rocm.gemm_lookup``): one candidate per lowering, from the table on
-  a hit, the ATen kernel on a miss; never benchmarks.
-
-Install through ``torch._inductor.config.inductor_choices_class`` (:func:`install`), not
-``V.set_choices_handler`` alone: the handler is thread-local, and torch lowers the backward
-graph lazily in the autograd thread unless ``force_non_lazy_backward_lowering`` is set.
-"""
+A lowering may ask ``V.choices`` for candidates several times, so :func:`install_lowering_hook`
+wraps ``AlgorithmSelectorCache.__call__`` to tell a handler where each lowering ends. Installed
+through ``inductor_choices_class``, not ``V.set_choices_handler`` alone: the handler is
+thread-local, and the backward is lowered lazily in the autograd thread."""
 
 from __future__ import annotations
 
@@ -43,10 +27,9 @@ from titan_rocm.tuned_gemms.problems import GEMM_OPS, Call, Problem, Template, T
 
 
 def _template_params_class() -> type:
-    """Inductor's ``DictKernelTemplateParams``: from ``torch._inductor.heuristics.template``
-    where it lives since torch 2.14 (``params.py``:24 in 2.14.1 and 2.15.0), else from torch
-    2.13's ``torch._inductor.template_heuristics`` (``params.py``:24), which 2.14 and 2.15 keep
-    as a re-exporting shim "removed in a future release" (its ``__init__.py``)."""
+    """Inductor's ``DictKernelTemplateParams``: in ``torch._inductor.heuristics.template`` since
+    torch 2.14, else torch 2.13's ``torch._inductor.template_heuristics`` (a shim in 2.14 and 2.15).
+    """
     try:
         from torch._inductor.heuristics.template.params import DictKernelTemplateParams
     except ImportError:
@@ -66,8 +49,8 @@ GEMM_SETTINGS: dict[str, Any] = {
     "max_autotune_gemm": True,
     "max_autotune_gemm_backends": "ATEN,TRITON",
 }
-"""Inductor settings under which Triton templates are offered (and a ``triton::`` entry can
-match); CUTLASS/CK/CPP choices are appended after the choices handler and are left out."""
+"""Inductor settings under which Triton templates are offered; CUTLASS/CK/CPP choices come after the
+handler and are left out."""
 
 
 def _hint(expr: Any) -> int:
@@ -231,8 +214,7 @@ class SinkChoices(GemmChoices):
 
 
 class RecordingChoices(SinkChoices):
-    """``tune collect``: record each GEMM lowering; compile it with its ATen kernel only.
-    ``sink(problem)``."""
+    """``tune collect``: record each GEMM lowering; compile it with its ATen kernel only."""
 
     NAME = "recording"
 
@@ -246,8 +228,7 @@ class RecordingChoices(SinkChoices):
 
 
 class EnumeratingChoices(SinkChoices):
-    """The minesweeper: every candidate, stock; the lowering reported with its choices.
-    ``sink(problem, choices, input_nodes, layout)`` returns the choices to use."""
+    """The minesweeper: every candidate, stock; ``sink`` returns the choices to use."""
 
     NAME = "enumerating"
 
@@ -283,12 +264,8 @@ class LookupStats:
 class TableChoices(GemmChoices):
     """``rocm.gemm_lookup``: one candidate per GEMM lowering, validated by ``tune run``.
 
-    Per call: the entries of its key (device-specific key first); those whose template the
-    call offers are its candidates (a hit). A key with entries for another call's templates
-    answers nothing (addmm's ATen and Triton requests have different keys; the winner is
-    under both). A key not in the table is a miss: the lowering gets its ATen kernel only,
-    never unvalidated autotuning. Each missed key is logged once.
-    """
+    A key not in the table is a miss: the ATen kernel only, never unvalidated autotuning. A key with
+    entries for another call's templates answers nothing (addmm asks twice)."""
 
     def __init__(self, table: dict[str, list[dict[str, Any]]], table_sha256: str,
                  stats: LookupStats, device_key: str | None = None) -> None:
@@ -357,10 +334,8 @@ class TableChoices(GemmChoices):
 
 
 class ChoicesFactory:
-    """``inductor_choices_class`` value: makes one handler per thread from ``make``.
-
-    Inductor's FX-graph cache keys on ``factory().uuid()``.
-    """
+    """``inductor_choices_class`` value: one handler per thread; the FX-graph cache keys on its
+    ``uuid()``."""
 
     def __init__(self, make: Callable[[], GemmChoices]) -> None:
         self.make = make
@@ -370,9 +345,8 @@ class ChoicesFactory:
 
 
 def install_lowering_hook() -> None:
-    """Wrap ``AlgorithmSelectorCache.__call__`` once (a patch of :mod:`titan_rocm.patches`): a
-    handler with ``lowering_done`` settles each GEMM lowering's choices there. Other handlers
-    see no change."""
+    """Wrap ``AlgorithmSelectorCache.__call__`` once, so a handler with ``lowering_done`` settles
+    each lowering's choices there."""
     patches.patch(AlgorithmSelectorCache, "__call__", _settling_lowerings, by=BY)
 
 
@@ -387,15 +361,10 @@ def _settling_lowerings(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install(factory: ChoicesFactory, settings: dict[str, Any] | None = None) -> None:
-    """Make ``factory``'s handlers Inductor's choices handlers in every thread, until the
-    current patch scope lets go (a job's: its teardown).
+    """Make ``factory``'s handlers Inductor's in every thread until the patch scope lets go.
 
-    Sets ``inductor_choices_class`` (and ``settings``, by default :data:`GEMM_SETTINGS`),
-    replaces this thread's already created handler, lowers backward graphs eagerly (torch
-    2.13's config is per thread: the autograd thread would not see these settings) and
-    installs the selector hook; each is a setting or patch of :mod:`titan_rocm.patches`, put
-    back with the others.
-    """
+    Backward graphs are lowered eagerly, because torch 2.13's config is per thread and the autograd
+    thread would not see these settings."""
     for name, value in (GEMM_SETTINGS if settings is None else settings).items():
         patches.setting(inductor_config, name, value, by=BY)
     patches.setting(inductor_config, "inductor_choices_class", factory, by=BY)

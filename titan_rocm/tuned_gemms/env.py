@@ -1,8 +1,5 @@
-"""The device and software a GEMM kernel was (or is about to be) chosen on.
-
-The same fields identify a tuning task, head a table and are compared before a table is
-trusted.
-"""
+"""The device and software a GEMM kernel was chosen on: identifies a task, heads a table and is
+compared before a table is trusted."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""GEMM problems: what ``titan-rocm tune collect`` records and ``tune run`` tunes. Torch-free.
-
-A problem is one GEMM lowering of the job. It keeps every call the lowering makes to the
-choices handler (addmm asks twice: ATen kernels with the bias, templates with it expanded),
-because each call has its own lookup key. Format: docs/validated-tuning.md.
-"""
+"""GEMM problems: what ``tune collect`` records and ``tune run`` tunes (docs/validated-tuning.md).
+Torch-free; a problem keeps each choices call of its lowering, as each has its own key."""
 
 from __future__ import annotations
 

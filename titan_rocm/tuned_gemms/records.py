@@ -1,10 +1,5 @@
-"""The results file of ``titan-rocm tune run``: JSON lines, appended, never rewritten. Torch-free.
-
-Append-only so a kill loses at most the line being written (skipped and counted on read), and
-resume is the default: a ``result`` is final; a task ``started`` twice without one is recorded
-``crash`` and quarantined, since the kills may have been its doing. Record types:
-docs/validated-tuning.md.
-"""
+"""The results file of ``titan-rocm tune run``: JSON lines, append-only so a kill loses at most the
+line being written (docs/validated-tuning.md). Torch-free."""
 
 from __future__ import annotations
 
@@ -44,10 +39,8 @@ def task_id(key: str, template_id: str, params: dict[str, Any], template_hash: s
 
 
 def read_records(path: str | Path) -> tuple[list[dict[str, Any]], int]:
-    """Every record of a results file (none if missing) and how many garbled lines were skipped.
-
-    Raises ResultsError when the file exists but cannot be read.
-    """
+    """Every record of a results file (none if missing) and how many garbled lines were skipped;
+    ResultsError when it cannot be read."""
     path = Path(path)
     try:
         data = read_regular(path)  # a FIFO is refused, never waited on
@@ -133,11 +126,8 @@ def load_many(paths: Iterable[str | Path]) -> State:
 
 
 class Appender:
-    """Appends records to a results file: one line each, written whole and fsync'ed.
-
-    A partial last line gets a newline first so the next record is whole; a failed write is
-    cut back before the OSError is raised, so the file stays resumable.
-    """
+    """Appends records, one whole fsync'ed line each; a failed write is cut back before the OSError,
+    so the file stays resumable."""
 
     def __init__(self, path: str | Path, fail_after: int | None = None) -> None:
         self.path = Path(path)

@@ -1,9 +1,5 @@
-"""Validated GEMM tables: built from ``tune run`` results, read by ``rocm.gemm_lookup``. Torch-free.
-
-Entries are in ``torch._inductor.config.lookup_table.table``'s format, so Inductor reads them
-unchanged; only ``pass`` results enter, and a winner goes under every key its lowering asks
-for (addmm asks twice). Format: docs/validated-tuning.md.
-"""
+"""Validated GEMM tables, in Inductor's ``lookup_table`` format so it reads them unchanged:
+built from ``tune run``'s ``pass`` results, read by ``rocm.gemm_lookup``. Torch-free."""
 
 from __future__ import annotations
 
@@ -114,8 +110,8 @@ def _decide(key: str, problem: dict[str, Any], results: list[dict[str, Any]],
 
 
 def build(state: State, min_speedup: float = 1.0, created: str | None = None) -> Built:
-    """The table of a results :class:`State`; raises LookupTableError for results that are not
-    ``tune run``'s, or that mix devices or software versions."""
+    """The table of a results :class:`State`; LookupTableError for results that are not ``tune
+    run``'s or mix devices or software."""
     if state.run is None:
         raise LookupTableError(
             "no 'run' record: not a results file written by `titan-rocm tune run`"
@@ -213,10 +209,8 @@ def coverage(table: TableFile, problem_keys: list[list[str]]) -> dict[str, Any]:
 
 def problems_coverage(table_path: str | Path, problems_path: str | Path,
                       model: str | None = None, flavor: str | None = None) -> dict[str, Any]:
-    """How many of a job's collected problems a table answers (``titan-rocm plan``).
-
-    Raises LookupTableError or ProblemsError when a file cannot be read or does not match.
-    """
+    """How many of a job's collected problems a table answers (``titan-rocm plan``);
+    LookupTableError or ProblemsError for a file that cannot be read or does not match."""
     from titan_rocm.tuned_gemms import problems as problems_module
 
     found = problems_module.read(problems_path)

@@ -1,10 +1,5 @@
-"""``titan-rocm tune collect``: one step of the job, recording every GEMM problem it lowers.
-
-The step is the job's own trainer, so the problems are exactly training's (real model, real
-parallelism); every GEMM compiles with ATen so nothing is benchmarked, and lowering caches are
-off so nothing is skipped. Each generation's adapter builds the trainer; this is what they
-share. Docs: docs/validated-tuning.md.
-"""
+"""``titan-rocm tune collect``: one step of the job's own trainer, recording every GEMM problem it
+lowers, so the problems are exactly training's (docs/validated-tuning.md)."""
 
 from __future__ import annotations
 
@@ -70,8 +65,7 @@ def no_device(trainer: str, advice: str = "") -> str:
 
 
 def train(build: Callable[[], Any]) -> None:
-    """Build and train the job's trainer as ``torchtitan.train.main`` does: ``close()`` even
-    when training raises, then destroy the process group."""
+    """Build and train as ``torchtitan.train.main`` does: ``close()`` even when training raises."""
     import torch
 
     trainer = build()
@@ -87,8 +81,8 @@ def train(build: Callable[[], Any]) -> None:
 
 def record(step: Callable[[], None], job: dict[str, Any], settings: RocmSettings,
            output: Path) -> int:
-    """Run ``step`` recording every GEMM Inductor lowers and write the problems; return the
-    exit code. Raises CollectError when no GEMM was lowered or the ranks' parts cannot merge."""
+    """Run ``step`` recording every GEMM lowered, write the problems; return the exit code.
+    CollectError when no GEMM was lowered or the ranks' parts cannot merge."""
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 

@@ -1,11 +1,7 @@
-"""The minesweeper: the one process that runs candidate kernels, reused until one kills it.
+"""The minesweeper: the one process that runs candidate kernels, checked against ATen and a float64
+reference before timing (docs/validated-tuning.md).
 
-It compiles each problem under the job's settings so Inductor offers exactly the candidates
-training would, and hooks ``benchmark_choices`` (the one place holding the ATen and template
-inputs and outputs) to check each candidate against ATen and a float64 reference before
-timing it. Its worker owns the clock. After a device error it exits: a device that saw one is
-not trusted with the next candidate. Docs: docs/validated-tuning.md.
-"""
+After a device error it exits: a device that saw one is not trusted with the next candidate."""
 
 from __future__ import annotations
 

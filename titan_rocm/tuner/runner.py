@@ -1,11 +1,7 @@
 """``tune run``'s processes: main, one worker per GPU, one minesweeper per worker, one writer.
 
-Main and the workers stay torch-free so a hung or crashed candidate only takes its
-minesweeper down: a worker kills a candidate past its timeouts (``hang``), records a dead
-minesweeper as ``crash`` and starts a new one for the rest of the problem. Main records a task
-started twice without a result as ``crash`` (never a third run). The writer fsyncs each record
-and acknowledges ``started`` before the candidate runs, so a resume always knows.
-"""
+Main and the workers stay torch-free so a hung or crashed candidate only takes its minesweeper down;
+the writer acknowledges ``started`` before the candidate runs, so a resume always knows."""
 
 from __future__ import annotations
 
@@ -65,8 +61,8 @@ def parse_gpus(text: str, devices: Bounds = DEVICES) -> tuple[int, ...] | str:
 
 
 def device_slots(gpus: str | tuple[int, ...]) -> list[str | None]:
-    """``CUDA_VISIBLE_DEVICES`` per worker for ``--gpus`` (None: CPU); raises RunError when
-    it names devices this machine lacks."""
+    """``CUDA_VISIBLE_DEVICES`` per worker for ``--gpus`` (None: CPU); RunError for missing devices.
+    """
     import torch
 
     text = gpus if isinstance(gpus, str) else ",".join(map(str, gpus))
@@ -91,8 +87,7 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def die_with_parent() -> None:
-    """End this child process when its parent dies, even by ``kill -9`` (Linux
-    ``PR_SET_PDEATHSIG``), so killing main takes every ``tune run`` process down with it."""
+    """End this child when its parent dies, even by ``kill -9`` (``PR_SET_PDEATHSIG``)."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -132,10 +127,8 @@ class _Minesweeper:
         child.close()
 
     def stop(self) -> None:
-        """End it by asking (where it waits for a problem or for ``go``): it exits normally,
-        so the semaphores its torch made are unlinked; a SIGKILL leaves them to the resource
-        tracker, whose "leaked semaphore" warning would be the run's last line. Killed if it
-        does not end in 10 s."""
+        """End it by asking, so its torch's semaphores are unlinked (a SIGKILL leaves a "leaked
+        semaphore" warning as the run's last line); killed after 10 s."""
         if self.process.is_alive():
             try:
                 self.conn.send(("stop",))
@@ -331,8 +324,7 @@ class Main:
         self.records.put((record, ack))
 
     def check_resume(self) -> None:
-        """Refuse another problems file's results, and a file that is not results at all (it
-        would be appended to, never read back)."""
+        """Refuse another problems file's results, and a file that is not results."""
         run = self.state.run
         if run is None and self.output.exists() and self.output.stat().st_size > 0:
             raise RunError(
@@ -354,8 +346,7 @@ class Main:
                         "created": datetime.now(timezone.utc).isoformat(timespec="seconds")})
 
     def retry(self) -> int:
-        """Requeue the quarantined tasks with a ``retry`` record each, so a resume after a kill
-        still knows; returns how many."""
+        """Requeue the quarantined tasks, each with a ``retry`` record; return how many."""
         tasks = self.state.quarantined()
         for task in tasks:
             self.write({"type": "retry", "task": task})
@@ -528,11 +519,8 @@ class Main:
 def run(problems: ProblemsFile, output: Path, gpus: str | tuple[int, ...] = "all",
         options: Options | None = None, progress: bool | None = None,
         retry_quarantined: bool = False) -> int:
-    """Tune every problem; append to ``output`` (resuming it). Returns the exit code.
-
-    Raises RunError when ``--gpus`` is not valid here, or ``output`` belongs to other problems
-    or is not a results file.
-    """
+    """Tune every problem, appending to (resuming) ``output``; return the exit code. RunError
+    for ``--gpus`` not valid here, or an ``output`` of other problems or not results."""
     from titan_rocm.testing.faults import disk_full_after
 
     options = options or Options(settings=problems.settings)

@@ -1,8 +1,5 @@
-"""Apply a job's titan-rocm settings that change how code compiles, in the tuner's processes.
-
-The minesweeper must compile the same kernels training will, so the process-wide workarounds
-are applied there too, through their own gates; here the tuner acts as an adapter.
-"""
+"""Apply a job's codegen workarounds in the tuner's processes, so the minesweeper compiles the
+kernels training will; here the tuner acts as an adapter."""
 
 from __future__ import annotations
 
@@ -25,10 +22,8 @@ def codegen_workarounds() -> tuple[str, ...]:
 
 
 def apply_codegen_settings(settings: dict[str, Any]) -> list[str]:
-    """Apply the :func:`codegen_workarounds` whose gate holds; return their names.
-
-    Raises ValueError for an invalid ``[rocm]`` value or an ``on`` workaround that cannot apply.
-    """
+    """Apply the :func:`codegen_workarounds` whose gate holds; return their names. ValueError
+    for an invalid ``[rocm]`` value or an ``on`` workaround that cannot apply."""
     ctx = Context(settings=check_section(dict(settings)),
                   compile=CompileSettings(enable=True, components=("model",)),
                   framework=FRAMEWORK)

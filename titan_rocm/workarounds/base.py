@@ -1,10 +1,6 @@
-"""The base every workaround stands on: the job's :class:`Context`, :class:`Workaround` and the
-gating vocabulary (``on`` requires, ``auto`` skips with one logged reason, ``off`` does nothing).
+"""The job's :class:`Context`, :class:`Workaround` and the gating vocabulary (docs/architecture.md).
 
-A workaround never reads a TorchTitan config: each adapter builds a version-neutral
-:class:`Context`. Whether another workaround runs is answered by :meth:`Context.will_apply`
-from decisions made once before anything applies, never by re-running its gate.
-"""
+A workaround never reads a TorchTitan config: each adapter builds a version-neutral Context."""
 
 from __future__ import annotations
 
@@ -36,9 +32,8 @@ _plan_teardowns: contextvars.ContextVar[list[Callable[[], None]] | None] = \
 
 @contextlib.contextmanager
 def planning() -> Iterator[None]:
-    """Mark workarounds run inside the block as a ``titan-rocm plan`` dry run: they apply to the
-    meta model but skip effects that outlive the process (compile hooks, files); every job
-    made inside is closed at the block's end, so a plan run in-process leaves no patch behind.
+    """A ``titan-rocm plan`` dry run: no effects outlive the process, and every job made inside
+    is closed at the block's end (no patch left behind).
     """
     token = _planning.set(True)
     teardowns: list[Callable[[], None]] = []
@@ -145,14 +140,13 @@ class Context:
     framework: str = "none"
     """Which TorchTitan adapter built this context, e.g. ``torchtitan 0.2.2``."""
     generation: Generation | None = None
-    """Which seam each workaround uses (:mod:`.seams`); default: the shipped one of
-    ``framework`` (0.2.2's for a hand-built Context)."""
+    """Which seam each workaround uses; default: ``framework``'s (0.2.2's for a hand-built Context).
+    """
     job_decisions: dict[str, str | None] = field(default_factory=dict)
-    """Every titan-rocm workaround this job runs: its skip reason, None where it applies.
-    Filled once, before any workaround applies (:meth:`.job.JobWorkarounds.decide`)."""
+    """Each workaround's skip reason (None: it applies), filled once before any applies."""
     job: Any = None
-    """The job's :class:`~titan_rocm.workarounds.job.JobWorkarounds` (set when it is built):
-    what applied, for the audit's attribution."""
+    """The job's :class:`~titan_rocm.workarounds.job.JobWorkarounds`, for the audit's attribution.
+    """
 
     def __post_init__(self) -> None:
         if self.generation is None:
@@ -162,9 +156,7 @@ class Context:
     def seam(self, name: str, package: str | None = None) -> Any:
         """Workaround ``name``'s seam into this job's TorchTitan, built once per job.
 
-        Raises:
-            SeamUnavailable: the sentence why it cannot be used.
-        """
+        Raises SeamUnavailable with the sentence why it cannot be used."""
         if name not in self._seams:
             assert self.generation is not None  # __post_init__
             try:
@@ -191,22 +183,16 @@ class Context:
 
 
 class RunStopped(RuntimeError):
-    """A workaround stops the run on purpose because its results failed validation.
-
-    Each adapter ends every rank the same way (:mod:`titan_rocm.adapters.stop`): the message
-    logged and exit code :data:`titan_rocm.exit_codes.FAILED_VALIDATION`, never a traceback.
-    """
+    """A workaround's results failed validation: every rank stops with
+    :data:`titan_rocm.exit_codes.FAILED_VALIDATION` (:mod:`titan_rocm.adapters.stop`)."""
 
     logged = False
     """This rank's log already holds the message (the guard's rank 0 logs a longer one)."""
 
 
 class TrainerSeam:
-    """Calls a trainer adapter makes into an applied workaround around its own methods; no-ops here.
-
-    0.3.0's adapter subclasses the trainer, so a step-level workaround (the divergence guard)
-    needs no patch of TorchTitan's classes; 0.2.2 never calls them.
-    """
+    """Trainer-adapter calls into an applied workaround (0.3.0 only; no-ops here), so a step-level
+    workaround needs no patch of TorchTitan's classes."""
 
     def attach(self, trainer: Any) -> None:
         """The trainer is built (model, loss, optimizers, checkpointer, metrics)."""
@@ -216,8 +202,8 @@ class TrainerSeam:
 
     def forward_backward(self, run: Callable[[], Any], input_dict: Any, labels: Any,
                          global_valid_tokens: Any) -> Any:
-        """Run one ``forward_backward_step`` (``run`` runs it) and return its loss; a seam may
-        act around it (the audit records it)."""
+        """Run one ``forward_backward_step`` (``run``) and return its loss; a seam may act around
+        it."""
         return run()
 
     def after_forward_backward(self, loss: Any, labels: Any, global_valid_tokens: Any) -> None:
@@ -244,15 +230,12 @@ class Workaround:
     needs_rocm: ClassVar[bool] = True
     """In ``auto`` mode, skip off ROCm."""
     has_seam: ClassVar[bool] = False
-    """It reaches into TorchTitan's code through ``ctx.seam(name)`` (:mod:`.seams`): each
-    generation's seam is ``Seam`` in ``seams_<generation>.py`` beside its module."""
+    """It reaches into TorchTitan's code through ``ctx.seam(name)`` (:mod:`.seams`)."""
     codegen: ClassVar[bool] = False
-    """It changes Inductor/Triton codegen process-wide from the settings alone, so
-    ``titan-rocm tune``'s workers apply it too and compile the kernels training will.
-    """
+    """Changes codegen process-wide from the settings alone: ``titan-rocm tune``'s workers apply
+    it too."""
     audit_shapes: ClassVar[str | None] = None
-    """Which blocks the numerics audit names it on: ``compiled``, ``listed``
-    (:meth:`audit_blocks`), ``moe``, ``every``; None: none.
+    """Blocks the numerics audit names it on: ``compiled``, ``listed``, ``moe``, ``every``, or None.
     """
     not_measured: ClassVar[str | None] = None
     """Why ``titan-rocm plan`` quotes no measured cost for it; None: it quotes its figure in
@@ -269,8 +252,7 @@ class Workaround:
 
     @classmethod
     def seam_package(cls) -> str:
-        """The package its seam modules sit in, beside its own module (``grouped_mm/``:
-        ``seams_tt022.py``, ``seams_tt030.py``)."""
+        """The package its ``seams_tt022.py``/``seams_tt030.py`` sit in."""
         return cls.__module__.rpartition(".")[0]
 
     @property
@@ -279,8 +261,7 @@ class Workaround:
         return self.ctx.seam(self.name, self.seam_package())
 
     def seam_problem(self) -> str | None:
-        """Why this workaround's seam cannot be used in this job (None: it can, or it has
-        none): ``on`` fails start-up with it, ``auto`` skips with it."""
+        """Why this workaround's seam cannot be used in this job (None: it can, or it has none)."""
         if not self.has_seam:
             return None
         try:
@@ -290,8 +271,7 @@ class Workaround:
         return None
 
     def unmet(self) -> str | None:
-        """One sentence naming what the machine or job lacks for this fix (None: nothing): ``on``
-        fails start-up with it, ``auto`` skips with it. Called at most once per instance.
+        """What the machine or job lacks for this fix, as one sentence (None: nothing); called once.
         """
         return None
 
@@ -312,23 +292,21 @@ class Workaround:
 
     @staticmethod
     def plan_line(details: dict[str, Any]) -> str:
-        """What it changes in this run, in one line of ``titan-rocm plan``'s verdict, from
-        the details its :meth:`plan` returned."""
+        """Its line in ``titan-rocm plan``'s verdict, from the details :meth:`plan` returned."""
         return "applied"
 
     def audit_blocks(self, model_parts: list[nn.Module]) -> dict[str, str]:
-        """Block key -> how it runs that block, for ``audit_shapes = "listed"`` (after
-        :meth:`apply`)."""
+        """Block key -> how it runs that block, for ``audit_shapes = "listed"``."""
         return {}
 
     def audit_note(self) -> str | None:
-        """One sentence on what the fix did in this process, for the numerics audit's notes
-        (None: nothing worth saying), asked after the audit's passes."""
+        """One sentence on what the fix did in this process, for the audit's notes (None: nothing).
+        """
         return None
 
     def skipped_plan(self, model: nn.Module) -> dict[str, Any]:
-        """JSON-able facts worth showing when the fix does not apply: what runs instead, what
-        the machine has. Never the effects the fix would have had."""
+        """JSON-able facts worth showing when the fix does not apply (never its would-be effects).
+        """
         return {}
 
     def unmet_reason(self) -> str | None:
@@ -338,11 +316,7 @@ class Workaround:
         return self._unmet[0]
 
     def require(self) -> None:
-        """Under ``on``, fail start-up when :meth:`unmet` names something missing.
-
-        Raises:
-            ValueError: ``[rocm] <name> = "on" cannot apply: <what is missing>``.
-        """
+        """Under ``on``, raise ValueError when :meth:`unmet` names something missing."""
         if self.mode == "on":
             missing = self.unmet_reason()
             if missing:

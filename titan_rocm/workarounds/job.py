@@ -1,7 +1,5 @@
-"""One job's titan-rocm workarounds: built once, decided once before any applies, applied in
-order (:class:`JobWorkarounds`), each outcome a :class:`Decision`. Apart from :mod:`.base`
-so that the base does not import the registry, which imports every workaround.
-"""
+"""One job's workarounds, decided once before any applies, then applied in order; apart from
+:mod:`.base` so the base does not import the registry (which imports every workaround)."""
 
 from __future__ import annotations
 
@@ -46,9 +44,8 @@ class Decision:
 
 
 class JobWorkarounds:
-    """The titan-rocm workarounds one job runs, all decided before any applies (so
-    :meth:`Context.will_apply` has an answer for each), then applied in order, once each.
-    """
+    """The workarounds one job runs, all decided before any applies (so :meth:`Context.will_apply`
+    answers for each), then applied once each."""
 
     def __init__(
         self,
@@ -66,8 +63,8 @@ class JobWorkarounds:
         """Workaround name -> who applied it (a converter name)."""
         self.decided = False
         self.patches = patches.Scope(f"job ({ctx.framework})")
-        """What this job's workarounds patched (:mod:`titan_rocm.patches`): held while they
-        apply, and by the seams they hand the trainer; released by :meth:`close`."""
+        """What this job's workarounds patched (:mod:`titan_rocm.patches`); released by
+        :meth:`close`."""
         ctx.job = self
         close_after_plan(self.close)
 
@@ -106,9 +103,7 @@ class JobWorkarounds:
         return decisions
 
     def audit_facts(self, model_parts: Sequence[nn.Module]) -> JobFacts:
-        """What applied, as the numerics audit attributes it: names in apply order, audit notes,
-        the blocks each shapes and, for listed blocks, how each runs.
-        """
+        """What applied, as the numerics audit attributes it."""
         applied = [name for name in self.instances if name in self.applied_by]
         notes = [note for name in applied
                  if (note := self.instances[name].audit_note()) is not None]
@@ -140,6 +135,6 @@ class JobWorkarounds:
         return Decision(name, by, True, "", w.plan(model))
 
     def close(self) -> None:
-        """The job's teardown: every attribute its workarounds patched is put back, unless
-        another job still holds the same patch."""
+        """Put back every attribute the workarounds patched, unless another job holds the same
+        patch."""
         self.patches.release()

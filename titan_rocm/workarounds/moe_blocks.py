@@ -1,8 +1,5 @@
-"""Facts about a model's TransformerBlocks that several workarounds share.
-
-Which blocks are MoE, what wraps them and which part runs eager are facts about the model;
-they live below every workaround so that no workaround reads another's internals.
-"""
+"""Facts about a model's TransformerBlocks that several workarounds share, below them all so none
+reads another's internals."""
 
 from __future__ import annotations
 
@@ -126,10 +123,7 @@ def eager_layer_id(block: nn.Module) -> str | None:
 def make_eager(block: nn.Module, layer_id: str) -> bool:
     """Keep ``block`` out of every trace and count its forwards; False if already done.
 
-    Pass the AC wrapper when there is one, so the checkpointed region stays eager whole. FSDP's
-    and EP's hooks still run (they live in ``__call__``); the bound ``forward`` survives
-    ``copy.deepcopy``.
-    """
+    Pass the AC wrapper when there is one, so the checkpointed region stays eager whole."""
     if eager_layer_id(block) is not None:
         return False
     block.__dict__[EAGER_ATTR] = layer_id
@@ -144,11 +138,8 @@ keeps only the MoE module eager and compiles the other children with it (the ``m
 
 
 def mark_eager(block: nn.Module, why: str, split_backend: str | None = None) -> None:
-    """Ask that ``block`` run eager once its framework has compiled the model.
-
-    For frameworks that compile blocks in place inside parallelize (TorchTitan 0.3.0): the
-    adapter calls :func:`realize_eager_marks` afterwards. The first mark is kept.
-    """
+    """Ask that ``block`` run eager once its framework compiled the model in place (0.3.0: the
+    adapter calls :func:`realize_eager_marks`); the first mark is kept."""
     unwrap_block(block).__dict__.setdefault(KEEP_EAGER_ATTR, (why, split_backend))
 
 
@@ -163,11 +154,8 @@ def eager_mark(block: nn.Module) -> str | None:
 
 
 def realize_eager_marks(model: nn.Module) -> dict[str, str]:
-    """Take every marked block of ``model.layers`` out of its compile; per layer id, its
-    :func:`eager_mark` (``" (already)"`` appended when an earlier call did it).
-
-    Idempotent because pipeline parallelism parallelizes once per stage.
-    """
+    """Take every marked block out of its compile; per layer id, its mark. Idempotent, since
+    pipeline parallelism parallelizes once per stage."""
     done: dict[str, str] = {}
     layers = getattr(model, "layers", None)
     if layers is None:

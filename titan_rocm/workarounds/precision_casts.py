@@ -1,12 +1,8 @@
-"""Inductor ``emulate_precision_casts``: keep eager BF16 truncation in compiled graphs.
+"""Inductor ``emulate_precision_casts``: keep eager BF16 truncation in compiled graphs
+(docs/precision-casts.md).
 
-Without it, Inductor fuses BF16 ops and keeps intermediates in FP32, so compiled ROCm
-graphs drop the rounding that eager mode does; the numerics drift from eager. The flag
-must be set before anything compiles: the converter runs before ``parallelize_fn``. The env
-var ``TORCHINDUCTOR_EMULATE_PRECISION_CASTS`` only counts when Inductor's config module is
-first imported, which has usually already happened, so titan-rocm sets the config itself,
-as a setting of :mod:`titan_rocm.patches`: the job's teardown puts back what stood there.
-"""
+The env var only counts when Inductor's config is first imported, usually already done, so the
+config is set itself (a :mod:`titan_rocm.patches` setting), before anything compiles."""
 
 from __future__ import annotations
 

@@ -1,12 +1,7 @@
-"""The workarounds, by name, in the order the umbrella converter applies them.
+"""The workarounds, by name, in the order the umbrella converter applies them: process-wide settings
+first, model rewrites next, the guard last.
 
-Process-wide settings that must precede any compile come first, model rewrites next, the
-guard last. Each workaround lives in its own package (or module) and is imported only when
-used, so listing them costs nothing. This is the one list of them: every other list (the
-converters, a 0.3.0 job's names, each generation's seams, the tuner's codegen workarounds)
-derives from it, and what differs by workaround (its plan line, the blocks the audit names
-it on) is declared on its class.
-"""
+The one list of them: every other list derives from it. Each is imported only when used."""
 
 from __future__ import annotations
 
@@ -35,9 +30,7 @@ def workaround_classes() -> dict[str, type[Workaround]]:
 
 
 def seamed() -> dict[str, str]:
-    """The registered workarounds that reach into TorchTitan's code (``has_seam``), each with
-    the package its seams sit in, beside its workaround module (``titan_rocm.workarounds.
-    grouped_mm``: ``seams_tt022.py``, ``seams_tt030.py``)."""
+    """The workarounds that reach into TorchTitan's code, each with the package its seams sit in."""
     return {name: cls.seam_package()
             for name, cls in workaround_classes().items() if cls.has_seam}
 
@@ -49,11 +42,8 @@ def seam_targets(generation: Generation) -> dict[str, str]:
 
 
 def workaround_class(name: str) -> type[Workaround]:
-    """The :class:`~titan_rocm.workarounds.base.Workaround` subclass called ``name``.
-
-    Raises:
-        ValueError: ``name`` is not a titan-rocm workaround (lists the known ones).
-    """
+    """The :class:`~titan_rocm.workarounds.base.Workaround` subclass called ``name``; ValueError
+    lists the known ones."""
     try:
         target = WORKAROUNDS[name]
     except KeyError:

@@ -1,11 +1,7 @@
-"""Where each workaround reaches into one TorchTitan generation's code: one seam per
-workaround per generation, picked once, when the job's :class:`~.base.Context` is built.
+"""Where each workaround reaches into one TorchTitan generation's code, picked once per job.
 
-Decision logic stays once per workaround; ``ctx.seam(name)`` gives the generation's object
-from ``seams_tt022.py``/``seams_tt030.py``. A :class:`Generation` names seams by
-``"module:Class"`` strings so nothing of a generation the process does not run is imported,
-and this module imports no workaround nor the registry, so it stands below them all.
-"""
+Seams are named by ``"module:Class"`` strings so nothing of a generation the process does not run is
+imported; this module imports no workaround, so it stands below them all."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ from typing import Any
 from titan_rocm.torchtitan_version import FOLDED_TOKENS, Installed
 
 TORCHTITAN_022 = "torchtitan 0.2.2"
-"""``Context.framework`` of a job built by the 0.2.2 converters
-(``titan_rocm.adapters.tt022.converters``)."""
+"""``Context.framework`` of a job built by the 0.2.2 converters."""
 TORCHTITAN_030 = "torchtitan 0.3.0"
 """``Context.framework`` of a job built by the 0.3.0 trainer adapter (``titan_rocm.torchtitan``)."""
 
@@ -38,32 +33,27 @@ class Generation:
     """Workaround name -> ``"module:Class"`` of its seam; a class takes the Context. Named
     here, a seam wins over :attr:`beside`'s."""
     beside: str | None = None
-    """The suffix of the seam modules beside each workaround (``tt022``: ``Seam`` in
-    ``<its package>.seams_tt022``); None: only :attr:`seams` (a test's stub).
-    """
+    """Suffix of the seam modules beside each workaround (``tt022``); None: only :attr:`seams`."""
     moved: Mapping[str, str] = field(default_factory=dict)
     """Workaround name -> why its seam does not fit the installed TorchTitan (a known API
     shape whose seam moved): ``auto`` skips with it, ``on`` fails start-up with it."""
     variants: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    """Variant of the installed TorchTitan (e.g. ``folded_tokens``) -> workaround name ->
-    ``"module:Class"`` of the seam that variant takes instead.
-    """
+    """Variant of the installed TorchTitan -> workaround name -> ``"module:Class"`` it takes
+    instead."""
 
     def with_moved(self, moved: Mapping[str, str]) -> Generation:
         """This generation with the installed TorchTitan's moved seams added."""
         return dataclasses.replace(self, moved={**self.moved, **moved})
 
     def for_installed(self, installed: Installed) -> Generation:
-        """This generation as the installed TorchTitan needs it: the seams of its variants,
-        and its moved seams."""
+        """This generation as the installed TorchTitan needs it (variants' and moved seams)."""
         seams = dict(self.seams)
         for variant in installed.variants:
             seams.update(self.variants.get(variant, {}))
         return dataclasses.replace(self, seams=seams).with_moved(installed.moved)
 
     def target(self, name: str, package: str | None = None) -> str | None:
-        """``"module:Class"`` of workaround ``name``'s seam, whose package is ``package``
-        (None: this generation has none for it)."""
+        """``"module:Class"`` of workaround ``name``'s seam (None: this generation has none)."""
         if name in self.seams:
             return self.seams[name]
         if self.beside is None or package is None:
@@ -71,18 +61,15 @@ class Generation:
         return f"{package}.seams_{self.beside}:Seam"
 
     def targets(self, seamed: Mapping[str, str]) -> dict[str, str]:
-        """Workaround name -> its seam's ``"module:Class"``, for the seamed workarounds
-        ``seamed`` names with their packages (:func:`.registry.seamed`)."""
+        """Workaround name -> its seam's ``"module:Class"``, for :func:`.registry.seamed`'s."""
         return {name: target for name, package in seamed.items()
                 if (target := self.target(name, package)) is not None}
 
     def load(self, name: str, ctx: Any, package: str | None = None) -> Any:
         """Workaround ``name``'s seam for this generation, built for ``ctx``.
 
-        Raises:
-            SeamUnavailable: the seam moved, is not written for this generation, or does not
-                load (the sentence says which; never a traceback from inside the seam).
-        """
+        Raises SeamUnavailable (never a traceback from inside the seam) when it moved, is not
+        written for this generation, or does not load."""
         if name in self.moved:
             return _raise(self.moved[name])
         target = self.target(name, package)

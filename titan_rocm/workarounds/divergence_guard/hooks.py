@@ -1,11 +1,7 @@
-"""What both TorchTitan generations' seams of the guard share: the active monitor, and the
-grad-norm wrapper.
+"""What both generations' guard seams share: the active monitor and the grad-norm wrapper.
 
-``Trainer.train_step`` calls ``dist_utils.clip_grad_norm_`` every step in 0.2.2 and 0.3.0,
-looked up at each call, so wrapping it gives the total norm (already reduced over every
-parallel dimension). Every guard wrapper forwards to the active :class:`~.monitor.Monitor` and
-passes through when none is.
-"""
+``clip_grad_norm_`` is looked up at each call in 0.2.2 and 0.3.0 and returns the norm already
+reduced over every parallel dimension, so wrapping it is enough."""
 
 from __future__ import annotations
 
@@ -47,8 +43,7 @@ def _wrap_clip(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Ten
 
 
 def install_grad_norm(monitor: Monitor, scope: patches.Scope | None = None) -> None:
-    """Make ``monitor`` the active one and wrap ``clip_grad_norm_`` (once per process),
-    held by ``scope`` (default: the current one)."""
+    """Make ``monitor`` the active one and wrap ``clip_grad_norm_`` (once per process)."""
     import torchtitan.distributed.utils as dist_utils
 
     activate(monitor)
@@ -56,8 +51,7 @@ def install_grad_norm(monitor: Monitor, scope: patches.Scope | None = None) -> N
 
 
 def uninstall() -> None:
-    """Restore every wrapper of the guard, whoever holds it, and deactivate the monitor
-    (tests)."""
+    """Restore every wrapper of the guard and deactivate the monitor (tests)."""
     global _active
     _active = None
     patches.restore(by=NAME)

@@ -1,10 +1,5 @@
-"""The guard's per-process state: what it observed, when it checks, and the NaN test hook.
-
-TorchTitan's pieces call in through the seams' wrappers (:mod:`.seams_tt022`, :mod:`.hooks`):
-per micro-batch loss, ``clip_grad_norm_``, the step's end, ``should_log``/``log``, checkpoint
-saves and close. The other calls only queue device work; the check points read it
-(docs/divergence-detection.md gives when each mode checks and what it costs).
-"""
+"""The guard's per-process state: what it observed, when it checks, and the NaN test hook
+(docs/divergence-detection.md gives when each mode checks and what it costs)."""
 
 from __future__ import annotations
 
@@ -47,9 +42,7 @@ class Injection:
     def from_env(cls, environ: dict[str, str] | None = None) -> Injection | None:
         """Read :data:`INJECT_STEP_ENV` / :data:`INJECT_RANK_ENV`; None when unset.
 
-        Raises:
-            ValueError: a value is not a non-negative integer (step: positive).
-        """
+        Raises ValueError for a value that is not a non-negative integer (step: positive)."""
         env = os.environ if environ is None else environ
         step_text = env.get(INJECT_STEP_ENV, "").strip()
         if not step_text:
@@ -86,17 +79,13 @@ class Monitor:
         self.injection = injection
         self.record = NonFiniteRecord()
         self.train_state: Any = None
-        """The Trainer (``CheckpointManager.states["train_state"]``): its ``step`` numbers
-        the steps. Bound by ``CheckpointManager.load``, which ``Trainer.train`` calls first."""
+        """The Trainer, whose ``step`` numbers the steps; bound by ``CheckpointManager.load``."""
         self.checked_through = 0
         """``record.steps_ended`` at the latest check."""
         self.checks = 0
         """Check points run."""
         self.waits = 0
-        """Check points that waited for the device (a sync the trainer did not already make):
-        ``every_step_exact`` nearly every step on a GPU-bound run, ``every_step`` only when the
-        device is over a step behind; log steps of 0.2.2's trainer never.
-        """
+        """Check points that waited for the device (a sync the trainer did not already make)."""
         self.pending: Snapshot | None = None
         """The rows' copy enqueued at the current log step's ``should_log``."""
         self.lagged: Snapshot | None = None
@@ -133,9 +122,8 @@ class Monitor:
 
     def on_loss(self, loss: torch.Tensor, labels: torch.Tensor | None,
                 inject: bool = True) -> torch.Tensor:
-        """A micro-batch's summed loss, returned (NaN at the injected step unless ``inject`` is
-        False: a trainer that observes the loss after its backward injects in the loss itself).
-        """
+        """A micro-batch's summed loss, returned; NaN at the injected step unless ``inject`` is
+        False (a trainer that observes the loss after its backward injects in the loss itself)."""
         if not torch.is_grad_enabled() or self.divergence is not None:
             return loss  # validation runs under no_grad: not a training step
         if inject and self.injecting():
@@ -154,10 +142,8 @@ class Monitor:
     def on_step_end(self) -> None:
         """End of an optimizer step: fold it into the record (device ops only).
 
-        ``every_step`` reads the previous step's copy (landed by now: no wait) and enqueues
-        this one; the sticky record keeps the step number, so a NaN at step 7 is named step 7
-        though found at step 8. ``every_step_exact`` reads this step's record now (one wait).
-        """
+        ``every_step`` reads the previous step's copy, so it never waits; the record keeps the step
+        number, so a NaN at step 7 is still named step 7."""
         if self.divergence is not None:
             return
         if not self.record.saw_grad_norm:
@@ -239,13 +225,10 @@ class Monitor:
 
     def check(self, where: str, host: tuple[int, float, float] | None = None,
               snapshot: Snapshot | None = None) -> None:
-        """Read every rank's record; raise :class:`DivergenceError` if any step was bad.
+        """Read every rank's record; raise :class:`DivergenceError` if any step was bad. Collective.
 
-        ``host``: (step, loss, grad_norm) already on the host and non-finite, used if every
-        device record is clean (TorchTitan's reduced values, the same on every rank except
-        the loss under PP). ``snapshot``: the rows enqueued at ``should_log``; None gathers
-        now (one wait). Collective: every rank calls it at the same points.
-        """
+        ``host``: TorchTitan's non-finite (step, loss, grad_norm), used if every device record is
+        clean. ``snapshot``: the rows enqueued at ``should_log``; None gathers now (one wait)."""
         self.checks += 1
         if snapshot is None:
             snapshot = Snapshot.take(self.record, self.record.steps_ended,

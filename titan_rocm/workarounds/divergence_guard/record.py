@@ -1,10 +1,5 @@
-"""A device-side, sticky record of the first training step with a non-finite loss or grad norm.
-
-Updates are device operations only, so the host never waits for the device; only
-:meth:`NonFiniteRecord.row` (at check points) copies it to the host. :data:`FIELDS` gives the
-float64 row; ``step`` is -1 while every step was finite, and once set the row keeps the first
-bad step.
-"""
+"""A device-side, sticky record of the first step with a non-finite loss or grad norm: updates
+never make the host wait; only :meth:`NonFiniteRecord.row` copies it, at check points."""
 
 from __future__ import annotations
 
@@ -57,9 +52,8 @@ class NonFiniteRecord:
             self.device = tensor.device
 
     def observe_loss(self, loss_sum: torch.Tensor, labels: torch.Tensor | None = None) -> None:
-        """Add one micro-batch's sum-reduced loss; with labels the step's value is the local mean
-        (sum / valid tokens, like TorchTitan's ``local_avg_loss``), without them the sum.
-        """
+        """Add one micro-batch's summed loss; with labels the step's value is the local mean (like
+        TorchTitan's ``local_avg_loss``), without them the sum."""
         self._bind(loss_sum)
         loss = loss_sum.detach().to(torch.float64)
         self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss

@@ -1,15 +1,8 @@
-"""TorchTitan 0.2.2's seam of the divergence guard: library functions and methods the trainer
-looks up at call time, wrapped, without touching the trainer module.
+"""TorchTitan 0.2.2's seam of the divergence guard: functions and methods the trainer looks up
+at call time, wrapped.
 
-The loss and grad norm are locals of ``Trainer.train_step``, and ``python -m
-torchtitan.train`` runs the trainer as ``__main__`` (a second copy of the module), so patching
-``torchtitan.train`` would not reach the running trainer. Instead the guard wraps
-``cross_entropy_loss`` (read when the trainer builds its loss, after the converters run),
-``clip_grad_norm_`` (:mod:`.hooks`), ``MetricsProcessor.should_log``/``log``/``close`` (the
-log steps, where TorchTitan synchronises anyway, and the end) and ``CheckpointManager.save``/
-``load`` (check before writing; ``load`` hands over the trainer). Each wrapper passes through
-while :func:`.hooks.active` is None.
-"""
+``torchtitan.train`` runs as ``__main__`` (a second copy of the module), so patching it would
+not reach the running trainer (docs/divergence-detection.md lists what is wrapped)."""
 
 from __future__ import annotations
 
@@ -108,8 +101,7 @@ def _wrap_load(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install(monitor: Monitor) -> None:
-    """Make ``monitor`` the active one and wrap TorchTitan 0.2.2's functions (once per
-    process), held by the current scope."""
+    """Make ``monitor`` the active one and wrap TorchTitan 0.2.2's functions (once per process)."""
     import torchtitan.components.loss as loss_module
     from torchtitan.components.checkpoint import CheckpointManager
     from torchtitan.components.metrics import MetricsProcessor
@@ -135,7 +127,6 @@ class Seam:
         self.ctx = ctx
 
     def install(self, monitor: Monitor) -> TrainerSeam | None:
-        """Wrap the loss, the grad-norm clip, the metrics and the checkpointer: no trainer
-        adapter calls back on 0.2.2."""
+        """Wrap the loss, grad-norm clip, metrics and checkpointer: 0.2.2 has no trainer adapter."""
         install(monitor)
         return None

@@ -1,18 +1,8 @@
 """TorchTitan 0.3.0's seam of the divergence guard: the trainer adapter's calls
-(:class:`TrainerGuard`) at the trainer's own methods (``torchtitan/trainer.py``).
+(:class:`TrainerGuard`); docs/divergence-detection.md says why it listens where it does.
 
-Why it listens where it does on 0.3.0:
-
-- The loss object runs a backward per chunk and may be captured in a CUDA graph, where a
-  wrapper's Python would not run on replays; so the guard reads the loss
-  ``forward_backward_step`` returns (:meth:`TrainerGuard.after_forward_backward`).
-- The NaN hook must poison the gradients too, so it multiplies the innermost loss by a device
-  scalar (1, or NaN at the injected step), which a graph replay reads as well.
-- ``should_log`` now runs before the step's loss exists, so the record's copy is enqueued from
-  the optimizer's post-step hook (:meth:`after_optimizer_step`).
-- TorchTitan's own ``RuntimeError("Loss is not finite ...")`` at a log step becomes the guard's
-  verdict (:meth:`step_failed`), which names the *first* bad step.
-"""
+The loss may be captured in a CUDA graph, whose replays run no Python, so the guard reads
+what ``forward_backward_step`` returns and injects through a device scalar."""
 
 from __future__ import annotations
 
@@ -116,9 +106,8 @@ def _before_save(save: Any, checkpointer: Any, monitor: Monitor) -> Any:
 
 
 def _inject_into(loss: Any, guard: TrainerGuard) -> None:
-    """Make ``loss`` (a TorchTitan loss object) return its loss times ``guard.factor``.
-
-    ``loss(...)`` looks ``__call__`` up on the class, so the instance gets a subclass."""
+    """Make ``loss`` return its loss times ``guard.factor``; ``loss(...)`` looks ``__call__`` up on
+    the class, so the instance gets a subclass."""
     cls = type(loss)
 
     class Injected(cls):  # type: ignore[misc, valid-type]

@@ -1,11 +1,7 @@
 """Every rank's record row, brought to the host without making the host wait for the device.
 
-TorchTitan 0.2.2 decides at ``should_log`` to log, then calls ``.item()`` and waits anyway. A
-:class:`Snapshot` taken at ``should_log`` enqueues the all-gather and a non-blocking copy to
-pinned memory before that ``.item()``, so by ``MetricsProcessor.log`` the copy has landed: the
-guard's default mode adds no host synchronisation at all. Where it has not (a trainer that
-does not synchronise in between), :meth:`Snapshot.rows` waits and says so (``waited``).
-"""
+Enqueued at ``should_log``, before TorchTitan 0.2.2's own ``.item()``, so the copy has landed
+by ``MetricsProcessor.log``; :meth:`Snapshot.rows` says when it had to wait (``waited``)."""
 
 from __future__ import annotations
 

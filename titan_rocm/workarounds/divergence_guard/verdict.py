@@ -1,11 +1,5 @@
-"""Turn every rank's record into one decision, and the error that stops training.
-
-At a check point every rank contributes its record row to one all-gather
-(:mod:`.snapshot`), so every rank reaches the same decision from the same data and stops
-together: none is left waiting in a later collective. The first bad step wins (lowest rank
-on ties); rank 0 logs the full message (:mod:`titan_rocm.guard_message`), naming the rank
-that saw it.
-"""
+"""Every rank's record (one all-gather) turned into one decision, so every rank stops together
+and none waits in a later collective; the first bad step wins, lowest rank on ties."""
 
 from __future__ import annotations
 
@@ -19,8 +13,7 @@ from titan_rocm.workarounds.divergence_guard.record import Row
 
 
 class DivergenceError(RunStopped):
-    """Training produced a non-finite loss or grad norm; titan-rocm stops it (every rank
-    exits with :data:`titan_rocm.exit_codes.FAILED_VALIDATION`)."""
+    """A non-finite loss or grad norm: every rank exits with ``FAILED_VALIDATION``."""
 
     def __init__(self, message: str, divergence: Divergence) -> None:
         super().__init__(message)

@@ -1,6 +1,5 @@
 """The ``rocm.divergence_guard`` workaround: one :class:`~.monitor.Monitor`, fed through the
-job's seam (:class:`GuardSeam`): TorchTitan 0.2.2's wrapped functions (:mod:`.seams_tt022`)
-or the 0.3.0 trainer adapter's calls (:mod:`.seams_tt030`), both over :mod:`.hooks`."""
+job's seam (:class:`GuardSeam`)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""The ``rocm.gemm_lookup`` workaround: compile GEMMs with kernels ``titan-rocm tune`` validated.
+"""The ``rocm.gemm_lookup`` workaround: compile GEMMs with kernels ``titan-rocm tune`` validated
+(docs/validated-tuning.md).
 
-Stock max-autotune never checks that a candidate is right (on ROCm a miscompiled config is
-often the fastest because it is wrong), costs minutes per start and may differ by rank. Each
-GEMM lowering gets one candidate: the table's winner, or ATen on a miss. The choices
-handler's ``uuid()`` is the table's sha256 so the FX-graph cache keys on the table.
-Docs: docs/validated-tuning.md.
-"""
+Stock max-autotune never checks a candidate is right (on ROCm a miscompiled config is often
+the fastest), so each GEMM gets one candidate: the table's winner, or ATen on a miss. The
+handler's ``uuid()`` is the table's sha256 so the FX-graph cache keys on the table."""
 
 from __future__ import annotations
 

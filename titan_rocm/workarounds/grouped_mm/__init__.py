@@ -1,9 +1,5 @@
-"""Grouped-MM binding: point the live model's MoE experts at a chosen grouped-MM backend
-(docs/grouped-mm.md).
-
-This package's face is the public API users extend (:func:`register_backend`) and read
-(:func:`call_counts`, :func:`backend_names`), the same on every TorchTitan generation.
-"""
+"""Grouped-MM binding: MoE experts on a chosen backend (docs/grouped-mm.md); the public API users
+extend (:func:`register_backend`) and read, the same on every TorchTitan generation."""
 
 from titan_rocm.workarounds.grouped_mm.backends import (
     backend_names,

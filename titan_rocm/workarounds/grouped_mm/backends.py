@@ -1,10 +1,7 @@
 """Grouped-MM backends for TorchTitan's MoE experts, by name, and the registry users extend.
 
-A backend has the signature of TorchTitan 0.2.2's
-``torchtitan.models.moe.moe._run_experts_grouped_mm``, ``fn(w1, w2, w3, x,
-num_tokens_per_expert) -> out``; rows of ``x`` past the counts' sum are padding whose output
-TorchTitan drops (docs/grouped-mm.md).
-"""
+A backend has the signature of TorchTitan 0.2.2's ``_run_experts_grouped_mm``
+(docs/grouped-mm.md)."""
 
 from __future__ import annotations
 
@@ -37,11 +34,8 @@ def torch_grouped_mm(
     x: torch.Tensor,
     num_tokens_per_expert: torch.Tensor,
 ) -> torch.Tensor:
-    """TorchTitan's stock path: ``torch._grouped_mm`` in BF16, cast back to ``x``'s dtype.
-
-    The same operations as the stock function, so torchao's float8 grouped-MM tensors
-    intercept it the same way.
-    """
+    """TorchTitan's stock path (``torch._grouped_mm`` in BF16), the same operations, so torchao's
+    float8 grouped-MM tensors intercept it the same way."""
     offsets = torch.cumsum(num_tokens_per_expert, dim=0, dtype=torch.int32)
     xb = x.bfloat16()
     gate = torch._grouped_mm(xb, w1.bfloat16().transpose(-2, -1), offs=offsets)
@@ -60,9 +54,7 @@ def loop_grouped_mm(
 ) -> torch.Tensor:
     """One matmul per expert in ``x``'s dtype: runs on every device and dtype.
 
-    It syncs the counts to the host, so ``fullgraph`` cannot trace it: it always runs eager
-    (its bound function is named so stock ``apply_compile`` leaves it alone).
-    """
+    It syncs the counts to the host, so it always runs eager."""
     counts = [int(c) for c in num_tokens_per_expert.tolist()]
     used = sum(counts)
     pieces = []
@@ -81,9 +73,7 @@ PRIMUS_TURBO_MODULE = "primus_turbo.pytorch"
 
 
 def primus_turbo_status(facts: PlatformFacts | None = None) -> str | None:
-    """Why Primus-Turbo's grouped GEMM cannot be used here, or None when it can (a simulated
-    machine answers from ``facts.primus_turbo``).
-    """
+    """Why Primus-Turbo's grouped GEMM cannot be used here, or None when it can."""
     if facts is not None and facts.primus_turbo is not None:
         if facts.primus_turbo:
             return None
@@ -107,11 +97,8 @@ def primus_turbo_grouped_mm(
     x: torch.Tensor,
     num_tokens_per_expert: torch.Tensor,
 ) -> torch.Tensor:
-    """Primus-Turbo's CK grouped GEMM (``primus_turbo.pytorch.ops.grouped_gemm``) in BF16.
-
-    Its group sizes must cover every row, so TorchTitan's zero padding rows join the last
-    group without a host sync; TorchTitan drops their outputs.
-    """
+    """Primus-Turbo's CK grouped GEMM in BF16; TorchTitan's padding rows join the last group (its
+    group sizes must cover every row) without a host sync."""
     # The group sizes once per call, for all three GEMMs.
     group_lens = _group_lens(num_tokens_per_expert.to(torch.int64), x.shape[0])
     xb = x.bfloat16()
@@ -140,9 +127,8 @@ def _turbo_gemm(A: torch.Tensor, B_t: torch.Tensor, group_lens: torch.Tensor) ->
 FP8 = ":fp8"
 """Suffix of a bound route that runs a backend's FP8 form (``primus_turbo:fp8``)."""
 FP8_PARAMETERS: tuple[str, ...] = ("a", "b", "group_lens", "trans_b", "config")
-"""What titan-rocm passes to ``primus_turbo.pytorch.ops.grouped_gemm_fp8``: every release from
-v0.1.0 (8f8fea65) to main (a6a16cdc, v0.4.0+) declares them
-(``primus_turbo/pytorch/ops/grouped_gemm_fp8.py``)."""
+"""What titan-rocm passes to ``primus_turbo.pytorch.ops.grouped_gemm_fp8``: declared by every
+release from v0.1.0 (8f8fea65) to main (a6a16cdc, v0.4.0+)."""
 FP8_CONFIG_MODULES: tuple[str, ...] = (
     "primus_turbo.pytorch.core.low_precision",  # v0.2.0 on (19ee6a5a ... a6a16cdc)
     "primus_turbo.pytorch.core.float8",  # v0.1.x (8f8fea65)
@@ -167,11 +153,8 @@ def _fp8_config_classes() -> tuple[Any, Any, Any] | None:
 
 
 def primus_turbo_fp8_status(facts: PlatformFacts | None = None) -> str | None:
-    """Why Primus-Turbo's FP8 grouped GEMM cannot be used here, or None when it can.
-
-    Feature detection, not a version guess: ``ops.grouped_gemm_fp8`` must declare
-    :data:`FP8_PARAMETERS` and an E4M3 tensorwise ``Float8QuantConfig`` must import.
-    """
+    """Why Primus-Turbo's FP8 grouped GEMM cannot be used here, or None; by feature detection
+    (:data:`FP8_PARAMETERS`, an E4M3 tensorwise config), not a version guess."""
     missing = primus_turbo_status(facts)
     if missing is not None or (facts is not None and facts.primus_turbo is not None):
         return missing
@@ -210,10 +193,8 @@ class _Unwrapped(torch.autograd.Function):
 def plain_weight(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` as a plain tensor Primus-Turbo's kernels can read.
 
-    torchao's ``ScaledGroupedMMTensor`` (``torchao/prototype/moe_training/tensor.py``) has no
-    storage of its own and survives ``.bfloat16()``, so it is unwrapped through an identity
-    whose gradient flows back to the wrapped parameter.
-    """
+    torchao's ``ScaledGroupedMMTensor`` has no storage of its own and survives ``.bfloat16()``,
+    so it is unwrapped through an identity whose gradient flows to the wrapped parameter."""
     if not is_traceable_wrapper_subclass(weight):
         return weight
     names, _ = weight.__tensor_flatten__()  # type: ignore[attr-defined]
@@ -247,9 +228,8 @@ def primus_turbo_fp8_grouped_mm(
 
 
 GemmFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""One grouped GEMM, ``fn(A, B_t, offs) -> A[rows of g] @ B_t[g]`` per group ``g`` (``offs``:
-cumulative row ends): TorchTitan 0.3.0's ``GroupedExperts._grouped_mm`` seam, which experts
-with their own SwiGLU (gpt_oss) call."""
+"""One grouped GEMM, ``fn(A, B_t, offs)``: TorchTitan 0.3.0's ``GroupedExperts._grouped_mm``
+seam, which experts with their own SwiGLU (gpt_oss) call."""
 
 
 def loop_gemm(A: torch.Tensor, B_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
@@ -309,14 +289,8 @@ def register_backend(
 ) -> None:
     """Make ``fn`` available as ``[rocm] grouped_mm_backend = "<name>"`` (docs/grouped-mm.md).
 
-    Call it before TorchTitan builds the converters (e.g. from ``[experimental]
-    custom_import``). ``compilable=True``: ``torch.compile(fn, fullgraph=True)`` traces it,
-    so it compiles wherever TorchTitan compiles its own experts.
-
-    Raises:
-        ValueError: ``name`` is empty, is ``auto``, or is taken (and ``replace`` is False).
-        TypeError: ``fn`` is not callable.
-    """
+    ``compilable=True``: ``fn`` traces under ``fullgraph``. Raises ValueError for an empty,
+    ``auto`` or taken name (unless ``replace``), TypeError for an ``fn`` not callable."""
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"grouped-MM backend name must be a non-empty string, got {name!r}")
     if name == AUTO:
@@ -347,11 +321,7 @@ def backend_names() -> list[str]:
 
 
 def get_backend(name: str) -> ExpertsFn:
-    """The function registered as ``name``.
-
-    Raises:
-        ValueError: naming ``name`` and the accepted names.
-    """
+    """The function registered as ``name``; ValueError names the accepted names."""
     try:
         return _registry[name]
     except KeyError:
@@ -362,10 +332,7 @@ def get_backend(name: str) -> ExpertsFn:
 
 
 def experts_function(route: str) -> ExpertsFn:
-    """The function a bound ``route`` runs: a backend name, or ``<name>:fp8`` (its FP8 form).
-
-    Raises:
-        ValueError: ``route`` is neither (names it and the accepted backends).
+    """The function a bound ``route`` runs (a backend name or ``<name>:fp8``); ValueError otherwise.
     """
     if route.endswith(FP8) and route.removesuffix(FP8) in FP8_FORMS:
         return FP8_FORMS[route.removesuffix(FP8)]
@@ -379,11 +346,7 @@ def validate_name(name: str) -> None:
 
 
 def resolve(name: str, is_rocm: bool, facts: PlatformFacts | None = None) -> tuple[str, str]:
-    """The backend ``name`` stands for here, and why: ``auto`` picks, others stand for themselves.
-
-    Raises:
-        ValueError: ``name`` is not accepted.
-    """
+    """The backend ``name`` stands for here, and why; ValueError for a name not accepted."""
     validate_name(name)
     if name != AUTO:
         return name, "requested"

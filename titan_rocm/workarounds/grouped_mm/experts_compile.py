@@ -1,12 +1,7 @@
 """Compile the bound experts function where stock TorchTitan compiles its own.
 
-The bound function's name makes stock llama4 ``apply_compile`` leave it alone (``loop``'s
-host sync cannot be traced), so without this module the experts would run eager whenever the
-binding is on (2.85 % slower on a GPU-bound deepseek_v3 on an H200, docs/performance.md).
-:class:`ExpertsRunner` compiles a ``fullgraph``-traceable backend when TorchTitan compiles the
-model and ``rocm.moe_eager_compile`` does not run (keeping the MoE module eager is its point);
-it decides at its first call, after ``parallelize_fn``, and logs once what it does and why.
-"""
+Stock ``apply_compile`` leaves the bound function alone, so without this the experts would
+run eager (2.85 % slower on a GPU-bound deepseek_v3 on an H200, docs/performance.md)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""TorchTitan 0.2.2's seam of the grouped-MM binding: the live model's MoE experts bound to a
-backend through the module global their ``forward`` really reads.
-
-``GroupedExperts.forward`` (``torchtitan/models/moe/moe.py``) looks up
-``_run_experts_grouped_mm`` on every call, and TorchTitan's PEP-420 model folders can load
-that file twice under two names, so the binding patches ``type(m).forward.__globals__`` of
-the model's own instances. The bound name ``_run_experts_grouped_mm_dynamic`` is stock
-llama4 ``apply_compile``'s "already patched" test, so stock leaves it alone; a traceable
-backend is compiled by :mod:`.experts_compile` instead. gpt_oss's experts (another
-signature) are reported as not covered.
-"""
+"""TorchTitan 0.2.2's seam of the grouped-MM binding: the module global the experts' ``forward``
+really reads, patched per model (``moe.py`` may load twice; docs/grouped-mm.md)."""
 
 from __future__ import annotations
 
@@ -47,9 +38,8 @@ def _class_names(module: nn.Module) -> set[str]:
 
 
 def experts_globals(module: nn.Module) -> dict[str, Any] | None:
-    """The globals ``forward`` of a TorchTitan ``GroupedExperts`` reads, or None if not one;
-    matched by name and attributes, never class identity (moe.py may be loaded twice).
-    """
+    """The globals a ``GroupedExperts.forward`` reads, or None; matched by name and attributes,
+    never class identity (moe.py may be loaded twice)."""
     if _EXPERTS_CLASS not in _class_names(module):
         return None
     if not all(hasattr(module, attr) for attr in ("w1", "w2", "w3", "use_grouped_mm")):
@@ -73,12 +63,8 @@ def find_gpt_oss_experts(model: nn.Module) -> list[str]:
 def make_bound(
     backend: str, request: CompileRequest = NOT_COMPILED
 ) -> Callable[..., torch.Tensor]:
-    """The function bound in place of ``_run_experts_grouped_mm``: counts, then calls ``backend``
-    (``<name>`` or ``<name>:fp8``), compiled where :mod:`.experts_compile` allows.
-
-    Raises:
-        ValueError: ``backend`` is not registered.
-    """
+    """The function bound in place of ``_run_experts_grouped_mm``: counts, then calls ``backend``,
+    compiled where :mod:`.experts_compile` allows. Raises ValueError for an unknown backend."""
     fn: ExpertsFn = ExpertsRunner(backend, experts_function(backend), request)
 
     def _run_experts_grouped_mm_dynamic(
@@ -108,10 +94,7 @@ def _unique_globals(model: nn.Module) -> Iterator[dict[str, Any]]:
 
 def bind(model: nn.Module, backend: str, request: CompileRequest = NOT_COMPILED) -> list[str]:
     """Bind every ``GroupedExperts`` of ``model`` to ``backend``; return the patched modules.
-
-    ``request``: how TorchTitan compiles the model (default: experts eager). Binding again
-    rebinds, never wraps.
-    """
+    Binding again rebinds, never wraps."""
     bound = make_bound(backend, request)
     patched = []
     for forward_globals in _unique_globals(model):
@@ -121,8 +104,7 @@ def bind(model: nn.Module, backend: str, request: CompileRequest = NOT_COMPILED)
 
 
 def unbind_all() -> None:
-    """Put back what was bound before titan-rocm, in every module it bound, whoever holds
-    the binding (tests)."""
+    """Put back what was bound before titan-rocm, whoever holds the binding (tests)."""
     patches.restore(by=NAME)
 
 

@@ -1,14 +1,5 @@
-"""TorchTitan 0.3.0's seam of the grouped-MM binding: the experts' class, not a module global.
-
-0.3.0 has no ``_run_experts_grouped_mm``: ``GroupedExperts.forward``
-(``torchtitan/models/common/moe.py``) computes the SwiGLU experts and calls
-``self._grouped_mm(A=, B_t=, offs=)`` per GEMM, and subclasses override either (gpt_oss its
-``forward``, MXFP8 ``_grouped_mm``). So the binding swaps each experts module's class for a
-cached subclass of its own class (as TorchTitan's converters and FSDP do), keeping what the
-class did below; :func:`seam_for` says which method a backend takes. Experts compile with
-their block (``fullgraph=True``); a backend that does not trace has its blocks marked eager
-(:func:`~titan_rocm.workarounds.moe_blocks.mark_eager`).
-"""
+"""TorchTitan 0.3.0's seam of the grouped-MM binding: each experts module's class swapped for a
+cached subclass, as 0.3.0 has no module global to patch (docs/grouped-mm.md)."""
 
 from __future__ import annotations
 
@@ -32,10 +23,8 @@ BACKEND_ATTR = "_titan_rocm_backend"
 SEAM_ATTR = "_titan_rocm_seam"
 """Class attribute of a binding subclass: ``forward``, ``_grouped_mm`` or ``counted``."""
 TRACES_IN_BLOCK = frozenset({"loop"})
-"""Backends not :func:`~.backends.is_compilable` alone that still trace in a 0.3.0 block:
-``apply_compile``'s ``capture_scalar_outputs`` turns ``loop``'s host read of the counts into
-unbacked sizes (checked on CPU by the 0.3.0 suite).
-"""
+"""Backends not compilable alone that still trace in a 0.3.0 block: ``capture_scalar_outputs``
+turns ``loop``'s host read into unbacked sizes."""
 
 _subclasses: dict[tuple[type, str], type] = {}
 
@@ -60,9 +49,7 @@ def _local(param: torch.Tensor) -> torch.Tensor:
 
 
 def seam_for(module: nn.Module, backend: str) -> str | None:
-    """Where ``backend`` goes in ``module``: ``counted`` (``torch``: the class's own path),
-    ``forward``, ``_grouped_mm``, or None (not covered).
-    """
+    """Where ``backend`` goes in ``module``: ``counted``, ``forward``, ``_grouped_mm``, or None."""
     stock = _stock_experts_class(module)
     if stock is None:
         return None
@@ -77,7 +64,6 @@ def seam_for(module: nn.Module, backend: str) -> str | None:
 
 
 def _unbound_class(module: nn.Module) -> type:
-    """``module``'s class under any binding subclass of this module."""
     cls = type(module)
     while getattr(cls, SEAM_ATTR, None) is not None:
         cls = cls.__mro__[1]
@@ -85,10 +71,8 @@ def _unbound_class(module: nn.Module) -> type:
 
 
 def _count(backend: str) -> None:
-    """Count a call of ``backend`` in eager code only: inside a compiled block the count is a
-    side effect Dynamo guards on, recompiling until a fullgraph block hit its limit and
-    failed the run.
-    """
+    """Count in eager code only: in a compiled block Dynamo guards on the count and recompiles
+    until a fullgraph block fails the run."""
     if not torch.compiler.is_compiling():
         CALLS[backend] += 1
 
@@ -125,8 +109,7 @@ def _binding_class(base: type, seam: str) -> type:
 
 
 def bind(model: nn.Module, backend: str) -> dict[str, str]:
-    """Bind every grouped-experts module of ``model`` to ``backend`` (idempotent: binding
-    again rebinds). Returns, per module, the seam used or why it was left stock."""
+    """Bind every grouped-experts module to ``backend``; per module, the seam used or why not."""
     experts_function(backend)  # ValueError names the accepted backends
     done: dict[str, str] = {}
     for name, module in find_experts(model):
@@ -205,8 +188,7 @@ class Seam:
         return check(model)
 
     def bind(self, model: nn.Module, backend: str, why: str) -> list[str]:
-        """Swap each experts module's class for a binding subclass; mark the blocks of a
-        backend that does not trace eager; return the seams used."""
+        """Swap each experts module's class for a binding subclass; return the seams used."""
         patched = sorted(set(bind(model, backend).values()))
         eager = mark_untraceable_blocks(model, backend) if self.ctx.compile.model else []
         log.info(

@@ -1,6 +1,4 @@
-"""``rocm.grouped_mm``: point the live model's MoE experts at a chosen grouped-MM backend
-(docs/grouped-mm.md); the binding is each generation's seam.
-"""
+"""``rocm.grouped_mm``: MoE experts on a chosen grouped-MM backend (docs/grouped-mm.md)."""
 
 from __future__ import annotations
 
@@ -93,9 +91,8 @@ class GroupedMMBinding(Workaround):
         return self.backend + FP8 if self.precision == "fp8" else self.backend
 
     def _choose_precision(self, quantized: list[str]) -> None:
-        """FP8 through Primus-Turbo where the job's experts are float8 or the setting asks for
-        it and the installed Primus-Turbo has it; otherwise why not.
-        """
+        """FP8 through Primus-Turbo where the experts are float8 or the setting asks and it is
+        installed; otherwise why not."""
         asked = self.ctx.settings.grouped_mm_precision
         float8 = FLOAT8_EXPERTS in quantized
         if asked == "bf16" or (asked == "auto" and not float8):

@@ -1,15 +1,9 @@
 """Lazy access to aiter's flash-attention functions, across aiter versions.
 
-``import aiter`` fails off ROCm with RuntimeError/AssertionError from its JIT setup (not
-ImportError), so :func:`load_mha` checks the platform first and turns any exception into
-:class:`AiterUnavailable`.
-
-aiter's signatures grow between releases (``sink_size`` required from v0.1.8, ``sink``/
-``d_sink`` from v0.1.12), and its kernels are ``(*args, **kwargs)`` wrappers
-(``aiter/jit/core.py``, ``aiter/jit/utils/torch_guard.py``), so parameters are read from the
-op schema or signature and calls pass only the keywords the installed function declares; an
-unknown required parameter is an error naming it.
-"""
+``import aiter`` fails off ROCm with RuntimeError/AssertionError (not ImportError), so
+:func:`load_mha` checks the platform first. aiter's signatures grow between releases and its kernels
+are ``(*args, **kwargs)`` wrappers (``aiter/jit/core.py``), so calls pass only the keywords the
+installed function declares (read from the op schema or signature)."""
 
 from __future__ import annotations
 
@@ -82,9 +76,8 @@ def missing_requirements(facts: PlatformFacts | None = None) -> list[str]:
 
 
 def unavailable_reason(facts: PlatformFacts | None = None, *, try_import: bool) -> str | None:
-    """Why aiter cannot be used, or None; ``try_import`` also imports ``aiter.ops.mha``, never
-    on simulated facts (``titan-rocm plan --arch``).
-    """
+    """Why aiter cannot be used, or None; ``try_import`` also imports ``aiter.ops.mha`` (never on
+    simulated facts)."""
     facts = facts or platform.current()
     missing = missing_requirements(facts)
     if missing:
@@ -98,11 +91,8 @@ def unavailable_reason(facts: PlatformFacts | None = None, *, try_import: bool) 
 
 
 def load_mha(facts: PlatformFacts | None = None) -> Any:
-    """Import and return ``aiter.ops.mha`` (``facts``: default :func:`platform.current`).
-
-    Raises:
-        AiterUnavailable: not a ROCm build, aiter not installed, or its import failed.
-    """
+    """Import and return ``aiter.ops.mha``; raises AiterUnavailable off ROCm, without aiter, or when
+    its import fails."""
     module = sys.modules.get(MHA_MODULE)
     if module is not None:
         return module
@@ -120,10 +110,8 @@ def load_mha(facts: PlatformFacts | None = None) -> Any:
 
 @functools.cache  # read once per function: every attention forward and backward asks
 def parameters(fn: Callable[..., Any], op_name: str) -> list[tuple[str, bool]] | None:
-    """``(name, required)`` for each parameter of aiter function ``fn``, or None if unknown
-    (shared: never change it); a ``*args, **kwargs`` wrapper is read from the schema of
-    ``torch.ops.aiter.<op_name>`` (less its leading dummy tensor).
-    """
+    """``(name, required)`` for each parameter of aiter function ``fn``, or None if unknown (shared:
+    never change it); a wrapper is read from the schema of ``torch.ops.aiter.<op_name>``."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
@@ -150,12 +138,8 @@ def parameters(fn: Callable[..., Any], op_name: str) -> list[tuple[str, bool]] |
 
 
 def call_with_known(fn: Callable[..., Any], op_name: str, values: dict[str, Any]) -> Any:
-    """Call ``fn`` with the keywords of ``values`` (plus neutral defaults) it declares.
-
-    Raises:
-        AiterUnavailable: ``fn``'s parameters cannot be read, or it requires one titan-rocm
-            has no value for.
-    """
+    """Call ``fn`` with the keywords of ``values`` (plus neutral defaults) it declares; raises
+    AiterUnavailable when it requires one titan-rocm has no value for."""
     params = parameters(fn, op_name)
     if params is None:
         raise AiterUnavailable(
@@ -200,11 +184,7 @@ def call(function: str, values: dict[str, Any]) -> Any:
 
 
 def forward(function: str, values: dict[str, Any]) -> tuple[Any, Any, Any]:
-    """An aiter forward (dispatcher or CK kernel): ``(out, softmax_lse, rng_state)``.
-
-    ``values``: ``q``, ``k``, ``v`` (``bshd``, or ``thd`` with ``cu_seqlens_*`` and
-    ``max_seqlen_*``), ``dropout_p``, ``softmax_scale``, ``causal``.
-    """
+    """An aiter forward (dispatcher or CK kernel): ``(out, softmax_lse, rng_state)``."""
     out, softmax_lse, _s_dmask, rng_state = call(
         function, {**values, "return_lse": True, "return_softmax": False}
     )

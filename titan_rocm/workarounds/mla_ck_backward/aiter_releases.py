@@ -1,39 +1,10 @@
 """What each aiter release does with DeepSeek MLA attention: the one per-aiter-version table.
 
-Every fact here was read from aiter's own sources, ``aiter/ops/mha.py`` (the Python dispatch
-gates) and ``hsa/<gfx>/fmha_v3_{fwd,bwd}/`` (the ASM kernel tables), at the tag or commit
-named in each row. The C++ side launches the ASM kernel of the device's *real* arch
-(``get_gpu_arch()`` reads ``gcnArchName``, ``csrc/include/aiter_hip_common.h``), while the
-Python gates ask ``get_gfx()``, which answers the last entry of ``GPU_ARCHS``
-(``aiter/jit/utils/chip_info.py``). When the two disagree, a gate can choose an ASM kernel the
-device does not have; the run then stops with ``invalid argument for fmha_fwd`` (0.1.7's
-``csrc/py_itfs_cu/asm_mha_fwd.cu``) or ``... for fmha_v3_bwd``.
-
-Facts that do not change between the releases read (so they are not columns):
-
-- the dense forward takes an fmha_v3 kernel only for ``seqlen_q > 128`` (CK below);
-- the dense backward takes fmha_v3 only for ``seqlen_q > 16``, and on gfx942 only when
-  ``hdim_q == hdim_v`` (``can_impl_fmha_v3_bwd``): q/k 192, v 128 goes to CK ``mha_bwd`` there
-  unless ``get_gfx()`` answers gfx950;
-- the varlen backward's fmha_v3 gates (``_flash_attn_varlen_backward``) need
-  ``hdim_q == hdim_v`` on gfx942 and gfx950 alike: without #4875's FlyDSL gate (a column),
-  q/k 192, v 128 always goes to CK ``mha_varlen_bwd``;
-- gfx942's fmha_v3 backward table has q/k 192 only with v 192 (``bwd_hd192_*_psskddv``), gfx950's
-  also has q/k 192, v 128 (``bwd_hd192_hd128_*`` in 0.1.7, ``bwd_hd192_128_*`` on main), in batch
-  mode only. That per-arch fact is ``aiter_fmha_v3_bwd_qk192_v128`` in :mod:`titan_rocm.archs`.
-
-A row may also need a **marker**: text its change added to aiter's files. A build of aiter main
-reports a development version of the next release (setuptools_scm, ``[tool.setuptools_scm]`` in
-its ``pyproject.toml``: e4048607 is ``git describe`` v0.1.20-46, so ``0.1.21.dev46+ge4048607a5``),
-which does not tell whether ROCm/aiter#4875 is in; such a row applies only to an aiter whose
-files hold the marker (:func:`installed_markers` reads them without importing aiter;
-``titan-rocm plan --aiter`` takes them from :data:`SIMULATED_MARKERS`).
-
-Sources: PyPI ``amd-aiter`` 0.1.7.post2.dev18 (its ``aiter/ops/mha.py``, ``chip_info.py`` and
-``torch_guard.py`` equal tag v0.1.7.post2, commit 169acef, 2025-11-14); ROCm/aiter tags v0.1.8
-(9402062), v0.1.11 (c4a3ff2), v0.1.16 (0730b33), main at e4048607 (2026-08-22), and #4875 at
-its PR head 90efdcb4 (merged after e4048607).
-"""
+Each row was read from aiter's ``aiter/ops/mha.py`` and ``hsa/<gfx>/fmha_v3_{fwd,bwd}/`` at the tag
+or commit it names. The C++ side launches the kernel of the *real* arch while the Python gates ask
+``get_gfx()`` (the last entry of ``GPU_ARCHS``); where they disagree a gate can pick a kernel the
+device lacks. The facts common to every release, the markers and the sources are in
+docs/mla-ck-backward.md."""
 
 from __future__ import annotations
 
@@ -77,20 +48,17 @@ class AiterRelease:
     read_at: str
     """Where these facts were read (tag and commit)."""
     fwd_v3_qk192_gate: frozenset[str] | None
-    """``get_gfx()`` answers for which the forward gates (``_flash_attn_forward`` and
-    ``_flash_attn_varlen_forward``, ``can_impl_fmha_v3_fwd``) send q/k 192, v 128 bf16 to an
-    fmha_v3 ASM forward; None: any answer (the gate has no arch check)."""
+    """``get_gfx()`` answers for which the forward gates send q/k 192, v 128 bf16 to an fmha_v3 ASM
+    forward; None: any answer (the gate has no arch check)."""
     fwd_v3_qk192_kernels: frozenset[str]
     """Real archs whose fmha_v3 forward table has q/k 192, v 128 kernels (batch and group)."""
     bwd_v3_qk192_v128_causal_on_gfx950: bool
     """gfx950's backward gate takes q/k 192, v 128 with a causal mask too (False: only
     without a mask, ``nmask``)."""
     varlen_bwd_flydsl_gate: frozenset[str] = frozenset()
-    """``get_gfx()`` answers for which ``_flash_attn_varlen_backward`` sends q/k 192, v 128
-    bf16 causal self-attention (no GQA, dropout, alibi, sliding window, sink or padded
-    ``cu_seqlens``; one ``cu_seqlens`` tensor for q and k; contiguous tensors; the ``flydsl``
-    package importable) to its FlyDSL kernel, before both fmha_v3 gates
-    (``can_impl_fmha_bwd_flydsl``, ROCm/aiter#4875); ``deterministic`` is not read."""
+    """``get_gfx()`` answers for which ``_flash_attn_varlen_backward`` sends q/k 192, v 128 bf16
+    causal self-attention to its FlyDSL kernel before both fmha_v3 gates (ROCm/aiter#4875; its
+    conditions: docs/mla-ck-backward.md)."""
     varlen_bwd_flydsl_kernels: frozenset[str] = frozenset()
     """Real archs that FlyDSL kernel is written and validated for."""
     marker: Marker | None = None
@@ -174,8 +142,8 @@ def marker_names() -> tuple[str, ...]:
 
 def release_for(version: str | None,
                 markers: frozenset[str] = frozenset()) -> AiterRelease | None:
-    """The table row for an installed aiter ``version`` whose files hold ``markers``; None when
-    the version is unknown."""
+    """The table row for aiter ``version`` whose files hold ``markers``; None for an unknown
+    version."""
     parsed = parse_version(version) if version else None
     if parsed is None:
         return None
@@ -188,8 +156,8 @@ def release_for(version: str | None,
 
 @functools.lru_cache(maxsize=8)
 def markers_in(root: Path) -> frozenset[str]:
-    """The changes whose markers the aiter package in directory ``root`` holds (cached: an
-    aiter's files do not change while it runs)."""
+    """The markers the aiter package at ``root`` holds (cached: its files do not change in a run).
+    """
     return frozenset(marker.change for marker in MARKERS if marker.held_by(root))
 
 
@@ -204,9 +172,8 @@ def _aiter_package_dir() -> Path | None:
 
 
 def installed_markers(facts: PlatformFacts) -> frozenset[str]:
-    """The markers of the aiter ``facts`` describe: a simulated aiter's from
-    :data:`SIMULATED_MARKERS` (by the version it reports), an installed one's read from its
-    files; empty without aiter."""
+    """The markers of the aiter ``facts`` describe (a simulated one's from
+    :data:`SIMULATED_MARKERS`, an installed one's from its files); empty without aiter."""
     aiter = facts.aiter
     if aiter is None:
         return frozenset()

@@ -1,7 +1,5 @@
 """TorchTitan 0.3.0's MLA replacements for its ``(batch, seqlen, heads, dim)`` q/k/v
-(:data:`BATCHED`; ``forward`` takes the stock ``q_BLNH``/``k_BLNH``/``v_BLNH``, which tensor
-parallelism keys on), swapped in by :mod:`.seams_tt030`, which says how.
-"""
+(:data:`BATCHED`), swapped in by :mod:`.seams_tt030`."""
 
 from __future__ import annotations
 
@@ -71,10 +69,7 @@ def require_causal(module: nn.Module, config: Any) -> None:
 def varlen_metadata(module: nn.Module, attention_masks: Any, out_transform: Any) -> Any:
     """``attention_masks`` as the ``VarlenMetadata`` a varlen replacement reads.
 
-    Raises:
-        NotImplementedError: an ``out_transform`` (DeepSeek passes none).
-        TypeError: the masks are not TorchTitan's ``VarlenMetadata``.
-    """
+    Raises NotImplementedError for an ``out_transform``, TypeError for other masks."""
     if out_transform is not None:
         raise NotImplementedError(f"{type(module).__name__} (rocm.mla_ck_backward) does not "
                                   "take out_transform; TorchTitan's DeepSeek V3 passes none")

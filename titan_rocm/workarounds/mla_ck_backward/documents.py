@@ -1,14 +1,8 @@
-"""Per-document (``block_causal``) attention as varlen spans: what the model hands its attention.
+"""Per-document (``block_causal``) attention as varlen spans, from TorchTitan's own
+``create_varlen_metadata_for_document`` (docs/mla-ck-backward.md).
 
-TorchTitan 0.2.2's block_causal ``BlockMask`` (``torchtitan/models/attention.py``) is causal
-attention within each document, which is varlen attention over the same boundaries; they come
-from TorchTitan's own ``create_varlen_metadata_for_document``, so they are TorchTitan's.
-:func:`install` gives the model a ``get_attention_masks`` instance attribute (FSDP's class swap
-and pipeline splitting's deepcopy keep it) returning :class:`DocumentSpans`, which subclasses
-``BlockMask`` only to pass DeepSeek's ``isinstance`` check: its blocks are placeholders and
-only :class:`~.module.MLAVarlenInnerAttention` reads it (:meth:`DocumentSpans.dense_mask` is
-the real mask, for fallbacks).
-"""
+:class:`DocumentSpans` subclasses ``BlockMask`` only to pass DeepSeek's ``isinstance`` check;
+:func:`install` sets an instance attribute, which FSDP's class swap and PP's deepcopy keep."""
 
 from __future__ import annotations
 
@@ -24,10 +18,8 @@ MARK = "_titan_rocm_document_spans"
 
 
 class DocumentSpans(BlockMask):
-    """The documents of a packed batch as varlen metadata, passed where a ``BlockMask`` goes:
-    ``cu_seqlens``, int32 document offsets in the flattened ``(batch * seqlen)`` tokens then
-    the total; ``max_seqlen``, the longest document.
-    """
+    """The documents of a packed batch as varlen metadata (``cu_seqlens``, ``max_seqlen``), passed
+    where a ``BlockMask`` goes."""
 
     cu_seqlens: Tensor
     max_seqlen: int
@@ -36,11 +28,8 @@ class DocumentSpans(BlockMask):
 
     @classmethod
     def of(cls, cu_seqlens: Tensor, max_seqlen: int, batch: int, seqlen: int) -> DocumentSpans:
-        """Spans of ``batch`` samples of ``seqlen`` tokens.
-
-        Raises:
-            ValueError: ``cu_seqlens`` does not start at 0 and end at ``batch * seqlen``.
-        """
+        """Spans of ``batch`` samples of ``seqlen`` tokens; ValueError unless ``cu_seqlens`` runs
+        from 0 to ``batch * seqlen``."""
         bounds = cu_seqlens.detach()
         if bounds.dim() != 1 or bounds.numel() < 2:
             raise ValueError(f"cu_seqlens of shape {tuple(bounds.shape)} is not valid; "
@@ -62,8 +51,7 @@ class DocumentSpans(BlockMask):
 
 
 def document_ids(cu_seqlens: Tensor, batch: int, seqlen: int) -> Tensor:
-    """``(batch, seqlen)``: the index of each token's document in the packed ``cu_seqlens``
-    (no host sync)."""
+    """Each token's document index, ``(batch, seqlen)``, with no host sync."""
     tokens = torch.arange(batch * seqlen, device=cu_seqlens.device)
     return torch.searchsorted(cu_seqlens[1:], tokens, right=True).view(batch, seqlen)
 
@@ -102,8 +90,8 @@ setattr(get_attention_masks, MARK, True)
 
 
 def install(model: nn.Module) -> bool:
-    """Make ``model.get_attention_masks`` return :class:`DocumentSpans`; False if it already
-    does."""
+    """Make ``model.get_attention_masks`` return :class:`DocumentSpans`; False if it already does.
+    """
     if installed(model):
         return False
     model.get_attention_masks = get_attention_masks  # type: ignore[method-assign]

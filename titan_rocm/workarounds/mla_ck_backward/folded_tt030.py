@@ -1,40 +1,8 @@
-"""TorchTitan main's MLA replacements for its folded ``(T, N, H)`` tokens (:data:`FOLDED`),
-swapped in by :mod:`.seams_tt030`'s ``FoldedSeam`` (pytorch/torchtitan b5bcd76c, paths under
-``torchtitan/``):
+"""TorchTitan main's MLA replacements for its folded ``(T, N, H)`` tokens (:data:`FOLDED`;
+pytorch/torchtitan #4121, b5bcd76c), swapped in by :mod:`.seams_tt030`'s ``FoldedSeam``.
 
-- #4121 (73aed7f6) folds the batch into the token dimension: tokens and ``positions`` are
-  ``[T]``, hidden states ``[T, D]``. DeepSeek's ``Attention.forward(x, attention_masks,
-  positions)`` (``models/deepseek_v3/model.py:93-151``) views q as ``(T, N, 192)``, builds k
-  ``(T, N, 192)`` and v ``(T, N, 128)`` and calls ``inner_attention(q, k, v,
-  attention_masks=..., scale=...)`` (``model.py:147-149``).
-- The inner attentions take ``(T, N, H)``: ``FlexAttention.forward(q_TNH, k_TNH, v_TNH, *,
-  attention_masks: BlockMask, ...)`` adds a kernel batch of 1 at the kernel
-  (``models/common/attention.py:313-362``); ``VarlenAttention.forward(q_TNH, k_TNH, v_TNH, *,
-  attention_masks: VarlenMetadata, ...)`` hands them to ``varlen_attn`` as they are
-  (``attention.py:137-221``). ``ScaledDotProductAttention`` still reads ``(B, L, N, H)``
-  (``attention.py:367-426``) and language models refuse it (``models/common/config_utils.py:
-  97-101``), so it is not replaced here.
-- The masks: ``Decoder.get_attention_masks(positions)`` with ``positions`` ``[T]``
-  (``models/common/decoder.py:342-360``) dispatches on the first attention's inner-attention
-  config class, as on 0.3.0: a ``(1, T, T)`` ``BlockMask`` for ``FlexAttention.Config``,
-  ``create_varlen_metadata_for_document(positions)`` for ``VarlenAttention.Config``
-  (``attention.py:576-640``: the document starts, where ``positions`` is 0, then ``T``; the
-  longest document by one ``.item()``). The trainer builds them once per batch, and under
-  pipeline parallelism once per microbatch from that microbatch's own positions
-  (``trainer.py:700-722``, ``804-822``): nothing splits them.
-- Tensor parallelism keys the inner attention's sharding config on ``q_TNH``/``k_TNH``/``v_TNH``
-  (``models/common/decoder_sharding.py:263-301``); op SAC saves ``_get_default_save_ops()``, as
-  on 0.3.0.
-
-The folded seam is the batched one (configs of titan-rocm's own in the model's copy of its
-config tree) with replacements that take ``(T, N, H)``. The tokens already are varlen's
-``thd`` layout, so both go through aiter's varlen entry points with cumulative sequence
-lengths, no packing: :class:`MLAFoldedVarlenAttention` within each document of TorchTitan's
-``VarlenMetadata``; :class:`MLAFoldedRowsAttention` (``mla_document_masks = "drop"``) causal
-within each ``max_context_length`` row of the tokens (a folded batch of rows of equal length is
-varlen with ``cu_seqlens`` at multiples of the row length). The routing is the varlen path's
-(:mod:`.routing`, layout ``thd``).
-"""
+The tokens already are varlen's ``thd`` layout, so both kinds go through aiter's varlen entry points
+with no packing; docs/mla-ck-backward.md cites the upstream lines."""
 
 from __future__ import annotations
 
@@ -61,20 +29,16 @@ FOLDED_DOCUMENT_MASKS = (
 )
 """How the plan says where the document boundaries come from on folded tokens."""
 ROW_LENGTH = "max_context_length"
-"""The model config's property that :class:`MLAFoldedRowsAttention`'s rows are as long as
-(main's ``Decoder.Config.max_context_length``, ``models/common/decoder.py:129-137``: the first
-attention's RoPE length, which ``update_from_config`` sets to ``training.max_context_length``)."""
+"""The model config's property that gives :class:`MLAFoldedRowsAttention`'s row length (main's
+``Decoder.Config.max_context_length``, ``models/common/decoder.py:129-137``)."""
 
 
 def _tokens_first(out: Tensor) -> Tensor:
-    """``(1, heads, tokens, dim)`` -> ``(tokens, heads, dim)``, a view."""
     return out.squeeze(0).transpose(0, 1)
 
 
 def _one_sequence(t: Tensor) -> Tensor:
-    """``(tokens, heads, dim)`` -> ``(1, heads, tokens, dim)``, a view: the folded tokens as
-    one sequence, which :meth:`~.module.MLAVarlenInnerAttention.within_documents` cuts by
-    ``cu_seqlens`` (its packing is then a view again)."""
+    """``(tokens, heads, dim)`` -> ``(1, heads, tokens, dim)``, a view, so packing is a view too."""
     return t.transpose(0, 1).unsqueeze(0)
 
 
@@ -132,9 +96,8 @@ def row_offsets(tokens: int, row_length: int, device: torch.device) -> Tensor:
 
 
 class MLAFoldedRowsAttention(Module, _Folded):
-    """In place of main's ``FlexAttention``/``VarlenAttention`` under ``mla_document_masks =
-    "drop"``: aiter's varlen attention, causal within each ``row_length`` row of the tokens,
-    across documents; the masks are ignored."""
+    """Under ``mla_document_masks = "drop"``: aiter's varlen attention, causal within each row of
+    the tokens, across documents."""
 
     @dataclass(kw_only=True, slots=True)
     class Config(FlexAttention.Config):

@@ -1,17 +1,9 @@
-"""Route other callers of aiter's ``_flash_attn_backward`` the same way.
-
-Direct users of aiter's flash attention (``aiter.flash_attn_func``, Primus-Turbo's aiter
-backend) reach ``aiter.ops.mha._flash_attn_backward`` as a module global at backward time;
-:func:`install` replaces it with a wrapper that calls CK ``mha_bwd`` for what
-:func:`~.routing.route_backward` sends to CK and aiter's original for everything else.
+"""Route other callers of aiter's ``_flash_attn_backward`` the same way (docs/mla-ck-backward.md).
 
 Primus-Turbo binds the name at its own import
-(``primus_turbo/pytorch/kernels/attention/attention_aiter_impl.py``, AMD-AGI/Primus-Turbo
-03513570), so every already-imported module global holding the original is re-bound too.
-aiter is never imported here: a one-shot import hook patches it when it first loads. Not
-covered: ``torch.ops.aiter._flash_attn_backward`` called directly, or the original held
-anywhere but a module global.
-"""
+(``primus_turbo/pytorch/kernels/attention/attention_aiter_impl.py``, AMD-AGI/Primus-Turbo 03513570),
+so module globals holding the original are re-bound too. Not covered: the torch op called directly,
+or the original held anywhere but a module global."""
 
 from __future__ import annotations
 
@@ -137,8 +129,7 @@ def rebound() -> list[str]:
 
 
 def unpatch(module: ModuleType) -> bool:
-    """Put aiter's original back, in aiter and wherever it was re-bound; False if it was not
-    guarded."""
+    """Put aiter's original back wherever it was; False if it was not guarded."""
     with _lock:
         guarded = patches.find(module, TARGET_ATTR, NAME) is not None
         patches.restore(by=NAME)
@@ -149,11 +140,8 @@ _hook = AfterImport(TARGET_MODULE, patch)
 
 
 def install() -> str:
-    """Guard aiter's backward now if aiter.ops.mha is loaded, else when it loads.
-
-    Returns ``"patched"`` (plus the globals re-bound outside aiter), ``"already patched"`` or
-    ``"deferred until aiter.ops.mha loads"``.
-    """
+    """Guard aiter's backward now if aiter.ops.mha is loaded, else when it loads; returns what it
+    did."""
     global _scope
     _scope = patches.current()
     module = sys.modules.get(TARGET_MODULE)

@@ -1,5 +1,4 @@
-"""The attention kinds MLA on aiter tells apart, on either TorchTitan version, and how plans
-name them."""
+"""The attention kinds MLA on aiter tells apart, on either TorchTitan version."""
 
 from __future__ import annotations
 
@@ -10,10 +9,8 @@ import torch.nn as nn
 
 DENSE, FLEX_CAUSAL, VARLEN, DROPPED = "sdpa", "flex", "varlen", "dropped"
 ROWS = "rows"
-"""Document masks dropped on folded tokens (TorchTitan main's ``(T, N, H)``): causal attention
-within each ``max_context_length`` row of the tokens, across documents, through aiter's varlen
-entry points (a folded batch of equal rows is varlen with ``cu_seqlens`` at multiples of the
-row length)."""
+"""Document masks dropped on folded tokens: causal within each ``max_context_length`` row, across
+documents."""
 ATTENTION_LABELS = {
     DENSE: "sdpa (causal): aiter dense attention",
     FLEX_CAUSAL: "flex (causal mask): aiter dense attention",

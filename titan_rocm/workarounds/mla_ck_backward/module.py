@@ -1,13 +1,8 @@
 """The replacements for a DeepSeek V3 block's ``attention.inner_attention``
-(docs/mla-ck-backward.md).
+(docs/mla-ck-backward.md); 0.3.0's are built on these.
 
-They take the calls of TorchTitan 0.2.2's ``ScaledDotProductAttentionWrapper``
-(:class:`MLAInnerAttention`) and ``FlexAttentionWrapper`` (the other two), ``bhsd`` in and out,
-and keep the name ``inner_attention``, which TorchTitan's tensor-parallel plan addresses.
-0.3.0's replacements (``batched_tt030.py``, ``folded_tt030.py``) are built on these. Inputs
-aiter cannot take (float32, a head dim not a multiple of 8, q heads not a multiple of k heads)
-go to the attention the original wrapper ran, logged once per shape outside torch.compile.
-"""
+They keep the name ``inner_attention``, which TorchTitan's tensor-parallel plan addresses. Inputs
+aiter cannot take go to the original attention, logged once per shape."""
 
 from __future__ import annotations
 
@@ -137,10 +132,8 @@ class MLAFlexInnerAttention(MLAInnerAttention):
 
 
 class MLAVarlenInnerAttention(MLAFlexInnerAttention):
-    """Replaces ``FlexAttentionWrapper`` under ``block_causal`` masks: aiter varlen attention
-    within each document of the :class:`~.documents.DocumentSpans` in ``block_mask`` (a real
-    ``BlockMask``, e.g. one pipeline parallelism re-split, runs flex attention with it).
-    """
+    """Replaces ``FlexAttentionWrapper`` under ``block_causal`` masks: aiter varlen attention within
+    each document (a real ``BlockMask``, e.g. one PP re-split, runs flex attention)."""
 
     def _flex_reason(self, q: Tensor, k: Tensor, v: Tensor, block_mask: Any) -> str | None:
         if isinstance(block_mask, DocumentSpans):
@@ -161,11 +154,8 @@ class MLAVarlenInnerAttention(MLAFlexInnerAttention):
     def within_documents(self, q: Tensor, k: Tensor, v: Tensor, cu_seqlens: Tensor,
                          max_seqlen: int, *, scale: float | None = None,
                          enable_gqa: bool = False) -> Tensor:
-        """Causal attention within each document of ``bhsd`` q/k/v (``cu_seqlens``/``max_seqlen`` as
-        in :class:`~.documents.DocumentSpans`): aiter's varlen attention over the packed
-        tokens, or SDPA under the per-document mask for inputs aiter cannot take. The varlen
-        path of both TorchTitan versions.
-        """
+        """Causal attention within each document of ``bhsd`` q/k/v: aiter's varlen attention, or
+        SDPA under the per-document mask for inputs aiter cannot take."""
         reason = unsupported_reason(q, k, v, enable_gqa)
         batch, heads, seqlen, _ = q.shape
         if reason is not None:

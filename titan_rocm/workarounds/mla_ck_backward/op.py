@@ -1,9 +1,8 @@
-"""The MLA flash attention as ``torch.library`` custom ops with autograd, dense (``bshd``) and
-varlen (``thd``), each direction calling what :mod:`.routing` picks (v is never padded).
+"""The MLA flash attention as ``torch.library`` custom ops with autograd, dense and varlen, each
+direction calling what :mod:`.routing` picks.
 
-Custom ops with fake implementations are opaque to torch.compile, and selective activation
-checkpointing can name the forward ops (:data:`FORWARD_OPS`) to save their outputs.
-"""
+Custom ops are opaque to torch.compile, and op SAC can name the forward ops (:data:`FORWARD_OPS`) to
+save."""
 
 from __future__ import annotations
 
@@ -54,9 +53,7 @@ def _routed(direction: str, call: AttentionCall) -> Route:
 def _forward(layout: str, q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
              softmax_scale: float, causal: bool, deterministic: bool,
              **spans: object) -> tuple[Tensor, Tensor, Tensor]:
-    """Either forward op's body: route the call, run aiter's function. ``deterministic`` is only
-    recorded for the backward (the forward is deterministic).
-    """
+    """Either forward op's body; ``deterministic`` is only recorded for the backward."""
     call = attention_call(q, k, v, layout, dropout_p=float(dropout_p), causal=bool(causal),
                           deterministic=bool(deterministic))
     route = _routed(FORWARD, call)
@@ -111,9 +108,6 @@ def _fake_backward(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Ten
 
 
 def _autograd(backward_op: Any) -> tuple[Callable[..., Any], Callable[..., None]]:
-    """``(backward, setup_context)`` of a forward op: q, k, v, the outputs and the spans saved,
-    gradients for q, k, v alone.
-    """
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[Tensor, ...]) -> None:
         q, k, v, *rest = inputs
         ctx.save_for_backward(q, k, v, *output, *(x for x in rest if isinstance(x, Tensor)))

@@ -1,12 +1,6 @@
 """Which aiter function each MLA attention call gets, forward and backward: a pure decision (no
-torch, no aiter), so every route can be tabulated and tested off the GPU.
-
-It reads the per-arch facts ``aiter_fmha_v3_bwd_qk192_v128``/``..._qk128_v128`` in
-:mod:`titan_rocm.archs` and the per-release facts in :mod:`.aiter_releases` (each cited
-there). docs/mla-ck-backward.md gives every route and why: in short, CK is called directly
-where aiter's gates, told a mis-detected ``get_gfx()``, would pick an fmha_v3 kernel the real
-arch lacks; everything else, including ROCm/aiter#4875's varlen gate, stays with aiter.
-"""
+torch, no aiter), so every route can be tested off the GPU; docs/mla-ck-backward.md gives every
+route and why."""
 
 from __future__ import annotations
 
@@ -59,11 +53,8 @@ AITERS_CHOICE = "aiter's choice"
 
 @dataclass(frozen=True)
 class AttentionCall:
-    """What the routing looks at for one attention call (either direction).
-
-    Raises:
-        ValueError: a field the routing cannot reason about (names it and what is accepted).
-    """
+    """What the routing looks at for one attention call; ValueError names a field it cannot reason
+    about."""
 
     arch: str | None
     """``gfx`` target of the device (``gfx942`` or ``gfx942:sramecc+:xnack-``); None off ROCm."""
@@ -215,12 +206,8 @@ def route_backward(call: AttentionCall) -> Route:
 
 
 def _qk128_backward(call: AttentionCall) -> Route:
-    """q/k 128, v 128: always aiter's own dispatch; the kernel it picks, and why.
-
-    aiter's gates for this shape are the same in 0.1.7.post2 and main e4048607: dense needs no
-    dropout/bias/alibi, not deterministic (gfx942), ``seqlen_q > 16``; varlen needs no
-    dropout/alibi, not deterministic.
-    """
+    """q/k 128, v 128: always aiter's own dispatch (its gates for this shape are the same in
+    0.1.7.post2 and main e4048607); the kernel it picks, and why."""
     ck = _ck(call, BACKWARD)
     facts = ARCHS.get(call.arch or "")
     told = ARCHS.get(call.dispatch_gfx or "")
@@ -433,11 +420,8 @@ def route_table(
     aiters: Sequence[str] = DEFAULT_TABLE_AITERS,
     aiter_gfx: str | None = None,
 ) -> list[dict[str, Any]]:
-    """One :func:`route_row` per (``--aiter`` choice, arch, shape, flags).
-
-    Raises:
-        ValueError: an ``aiters`` entry is not a simulated ``--aiter`` choice (names those).
-    """
+    """One :func:`route_row` per (``--aiter`` choice, arch, shape, flags); ValueError for an unknown
+    ``aiters`` entry."""
     rows: list[dict[str, Any]] = []
     for choice in aiters:
         if choice not in SIMULATED_AITERS:

@@ -1,8 +1,5 @@
-"""TorchTitan 0.2.2's seam of MLA attention: DeepSeek's inner SDPA and flex wrappers swapped for
-:mod:`.module`'s, per-document masks as :class:`~.documents.DocumentSpans`, and the forward
-ops added to the parallelize module's ``_op_sac_save_list`` (read at each call, so patching
-the module global reaches it).
-"""
+"""TorchTitan 0.2.2's seam of MLA attention: DeepSeek's inner wrappers swapped for :mod:`.module`'s,
+and the forward ops added to ``_op_sac_save_list`` (read at each call)."""
 
 from __future__ import annotations
 
@@ -77,10 +74,8 @@ def replacement(kind: str) -> type[nn.Module]:
 
 
 def expected_attention_dtype(ctx: Context) -> str:
-    """The dtype DeepSeek's q/k/v will have in a TorchTitan 0.2.2 job: bf16 under
-    ``training.dtype = "bfloat16"``; else ``mixed_precision_param`` through FSDP, or autocast
-    without TP/PP; float32 under TP/PP without FSDP.
-    """
+    """The dtype DeepSeek's q/k/v will have in a TorchTitan 0.2.2 job (bf16, or mixed precision
+    through FSDP or autocast; float32 under TP/PP without FSDP)."""
     if ctx.training_dtype == "bfloat16":
         return "bfloat16"
     parallel = ctx.parallel

@@ -1,16 +1,9 @@
-"""TorchTitan 0.3.0's seam of MLA attention: inner-attention modules of titan-rocm's own,
-swapped in on the built model (docs/mla-ck-backward.md, "TorchTitan 0.3.0", cites the
-upstream files).
+"""TorchTitan 0.3.0's seam of MLA attention: inner-attention modules of titan-rocm's own, swapped in
+on the meta model (docs/mla-ck-backward.md, "TorchTitan 0.3.0").
 
-Each replacement's ``Config`` subclasses the stock config class that makes TorchTitan's
-``Decoder.get_attention_masks`` build the masks it needs (``VarlenAttention.Config`` for
-TorchTitan's own ``VarlenMetadata``), and its ``forward`` keeps the stock argument names,
-which TP's sharding config is keyed on. Swapping on the meta model, before
-``parallelize_fn``, lets the stock code shard, checkpoint and compile the blocks with the
-replacements in them; only the model's copy of its config tree changes. The work itself is
-0.2.2's (:mod:`.module`); each layout's replacements are one :class:`~.kinds.Layout`
-(:data:`~.batched_tt030.BATCHED`; main's folded ``(T, N, H)``: :data:`~.folded_tt030.FOLDED`).
-"""
+Swapping before ``parallelize_fn`` lets the stock code shard, checkpoint and compile the blocks with
+the replacements in them; each ``Config`` subclasses the stock one so ``get_attention_masks`` builds
+the masks it needs."""
 
 from __future__ import annotations
 
@@ -111,10 +104,7 @@ def _config_of(cls: type, stock: Any, fields: Mapping[str, Any]) -> Any:
 
 def replace(model: nn.Module, kinds: dict[str, str | None], layout: Layout = BATCHED,
             fields: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, int]:
-    """Swap each attention's inner attention for its kind's replacement, whose config then
-    stands in the model's copy of its config tree; returns how many of each kind were
-    swapped (one already replaced is left).
-    """
+    """Swap each inner attention for its kind's replacement; return how many of each kind."""
     config = copy.deepcopy(model.config)  # the model's copy; the trainer's stays as built
     configs = {fqn: cfg for fqn, cfg, _p, _a in config.traverse(Attention.Config)}
     attentions = dict(attention_modules(model))
@@ -137,17 +127,14 @@ def replace(model: nn.Module, kinds: dict[str, str | None], layout: Layout = BAT
 
 
 def attention_dtype(training_dtype: str, mixed_precision_param: str) -> str:
-    """The dtype DeepSeek's q/k/v have in a 0.3.0 job: bf16 under ``training.dtype = "bfloat16"``,
-    else mixed precision, which 0.3.0's DeepSeek ``parallelize_fn`` always applies (its
-    ``fsdp`` mesh exists even at size 1).
-    """
+    """The dtype DeepSeek's q/k/v have in a 0.3.0 job: bf16, else mixed precision, which 0.3.0's
+    DeepSeek ``parallelize_fn`` always applies (its ``fsdp`` mesh exists even at size 1)."""
     return "bfloat16" if training_dtype == "bfloat16" else mixed_precision_param
 
 
 def save_forward_in_op_sac() -> str:
-    """Make op-level SAC save the MLA forward ops too (idempotent, process-wide; they appear only
-    where titan-rocm's attention runs); returns what changed, for the log and the plan.
-    """
+    """Make op-level SAC save the MLA forward ops too (idempotent, process-wide); returns what
+    changed."""
     module = importlib.import_module(SAC_MODULE)
     patches.patch(module, SAC_FUNCTION, _saving_forward_ops, by=NAME)
     return f"{SAC_MODULE}.{SAC_FUNCTION} (+ the MLA forward ops)"
@@ -170,8 +157,7 @@ def check_folded(model: nn.Module, kinds: dict[str, str | None]) -> str | None:
 
 
 def replace_folded(model: nn.Module, kinds: dict[str, str | None]) -> dict[str, int]:
-    """:func:`replace` with the folded replacements (rows as long as the model's
-    ``max_context_length``)."""
+    """:func:`replace` with the folded replacements."""
     return replace(model, kinds, FOLDED, {ROWS: {"row_length": row_length(model)}})
 
 
@@ -224,9 +210,8 @@ class Seam:
 
 
 class FoldedSeam(Seam):
-    """:class:`~.workaround.MLASeam` for TorchTitan main, whose batch is folded into the token
-    dimension (pytorch/torchtitan #4121): q/k/v ``(T, N, H)``, both mask kinds through aiter's
-    varlen entry points."""
+    """:class:`~.workaround.MLASeam` for TorchTitan main's folded ``(T, N, H)`` tokens
+    (pytorch/torchtitan #4121)."""
 
     stock = ("TorchTitan's FlexAttention and causal VarlenAttention (on folded (T, N, H) "
              "tokens, where language models refuse ScaledDotProductAttention)")

@@ -1,14 +1,7 @@
-"""``rocm.mla_ck_backward``: DeepSeek MLA attention on aiter, each direction routed by the
-device's real arch and the installed aiter release (docs/mla-ck-backward.md).
+"""``rocm.mla_ck_backward``: DeepSeek MLA attention on aiter (docs/mla-ck-backward.md).
 
-Gate (``auto``): ROCm with a GPU, aiter importing cleanly, no context parallelism (CP shards
-SDPA ops, not aiter's), and TorchTitan's DeepSeek V3 attention; otherwise one line says why
-and nothing imports aiter. Each ``inner_attention`` kind (SDPA, causal flex, per-document
-flex) gets its replacement in :mod:`~.module`; per-document masks are not kept under pipeline
-parallelism, which re-splits the masks per microbatch. The TorchTitan classes are reached
-through the job's seam (:class:`MLASeam`: :mod:`~.seams_tt022` or :mod:`~.seams_tt030`),
-sharing the gate, kinds, routes and plan.
-"""
+No context parallelism: CP shards SDPA ops, not aiter's. Per-document masks are not kept under
+pipeline parallelism, which re-splits the masks per microbatch."""
 
 from __future__ import annotations
 
@@ -42,8 +35,7 @@ SDPA_LABEL = "PyTorch SDPA (fallback)"
 
 
 class MLASeam(Protocol):
-    """Where one TorchTitan generation's DeepSeek attention is read and replaced
-    (``seams_tt022``/``seams_tt030``)."""
+    """Where one generation's DeepSeek attention is read and replaced."""
 
     stock: str
     """The inner attentions titan-rocm replaces there, for the skip reason."""
@@ -220,9 +212,7 @@ class MLACKBackward(Workaround):
         return {"arch": arch_label(facts.gfx_arch), "aiter": aiter_summary(facts)}
 
     def plan(self, model: nn.Module) -> dict[str, Any]:
-        """Per attention kind and shape: the routes a run gets (no aiter import); further kinds or
-        shapes go under ``other_attention``.
-        """
+        """Per attention kind and shape: the routes a run gets (no aiter import)."""
         from titan_rocm.workarounds.mla_ck_backward.guard import NOT_COVERED
 
         facts = self._facts or self.ctx.platform

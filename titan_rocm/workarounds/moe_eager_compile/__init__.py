@@ -1,4 +1,2 @@
-"""``rocm.moe_eager_compile``: dense TransformerBlocks compiled whole, MoE blocks eager.
-
-Docs: docs/moe-eager-compile.md.
-"""
+"""``rocm.moe_eager_compile``: dense blocks compiled whole, MoE blocks eager
+(docs/moe-eager-compile.md)."""

@@ -1,10 +1,7 @@
 """``[rocm] moe_combine``: how an eager MoE module of TorchTitan 0.2.2 combines its experts.
 
-Stock ``MoE.forward`` combines with a bmm over an FP32 copy of every routed output, which
-autograd keeps for every MoE layer; ``"bf16"`` sums the BF16 outputs instead, as AMD-AGI/Primus
-PR #962 does (``dsv3_v022_perf_patches.py``, 64c3261b, ``_moe_forward_bf16_combine``), but
-casts the sum back as stock does. Docs: docs/moe-eager-compile.md.
-"""
+``"bf16"`` sums the BF16 outputs instead of stock's FP32 copy of every routed output, as
+AMD-AGI/Primus PR #962 does (``dsv3_v022_perf_patches.py``, 64c3261b); docs/moe-eager-compile.md."""
 
 from __future__ import annotations
 
@@ -26,9 +23,8 @@ def weighted_combine(
     routed_output: torch.Tensor, token_indices: torch.Tensor, top_scores: torch.Tensor,
     out_dtype: torch.dtype, *, weighted: bool = True,
 ) -> torch.Tensor:
-    """Each token's ``top_k`` expert outputs (rows sorted by expert, placed by
-    ``token_indices``), weighted by ``top_scores`` unless ``weighted`` is False, summed in FP32
-    and cast to ``out_dtype``."""
+    """Each token's ``top_k`` expert outputs, weighted by ``top_scores`` unless ``weighted`` is
+    False, summed in FP32 and cast to ``out_dtype``."""
     tokens, top_k = top_scores.shape
     unsorted = routed_output.new_zeros(tokens * top_k, routed_output.shape[-1])
     # index_put_ keeps only the indices for its backward (index_copy would keep the outputs).
@@ -62,11 +58,8 @@ def _forward_bf16_combine(self: Any, x: torch.Tensor) -> torch.Tensor:
 
 
 def use_bf16_combine(moe: nn.Module) -> bool:
-    """Give ``moe`` the BF16 combine; False if it has it already.
-
-    The class is swapped, not the instance's ``forward``, because the mixed compile's eager
-    wrapper calls ``type(module).forward``.
-    """
+    """Give ``moe`` the BF16 combine; False if it has it already. The class is swapped because the
+    mixed compile's eager wrapper calls ``type(module).forward``."""
     cls = type(moe)
     if cls in _SUBCLASSES.values():
         return False

@@ -1,12 +1,5 @@
-"""TorchTitan 0.2.2's seam of the mixed compile: the model's ``apply_compile``.
-
-TorchTitan 0.2.2 compiles in ``apply_compile``; llama4's (imported by name by qwen3 and
-deepseek_v3) compiles MoE pieces with data-dependent shapes that titan-rocm keeps out of
-Inductor on ROCm. The replacement is patched into the globals ``parallelize_fn`` really
-reads, compiles dense blocks fullgraph as stock does, and keeps MoE blocks (or their MoE
-module) eager by ``moe_eager_scope``. Idempotent: pipeline parallelism calls it per stage.
-See docs/moe-eager-compile.md.
-"""
+"""TorchTitan 0.2.2's seam of the mixed compile: ``apply_compile`` replaced in the globals
+``parallelize_fn`` reads (docs/moe-eager-compile.md). Idempotent: PP calls it per stage."""
 
 from __future__ import annotations
 
@@ -38,10 +31,7 @@ SCOPE_ATTR = "titan_rocm_moe_eager_scope"
 
 
 def compile_blocks(model: nn.Module, backend: str, scope: str = "block") -> dict[str, str]:
-    """Compile dense blocks of ``model.layers`` fullgraph; MoE blocks by ``scope`` (idempotent).
-
-    Returns per layer id the decision, ``"<decision> (already)"`` when an earlier call did it.
-    """
+    """Compile dense blocks fullgraph, MoE blocks by ``scope``; per layer id, the decision."""
     done: dict[str, str] = {}
     for layer_id, block in list(model.layers.named_children()):
         decision = block_decision(block, scope)
@@ -62,11 +52,8 @@ def compile_blocks(model: nn.Module, backend: str, scope: str = "block") -> dict
 
 
 def _split_block(inner: nn.Module, compiled: list[str], layer_id: str, backend: str) -> bool:
-    """The ``moe`` scope on one block; False if done before.
-
-    Children compile inside the AC wrapper, where stock compiles them, so recomputation reruns
-    their graphs without a retrace.
-    """
+    """The ``moe`` scope on one block; False if done before. Children compile inside the AC wrapper,
+    so recomputation reruns their graphs without a retrace."""
     fresh = False
     for name in compiled:
         child = getattr(inner, name)
@@ -110,9 +97,7 @@ def make_mixed_apply_compile(
 def patch_apply_compile(parallelize_fn: Callable[..., Any], scope: str = "block") -> str:
     """Replace ``apply_compile`` in ``parallelize_fn.__globals__``; return the name replaced.
 
-    Idempotent; a replacement for another scope (an earlier job) is redone from the stock
-    function. Raises ValueError when that module has no ``apply_compile``.
-    """
+    Idempotent; ValueError when that module has no ``apply_compile``."""
     module_globals = parallelize_fn.__globals__
     where = f"{module_globals.get('__name__', '?')}.apply_compile"
     if module_globals.get("apply_compile") is None:

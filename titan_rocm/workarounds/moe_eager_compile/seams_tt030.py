@@ -1,11 +1,7 @@
 """TorchTitan 0.3.0's seam of the mixed compile: stock compile, then MoE blocks back to eager.
 
-0.3.0's ``torchtitan/distributed/compile.py:apply_compile`` compiles every block in place,
-already as the mixed strategy wants for dense blocks, so nothing replaces it: MoE blocks are
-marked on the meta model and the adapter takes them out of their compile after
-``parallelize_fn`` (:func:`~titan_rocm.workarounds.moe_blocks.realize_eager_marks`), so
-their FSDP hooks and expert dispatch run outside every graph, as on 0.2.2.
-"""
+0.3.0's ``apply_compile`` already compiles dense blocks as wanted, so MoE blocks are only marked and
+taken out after ``parallelize_fn``."""
 
 from __future__ import annotations
 

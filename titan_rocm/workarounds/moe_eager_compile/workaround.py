@@ -1,11 +1,7 @@
-"""Mixed compile: dense TransformerBlocks compiled whole (fullgraph), MoE blocks eager (or part).
+"""Mixed compile: dense blocks compiled whole, MoE blocks eager (docs/moe-eager-compile.md).
 
-TorchTitan compiles MoE blocks too, and their pieces (data-dependent token counts, a compiled
-grouped-MM with dynamic shapes) are what titan-rocm keeps out of Inductor on ROCm. Each
-generation reaches its compile through its own seam (:mod:`.seams_tt022`, :mod:`.seams_tt030`);
-:func:`~titan_rocm.workarounds.moe_blocks.block_decision` decides per block for both the
-compile and ``titan-rocm plan``. Docs: docs/moe-eager-compile.md.
-"""
+MoE pieces (data-dependent token counts, grouped-MM with dynamic shapes) are what titan-rocm keeps
+out of Inductor on ROCm."""
 
 from __future__ import annotations
 
@@ -30,8 +26,7 @@ from titan_rocm.workarounds.moe_eager_compile import combine
 
 SCOPE_COST = {scope: f"{FIGURES[f'moe_eager_compile.{scope}'].ratio:g} of stock tokens/s"
               for scope in ("block", "moe")}
-"""Measured cost by scope: the figures the plan's verdict quotes
-(:data:`titan_rocm.measured.FIGURES`), so the two agree."""
+"""Measured cost by scope, from :data:`titan_rocm.measured.FIGURES` so plan agrees."""
 SCOPE_STATUS = {
     "block": "the fix AMD-AGI/Primus PR #962 validated on MI300X",
     "moe": ("unvalidated on ROCm: Primus PR #962 found that compiling even the outer MoE "
@@ -56,8 +51,7 @@ class MixedCompileSeam(Protocol):
 
 
 class MoEEagerCompile(Workaround):
-    """Makes the model's compile mixed: dense blocks fullgraph, MoE blocks (or their MoE
-    module) eager."""
+    """Mixed compile: dense blocks fullgraph, MoE blocks (or their MoE module) eager."""
 
     name = "moe_eager_compile"
     has_seam = True

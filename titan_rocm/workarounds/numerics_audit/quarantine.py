@@ -1,12 +1,8 @@
-"""``numerics_audit_policy = "quarantine"``: what it needs besides the decision (which lives
-in :mod:`.workaround`).
+"""``numerics_audit_policy = "quarantine"``: undo the flagged micro-batch and rerun its segments
+eager (docs/numerics-audit.md).
 
-:class:`Undo` puts the trainer's state back so the redone micro-batch starts where the flagged
-one did and no flagged gradient reaches the optimizer. :func:`eager_switches` makes one
-segment run its original Python by patching the modules as registered, so FSDP's and TP's
-hooks and parameters stay where they are. :class:`StepClock` times steps before and after a
-quarantine.
-"""
+Segments go eager by patching the modules as registered, so FSDP's and TP's hooks and parameters
+stay where they are."""
 
 from __future__ import annotations
 
@@ -80,15 +76,12 @@ def _module_switches(prefix: str, module: nn.Module) -> list[Switch]:
 
 
 def _compiled_function(fn: Any) -> Any:
-    """The function ``torch.compile`` wrapped, or None when ``fn`` is not compiled."""
     return getattr(fn, "_torchdynamo_orig_callable", None)
 
 
 def eager_switches(model_parts: list[nn.Module], trainer: Any, segment: str) -> list[Switch]:
-    """The patches that make ``segment`` (a ``model.layers`` key, ``embedding`` or ``head``)
-    eager; empty when nothing of it is compiled. The embedding is what a model part
-    registers before ``layers``, the head what comes after, plus a compiled loss.
-    """
+    """The patches that make ``segment`` (a ``model.layers`` key, ``embedding`` or ``head``) eager;
+    empty when nothing of it is compiled."""
     found: list[Switch] = []
     for part in model_parts:
         children = list(part.named_children())

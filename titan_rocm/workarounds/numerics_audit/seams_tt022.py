@@ -1,11 +1,7 @@
 """TorchTitan 0.2.2's seam of ``rocm.numerics_audit``.
 
-0.2.2 runs its ``Trainer`` as ``__main__``, so the class cannot be patched: the trainer that
-``CheckpointManager.load`` hands over (``Trainer.train`` calls it first) gets its
-``forward_backward_step`` wrapped on the instance. :class:`Kit` is 0.2.2's step for the audit:
-the class's ``forward_backward_step`` (never the wrapper), its forward alone, and turning the
-trainer's autocast off for the reference.
-"""
+0.2.2 runs its ``Trainer`` as ``__main__``, so the class cannot be patched: the trainer
+``CheckpointManager.load`` hands over gets its ``forward_backward_step`` wrapped."""
 
 from __future__ import annotations
 
@@ -26,8 +22,8 @@ _audits: list[tuple[Any, patches.Scope]] = []
 
 
 class Kit:
-    """TorchTitan 0.2.2's step on one micro-batch, its loss denominator fixed
-    (:class:`~titan_rocm.numerics.audit_run.StepKit`)."""
+    """TorchTitan 0.2.2's step on one micro-batch (:class:`~titan_rocm.numerics.audit_run.StepKit`).
+    """
 
     def __init__(self, trainer: Any, denominator: torch.Tensor) -> None:
         self.trainer = trainer
@@ -95,8 +91,7 @@ class Seam:
 
 
 def attach(audit: Any, trainer: Any, scope: patches.Scope | None = None) -> None:
-    """Hand ``trainer`` to ``audit`` and route its ``forward_backward_step`` through it
-    (once per trainer), held by ``scope`` (default: the current one)."""
+    """Hand ``trainer`` to ``audit`` and route its ``forward_backward_step`` through it (once)."""
     audit.attach(trainer)
 
     def wrap(original: Any) -> Any:

@@ -1,12 +1,7 @@
 """TorchTitan 0.3.0's seam of ``rocm.numerics_audit``: the trainer adapter's calls.
 
-On NVIDIA 0.3.0 captures ``_forward_backward_body`` as a CUDA graph by default
-(``torchtitan/trainer.py``, ``wrap_with_cuda_graph``), and a replayed graph runs no Python, so
-no block boundary could be recorded: the audited micro-batch runs the body itself (the same
-compiled kernels), the rest as configured. :class:`Kit` is 0.3.0's step for the audit; it puts
-back ``trainer.ntokens_seen`` (logged and checkpointed), and needs no reference switch (0.3.0
-computes through FSDP's mixed precision, which the reference raises itself).
-"""
+A replayed CUDA graph runs no Python, so the audited micro-batch runs the body itself (the same
+compiled kernels)."""
 
 from __future__ import annotations
 
@@ -20,8 +15,8 @@ from titan_rocm.workarounds.base import TrainerSeam
 
 
 class Kit:
-    """TorchTitan 0.3.0's step on one micro-batch, its loss denominator fixed
-    (:class:`~titan_rocm.numerics.audit_run.StepKit`)."""
+    """TorchTitan 0.3.0's step on one micro-batch (:class:`~titan_rocm.numerics.audit_run.StepKit`).
+    """
 
     def __init__(self, trainer: Any, denominator: torch.Tensor) -> None:
         self.trainer = trainer
@@ -57,8 +52,7 @@ class Kit:
 
 
 def global_valid_tokens(trainer: Any, labels: torch.Tensor) -> torch.Tensor:
-    """The loss denominator TorchTitan 0.3.0's ``Trainer.train_step`` computes for a step of
-    this one micro-batch."""
+    """The loss denominator 0.3.0's ``Trainer.train_step`` computes for this one micro-batch."""
     from torchtitan.components.loss import IGNORE_INDEX
 
     local = (labels != IGNORE_INDEX).sum().to(trainer.device)
@@ -71,7 +65,6 @@ def global_valid_tokens(trainer: Any, labels: torch.Tensor) -> torch.Tensor:
 
 
 def _graphed(trainer: Any) -> bool:
-    """The trainer replays its forward and backward as a CUDA graph."""
     body = getattr(type(trainer), "_forward_backward_body", None)
     return getattr(getattr(trainer, "fwd_bwd_fn", None), "__func__", None) is not body
 

@@ -1,16 +1,7 @@
 """``rocm.numerics_audit``: the numerics audit inside a real training run (docs/numerics-audit.md).
 
-The audited step's first micro-batch is the job pass, replayed as soon as its backward
-returns (before clipping and the optimizer step). Everything it touches is given back and the
-dataloader and step counter are untouched, so the trajectory is what it would have been
-without it; spreading over ``numerics_audit_spread`` steps keeps any one step from stalling.
-
-An audit never ends the run by failing: a failure is one logged warning. A flag is a warning,
-a clean stop (``"stop"``, :class:`NumericsAuditFlagged`), or under ``"quarantine"`` the
-flagged segments go eager and the micro-batch runs again (:mod:`.quarantine`), so no gradient
-of the flagged pass reaches the optimizer. The generation's seam
-(``ctx.seam("numerics_audit")``, :class:`AuditSeam`) is where it listens.
-"""
+Everything the replayed micro-batch touches is given back, so the trajectory is what it would have
+been without it; a failed audit is one logged warning, never the end of the run."""
 
 from __future__ import annotations
 
@@ -38,9 +29,8 @@ class AuditSeam(Protocol):
     """What the audit needs of one TorchTitan generation."""
 
     def install(self, audit: NumericsAudit) -> TrainerSeam | None:
-        """Route the built trainer and each ``forward_backward_step`` through this audit; return
-        the trainer seam an adapter calls, if the generation has one.
-        """
+        """Route the trainer and each ``forward_backward_step`` through this audit; return the
+        trainer seam, if the generation has one."""
 
     def kit(self, trainer: Any, denominator: Any) -> StepKit:
         """The trainer's step on one micro-batch with the loss denominator ``denominator``."""
@@ -51,10 +41,8 @@ class AuditSeam(Protocol):
 
 
 class NumericsAuditFlagged(RunStopped):
-    """The audit flagged under ``numerics_audit_policy = "stop"``, or a flag quarantine cannot
-    clear: every rank exits with :data:`titan_rocm.exit_codes.FAILED_VALIDATION`, before the
-    step's optimizer step and checkpoint.
-    """
+    """Flagged under ``numerics_audit_policy = "stop"`` (or quarantine could not clear it): every
+    rank exits with :data:`titan_rocm.exit_codes.FAILED_VALIDATION` before the optimizer step."""
 
 
 class NumericsAudit(Workaround):
@@ -74,13 +62,11 @@ class NumericsAudit(Workaround):
         self.pending: list[Part] = []
         """The parts of the audit under way still to run, one per step."""
         self.outcomes: list[tuple[int, str]] = []
-        """(step, verdict or ``skipped``) of each part of the audit under way that ran (the
-        first's step is the step the audit began at)."""
+        """(step, verdict or ``skipped``) of each part of the audit under way."""
         self.results: list[dict[str, Any]] = []
         """Every audit's ``to_dict`` (tests, and anyone holding the converter)."""
         self.quarantined: dict[str, int] = {}
-        """Segment (a ``model.layers`` key, ``embedding``, ``head``) -> the step it was
-        quarantined at (policy ``quarantine``)."""
+        """Segment -> the step it was quarantined at."""
         self.unconfirmed: set[str] = set()
         """Quarantined segments no audit has replayed since."""
         self.clock = quarantine.StepClock()
@@ -125,9 +111,8 @@ class NumericsAudit(Workaround):
 
     def forward_backward(self, step: int, run: Callable[[], Any], input_dict: Any,
                          labels: Any, denominator: Any) -> Any:
-        """One ``forward_backward_step`` of ``step``: audited when it is the step's first
-        micro-batch and an audit is due or has parts left.
-        """
+        """One ``forward_backward_step``, audited when it is the step's first micro-batch and an
+        audit is due."""
         first = step != self.last_step
         self.last_step = step
         if first and not self.auditing and self.ctx.settings.numerics_audit_policy == \

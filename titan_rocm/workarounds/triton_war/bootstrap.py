@@ -1,14 +1,8 @@
 """Make the Triton compile wrapper active in every process where Triton compiles.
 
-Inductor compiles in subprocesses started with the trainer's environment, where a wrapper
-installed in the trainer never runs. :func:`export` sets ``TITAN_ROCM_TRITON_WAR*`` and puts
-titan-rocm's ``sitecustomize.py`` first on the path (``TORCH_CUSTOM_PYTHONPATH`` too, which
-Inductor then uses instead), so each child installs the wrapper when it imports ``triton``.
-Nothing is written to site-packages, so editable, wheel and ``PYTHONPATH`` installs behave
-alike. Kept cheap: it runs at the start of every child interpreter.
-Each variable and ``sys.path`` are settings of :mod:`titan_rocm.patches`: the job's teardown
-puts back what stood there.
-"""
+Inductor compiles in subprocesses, where a wrapper installed in the trainer never runs, so
+:func:`export` puts titan-rocm's ``sitecustomize.py`` first on their path; nothing is written to
+site-packages. Kept cheap: it runs at the start of every child interpreter."""
 
 from __future__ import annotations
 
@@ -133,8 +127,8 @@ _hook = AfterImport(_TRIGGER, lambda _module: _install_from_env())
 
 
 def boot() -> None:
-    """At interpreter start (``sitecustomize``): with ``TITAN_ROCM_TRITON_WAR=1``, install the
-    wrapper once ``triton`` is imported."""
+    """At interpreter start: with ``TITAN_ROCM_TRITON_WAR=1``, install the wrapper once ``triton``
+    is imported."""
     if os.environ.get(ENV_ENABLE) != "1":
         return
     _hook.arm()

@@ -1,8 +1,6 @@
 """The AMD buffer-ops knob of the installed Triton: find it, and turn it off for a recompile.
 
-Triton reads the knob when it compiles but keys its cache on ``os.environ``, so a recompile
-must change both or it hits the hazardous binary.
-"""
+Triton keys its cache on ``os.environ``, so a recompile changes both or hits the old binary."""
 
 from __future__ import annotations
 
@@ -124,10 +122,8 @@ def _env_in_cache_key(env_var: str) -> bool:
 
 @contextlib.contextmanager
 def buffer_ops_off(knob: BufferOpsKnob) -> Iterator[None]:
-    """Compiles inside see buffer ops off, in the knob and in ``os.environ`` (the cache key).
-
-    Holds :data:`COMPILE_LOCK` exclusive because both are process-global.
-    """
+    """Compiles inside see buffer ops off, in the knob and in ``os.environ`` (the cache key); holds
+    :data:`COMPILE_LOCK` exclusive because both are process-global."""
     with COMPILE_LOCK.exclusive():
         if knob.attr is None:
             with env_set(knob.env_var, "0"):

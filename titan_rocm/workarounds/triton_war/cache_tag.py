@@ -1,11 +1,6 @@
-"""Keep torch.compile's caches from serving binaries built before the wrapper existed.
-
-Inductor's caches load Triton binaries without calling ``triton.compile``, so the wrapper
-would never see them; each mixes ``torch.compiler.config.cache_key_tag`` into its key, so
-titan-rocm appends its tag (a setting of :mod:`titan_rocm.patches`: the job's teardown puts
-back the user's). It names the rule, which changes the binaries; bump
-:data:`VERSION` whenever the wrapper's output for the same input changes.
-"""
+"""Keep torch.compile's caches from serving binaries built before the wrapper existed: they load
+Triton binaries without ``triton.compile``. Bump :data:`VERSION` whenever the wrapper's output for
+the same input changes."""
 
 from __future__ import annotations
 
@@ -37,9 +32,8 @@ def combine(user_tag: str, rule: str) -> str:
 def apply(rule: str) -> str:
     """Set the combined tag in torch's config and environment; return it.
 
-    Raises RuntimeError on torch older than 2.6 (no ``cache_key_tag``): cached graphs could
-    bypass the wrapper.
-    """
+    RuntimeError on torch older than 2.6 (no ``cache_key_tag``): cached graphs would bypass the
+    wrapper."""
     import torch.compiler.config as compiler_config
 
     if not hasattr(compiler_config, "cache_key_tag"):

@@ -1,13 +1,5 @@
-"""Wrap Triton's ``compile``: scan each HIP kernel, recompile hazardous ones with buffer ops off.
-
-The wrapper is bound at every name Triton and Inductor call ``compile`` by (``triton.compile``,
-``triton.compiler.compile``, ``triton.compiler.compiler.compile``), each a patch of
-:mod:`titan_rocm.patches`. The recompile holds the compile lock exclusive, because knobs and
-``os.environ`` are process-global, and sets ``knobs.propagate_env``: the cache key is built
-from ``os.environ``, so without it the recompile would hit the hazardous binary. A kernel that
-stays hazardous is kept and logged ("residual"), or raises when ``strict``.
-Docs: docs/triton-buffer-store-hazard.md, "How titan-rocm recompiles (wrapper)".
-"""
+"""Wrap Triton's ``compile``: scan each HIP kernel, recompile hazardous ones with buffer ops off
+(docs/triton-buffer-store-hazard.md, "How titan-rocm recompiles (wrapper)")."""
 
 from __future__ import annotations
 
@@ -220,10 +212,7 @@ def install(
     *, rule: str = DEFAULT_HAZARD_RULE, strict: bool = False, scanner: Scanner | None = None
 ) -> CompileHook:
     """Install the wrapper and return the active hook; a second call updates it and rebinds any
-    site that was reset.
-
-    Raises ValueError for an unknown ``rule``, ImportError without Triton.
-    """
+    reset site. ValueError for an unknown ``rule``, ImportError without Triton."""
     if rule not in RULE_NAMES:
         raise ValueError(
             f"triton_war rule {rule!r} is not valid; accepted: {', '.join(RULE_NAMES)}"
@@ -257,9 +246,8 @@ def install(
 
 
 def _jit_functions(compiled_by: Callable[..., Any]) -> list[Any]:
-    """``@triton.jit`` functions whose ``fn.compile`` copy is ``compiled_by``: they copy it at
-    first launch, so without Triton's JIT registry (present in 3.9) only functions first
-    launched after :func:`install` would get the wrapper."""
+    """``@triton.jit`` functions whose ``fn.compile`` copy is ``compiled_by``: they copy it at first
+    launch, so only later launches would get the wrapper otherwise."""
     import sys
 
     jit = sys.modules.get("triton.runtime.jit")

@@ -1,8 +1,4 @@
-"""The process-wide lock around Triton compiles made through the compile wrapper.
-
-The recompile of a hazardous kernel flips process-global state (Triton's knobs,
-``os.environ``), so it holds the lock exclusive; ordinary compiles share it.
-"""
+"""The process-wide lock around Triton compiles made through the compile wrapper."""
 
 from __future__ import annotations
 
@@ -12,11 +8,8 @@ from collections.abc import Iterator
 
 
 class CompileLock:
-    """Shared for ordinary compiles, exclusive for the buffer-ops flip; writers first.
-
-    Taking the exclusive side while holding the shared side would deadlock, so it raises
-    RuntimeError instead.
-    """
+    """Shared for ordinary compiles, exclusive for the buffer-ops flip (process-global state);
+    writers first. Taking exclusive while holding shared raises RuntimeError, not a deadlock."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())

@@ -1,9 +1,5 @@
-"""What the compile wrapper did, in this process and in every compile worker.
-
-Inductor's compile workers are other processes, so with ``TITAN_ROCM_TRITON_WAR_STATS_DIR``
-set each appends a JSON line per compile to ``<dir>/<host>-<pid>.jsonl`` and :func:`collect`
-merges them. Imports neither torch nor triton.
-"""
+"""What the compile wrapper did, in this process and in every compile worker (one JSON line per
+compile under ``TITAN_ROCM_TRITON_WAR_STATS_DIR``, merged by :func:`collect`)."""
 
 from __future__ import annotations
 

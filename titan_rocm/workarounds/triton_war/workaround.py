@@ -1,9 +1,5 @@
-"""The ``rocm.triton_war`` workaround: recompile only the Triton kernels with the
-buffer-store data hazard, in the trainer and in every Inductor compile worker.
-
-A running compile-worker pool is restarted so its workers start with the exported
-environment. Docs: docs/triton-buffer-store-hazard.md.
-"""
+"""The ``rocm.triton_war`` workaround (docs/triton-buffer-store-hazard.md); a running compile-worker
+pool is restarted so its workers get the exported environment."""
 
 from __future__ import annotations
 
@@ -30,8 +26,8 @@ STATS_EVERY_S = 60.0
 
 
 def restart_compile_workers() -> bool:
-    """Shut down running compile-worker pools so they restart with the current environment;
-    True if one was running."""
+    """Shut down running compile-worker pools so they restart with this environment; True if one
+    ran."""
     async_compile = sys.modules.get("torch._inductor.async_compile")
     if async_compile is None or not getattr(async_compile, "_pool_set", None):
         return False

@@ -1,9 +1,7 @@
 """titan-rocm worker bootstrap, loaded as ``sitecustomize`` at interpreter start.
 
-Inductor's compile workers get the trainer's ``sys.path`` as ``PYTHONPATH``, so they import
-this; with ``TITAN_ROCM_TRITON_WAR=1`` it installs the wrapper once ``triton`` is imported,
-then runs the ``sitecustomize`` it shadows so that one keeps working.
-"""
+Compile workers import it from the trainer's ``sys.path``; with ``TITAN_ROCM_TRITON_WAR=1`` it
+installs the wrapper once ``triton`` is imported, then runs the ``sitecustomize`` it shadows."""
 
 import os as _os
 import sys as _sys
