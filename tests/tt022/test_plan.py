@@ -38,6 +38,22 @@ def _by_name(plan: dict) -> dict[str, dict]:
     return {d["workaround"]: d for d in plan["workarounds"]}
 
 
+def test_a_plan_in_process_leaves_no_patch_behind() -> None:
+    """A dry run is closed like a job: its workarounds' patches (precision_casts' Inductor
+    setting, the guard's wrappers) are put back, so later code in the process sees stock."""
+    import torch._inductor.config as inductor_config
+
+    from titan_rocm import patches
+
+    before = [(p.where, p.by) for p in patches.installed()]
+    casts = inductor_config.emulate_precision_casts
+    plan = make_plan(["--job.config_file", str(REPO / "configs" / "deepseek_v3_16b_bf16.toml")],
+                     arch="gfx942")
+    assert _by_name(plan)["precision_casts"]["applied"]
+    assert [(p.where, p.by) for p in patches.installed()] == before
+    assert inductor_config.emulate_precision_casts is casts
+
+
 def test_configs_exist() -> None:
     names = {p.stem for p in CONFIGS}
     assert {"llama3_8b_bf16", "qwen3_32b_bf16", "deepseek_v3_16b_bf16",

@@ -191,10 +191,27 @@ def test_an_environment_variable_is_set_and_put_back_or_removed() -> None:
         os.environ.pop("TITAN_ROCM_TEST_KEPT", None)
 
 
-def test_an_inductor_option_the_user_never_set_is_left_unset() -> None:
+@pytest.fixture
+def never_set() -> Iterator[str]:
+    """``emulate_precision_casts`` as a user who never set it has it (torch's own entry: an
+    earlier test in the process may have assigned it, even its default), put back after."""
     import torch._inductor.config as inductor_config
+    from torch.utils._config_module import _UNSET_SENTINEL
 
     name = "emulate_precision_casts"
+    entry = inductor_config._config[name]
+    saved = entry.user_override.get()
+    entry.user_override.set(_UNSET_SENTINEL)
+    try:
+        yield name
+    finally:
+        entry.user_override.set(saved)
+
+
+def test_an_inductor_option_the_user_never_set_is_left_unset(never_set: str) -> None:
+    import torch._inductor.config as inductor_config
+
+    name = never_set
     assert inductor_config._is_default(name)
     before = getattr(inductor_config, name)
     with patches.scope("job"):
