@@ -193,10 +193,9 @@ def patch(owner: Any, name: str, make: Callable[[Any], Any], *, by: str,
 
 
 def setting(owner: Any, name: str, value: Any, *, by: str) -> Patch:
-    """Set ``owner.name`` (or ``owner[name]``) to ``value`` in the :func:`current` scope; set again
-    by
-    the same ``by``, it takes the new value (never a second layer). AttributeError for an unknown
-    config option."""
+    """Set ``owner.name`` (or ``owner[name]``) to ``value`` in the :func:`current` scope; set
+    again by the same ``by``, it takes the new value (never a second layer). AttributeError
+    for an unknown config option."""
     return current().patch(owner, name, lambda _before: value, by=by, refresh=True,
                            setting=True)
 

@@ -12,8 +12,7 @@ T = TypeVar("T")
 
 def on_meta(build: Callable[[], T], dtype: str) -> T:
     """``build()`` under ``torch.device("meta")`` with the job's ``training.dtype`` as default
-    dtype,
-    as ``Trainer.__init__`` builds the model in TorchTitan 0.2.2 and 0.3.0."""
+    dtype, as ``Trainer.__init__`` builds the model in TorchTitan 0.2.2 and 0.3.0."""
     from torchtitan.config import TORCH_DTYPE_MAP
     from torchtitan.tools import utils
 

@@ -130,8 +130,7 @@ class Audit:
         """Replay and compare after the recorded job pass, giving everything back (collective).
 
         Raises AuditError (one sentence) when the job pass was not recorded, the replays do not
-        fit,
-        or this torch's FSDP is not one the audit reads."""
+        fit, or this torch's FSDP is not one the audit reads."""
         try:
             return self._finish(input_dict, labels, job_loss)
         except fsdp.FSDPLayoutError as exc:
@@ -335,9 +334,8 @@ class Audit:
 
     def _head_bytes(self, params: list[nn.Parameter], rows: int,
                     reference: precision.Reference | None) -> int:
-        """About four copies of the logits (logits, log-softmax, both gradients) at least float32;
-        the
-        widest 2-D parameter outside the blocks gives the vocabulary."""
+        """About four copies of the logits (logits, log-softmax, both gradients) at least
+        float32; the widest 2-D parameter outside the blocks gives the vocabulary."""
         inside = {id(p) for m in self.block_modules for p in m.parameters()}
         vocab = max((int(p.shape[0]) for p in params if id(p) not in inside
                      and p.dim() == 2), default=0)

@@ -146,8 +146,8 @@ class AuditRun:
 
     def held_or_not(self, run: Callable[[], T]) -> T:
         """``run``; where a kernel refuses the held dtype (a bfloat16-only extension), again with
-        the
-        model's own down-casts, said once (those parts are then judged against themselves)."""
+        the model's own down-casts, said once (those parts are then judged against
+        themselves)."""
         try:
             return run()
         except Exception as exc:
@@ -167,8 +167,7 @@ class AuditRun:
 
     def retrying(self, runs: Runs, rows: int, what: str, run: Callable[[], T]) -> T:
         """``run``, again in twice as many runs of rows after running out of memory (one process
-        only:
-        ranks cannot retry alone)."""
+        only: ranks cannot retry alone)."""
         while True:
             try:
                 return run()
@@ -190,8 +189,8 @@ class AuditRun:
 
     def block(self, record: BlockRecord) -> None:
         """One block: eager over the whole micro-batch, as the job ran it (gradients summed over
-        runs
-        would round less than the job's one sum, flattering eager), then the reference per run."""
+        runs would round less than the job's one sum, flattering eager), then the reference
+        per run."""
         rows = rows_of(record)
 
         def both() -> None:

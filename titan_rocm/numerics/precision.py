@@ -100,8 +100,7 @@ def retyped(modules: list[nn.Module], dtype: torch.dtype,
 
 def _set_data(t: torch.Tensor, data: torch.Tensor) -> None:
     """On a DTensor ``.data =`` swaps only the wrapper's metadata; this swaps the local shard and
-    spec
-    too (torch 2.13-2.15 ``DTensor``: ``_local_tensor``, ``_spec``)."""
+    spec too (torch 2.13-2.15 ``DTensor``: ``_local_tensor``, ``_spec``)."""
     t.data = data
     if isinstance(data, DTensor):
         t._local_tensor = data._local_tensor
@@ -167,9 +166,8 @@ def efficient_attention(modules: list[nn.Module]) -> Iterator[None]:
     runs.
 
     TorchTitan's ``ScaledDotProductAttention`` prefers cuDNN, flash and math: in float32 only
-    math
-    takes the inputs, and it keeps every score (4 GiB more per 2048-token row of a 1.5B llama
-    block). Eager replays keep the job's own choice."""
+    math takes the inputs, and it keeps every score (4 GiB more per 2048-token row of a 1.5B
+    llama block). Eager replays keep the job's own choice."""
     try:
         from torch.nn.attention import SDPBackend
     except ImportError:

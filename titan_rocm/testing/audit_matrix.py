@@ -75,8 +75,7 @@ def run(audit: Callable[[], dict[str, Any]], specs: Sequence[corrupt.CorruptSpec
         seeds: Sequence[int], reseed: Callable[[int], None],
         on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
     """Clean audits for each seed (``reseed(seed)``: new weights and batch), then one audit per
-    fault,
-    each judged."""
+    fault, each judged."""
     outcomes = []
 
     def one(spec: corrupt.CorruptSpec | None, seed: int | None) -> None:

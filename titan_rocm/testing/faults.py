@@ -151,8 +151,7 @@ def inject(choice: Any, fault: str) -> bool:
 
 def patch_wrong_mm(blocks: tuple[int, int, int]) -> None:
     """A real kernel that is wrong and, doing a sixteenth of the work, faster than any other: the
-    GPU
-    proof that stock max-autotune picks it and the tuner rejects it."""
+    GPU proof that stock max-autotune picks it and the tuner rejects it."""
     import torch._inductor.kernel.mm as mm
     from torch._inductor.select_algorithm import TritonTemplate
 

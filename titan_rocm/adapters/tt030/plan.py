@@ -233,9 +233,8 @@ def _parallel_dims(config: Any, size: int | None, nnodes: int | None,
 
 def check_expert_mesh(dims: Any, world: WorldSize) -> None:
     """0.3.0 leaves the expert mesh's arithmetic to ``build_mesh``
-    (``distributed/parallel_dims.py``:
-    ``efsdp = fsdp * tp // ep``, ``ep`` divides ``dp_shard x cp x tp``); checked here as 0.2.2's
-    plan checks its own (PlanError)."""
+    (``distributed/parallel_dims.py``: ``efsdp = fsdp * tp // ep``, ``ep`` divides ``dp_shard
+    x cp x tp``); checked here as 0.2.2's plan checks its own (PlanError)."""
     dense = dims.dp_shard * dims.cp * dims.tp
     if dims.ep > 1 and dense % dims.ep:
         raise PlanError(

@@ -18,9 +18,8 @@ from titan_rocm.settings import RocmSettings, check_section, coerce
 
 
 class RocmTrainerMixin:
-    """titan-rocm at a TorchTitan 0.3.0 trainer's own methods (first in the bases); the model spec
-    is
-    copied, so the user's config is left as it was."""
+    """titan-rocm at a TorchTitan 0.3.0 trainer's own methods (first in the bases); the model
+    spec is copied, so the user's config is left as it was."""
 
     _rocm: RocmJob
 
