@@ -1,9 +1,6 @@
-"""Run a callback right after a given module is first imported (a one-shot import hook).
-
-Three parts of titan-rocm must act on a module they must not import themselves: converter
-registration waits for TorchTitan, the Triton compile wrapper waits for ``triton`` in compile
-workers, and the MLA guard waits for ``aiter.ops.mha``. Importing this module costs nothing.
-"""
+"""Run a callback right after a given module is first imported (a one-shot import hook), for
+parts that must act on a module they must not import themselves (TorchTitan, ``triton`` in
+compile workers, ``aiter.ops.mha``)."""
 
 from __future__ import annotations
 
@@ -16,8 +13,8 @@ from typing import Any
 
 
 class AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds nothing itself: wraps the real loader of ``module_name`` and calls ``callback``
-    with the module once its body has run, then takes itself off ``sys.meta_path``."""
+    """Wraps the real loader of ``module_name`` and calls ``callback`` once its body has run, then
+    leaves ``sys.meta_path``."""
 
     def __init__(self, module_name: str, callback: Callable[[ModuleType], None]) -> None:
         self.module_name = module_name
@@ -47,7 +44,6 @@ class AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     @property
     def waiting(self) -> bool:
-        """The hook is on ``sys.meta_path``, waiting for its module."""
         return self in sys.meta_path
 
     def arm(self) -> bool:

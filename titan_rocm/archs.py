@@ -1,7 +1,5 @@
-"""Per-gfx facts, in one place, so "what does titan-rocm do on gfx942" has one answer.
-
-Each fact's sources are in the docs page of the workaround that reads it.
-"""
+"""Per-gfx facts, in one place, so "what does titan-rocm do on gfx942" has one answer; each
+fact's sources are in the docs page of the workaround that reads it."""
 
 from __future__ import annotations
 
@@ -15,24 +13,20 @@ class ArchFacts:
 
     name: str
     products: tuple[str, ...]
-    """Marketing names, for messages."""
     wave_size: int
     store_hazard_windows: bool
-    """LLVM states this arch's VMEM store data hazard windows (the gfx940 family,
-    llvm-project #197267), which the ``precise`` rule encodes. Where False the scan still runs,
-    with the ``conservative`` rule. Docs: docs/triton-buffer-store-hazard.md."""
+    """The gfx940 family's VMEM store data hazard windows (llvm-project #197267), which the
+    ``precise`` rule encodes; elsewhere the scan uses the ``conservative`` rule."""
     aiter_fmha_v3_bwd_qk192_v128: bool
-    """aiter's fmha_v3 ASM backward supports q/k head dim 192 with v 128 (DeepSeek MLA); where
-    False that shape must go to CK. Docs: docs/mla-ck-backward.md."""
+    """aiter's fmha_v3 ASM backward takes q/k 192 with v 128 (DeepSeek MLA); else CK must."""
     aiter_fmha_v3_bwd_qk128_v128: bool
-    """aiter's fmha_v3 ASM backward takes q/k = v head dim 128 here (PyPI 0.1.7.post2 and main
-    e4048607), so titan-rocm leaves that shape to aiter (Primus routes it to CK on gfx942).
-    Docs: docs/mla-ck-backward.md."""
+    """aiter's fmha_v3 ASM backward takes q/k = v 128 here (PyPI 0.1.7.post2 and main e4048607), so
+    titan-rocm leaves that shape to aiter (Primus routes it to CK on gfx942)."""
     opus_splitk_solidx_ranges: tuple[tuple[int, int], ...]
-    """Half-open ``solidx`` ranges of aiter's split-K opus GEMM kernels whose workspace is a
-    per-stream hipMalloc registry, unsafe under graph capture. Docs: docs/gemm-tables.md."""
+    """Half-open ``solidx`` ranges of aiter's split-K opus GEMMs whose workspace is a per-stream
+    hipMalloc registry, unsafe under graph capture (docs/gemm-tables.md)."""
     cu_nums: tuple[int, ...]
-    """``cu_num`` values that identify this arch in aiter tables without a ``gfx`` column."""
+    """Identify this arch in aiter tables without a ``gfx`` column."""
 
 
 ARCHS: dict[str, ArchFacts] = {
@@ -90,8 +84,7 @@ def normalize_arch(name: str) -> str:
 
 
 def arch_facts(name: str) -> ArchFacts:
-    """Facts for ``name`` (``gfx942``, ``gfx942:sramecc+:xnack-``...); raises ValueError naming
-    the architectures titan-rocm knows."""
+    """Facts for ``name``; ValueError naming the architectures titan-rocm knows."""
     key = normalize_arch(name)
     try:
         return ARCHS[key]
@@ -104,16 +97,15 @@ def arch_facts(name: str) -> ArchFacts:
 # scanned kernel may be for any AMDGCN target, so these take the name, not ArchFacts).
 
 _GFX10_AND_LATER = re.compile(r"gfx1\d\d")
-"""``gfx1NNN`` targets (RDNA, and gfx1250): GFX10 and later."""
 
 
 def stores_counted_by_vmcnt(arch: str | None) -> bool:
-    """Whether ``s_waitcnt vmcnt`` also waits for stores on ``arch`` (None: taken as GFX9).
-    GFX10 and later count stores apart (``s_waitcnt_vscnt``, ``s_wait_storecnt``)."""
+    """Whether ``s_waitcnt vmcnt`` also waits for stores (None: taken as GFX9); GFX10 and later
+    count stores apart (``s_waitcnt_vscnt``, ``s_wait_storecnt``)."""
     return not (arch and _GFX10_AND_LATER.match(arch))
 
 
 def gfx9_waitcnt_vmcnt(imm: int) -> int:
-    """The ``vmcnt`` field of a GFX9 ``s_waitcnt`` immediate: bits 3:0 low, 15:14 high
-    (llvm-project ``llvm/test/MC/AMDGPU/sopp-gfx9.s`` at c1898945: ``vmcnt(62)`` is 0xcf7e)."""
+    """Bits 3:0 low, 15:14 high (llvm-project ``llvm/test/MC/AMDGPU/sopp-gfx9.s`` at c1898945:
+    ``vmcnt(62)`` is 0xcf7e)."""
     return (imm & 0xF) | ((imm >> 14) & 0x3) << 4

@@ -1,10 +1,7 @@
-"""The numerics audit's report lines in the training log: their wording and the patterns that
-find them.
+"""The numerics audit's report lines in the training log, and the patterns that find them.
 
-One owner for a contract that must not drift: the in-training audit writes these lines and
-the log tools (``check-log``, ``bench-summary``, ``compare``) recognise a flagged audit by
-them. Torch-free, so the offline log tools import it on any machine.
-"""
+One owner for a contract that must not drift: the in-training audit writes these lines and the
+log tools recognise a flagged audit by them. Torch-free, so the log tools import it anywhere."""
 
 from __future__ import annotations
 
@@ -26,8 +23,7 @@ def skipped_line(step: int, reason: str) -> str:
 
 
 def complete_line(outcomes: list[tuple[int, str]]) -> str:
-    """The end of an audit spread over steps: ``outcomes`` is each part's (step, ``ok``,
-    ``flagged`` or ``skipped``), in step order."""
+    """The end of an audit spread over steps: ``outcomes`` is each part's (step, outcome)."""
     said = [f"{o} at step(s) {joined}" for o in ("flagged", "skipped")
             if (joined := ", ".join(str(s) for s, got in outcomes if got == o))]
     return (f"{NAME} begun at step {outcomes[0][0]} ended at step {outcomes[-1][0]}: "
@@ -42,17 +38,16 @@ def stopped_line(step: int, where: str) -> str:
 
 def quarantined_line(step: int, segment: str, why: str, before_s: float,
                      after_s: float) -> str:
-    """The quarantine line of ``segment`` at ``step``: why (the flag's first line), and the
-    flagged micro-batch's measured time compiled and again with the segment eager.
-    """
+    """Why (the flag's first line), and the flagged micro-batch's time compiled and with the segment
+    eager."""
     return (f"{NAME} at step {step}: quarantined {segment} ({why}); step {step} redone with "
             f"it eager, and it stays eager for the rest of the run; the micro-batch's forward "
             f"and backward took {before_s:.3f} s compiled, {after_s:.3f} s with it eager")
 
 
 def quarantine_cost_line(segment: str, steps: int, before_s: float, after_s: float) -> str:
-    """The step time before the quarantine of ``segment`` and after it, each the mean of up
-    to ``steps`` unaudited steps measured in the run."""
+    """The step time before and after the quarantine, each the mean of up to ``steps`` unaudited
+    steps."""
     ratio = after_s / before_s if before_s > 0 else float("nan")
     return (f"{NAME}: quarantined {segment} costs {ratio:.2f} x the step time "
             f"({after_s:.3f} s against {before_s:.3f} s, mean of {steps} unaudited step(s) "
@@ -60,41 +55,33 @@ def quarantine_cost_line(segment: str, steps: int, before_s: float, after_s: flo
 
 
 def quarantine_failed_line(step: int, where: str, segment: str, since: int) -> str:
-    """What ``numerics_audit_policy = "quarantine"`` raises when a segment it made eager is
-    flagged again (matched by :data:`STOP`)."""
+    """What the quarantine policy raises when a segment it made eager is flagged again."""
     return (f"{NAME} flagged step {step} ({where}) and {segment}, eager since its "
             f"quarantine at step {since}, is still wrong: "
             '[rocm] numerics_audit_policy = "quarantine" stops the run')
 
 
 def unquarantinable_line(step: int, where: str, why: str) -> str:
-    """What ``numerics_audit_policy = "quarantine"`` raises for a flag it cannot act on
-    (matched by :data:`STOP`)."""
+    """What the quarantine policy raises for a flag it cannot act on."""
     return (f"{NAME} flagged step {step} ({where}) and quarantine cannot clear it ({why}): "
             '[rocm] numerics_audit_policy = "quarantine" stops the run')
 
 
 VERDICT = re.compile(rf"{re.escape(NAME)} at step (?P<step>\d{{1,18}}): "
                      rf"(?P<verdict>{'|'.join(VERDICTS)})\b")
-"""An in-training verdict line; the step and the verdict."""
 STOP = re.compile(rf"{re.escape(NAME)} flagged step (?P<step>\d{{1,18}})\b")
 """The stop policy's exception, wherever the log prints it."""
 QUARANTINED = re.compile(rf"{re.escape(NAME)} at step (?P<step>\d{{1,18}}): quarantined "
                          r"(?P<segment>embedding|head|block [^\s()]{1,64}) \(")
-"""A quarantine: the step and the segment taken out of compilation."""
 COMPLETE = re.compile(rf"{re.escape(NAME)} begun at step (?P<begun>\d{{1,18}}) ended at step "
                       r"(?P<ended>\d{1,18}): (?P<parts>\d{1,6}) parts, (?P<said>.*)")
-"""The end of a spread audit (:func:`complete_line`); ``said`` is what its parts found."""
 _STEPS = r"at step\(s\) \d{1,18}(?:, \d{1,18})*"
 COMPLETE_SAID = re.compile(rf"every one ok|(?=[fs])(?P<flagged>flagged {_STEPS})?"
                            rf"(?:(?:; )?skipped {_STEPS})?")
-"""The whole of a :data:`COMPLETE` line's ``said`` as :func:`complete_line` writes it (a line
-cut or run into other output does not match it)."""
+"""The whole ``said`` as :func:`complete_line` writes it (a line cut or run into other output
+does not match it)."""
 AT_STEP = re.compile(rf"{re.escape(NAME)} at step (?P<step>\d{{1,18}})(?P<rest>.{{0,16}})")
-"""The start of a line about one audited step; what follows names the outcome."""
 AT_STEP_OUTCOME = re.compile(r": (?:OK|FLAGGED)\b| skipped: |: quarantined ")
-"""What follows :data:`AT_STEP` on a whole verdict, skip or quarantine line (anything else:
-the line was cut or split by other output)."""
+"""A whole verdict, skip or quarantine line (anything else: the line was cut or split)."""
 QUARANTINE_COST = re.compile(rf"{re.escape(NAME)}: quarantined (?P<segment>embedding|head|"
                              r"block [^\s()]{1,64}) costs (?P<ratio>\S{1,20}) x the step time")
-"""The quarantine's cost line (:func:`quarantine_cost_line`): the segment and the ratio."""

@@ -1,9 +1,6 @@
 """Reading input files without blocking on non-files, and writing output files atomically.
 
-``open()`` on a FIFO waits for a writer forever, so every titan-rocm tool reads its inputs
-through :func:`open_regular`, which refuses anything but a regular file without blocking.
-Writes go through a temporary file and a rename, so no reader sees half a file.
-"""
+``open()`` on a FIFO waits for a writer forever; a rename means no reader sees half a file."""
 
 from __future__ import annotations
 
@@ -15,7 +12,7 @@ from pathlib import Path
 
 
 def describe_mode(mode: int) -> str:
-    """What a file of ``st_mode`` ``mode`` is, for a message: ``a named pipe (FIFO)``..."""
+    """For a message: ``a named pipe (FIFO)``..."""
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -38,8 +35,7 @@ class NotRegularFileError(OSError):
 def open_regular(path: str | os.PathLike[str]) -> int:
     """A read-only descriptor of the regular file at ``path``, without ever blocking.
 
-    Raises NotRegularFileError for a directory, FIFO, socket or device; OSError otherwise.
-    """
+    NotRegularFileError for a directory, FIFO, socket or device; OSError otherwise."""
     mode = os.stat(path).st_mode
     if not stat.S_ISREG(mode):
         raise NotRegularFileError(path, mode)
@@ -60,8 +56,8 @@ class TooLargeError(ValueError):
 
 
 def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> bytes:
-    """The bytes of the regular file at ``path``; raises TooLargeError past ``limit``, having
-    read no more than that."""
+    """The bytes of the regular file at ``path``; TooLargeError past ``limit``, having read no
+    more."""
     with os.fdopen(open_regular(path), "rb") as handle:
         if limit is None:
             return handle.read()
@@ -75,8 +71,6 @@ def read_regular(path: str | os.PathLike[str], limit: int | None = None) -> byte
 
 
 def _stage(path: Path, data: bytes | Iterable[bytes]) -> str:
-    """Write ``data`` (bytes or a stream of pieces) to a synced temporary file beside ``path``
-    with a new file's permissions; return its name."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -120,10 +114,8 @@ class PartialWrite(Exception):
 def write_all(files: Sequence[tuple[Path, bytes | Iterable[bytes]]]) -> None:
     """Write every ``(path, data)`` atomically, all of them or (nearly) none.
 
-    All are staged before any is renamed, so a full disk or Ctrl-C changes no destination;
-    only a failing rename leaves some replaced. ``data`` may be a generator: its exception
-    becomes the ``cause``. Raises PartialWrite naming what was and was not written.
-    """
+    All are staged before any is renamed, so a full disk or Ctrl-C changes no destination.
+    Raises PartialWrite naming what was and was not written."""
     staged: list[tuple[str, Path]] = []
     written: list[Path] = []
     try:
@@ -153,8 +145,8 @@ class OutputError(ValueError):
 
 
 def check_output(output: Path, inputs: Sequence[str | os.PathLike[str]], flag: str = "-o") -> None:
-    """Refuse, before any work, an ``output`` that is an input (also through a link), not a
-    regular file, or in a directory that cannot be written. Raises OutputError."""
+    """Refuse, before any work, an ``output`` that is an input (also through a link), not a regular
+    file, or not writable (OutputError)."""
     for source in inputs:
         if same_file(output, source):
             raise OutputError(

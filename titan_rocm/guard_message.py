@@ -1,9 +1,7 @@
 """The divergence guard's stop message: its wording, the pattern that finds it, value format.
 
-One owner for a contract that must never drift: the guard writes this message when it stops
-a run and the log tools recognise a stopped run by it (a round-trip test parses what
-:func:`short_message` writes). Torch-free, so the offline log tools import it anywhere.
-"""
+One owner for a contract that must never drift: the guard writes it and the log tools
+recognise a stopped run by it. Torch-free, so the log tools import it anywhere."""
 
 from __future__ import annotations
 
@@ -14,11 +12,11 @@ from dataclasses import dataclass
 DOCS_PAGE = "docs/divergence-detection.md"
 
 PREFIX = "titan-rocm divergence guard: training diverged at step"
-"""Every stop message starts with this; the log parser keys on it."""
+"""The log parser keys on it."""
 
 NUMBER = r"[-+]?(?:nan|inf(?:inity)?|(?:\d{1,40}(?:\.\d{0,40})?|\.\d{1,40})(?:[eE][-+]?\d{1,4})?)"
-"""A number as Python, C printf or Java print it (``nan``, ``-inf``, ``1.5e-3``). Digits are
-bounded so ``float()`` never sees thousands of digits."""
+"""A number as Python, C printf or Java print it; digits are bounded so ``float()`` never sees
+thousands of digits."""
 
 PATTERN = re.compile(
     rf"{re.escape(PREFIX)} (?P<step>\d{{1,18}})(?!\d)"
@@ -26,13 +24,12 @@ PATTERN = re.compile(
     rf"(?:[^:]*:\s*loss = (?P<loss>{NUMBER})?[^,]*,\s*grad_norm = (?P<gn>{NUMBER})?)?",
     re.IGNORECASE,
 )
-"""Finds :func:`message` and :func:`short_message` in a log line. Groups: ``step``; the
-rank that saw it first (``rank`` in the full message, ``seen`` in the short one); ``loss``
-and ``gn`` (absent when that rank did not see the value)."""
+"""Finds :func:`message` and :func:`short_message`; ``loss`` and ``gn`` are absent when the first
+rank did not see the value."""
 
 
 def fmt_value(value: float | None) -> str:
-    """A metric value for messages: ``nan``, ``inf``, ``-inf``, a short number, or ``n/a``."""
+    """``nan``, ``inf``, ``-inf``, a short number, or ``n/a``."""
     if value is None:
         return "n/a"
     if math.isnan(value):
@@ -52,7 +49,6 @@ class Divergence:
     loss: float | None
     grad_norm: float | None
     checked_at: str
-    """Where it was found: ``log step 10``, ``the checkpoint save at step 8``, ..."""
     world_size: int
     ranks_bad: tuple[int, ...]
 

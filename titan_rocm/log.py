@@ -1,10 +1,7 @@
 """titan-rocm's one logger, and the one log-once helper.
 
-Every module logs through :data:`log` with ``%``-style arguments. The logger is a child of
-the root logger, which is where TorchTitan (0.2.2 and 0.3.0) installs its handler, so
-titan-rocm's lines appear in the training log in TorchTitan's format; nothing here imports
-TorchTitan.
-"""
+A child of the root logger, where TorchTitan installs its handler, so titan-rocm's lines show
+in TorchTitan's format without importing it."""
 
 from __future__ import annotations
 
@@ -18,11 +15,7 @@ _lock = threading.Lock()
 
 
 def log_once(key: str, level: int, msg: str, *args: object) -> bool:
-    """Log ``msg % args`` at ``level`` the first time ``key`` is seen in this process.
-
-    Returns:
-        True if the message was logged now, False if ``key`` was logged before.
-    """
+    """Log ``msg % args`` the first time ``key`` is seen in this process; True if logged now."""
     with _lock:
         if key in _seen:
             return False

@@ -1,8 +1,5 @@
-"""What titan-rocm's changes were measured to cost, as data, each with its stored result.
-
-``titan-rocm plan`` quotes these; ``tests/unit/test_measured.py`` recomputes each from its
-result folder, so a figure cannot drift from its logs. Discussed in docs/performance.md.
-"""
+"""What titan-rocm's changes were measured to cost, with their stored results
+(docs/performance.md); ``tests/unit/test_measured.py`` recomputes each from its logs."""
 
 from __future__ import annotations
 
@@ -10,16 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 H200 = "one NVIDIA H200 (CUDA, not ROCm)"
-"""The only GPU the figures were measured on; no AMD GPU was available to the project."""
+"""No AMD GPU was available to the project."""
 
 
 @dataclass(frozen=True)
 class Measured:
-    """One side-by-side throughput ratio from a stored benchmark result.
-
-    With ``over``, the ratio is ``figure``'s value over ``over``'s: the benchmark stores only
-    the two runs' medians.
-    """
+    """One side-by-side throughput ratio from a stored benchmark result; with ``over``, ``figure``'s
+    value over ``over``'s (the benchmark stores only the two runs' medians)."""
 
     key: str
     ratio: float
@@ -74,16 +68,15 @@ FIGURES: dict[str, Measured] = {m.key: m for m in (
              "benchmarks/results/2026-11-30-h200-b/throughput-llama3-1b",
              ("figures", "throughput", "llama3_1b", "tps_ratio_rocm_on_over_stock", "pooled")),
 )}
-"""Keys are ``<workaround>.<the setting that decides it>``; ``dense.all_on`` is every
-workaround forced on together on a dense model (none measured alone there)."""
+"""``dense.all_on`` is every workaround forced on together on a dense model (none measured
+alone there)."""
 
 FP8_CONVERTERS = ("quantize.linear.float8", "quantize.grouped_mm.float8")
-"""TorchTitan's float8 converters: with MoE blocks eager, their casts run unfused."""
+"""With MoE blocks eager, their casts run unfused."""
 
 
 def cost_of(workaround: str, details: dict[str, Any], converters: list[str]) -> Measured | None:
-    """The measured figure for ``workaround`` as decided, or None; the choice is read from the
-    decision, never from a default."""
+    """The measured figure for ``workaround`` as decided (never from a default), or None."""
     if workaround == "moe_eager_compile":
         if any(c.strip() in FP8_CONVERTERS for c in converters):
             return FIGURES["moe_eager_compile.fp8"]

@@ -1,10 +1,7 @@
 """The one validator of numbers a user types: options, ``[rocm]`` settings, ranged checks.
 
-``float("nan")`` and ``float("inf")`` parse, and a comparison with NaN is always false, so
-``if value <= 0: refuse`` lets NaN through (a ``--fudge nan`` tolerance passed every kernel).
-:class:`Bounds` accepts only a finite number in range and refuses in one shape
-(:func:`refusal`).
-"""
+A comparison with NaN is always false, so ``if value <= 0: refuse`` lets NaN through (a
+``--fudge nan`` tolerance passed every kernel): :class:`Bounds` accepts only finite numbers."""
 
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ from typing import Any
 
 
 def refusal(name: str, value: object, accepted: str) -> str:
-    """``{name} {value!r} is not valid; accepted: {accepted}`` (``name``: the flag, or
-    ``[rocm] key =``)."""
+    """``{name} {value!r} is not valid; accepted: {accepted}``."""
     return f"{name} {value!r} is not valid; accepted: {accepted}"
 
 
@@ -34,7 +30,6 @@ class Bounds:
     unit: str = ""
     high_open: bool = False
     also: tuple[int, ...] = ()
-    """Values accepted outside the range (``-1``: every rank left over)."""
 
     def accepted(self) -> str:
         """``a number > 0 and <= 86400 (seconds)``: the accepted values, for messages."""
@@ -53,7 +48,7 @@ class Bounds:
             value > self.low if self.low_open else value >= self.low)
 
     def parse(self, text: str | float | int, name: str) -> float | int:
-        """``text`` as a number in range; raises ValueError with :func:`refusal`'s sentence."""
+        """``text`` as a number in range; ValueError with :func:`refusal`'s sentence."""
         value: float | int
         try:
             if isinstance(text, bool):
@@ -69,8 +64,8 @@ class Bounds:
         return value
 
     def check(self, value: Any, name: str) -> float | int:
-        """A value a parser already typed (TOML, a dataclass field), in range: never a bool, a
-        string, or a float for an int. Raises ValueError with :func:`refusal`'s sentence."""
+        """A value a parser already typed, in range: never a bool, a string, or a float for an
+        int."""
         numeric = (int,) if self.kind is int else (int, float)
         if isinstance(value, bool) or not isinstance(value, numeric):
             raise ValueError(refusal(name, value, self.accepted()))
@@ -79,8 +74,8 @@ class Bounds:
     def parse_many(self, text: str, name: str, *, sep: str, form: str,
                    count: int | None = None, distinct: bool = False,
                    words: tuple[str, ...] = ()) -> tuple[float | int, ...] | str:
-        """``text`` as ``sep``-separated numbers in range (``count`` of them, ``distinct``), or
-        one of ``words``; raises ValueError naming the whole ``text``."""
+        """``text`` as ``sep``-separated numbers in range, or one of ``words``; ValueError naming
+        ``text``."""
         if text.strip() in words:
             return text.strip()
         parts = re.split(re.escape(sep), text, flags=re.IGNORECASE)
@@ -126,9 +121,8 @@ def _fmt(value: float) -> str:
 
 
 MAX_RANKS = 1 << 20
-"""The most ranks a plan accepts: ten times the largest GPU cluster built; more is a typo."""
+"""Ten times the largest GPU cluster built; more is a typo."""
 RANKS = Bounds(int, 1, MAX_RANKS)
 DEVICES = Bounds(int, 0, MAX_RANKS - 1)
-"""A device index; the machine's own count is checked where it is known."""
 STEPS = Bounds(int, 0, 10**18)
-"""A step count: the log parser reads steps of up to 18 digits."""
+"""The log parser reads steps of up to 18 digits."""

@@ -1,17 +1,8 @@
 """The one way titan-rocm replaces an attribute of code it does not own, and puts it back
 (docs/architecture.md, "Patching code titan-rocm does not own").
 
-Each replacement is remembered (restoring puts back exactly what stood in the owner's own
-namespace, or removes a shadowing entry), installed once (a second :func:`patch` by the same
-workaround rebinds, never wraps the wrapper), scoped (held by the :class:`Scope` current when
-made, restored when the last holder lets go), and introspectable (:func:`installed`).
-
-Patches of one attribute by two workarounds stack; restoring a lower one rebuilds those above
-it from the functions that made them. A patch someone else has since replaced is forgotten,
-not restored: what stands there now is not titan-rocm's to take away. Settings
-(``os.environ``, torch's config modules) are patched the same way (:func:`setting`), since
-their values live outside the module's ``__dict__``.
-"""
+A patch someone else has since replaced is forgotten, not restored: what stands there now is
+not titan-rocm's to take away."""
 
 from __future__ import annotations
 
@@ -29,12 +20,8 @@ _ABSENT: Any = object()
 
 
 def _config_entry(owner: Any, name: str) -> Any:
-    """``name``'s entry where ``owner`` is one of torch's config modules, else None.
-
-    torch/utils/_config_module.py (torch 2.13): the user's value lives in the entry's
-    ``user_override`` ContextVar (``_UNSET_SENTINEL``: never set), which ``_is_default`` and
-    the config's hash read.
-    """
+    """torch/utils/_config_module.py (torch 2.13): the user's value lives in the entry's
+    ``user_override`` ContextVar, which ``_is_default`` and the config's hash read."""
     if isinstance(owner, (dict, MutableMapping)) or not hasattr(owner, "__dict__"):
         return None
     table = vars(owner).get("_config")
@@ -48,7 +35,6 @@ def _unset_sentinel(owner: Any) -> Any:
 
 
 def _own(owner: Any, name: str) -> Any:
-    """What stands under ``name`` in ``owner``'s own namespace, or :data:`_ABSENT`."""
     if isinstance(owner, (dict, MutableMapping)):
         return owner.get(name, _ABSENT)
     entry = _config_entry(owner, name)
@@ -59,7 +45,6 @@ def _own(owner: Any, name: str) -> Any:
 
 
 def _lookup(owner: Any, name: str) -> Any:
-    """What code reading ``owner.name`` (or the global ``name``) gets now."""
     if isinstance(owner, (dict, MutableMapping)):
         if name not in owner:
             raise AttributeError(f"namespace {describe(owner)} has no {name!r}")
@@ -88,8 +73,8 @@ def _put(owner: Any, name: str, value: Any) -> None:
 
 
 def _same(now: Any, ours: Any) -> bool:
-    """``now`` is the value a patch put there: the same object, or (for a setting read back
-    as a new object, as ``os.environ`` decodes each read) an equal plain value."""
+    """A setting read back as a new object (``os.environ`` decodes each read) matches by
+    equality."""
     if now is ours:
         return True
     plain = (str, bytes, int, float, bool, tuple, frozenset, type(None))
@@ -120,22 +105,15 @@ class Patch:
     make: Callable[[Any], Any]
     """Builds the value from the original (called again when the stack below changes)."""
     where: str
-    """``owner.name`` as a dotted name."""
     original: Any = None
-    """What ``make`` was given: the attribute as code read it before this patch."""
     saved: Any = _ABSENT
-    """What stood in the owner's own namespace before this patch."""
     value: Any = None
-    """What this patch put there."""
     holders: list[Scope] = field(default_factory=list)
-    """The scopes that hold it: restored when the last lets go."""
+    """Restored when the last lets go."""
     key: tuple[int, str] = (0, "")
-    """``(id(owner), name)``: its place in the registry."""
     owner: Any = field(default=None, repr=False)
-    """The patched module, class, instance or namespace."""
     setting: bool = False
-    """A setting (:func:`setting`): it may be set where nothing stood (an environment
-    variable, a thread-local); restoring removes it again."""
+    """It may be set where nothing stood (an environment variable); restoring removes it again."""
 
     def restore(self) -> None:
         """Put back what this patch replaced, whoever holds it."""
@@ -167,12 +145,8 @@ class Scope:
               refresh: bool = False, setting: bool = False) -> Patch:
         """Replace ``owner.name`` with ``make(original)``, held by this scope.
 
-        Idempotent per ``(owner, name, by)``: the existing patch is held and returned
-        (``refresh`` rebuilds its value from the original first).
-
-        Raises:
-            AttributeError: ``owner`` has no ``name`` (and it is not a ``setting``).
-        """
+        Idempotent per ``(owner, name, by)`` (``refresh`` rebuilds from the original instead of
+        wrapping the wrapper). AttributeError when ``owner`` has no ``name``."""
         with _lock:
             return _install(self, owner, name, make, by, refresh, setting)
 
@@ -187,7 +161,7 @@ class Scope:
 
     def release(self) -> None:
         """Let go of every patch this scope holds; those no other scope holds are restored,
-        the latest first."""
+        latest first."""
         with _lock:
             for p in reversed(self.patches):
                 if self in p.holders:
@@ -204,9 +178,7 @@ _current: contextvars.ContextVar[Scope] = contextvars.ContextVar("titan_rocm_pat
                                                                  default=PROCESS)
 _lock = threading.RLock()
 _stacks: dict[tuple[int, str], list[Patch]] = {}
-"""``(id(owner), name)`` -> its patches, the innermost first."""
 _order: list[Patch] = []
-"""Every installed patch, in the order it was made."""
 
 
 def current() -> Scope:
@@ -221,13 +193,9 @@ def patch(owner: Any, name: str, make: Callable[[Any], Any], *, by: str,
 
 
 def setting(owner: Any, name: str, value: Any, *, by: str) -> Patch:
-    """Set ``owner.name`` (or a mapping's ``owner[name]``) to ``value`` in the :func:`current`
-    scope, put back when the scope lets go; set again by the same ``by``, it takes the new
-    value (never a second layer).
-
-    Raises:
-        AttributeError: ``owner`` has no setting ``name`` (a config module's unknown option).
-    """
+    """Set ``owner.name`` (or ``owner[name]``) to ``value`` in the :func:`current` scope; set
+    again by the same ``by``, it takes the new value (never a second layer). AttributeError
+    for an unknown config option."""
     return current().patch(owner, name, lambda _before: value, by=by, refresh=True,
                            setting=True)
 
@@ -264,8 +232,7 @@ def original(owner: Any, name: str) -> Any:
 
 
 def restore(by: str | None = None) -> int:
-    """Restore every patch (made by ``by``, if given), whoever holds it; how many (tests,
-    and a tool that must leave the process as it found it)."""
+    """Restore every patch (made by ``by``, if given), whoever holds it; returns how many."""
     with _lock:
         chosen = [p for p in _order if by in (None, p.by)]
         for p in reversed(chosen):
@@ -280,7 +247,7 @@ def _key(owner: Any, name: str) -> tuple[int, str]:
 
 
 def _live_stack(owner: Any, name: str) -> list[Patch]:
-    """The stack of ``owner.name``, forgotten first when someone replaced its top since."""
+    """Forgotten first when someone replaced its top since."""
     key = _key(owner, name)
     stack = _stacks.get(key, [])
     if stack and not _same(_own(owner, name), stack[-1].value):
@@ -335,7 +302,6 @@ def _install(holder: Scope, owner: Any, name: str, make: Callable[[Any], Any], b
 
 
 def _rebuild(owner: Any, name: str, patches: list[Patch]) -> None:
-    """Install ``patches`` in order over what stands at ``owner.name`` now."""
     for p in patches:
         try:
             p.original = _lookup(owner, name)

@@ -1,9 +1,4 @@
-"""``titan-rocm plan``'s text: the answer first, then the evidence.
-
-Values print in one style, as JSON/TOML literals, never Python reprs; internals only with
-``--verbose``. Each workaround's verdict line is its own (``Workaround.plan_line``). Layout:
-docs/plan.md.
-"""
+"""``titan-rocm plan``'s text: the answer first, then the evidence (docs/plan.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +13,7 @@ from titan_rocm.settings import RocmSettings
 from titan_rocm.workarounds.registry import workaround_class
 
 PLAN_SCHEMA = 1
-"""Version of ``plan --json``'s layout (both TorchTitan versions); raised when a field changes."""
+"""Raised when a field changes (both TorchTitan versions)."""
 
 NOT_SIMULATED = (
     "the GPU itself, NCCL/RCCL, memory, the tokenizer and dataset paths, and the kernels "
@@ -31,7 +26,6 @@ INTERNAL_KEYS = frozenset({
     "op_sac_save_list", "guard", "guard_not_covered", "accepted", "release_facts",
     "get_gfx_source", "get_gfx_matches_device", "in_cache_key", "checked_at",
 })
-"""Shown with --verbose."""
 
 
 def value_text(value: Any) -> str:
@@ -87,7 +81,6 @@ def _details_lines(details: dict[str, Any], indent: str, verbose: bool) -> list[
 
 
 def _cost(d: dict[str, Any], converters: list[str], sources: list[str]) -> str:
-    """``d``'s measured cost, its source appended to ``sources`` once and cited as ``[n]``."""
     figure = cost_of(d["workaround"], d["details"], converters)
     not_measured = workaround_class(d["workaround"]).not_measured
     if figure is None and not_measured:

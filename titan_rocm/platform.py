@@ -1,10 +1,9 @@
 """Platform facts: torch build, GPU architecture, Triton, aiter.
 
-One cached answer (:func:`current`) that tests and ``titan-rocm plan --arch`` replace with
-:func:`override` instead of patching torch. aiter is probed without importing it because its
-``get_gfx()`` answers the last ``GPU_ARCHS`` entry, not the device (aiter
-``aiter/jit/utils/chip_info.py``, 0.1.7.post2 and main e4048607; docs/mla-ck-backward.md).
-"""
+Tests and ``plan --arch`` replace :func:`current` with :func:`override` instead of patching
+torch. aiter is probed without importing it because its ``get_gfx()`` answers the last
+``GPU_ARCHS`` entry, not the device (aiter ``aiter/jit/utils/chip_info.py``, 0.1.7.post2 and
+main e4048607; docs/mla-ck-backward.md)."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ from typing import Any
 from titan_rocm.archs import ArchFacts, arch_facts, normalize_arch
 
 AITER_DISTRIBUTIONS: tuple[str, ...] = ("amd-aiter", "aiter")
-"""Distribution names aiter installs under (PyPI wheel, source build)."""
 
 
 @dataclass(frozen=True)
@@ -29,7 +27,6 @@ class SimulatedAiter:
     """One aiter ``--aiter`` can simulate (gemm-tables rules are keyed by the same names)."""
 
     version: str
-    """Sets the simulated API generation and MLA release facts."""
     label: str
     read_at: str
 
@@ -46,7 +43,6 @@ SIMULATED_AITERS: dict[str, SimulatedAiter] = {
         "ROCm/aiter main as read on 2026-12-01: e4048607 and the merged #4875, #4916 and "
         "#4961 (#4715 open)"),
 }
-"""``--aiter`` choice → the aiter it simulates (docs/gemm-tables.md and docs/plan.md cite each)."""
 AITER_CHOICES: tuple[str, ...] = (*SIMULATED_AITERS, "absent")
 DEFAULT_SIMULATED_AITER = "0.1.7"
 """``pip install amd-aiter`` installs 0.1.7.post2.dev18 (the newest wheel on PyPI)."""
@@ -57,8 +53,7 @@ def aiter_choices_help() -> str:
     named = [f"{name}: {aiter.label}" for name, aiter in SIMULATED_AITERS.items()]
     return "; ".join([*named, "absent: no aiter"])
 API_GENERATIONS: tuple[str, ...] = ("0.1.7", "main")
-"""aiter's Python API generations: ``0.1.7`` (``_flash_attn_forward`` without ``sink_size`` and
-fp8 descales) and ``main`` (0.1.8 and later)."""
+"""``0.1.7`` (``_flash_attn_forward`` without ``sink_size`` and fp8 descales) and ``main``."""
 
 _VERSION = re.compile(r"^\s*v?(\d+)\.(\d+)(?:\.(\d+))?")
 
@@ -87,7 +82,6 @@ class AiterFacts:
     """The installed aiter: its version, and the arch its ``get_gfx()`` answers."""
 
     version: str | None
-    """``main`` when simulated; None unknown."""
     gfx: str | None
     gfx_source: str
 
@@ -101,7 +95,6 @@ class AiterFacts:
         return device_arch is not None and self.gfx is not None and self.gfx != device_arch
 
     def describe(self) -> str:
-        """E.g. ``aiter 0.1.7.post2.dev18 (API 0.1.7), get_gfx() gfx950 (GPU_ARCHS ...)``."""
         generation = self.generation or "unknown"
         return (
             f"aiter {self.version or 'version unknown'} (API {generation}), "
@@ -112,7 +105,7 @@ class AiterFacts:
 def predicted_aiter_gfx(
     device_arch: str | None, env: Mapping[str, str] | None = None
 ) -> tuple[str | None, str]:
-    """What aiter's ``get_gfx()`` will answer here, and why (predicted before aiter imports)."""
+    """Predicted before aiter imports, with the reason."""
     env = os.environ if env is None else env
     value = env.get("GPU_ARCHS", "native")
     if value == "native":
@@ -152,8 +145,7 @@ def probe_aiter(
 def simulated_aiter(
     choice: str, device_arch: str, env: Mapping[str, str] | None = None
 ) -> AiterFacts | None:
-    """A pretend aiter for ``plan --aiter`` (None for ``absent``); raises ValueError for an
-    unknown ``choice``."""
+    """A pretend aiter for ``plan --aiter`` (None for ``absent``; ValueError for an unknown one)."""
     if choice not in AITER_CHOICES:
         raise ValueError(
             f"aiter = {choice!r} is not valid; accepted: {', '.join(AITER_CHOICES)}"
@@ -173,14 +165,12 @@ class PlatformFacts:
     cuda_version: str | None
     device_count: int
     gcn_arch_name: str | None
-    """E.g. ``gfx942:sramecc+:xnack-``; None off ROCm."""
     device_capability: tuple[int, int] | None
     device_name: str | None
     triton_version: str | None
     aiter_spec_found: bool
-    """Installed only: aiter raises at import without ROCm, so importing is the caller's call."""
+    """Importing is the caller's call: aiter raises at import without ROCm."""
     simulated: bool = False
-    """Made up (``plan --arch``, tests), not detected."""
     aiter: AiterFacts | None = None
     primus_turbo: bool | None = None
     """None on a real machine (asked by importing it when needed); set on a simulated one."""
@@ -197,7 +187,6 @@ class PlatformFacts:
 
     @property
     def arch(self) -> ArchFacts | None:
-        """Per-architecture facts for device 0, or None when unknown or not ROCm."""
         if self.gfx_arch is None:
             return None
         try:
@@ -207,7 +196,6 @@ class PlatformFacts:
 
     @property
     def aiter_usable(self) -> bool:
-        """Installed, on a ROCm build with a device: aiter can be expected to import."""
         return self.aiter_spec_found and self.is_rocm and self.device_count > 0
 
     def describe(self) -> str:
@@ -237,10 +225,8 @@ class PlatformFacts:
         aiter: str = DEFAULT_SIMULATED_AITER,
         primus_turbo: bool | None = None,
     ) -> PlatformFacts:
-        """Facts of a pretend ROCm machine with one ``arch`` device (``plan --arch``, tests).
-
-        Raises ValueError for an unknown ``arch`` or keyword value.
-        """
+        """A pretend ROCm machine with one ``arch`` device (``plan --arch``, tests); ValueError
+        if unknown."""
         facts = arch_facts(arch)
         pretend_aiter = simulated_aiter(aiter, facts.name)
         base = base or detect()
@@ -260,10 +246,7 @@ class PlatformFacts:
 
 def planned_facts(arch: str | None, aiter: str | None = None,
                   primus_turbo: str | None = None) -> PlatformFacts:
-    """The machine ``titan-rocm plan`` plans for: this one, or a simulated ROCm ``arch``.
-
-    Raises ValueError for an unknown value, or ``aiter``/``primus_turbo`` without ``arch``.
-    """
+    """This machine, or a simulated ROCm ``arch`` (ValueError for an unknown value)."""
     given = [f"--aiter {aiter}"] * (aiter is not None) + \
         [f"--primus-turbo {primus_turbo}"] * (primus_turbo is not None)
     if arch is None:
@@ -299,7 +282,6 @@ def _triton_version() -> str | None:
 
 
 def detect() -> PlatformFacts:
-    """Detect this machine's facts, uncached (prefer :func:`current`)."""
     try:
         import torch
     except ImportError:

@@ -1,8 +1,5 @@
-"""Progress of a long command (``tune run``, ``scan``): fixed total, time left.
-
-tqdm's bar on a terminal; elsewhere (log, pipe, CI) a bar is ``\\r`` noise, so a plain line
-in tqdm's words goes out every ``interval`` seconds and once at the end.
-"""
+"""Progress of a long command (``tune run``, ``scan``): tqdm's bar on a terminal; elsewhere a bar
+is ``\\r`` noise, so a plain line goes out every ``interval`` seconds and once at the end."""
 
 from __future__ import annotations
 
@@ -19,10 +16,8 @@ _FORMAT = "{n_fmt}/{total_fmt} {unit}s [{elapsed}<{remaining}]"
 
 
 class Progress:
-    """``n`` of a fixed ``total`` things done, with an ETA; use as a context manager.
-
-    Writes to stderr by default, so stdout stays the command's result.
-    """
+    """``n`` of a fixed ``total`` things done, with an ETA; on stderr, so stdout stays the
+    result."""
 
     def __init__(self, total: int, unit: str, prefix: str, stream: TextIO | None = None,
                  tty: bool | None = None, interval: float = INTERVAL_S) -> None:
@@ -56,7 +51,6 @@ class Progress:
             self._line(now)
 
     def line(self) -> str:
-        """The progress as one line (what goes out when not on a terminal)."""
         return self._text(time.monotonic())
 
     def _text(self, now: float) -> str:

@@ -1,8 +1,5 @@
-"""The one way a record of titan-rocm writes its JSON form.
-
-Outputs (``--json``, stats files, docs quotes) fix the key order, which is not always the
-fields' order, and some keys are renamed or computed: one ordered list states all three.
-"""
+"""The one way a record of titan-rocm writes its JSON form: outputs fix a key order that is not
+always the fields', and rename or compute some keys, so one ordered list states all three."""
 
 from __future__ import annotations
 
@@ -10,11 +7,8 @@ from typing import Any
 
 
 def json_form(record: object, keys: str, /, **given: object) -> dict[str, Any]:
-    """``{key: value}`` for each name of ``keys`` (space-separated, in output order).
-
-    ``key=attribute`` renames; a name in ``given`` takes that computed value; a value with
-    ``to_dict`` is written by it.
-    """
+    """``{key: value}`` for each name of ``keys`` (space-separated, in output order); ``key=attr``
+    renames, a name in ``given`` takes that value, a value with ``to_dict`` is written by it."""
     names = [name.partition("=") for name in keys.split()]
     unknown = sorted(set(given) - {key for key, _, _ in names})
     if unknown:

@@ -1,11 +1,8 @@
 """Which TorchTitan is installed, read from the API its files have: TorchTitan is never imported.
 
-Each entry point calls :func:`require` first, so a user of the other generation's entry point
-gets a sentence naming what to use instead of an ImportError from deep inside TorchTitan.
 The generation is the API shape, not the version string: TorchTitan main reports 0.2.2
-(``assets/version.txt`` at pytorch/torchtitan b5bcd76c) but has 0.3.0's API. The files are
-read, not imported, because importing costs seconds and, in 0.3.0, fixes the device type.
-"""
+(``assets/version.txt`` at pytorch/torchtitan b5bcd76c) but has 0.3.0's API. Files are read,
+not imported: importing costs seconds and, in 0.3.0, fixes the device type."""
 
 from __future__ import annotations
 
@@ -36,10 +33,9 @@ _VERSION = re.compile(r"^(\d+)\.(\d+)")
 
 
 class TorchTitanVersionError(RuntimeError):
-    """The installed TorchTitan is not the one this titan-rocm entry point is for.
+    """The installed TorchTitan is not the one this entry point is for.
 
-    A RuntimeError, because TorchTitan 0.3.0's ``--module`` loader swallows ImportErrors.
-    """
+    A RuntimeError, because TorchTitan 0.3.0's ``--module`` loader swallows ImportErrors."""
 
 
 def installed() -> str | None:
@@ -56,12 +52,10 @@ SHAPES: dict[str, tuple[str, ...]] = {
     # 0.3.0 (and main at b5bcd76c): config functions over Configurable, torchtitan/trainer.py.
     "0.3": ("config/configurable.py", "trainer.py"),
 }
-"""Files (under the ``torchtitan`` package) that each generation's API has, all of them."""
 
 FOLDED_TOKENS = "folded_tokens"
-"""A 0.3-shaped TorchTitan with the batch folded into the token dimension (pytorch/torchtitan
-#4121, commit 73aed7f6: q/k/v ``(T, N, H)`` instead of ``(B, L, N, H)``); seams that read the
-attention layout differ by it."""
+"""The batch folded into the token dimension (pytorch/torchtitan #4121, 73aed7f6: q/k/v
+``(T, N, H)`` instead of ``(B, L, N, H)``); seams that read the attention layout differ by it."""
 FOLDED_TOKENS_MARKER = ("config/configs.py", "num_tokens_per_microbatch_per_dp_rank")
 """#4121 renamed ``training.local_batch_size`` to this (b5bcd76c, ``config/configs.py``)."""
 
@@ -98,7 +92,6 @@ UNREAD_SHAPES: tuple[UnreadShape, ...] = (
         "it with w13/w2 GroupedLinear modules); its experts are left as TorchTitan built them",
     ),
 )
-"""Changes on TorchTitan main that titan-rocm's seams have not been written against."""
 
 SUPPORTED = "titan-rocm supports TorchTitan 0.2.2 (converters) and 0.3.0 (config functions)"
 
@@ -111,10 +104,8 @@ class Installed:
     """What it says, not what it is."""
     location: str | None = None
     shape: Series | None = None
-    """None for neither."""
     found: tuple[str, ...] = ()
     moved: Mapping[str, str] = field(default_factory=dict)
-    """Workaround -> why its seam does not fit this TorchTitan."""
     variants: tuple[str, ...] = ()
 
     def describe(self) -> str:
@@ -127,7 +118,6 @@ class Installed:
         return text
 
     def unsupported(self) -> str | None:
-        """The sentence for a TorchTitan with neither API shape (None: it has one)."""
         if self.location is None or self.shape is not None:
             return None
         found = ", ".join(self.found) or "none of them"
@@ -192,14 +182,9 @@ def series(version: str | None = None) -> str | None:
 
 def require(wanted: Series, entry: str, version: str | None = None,
             found: Installed | None = None, advice: str | None = None) -> str:
-    """Raise unless the installed TorchTitan has generation ``wanted``'s API; return its version.
-
-    ``version`` and ``found`` stand in for the installed files (tests); ``advice`` replaces
-    the other generation's entry point in the sentence where it has no twin.
-
-    Raises:
-        TorchTitanVersionError: naming ``entry``, what is installed and what to use.
-    """
+    """Raise TorchTitanVersionError (naming ``entry``, what is installed and what to use) unless the
+    installed TorchTitan has ``wanted``'s API; return its version. ``version`` and ``found``
+    stand in for the installed files (tests)."""
     if version is not None:  # a version string alone: judged by its major.minor
         shape, have = series(version), f"torchtitan {version} is installed"
     else:

@@ -1,7 +1,5 @@
-"""``titan_rocm.train``, the path users type (``python -m titan_rocm.train``, and
-``titan-rocm-train``'s ``main``): the module :mod:`titan_rocm.adapters.tt022.train` itself
-(one module object, whichever path imports it).
-"""
+"""``python -m titan_rocm.train``: the module :mod:`titan_rocm.adapters.tt022.train` itself (one
+module object, whichever path imports it)."""
 
 import importlib
 import sys

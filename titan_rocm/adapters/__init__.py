@@ -1,7 +1,5 @@
-"""The TorchTitan adapters, one folder per generation. The command line asks the installed
-generation's adapter (:func:`installed`) and holds no generation branch of its own: each
-folder's ``commands`` module implements :class:`Adapter` (``tests/unit/test_architecture.py``).
-"""
+"""The TorchTitan adapters, one folder per generation; the command line holds no generation
+branch of its own (each folder's ``commands`` module implements :class:`Adapter`)."""
 
 from __future__ import annotations
 
@@ -14,60 +12,33 @@ if TYPE_CHECKING:
     from titan_rocm.numerics.result import AuditResult
 
 FOLDERS: dict[str, str] = {"0.2": "tt022", "0.3": "tt030"}
-"""TorchTitan generation (its API shape) -> its adapter folder."""
 
 COMMANDS = "commands"
-"""The module of each adapter folder that implements :class:`Adapter`."""
 
 
 class Adapter(Protocol):
-    """What the command line asks of a TorchTitan generation's adapter. Importing it costs
-    no torch: its functions import what they need, so a refusal comes back at once."""
+    """What the command line asks of a generation's adapter. Importing it costs no torch, so a
+    refusal comes back at once."""
 
     def refuse_other_flags(self, args: Sequence[str]) -> None:
-        """Refuse the other generation's job flags, before the job's flags are read.
-
-        Raises:
-            titan_rocm.adapters.common.JobArgsError: the sentence naming this generation's.
-        """
+        """Refuse the other generation's job flags (JobArgsError naming this generation's)."""
 
     def check_job_args(self, args: Sequence[str]) -> None:
-        """The torch-free checks of the job's flags and files, made before torch loads.
-
-        Raises:
-            titan_rocm.adapters.common.JobArgsError: the reason, as the full plan gives it.
-        """
+        """The torch-free checks of the job's flags and files, made before torch loads
+        (JobArgsError)."""
 
     def torchtitan_help(self, args: Sequence[str]) -> int:
-        """Print TorchTitan's own flags for the job in ``args`` (0.3.0's depend on its config
-        function); return the exit code.
-
-        Raises:
-            titan_rocm.adapters.common.StartupError: the job's config cannot be loaded.
-        """
+        """Print TorchTitan's own flags for the job; return the exit code (StartupError)."""
 
     def plan(self, request: PlanRequest) -> dict[str, Any]:
-        """What the job would get from titan-rocm (``titan-rocm plan``'s dict).
-
-        Raises:
-            titan_rocm.adapters.common.StartupError: the job would stop at start-up, or
-                cannot be planned.
-        """
+        """What the job would get from titan-rocm (``titan-rocm plan``'s dict; StartupError)."""
 
     def audit(self, request: AuditRequest) -> AuditResult:
-        """Parse the job, build its own trainer and audit its first micro-batch.
-
-        Raises:
-            titan_rocm.numerics.result.AuditError: bad input or the audit cannot run.
-        """
+        """Parse the job, build its own trainer and audit its first micro-batch (AuditError)."""
 
     def tune_collect(self, request: CollectRequest) -> int:
-        """Record the GEMM problems of one step of the job's own trainer (``titan-rocm tune
-        collect``); return the exit code.
-
-        Raises:
-            titan_rocm.tuner.collect.CollectError: bad input, or the job cannot be collected.
-        """
+        """``titan-rocm tune collect`` on the job's own trainer; return the exit code
+        (CollectError)."""
 
 
 class NoAdapter(RuntimeError):
@@ -75,11 +46,8 @@ class NoAdapter(RuntimeError):
 
 
 def installed() -> Adapter:
-    """The installed TorchTitan's adapter (its folder's ``commands`` module).
-
-    Raises:
-        NoAdapter: TorchTitan is missing, or its API is neither generation's.
-    """
+    """The installed TorchTitan's adapter (NoAdapter when missing or of neither generation's
+    API)."""
     from titan_rocm import torchtitan_version
 
     found = torchtitan_version.detect()

@@ -1,7 +1,4 @@
-"""What both TorchTitan adapters and the CLI share, torch-free: the start-up error, the
-plan's world size, and the command-line flag readers. Neither adapter imports the other
-(``tests/unit/test_architecture.py``).
-"""
+"""What both adapters and the CLI share, torch-free (neither adapter imports the other)."""
 
 from __future__ import annotations
 
@@ -23,9 +20,8 @@ CONFIG_FILE_FLAGS = ("--job.config_file", "--job.config-file")
 """TorchTitan 0.2.2's TOML flag (0.3.0 takes ``--module M --config F`` instead)."""
 
 LAUNCHERS: tuple[str, ...] = ("torchtitan", "titan-rocm")
-"""How a 0.2.2 job starts (``torchrun ... -m torchtitan.train``, the default, or
-``titan_rocm.train``); here because ``plan --launcher`` lists them before TorchTitan is found.
-"""
+"""How a 0.2.2 job starts; here because ``plan --launcher`` lists them before TorchTitan is
+found."""
 DEFAULT_LAUNCHER = "torchtitan"
 
 
@@ -40,12 +36,9 @@ class PlanError(StartupError):
 @dataclass(frozen=True)
 class WorldSize:
     """The number of ranks a plan assumes, and where that number came from."""
-
     size: int
     source: str
-    """``--world-size``, ``--nnodes x --nproc-per-node`` or ``derived``."""
     detail: str
-    """One sentence: how it was obtained."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form."""
@@ -83,17 +76,12 @@ DEGREES: dict[str, Bounds] = {
     short: Bounds(int, 1, MAX_RANKS, also=(-1,) if short == "dp_shard" else ())
     for short in DEGREE_NAMES
 }
-"""The degrees TorchTitan's ``ParallelDims._validate`` accepts (0.2.2 and 0.3.0,
-``torchtitan/distributed/parallel_dims.py``: each >= 1, ``dp_shard`` also -1), up to
-:data:`~titan_rocm.numbers.MAX_RANKS`."""
+"""What TorchTitan's ``ParallelDims._validate`` accepts
+(``torchtitan/distributed/parallel_dims.py``)."""
 
 
 def check_degrees(d: dict[str, Any]) -> None:
-    """Each of the degrees ``d`` (:func:`degrees`) is an integer :data:`DEGREES` accepts.
-
-    Raises:
-        StartupError: naming the degree and what is accepted.
-    """
+    """Each degree in ``d`` is an integer :data:`DEGREES` accepts; else StartupError."""
     for short, value in d.items():
         try:
             DEGREES[short].check(value, f"[parallelism] {DEGREE_NAMES[short]} =")
@@ -102,8 +90,7 @@ def check_degrees(d: dict[str, Any]) -> None:
 
 
 def degrees(job_config: Any) -> dict[str, int]:
-    """The job's parallel degrees under ParallelDims' short names (1 for a degree the job's
-    TorchTitan has no field for)."""
+    """The job's parallel degrees (1 for a degree its TorchTitan has no field for)."""
     p = job_config.parallelism
     return {short: getattr(p, long, 1) for short, long in DEGREE_NAMES.items()}
 
@@ -120,11 +107,7 @@ def check_counts(size: int | None, nnodes: int | None, nproc_per_node: int | Non
 
 
 def check_world_flags(size: int | None, nnodes: int | None, nproc_per_node: int | None) -> None:
-    """The world-size flags alone, torch-free so plan refuses them at once.
-
-    Raises:
-        StartupError: a count below 1, or ``--world-size`` disagreeing with the other two.
-    """
+    """The world-size flags alone, torch-free so plan refuses them at once (StartupError)."""
     check_counts(size, nnodes, nproc_per_node)
     if nnodes is not None or nproc_per_node is not None:
         nodes, per_node = nnodes or 1, nproc_per_node or 1
@@ -141,12 +124,10 @@ def world_size(
     nnodes: int | None = None,
     nproc_per_node: int | None = None,
 ) -> WorldSize:
-    """The world size a plan uses: ``size``, else ``nnodes * nproc_per_node``, else the smallest
-    the degrees ``d`` fit.
+    """``size``, else ``nnodes * nproc_per_node``, else the smallest the degrees fit.
 
-    Raises:
-        StartupError: a count or degree out of range (10**20 would make the mesh arithmetic
-            run for ever), or ``--world-size`` disagreeing with the other two.
+    Raises StartupError for a count or degree out of range (10**20 would make the mesh
+    arithmetic run for ever) or disagreeing world-size flags.
     """
     check_world_flags(size, nnodes, nproc_per_node)
     check_degrees(d)
@@ -181,11 +162,9 @@ def world_size(
 # --- flags read without torch ----------------------------------------------------------
 
 def flag_value(args: Sequence[str], names: Sequence[str]) -> str | None:
-    """Value of the first of ``names`` in ``args``, read as TorchTitan 0.2.2 does (first
-    occurrence; ``tests/tt022/test_job_args.py`` holds it to TorchTitan's answers).
+    """The first of ``names`` in ``args``, read as TorchTitan 0.2.2 does (first occurrence).
 
     By hand because TorchTitan's ``ConfigManager`` imports torch (10-20 s on a login node).
-    A flag without a value is refused here, where TorchTitan would raise an IndexError.
     """
     for i, arg in enumerate(args):
         key, sep, value = arg.partition("=")
@@ -199,9 +178,8 @@ def flag_value(args: Sequence[str], names: Sequence[str]) -> str | None:
 
 
 def module_and_config(args: Sequence[str]) -> tuple[str | None, str | None]:
-    """``--module`` and ``--config`` as TorchTitan 0.3.0's ``ConfigManager._load_config`` reads
-    them (last occurrence wins); None for one absent or without a value.
-    """
+    """``--module`` and ``--config`` as 0.3.0's ``ConfigManager`` reads them (last wins); None if
+    absent."""
     found: dict[str, str | None] = {"--module": None, "--config": None}
     i = 0
     while i < len(args):
@@ -217,7 +195,6 @@ def module_and_config(args: Sequence[str]) -> tuple[str | None, str | None]:
 
 
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
-"""What torchrun (or any launcher TorchTitan supports) sets for every worker."""
 
 
 class LaunchError(ValueError):
@@ -234,11 +211,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 def single_process_environment(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:
     """Give a process started without torchrun the environment of torchrun's only worker.
 
-    Sets only what is absent, nothing under torchrun; returns what it set.
-
-    Raises:
-        LaunchError: only some of RANK, LOCAL_RANK, WORLD_SIZE are set (cannot be completed
-            safely).
+    Returns what it set; raises LaunchError when only some of RANK, LOCAL_RANK, WORLD_SIZE are set.
     """
     present = [v for v in RANK_VARIABLES if v in environ]
     if present:
@@ -264,8 +237,7 @@ def single_process_environment(environ: MutableMapping[str, str] = os.environ) -
 
 
 class CpuMemoryMonitor:
-    """Stand-in for TorchTitan's CUDA ``DeviceMemoryMonitor`` on a CPU trainer (either
-    generation): peak RSS of this process."""
+    """Stand-in for TorchTitan's CUDA ``DeviceMemoryMonitor`` on a CPU trainer: peak RSS."""
 
     device_name = "CPU (titan-rocm CPU trainer)"
     device_capacity_gib = 0.0
@@ -282,11 +254,9 @@ class CpuMemoryMonitor:
 
 @dataclass(frozen=True)
 class PlanRequest:
-    """What ``titan-rocm plan`` asks of the installed generation's adapter (its flags already
-    checked by the command line)."""
+    """What ``titan-rocm plan`` asks of the installed generation's adapter."""
 
     args: list[str]
-    """The job's own flags, as TorchTitan reads them (``--job.config_file`` included)."""
     arch: str | None = None
     world_size: int | None = None
     nnodes: int | None = None
@@ -299,40 +269,29 @@ class PlanRequest:
 
 @dataclass(frozen=True)
 class AuditRequest:
-    """What ``titan-rocm audit`` asks of the installed generation's adapter (its numbers
-    already validated by the command line)."""
+    """What ``titan-rocm audit`` asks of the installed generation's adapter."""
 
     passthrough: list[str]
-    """The job's own flags, as TorchTitan reads them."""
     config_file: str | None = None
     trainer: str | None = None
-    """``--trainer MODULE:CLASS`` (0.2.2's; None: TorchTitan's own)."""
     tokens: int | None = None
     chunks: int | None = None
     before_job: Callable[[list[Any]], None] | None = field(default=None, compare=False)
-    """Called with the built model parts before the job pass (the CLI installs the test
-    fault there)."""
+    """Called with the built model parts before the job pass (the CLI installs the test fault
+    there)."""
 
 
 @dataclass(frozen=True)
 class CollectRequest:
-    """What ``titan-rocm tune collect`` asks of the installed generation's adapter (``-o``
-    already checked writable by the command line)."""
+    """What ``titan-rocm tune collect`` asks of the installed generation's adapter."""
 
     passthrough: list[str]
-    """The job's own flags, as TorchTitan reads them."""
     output: Path
-    """The problems file to write."""
     trainer: str | None = None
-    """``--trainer MODULE:CLASS`` (0.2.2's; None: TorchTitan's own)."""
 
 
 def one_process(command: str) -> None:
-    """:func:`single_process_environment`, said once on stderr as ``command``.
-
-    Raises:
-        LaunchError: a partial torchrun environment.
-    """
+    """:func:`single_process_environment`, said once on stderr as ``command`` (LaunchError)."""
     added = single_process_environment()
     if added:
         print(f"{command}: no torchrun environment: one process (RANK=0, WORLD_SIZE=1, "
@@ -341,12 +300,7 @@ def one_process(command: str) -> None:
 
 
 def build_trainer(build: Callable[[], Any], no_gpu_hint: str = "") -> Any:
-    """``build()``, the job's own trainer; a failure says where to audit when this machine has
-    no GPU.
-
-    Raises:
-        StartupError: the job cannot start.
-    """
+    """``build()``; a failure says where to audit when this machine has no GPU (StartupError)."""
     try:
         return build()
     except Exception as exc:  # noqa: BLE001 - any failure of the job's start-up is reported
@@ -364,11 +318,7 @@ def build_trainer(build: Callable[[], Any], no_gpu_hint: str = "") -> Any:
 
 
 def first_batch(trainer: Any) -> tuple[Any, Any]:
-    """The first micro-batch of the trainer's dataloader.
-
-    Raises:
-        StartupError: the dataloader gave none.
-    """
+    """The first micro-batch of the trainer's dataloader (StartupError when it gives none)."""
     try:
         return next(iter(trainer.dataloader))
     except Exception as exc:  # noqa: BLE001
@@ -376,8 +326,7 @@ def first_batch(trainer: Any) -> tuple[Any, Any]:
 
 
 def switch_off(config: Any, keys: Sequence[tuple[str, str]]) -> None:
-    """Set each ``(section, key)`` of a job's config that holds a bool to False (one the
-    config lacks, or that holds no bool, is left alone)."""
+    """Set each bool ``(section, key)`` of a job's config to False; others are left alone."""
     for section, key in keys:
         obj = getattr(config, section, None)
         if obj is not None and isinstance(getattr(obj, key, None), bool):
@@ -386,12 +335,7 @@ def switch_off(config: Any, keys: Sequence[tuple[str, str]]) -> None:
 
 def audit_job(request: AuditRequest, build: Callable[[], Any], settings: Any,
               audit_built: Callable[..., Any], no_gpu_hint: str = "") -> Any:
-    """``audit``'s first half for either generation: build the job's trainer as one process,
-    take the first micro-batch, and audit it with the generation's ``audit_built``.
-
-    Raises:
-        AuditError: the job cannot start or the audit cannot run (one sentence).
-    """
+    """``audit``'s first half for either generation (AuditError when the job cannot start)."""
     from titan_rocm.numerics.audit import refuse_unsupported
     from titan_rocm.numerics.result import AuditError
 
@@ -410,12 +354,8 @@ def audit_job(request: AuditRequest, build: Callable[[], Any], settings: Any,
 def audit_built_with(trainer: Any, settings: Any, input_dict: Any, labels: Any,
                      tokens: int | None = None, chunks: int | None = None, *,
                      job: Callable[[Any], Any], kit: Callable[[Any, Any], Any]) -> Any:
-    """Audit one micro-batch of a built trainer (``audit``'s second half, separate so tests and
-    benchmarks reuse one trainer).
-
-    Raises:
-        AuditError: the audit cannot run (one sentence).
-    """
+    """Audit one micro-batch of a built trainer; separate so tests and benchmarks reuse one
+    trainer."""
     import torch
 
     from titan_rocm.numerics.audit import audit_micro_batch

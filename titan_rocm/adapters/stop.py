@@ -1,15 +1,9 @@
-"""How a run that failed result validation ends, in both TorchTitan generations
+"""How a run that failed result validation ends, in both generations
 (docs/divergence-detection.md).
 
-A :class:`~titan_rocm.workarounds.base.RunStopped` left alone is a crash: TorchTitan's ``main``
-re-raises, ``@record`` writes a traceback into torchrun's error file, the process group is
-never destroyed, the exit code is 1, and a scheduler restarts the job into the same fault.
-So ``train_step``, ``close`` and ``checkpointer.save`` are wrapped on the instance, and the
-rank ends with :class:`Stopped`, a ``SystemExit`` of
-:data:`~titan_rocm.exit_codes.FAILED_VALIDATION`: it passes TorchTitan's ``except
-Exception``, and ``@record`` re-raises it without an error file. The step that raised never
-reaches its optimizer step or its checkpoint save.
-"""
+A ``RunStopped`` left alone is a crash (traceback in torchrun's error file, exit 1, a
+scheduler restart into the same fault); :class:`Stopped` is a ``SystemExit`` that passes
+TorchTitan's ``except Exception`` and that ``@record`` re-raises without an error file."""
 
 from __future__ import annotations
 
@@ -25,12 +19,10 @@ from titan_rocm.log import log
 from titan_rocm.workarounds.base import RunStopped
 
 BY = "titan-rocm stop"
-"""Who the stop's patches are ``by``."""
 
 
 class Stopped(SystemExit):
-    """The ``SystemExit`` a stopped rank raises: code
-    :data:`~titan_rocm.exit_codes.FAILED_VALIDATION`; :attr:`error` is what stopped it."""
+    """The ``SystemExit`` a stopped rank raises; :attr:`error` is what stopped it."""
 
     def __init__(self, error: RunStopped) -> None:
         super().__init__(FAILED_VALIDATION)
@@ -38,10 +30,9 @@ class Stopped(SystemExit):
 
 
 def end(trainer: Any, error: RunStopped, *, closed: bool = False) -> NoReturn:
-    """End this rank after ``error``: log, close ``trainer`` (unless ``closed``), destroy the
-    process group, raise :class:`Stopped`. Call it inside the ``except`` that caught
-    ``error``: the guard's end-of-training check then skips, so closing runs no collective.
-    """
+    """End this rank after ``error``: log, close, destroy the process group, raise :class:`Stopped`.
+    Call it inside the ``except`` that caught ``error``: the guard's end-of-training check then
+    skips, so closing runs no collective."""
     if not error.logged:
         log.error("%s", error)
     log.error("%s", stop_line())
@@ -72,10 +63,8 @@ def _ending(trainer: Any, closed: bool) -> Callable[[Callable[..., Any]], Callab
 
 
 def install(trainer: Any, scope: patches.Scope) -> None:
-    """Route a ``RunStopped`` from ``trainer``'s ``train_step``, ``close`` and
-    ``checkpointer.save`` to :func:`end`, held by ``scope``; calling again patches only what
-    is new (a checkpointer built since).
-    """
+    """Route a ``RunStopped`` from ``train_step``, ``close`` and ``checkpointer.save`` to
+    :func:`end`; calling again patches only what is new (a checkpointer built since)."""
     scope.patch(trainer, "train_step", _ending(trainer, closed=False), by=BY)
     # The stock close has run when a RunStopped leaves it (the guard's wrappers close in a
     # ``finally``): nothing left to close.

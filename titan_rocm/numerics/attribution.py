@@ -1,7 +1,5 @@
-"""Attribution: for each audited segment, whether it ran compiled and which workarounds shaped
-it, from the built model and the job's own decisions (:class:`JobFacts`): no gate is re-run
-and nothing here imports a workaround or an adapter.
-"""
+"""Attribution: whether each audited segment ran compiled and which workarounds shaped it, from
+the job's own decisions (no gate is re-run, no workaround or adapter imported)."""
 
 from __future__ import annotations
 
@@ -12,13 +10,11 @@ import torch.nn as nn
 from torch._dynamo.eval_frame import OptimizedModule
 
 SHAPES = ("compiled", "listed", "moe", "every")
-"""Which blocks a workaround shapes (``Workaround.audit_shapes``; see there)."""
 
 WRAPPERS = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 """Module names torch.compile, activation checkpointing and FSDP1 insert into FQNs."""
 
 EMBEDDING, HEAD = "embedding", "head"
-"""The segments outside the blocks: before the first block, and after the last."""
 
 
 def clean_name(name: str) -> str:
@@ -30,23 +26,18 @@ def clean_name(name: str) -> str:
 
 @dataclass
 class JobFacts:
-    """What the job's titan-rocm workarounds did, as plain data (the caller builds it from
-    its job: ``JobWorkarounds.audit_facts``)."""
+    """What the job's titan-rocm workarounds did, as plain data (``JobWorkarounds.audit_facts``)."""
 
     applied: list[str] = field(default_factory=list)
-    """Workarounds the job applied, in apply order."""
     notes: list[str] = field(default_factory=list)
-    """What the applied workarounds say they did (``Workaround.audit_note``)."""
     shapes: dict[str, str] = field(default_factory=dict)
-    """Applied workaround -> which blocks it shapes (one of :data:`SHAPES`); one that shapes
-    none is absent."""
     blocks: dict[str, dict[str, str]] = field(default_factory=dict)
-    """Workaround that shapes the blocks it lists -> block key -> how it runs that block
-    (``moe_eager_compile``: fullgraph, or eager)."""
+    """Workaround -> block key -> how it runs that block (``moe_eager_compile``: fullgraph, or
+    eager)."""
 
 
 def compiled_in_place(module: nn.Module) -> bool:
-    """``module.compile()`` was called (TorchTitan 0.3.0 compiles blocks so)."""
+    """TorchTitan 0.3.0 compiles blocks with ``module.compile()``."""
     return getattr(module, "_compiled_call_impl", None) is not None
 
 
@@ -71,11 +62,9 @@ class Segment:
     """One segment of the audit."""
 
     name: str
-    """``embedding``, a block's key in ``model.layers``, or ``head``."""
     kind: str
-    """``embedding``, ``block`` or ``head``."""
     scope: str | None
-    """``compiled``, ``eager`` or ``mixed`` (some children compiled); None outside blocks."""
+    """``mixed``: some children compiled; None outside blocks."""
     moe: bool = False
     workarounds: list[str] = field(default_factory=list)
 
@@ -92,7 +81,6 @@ class Segment:
 
 
 def _shaped(facts: JobFacts, key: str, scope: str, moe: bool) -> list[str]:
-    """The applied workarounds that shaped block ``key``, in apply order."""
     shaped = []
     for name in facts.applied:
         shape = facts.shapes.get(name)

@@ -1,15 +1,7 @@
 """The numerics audit of one micro-batch: block by block, teacher-forced (docs/numerics-audit.md).
 
-The job pass (compiled, the job's precision) is recorded at the block boundaries; each block
-is then replayed eagerly at the job's precision and in high precision from the job's own
-inputs and output gradients, and the parts outside the blocks by the trainer's step with the
-blocks standing in (:class:`~titan_rocm.numerics.replay.StandIn`). Teacher forcing is why a
-wrong kernel in block k shows in block k alone, and why an audit can be spread over steps
-(:func:`~titan_rocm.numerics.result.spread`).
-
-Everything is given back (gradients, RNG streams, buffers, FSDP's dtypes); nothing is stepped
-or written. The generation-specific parts come from the caller as a :class:`StepKit`.
-"""
+Teacher forcing (each block replayed from the job's own inputs and output gradients) is why a
+wrong kernel in block k shows in block k alone, and why an audit can be spread over steps."""
 
 from __future__ import annotations
 
@@ -53,16 +45,13 @@ from titan_rocm.numerics.stats import (
 )
 
 EAGER_FACTOR = 3.0
-"""Eager replays keep about this many times what the compiled block saved (unfused
-intermediates); only the first block's estimate uses it, later ones what it measured.
-"""
+"""Eager keeps about this many times what the compiled block saved (unfused intermediates); only
+the first block's estimate uses it, later ones what it measured."""
 
 
 def refuse_unsupported(parallel_dims: Any) -> None:
-    """Raise :class:`AuditError` for a layout the audit does not cover: pipeline parallelism (a
-    stage holds other blocks, its schedule splits the batch) and context parallelism (ring
-    attention runs only inside the trainer's context, which a replay does not enter).
-    """
+    """Raise :class:`AuditError` for pipeline parallelism (a stage holds other blocks) and context
+    parallelism (ring attention runs only inside the trainer's context, which a replay skips)."""
     if getattr(parallel_dims, "pp_enabled", False):
         raise AuditError("pipeline parallelism is not audited (each stage holds other "
                          "blocks and its schedule splits the batch): audit the job with "
@@ -76,8 +65,8 @@ def refuse_unsupported(parallel_dims: Any) -> None:
 
 
 class Audit:
-    """One audit of one micro-batch: :meth:`recording` around the job's own forward and
-    backward, then :meth:`finish` (see the module docstring)."""
+    """One audit of one micro-batch: :meth:`recording` around the job's forward and backward, then
+    :meth:`finish`."""
 
     def __init__(self, model_parts: list[nn.Module], device: torch.device, kit: StepKit,
                  settings: AuditSettings, facts: JobFacts | None = None,
@@ -85,7 +74,6 @@ class Audit:
         self.model_parts = list(model_parts)
         self.part: Part | None = None
         self.block_keys: list[str] = []
-        """Every block's ``model.layers`` key, in forward order (after :meth:`prepare`)."""
         self.block_modules: list[nn.Module] = []
         self.device = torch.device(device)
         self.kit = kit
@@ -97,14 +85,10 @@ class Audit:
         self.notes: list[str] = []
         self.times: dict[str, float] = {}
         self.peaks: dict[str, int] = {}
-        """The device's peak allocation at the end of each phase (where the peak grew)."""
 
     def prepare(self) -> None:
-        """Mark the blocks and make the recorder (before the job pass).
-
-        Raises:
-            AuditError: the model has no ``model.layers``.
-        """
+        """Mark the blocks and make the recorder, before the job pass (AuditError without
+        ``model.layers``)."""
         try:
             self.recorder, found = recorder_for(self.model_parts)
         except RecordError as exc:
@@ -113,17 +97,14 @@ class Audit:
         self.block_modules = [module for _, module in found]
 
     def select(self, part: Part) -> None:
-        """Replay only ``part`` (before the job pass, after :meth:`prepare`); the last part also
-        compares the parts outside the blocks, so its job pass records every block.
-        """
+        """Replay only ``part``; the last part also compares the parts outside the blocks."""
         assert self.recorder is not None, "prepare() first"
         self.part = part if part.count > 1 else None
         self.recorder.keys = None if part.outside else set(part.blocks)
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[Recorder]:
-        """Record the block boundaries of the forward and backward run inside (after
-        :meth:`prepare`, which this calls if it was not)."""
+        """Record the block boundaries of the forward and backward run inside."""
         if self.recorder is None:
             self.prepare()
         recorder = self.recorder
@@ -139,7 +120,6 @@ class Audit:
         self._peak("job")
 
     def _peak(self, phase: str) -> None:
-        """Keep the device's peak allocation so far as ``phase``'s."""
         if self.device.type == "cuda":
             self.peaks[phase] = torch.cuda.max_memory_allocated(self.device)
 
@@ -147,13 +127,10 @@ class Audit:
 
     def finish(self, input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
                job_loss: torch.Tensor) -> AuditResult:
-        """Replay and compare after the recorded job pass; everything is given back as it was
-        (collective: every rank calls it).
+        """Replay and compare after the recorded job pass, giving everything back (collective).
 
-        Raises:
-            AuditError: the job pass was not recorded, the replays do not fit, or this
-                torch's FSDP is not one the audit reads (a sentence).
-        """
+        Raises AuditError (one sentence) when the job pass was not recorded, the replays do not
+        fit, or this torch's FSDP is not one the audit reads."""
         try:
             return self._finish(input_dict, labels, job_loss)
         except fsdp.FSDPLayoutError as exc:
@@ -178,12 +155,9 @@ class Audit:
 
     @property
     def _compares_outside(self) -> bool:
-        """Whether this audit compares the parts outside the blocks and the end-to-end loss."""
         return self.part is None or self.part.outside
 
     def _start(self, records: dict[str, BlockRecord], batch: Batch) -> AuditRun:
-        """The replays' shared state: the reference chosen (its note kept), every buffer's
-        value, the plan's runs of rows (logged, collective)."""
         named = [(clean_name(n), p) for part in self.model_parts
                  for n, p in part.named_parameters()]
         labels = batch[1]
@@ -210,12 +184,9 @@ class Audit:
             notes=self.notes, times=self.times)
 
     def _replayed(self, run: AuditRun) -> list[BlockRecord]:
-        """The recorded blocks this audit (or its part) replays."""
         return [r for r in run.records.values() if self.part is None or r.key in self.part.blocks]
 
     def _replay(self, run: AuditRun) -> tuple[tuple[float, float], dict[str, float]]:
-        """Every phase, timed: the blocks, then where compared the parts outside them and the
-        end-to-end loss; returns the head's losses (eager, reference) and the end-to-end's."""
         t0 = time.perf_counter()
         for record in self._replayed(run):
             run.block(record)
@@ -236,8 +207,6 @@ class Audit:
     def _statistics(self, run: AuditRun, job_loss: torch.Tensor, head: tuple[float, float],
                     losses: dict[str, float]
                     ) -> tuple[list[TensorStats], TensorStats | None, dict[str, float]]:
-        """Every tensor judged (collective), and the teacher-forced head's and the end-to-end
-        losses where compared; returns the tensors, the end-to-end loss and its values."""
         job_value = float(job_loss.detach().double().sum())
         job_value, head_eager, head_ref, eager_value, ref_value = all_reduce_sum(
             [job_value, head[0], head[1], losses["eager"], losses["reference"]], self.device)
@@ -255,7 +224,6 @@ class Audit:
         return tensors, loss, {"job": job_value, "eager": eager_value, "reference": ref_value}
 
     def _notes(self, run: AuditRun) -> list[str]:
-        """The job's, the audit's and the reference's notes, and the plan's runs of rows."""
         plan = run.plan
         notes = [*self.facts.notes, *self.notes, *run.held.notes(run.reference.dtype)]
         if plan.chunks.count > 1 or plan.outside.count > 1:
@@ -271,7 +239,6 @@ class Audit:
 
     def _result(self, run: AuditRun, job_loss: torch.Tensor, head: tuple[float, float],
                 losses: dict[str, float], started: float) -> AuditResult:
-        """The statistics, timed, then the result (its token count collective), logged."""
         t0 = time.perf_counter()
         tensors, loss, loss_values = self._statistics(run, job_loss, head, losses)
         self.times["statistics"] = time.perf_counter() - t0
@@ -294,7 +261,6 @@ class Audit:
             applied=list(self.facts.applied), part=self.part)
 
     def _segments(self) -> list[Segment]:
-        """The segments this audit (or its part) compares, in forward order."""
         part, outside = self.part, self._compares_outside
         return [s for s in segments(self.model_parts, self.facts)
                 if part is None or s.name in part.blocks or (outside and s.kind != "block")]
@@ -310,8 +276,7 @@ class Audit:
     # -- the plan ----------------------------------------------------------------------
 
     def _compute_dtype(self, records: dict[str, BlockRecord]) -> torch.dtype:
-        """The dtype the job computes in: its autocast, else FSDP's parameter dtype, else
-        the blocks' hidden state's."""
+        """Its autocast, else FSDP's parameter dtype, else the blocks' hidden state's."""
         first = next(iter(records.values()))
         enabled, dtype = first.autocast
         if enabled and dtype is not None:
@@ -327,8 +292,8 @@ class Audit:
 
     def _plan(self, records: dict[str, BlockRecord], rows: int, reference: precision.Reference,
               params: list[nn.Parameter]) -> Plan:
-        """Into how many runs of rows the replays split the micro-batch: given, or estimated
-        before anything is allocated from the first block's saved activations (logged)."""
+        """Given, or estimated from the first block's saved activations before anything is
+        allocated."""
         if self.chunks is not None:
             return Plan(Runs(self.chunks, given=True), Runs(self.chunks, given=True))
         free = free_bytes(self.device)
@@ -369,10 +334,8 @@ class Audit:
 
     def _head_bytes(self, params: list[nn.Parameter], rows: int,
                     reference: precision.Reference | None) -> int:
-        """The head's replay bytes: about four copies of the logits (logits, log-softmax, both
-        gradients) at least float32, the widest 2-D parameter outside the blocks giving the
-        vocabulary.
-        """
+        """About four copies of the logits (logits, log-softmax, both gradients) at least
+        float32; the widest 2-D parameter outside the blocks gives the vocabulary."""
         inside = {id(p) for m in self.block_modules for p in m.parameters()}
         vocab = max((int(p.shape[0]) for p in params if id(p) not in inside
                      and p.dim() == 2), default=0)
@@ -388,9 +351,7 @@ class Audit:
         return int(EAGER_FACTOR * saved * max(1.0, reference.dtype.itemsize / width))
 
     def _fixed(self, record: BlockRecord, reference: precision.Reference) -> int:
-        """What a block's replays hold whatever the rows: parameters and gradients at the
-        reference's width, the eager outputs and input gradients, the statistics' workspace.
-        """
+        """What a block's replays hold whatever the rows."""
         numel = sum(p.numel() for p in record.module.parameters())
         out = sum(t.numel() * t.element_size() for t in record.outputs
                   if isinstance(t, torch.Tensor))
@@ -403,12 +364,8 @@ def audit_micro_batch(model_parts: list[nn.Module], device: torch.device,
                       settings: AuditSettings, facts: JobFacts | None = None,
                       tokens: int | None = None, chunks: int | None = None,
                       reference: str = "auto") -> AuditResult:
-    """``titan-rocm audit``'s audit of a built trainer's first micro-batch (its first
-    ``tokens``, on ``device``); the trainer's gradients are as they were, after.
-
-    Raises:
-        AuditError: the audit cannot run (one sentence).
-    """
+    """``titan-rocm audit``'s audit of a built trainer's first micro-batch; the trainer's gradients
+    are as they were, after (AuditError when it cannot run)."""
     input_dict, labels = take_tokens(input_dict, labels, tokens)
     input_dict = {k: v.to(device) if isinstance(v, torch.Tensor) else v
                   for k, v in input_dict.items()}

@@ -1,10 +1,4 @@
-"""The replays of one audit, after its job pass (docs/numerics-audit.md): one object holding
-what the replays share, replaying a block, the parts outside the blocks and the loss.
-
-Replays run in the plan's runs of rows, in twice as many where memory runs out
-(:meth:`AuditRun.retrying`), and with the model's own down-casts where a kernel refuses the
-held dtype (:meth:`AuditRun.held_or_not`).
-"""
+"""The replays of one audit, after its job pass (docs/numerics-audit.md)."""
 
 from __future__ import annotations
 
@@ -47,8 +41,8 @@ class StepKit(Protocol):
 
 @dataclass
 class Runs:
-    """Runs of rows one kind of replay splits the micro-batch into: doubled after running out
-    of memory in one process, unless the user gave the count (``--reference-chunks``)."""
+    """Runs of rows one kind of replay splits the micro-batch into: doubled after running out of
+    memory in one process, unless the user gave ``--reference-chunks``."""
 
     count: int
     given: bool = False
@@ -59,16 +53,12 @@ class Plan:
     """The runs of rows of each kind of replay, and the estimate they came from."""
 
     chunks: Runs
-    """The blocks' reference replays."""
     outside: Runs
-    """The reference of the parts outside the blocks (their logits, over a vocabulary of 100k
-    and more, outweigh a block) and the end-to-end passes."""
+    """The outside reference and the end-to-end passes (their logits, over a 100k vocabulary,
+    outweigh a block)."""
     eager: Runs = field(default_factory=lambda: Runs(1))
-    """The blocks' eager replays: the whole batch, as the job ran it, unless it ran out of
-    memory."""
+    """The whole batch, as the job ran it, unless it ran out of memory."""
     outside_eager: Runs = field(default_factory=lambda: Runs(1))
-    """The eager replay of the parts outside the blocks (held to a block's replay, as the
-    reference's)."""
     estimate: int | None = None
     free: int | None = None
 
@@ -89,20 +79,14 @@ class Unheld:
 
 @dataclass
 class _EagerBlock:
-    """A block's eager replay: its outputs and input gradients, its parameters' gradients."""
-
     replay: BlockReplay
     grads: dict[str, torch.Tensor | None]
 
 
 @dataclass
 class _Outside:
-    """What the replays of the parts outside the blocks share."""
-
     params: list[tuple[str, nn.Parameter]]
-    """The parameters outside every block."""
     where: dict[str, str]
-    """Each one's segment (:data:`EMBEDDING` or :data:`HEAD`)."""
     first: BlockRecord
     last: BlockRecord
     last_out: int | None
@@ -113,34 +97,27 @@ class _Outside:
 
 @dataclass
 class _OutsidePass:
-    """One pass over the parts outside the blocks: its loss, its stand-ins, its gradients."""
-
     loss: float
     stands: list[StandIn]
     grads: dict[str, torch.Tensor | None]
     first: torch.Tensor | None = None
-    """The embedding's output, joined over the runs (eager)."""
     last: torch.Tensor | None = None
-    """The gradient at the last block's output, joined over the runs (eager)."""
 
 
 @dataclass
 class AuditRun:
-    """The replays of one audit and what they share (see the module docstring); every rank
-    makes the same calls in the same order."""
+    """The replays of one audit and what they share; every rank makes the same calls in the same
+    order."""
 
     model_parts: list[nn.Module]
     device: torch.device
     kit: StepKit
     settings: AuditSettings
     records: dict[str, BlockRecord]
-    """Every block the job pass recorded, in forward order."""
     job: dict[str, torch.Tensor | None]
-    """The job's gradient of every parameter, by clean name."""
     named: list[tuple[str, nn.Parameter]]
     batch: Batch
     compute: torch.dtype
-    """The dtype the job computes in."""
     reference: precision.Reference
     held: HeldPrecision | Unheld
     plan: Plan
@@ -150,11 +127,9 @@ class AuditRun:
     notes: list[str]
     """The audit's notes (shared with it): a fallback adds one."""
     times: dict[str, float]
-    """The audit's ``time_s`` (shared with it)."""
 
     @property
     def rows(self) -> int:
-        """The micro-batch's rows."""
         return int(self.batch[1].shape[0])
 
     def restore(self) -> None:
@@ -170,10 +145,9 @@ class AuditRun:
     # -- fallbacks -------------------------------------------------------------------------
 
     def held_or_not(self, run: Callable[[], T]) -> T:
-        """``run``; where a kernel refuses the held dtype (a bfloat16-only extension), ``run`` again
-        with the model's own down-casts, said once (those parts are then judged against
-        themselves).
-        """
+        """``run``; where a kernel refuses the held dtype (a bfloat16-only extension), again with
+        the model's own down-casts, said once (those parts are then judged against
+        themselves)."""
         try:
             return run()
         except Exception as exc:
@@ -192,8 +166,8 @@ class AuditRun:
             return run()
 
     def retrying(self, runs: Runs, rows: int, what: str, run: Callable[[], T]) -> T:
-        """``run``; in one process, again in twice as many runs of rows after running out of
-        memory (down to one row per run). Ranks cannot retry alone: they fail."""
+        """``run``, again in twice as many runs of rows after running out of memory (one process
+        only: ranks cannot retry alone)."""
         while True:
             try:
                 return run()
@@ -214,10 +188,9 @@ class AuditRun:
     # -- a block ---------------------------------------------------------------------------
 
     def block(self, record: BlockRecord) -> None:
-        """One block: the eager replay over the whole micro-batch, as the job ran it (gradients
-        summed over runs of rows would round less than the job's one sum, flattering eager),
-        then the reference replay in the plan's runs of rows.
-        """
+        """One block: eager over the whole micro-batch, as the job ran it (gradients summed over
+        runs would round less than the job's one sum, flattering eager), then the reference
+        per run."""
         rows = rows_of(record)
 
         def both() -> None:
@@ -277,8 +250,6 @@ class AuditRun:
 
     def _compare_run(self, record: BlockRecord, lo: int, hi: int, eager_run: BlockReplay,
                      ref_run: BlockReplay, acc: Accumulator) -> None:
-        """Rows ``[lo, hi)`` of the block's outputs and input gradients: the job's, the
-        eager replay's (over the whole batch) and the reference's (over these rows)."""
         at, rtol = f"layers.{record.key}", self.rtol
         lead = tuple(record.hidden().shape[:2]) if record.hidden() is not None else ()
         single_out = sum(isinstance(o, torch.Tensor) for o in record.outputs) == 1
@@ -329,10 +300,8 @@ class AuditRun:
             cuttable=all(sliceable(r) for r in records))
 
     def _outside_segments(self, outside: list[tuple[str, nn.Parameter]]) -> dict[str, str]:
-        """Each outside parameter's segment: children declared before ``layers`` are the embedding
-        (TorchTitan declares them in call order), the rest the head; a tied weight is named
-        once.
-        """
+        """Children declared before ``layers`` are the embedding (TorchTitan declares them in call
+        order), the rest the head; a tied weight is named once."""
         before: set[str] = set()
         for part in self.model_parts:
             for name, _ in part.named_children():
@@ -344,7 +313,6 @@ class AuditRun:
 
     def _outside_pass(self, facts: _Outside, dtype: torch.dtype | None,
                       runs: int) -> _OutsidePass:
-        """The trainer's own step over the plan's runs of rows, every block a stand-in."""
         self.restore()
         total, stands = 0.0, []
         input_dict, labels = self.batch
@@ -390,8 +358,6 @@ class AuditRun:
 
     def _compare_ends(self, facts: _Outside, eager: _OutsidePass, r: StandIn,
                       scratch: Accumulator) -> None:
-        """One run of rows of the embedding's output and the head's input gradient: the
-        job's, eager's (joined over its runs) and the reference's."""
         lo, hi, lead, last = r.lo, r.hi, facts.lead, facts.last
         hidden = facts.first.hidden()
         if hidden is not None and eager.first is not None and r.first_input:
@@ -407,8 +373,7 @@ class AuditRun:
     # -- end to end ------------------------------------------------------------------------
 
     def end_to_end(self) -> dict[str, float]:
-        """Forward-only whole-model losses, eager and in the reference's arithmetic (each
-        block re-typed only while it runs)."""
+        """Forward-only whole-model losses, eager and in the reference's arithmetic."""
         result = self.held_or_not(lambda: self.retrying(
             self.plan.outside, self.rows, "end-to-end", self._end_to_end_once))
         self.restore()
@@ -427,7 +392,6 @@ class AuditRun:
         return {"eager": eager, "reference": ref}
 
     def _forward_loss(self) -> float:
-        """The whole model's loss, forward only, summed over the plan's runs of rows."""
         self.restore()
         total = 0.0
         input_dict, labels = self.batch
@@ -441,7 +405,6 @@ class AuditRun:
 
 def _stitched(stands: list[StandIn],
               piece: Callable[[StandIn], torch.Tensor | None]) -> torch.Tensor | None:
-    """One tensor of each stand-in's runs of rows, joined (None where a run has none)."""
     pieces = [piece(s) for s in stands]
     if any(p is None for p in pieces):
         return None
@@ -462,5 +425,4 @@ class _PerBlockRetype:
 
 
 def _tensor_index(leaves: list[Any], index: int) -> int:
-    """The position of leaf ``index`` among the tensor leaves."""
     return sum(isinstance(t, torch.Tensor) for t in leaves[:index])

@@ -1,12 +1,8 @@
 """Block boundaries: where the audit records and replays, and where the test fault listens.
 
-The outermost module at ``model.layers[key]`` is the one boundary every configuration shares
-(compile, FSDP and checkpointing nest around each block, in 0.2.2 and 0.3.0), and a call of
-it runs outside compiled code. :func:`mark` gives that module a ``__call__`` of its own (a
-swapped-in subclass, as FSDP2 does) that goes through the :class:`Interceptor` stack. Nothing
-is intercepted while Dynamo traces: a model compiled whole has no boundary at run time
-(:func:`boundaries_seen` stays 0).
-"""
+``model.layers[key]``'s outermost module is the one boundary every configuration shares and
+runs outside compiled code; nothing is intercepted while Dynamo traces, so a model compiled
+whole has none at run time (:func:`boundaries_seen` stays 0)."""
 
 from __future__ import annotations
 
@@ -20,10 +16,8 @@ import torch
 import torch.nn as nn
 
 MARKED_ATTR = "_titan_rocm_block_base"
-"""On a marking subclass: the class it was made from."""
 
 Call = Callable[[tuple[Any, ...], dict[str, Any]], Any]
-"""The rest of the stack for one block call: ``proceed(args, kwargs)``."""
 
 
 class Interceptor(Protocol):
@@ -77,10 +71,8 @@ def _marked_class(base: type) -> type:
 
 
 class _Chain:
-    """The interceptors of one block call, as ``proceed`` callables: an object, because a
-    self-naming closure is a reference cycle that would keep the recorder's tensors alive
-    until the garbage collector runs.
-    """
+    """An object, because a self-naming closure is a reference cycle that would keep the recorder's
+    tensors alive until the garbage collector runs."""
 
     __slots__ = ("call", "key", "module", "stack")
 

@@ -54,12 +54,11 @@ import torch
 import torch.nn as nn
 
 LAYOUTS = "torch 2.13 to 2.15"
-"""The FSDP2 layouts this module reads (the module docstring cites each)."""
 
 
 class FSDPLayoutError(RuntimeError):
     """This torch's FSDP is not laid out as this module reads it, or cannot run a pass at its
-    sharded parameters' dtype (the message is one sentence saying what to do instead)."""
+    sharded parameters' dtype."""
 
 
 def _unknown(what: str) -> FSDPLayoutError:
@@ -69,13 +68,14 @@ def _unknown(what: str) -> FSDPLayoutError:
 
 
 def is_fsdp(modules: Iterable[nn.Module]) -> bool:
-    """Whether any module of ``modules`` (or below them) is an FSDP2 (``fully_shard``) module."""
+    """Whether any module of ``modules`` (or below them) is an FSDP2 module."""
     return any(callable(getattr(m, "_get_fsdp_state", None))
                for module in modules for m in module.modules())
 
 
 def fsdp_states(modules: Iterable[nn.Module]) -> list[Any]:
-    """The FSDP states of ``modules`` and every module below them, each once, in module order."""
+    """The FSDP states of ``modules`` and below, each once (a grouped ``fully_shard`` shares
+    one)."""
     states: dict[int, Any] = {}
     for module in modules:
         for m in module.modules():
@@ -110,8 +110,7 @@ def _sharded_dtype(fsdp_param: Any) -> torch.dtype:
 
 
 def _policy_dtype(fsdp_param: Any) -> torch.dtype | None:
-    """The dtype ``fsdp_param`` computes in, from its own mixed-precision policy, as
-    ``init_dtype_attrs`` clamps it; None for a non-floating parameter."""
+    """As ``init_dtype_attrs`` clamps it; None for a non-floating parameter."""
     orig = _sharded_dtype(fsdp_param)
     if not orig.is_floating_point:
         return None
@@ -122,11 +121,8 @@ def _policy_dtype(fsdp_param: Any) -> torch.dtype | None:
 
 
 def compute_dtype(modules: Iterable[nn.Module]) -> torch.dtype | None:
-    """The dtype the FSDP-managed parameters of ``modules`` compute in: the least precise of each
-    ``FSDPParam``'s own policy (2.15 may keep some parameters in their own dtype); None where
-    FSDP manages no floating parameter. Valid before lazy init and inside
-    :func:`raised_to_sharded_dtype`.
-    """
+    """The least precise dtype of the FSDP-managed parameters of ``modules`` (2.15 may keep some in
+    their own dtype); None where FSDP manages no floating parameter."""
     dtypes = {dtype for group in param_groups(modules) for p in group.fsdp_params
               if (dtype := _policy_dtype(p)) is not None}
     if not dtypes:
@@ -135,8 +131,6 @@ def compute_dtype(modules: Iterable[nn.Module]) -> torch.dtype | None:
 
 
 def _raise_casts(state: Any, saved: list[tuple[Any, str, Any]]) -> None:
-    """``state``'s forward casts inputs to its parameters' sharded dtype and outputs not at
-    all; its policy is saved in ``saved`` first."""
     if not hasattr(state, "_mp_policy"):
         raise _unknown("FSDPState._mp_policy")
     policy = state._mp_policy
@@ -153,20 +147,13 @@ def _raise_casts(state: Any, saved: list[tuple[Any, str, Any]]) -> None:
 @contextlib.contextmanager
 def raised_to_sharded_dtype(modules: Iterable[nn.Module],
                             exclude: Iterable[nn.Module] = ()) -> Iterator[None]:
-    """Within the block, the FSDP parameters of ``modules``' states (less ``exclude``'s) compute
-    and reduce gradients in their sharded dtype (the job's float32 originals); everything is
-    put back on exit.
+    """Within the block, the FSDP parameters of ``modules``' states (less ``exclude``'s) compute and
+    reduce in their sharded dtype (the job's float32 originals); all put back on exit.
 
-    The forward casts inputs up instead of down (a low-precision input is widened exactly).
-    Each ``FSDPParam`` gets an empty ``all_gather_outputs`` list and no ``_unsharded_param``,
-    so the next unshard gathers into buffers of its own: the job's low-precision buffers are
-    neither written nor freed. Modules are resharded on entry (an all-gathered one keeps its
-    low-precision parameters) and exit. Enter after FSDP's lazy init, which sets the dtypes.
-
-    Raises:
-        FSDPLayoutError: this torch's FSDP is not laid out as the module docstring says, or
-            has not initialized its dtypes yet.
-    """
+    Each ``FSDPParam`` gathers into buffers of its own, so the job's low-precision buffers are
+    neither written nor freed; modules are resharded on entry, as an all-gathered one keeps its
+    low-precision parameters. Enter after FSDP's lazy init, which sets the dtypes (else
+    FSDPLayoutError)."""
     saved: list[tuple[Any, str, Any]] = []
     skip = {id(state) for state in fsdp_states(exclude)}
     states = [state for state in fsdp_states(modules) if id(state) not in skip]
@@ -194,8 +181,6 @@ def raised_to_sharded_dtype(modules: Iterable[nn.Module],
 
 
 def _raise_param(fsdp_param: Any, saved: list[tuple[Any, str, Any]]) -> None:
-    """One ``FSDPParam`` at its sharded dtype (see :func:`raised_to_sharded_dtype`), what it
-    changed added to ``saved``."""
     if not hasattr(fsdp_param, "param_dtype"):  # before FSDP's lazy init
         if _policy_dtype(fsdp_param) in (None, _sharded_dtype(fsdp_param)):
             return  # it will compute in its sharded dtype anyway
@@ -223,9 +208,8 @@ def _raise_param(fsdp_param: Any, saved: list[tuple[Any, str, Any]]) -> None:
 
 
 def reshard(modules: Iterable[nn.Module]) -> None:
-    """Free every unsharded parameter of ``modules``' FSDP modules: a replay of one block can
-    leave the next one all-gathered by forward prefetching.
-    """
+    """Free every unsharded parameter: a replay of one block can leave the next one all-gathered by
+    forward prefetching."""
     for module in modules:
         for m in module.modules():
             if callable(getattr(m, "_get_fsdp_state", None)) and callable(

@@ -2,12 +2,8 @@
 
 TorchTitan's grouped experts cast to bfloat16 whatever the parameters' dtype (0.3.0
 ``GroupedExperts.forward`` in ``torchtitan/models/common/moe.py``; 0.2.2
-``_run_experts_grouped_mm``), so re-typing parameters alone leaves a reference as low-precision
-as the job, and under FSDP identical to eager: ``err_eager = 0`` and a bfloat16 computation
-judged by the float32 floor (measured in docs/numerics-audit.md). :class:`HeldPrecision` holds
-such casts of 32-bit-or-wider plain tensors; subclasses and float8 casts (quantisation) are
-left alone.
-"""
+``_run_experts_grouped_mm``), so re-typing parameters alone leaves the reference as
+low-precision as the job (docs/numerics-audit.md). Float8 casts (quantisation) are left alone."""
 
 from __future__ import annotations
 
@@ -18,22 +14,17 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 HELD = (torch.bfloat16, torch.float16)
-"""The down-cast targets held at the source's dtype."""
 
 
 def _plain_wide(t: Any) -> bool:
-    """A plain tensor (or Parameter) of a floating dtype of 32 bits or more."""
     return (type(t) in (torch.Tensor, torch.nn.Parameter) and t.is_floating_point()
             and t.dtype.itemsize >= 4)
 
 
 def grouped_mm_per_group(a: torch.Tensor, b: torch.Tensor,
                          offs: torch.Tensor | None) -> torch.Tensor:
-    """``torch._grouped_mm(a, b, offs=offs)`` as one matmul per group in the operands' (wider)
-    dtype, all four forms; rows or columns past the last group get zeros. ``torch._grouped_mm``
-    has no float64 on CPU. (Not the grouped-MM workaround's ``loop_gemm``: a tool may not import
-    it, docs/architecture.md.)
-    """
+    """``torch._grouped_mm`` as one matmul per group in the operands' dtype (it has no float64 on
+    CPU). Not the grouped-MM workaround's ``loop_gemm``: a tool may not import it."""
     wide = torch.promote_types(a.dtype, b.dtype)  # held operands of two widths: the wider
     a, b = a.to(wide), b.to(wide)
     if offs is None:
@@ -52,13 +43,11 @@ def grouped_mm_per_group(a: torch.Tensor, b: torch.Tensor,
 
 
 class HeldPrecision(TorchDispatchMode):
-    """Down-casts to bfloat16/float16 of wide plain tensors are held, and ``torch._grouped_mm``
-    of wide plain operands runs per group; ``casts`` and ``grouped`` count them.
+    """Down-casts to 16 bits of wide plain tensors are held, and ``torch._grouped_mm`` of wide
+    operands runs per group.
 
-    A dispatch mode, not a function mode: below autograd, so the backward and activation
-    checkpointing's recompute (run by the engine, where a function mode is inactive) see the
-    same operations as the forward.
-    """
+    A dispatch mode, not a function mode: the backward and checkpointing's recompute run in the
+    autograd engine, where a function mode is inactive."""
 
     def __init__(self) -> None:
         super().__init__()

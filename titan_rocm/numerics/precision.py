@@ -1,13 +1,8 @@
 """The two replays' precisions: eager at the job's own, and the high-precision reference
-(docs/numerics-audit.md gives which reference ``auto`` picks and why).
+(docs/numerics-audit.md, "The reference").
 
-Eager is ``set_stance("force_eager")`` with the job's parameters, FSDP dtypes and autocast as
-they are. The reference is eager too, autocast off, parameters re-typed in place (``.data``
-swapped, an exact round trip) or, under FSDP, all-gathered at their sharded float32
-(:func:`titan_rocm.numerics.fsdp.raised_to_sharded_dtype`: sharded parameters cannot be
-re-typed in place, so FSDP's reference is float32 whatever is asked), with the model's own
-low-precision casts held (:class:`~titan_rocm.numerics.held_precision.HeldPrecision`).
-"""
+Under FSDP the reference all-gathers the float32 shards instead of re-typing in place (sharded
+parameters cannot be), so FSDP's reference is float32 whatever is asked."""
 
 from __future__ import annotations
 
@@ -24,7 +19,6 @@ from torch.distributed.tensor import DTensor
 from titan_rocm.numerics import fsdp
 
 REFERENCES = ("auto", "float64", "float32", "tf32")
-"""The choices of ``[rocm] numerics_audit_reference``."""
 
 
 @dataclass(frozen=True)
@@ -36,15 +30,14 @@ class Reference:
 
     @property
     def name(self) -> str:
-        """``float64``, ``float32`` or ``float32 (TF32 GEMMs)``."""
         text = str(self.dtype).removeprefix("torch.")
         return f"{text} (TF32 GEMMs)" if self.tf32 else text
 
 
 def choose_reference(choice: str, job_dtype: torch.dtype, sharded: bool,
                      device: torch.device) -> tuple[Reference, str | None]:
-    """The reference for ``choice`` (one of :data:`REFERENCES`), and a note when the job's
-    layout or device changed what was asked."""
+    """The reference for ``choice``, and a note when the job's layout or device changed what was
+    asked."""
     if choice == "auto":
         choice = ("float64" if job_dtype.itemsize >= 4 else
                   "tf32" if job_dtype == torch.bfloat16 else "float32")
@@ -77,9 +70,8 @@ def tf32(enabled: bool) -> Iterator[None]:
 @contextlib.contextmanager
 def retyped(modules: list[nn.Module], dtype: torch.dtype,
             exclude: list[nn.Module] = ()) -> Iterator[None]:
-    """The floating parameters and buffers of ``modules`` (less ``exclude``'s) in ``dtype``, or
-    under FSDP at their sharded dtype; exactly as before on exit.
-    """
+    """The floating parameters and buffers of ``modules`` in ``dtype`` (under FSDP, their sharded
+    dtype); exactly as before on exit."""
     if fsdp.is_fsdp(modules):
         with fsdp.raised_to_sharded_dtype(modules, exclude):
             yield
@@ -107,10 +99,8 @@ def retyped(modules: list[nn.Module], dtype: torch.dtype,
 
 
 def _set_data(t: torch.Tensor, data: torch.Tensor) -> None:
-    """``t.data = data``, DTensors included: on one it swaps only the wrapper's metadata, so
-    this swaps the local shard and spec its operators read too (torch 2.13-2.15 ``DTensor``:
-    ``_local_tensor``, ``_spec``).
-    """
+    """On a DTensor ``.data =`` swaps only the wrapper's metadata; this swaps the local shard and
+    spec too (torch 2.13-2.15 ``DTensor``: ``_local_tensor``, ``_spec``)."""
     t.data = data
     if isinstance(data, DTensor):
         t._local_tensor = data._local_tensor
@@ -118,8 +108,8 @@ def _set_data(t: torch.Tensor, data: torch.Tensor) -> None:
 
 
 def cast_input(t: Any, dtype: torch.dtype | None) -> Any:
-    """An input tensor at the reference's width (floating to ``dtype``, complex to its complex
-    width); anything else, and everything when ``dtype`` is None, as it is."""
+    """Floating to ``dtype``, complex to its complex width; anything else (or ``dtype`` None) as
+    is."""
     if dtype is None or not isinstance(t, torch.Tensor):
         return t
     if t.is_floating_point():
@@ -148,15 +138,12 @@ def autocast_as(device: torch.device, state: tuple[bool, torch.dtype | None]) ->
 
 
 def ungrouped_heads(forward: Callable[..., Any]) -> Callable[..., Any]:
-    """An attention module's ``forward`` that repeats grouped key/value heads to the query's
-    (what torch's math kernel does) and calls ``forward`` with ``enable_gqa`` off.
+    """``forward`` with grouped key/value heads repeated and ``enable_gqa`` off.
 
     The memory-efficient kernel refuses grouped heads (pytorch/pytorch 001f694a
     ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp``: ``supports_gqa = false`` under
-    ``USE_ROCM``), so a llama's float32 reference would fall to the slow, score-keeping math
-    kernel. It wraps ``forward`` rather than using a mode: a mode is the calling thread's,
-    and autograd recomputes checkpointed blocks on the device's own thread.
-    """
+    ``USE_ROCM``). A wrapper, not a mode: autograd recomputes checkpointed blocks on another
+    thread."""
 
     @functools.wraps(forward)
     def call(q: Any, k: Any, v: Any, *args: Any, enable_gqa: bool = False,
@@ -175,14 +162,12 @@ def ungrouped_heads(forward: Callable[..., Any]) -> Callable[..., Any]:
 
 @contextlib.contextmanager
 def efficient_attention(modules: list[nn.Module]) -> Iterator[None]:
-    """The memory-efficient SDPA kernel first in TorchTitan's attention modules while the
-    reference runs, grouped heads repeated (:func:`ungrouped_heads`).
+    """The memory-efficient SDPA kernel first in TorchTitan's attention modules while the reference
+    runs.
 
-    TorchTitan's ``ScaledDotProductAttention`` (0.2.2 ``torchtitan/models/attention.py``,
-    0.3.0 ``torchtitan/models/common/attention.py``) prefers cuDNN, flash and math: in float32
-    only math takes the inputs, and it keeps every score (4 GiB more per 2048-token row of a
-    1.5B llama block). Eager replays keep the job's own choice.
-    """
+    TorchTitan's ``ScaledDotProductAttention`` prefers cuDNN, flash and math: in float32 only
+    math takes the inputs, and it keeps every score (4 GiB more per 2048-token row of a 1.5B
+    llama block). Eager replays keep the job's own choice."""
     try:
         from torch.nn.attention import SDPBackend
     except ImportError:
@@ -213,9 +198,7 @@ def efficient_attention(modules: list[nn.Module]) -> Iterator[None]:
 @contextlib.contextmanager
 def reference_arithmetic(reference: Reference, held: Any, device: torch.device,
                          modules: list[nn.Module]) -> Iterator[None]:
-    """Held down-casts (``held``: a :class:`HeldPrecision`, or a stand-in holding none),
-    autocast off, TF32 as the reference asks, the memory-efficient attention kernel first in
-    ``modules`` (forward and backward)."""
+    """Held down-casts, autocast off, TF32 as asked, efficient attention first in ``modules``."""
     off = (torch.autocast(device.type, enabled=False) if device.type in ("cuda", "cpu")
            else contextlib.nullcontext())
     with held, off, tf32(reference.tf32), efficient_attention(modules):

@@ -1,12 +1,7 @@
 """What the job's own step sent through each block: the audit's teacher-forcing record.
 
-While a :class:`Recorder` is on the block-boundary stack (:mod:`.blocks`), each block call
-keeps its inputs and outputs (references to the job's tensors, never copies), the gradients
-at them (hooks on a view of the input, so other readers of the tensor add nothing), its
-autocast state and, on a GPU, the memory its forward kept (where the replays' memory
-estimate starts). Replaying each block from exactly these (:mod:`.replay`) is what keeps an
-error the job made in block k in block k alone.
-"""
+References to the job's tensors, never copies; gradient hooks go on a view of the input, so
+other readers of the tensor add nothing."""
 
 from __future__ import annotations
 
@@ -33,22 +28,16 @@ class BlockRecord:
     key: str
     module: nn.Module
     spec: Any
-    """The pytree spec of ``(args, kwargs)``."""
     leaves: list[Any]
-    """The inputs' leaves: tensors detached from the job's graph (same storage), else as given."""
+    """Tensors detached from the job's graph (same storage), else as given."""
     needs_grad: list[bool]
-    """Which input leaves required grad in the job."""
     out_spec: Any
     outputs: list[Any]
-    """The outputs' leaves, detached."""
     grad_inputs: dict[int, torch.Tensor] = field(default_factory=dict)
-    """Leaf index -> the gradient the job's backward gave that input."""
     grad_outputs: dict[int, torch.Tensor] = field(default_factory=dict)
-    """Output leaf index -> the gradient that arrived at it."""
     autocast: tuple[bool, torch.dtype | None] = (False, None)
-    """(enabled, dtype) of autocast on the block's device when it ran."""
     saved_bytes: int | None = None
-    """GPU memory the block's forward kept (its saved activations and outputs)."""
+    """GPU memory the block's forward kept: where the replays' memory estimate starts."""
 
     @property
     def device(self) -> torch.device:
@@ -79,13 +68,12 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 class Recorder:
-    """Records every block call of the job pass (see the module docstring)."""
+    """Records every block call of the job pass."""
 
     def __init__(self) -> None:
         self.records: dict[str, BlockRecord] = {}
-        """Key -> record, in call (forward) order."""
         self.keys: set[str] | None = None
-        """The blocks recorded (None: every one); the others run as they would."""
+        """None: every one; the others run as they would."""
 
     def around(self, key: str, module: nn.Module, args: tuple[Any, ...],
                kwargs: dict[str, Any], proceed: Call) -> Any:
@@ -144,11 +132,8 @@ def _allocated(device: torch.device | None) -> int | None:
 
 
 def recorder_for(model_parts: list[nn.Module]) -> tuple[Recorder, list[tuple[str, nn.Module]]]:
-    """A recorder for ``model_parts``' blocks (marked here) and the blocks, in forward order.
-
-    Raises:
-        RecordError: no part has ``model.layers``.
-    """
+    """A recorder for ``model_parts``' blocks (marked here), and the blocks in forward order
+    (RecordError without ``model.layers``)."""
     found = [kb for part in model_parts for kb in blocks.mark(part)]
     if not found:
         raise RecordError("the model has no model.layers: the audit compares it block by "

@@ -1,8 +1,5 @@
-"""Teacher-forced replays: each block alone from the job's own inputs and output gradients
-(:func:`replay_block`), and the parts outside the blocks with every block standing in as what
-the job computed (:class:`StandIn`), so those parts too are judged from the job's own values
-at both ends.
-"""
+"""Teacher-forced replays: each block alone from the job's own inputs and output gradients, and
+the parts outside the blocks with every block standing in as what the job computed."""
 
 from __future__ import annotations
 
@@ -39,10 +36,8 @@ def _block_mask_type() -> type | None:
 
 
 def sliceable(record: BlockRecord) -> bool:
-    """Whether the record's inputs can be cut into runs of rows: tensors with the hidden state's
-    (batch, sequence) lead or no batch dimension, a ``BlockMask`` of the rows, constants;
-    not, e.g., a folded batch's varlen metadata.
-    """
+    """Whether the record's inputs can be cut into runs of rows (not, e.g., a folded batch's varlen
+    metadata)."""
     hidden = record.hidden()
     if hidden is None or hidden.dim() < 2:
         return False
@@ -68,10 +63,8 @@ def _shifted(mask_mod: Any, lo: int) -> Any:
 
 
 def cut(t: Any, lead: tuple[int, ...], lo: int, hi: int) -> Any:
-    """Rows ``[lo, hi)`` of a tensor with leading dimensions ``lead``, or of a ``BlockMask``
-    (with its mask function re-indexed: ``BlockMask.__getitem__`` alone leaves one that
-    refuses to run); anything else as it is.
-    """
+    """Rows ``[lo, hi)`` of a tensor or ``BlockMask``; its mask function is re-indexed because
+    ``BlockMask.__getitem__`` alone leaves one that refuses to run."""
     if isinstance(t, torch.Tensor) and t.dim() >= 2 and tuple(t.shape[:2]) == lead:
         return t[lo:hi]
     block_mask = _block_mask_type()
@@ -93,15 +86,12 @@ class BlockReplay:
     """One run of rows of one block's replay."""
 
     outputs: list[Any]
-    """Output leaves (detached), in the record's order."""
     grad_inputs: dict[int, torch.Tensor]
-    """Input leaf index -> its gradient, for the inputs that required grad in the job."""
 
 
 def replay_block(record: BlockRecord, lo: int, hi: int, dtype: torch.dtype | None) -> BlockReplay:
-    """Rows ``[lo, hi)`` of one block, forward from the recorded inputs (cast to ``dtype`` when
-    given) and backward from the recorded output gradients, under the caller's arithmetic.
-    """
+    """Rows ``[lo, hi)`` of one block, forward from the recorded inputs and backward from the
+    recorded output gradients, under the caller's arithmetic."""
     lead = _lead(record)
     leaves: list[Any] = []
     for leaf, needs in zip(record.leaves, record.needs_grad, strict=True):
@@ -135,9 +125,6 @@ def _keep(into: list[torch.Tensor | None], index: int, grad: torch.Tensor) -> No
 
 
 class _Teach(torch.autograd.Function):
-    """Forward: the job's outputs. Backward: the job's gradients at the inputs; keeps the
-    gradient that arrived at the outputs."""
-
     @staticmethod
     def forward(ctx: Any, payload: dict[str, Any], *inputs: torch.Tensor) -> Any:
         ctx.payload = payload
@@ -156,16 +143,15 @@ class _Teach(torch.autograd.Function):
 
 @dataclass
 class StandIn:
-    """The block-boundary interceptor of an outside replay (see the module docstring)."""
+    """The block-boundary interceptor of an outside replay."""
 
     records: dict[str, BlockRecord]
     lo: int
     hi: int
     dtype: torch.dtype | None
     first_input: list[torch.Tensor] = field(default_factory=list)
-    """What arrived at the first block as its hidden state (the embedding's output)."""
+    """The embedding's output."""
     last_grad: list[list[torch.Tensor | None]] = field(default_factory=list)
-    """The gradients that arrived at the last block's outputs."""
     calls: list[str] = field(default_factory=list)
 
     def around(self, key: str, module: nn.Module, args: tuple[Any, ...],

@@ -29,10 +29,8 @@ def label(segment: str | None) -> str:
 
 
 def format_report(result: dict[str, Any], top: int = 10, step: int | None = None) -> str:
-    """The text verdict of :meth:`AuditResult.to_dict`: the verdict and where it is first
-    wrong in each direction, the segments (all of them from the command line; in the training
-    log only the wrong ones), the worst tensors, the end-to-end loss, the cost. Every line
-    starts with the audit's name or two spaces, so no log reader takes one for a metric."""
+    """The text verdict of :meth:`AuditResult.to_dict`. Every line starts with the audit's name or
+    two spaces, so no log reader takes one for a metric."""
     lines = [
         f"{audit_message.verdict_line(result['verdict'], step)} ({result['tokens']} "
         f"tokens, {result['world_size']} rank(s); job {result['job_dtype']}, reference "
@@ -49,7 +47,6 @@ def format_report(result: dict[str, Any], top: int = 10, step: int | None = None
 
 
 def _part_lines(part: dict[str, Any] | None) -> list[str]:
-    """What a part of a spread audit replayed (nothing for a whole audit)."""
     if not part:
         return []
     what = [f"block{'s' if len(part['blocks']) > 1 else ''} "
@@ -60,7 +57,6 @@ def _part_lines(part: dict[str, Any] | None) -> list[str]:
 
 
 def _first_wrong_lines(result: dict[str, Any]) -> list[str]:
-    """Per direction, the first segment wrong and its worst flagged tensor."""
     first = result.get("first_wrong") or {}
     tensors = result["tensors"]
     lines = []
@@ -77,7 +73,6 @@ def _first_wrong_lines(result: dict[str, Any]) -> list[str]:
 
 
 def _loss_lines(loss: dict[str, Any] | None) -> list[str]:
-    """The end-to-end loss, where this audit compared it."""
     if loss is None:
         return []
     return [f"  end-to-end loss: job {_num(loss['job'])}, eager {_num(loss['eager'])}, "
@@ -87,7 +82,6 @@ def _loss_lines(loss: dict[str, Any] | None) -> list[str]:
 
 
 def _threshold_line(s: dict[str, Any]) -> str:
-    """The statistics' settings, as the sentence a reader checks a ratio against."""
     return (f"  threshold: error > {s['fudge']:g} x eager error "
             f"({s.get('activation_fudge', s['fudge']):g} x for block outputs and input "
             f"gradients) + {s['floor_eps']:g} float32 eps, "
@@ -96,7 +90,6 @@ def _threshold_line(s: dict[str, Any]) -> str:
 
 
 def _segment_lines(segs: list[dict[str, Any]], step: int | None) -> list[str]:
-    """The segments' table: every one from the command line, the wrong ones in training."""
     shown = segs if step is None else [
         g for g in segs if g["forward"]["flagged"] or g["backward"]["flagged"]]
     lines = []
@@ -113,7 +106,6 @@ def _segment_lines(segs: list[dict[str, Any]], step: int | None) -> list[str]:
 
 
 def _tensor_lines(tensors: list[dict[str, Any]], top: int) -> list[str]:
-    """The ``top`` worst tensors, flagged ones first."""
     rows = sorted(tensors, key=lambda t: (not t["flagged"], -_key(t["score"])))
     lines = ["", f"  {'tensor':<44} {'dir':<4} {'err_job':>9} {'err_eager':>9} "
                  f"{'ratio':>8} {'outliers':>9}"]
@@ -129,7 +121,6 @@ def _tensor_lines(tensors: list[dict[str, Any]], top: int) -> list[str]:
 
 
 def _cost_lines(result: dict[str, Any]) -> list[str]:
-    """The time of each phase, the peak memory, and the notes."""
     memory = result.get("peak_memory_bytes")
     parts = ", ".join(f"{k.replace('_', ' ')} {v:.2f} s" for k, v in result["time_s"].items())
     return ["", f"  time: {parts}" + (f"; peak memory {memory / 2**30:.2f} GiB" if memory
@@ -147,9 +138,8 @@ def _direction(row: dict[str, Any]) -> str:
 
 
 def plot(result: dict[str, Any], path: str) -> None:
-    """Each tensor's score (error over its threshold: flagged above 1) on a log scale, in
-    forward order, forward outputs and gradients apart; flagged ones in red, segment
-    boundaries marked. Written atomically (PNG, or SVG by the suffix)."""
+    """Each tensor's score on a log scale, in forward order, flagged ones in red; written atomically
+    (PNG, or SVG by the suffix)."""
     from titan_rocm.logs.plot import require_matplotlib
 
     require_matplotlib()

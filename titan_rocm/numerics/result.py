@@ -1,7 +1,5 @@
-"""What an audit reports: its result (the ``--json`` object, :data:`SCHEMA`), the error
-object of one that could not run, and the parts of an audit spread over steps. Below the rest
-of the audit: the replays and the audit build it, the CLI and the in-training workaround read it.
-"""
+"""What an audit reports: its result (the ``--json`` object), the error of one that could not
+run, and the parts of an audit spread over steps."""
 
 from __future__ import annotations
 
@@ -23,14 +21,10 @@ class Part:
     index: int
     """1-based, in the order the steps run them."""
     count: int
-    """Parts of the whole audit."""
     blocks: tuple[str, ...]
-    """The ``model.layers`` keys replayed, in forward order."""
     outside: bool
-    """The parts outside the blocks (embedding, head) and the end-to-end loss."""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``part``, ``of``, ``blocks``, ``outside``."""
         return {"part": self.index, "of": self.count, "blocks": list(self.blocks),
                 "outside": self.outside}
 
@@ -38,10 +32,8 @@ class Part:
 def spread(keys: list[str], steps: int) -> list[Part]:
     """The parts of an audit of the blocks ``keys`` spread over ``steps`` steps.
 
-    Blocks are dealt round-robin into ``min(steps - 1, len(keys))`` parts, so a model of dense
-    then MoE blocks costs about the same each step; the last part holds the outside parts and
-    the loss, whose logits cost about a share of the blocks. One step: one part.
-    """
+    Blocks are dealt round-robin, so a model of dense then MoE blocks costs about the same each
+    step; the last part holds the outside parts and the loss, whose logits cost about a share."""
     if steps <= 1 or not keys:
         return [Part(1, 1, tuple(keys), True)]
     n = min(steps - 1, len(keys))
@@ -63,41 +55,35 @@ class AuditResult:
     reference: str
     settings: AuditSettings
     segments: list[Segment]
-    """The segments this audit compared, in forward order."""
     tensors: list[TensorStats]
     loss: TensorStats | None
-    """The end-to-end loss: the job's against whole-model eager and reference passes (None
-    in a part of a spread audit that does not compare it)."""
+    """None in a part of a spread audit that does not compare it."""
     loss_values: dict[str, float]
-    """The three end-to-end losses (job, eager, reference); empty where not compared."""
+    """Job, eager, reference; empty where not compared."""
     time_s: dict[str, float]
     peak_memory_bytes: int | None
     memory: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     chunks: int = 1
-    """Runs of rows each block's replays took."""
     outside_chunks: int = 1
-    """Runs of rows the parts outside the blocks took."""
     applied: list[str] = field(default_factory=list)
     part: Part | None = None
-    """What this step replayed of an audit spread over steps (None: the whole audit)."""
+    """None: the whole audit."""
 
     @property
     def flagged(self) -> bool:
-        """Any compared tensor or the end-to-end loss flagged."""
         return (self.loss is not None and self.loss.flagged) or any(
             t.flagged for t in self.tensors)
 
     def first_wrong(self, direction: str) -> Segment | None:
-        """The first segment wrong in ``direction``: forward, in forward order; backward, in
-        backward order (the head first)."""
+        """Forward: in forward order; backward: in backward order (the head first)."""
         order = self.segments if direction == "forward" else list(reversed(self.segments))
         wrong = {t.segment for t in self.tensors if t.flagged and t.direction == direction}
         return next((s for s in order if s.name in wrong), None)
 
     def segment_rows(self) -> list[dict[str, Any]]:
-        """Per segment: its facts, and per direction whether it is wrong, its worst score and
-        the flagged tensors."""
+        """Per segment: its facts, and per direction whether wrong, its worst score, flagged
+        tensors."""
         rows = []
         for s in self.segments:
             row = s.to_dict()
@@ -112,7 +98,7 @@ class AuditResult:
         return rows
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``--json`` object (schema 2), with an ``exit_code`` of 0 (ok) or 1 (flagged)."""
+        """The ``--json`` object, with an ``exit_code`` of 0 (ok) or 1 (flagged)."""
         flagged = self.flagged
         first = {d: (s.name if (s := self.first_wrong(d)) else None)
                  for d in ("forward", "backward")}

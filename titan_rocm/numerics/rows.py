@@ -1,6 +1,4 @@
-"""The micro-batch in runs of whole rows: its first tokens, its rows cut alike in every input,
-how many runs a replay needs to fit, and one block's runs joined (docs/numerics-audit.md).
-"""
+"""The micro-batch in runs of whole rows (docs/numerics-audit.md)."""
 
 from __future__ import annotations
 
@@ -28,8 +26,8 @@ def cut_batch(input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
 
 def take_tokens(input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
                 tokens: int | None) -> Batch:
-    """The first ``tokens`` label positions of the micro-batch (whole rows while they fit,
-    else the first ``tokens`` of row 0); the whole micro-batch for None."""
+    """The first ``tokens`` label positions (whole rows while they fit, else the first ``tokens`` of
+    row 0); the whole micro-batch for None."""
     if tokens is None or tokens >= labels.numel():
         return input_dict, labels
     batch, seq = labels.shape[0], labels.shape[-1]
@@ -49,16 +47,15 @@ def row_bounds(rows: int, chunks: int) -> list[tuple[int, int]]:
 
 
 def runs_needed(need: int, usable: int, rows: int) -> int:
-    """Runs of rows for a replay needing ``need`` bytes over the whole micro-batch in
-    ``usable`` bytes (at most one run per row)."""
+    """Runs of rows for a replay needing ``need`` bytes in ``usable`` bytes (at most one per
+    row)."""
     if need <= usable:
         return 1
     return rows if usable <= 0 else min(rows, math.ceil(need / usable))
 
 
 def joined(runs: list[BlockReplay]) -> BlockReplay:
-    """Runs of rows of one block's replay as one (their outputs and input gradients joined
-    along the rows)."""
+    """One block's runs of rows as one (outputs and input gradients joined along the rows)."""
     if len(runs) == 1:
         return runs[0]
     outputs = [torch.cat([r.outputs[i] for r in runs]) if isinstance(o, torch.Tensor) else o

@@ -1,7 +1,5 @@
-"""What the audit borrows from the process and gives back, and what it asks of it: every RNG
-stream, every ``.grad``, every buffer's value; the ranks' collectives, the device's free
-memory, and an allocation failure told from any other error (docs/numerics-audit.md).
-"""
+"""What the audit borrows from the process and gives back (RNG, ``.grad``, buffers), and what it
+asks of it (collectives, free memory, allocation failures)."""
 
 from __future__ import annotations
 
@@ -28,8 +26,8 @@ def preserved_rng(device: torch.device) -> Iterator[None]:
 
 @contextlib.contextmanager
 def taken_grads(params: list[nn.Parameter]) -> Iterator[list[torch.Tensor | None]]:
-    """Yield every ``.grad`` (the tensors themselves) and leave None in their place; the same
-    tensors are put back on exit."""
+    """Yield every ``.grad`` and leave None in their place; the same tensors are put back on
+    exit."""
     saved = [p.grad for p in params]
     for p in params:
         p.grad = None
@@ -51,8 +49,7 @@ def put_back(buffers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
 @contextlib.contextmanager
 def restoring(buffers: list[tuple[torch.Tensor, torch.Tensor]]
               ) -> Iterator[Callable[[], None]]:
-    """Yield a function that puts every buffer's value back (:func:`put_back`); called again
-    on exit."""
+    """Yield :func:`put_back`; called again on exit."""
     try:
         yield lambda: put_back(buffers)
     finally:

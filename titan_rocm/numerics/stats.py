@@ -1,12 +1,8 @@
-"""The audit's statistics: each compared tensor's error against the reference, streamed chunk
-by chunk, reduced over ranks, and its verdict. docs/numerics-audit.md ("The statistics")
-gives the ratio test (the shape of PyTorch's minifier, ``torch._dynamo.utils.same``) and the
-outlier test.
+"""The audit's statistics, streamed chunk by chunk and reduced over ranks; the tests are in
+docs/numerics-audit.md ("The statistics").
 
-Each chunk adds sums of squares, a maximum and two histograms on a fixed logarithmic grid, so
-no tensor is needed whole, ranks merge by summing, and nothing waits for the device (the
-sums stay on it; the histograms use a fixed range, :func:`histogram`). The grid's
-:data:`BINS_PER_OCTAVE` bins (4.4 % wide) bound how low the outlier count can err: one bin.
+Chunks add sums and histograms on a fixed logarithmic grid, so no tensor is needed whole, ranks
+merge by summing, and nothing waits for the device. A bin (4.4 % wide) bounds the outlier error.
 """
 
 from __future__ import annotations
@@ -22,54 +18,40 @@ from titan_rocm.settings import check_number
 
 BINS_PER_OCTAVE = 16
 LOWEST_OCTAVE = -150
-"""Values below 2**-150 (float32's smallest subnormal is 2**-149) share the lowest bin."""
 OCTAVES = 280
-"""Octaves on the grid: up to 2**130, above float32's largest value; more is the top bin."""
 NBINS = OCTAVES * BINS_PER_OCTAVE + 1
 SLICE = 1 << 24
-"""Elements handled at once: each slice costs some 60 kernel launches whatever its size, and
-slices of 4M kept a GPU waiting on the host over deepseek_v3 16B's 277M expert-gradient
-elements; one slice's temporaries stay under :data:`WORKSPACE_BYTES`.
+"""Each slice costs some 60 kernel launches whatever its size; slices of 4M kept a GPU waiting on
+the host over deepseek_v3 16B's 277M expert-gradient elements.
 """
 WORKSPACE_BYTES = 16 * SLICE * 4
-"""What one slice's temporaries hold at most (about sixteen float32 slices: the three values
-cast up, their differences, masks, bins), counted in the audit's memory estimate."""
+"""One slice's temporaries (about sixteen float32 slices), counted in the audit's memory
+estimate."""
 SAMPLE = 1 << 16
-"""Elements per slice the eager error's histogram counts (a strided sample: counting every
-element on a GPU serialises on a few hot bins).
-"""
+"""A strided sample: counting every element on a GPU serialises on a few hot bins."""
 
 RTOL: dict[torch.dtype, float] = {
     torch.float16: 1e-3, torch.bfloat16: 1.6e-2, torch.float32: 1.3e-6, torch.float64: 1e-7,
 }
-"""Relative tolerance of a compute dtype: ``torch.testing``'s defaults
-(``torch/testing/_comparison.py`` ``_DTYPE_PRECISIONS``, torch 2.13)."""
+"""``torch.testing``'s defaults (``torch/testing/_comparison.py`` ``_DTYPE_PRECISIONS``)."""
 
 KINDS = ("output", "input_grad", "param_grad", "loss")
 ACTIVATIONS = ("output", "input_grad")
-"""The kinds judged with ``activation_fudge``."""
-"""What a compared tensor is: a segment's forward output, the gradient at a segment's input,
-a parameter's gradient, the loss."""
 
 
 @dataclass(frozen=True)
 class AuditSettings:
-    """The statistic settings of one audit (``[rocm] numerics_audit_*``, each checked as
-    :func:`titan_rocm.settings.check_number` checks the setting)."""
+    """The statistic settings of one audit (``[rocm] numerics_audit_*``)."""
 
     fudge: float = 3.0
-    """Flag a parameter's gradient (or the loss) when err_job > fudge x err_eager + floor."""
     activation_fudge: float = 1.5
-    """The same for a block's output and input gradient: the job and eager round the same
-    activations to the compute dtype, so their errors agree far more closely."""
+    """For a block's output and input gradient: the job and eager round the same activations, so
+    their errors agree far more closely.
+    """
     floor_eps: float = 64.0
-    """The additive floor, in units of float32's machine epsilon (relative error)."""
     outlier_k: float = 10.0
-    """How far beyond the eager error an element must be to count as an outlier."""
     outlier_quantile: float = 0.999
-    """The quantile of the eager error ``|b - c|`` that sets the outlier threshold."""
     outlier_max: float = 1e-3
-    """Flag when more than this fraction of a tensor's elements are outliers."""
 
     def __post_init__(self) -> None:
         for name in self.__dataclass_fields__:
@@ -77,8 +59,8 @@ class AuditSettings:
 
     @classmethod
     def of(cls, settings: Any) -> AuditSettings:
-        """The audit settings of a :class:`~titan_rocm.settings.RocmSettings` (or any object
-        with ``numerics_audit_<name>`` attributes; missing ones keep their default)."""
+        """From a RocmSettings (or any object with ``numerics_audit_<name>``; missing ones keep
+        defaults)."""
         values = {}
         for name in cls.__dataclass_fields__:
             value = getattr(settings, f"numerics_audit_{name}", None)
@@ -104,12 +86,9 @@ def json_number(value: float) -> float | str:
 @dataclass
 class TensorStats:
     """One compared tensor's numbers (global over ranks and chunks) and its verdict."""
-
     name: str
     segment: str
-    """``embedding``, a block's key (``"3"``), or ``head``."""
     kind: str
-    """One of :data:`KINDS`."""
     numel: int
     err_job: float
     err_eager: float
@@ -140,9 +119,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _counted(t: torch.Tensor) -> torch.Tensor:
-    """What this rank adds to the all-reduced sums for ``t``, so each element counts once: a
-    ``Replicate`` mesh dimension is counted by its coordinate-0 rank only, a ``Partial`` one
-    is reduced first (a partial sum is not the value).
+    """Each element counts once: a ``Replicate`` dimension by its coordinate-0 rank only, a
+    ``Partial`` one reduced first (a partial sum is not the value).
     """
     placements = getattr(t, "placements", None)
     if placements is None:
@@ -178,12 +156,11 @@ def bin_of(x: torch.Tensor) -> torch.Tensor:
 
 
 def histogram(index: torch.Tensor) -> torch.Tensor:
-    """How many of ``index`` (bins from :func:`bin_of`; negatives not counted) fall in each bin.
+    """How many of ``index`` fall in each bin.
 
-    ``torch.histc`` over a fixed range (a half-bin margin keeps integers in their bin) reads
-    nothing back to the host, where a GPU ``bincount`` syncs twice; under deterministic
-    algorithms ``histc`` refuses and ``bincount`` counts. Exact: a chunk of at most
-    :data:`SLICE` = 2**24 elements fits float32's exact integers.
+    ``torch.histc`` over a fixed range reads nothing back to the host, where a GPU ``bincount``
+    syncs twice; under deterministic algorithms ``histc`` refuses and ``bincount`` counts. Exact:
+    a chunk of at most 2**24 elements fits float32's exact integers.
     """
     if index.numel() == 0:
         return torch.zeros(NBINS, dtype=torch.int64, device=index.device)
@@ -223,21 +200,19 @@ class _Acc:
     kind: str
     rtol: float
     sums: torch.Tensor
-    """[sum c^2, sum (a-c)^2, sum (b-c)^2], on the device."""
     maxima: torch.Tensor
-    """[max |a-c| over finite values, non-finite elements of a]."""
     eager_hist: torch.Tensor
     outlier_hist: torch.Tensor
     missing: float = 0.0
-    """1: a value in some passes only (a gradient None in the others)."""
     count: float = 0.0
-    """Elements added (kept on the host: no chunk waits for the device to count)."""
+    """Kept on the host: no chunk waits for the device to count."""
 
 
 @dataclass
 class Accumulator:
-    """Streams the comparison of many named tensors, chunk by chunk, then judges them all
-    (collective in :meth:`finish`: every rank adds the same names in the same order)."""
+    """Streams the comparison of named tensors, then judges them all (:meth:`finish` is collective:
+    every rank adds the same names in the same order).
+    """
 
     settings: AuditSettings
     device: torch.device
@@ -256,9 +231,8 @@ class Accumulator:
 
     def add(self, name: str, segment: str, kind: str, a: torch.Tensor | None,
             b: torch.Tensor | None, c: torch.Tensor | None, rtol: float) -> None:
-        """Add one chunk of tensor ``name`` (``a`` job, ``b`` eager, ``c`` reference; None: no
-        value). Differences are in float32 unless the reference is float64: a 16-bit job's
-        1e-3 errors need no more.
+        """Add one chunk (``a`` job, ``b`` eager, ``c`` reference). Float32 differences unless the
+        reference is float64: a 16-bit job's 1e-3 errors need no more.
         """
         entry = self._entry(name, segment, kind, rtol)
         if a is None or b is None or c is None:
@@ -365,9 +339,8 @@ class Accumulator:
 def loss_stats(job: float, eager: float, reference: float, compute_dtype: torch.dtype,
                settings: AuditSettings, name: str = "loss",
                segment: str = "end to end") -> TensorStats:
-    """The loss judged as a tensor is, with the compute dtype's ``rtol`` as the floor: one
-    value's eager error can be near zero by chance, a false alarm for the ratio alone.
-    """
+    """The loss judged with the dtype's ``rtol`` as floor: one value's eager error can be near
+    zero."""
     scale = abs(reference) or 1.0
     err_job, err_eager = abs(job - reference) / scale, abs(eager - reference) / scale
     floor = max(settings.floor, RTOL.get(compute_dtype, RTOL[torch.float32]))

@@ -1,13 +1,8 @@
-"""The audit's detection matrix on one built trainer: clean runs over seeds, and the test
-fault (``titan_rocm.testing.corrupt``) at each fraction, direction and block, switched at run
-time so the model compiles once (the op sits in the forward and the backward graphs; which
-block, direction and fraction it corrupts is read when it runs).
+"""The audit's detection matrix on one built trainer: clean runs over seeds, then the test fault
+at each fraction, direction and block, switched at run time so the model compiles once.
 
 A fault is **named** when the audit flags it and its first-wrong segment in the fault's
-direction is the fault's block; a backward fault must also leave the forward clean (nothing
-of the forward moved). Used by the CPU tests of both TorchTitan generations and by
-``benchmarks/numerics_audit.py`` on a GPU.
-"""
+direction is its block; a backward fault must also leave the forward clean."""
 
 from __future__ import annotations
 
@@ -31,14 +26,12 @@ def first_middle_last(keys: Sequence[str]) -> list[str]:
 def fault_specs(blocks: Sequence[str], fractions: Sequence[float] = FRACTIONS,
                 graphs: Sequence[str] = GRAPHS, op: str = "mul",
                 index: int = 0) -> list[corrupt.CorruptSpec]:
-    """Every (block, graph, fraction) fault, block by block."""
     return [corrupt.CorruptSpec(block=int(b), graph=g, op=op, index=index, fraction=f)
             for b in blocks for g in graphs for f in fractions]
 
 
 def install(model_parts: list[Any], op: str = "mul", index: int = 0) -> None:
-    """The fault's op in the forward and backward graphs, inactive (before the first
-    compile)."""
+    """The fault's op in the forward and backward graphs, inactive (before the first compile)."""
     blocks = [key for part in model_parts for key, _ in part.layers.named_children()]
     corrupt.install(model_parts, corrupt.CorruptSpec(block=int(blocks[0]), op=op,
                                                      index=index), graphs=GRAPHS)
@@ -81,8 +74,8 @@ class Outcome:
 def run(audit: Callable[[], dict[str, Any]], specs: Sequence[corrupt.CorruptSpec],
         seeds: Sequence[int], reseed: Callable[[int], None],
         on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-    """Clean audits for each seed (``reseed(seed)`` first: new weights and batch), then one
-    audit per fault, each judged; ``audit()`` returns the audit's ``to_dict``."""
+    """Clean audits for each seed (``reseed(seed)``: new weights and batch), then one audit per
+    fault, each judged."""
     outcomes = []
 
     def one(spec: corrupt.CorruptSpec | None, seed: int | None) -> None:

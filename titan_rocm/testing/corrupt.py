@@ -1,15 +1,10 @@
 """``TITAN_ROCM_DEBUG_CORRUPT``: a fault injected into compiled code only, to prove the audit
-(docs/numerics-audit-fault.md gives the format).
-
-A test hook, installed only by ``titan-rocm audit``, tests and benchmarks, never by training.
-An Inductor post-grad pass puts the opaque op ``titan_rocm::debug_corrupt`` after one
-``aten`` node, so eager code never reaches it. It corrupts values finitely and in range, as
-the Triton buffer-store hazard does.
+(docs/numerics-audit-fault.md). Installed by ``titan-rocm audit``, tests and benchmarks only.
 
 The op decides at run time whether to hit because identical TransformerBlocks share one
-compiled graph (``inline_inbuilt_nn_modules``): a graph cannot know its block when it
-compiles. A block-boundary interceptor (:mod:`titan_rocm.numerics.blocks`) tells it, which
-also lets :func:`switch` move the fault without recompiling.
+compiled graph (``inline_inbuilt_nn_modules``); the block interceptor
+(:mod:`titan_rocm.numerics.blocks`) tells it, which also lets :func:`switch` move the fault
+without recompiling.
 """
 
 from __future__ import annotations
@@ -34,7 +29,6 @@ from titan_rocm.numerics import blocks
 ENV = "TITAN_ROCM_DEBUG_CORRUPT"
 FORMAT = ("block=K|head[,graph=backward|forward][,op=mul][,index=0][,fraction=0.03][,seed=0]"
           "[,rank=R]")
-"""The accepted format (brackets: optional, with their defaults)."""
 EXAMPLE = "block=1,graph=backward,op=mul,index=0,fraction=0.03,seed=0"
 GRAPHS = ("backward", "forward")
 HEAD = "head"
@@ -52,12 +46,11 @@ class CorruptSpecError(ValueError):
 
 @dataclass(frozen=True)
 class CorruptSpec:
-    """What to corrupt: ``fraction`` of the output of the ``index``-th ``aten.<op>`` node of
-    block ``block``'s compiled ``graph`` graph (on global rank ``rank`` only, if given)."""
+    """What to corrupt: ``fraction`` of the ``index``-th ``aten.<op>`` node's output of one block's
+    graph."""
 
     block: int | str
-    """A ``model.layers`` key as an integer, or ``"head"``: the compiled code that runs
-    outside every block (TorchTitan compiles the loss, ``[compile] components``)."""
+    """A ``model.layers`` key, or ``"head"``: compiled code outside every block (the loss)."""
     graph: str = "backward"
     op: str = "mul"
     index: int = 0
@@ -67,7 +60,7 @@ class CorruptSpec:
 
     @property
     def key(self) -> str:
-        """The block's key in ``model.layers`` (TorchTitan names layers ``"0"``, ``"1"``, ...)."""
+        """The block's key in ``model.layers``."""
         return str(self.block)
 
     @property
@@ -106,7 +99,6 @@ def _aten_op_exists(name: str) -> bool:
 
 
 def _value(text: str, key: str, value: str) -> Any:
-    """One field's value, or the error naming it and what it accepts."""
     if key == "block" and value == HEAD:
         return value
     if key in ("block", "index", "seed", "rank"):
@@ -132,11 +124,7 @@ def _value(text: str, key: str, value: str) -> Any:
 
 
 def parse(text: str) -> CorruptSpec:
-    """The spec ``text`` describes.
-
-    Raises:
-        CorruptSpecError: one sentence naming the bad entry and the accepted format.
-    """
+    """The spec ``text`` describes (CorruptSpecError naming the bad entry)."""
     fields: dict[str, Any] = {}
     for entry in text.split(","):
         entry = entry.strip()
@@ -155,7 +143,7 @@ def parse(text: str) -> CorruptSpec:
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> CorruptSpec | None:
-    """The spec of :data:`ENV`; None when it is unset or empty (CorruptSpecError when bad)."""
+    """The spec of :data:`ENV`; None when unset or empty."""
     text = (os.environ if environ is None else environ).get(ENV, "").strip()
     return parse(text) if text else None
 
@@ -163,19 +151,13 @@ def from_env(environ: Mapping[str, str] | None = None) -> CorruptSpec | None:
 @dataclass
 class Hits:
     """What the fault did in this process."""
-
     graphs: int = 0
-    """Compiled graphs of the asked kind the pass put the op into."""
     graphs_without_node: int = 0
-    """Compiled graphs of the asked kind with no ``index``-th ``aten.<op>`` node."""
     calls: int = 0
     """Times compiled code ran the op (any block: the graph may be shared)."""
     hits: int = 0
-    """Times it corrupted (block ``block``'s pass)."""
     elements: int = 0
-    """Elements of the node's output, summed over hits."""
     replaced: int = 0
-    """Elements overwritten by their neighbour, summed over hits."""
     changed: int = 0
     """Of those, elements whose value changed (a neighbour can hold the same value)."""
 
@@ -191,22 +173,17 @@ def _rank() -> int:
 
 
 class _Runtime:
-    """The process-wide state the pass, the op and the block interceptor share."""
-
     def __init__(self) -> None:
         self.spec: CorruptSpec | None = None
         self.graphs: tuple[str, ...] = ()
-        """The graph kinds the pass puts the op into."""
         self.hits = Hits()
         self.forward_block: str | None = None
         self.backward_block: str | None = None
         self.window_hit = False
-        """The op already hit in the current pass of the target block."""
         self.blocks_marked = 0
         self.reported: set[str] = set()
         self.calls_seen = 0
         self.active = True
-        """False after ``switch(None)``: the op copies and corrupts nothing."""
 
     # -- block windows (the interceptor and its tensor hooks) ----------------------------------
     def around(self, key: str, module: nn.Module, args: tuple[Any, ...],
@@ -273,7 +250,6 @@ class _Runtime:
 
     # -- reporting ------------------------------------------------------------------------------
     def report(self, when: str) -> str | None:
-        """Log how often the fault hit (or why it never did), once per ``when``."""
         spec = self.spec
         if spec is None or when in self.reported:
             return None
@@ -320,12 +296,11 @@ def _backward_leaves(key: str, grad: torch.Tensor) -> None:
 
 @functools.cache
 def _op() -> Any:
-    """Register ``titan_rocm::debug_corrupt`` (first install only: an unset variable
-    registers nothing) and return its overload."""
+    """Registered on first install only: an unset variable registers nothing."""
 
     @torch.library.custom_op("titan_rocm::debug_corrupt", mutates_args=())
     def debug_corrupt(x: torch.Tensor, backward: bool) -> torch.Tensor:
-        """A copy of ``x``, corrupted while the target block runs (module docstring)."""
+        """A copy of ``x``, corrupted while the target block runs."""
         return _RUNTIME.run(x, backward)
 
     @debug_corrupt.register_fake
@@ -336,8 +311,7 @@ def _op() -> Any:
 
 
 def graph_kind(graph: torch.fx.Graph) -> str | None:
-    """``forward`` / ``backward`` for AOTAutograd's training graphs (placeholders
-    ``primals_*`` / ``tangents_*``); None for inference graphs."""
+    """``forward`` / ``backward`` for AOTAutograd's training graphs; None for inference graphs."""
     names = [n.name for n in graph.nodes if n.op == "placeholder"]
     if any(name.startswith("tangents") for name in names):
         return "backward"
@@ -347,9 +321,7 @@ def graph_kind(graph: torch.fx.Graph) -> str | None:
 
 
 def feeding_first_output(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """The nodes the graph's first output depends on: AOTAutograd's forward graph returns the
-    block's output first, the tensors saved for the backward after it.
-    """
+    """AOTAutograd's forward graph returns the block's output first, the saved tensors after it."""
     out = next((n for n in graph.nodes if n.op == "output"), None)
     if out is None or not out.args:
         return set()
@@ -368,9 +340,8 @@ def feeding_first_output(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 
 
 def candidate_nodes(graph: torch.fx.Graph, op: str) -> list[torch.fx.Node]:
-    """The nodes ``index`` counts: ``aten.<op>`` calls with one floating-point output, in graph
-    order; in a forward graph only those the block's output depends on (a value only saved
-    for the backward shows its fault there).
+    """``aten.<op>`` calls with one float output; in a forward graph only those feeding the block's
+    output (a value only saved for the backward shows its fault there).
     """
     found = [n for n in graph.nodes
              if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
@@ -385,9 +356,8 @@ def candidate_nodes(graph: torch.fx.Graph, op: str) -> list[torch.fx.Node]:
 
 @functools.cache
 def pass_class() -> type:
-    """``CorruptPass``, made on first use: importing Inductor costs seconds a process that never
-    installs the fault must not pay. It runs the job's ``previous`` pass first, if any.
-    """
+    """Made on first use: importing Inductor costs seconds a process without the fault must not
+    pay."""
     from torch._inductor.custom_graph_pass import CustomGraphPass
 
     class CorruptPass(CustomGraphPass):
@@ -425,9 +395,7 @@ def pass_class() -> type:
             log.debug("titan-rocm: %s: op after %s in a compiled %s graph", ENV, node.name, kind)
 
         def uuid(self) -> Any:
-            """Inductor's cache key part, so a graph with the op never serves a clean run; only
-            what shapes the graph is in it.
-            """
+            """Inductor's cache key part, so a graph with the op never serves a clean run."""
             previous = self.previous.uuid() if isinstance(self.previous, CustomGraphPass) else (
                 None if self.previous is None else id(self.previous))
             return ("titan-rocm-debug-corrupt-v3", self.graphs, self.op, self.index, previous)
@@ -438,11 +406,8 @@ def pass_class() -> type:
 def install(model_parts: list[nn.Module], spec: CorruptSpec | None = None,
             graphs: tuple[str, ...] | None = None,
             environ: Mapping[str, str] | None = None) -> CorruptSpec | None:
-    """Install the fault on ``model_parts`` before anything of them compiles (``spec``, or
-    :data:`ENV`'s). Idempotent for the same op and index; None when there is nothing to install.
-
-    Raises:
-        CorruptSpecError: the value or a block is not accepted (one sentence).
+    """Install the fault on ``model_parts`` before anything compiles; idempotent for the same op and
+    index. None when there is nothing to install; CorruptSpecError when not accepted.
     """
     spec = spec if spec is not None else from_env(environ)
     if spec is None:
@@ -486,11 +451,7 @@ def install(model_parts: list[nn.Module], spec: CorruptSpec | None = None,
 
 
 def switch(spec: CorruptSpec | None) -> None:
-    """Move the installed fault to ``spec`` (None: nothing is corrupted) without recompiling.
-
-    Raises:
-        CorruptSpecError: a different op or index, or a graph kind the op is not in.
-    """
+    """Move the installed fault to ``spec`` (None: off) without recompiling."""
     if spec is not None:
         current = _RUNTIME.spec
         if current is None or (current.op, current.index) != (spec.op, spec.index) \
@@ -513,8 +474,7 @@ def summary() -> dict[str, Any]:
 
 
 def report(when: str) -> str | None:
-    """Log one line saying how often the fault hit, or why it never did (once per ``when``);
-    the line, or None when inactive or reported for ``when`` before."""
+    """Log how often the fault hit, or why it never did, once per ``when``; the line or None."""
     return _RUNTIME.report(when)
 
 
@@ -525,8 +485,8 @@ def reset_counts() -> None:
 
 
 def uninstall() -> None:
-    """Take the pass out of Inductor's config and the interceptor off the blocks, forget the
-    spec, let its lines log again (tests; a second job in the same process)."""
+    """Take the pass and interceptor off and forget the spec (tests; a second job in the
+    process)."""
     forget(ENV)
     if _RUNTIME.spec is None:
         return

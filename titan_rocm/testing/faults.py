@@ -1,12 +1,7 @@
-"""Test-only fault injection for ``tune run``: make chosen candidates misbehave
-(docs/environment-variables.md gives ``TITAN_ROCM_TUNE_FAULTS`` and
-``TITAN_ROCM_TUNE_WRONG_MM``).
+"""Test-only fault injection for ``tune run``: chosen candidates misbehave
+(docs/environment-variables.md, ``TITAN_ROCM_TUNE_FAULTS`` and ``TITAN_ROCM_TUNE_WRONG_MM``).
 
-A chosen candidate's benchmark request is wrapped in a picklable :class:`FaultyRequest` that
-passes everything through, so the real kernel still compiles. ``TITAN_ROCM_TUNE_WRONG_MM``
-makes a real kernel that is wrong and fast, for the GPU proof that stock max-autotune picks it
-and the tuner rejects it.
-"""
+The request wrapper passes everything through, so the real kernel still compiles."""
 
 from __future__ import annotations
 
@@ -21,8 +16,8 @@ ENV_FAULTS = "TITAN_ROCM_TUNE_FAULTS"
 ENV_WRONG_MM = "TITAN_ROCM_TUNE_WRONG_MM"
 ENV_MAX_MM_CONFIGS = "TITAN_ROCM_TUNE_MAX_MM_CONFIGS"
 ENV_DISK_FULL = "TITAN_ROCM_TUNE_DISK_FULL_AFTER"
-"""``N``: the results writer's write after its N-th record writes half a line and fails
-with ENOSPC, as a full disk does (tests: no tiny file system is needed)."""
+"""``N``: the write after the N-th record writes half a line and fails with ENOSPC, as a full
+disk does (no tiny file system is needed)."""
 
 FAULTS: dict[str, str] = {
     "wrong": "runs the kernel, then adds 1 to its output",
@@ -40,8 +35,6 @@ class FaultSpecError(ValueError):
 
 @dataclass(frozen=True)
 class Fault:
-    """One fault: what, and on which candidate."""
-
     fault: str
     template_id: str
     nth: int = 0
@@ -54,11 +47,7 @@ class Fault:
 
 
 def parse(spec: str) -> list[Fault]:
-    """Parse a ``TITAN_ROCM_TUNE_FAULTS`` value.
-
-    Raises:
-        FaultSpecError: an item that is not ``FAULT:TEMPLATE_ID[#N][@PROBLEM]``.
-    """
+    """Parse a ``TITAN_ROCM_TUNE_FAULTS`` value (FaultSpecError for a bad item)."""
     faults = []
     for item in filter(None, (x.strip() for x in spec.split(","))):
         fault, sep, selector = item.partition(":")
@@ -77,11 +66,8 @@ def parse(spec: str) -> list[Fault]:
 
 
 def disk_full_after() -> int | None:
-    """:data:`ENV_DISK_FULL` as a record count (None: unset).
-
-    Raises:
-        FaultSpecError: not an integer >= 0.
-    """
+    """:data:`ENV_DISK_FULL` as a record count (None: unset; FaultSpecError: not an integer >=
+    0)."""
     text = os.environ.get(ENV_DISK_FULL)
     if text is None:
         return None
@@ -142,7 +128,6 @@ class FaultyRequest:
         return functools.partial(_run, self.fault, fn, out)
 
     def cleanup_run_fn(self) -> None:
-        """The real request's cleanup."""
         self.inner.cleanup_run_fn()
 
     def benchmark(self, *inputs: Any, out: Any = None) -> float:
@@ -155,7 +140,7 @@ class FaultyRequest:
 
 
 def inject(choice: Any, fault: str) -> bool:
-    """Wrap ``choice``'s benchmark request in a :class:`FaultyRequest`; False if it has none."""
+    """Wrap ``choice``'s benchmark request; False if it has none."""
     target = getattr(choice, "_wrapped", choice)  # DataProcessorChoiceCallerWrapper
     inner = vars(target).get("bmreq") if hasattr(target, "__dict__") else None
     if inner is None:
@@ -165,8 +150,8 @@ def inject(choice: Any, fault: str) -> bool:
 
 
 def patch_wrong_mm(blocks: tuple[int, int, int]) -> None:
-    """Make Inductor's Triton ``mm`` template skip 15/16 of K for configs with these blocks:
-    a real kernel that is wrong and, doing a sixteenth of the work, faster than any other."""
+    """A real kernel that is wrong and, doing a sixteenth of the work, faster than any other: the
+    GPU proof that stock max-autotune picks it and the tuner rejects it."""
     import torch._inductor.kernel.mm as mm
     from torch._inductor.select_algorithm import TritonTemplate
 
@@ -188,8 +173,7 @@ def patch_wrong_mm(blocks: tuple[int, int, int]) -> None:
 
 def install_from_env() -> list[Fault]:
     """Apply ``TITAN_ROCM_TUNE_WRONG_MM`` and ``TITAN_ROCM_TUNE_MAX_MM_CONFIGS`` (fewer candidates
-    per template, for a short benchmark) now; return ``TITAN_ROCM_TUNE_FAULTS``' faults.
-    """
+    per template) now; return ``TITAN_ROCM_TUNE_FAULTS``' faults."""
     cap = os.environ.get(ENV_MAX_MM_CONFIGS)
     if cap:
         import torch._inductor.config as inductor_config

@@ -1,12 +1,8 @@
 """What a graph Dynamo compiled contains, measured against the mixed compile's promise.
 
-The ROCm step-1 NaN ``rocm.moe_eager_compile`` exists for came from whole-block MoE compile
-putting EP dispatch/combine and FSDP hooks into one Inductor graph (AMD-AGI/Primus PR #962).
-Inductor compiles exactly the graphs Dynamo hands the backend, so a recording backend sees
-everything compiled; :func:`audit` lists what one graph must not contain: ``collectives``,
-``fsdp`` and ``moe`` (routing and expert compute). Torch-only, used by
-``tests/tt022/test_moe_scope_inspection.py`` and ``benchmarks/torchtitan_runner.py``.
-"""
+The ROCm step-1 NaN ``rocm.moe_eager_compile`` exists for came from EP dispatch/combine and
+FSDP hooks in one Inductor graph (AMD-AGI/Primus PR #962); Inductor compiles exactly the
+graphs Dynamo hands the backend, so a recording backend sees everything compiled."""
 
 from __future__ import annotations
 
@@ -27,8 +23,8 @@ COLLECTIVE_OPS = re.compile(
 MOE_OPS = re.compile(r"grouped_mm|histc|argsort|topk|bincount|scatter_add|permute_indices",
                      re.IGNORECASE)
 MOE_CLASSES = frozenset({"MoE", "TokenChoiceTopKRouter", "TokenReorderer", "GroupedExperts"})
-"""TorchTitan 0.2.2's MoE module and its routed parts (shared experts are a plain
-``FeedForward``, like a dense block's: a test that knows the model checks them by parameter)."""
+"""Shared experts are a plain ``FeedForward``: a test that knows the model checks them by
+parameter."""
 MOE_FUNCTIONS = frozenset({
     "_run_experts_grouped_mm", "_run_experts_for_loop", "_permute", "_unpermute",
     "generate_permute_indices", "indices_padding_wrapper", "_token_dispatch", "_token_combine",
@@ -52,7 +48,6 @@ class GraphAudit:
         return not (self.collectives or self.fsdp or self.moe)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able form (with ``clean``)."""
         return {**dataclasses.asdict(self), "clean": self.clean}
 
 

@@ -1,8 +1,5 @@
-"""``titan-rocm audit`` on a TorchTitan 0.2.2 job (docs/numerics-audit.md): the job parsed as
-``torchtitan.train`` does, its own trainer built with nothing written (no checkpoint,
-TensorBoard, W&B or profiles), its first micro-batch audited with 0.2.2's
-:class:`~titan_rocm.workarounds.numerics_audit.seams_tt022.Kit`.
-"""
+"""``titan-rocm audit`` on a TorchTitan 0.2.2 job (docs/numerics-audit.md): its own trainer
+built with nothing written, its first micro-batch audited."""
 
 from __future__ import annotations
 
@@ -24,23 +21,17 @@ from titan_rocm.workarounds.numerics_audit.seams_tt022 import Kit, global_valid_
 
 PROG = "titan-rocm audit"
 TRAINER = "torchtitan.train:Trainer"
-"""The trainer built when ``--trainer`` is not given."""
 CPU_TRAINERS = {
     "cpu": "titan_rocm.adapters.tt022.cpu_trainer:CpuTrainer",
     "cpu-tiny": "titan_rocm.adapters.tt022.cpu_trainer:TinyCpuTrainer",
 }
-"""``--trainer`` names for a machine without a GPU: the job's own model, or its architecture
-at two blocks of 64 (titan_rocm/adapters/tt022/cpu_trainer.py)."""
+"""For a machine without a GPU: the job's own model, or its architecture at two blocks of 64."""
 ZERO_FLAGS = ("--module", "--config")
-"""TorchTitan 0.3.0's job flags, refused here with the sentence naming 0.2.2's."""
+"""Refused here with the sentence naming 0.2.2's."""
 
 
 def trainer_class(spec: str) -> type:
-    """The class ``MODULE:CLASS`` (or a name of :data:`CPU_TRAINERS`) names.
-
-    Raises:
-        AuditError: neither, the module does not import, or it has no such class.
-    """
+    """The class ``MODULE:CLASS`` (or a name of :data:`CPU_TRAINERS`) names (AuditError)."""
     module_name, sep, class_name = CPU_TRAINERS.get(spec, spec).partition(":")
     if not sep or not module_name or not class_name:
         raise AuditError(f"--trainer {spec!r} is not MODULE:CLASS (e.g. {TRAINER}) nor one "
@@ -59,16 +50,11 @@ def trainer_class(spec: str) -> type:
 WRITERS = (("checkpoint", "enable"), ("metrics", "enable_tensorboard"),
            ("metrics", "enable_wandb"), ("profiling", "enable_profiling"),
            ("profiling", "enable_memory_snapshot"), ("metrics", "save_tb_folder"))
-"""What the audit switches off so that nothing of the job is written: no checkpoint,
-metrics files, profiles or snapshots."""
+"""So that nothing of the job is written: no checkpoint, metrics files, profiles or snapshots."""
 
 
 def audit(request: AuditRequest) -> AuditResult:
-    """Audit one micro-batch of the 0.2.2 job ``request`` describes.
-
-    Raises:
-        AuditError: bad input or the audit cannot run (one sentence).
-    """
+    """Audit one micro-batch of the 0.2.2 job ``request`` describes (AuditError)."""
     from titan_rocm.adapters.tt022.config import settings_from
     from titan_rocm.adapters.tt022.preflight import parse_config
 
@@ -98,5 +84,3 @@ def audit(request: AuditRequest) -> AuditResult:
 audit_built = partial(
     audit_built_with, job=lambda trainer: trainer.model_parts[0].__dict__.get(JOB_ATTR),
     kit=lambda trainer, labels: Kit(trainer, global_valid_tokens(trainer, labels)))
-"""``audit_built(trainer, settings, input_dict, labels, tokens=None, chunks=None)``: audit one
-micro-batch of a built 0.2.2 trainer (:func:`~titan_rocm.adapters.common.audit_built_with`)."""

@@ -1,7 +1,6 @@
 """What the command line asks of TorchTitan 0.2.2's adapter (:class:`titan_rocm.adapters.Adapter`).
 
-Torch-free at import: ``titan-rocm plan`` refuses a bad job before torch and TorchTitan load.
-"""
+Torch-free at import, so ``titan-rocm plan`` refuses a bad job before torch loads."""
 
 from __future__ import annotations
 
@@ -14,15 +13,10 @@ if TYPE_CHECKING:
     from titan_rocm.numerics.result import AuditResult
 
 OTHER_FLAGS: tuple[str, ...] = ("--module", "--config")
-"""TorchTitan 0.3.0's job flags (``python -m torchtitan.train --module M --config F``)."""
 
 
 def refuse_other_flags(args: Sequence[str]) -> None:
-    """Refuse 0.3.0's ``--module``/``--config``: a 0.2.2 job is a TOML file.
-
-    Raises:
-        JobArgsError: naming the flags and ``--job.config_file``.
-    """
+    """Refuse 0.3.0's ``--module``/``--config``: a 0.2.2 job is a TOML file."""
     named = sorted({a.partition("=")[0] for a in args} & set(OTHER_FLAGS))
     if named:
         raise JobArgsError(
@@ -32,19 +26,15 @@ def refuse_other_flags(args: Sequence[str]) -> None:
 
 
 def check_job_args(args: Sequence[str]) -> None:
-    """The job's TOML file reads as TOML (missing, unreadable or oversized ones refused).
-
-    Raises:
-        JobArgsError: why it does not.
-    """
+    """The job's TOML file reads as TOML (missing, unreadable or oversized ones refused)."""
     from titan_rocm.adapters.tt022.job_args import load_toml
 
     load_toml(args)
 
 
 def torchtitan_help(args: Sequence[str]) -> int:
-    """TorchTitan 0.2.2's own help, with titan-rocm's config module (so ``--rocm.*`` shows);
-    its flags are the same for every job, so ``args`` is not read."""
+    """TorchTitan 0.2.2's own help, with titan-rocm's config module (so ``--rocm.*`` shows); the
+    same for every job."""
     from torchtitan.config import ConfigManager
 
     from titan_rocm.adapters.common import prog_name
@@ -59,7 +49,6 @@ def torchtitan_help(args: Sequence[str]) -> int:
 
 
 def plan(request: PlanRequest) -> dict[str, Any]:
-    """:func:`titan_rocm.adapters.tt022.plan.make_plan` of ``request``."""
     from titan_rocm.adapters.tt022.plan import make_plan
 
     return make_plan(
@@ -69,15 +58,12 @@ def plan(request: PlanRequest) -> dict[str, Any]:
 
 
 def audit(request: AuditRequest) -> AuditResult:
-    """:func:`titan_rocm.adapters.tt022.audit.audit` of ``request``."""
     from titan_rocm.adapters.tt022.audit import audit as audit_job
 
     return audit_job(request)
 
 
 def tune_collect(request: CollectRequest) -> int:
-    """:func:`titan_rocm.adapters.tt022.tune.collect` of ``request`` (0.2.2's
-    ``--trainer`` is read)."""
     from titan_rocm.adapters.tt022.tune import collect
 
     return collect(request)

@@ -1,12 +1,9 @@
 """TorchTitan 0.2.2's real trainer without a GPU, for ``titan-rocm audit --trainer cpu`` and
-``cpu-tiny`` (docs/numerics-audit.md): try the audit, or a fault, before a GPU is at hand.
+``cpu-tiny`` (docs/numerics-audit.md).
 
 ``Trainer.__init__`` is CUDA-bound (``torch.device("cuda:N")``, NCCL, a CUDA memory monitor),
-so :class:`CpuTrainer` replaces only ``__init__``, assembling the same real components in the
-same order on CPU with gloo; everything after is TorchTitan's code. The CPU stand-ins: a peak
-RSS memory monitor, deterministic random tokens (the audit judges compiled against eager on
-any batch), no autocast, no ``set_pg_timeouts``, and the MoE helpers' CPU paths.
-"""
+so :class:`CpuTrainer` replaces only ``__init__``; everything after is TorchTitan's code.
+Random tokens suffice: the audit judges compiled against eager on any batch."""
 
 from __future__ import annotations
 
@@ -25,7 +22,6 @@ from torchtitan.train import Trainer
 from titan_rocm.adapters.common import CpuMemoryMonitor, single_process_environment
 
 TINY: dict[str, int] = {"dim": 64, "n_layers": 2, "n_heads": 4, "vocab_size": 256}
-"""``--trainer cpu-tiny``'s model: the job's architecture at this size."""
 MODEL_TINY: dict[str, dict[str, int]] = {
     # qwen3's debugmodel has 8 kv heads of 128 and a 3072 FFN: tiny GQA (2 kv heads of 16).
     "qwen3": {"n_kv_heads": 2, "head_dim": 16, "hidden_dim": 128},
@@ -56,9 +52,8 @@ class SyntheticLoader:
 
 
 def cpu_histc(set_attr: Callable[..., Any] = setattr) -> None:
-    """Let TorchTitan's MoE router count tokens on CPU, which has no int64 ``torch.histc``: count
-    in float and return the input's dtype, as the GPU kernel does.
-    """
+    """CPU has no int64 ``torch.histc``: count in float and return the input's dtype, as the GPU
+    kernel does."""
     if getattr(torch.histc, "__name__", "") == "histc_any_dtype":  # already counting on CPU
         return
     # The aten op, not the saved builtin: Dynamo maps torch's builtins by their names in
@@ -75,9 +70,7 @@ def cpu_histc(set_attr: Callable[..., Any] = setattr) -> None:
 
 
 def cpu_permute_indices(set_attr: Callable[..., Any], moe_module: types.ModuleType) -> None:
-    """Let TorchTitan's MoE padding wrapper run on CPU: the module it really uses, on its own
-    ``use_cpu=True`` path (its default is a Triton kernel).
-    """
+    """TorchTitan's MoE padding wrapper on its own ``use_cpu=True`` path (its default is Triton)."""
     utils = sys.modules[moe_module.indices_padding_wrapper.__module__]
     current = utils.generate_permute_indices
     if isinstance(current, functools.partial) and current.keywords.get("use_cpu"):
@@ -86,8 +79,7 @@ def cpu_permute_indices(set_attr: Callable[..., Any], moe_module: types.ModuleTy
 
 
 def cpu_patches(set_attr: Callable[..., Any] = setattr) -> None:
-    """Point TorchTitan's CUDA-only helpers at CPU. Tests pass ``monkeypatch.setattr`` so
-    the changes are undone after each test; the CPU trainer applies them for good."""
+    """Point TorchTitan's CUDA-only helpers at CPU (tests pass ``monkeypatch.setattr``)."""
     import torchtitan.components.metrics as metrics
     import torchtitan.distributed.parallel_dims as parallel_dims
     import torchtitan.distributed.utils as dist_utils
@@ -109,20 +101,17 @@ def init_process_group() -> None:
 
 
 def _data_rank(parallel_dims: Any, rank: int) -> int:
-    """The data-parallel index of ``rank`` in TorchTitan's (pp, batch, cp, tp) mesh: the ranks
-    of one TP (and CP) group must read the same batch."""
+    """The ranks of one TP (and CP) group must read the same batch."""
     inner = parallel_dims.cp * parallel_dims.tp
     return (rank // inner) % (parallel_dims.dp_replicate * parallel_dims.dp_shard)
 
 
 class CpuTrainer(Trainer):
-    """A real TorchTitan 0.2.2 ``Trainer`` assembled on CPU with the job's own model (see
-    the module docstring)."""
+    """A real TorchTitan 0.2.2 ``Trainer`` assembled on CPU with the job's own model."""
 
     data_batches: int | None = None
-    """Batches the synthetic loader yields (None: endless)."""
+    """None: endless."""
     patch_for_cpu = True
-    """Apply :func:`cpu_patches` for good (tests apply them themselves, undone after)."""
 
     def model_overrides(self, model_name: str) -> dict[str, int]:
         """Model arguments replaced in the job's flavor (none: the job's own model)."""
@@ -205,7 +194,6 @@ class CpuTrainer(Trainer):
         self.maybe_enable_amp = contextlib.nullcontext()
 
     def parallel_dims_for(self, job_config: Any, world: int) -> Any:
-        """The job's ParallelDims, its mesh built over the gloo ranks."""
         from torchtitan.distributed import ParallelDims
 
         p = job_config.parallelism
@@ -220,8 +208,8 @@ class CpuTrainer(Trainer):
         return dims
 
     def parallelize(self, model: Any) -> None:
-        """The model's own ``parallelize_fn`` (its FSDP, TP, activation checkpointing and
-        compile), between the converters and ``to_empty``, as ``Trainer.__init__`` runs it."""
+        """The model's own ``parallelize_fn``, between the converters and ``to_empty``, as
+        ``Trainer.__init__`` runs it."""
         from torch.distributed.fsdp import FSDPModule
 
         self.train_spec.parallelize_fn(model, self.parallel_dims, self.job_config)
@@ -233,11 +221,10 @@ class CpuTrainer(Trainer):
 
 
 class TinyCpuTrainer(CpuTrainer):
-    """:class:`CpuTrainer` with the job's architecture cut to :data:`TINY` (two blocks, 64
-    wide, 256 tokens): ``titan-rocm audit --trainer cpu-tiny``, an audit in seconds."""
+    """:class:`CpuTrainer` cut to :data:`TINY` (two blocks, 64 wide): an audit in seconds."""
 
     n_layers: int | None = None
-    """Blocks of the tiny model (None: TINY's)."""
+    """None: TINY's."""
 
     def model_overrides(self, model_name: str) -> dict[str, int]:
         tiny = {**TINY, **MODEL_TINY.get(model_name, {})}

@@ -1,11 +1,7 @@
-"""Prepare TorchTitan command-line arguments for titan-rocm's own entry points.
+"""TorchTitan command-line arguments for titan-rocm's own entry points.
 
-``titan-rocm plan`` and ``python -m titan_rocm.train`` accept exactly TorchTitan's flags.
-Before handing them to TorchTitan's ``ConfigManager`` they make sure ``[rocm]`` and
-``--rocm.*`` parse (by adding ``--job.custom_config_module titan_rocm.config`` when the job
-names no config module) and check the TOML's ``[rocm]`` table with a message that lists
-the accepted keys and values, which TorchTitan's own check does not.
-"""
+Ensures ``[rocm]`` and ``--rocm.*`` parse, and checks the TOML's ``[rocm]`` table with a
+message listing the accepted keys and values, which TorchTitan's own check does not."""
 
 from __future__ import annotations
 
@@ -30,8 +26,7 @@ else:  # pragma: no cover - Python 3.10
 
 CONFIG_MODULE_FLAGS = ("--job.custom_config_module", "--job.custom-config-module")
 MAX_TOML_BYTES = 16 << 20
-"""The largest job TOML read (a TorchTitan job file is a few KiB): a bigger one is refused
-before it is read, so memory stays bounded (tomllib keeps the whole text and more)."""
+"""A bigger job TOML is refused before it is read: tomllib keeps the whole text and more."""
 
 
 def load_toml(args: Sequence[str]) -> dict[str, Any]:
@@ -62,8 +57,7 @@ def load_toml(args: Sequence[str]) -> dict[str, Any]:
 
 
 def config_module(args: Sequence[str], toml: dict[str, Any]) -> Any:
-    """The job's ``custom_config_module`` as TorchTitan 0.2.2 reads it: the flag, else the
-    TOML's ``[job]`` value (None: neither; not checked to be a string)."""
+    """As TorchTitan 0.2.2 reads it: the flag, else the TOML's ``[job]`` value (None: neither)."""
     module = flag_value(args, CONFIG_MODULE_FLAGS)
     if module is None:
         job = toml.get("job")
@@ -72,11 +66,8 @@ def config_module(args: Sequence[str], toml: dict[str, Any]) -> Any:
 
 
 def prepare(args: Sequence[str]) -> list[str]:
-    """Arguments for TorchTitan's ConfigManager, with titan-rocm's config module ensured.
-
-    Raises:
-        JobArgsError: unreadable TOML, or a ``[rocm]`` key/value titan-rocm does not accept.
-    """
+    """Arguments for TorchTitan's ConfigManager, with titan-rocm's config module ensured
+    (JobArgsError)."""
     args = list(args)
     toml = load_toml(args)
     module = config_module(args, toml)

@@ -1,7 +1,5 @@
-"""What a TorchTitan 0.2.2 job would get from titan-rocm, worked out on a machine without a
-GPU: the config read by TorchTitan's own ``ConfigManager``, the model built on the meta
-device, and titan-rocm's converters run on it under the real or a simulated platform.
-"""
+"""What a TorchTitan 0.2.2 job would get from titan-rocm, worked out without a GPU: the model
+built on the meta device and the converters run on it (docs/plan.md)."""
 
 from __future__ import annotations
 
@@ -70,8 +68,8 @@ class _DropMessage(logging.Filter):
 
 @contextlib.contextmanager
 def _quiet_local_capability_warning(simulated: bool) -> Iterator[None]:
-    """Under ``--arch``, hide TorchTitan's warning about *this* machine lacking SM90 grouped
-    MM: the plan is for the simulated GPU, which keeps the flavor's choice."""
+    """Under ``--arch``, TorchTitan's warning about *this* machine lacking SM90 grouped MM is wrong:
+    the plan is for the simulated GPU."""
     if not simulated:
         yield
         return
@@ -93,8 +91,7 @@ _NOT_COMPILED = "not compiled"
 
 
 def _stock_compile_blocks(per_block: dict[str, str], parallelize_fn: Any) -> dict[str, str]:
-    """What TorchTitan 0.2.2's own ``apply_compile`` of this model does per block (no titan-rocm
-    patch), from :func:`~titan_rocm.workarounds.moe_blocks.plan_blocks`' dense/MoE split."""
+    """TorchTitan 0.2.2's own ``apply_compile`` per block, without titan-rocm."""
     import inspect
 
     from titan_rocm.workarounds.moe_eager_compile.seams_tt022 import stock_apply_compile
@@ -139,16 +136,11 @@ def make_plan(
     aiter: str | None = None,
     primus_turbo: str | None = None,
 ) -> dict[str, Any]:
-    """Work out what the job in ``args`` (TorchTitan flags) would get from titan-rocm.
+    """Work out what the job in ``args`` (TorchTitan flags) would get from titan-rocm; ``arch``,
+    ``aiter`` and ``primus_turbo`` simulate a ROCm machine.
 
-    ``arch``, ``aiter`` (default ``0.1.7``, what ``pip install amd-aiter`` installs) and
-    ``primus_turbo`` simulate a ROCm machine; the rank counts default to the smallest the
-    degrees fit; ``launcher``: :data:`titan_rocm.adapters.tt022.preflight.LAUNCHERS`.
-
-    Raises:
-        titan_rocm.adapters.tt022.preflight.StartupError: the job would stop at start-up
-            (the reason), or (PlanError) the architecture, aiter choice or model flavor is unknown.
-    """
+    Raises StartupError when the job would stop at start-up, or PlanError for an unknown
+    architecture, aiter choice or model flavor."""
     register_converters()
     pre = check_job(args, launcher=launcher, world_size_flag=world_size, nnodes=nnodes,
                     nproc_per_node=nproc_per_node)

@@ -1,11 +1,8 @@
 """Register titan-rocm's converters with TorchTitan 0.2.2, now or as soon as TorchTitan loads.
 
-TorchTitan costs seconds to import. ``import titan_rocm`` must not pay that in processes
-that never train (Inductor compile workers, ``titan-rocm scan``), yet it must register the
-converters whenever TorchTitan is, or will be, present. So: register at once if TorchTitan's
-converter registry is already imported, else install a one-shot import hook that registers
-right after that module executes.
-"""
+``import titan_rocm`` must not pay TorchTitan's seconds of import in processes that never
+train (Inductor compile workers, ``titan-rocm scan``), so a one-shot import hook registers
+right after TorchTitan's converter registry executes."""
 
 from __future__ import annotations
 
@@ -20,12 +17,8 @@ _registered = False
 
 
 def register_converters() -> None:
-    """Register every ``rocm*`` converter with TorchTitan's registry (idempotent).
-
-    Raises:
-        TorchTitanVersionError: the installed TorchTitan is not 0.2.x (0.3.0 has no
-            converter registry; the sentence names its entry point).
-    """
+    """Register every ``rocm*`` converter (idempotent); TorchTitanVersionError on 0.3.0, which has
+    no converter registry."""
     global _registered
     torchtitan_version.require("0.2", "titan_rocm.register_converters (the rocm converters)")
     with _lock:
@@ -41,10 +34,7 @@ _hook = AfterImport(_TRIGGER, lambda _module: register_converters())
 
 
 def register_when_torchtitan_loads() -> None:
-    """Register now if TorchTitan's converter registry is loaded, else when it loads.
-
-    Idle unless the installed TorchTitan is 0.2.x (read from package metadata): with 0.3.0,
-    ``import titan_rocm`` (which the 0.3.0 adapter does too) registers nothing.
-    """
+    """Register now if TorchTitan's converter registry is loaded, else when it loads; idle unless
+    the installed TorchTitan is 0.2.x (read from package metadata)."""
     if torchtitan_version.series() == "0.2":
         _hook.arm()

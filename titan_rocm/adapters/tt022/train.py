@@ -1,12 +1,8 @@
 """``python -m titan_rocm.train`` / ``titan-rocm-train``: TorchTitan's trainer with titan-rocm
-(docs/configs.md gives the exit codes).
+(docs/configs.md).
 
-Runs ``torchtitan.train`` exactly as ``python -m torchtitan.train`` would (as ``__main__``,
-nothing patched on it), after what would otherwise need TOML lines: the converters registered,
-``[rocm]``/``--rocm.*`` parsing added, and the ``[rocm]`` table checked with a message listing
-what is accepted. Without torchrun it sets the one-rank environment torchrun would give its
-worker (TorchTitan reads ``LOCAL_RANK`` unconditionally).
-"""
+Runs ``torchtitan.train`` as ``__main__``, nothing patched on it. Without torchrun it sets the
+one-rank environment torchrun would give (TorchTitan reads ``LOCAL_RANK`` unconditionally)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""``titan-rocm tune collect`` on a TorchTitan 0.2.2 job (docs/validated-tuning.md).
-
-Parses the job as ``torchtitan.train`` does (its ``ConfigManager``, titan-rocm's ``[rocm]``
-section: :func:`~titan_rocm.adapters.tt022.preflight.parse_config`), with one step, no
-checkpoint and ``rocm.gemm_lookup`` off, builds its trainer (``torchtitan.train:Trainer`` or
-``--trainer MODULE:CLASS``, a fork's or one that runs on CPU) and runs the step under
-:func:`titan_rocm.tuner.collect.record`.
-"""
+"""``titan-rocm tune collect`` on a TorchTitan 0.2.2 job (docs/validated-tuning.md): one step of
+its trainer, with no checkpoint and ``rocm.gemm_lookup`` off, under
+:func:`titan_rocm.tuner.collect.record`."""
 
 from __future__ import annotations
 
@@ -28,25 +23,17 @@ from titan_rocm.tuner.collect import (
 )
 
 PROG = "titan-rocm tune collect"
-"""The name tyro's box gives (``For full helptext, run <it> --help``): a command that exists."""
+"""tyro's box says ``For full helptext, run <it> --help``: a command that exists."""
 TRAINER = "torchtitan.train:Trainer"
-"""TorchTitan's own trainer, which puts the model on CUDA/ROCm (``device_module.set_device``
-in its ``__init__``, TorchTitan 0.2.2 ``torchtitan/train.py``)."""
+"""It puts the model on CUDA/ROCm (``device_module.set_device``, 0.2.2 ``torchtitan/train.py``)."""
 STEP_FLAGS: tuple[str, ...] = (
     "--training.steps", "1", "--checkpoint.no-enable", "--rocm.gemm_lookup", "off",
 )
-"""Appended to the job's flags: one step, no checkpoint, no table."""
 OTHER_FLAGS = ("--module", "--config")
-"""TorchTitan 0.3.0's job flags, refused here with the sentence naming 0.2.2's."""
 
 
 def collect(request: CollectRequest) -> int:
-    """Record the GEMM problems of one step of the 0.2.2 job ``request`` describes.
-
-    Raises:
-        CollectError: bad arguments, TorchTitan's trainer on a machine without a GPU, a job
-            that compiles nothing, or no GEMM lowered (one sentence).
-    """
+    """Record the GEMM problems of one step of the 0.2.2 job (CollectError, one sentence)."""
     args = list(request.passthrough)
     for arg in args:
         if arg.partition("=")[0] in OTHER_FLAGS:

@@ -1,15 +1,8 @@
-"""titan-rocm for TorchTitan 0.3.0: a trainer adapter (0.2.2 uses the converters instead).
-
-One line in a config function, ``return rocm(deepseek_v3_16b())``, or on the command line
-with any stock config::
-
-    python -m torchtitan.train --module titan_rocm.torchtitan.configs --config deepseek_v3_16b \\
-        [--rocm.moe_eager_compile off]
+"""titan-rocm for TorchTitan 0.3.0: a trainer adapter (docs/torchtitan-0.3.md).
 
 Importing this package with another TorchTitan installed raises
 :class:`~titan_rocm.torchtitan_version.TorchTitanVersionError` naming the entry point that
-fits it. Docs: docs/torchtitan-0.3.md.
-"""
+fits it."""
 
 from __future__ import annotations
 
@@ -33,8 +26,7 @@ _HOMES = {"RocmSettings": "titan_rocm.settings", "RocmTrainer": "titan_rocm.adap
           "RocmTrainerMixin": "titan_rocm.adapters.tt030.trainer",
           "rocm": "titan_rocm.adapters.tt030.trainer",
           "rocm_trainer_class": "titan_rocm.adapters.tt030.trainer"}
-"""Where each name lives: loaded on first use, so the command line's ``commands`` module
-(and a plan's refusals) import no torch and no TorchTitan."""
+"""Loaded on first use, so the ``commands`` module (and a plan's refusals) import no torch."""
 
 __all__ = ["RocmSettings", "RocmTrainer", "RocmTrainerMixin", "rocm", "rocm_trainer_class"]
 

@@ -1,12 +1,7 @@
 """``titan-rocm audit`` on a TorchTitan 0.3.0 job (docs/numerics-audit.md).
 
-Parses the job as ``python -m torchtitan.train`` does (TorchTitan's own ``ConfigManager``:
-``--module M --config F`` and the config class's tyro flags), builds the config's own
-trainer (``config.build()``) with nothing of the job written, takes the first micro-batch of
-its dataloader, and audits it with 0.3.0's step
-(:class:`~titan_rocm.workarounds.numerics_audit.seams_tt030.Kit`: ``post_dataloading_process``
-then ``_forward_backward_body``, never a CUDA graph's replay).
-"""
+The step is ``post_dataloading_process`` then ``_forward_backward_body``, never a CUDA graph's
+replay (which would ignore ``force_eager``)."""
 
 from __future__ import annotations
 
@@ -30,16 +25,11 @@ WRITERS = (("checkpoint", "enable"), ("metrics", "enable_tensorboard"),
            ("metrics", "enable_wandb"), ("profiler", "enable_profiling"),
            ("profiler", "enable_memory_snapshot"), ("debug", "enable_structured_logging"),
            ("checkpoint", "create_seed_checkpoint"))
-"""What the audit switches off so that nothing of the job is written: no checkpoint,
-TensorBoard, W&B, profiles, snapshots or structured logs (0.3.0's config names)."""
+"""So that nothing of the job is written (0.3.0's config names)."""
 
 
 def audit(request: AuditRequest) -> AuditResult:
-    """Audit one micro-batch of the 0.3.0 job ``request`` describes.
-
-    Raises:
-        AuditError: bad input or the audit cannot run (one sentence).
-    """
+    """Audit one micro-batch of the 0.3.0 job ``request`` describes (AuditError)."""
     if request.config_file is not None:
         raise AuditError("--job.config_file is TorchTitan 0.2.2's; torchtitan 0.3.0 is "
                          "installed: audit a 0.3.0 job with --module M --config F")
@@ -57,12 +47,9 @@ def audit(request: AuditRequest) -> AuditResult:
 
 
 def _job(trainer: Any) -> Any:
-    """The trainer's workaround job (None when titan-rocm did not build it)."""
     return getattr(getattr(trainer, "_rocm", None), "workarounds", None)
 
 
 audit_built = partial(
     audit_built_with, job=_job,
     kit=lambda trainer, labels: Kit(trainer, global_valid_tokens(trainer, labels)))
-"""``audit_built(trainer, settings, input_dict, labels, tokens=None, chunks=None)``: audit one
-micro-batch of a built 0.3.0 trainer (:func:`~titan_rocm.adapters.common.audit_built_with`)."""

@@ -1,8 +1,6 @@
 """What the command line asks of TorchTitan 0.3.0's adapter (:class:`titan_rocm.adapters.Adapter`).
 
-Torch-free at import (the package's ``__init__`` loads the trainer only when one of its names
-is used): ``titan-rocm plan`` refuses a bad job before torch and TorchTitan load.
-"""
+Torch-free at import, so ``titan-rocm plan`` refuses a bad job before torch loads."""
 
 from __future__ import annotations
 
@@ -17,26 +15,18 @@ if TYPE_CHECKING:
 
 
 def refuse_other_flags(args: Sequence[str]) -> None:
-    """Nothing: 0.2.2's ``--job.config_file`` is refused by :func:`check_job_args`, after the
-    world-size and ``--arch`` flags, where a 0.3.0 plan reads the job."""
+    """Nothing: :func:`check_job_args` refuses 0.2.2's flag after the world-size and ``--arch``
+    flags."""
 
 
 def check_job_args(args: Sequence[str]) -> None:
-    """Refuse 0.2.2's ``--job.config_file``: a 0.3.0 job is ``--module M --config F``.
-
-    Raises:
-        JobArgsError: naming ``--module M --config F``.
-    """
+    """Refuse 0.2.2's ``--job.config_file``: a 0.3.0 job is ``--module M --config F``."""
     refuse_config_file(args)
 
 
 def torchtitan_help(args: Sequence[str]) -> int:
-    """TorchTitan 0.3.0's own help for the job ``--module``/``--config`` name (its flags
-    depend on the job's config class); without them, how to name one.
-
-    Raises:
-        PlanError: the config module or function cannot be loaded (one sentence).
-    """
+    """TorchTitan 0.3.0's own help for the job (its flags depend on the config class); without
+    ``--module``/``--config``, how to name one."""
     from titan_rocm.adapters.common import flag_value
 
     if flag_value(args, ("--module",)) is None:
@@ -49,8 +39,7 @@ def torchtitan_help(args: Sequence[str]) -> int:
 
 
 def plan(request: PlanRequest) -> dict[str, Any]:
-    """:func:`titan_rocm.adapters.tt030.plan.make_plan` of ``request`` (0.3.0 has no
-    launcher to check: ``request.launcher`` is not read)."""
+    """0.3.0 has no launcher to check: ``request.launcher`` is not read."""
     from titan_rocm.adapters.tt030.plan import make_plan
 
     return make_plan(
@@ -60,15 +49,13 @@ def plan(request: PlanRequest) -> dict[str, Any]:
 
 
 def audit(request: AuditRequest) -> AuditResult:
-    """:func:`titan_rocm.adapters.tt030.audit.audit` of ``request``."""
     from titan_rocm.adapters.tt030.audit import audit as audit_job
 
     return audit_job(request)
 
 
 def tune_collect(request: CollectRequest) -> int:
-    """:func:`titan_rocm.adapters.tt030.tune.collect` of ``request`` (``--trainer``
-    is refused: the config builds its own trainer)."""
+    """``--trainer`` is refused: the config builds its own trainer."""
     from titan_rocm.adapters.tt030.tune import collect
 
     return collect(request)

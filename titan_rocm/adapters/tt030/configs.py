@@ -1,11 +1,5 @@
-"""Every stock TorchTitan 0.3.0 config, with titan-rocm: ``--module titan_rocm.torchtitan.configs``.
-
-``python -m torchtitan.train --module titan_rocm.torchtitan.configs --config deepseek_v3_16b``
-calls ``deepseek_v3_16b`` from this module, which is TorchTitan's own config function of that
-name (looked up in ``torchtitan.models.<model>.config_registry``) wrapped in
-:func:`~titan_rocm.torchtitan.rocm`. The command line is then parsed against
-``RocmTrainer.Config``: TorchTitan's flags and ``--rocm.*`` together.
-"""
+"""Every stock TorchTitan 0.3.0 config, with titan-rocm: ``--module titan_rocm.torchtitan.configs``
+(docs/torchtitan-0.3.md)."""
 
 from __future__ import annotations
 
@@ -17,7 +11,6 @@ from titan_rocm.adapters.tt030.trainer import rocm
 
 
 def _registries(name: str = "") -> list[Any]:
-    """TorchTitan's model config registries, the one ``name`` starts with first."""
     from torchtitan.models import _supported_models
 
     order = sorted(_supported_models, key=lambda m: (not name.startswith(m + "_"), -len(m), m))
@@ -37,11 +30,8 @@ def _stock_names(module: Any) -> list[str]:
 
 
 def stock_config(name: str) -> Callable[[], Any]:
-    """TorchTitan's config function ``name``.
-
-    Raises:
-        AttributeError: no model registry has it (TorchTitan then lists what this module has).
-    """
+    """TorchTitan's config function ``name`` (AttributeError: then TorchTitan lists this
+    module's)."""
     for module in _registries(name):
         if name in _stock_names(module):
             return getattr(module, name)

@@ -1,6 +1,5 @@
-"""Build the version-neutral :class:`~titan_rocm.workarounds.base.Context` from TorchTitan
-0.3.0's ``Trainer.Config`` and ``ParallelDims``: the only place workarounds' view of a 0.3.0
-job is made."""
+"""The workarounds' :class:`~titan_rocm.workarounds.base.Context` of a TorchTitan 0.3.0 job: the
+only place it is made."""
 
 from __future__ import annotations
 
@@ -13,15 +12,13 @@ from titan_rocm.workarounds.seams import TT030
 
 QUANTIZED_EXPERTS = {"Float8": "quantize.grouped_mm.float8", "MXFP8": "quantize.grouped_mm.mx"}
 """0.3.0 has no converter names: its quantization converters subclass the experts' class
-(``Float8<cls>``, ``MXFP8<cls>``) in the model config tree. They are named here as 0.2.2 names
-them, so the workarounds decide with one vocabulary."""
+(``Float8<cls>``, ``MXFP8<cls>``). Named as 0.2.2 names them, so workarounds decide with one
+vocabulary."""
 
 
 def quantized_experts(model_config: Any) -> tuple[str, ...]:
     """The 0.2.2 names of the experts quantizations in a 0.3.0 model config tree (none without
-    ``GroupedExperts``: pytorch/torchtitan #4539's ``GroupedLinear`` experts, whose moved seam
-    ``torchtitan_version`` reports).
-    """
+    ``GroupedExperts``: pytorch/torchtitan #4539's ``GroupedLinear``)."""
     try:
         from torchtitan.models.common.moe import GroupedExperts
     except ImportError:
@@ -37,12 +34,8 @@ def quantized_experts(model_config: Any) -> tuple[str, ...]:
 
 def job_context(config: Any, parallel_dims: Any, settings: RocmSettings | None = None,
                 parallelize_fn: Any = None) -> Context:
-    """The :class:`Context` of a TorchTitan 0.3.0 job; ``parallel_dims`` None is one rank, and
-    ``settings``/``parallelize_fn`` default to the config's.
-
-    Raises:
-        ValueError: a ``rocm`` value is not accepted (naming it and what is).
-    """
+    """The :class:`Context` of a 0.3.0 job; ``parallel_dims`` None is one rank (ValueError for a bad
+    ``rocm`` value)."""
     settings = coerce(getattr(config, "rocm", None) if settings is None else settings)
     spec = config.model_spec
     compile_config = config.compile

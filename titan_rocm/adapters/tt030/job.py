@@ -1,15 +1,9 @@
-"""The titan-rocm workarounds of one TorchTitan 0.3.0 trainer: decided once, applied to the
-whole model where 0.2.2's converters ran, and called back at the trainer's seams.
+"""The titan-rocm workarounds of one TorchTitan 0.3.0 trainer (docs/torchtitan-0.3.md).
 
-Where, in ``Trainer.__init__`` (``torchtitan/trainer.py``): the :class:`Context` is built
-after ``init_distributed()`` so ``on`` workarounds fail before the model exists; the
-``parallelize_fn`` (and ``pipelining_fn``) wrapper decides and applies them on the meta model
-before the stock function (checkpointing, compile, FSDP), then realizes eager marks
-(:func:`~titan_rocm.workarounds.moe_blocks.realize_eager_marks`). That precedes Inductor's
-first compile (the first forward), which is when it reads the precision casts' config.
-After ``__init__`` the seams are attached and the optimizers' post-step hook forwards to
-them.
-"""
+The :class:`Context` is built after ``init_distributed()`` so ``on`` workarounds fail before
+the model exists; the ``parallelize_fn`` wrapper applies them on the meta model before the
+stock function and so before Inductor's first compile, which reads the precision casts'
+config."""
 
 from __future__ import annotations
 
@@ -29,13 +23,10 @@ from titan_rocm.workarounds.moe_blocks import realize_eager_marks
 from titan_rocm.workarounds.registry import WORKAROUNDS
 
 BY = "rocm (torchtitan 0.3.0)"
-"""Who applied the workarounds, in decisions (0.2.2 names the converter)."""
 OVERRIDE_ENTRY = "titan_rocm.torchtitan.override.rocm"
 """What users list in ``--override.imports`` to attach a :class:`RocmJob` to a stock trainer
-(TorchTitan 0.3.0's ``config/override.py`` keys it by module and name).
-"""
+(TorchTitan 0.3.0's ``config/override.py`` keys it by module and name)."""
 WRAPPED_ATTR = "titan_rocm_job"
-"""Set on a wrapped parallelize/pipelining function: the :class:`RocmJob` that wrapped it."""
 
 
 def unwrapped(fn: Any) -> Any:
@@ -58,11 +49,8 @@ class RocmJob:
 
     # -- start-up ------------------------------------------------------------------------------
     def start(self, config: Any, parallel_dims: Any, parallelize_fn: Any = None) -> Context:
-        """Build the context and the workarounds; ``on`` ones fail here naming what is missing.
-
-        Raises:
-            ValueError: a setting is not accepted, or an ``on`` workaround cannot apply.
-        """
+        """Build the context and the workarounds; ``on`` ones fail here naming what is missing
+        (ValueError)."""
         parallelize_fn = unwrapped(parallelize_fn or config.model_spec.parallelize_fn)
         self.ctx = job_context(config, parallel_dims, self.settings, parallelize_fn)
         self.workarounds = JobWorkarounds(self.ctx, self.names)
@@ -70,8 +58,8 @@ class RocmJob:
         return self.ctx
 
     def wrap_parallelize(self, parallelize_fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``parallelize_fn`` with the workarounds applied before, and eager marks realized
-        after (pipeline parallelism calls it once per stage)."""
+        """``parallelize_fn`` with the workarounds applied before and eager marks realized after
+        (pipeline parallelism calls it once per stage)."""
 
         parallelize_fn = unwrapped(parallelize_fn)
 
@@ -90,8 +78,6 @@ class RocmJob:
         return parallelize
 
     def wrap_pipelining(self, pipelining_fn: Callable[..., Any]) -> Callable[..., Any]:
-        """``pipelining_fn`` with the workarounds applied to the whole model first."""
-
         pipelining_fn = unwrapped(pipelining_fn)
 
         @functools.wraps(pipelining_fn)
@@ -118,13 +104,11 @@ class RocmJob:
 
     @property
     def seams(self) -> list[TrainerSeam]:
-        """The trainer seams of the workarounds that applied."""
         return [w.trainer_seam for w in self.applied if w.trainer_seam is not None]
 
     # -- the trainer's seams -------------------------------------------------------------------
     def attach(self, trainer: Any) -> None:
-        """The trainer is built: attach the seams, hook the optimizers' step, end a stopped
-        run with its exit code (:mod:`titan_rocm.adapters.stop`)."""
+        """Attach the seams, hook the optimizers' step, end a stopped run with its exit code."""
         for seam in self.seams:
             seam.attach(trainer)
         self.stop_cleanly(trainer)
@@ -134,21 +118,18 @@ class RocmJob:
             )
 
     def stop_cleanly(self, trainer: Any) -> None:
-        """A stop (the guard's, the audit's) ends the process with its exit code, not as a crash;
-        called again once the checkpointer exists (patches nothing twice).
-        """
+        """A stop ends the process with its exit code, not as a crash; called again once the
+        checkpointer exists (patches nothing twice)."""
         if self.workarounds is not None:
             stop.install(trainer, self.workarounds.patches)
 
     def after_optimizer_step(self, trainer: Any) -> None:
-        """Every optimizer step: the workarounds' post-optimizer hooks, then the seams."""
         for w in self.applied:
             w.post_optimizer_hook(trainer.model_parts)
         for seam in self.seams:
             seam.after_optimizer_step(trainer)
 
     def train_step(self, run: Callable[..., Any], step: int, *args: Any, **kwargs: Any) -> Any:
-        """Run the trainer's ``train_step`` for ``step`` between the seams' calls."""
         for seam in self.seams:
             seam.before_step(step)
         try:
@@ -160,21 +141,18 @@ class RocmJob:
 
     def forward_backward(self, run: Callable[[], Any], input_dict: Any, labels: Any,
                          global_valid_tokens: Any) -> Any:
-        """One ``forward_backward_step`` (``run`` runs it), through every seam's
-        ``forward_backward``, the first seam outermost."""
+        """Through every seam's ``forward_backward``, the first seam outermost."""
         for seam in reversed(self.seams):
             run = functools.partial(seam.forward_backward, run, input_dict, labels,
                                     global_valid_tokens)
         return run()
 
     def after_forward_backward(self, loss: Any, labels: Any, global_valid_tokens: Any) -> None:
-        """One ``forward_backward_step`` returned ``loss``."""
         for seam in self.seams:
             seam.after_forward_backward(loss, labels, global_valid_tokens)
 
     def close(self) -> None:
-        """The trainer closes: the seams' last calls, then the job's teardown (every attribute
-        its workarounds patched is put back)."""
+        """The seams' last calls, then the job's teardown (every attribute patched is put back)."""
         try:
             for seam in self.seams:
                 seam.close()

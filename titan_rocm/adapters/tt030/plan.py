@@ -1,11 +1,7 @@
-"""``titan-rocm plan --module M --config F [flags] [--arch gfx942]`` for TorchTitan 0.3.0 jobs.
+"""``titan-rocm plan`` for TorchTitan 0.3.0 jobs (docs/plan.md).
 
-The job is read by TorchTitan's own ``ConfigManager`` and the model built on the meta device
-as ``Trainer.__init__`` does, so the plan runs the same
-:class:`~titan_rocm.adapters.tt030.job.RocmJob` a ``RocmTrainer`` would; the result has the
-0.2.2 plan's shape and formatter. A job without titan-rocm in its config is told so, with what
-the defaults would do.
-"""
+The model is built on the meta device as ``Trainer.__init__`` does, so the plan runs the same
+:class:`~titan_rocm.adapters.tt030.job.RocmJob` a ``RocmTrainer`` would."""
 
 from __future__ import annotations
 
@@ -40,7 +36,7 @@ NOT_CHECKED = [
     "TorchTitan 0.3.0's batch-size arithmetic and pipelining support (0.2.2's plan checks "
     "them; this one checks the parallel degrees and the expert mesh only)",
 ]
-"""What a 0.3.0 plan does not check that a 0.2.2 plan does; printed under "not simulated"."""
+"""Printed under "not simulated"."""
 
 NOT_ATTACHED = (
     "titan-rocm is not attached to this job: use --module titan_rocm.torchtitan.configs, "
@@ -50,11 +46,8 @@ NOT_ATTACHED = (
 
 
 def parse_job(args: Sequence[str]) -> Any:
-    """The job's ``Trainer.Config``, parsed by TorchTitan 0.3.0's own ``ConfigManager``.
-
-    Raises:
-        PlanError: ``--module``/``--config`` missing or unknown, or a flag TorchTitan rejects.
-    """
+    """The job's ``Trainer.Config``, parsed by TorchTitan 0.3.0's own ``ConfigManager``
+    (PlanError)."""
     from torchtitan.config import ConfigManager
 
     try:
@@ -86,18 +79,13 @@ def parse_job(args: Sequence[str]) -> Any:
 
 
 def _job_flags(args: Sequence[str]) -> str:
-    """``--module M --config F`` as given (the job whose flags TorchTitan's help lists)."""
     return " ".join(f"{f} {flag_value(args, (f,))}" for f in ("--module", "--config")
                     if flag_value(args, (f,)) is not None)
 
 
 def torchtitan_help(args: Sequence[str], prog: str = "titan-rocm plan") -> int:
-    """Print TorchTitan 0.3.0's own help for the job in ``args`` (its flags depend on the job's
-    config); return its exit code.
-
-    Raises:
-        PlanError: the config module or function cannot be loaded (one sentence).
-    """
+    """Print TorchTitan 0.3.0's own help for the job (its flags depend on the job's config); return
+    its exit code."""
     from torchtitan.config import ConfigManager
 
     _load_config(list(args))
@@ -111,25 +99,20 @@ def torchtitan_help(args: Sequence[str], prog: str = "titan-rocm plan") -> int:
 
 SHORTHAND_PREFIXES = ("torchtitan.models", "torchtitan.experiments",
                       "torchtitan.experiments.rl.examples")
-"""Where TorchTitan 0.3.0's ``ConfigManager._load_config`` looks for a shorthand module's
-``config_registry`` (``torchtitan/config/manager.py``), in its order."""
+"""TorchTitan 0.3.0's ``ConfigManager._load_config`` order (``torchtitan/config/manager.py``)."""
 
 
 def _is_absent(exc: ImportError, candidate: str) -> bool:
-    """Whether ``exc`` says ``candidate`` itself (or a package above it) does not exist, as
-    opposed to an import inside it failing."""
+    """``candidate`` itself (or a package above it) does not exist, not an import inside it
+    failing."""
     name = getattr(exc, "name", None)
     return isinstance(exc, ModuleNotFoundError) and name is not None and (
         candidate == name or candidate.startswith(name + "."))
 
 
 def _config_module(module_name: str, job: str) -> Any:
-    """The module TorchTitan would take the config function from (None: none exists, and
-    TorchTitan's own sentence names what is accepted).
-
-    Raises:
-        PlanError: a candidate exists but importing it fails (the real error, named).
-    """
+    """None when none exists (TorchTitan's own sentence names what is accepted); PlanError when a
+    candidate exists but does not import."""
     import importlib
 
     from torchtitan.experiments import _supported_experiments
@@ -159,12 +142,7 @@ def _config_module(module_name: str, job: str) -> Any:
 
 
 def _config_function(args: list[str], job: str) -> Any:
-    """The job's config function, found as TorchTitan finds it (None: TorchTitan's own sentence
-    says what is wrong).
-
-    Raises:
-        PlanError: the module exists but does not import, or the name is not a function.
-    """
+    """Found as TorchTitan finds it; None when TorchTitan's own sentence says what is wrong."""
     module_name, config_name = module_and_config(args)
     if not module_name or not config_name:
         return None
@@ -182,10 +160,8 @@ def _config_function(args: list[str], job: str) -> Any:
 
 
 def _load_config(args: list[str]) -> None:
-    """Run the job's config function as ``ConfigManager._load_config`` does, turning whatever the
-    user's module does wrong (a failing import, syntax error, any exception, recursion,
-    ``sys.exit``, a non-config return) into one sentence.
-    """
+    """As ``ConfigManager._load_config`` does, whatever the user's module does wrong (an exception,
+    recursion, ``sys.exit``, a non-config return) turned into one sentence."""
     from torchtitan.config import ConfigManager
 
     load = getattr(ConfigManager(), "_load_config", None)
@@ -241,9 +217,6 @@ def settings_of(config: Any) -> tuple[RocmSettings, str | None]:
 
 def _parallel_dims(config: Any, size: int | None, nnodes: int | None,
                    nproc_per_node: int | None) -> tuple[Any, WorldSize]:
-    """The job's ``ParallelDims`` and world size (as 0.2.2's plan,
-    :func:`titan_rocm.adapters.common.world_size`).
-    """
     from torchtitan.distributed import ParallelDims
 
     try:
@@ -259,13 +232,9 @@ def _parallel_dims(config: Any, size: int | None, nnodes: int | None,
 
 
 def check_expert_mesh(dims: Any, world: WorldSize) -> None:
-    """The arithmetic of 0.3.0's expert mesh, which ``ParallelDims`` leaves to ``build_mesh``
-    (torchtitan 0.3.0 ``distributed/parallel_dims.py``: ``efsdp = fsdp * tp // ep``, and
-    ``ep`` must divide ``dp_shard x cp x tp``), checked here as 0.2.2's plan checks its own.
-
-    Raises:
-        PlanError: the expert mesh cannot be built on this world size.
-    """
+    """0.3.0 leaves the expert mesh's arithmetic to ``build_mesh``
+    (``distributed/parallel_dims.py``: ``efsdp = fsdp * tp // ep``, ``ep`` divides ``dp_shard
+    x cp x tp``); checked here as 0.2.2's plan checks its own (PlanError)."""
     dense = dims.dp_shard * dims.cp * dims.tp
     if dims.ep > 1 and dense % dims.ep:
         raise PlanError(
@@ -288,8 +257,8 @@ def build_meta_model(config: Any) -> torch.nn.Module:
 
 
 def compile_per_block(model: torch.nn.Module, enabled: bool) -> dict[str, str]:
-    """What each block will run as: 0.3.0's ``apply_compile`` compiles every block whole, in
-    place; a block a workaround marked runs eager after ``parallelize_fn``."""
+    """0.3.0's ``apply_compile`` compiles every block whole; a block a workaround marked runs
+    eager."""
     if not enabled:
         return {}
     result = {}
@@ -304,12 +273,8 @@ def compile_per_block(model: torch.nn.Module, enabled: bool) -> dict[str, str]:
 def make_plan(args: Sequence[str], *, arch: str | None = None, world_size: int | None = None,
               nnodes: int | None = None, nproc_per_node: int | None = None,
               aiter: str | None = None, primus_turbo: str | None = None) -> dict[str, Any]:
-    """What the TorchTitan 0.3.0 job in ``args`` would get from titan-rocm on the simulated
-    machine and ranks given (as for 0.2.2's plan).
-
-    Raises:
-        PlanError: bad arguments, config, setting, architecture or aiter choice.
-    """
+    """What the 0.3.0 job in ``args`` would get from titan-rocm on the simulated machine
+    (PlanError)."""
     config = parse_job(args)
     settings, attached = settings_of(config)
     try:

@@ -1,10 +1,8 @@
-"""``RocmTrainer``: TorchTitan 0.3.0's ``Trainer`` with titan-rocm, and ``rocm(cfg)``.
+"""``RocmTrainer``: TorchTitan 0.3.0's ``Trainer`` with titan-rocm, and ``rocm(cfg)``
+(docs/torchtitan-0.3.md).
 
-TorchTitan 0.3.0 builds whatever trainer class a config belongs to and parses the command
-line against that config's class (tyro), so a ``Trainer.Config`` subclass with a
-``rocm: RocmSettings`` field is all the stock entry point needs to build titan-rocm's trainer
-and accept ``--rocm.*`` flags.
-"""
+A ``Trainer.Config`` subclass with a ``rocm`` field is all the stock entry point needs: it
+builds the config's trainer class and parses the command line against the config's class."""
 
 from __future__ import annotations
 
@@ -20,10 +18,8 @@ from titan_rocm.settings import RocmSettings, check_section, coerce
 
 
 class RocmTrainerMixin:
-    """titan-rocm at a TorchTitan 0.3.0 trainer's own methods (first in the bases), calling
-    :class:`~titan_rocm.adapters.tt030.job.RocmJob`; the model spec is copied, so the user's
-    config is left as it was.
-    """
+    """titan-rocm at a TorchTitan 0.3.0 trainer's own methods (first in the bases); the model
+    spec is copied, so the user's config is left as it was."""
 
     _rocm: RocmJob
 
@@ -76,9 +72,8 @@ class RocmTrainerMixin:
 
 @functools.cache
 def rocm_trainer_class(base: type) -> type:
-    """``Rocm<base>``: ``base`` with titan-rocm and a ``Config`` that adds ``rocm: RocmSettings``;
-    cached per ``base``, a titan-rocm class returned as it is.
-    """
+    """``base`` with titan-rocm and a ``Config`` that adds ``rocm: RocmSettings``; cached per
+    ``base``."""
     if issubclass(base, RocmTrainerMixin):
         return base
     if not (isinstance(base, type) and issubclass(base, Trainer)):
@@ -101,24 +96,15 @@ def rocm_trainer_class(base: type) -> type:
 
 
 RocmTrainer = rocm_trainer_class(Trainer)
-"""TorchTitan 0.3.0's ``Trainer`` with titan-rocm."""
 
 
 def rocm(config: Any, **settings: Any) -> Any:
-    """``config`` (a TorchTitan 0.3.0 ``Trainer.Config``, of any trainer class) as a config of
-    that trainer with titan-rocm, ``settings`` changing titan-rocm's defaults::
+    """``config`` (any TorchTitan 0.3.0 ``Trainer.Config``) as a config of that trainer with
+    titan-rocm, ``settings`` changing titan-rocm's defaults; calling it again changes the
+    settings.
 
-        def deepseek_v3_16b_rocm() -> Trainer.Config:
-            return rocm(deepseek_v3_16b(), grouped_mm_backend="loop")
-
-    Every field of ``config`` is kept (the new config shares its nested objects, as
-    ``dataclasses.replace`` would); calling it again on its result changes the settings.
-
-    Raises:
-        ValueError: a setting is unknown or its value is not accepted (naming both and what
-            is accepted).
-        TypeError: ``config`` is not a TorchTitan 0.3.0 trainer config.
-    """
+    Raises ValueError for an unknown setting or value, TypeError for a config that is not
+    0.3.0's."""
     owner = getattr(type(config), "_owner", None)
     if owner is None or not dataclasses.is_dataclass(config):
         raise TypeError(

@@ -1,8 +1,5 @@
-"""``titan-rocm tune collect`` on a TorchTitan 0.3.0 job (docs/validated-tuning.md): the job
-parsed as ``python -m torchtitan.train`` does, set to one step, no checkpoint and
-``rocm.gemm_lookup`` off, its own trainer built and the step recorded. The problems file is
-0.2.2's, so ``tune run``/``table`` and ``gemm_lookup_table`` read it alike.
-"""
+"""``titan-rocm tune collect`` on a TorchTitan 0.3.0 job (docs/validated-tuning.md). The problems
+file is 0.2.2's, so ``tune run``/``table`` and ``gemm_lookup_table`` read it alike."""
 
 from __future__ import annotations
 
@@ -31,13 +28,7 @@ NOT_ATTACHED = (
 
 
 def collect(request: CollectRequest) -> int:
-    """Record the GEMM problems of one step of the 0.3.0 job ``request`` describes.
-
-    Raises:
-        CollectError: bad arguments or config, a machine where TorchTitan 0.3.0 finds no
-            device, a job without titan-rocm or that compiles nothing, or no GEMM lowered
-            (one sentence).
-    """
+    """Record the GEMM problems of one step of the 0.3.0 job (CollectError, one sentence)."""
     args = list(request.passthrough)
     if request.trainer is not None:
         raise CollectError(f"--trainer {request.trainer!r} is TorchTitan 0.2.2's; on 0.3.0 "
@@ -82,9 +73,8 @@ def collect(request: CollectRequest) -> int:
 
 
 def one_step(config: Any, settings: RocmSettings) -> RocmSettings:
-    """Make ``config`` the collect step (one step, no checkpoint, ``rocm.gemm_lookup`` off,
-    wherever its titan-rocm settings come from: the ``rocm`` field of ``rocm(cfg)`` or the
-    override entry's JSON); return the settings the step runs with."""
+    """Make ``config`` the collect step, wherever its titan-rocm settings come from (``rocm(cfg)``
+    or the override entry's JSON); return the settings it runs with."""
     config.training.steps = 1
     config.checkpoint.enable = False
     step = dataclasses.replace(settings, gemm_lookup="off")
@@ -96,7 +86,6 @@ def one_step(config: Any, settings: RocmSettings) -> RocmSettings:
 
 
 def _without_table(entry: Any) -> Any:
-    """An ``--override.imports`` entry with ``gemm_lookup`` off where it is titan-rocm's."""
     target, kwargs = (entry, {}) if isinstance(entry, str) else entry
     if target != OVERRIDE_ENTRY:
         return entry

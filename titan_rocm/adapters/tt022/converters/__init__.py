@@ -1,9 +1,5 @@
-"""TorchTitan 0.2.2's adapter: the converters ``rocm`` (every workaround) and ``rocm.<name>``
-(one each), and their registration.
-
-Importing this package does not import TorchTitan; :func:`register_all` does, and is called
-once TorchTitan's converter registry is loaded (see ``titan_rocm.adapters.tt022.registration``).
-"""
+"""TorchTitan 0.2.2's adapter: the converters ``rocm`` and ``rocm.<name>``, and their
+registration. Importing this package does not import TorchTitan; :func:`register_all` does."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Build the version-neutral :class:`~titan_rocm.workarounds.base.Context` from TorchTitan
-0.2.2's ``JobConfig`` and ``ParallelDims``: the only place workarounds' view of a 0.2.2 job
-is made."""
+"""The workarounds' :class:`~titan_rocm.workarounds.base.Context` of a TorchTitan 0.2.2 job: the
+only place it is made."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ FRAMEWORK = TORCHTITAN_022
 
 
 def parallelize_fn_of(model_name: str | None) -> Callable[..., Any] | None:
-    """The train spec's ``parallelize_fn`` of ``model_name`` (None: no such train spec)."""
     if not model_name:
         return None
     from torchtitan.protocols.train_spec import get_train_spec
@@ -28,11 +26,7 @@ def parallelize_fn_of(model_name: str | None) -> Callable[..., Any] | None:
 
 
 def job_context(job_config: Any, parallel_dims: Any) -> Context:
-    """The :class:`Context` of a TorchTitan 0.2.2 job.
-
-    Raises:
-        ValueError: a ``[rocm]`` value is not accepted (naming it and what is).
-    """
+    """The :class:`Context` of a TorchTitan 0.2.2 job (ValueError for a bad ``[rocm]`` value)."""
     settings = settings_from(job_config)  # validates first: a bad value fails before anything
     compile_config = getattr(job_config, "compile", None)
     model = getattr(job_config, "model", None)

@@ -1,13 +1,8 @@
 """TorchTitan 0.2.2's converter class for titan-rocm: runs a fixed list of workarounds.
 
-The first titan-rocm converter to convert a model makes the job's
-:class:`~titan_rocm.workarounds.job.JobWorkarounds` (every listed workaround, decided once)
-and keeps it on the model, so a workaround listed twice applies once. 0.2.2 has no trainer
-adapter, so the job hooks where every trainer ends and starts: ``MetricsProcessor.close``
-(``Trainer.close`` calls it last; it holds ``model_parts``) closes the job and puts back its
-patches, and ``CheckpointManager.load`` (``Trainer.train`` calls it first; it holds the
-trainer) installs :func:`titan_rocm.adapters.stop.install`.
-"""
+The job's :class:`~titan_rocm.workarounds.job.JobWorkarounds` lives on the model, so a
+workaround listed twice applies once. 0.2.2 has no trainer adapter, so the job hooks where
+every trainer ends (``MetricsProcessor.close``) and starts (``CheckpointManager.load``)."""
 
 from __future__ import annotations
 
@@ -27,9 +22,7 @@ UMBRELLA = "rocm"
 """The converter that runs every workaround; ``rocm.<name>`` runs one."""
 
 JOB_ATTR = "_titan_rocm_job"
-"""Attribute of a converted model: its job's :class:`JobWorkarounds`."""
 TEARDOWN = "titan-rocm job teardown"
-"""Who the teardown's patch of ``MetricsProcessor.close`` is ``by``."""
 
 
 def _closing_jobs(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -68,9 +61,8 @@ def _stopping(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def hook_teardown(job: JobWorkarounds) -> None:
-    """Close ``job`` when its trainer closes its metrics processor, and end a stopped run with
-    its exit code once training starts (not in a plan: nothing trains there).
-    """
+    """Close ``job`` when its trainer closes, and end a stopped run with its exit code once training
+    starts (not in a plan: nothing trains there)."""
     if job.ctx.planning:
         return
     from torchtitan.components.checkpoint import CheckpointManager

@@ -1,9 +1,5 @@
-"""The start-up checks TorchTitan 0.2.2 makes before it touches a GPU, made on a login node.
-
-``titan-rocm plan`` calls :func:`check_job` first so a job that would stop at start-up on the
-cluster is refused in one sentence here, in TorchTitan's order, one module per check. The
-list of checks is in docs/plan.md ("What plan checks, in TorchTitan's order").
-"""
+"""The start-up checks TorchTitan 0.2.2 makes before it touches a GPU, made on a login node
+(docs/plan.md, "What plan checks, in TorchTitan's order")."""
 
 from __future__ import annotations
 
@@ -58,10 +54,8 @@ def check_job(
     nproc_per_node: int | None = None,
     prog: str = "titan-rocm plan",
 ) -> Preflight:
-    """Every GPU-free start-up check TorchTitan 0.2.2 would make on the job in ``args``.
-
-    Raises StartupError for the first that fails, in one sentence with the fix.
-    """
+    """Every GPU-free start-up check TorchTitan 0.2.2 would make (StartupError for the first that
+    fails, with the fix)."""
     if launcher not in LAUNCHERS:
         raise StartupError(f"unknown launcher {launcher!r}; accepted: {', '.join(LAUNCHERS)}")
     check_counts(world_size_flag, nnodes, nproc_per_node)  # bad flags before the TOML
@@ -79,8 +73,8 @@ def check_job(
 
 @contextlib.contextmanager
 def startup_step(what: str) -> Iterator[None]:
-    """Turn any exception inside into a :class:`StartupError`: ``what`` is a step TorchTitan's
-    own start-up runs, so the job would stop there too."""
+    """Any exception inside becomes a :class:`StartupError`: TorchTitan's own start-up runs
+    ``what``, so the job would stop there too."""
     try:
         yield
     except StartupError:

@@ -14,8 +14,8 @@ from titan_rocm.adapters.tt022.preflight.launchers import LAUNCH_LINES
 
 
 def _modules_register_titan_rocm(modules: Sequence[str]) -> bool:
-    """Whether a fresh interpreter of this environment imports titan_rocm once ``modules`` are
-    imported (a ``sitecustomize`` counts too, as it would in the job)."""
+    """Whether a fresh interpreter imports titan_rocm once ``modules`` are (a ``sitecustomize``
+    counts too, as in the job)."""
     if any(m.split(".")[0] == "titan_rocm" for m in modules):
         return True
     code = ("import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\n"
@@ -29,11 +29,8 @@ def _modules_register_titan_rocm(modules: Sequence[str]) -> bool:
 
 
 def registered_converters(job_config: Any, launcher: str) -> tuple[str, ...]:
-    """The model converter names TorchTitan's registry would hold for this job.
-
-    This process registers titan-rocm's either way; they count only when the job imports
-    ``titan_rocm`` (launcher, ``custom_import`` or ``custom_config_module``).
-    """
+    """The model converter names TorchTitan's registry would hold for this job: titan-rocm's count
+    only when the job imports ``titan_rocm``."""
     import torchtitan.train  # noqa: F401 - what the launch imports; registers TorchTitan's
     from torchtitan.protocols.model_converter import _registry_model_converter_cls as registry
 
@@ -51,8 +48,8 @@ def registered_converters(job_config: Any, launcher: str) -> tuple[str, ...]:
 
 
 def check_converters(job_config: Any, registered: Sequence[str]) -> None:
-    """Each ``[model] converters`` name must be registered; raises StartupError naming the
-    first unknown one, TorchTitan's KeyError and the fix."""
+    """Each ``[model] converters`` name must be registered (StartupError naming the first
+    unknown)."""
     known = set(registered)
     ours = titan_rocm_converters()
     for name in job_config.model.converters:
@@ -82,8 +79,7 @@ def check_converters(job_config: Any, registered: Sequence[str]) -> None:
 
 
 def check_quantization(job_config: Any) -> None:
-    """The quantization converters' GPU-free first check: one quantization type per job
-    (building them needs a GPU). Raises StartupError with TorchTitan's reason."""
+    """One quantization type per job: the GPU-free part of the check (StartupError)."""
     if not any("quantize" in c for c in job_config.model.converters):
         return
     from torchtitan.components.quantization import QuantizationConverter

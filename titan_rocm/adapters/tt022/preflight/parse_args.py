@@ -48,7 +48,6 @@ def _describe(tp: Any) -> str:
 
 
 def _fits(value: Any, tp: Any) -> bool | None:
-    """Whether a TOML ``value`` fits annotation ``tp``; None when the type is not checked."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if tp is Any or tp is object:
         return None
@@ -87,11 +86,10 @@ def _type_name(value: Any) -> str:
 
 
 def check_toml_types(cls: type, table: dict[str, Any], section: str = "") -> None:
-    """Check a TOML table against the (merged) JobConfig dataclass ``cls``.
+    """Check a TOML table against the (merged) JobConfig dataclass ``cls`` (StartupError).
 
-    TorchTitan 0.2.2 passes TOML values on unconverted: a string for an integer fails later,
-    and a string for a list is iterated letter by letter. Raises StartupError naming both.
-    """
+    TorchTitan 0.2.2 passes TOML values on unconverted: a string for an integer fails later, and
+    a string for a list is iterated letter by letter."""
     hints = _hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     where = f"[{section}] " if section else ""
@@ -152,8 +150,7 @@ def bool_flags(cls: type, prefix: str = "") -> set[str]:
 
 
 def check_bool_flags(args: Sequence[str], flags: set[str]) -> None:
-    """Refuse ``--x.flag true``: tyro's boolean flags take no value (StartupError names the
-    bare forms)."""
+    """Refuse ``--x.flag true``: tyro's boolean flags take no value."""
     for i, arg in enumerate(args):
         if not arg.startswith("--"):
             continue
@@ -205,8 +202,8 @@ def _arguments(args: Sequence[str], launcher: str) -> tuple[list[str], dict[str,
 
 
 def _import(name: str) -> Any:
-    """Import ``name`` as the launched job would: ``python -m`` (torchrun's way) puts the
-    working directory first on ``sys.path``; a console script does not."""
+    """As the launched job would: ``python -m`` (torchrun's way) puts the working directory first on
+    ``sys.path``; a console script does not."""
     cwd = os.getcwd()
     added = cwd not in sys.path and "" not in sys.path
     if added:
@@ -244,11 +241,8 @@ def _config_class(manager: Any, args: list[str], toml: dict[str, Any]) -> type:
 
 def parse_config(args: Sequence[str], launcher: str = DEFAULT_LAUNCHER,
                  prog: str = "titan-rocm plan") -> Any:
-    """The JobConfig TorchTitan 0.2.2's ConfigManager makes of ``args`` under ``launcher``.
-
-    Raises StartupError for anything it would stop on, or a wrong-typed TOML value it would
-    pass through.
-    """
+    """The JobConfig TorchTitan 0.2.2's ConfigManager makes of ``args`` under ``launcher``
+    (StartupError for anything it would stop on, or a wrong-typed TOML value it would pass)."""
     from torchtitan.config import ConfigManager
 
     if launcher not in LAUNCHERS:
