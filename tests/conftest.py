@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -214,3 +215,33 @@ def _registered_flavors_restored(monkeypatch: pytest.MonkeyPatch) -> None:
             continue
         for flavor, args in list(registry.items()):
             monkeypatch.setitem(registry, flavor, copy.deepcopy(args))
+
+
+@pytest.fixture(autouse=True)
+def _process_state_put_back(request: pytest.FixtureRequest) -> Iterator[None]:
+    """What a test leaves in the process is put back before the next one: titan-rocm patches it
+    installed and never released (a trainer built and not closed, a tuned-GEMM handler
+    installed outside a job), a gloo group a trainer started, torchrun's variables the CPU
+    trainer set. Under ``--state-leaks`` nothing is put back, so the report names the test.
+    """
+    import torch.distributed as dist
+
+    from titan_rocm import patches
+
+    if request.config.getoption("--state-leaks"):
+        yield
+        return
+    held = {id(p) for p in patches.installed()}
+    environ = dict(os.environ)
+    started = dist.is_available() and dist.is_initialized()
+    yield
+    for p in reversed(patches.installed()):
+        if id(p) not in held:
+            p.restore()
+    if dist.is_available() and dist.is_initialized() and not started:
+        dist.destroy_process_group()
+    for name in set(os.environ) - set(environ) - {"PYTEST_CURRENT_TEST"}:
+        del os.environ[name]
+    for name, value in environ.items():
+        if os.environ.get(name) != value and name != "PYTEST_CURRENT_TEST":
+            os.environ[name] = value

@@ -32,12 +32,14 @@ def test_cpu_keeps_the_configs_model_and_cpu_tiny_cuts_it(
 
     stock = get_train_spec("llama3").model_args["debugmodel"]
     own = _build(CpuTrainer, monkeypatch)
+    own.close()  # the job's teardown: its workarounds' patches put back
     assert (own.model_args.dim, own.model_args.n_layers, own.model_args.vocab_size) == (
         stock.dim, stock.n_layers, stock.vocab_size)
     assert len(own.model_parts[0].layers) == stock.n_layers
     input_dict, labels = next(iter(own.dataloader))
     assert input_dict["input"].shape == (2, 16) and int(labels.max()) < stock.vocab_size
     tiny = _build(TinyCpuTrainer, monkeypatch)
+    tiny.close()
     assert (tiny.model_args.dim, len(tiny.model_parts[0].layers)) == (TINY["dim"],
                                                                       TINY["n_layers"])
     assert stock.dim != TINY["dim"]  # the two are told apart

@@ -165,6 +165,7 @@ def test_state_leaks_name_each_setting_a_test_left_changed(
     # Assigned back by hand: monkeypatch's undo deletes the entry from torch's config module,
     # and every later compile in the process then fails "capture_scalar_outputs does not exist".
     flag = torch._dynamo.config.capture_scalar_outputs
+    was_set = "" if torch._dynamo.config._is_default("capture_scalar_outputs") else " (user-set)"
     dtype = torch.get_default_dtype()
     torch._dynamo.config.capture_scalar_outputs = not flag
     torch.set_default_dtype(torch.float64)
@@ -175,7 +176,8 @@ def test_state_leaks_name_each_setting_a_test_left_changed(
         torch._dynamo.config.capture_scalar_outputs = flag
     assert differences(before, after) == [
         "os.environ['TITAN_ROCM_LEAK_PROBE']: <unset> -> '1'",
-        f"torch._dynamo.config.capture_scalar_outputs: {flag!r} -> {not flag!r}",
+        f"torch._dynamo.config.capture_scalar_outputs: {flag!r}{was_set} -> {not flag!r} "
+        "(user-set)",
         f"torch.get_default_dtype(): {dtype!r} -> torch.float64",
     ]
     from titan_rocm import patches
