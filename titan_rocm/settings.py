@@ -122,6 +122,10 @@ class RocmSettings:
     numerics_audit_reference: NumericsAuditReference = "auto"
     """The high-precision replay's arithmetic (auto: float64 for a float32 job, tf32 for
     bfloat16, float32 for float16)."""
+    numerics_audit_submodules: Mode = "auto"
+    """Also compare each compiled block's children (attention, feed-forward or MoE, norms) on
+    their own, from a probed compiled copy of the block (auto: blocks that cannot be probed are
+    compared as a whole, said once; docs/numerics-audit.md#inside-a-block)."""
     numerics_audit_fudge: float = 3.0
     """Flag a parameter's gradient (or the loss) whose error exceeds fudge x the eager error
     + the floor."""

@@ -19,6 +19,7 @@ if __package__ in (None, ""):  # run as a script: tests.support imports need the
     _sys.path.insert(0, str(_Path(__file__).resolve().parents[2]))
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -144,13 +145,43 @@ def matrix(model: str, seeds: int = 5, layers: int = 3) -> list[Any]:
                             lambda seed: reseed(trainer, seed))
 
 
+def submodule_matrix(model: str, layers: int = 3,
+                     sites: Sequence[Any] | None = None) -> list[Any]:
+    """Each site of titan_rocm.testing.audit_matrix.SITES at 0.5 % in the first, a middle and
+    the last block, forward and backward: each must be named at its block and child. A site
+    is a new fault op, so the model compiles again for each."""
+    from titan_rocm.testing import audit_matrix, corrupt
+
+    outcomes: list[Any] = []
+    for site in sites or audit_matrix.SITES[model]:
+        corrupt.uninstall()
+        trainer, jc = build(MODELS[model], layers)
+        audit_matrix.install(trainer.model_parts, site.op, site.index, site.module)
+        keys = [k for k, _ in trainer.model_parts[0].layers.named_children()]
+        specs = site.specs(audit_matrix.first_middle_last(keys))
+        outcomes += audit_matrix.run(lambda trainer=trainer, jc=jc: audit(trainer, jc).to_dict(),
+                                     specs, [], lambda seed: None)
+        trainer.close()
+    corrupt.uninstall()
+    return outcomes
+
+
 if __name__ == "__main__":
-    # The CPU matrix docs/numerics-audit.md quotes:
-    #   python tests/support/audit_trainer.py [seeds]
+    # The CPU matrices docs/numerics-audit.md quotes:
+    #   python tests/support/audit_trainer.py [seeds]        the blocks' detection matrix
+    #   python tests/support/audit_trainer.py --submodules   inside a block (its SITES)
     import json
 
     import titan_rocm  # noqa: F401
+    from titan_rocm.testing import audit_matrix
 
+    if sys.argv[1:] == ["--submodules"]:
+        for name in audit_matrix.SITES:
+            outcomes = submodule_matrix(name)
+            wrong = [o.to_dict() for o in outcomes if not o.judged["right"]]
+            print(json.dumps({"model": name, "audits": len(outcomes), "wrong": wrong}),
+                  flush=True)
+        sys.exit(0)
     seeds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     for name in MODELS:
         outcomes = matrix(name, seeds)

@@ -366,7 +366,8 @@ def audit_built_with(trainer: Any, settings: Any, input_dict: Any, labels: Any,
     return audit_micro_batch(
         trainer.model_parts, torch.device(getattr(trainer, "device", "cpu")),
         lambda labels: kit(trainer, labels), input_dict, labels,
-        AuditSettings.of(settings), facts, tokens, chunks, settings.numerics_audit_reference)
+        AuditSettings.of(settings), facts, tokens, chunks, settings.numerics_audit_reference,
+        settings.numerics_audit_submodules)
 
 
 @contextlib.contextmanager

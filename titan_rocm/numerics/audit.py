@@ -43,6 +43,7 @@ from titan_rocm.numerics.stats import (
     TensorStats,
     loss_stats,
 )
+from titan_rocm.numerics.submodules import Inside
 
 EAGER_FACTOR = 3.0
 """Eager keeps about this many times what the compiled block saved (unfused intermediates); only
@@ -70,8 +71,10 @@ class Audit:
 
     def __init__(self, model_parts: list[nn.Module], device: torch.device, kit: StepKit,
                  settings: AuditSettings, facts: JobFacts | None = None,
-                 reference: str = "auto", chunks: int | None = None) -> None:
+                 reference: str = "auto", chunks: int | None = None,
+                 submodules: str = "auto") -> None:
         self.model_parts = list(model_parts)
+        self.submodules = submodules
         self.part: Part | None = None
         self.block_keys: list[str] = []
         self.block_modules: list[nn.Module] = []
@@ -181,7 +184,8 @@ class Audit:
             settings=self.settings, records=records, job={}, named=named, batch=batch,
             compute=compute, reference=reference, held=held, plan=plan,
             rtol=RTOL.get(compute, RTOL[torch.float32]), buffers=buffers, acc=acc,
-            notes=self.notes, times=self.times)
+            notes=self.notes, times=self.times,
+            inside=None if self.submodules == "off" else Inside(self.submodules))
 
     def _replayed(self, run: AuditRun) -> list[BlockRecord]:
         return [r for r in run.records.values() if self.part is None or r.key in self.part.blocks]
@@ -225,7 +229,8 @@ class Audit:
 
     def _notes(self, run: AuditRun) -> list[str]:
         plan = run.plan
-        notes = [*self.facts.notes, *self.notes, *run.held.notes(run.reference.dtype)]
+        notes = [*self.facts.notes, *self.notes, *run.held.notes(run.reference.dtype),
+                 *(run.inside.notes() if run.inside is not None else [])]
         if plan.chunks.count > 1 or plan.outside.count > 1:
             notes.append(f"to fit in memory, the blocks' reference replays ran in "
                          f"{plan.chunks.count} run(s) of rows and the rest's in "
@@ -363,14 +368,15 @@ def audit_micro_batch(model_parts: list[nn.Module], device: torch.device,
                       input_dict: dict[str, torch.Tensor], labels: torch.Tensor,
                       settings: AuditSettings, facts: JobFacts | None = None,
                       tokens: int | None = None, chunks: int | None = None,
-                      reference: str = "auto") -> AuditResult:
+                      reference: str = "auto", submodules: str = "auto") -> AuditResult:
     """``titan-rocm audit``'s audit of a built trainer's first micro-batch; the trainer's gradients
     are as they were, after (AuditError when it cannot run)."""
     input_dict, labels = take_tokens(input_dict, labels, tokens)
     input_dict = {k: v.to(device) if isinstance(v, torch.Tensor) else v
                   for k, v in input_dict.items()}
     labels = labels.to(device)
-    audit = Audit(model_parts, device, kit_of(labels), settings, facts, reference, chunks)
+    audit = Audit(model_parts, device, kit_of(labels), settings, facts, reference, chunks,
+                  submodules)
     audit.prepare()
     params = [p for part in model_parts for p in part.parameters()]
     buffers = [(b, b.detach().clone()) for part in model_parts for b in part.buffers()]

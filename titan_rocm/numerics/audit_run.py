@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from titan_rocm.log import log
-from titan_rocm.numerics import blocks, fsdp, precision
+from titan_rocm.numerics import blocks, fsdp, precision, submodules
 from titan_rocm.numerics.attribution import EMBEDDING, HEAD, clean_name
 from titan_rocm.numerics.held_precision import HeldPrecision
 from titan_rocm.numerics.record import BlockRecord
@@ -127,6 +127,8 @@ class AuditRun:
     notes: list[str]
     """The audit's notes (shared with it): a fallback adds one."""
     times: dict[str, float]
+    inside: submodules.Inside | None = None
+    """The blocks' children compared on their own (None: ``numerics_audit_submodules`` off)."""
 
     @property
     def rows(self) -> int:
@@ -201,6 +203,34 @@ class AuditRun:
 
         self.held_or_not(both)
         self.restore()
+        if self.inside is not None:
+            self._children(record)
+            self.restore()
+
+    def _children(self, record: BlockRecord) -> None:
+        """Each child of the block alone (:mod:`titan_rocm.numerics.submodules`), from what the
+        probed compiled copy computed at its boundaries: eager, and in the reference's
+        arithmetic."""
+        assert self.inside is not None
+        with self.inside.gathered(record):
+            t0 = time.perf_counter()
+            calls = self.inside.calls(record, self.plan.eager.count)
+            self.tick("children_compiled", t0)
+            for call in calls.values():
+                self.held_or_not(lambda call=call: self._child(record, call))
+
+    def _child(self, record: BlockRecord, call: submodules.ChildCall) -> None:
+        t0 = time.perf_counter()
+        with precision.eager(), precision.autocast_as(self.device, record.autocast):
+            eager = submodules.replay_child(call, None)
+        self.tick("children_eager", t0)
+        t0 = time.perf_counter()
+        with precision.retyped([call.module], self.reference.dtype), precision.eager(), \
+                precision.reference_arithmetic(self.reference, self.held, self.device,
+                                               [call.module]):
+            ref = submodules.replay_child(call, self.reference.dtype)
+        self.tick("children_reference", t0)
+        submodules.compare(self.acc, record.key, call, eager, ref, self.rtol)
 
     def _block_names(self, record: BlockRecord) -> list[tuple[str, nn.Parameter]]:
         at = f"layers.{record.key}"

@@ -132,3 +132,12 @@ def grad_tensors(tree: Any) -> list[torch.Tensor]:
     """The tensors of ``tree`` (any nesting) that require grad."""
     leaves = torch.utils._pytree.tree_leaves(tree)
     return [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
+def call_intercepted(key: str, module: nn.Module, call: Callable[..., Any],
+                     args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """``call(module, *args, **kwargs)`` through the interceptors on the stack, as block ``key``
+    (a replay of compiled code the test fault must see as that block)."""
+    if not _STATE.stack:
+        return call(module, *args, **kwargs)
+    return _Chain(list(_STATE.stack), key, module, call)(0, args, kwargs)

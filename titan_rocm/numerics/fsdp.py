@@ -215,3 +215,23 @@ def reshard(modules: Iterable[nn.Module]) -> None:
             if callable(getattr(m, "_get_fsdp_state", None)) and callable(
                     getattr(m, "reshard", None)):
                 m.reshard()
+
+
+@contextlib.contextmanager
+def unsharded(module: nn.Module) -> Iterator[None]:
+    """``module``'s FSDP-managed parameters gathered whole for the block (FSDPModule's public
+    ``unshard``/``reshard``): a child called alone then runs on whole parameters, as the
+    block's forward would; their gradients are cleared before the shards come back."""
+    managed = [m for m in module.modules() if callable(getattr(m, "_get_fsdp_state", None))]
+    if any(not callable(getattr(m, "unshard", None)) or not callable(getattr(m, "reshard", None))
+           for m in managed):
+        raise _unknown("an FSDP module without unshard()/reshard()")
+    for m in managed:
+        m.unshard()
+    try:
+        yield
+    finally:
+        for p in module.parameters():
+            p.grad = None
+        for m in managed:
+            m.reshard()

@@ -64,11 +64,14 @@ def _first_wrong_lines(result: dict[str, Any]) -> list[str]:
         seg = first.get(direction)
         if seg is None:
             continue
+        module = (result.get("first_wrong_module") or {}).get(direction)
         worst = max((t for t in tensors if t["segment"] == seg and t["flagged"]
-                     and t["direction"] == direction), key=lambda t: _key(t["score"]),
-                    default=None)
+                     and t["direction"] == direction
+                     and (module is None or t.get("module") == module)),
+                    key=lambda t: _key(t["score"]), default=None)
         why = f": {worst['name']}: {worst['reason']}" if worst else ""
-        lines.append(f"  first wrong in the {direction}: {label(seg)}{why}")
+        inside = f", {module}" if module else ""
+        lines.append(f"  first wrong in the {direction}: {label(seg)}{inside}{why}")
     return lines
 
 

@@ -81,6 +81,19 @@ class AuditResult:
         wrong = {t.segment for t in self.tensors if t.flagged and t.direction == direction}
         return next((s for s in order if s.name in wrong), None)
 
+    def first_wrong_module(self, direction: str) -> str | None:
+        """The first wrong segment's first wrong child in ``direction``'s order (None: no
+        child of it was flagged, or it has none compared)."""
+        seg = self.first_wrong(direction)
+        if seg is None:
+            return None
+        mine = [t for t in self.tensors if t.segment == seg.name and t.module is not None]
+        order = list(dict.fromkeys(t.module for t in mine))
+        if direction == "backward":
+            order.reverse()
+        wrong = {t.module for t in mine if t.flagged and t.direction == direction}
+        return next((m for m in order if m in wrong), None)
+
     def segment_rows(self) -> list[dict[str, Any]]:
         """Per segment: its facts, and per direction whether wrong, its worst score, flagged
         tensors."""
@@ -108,6 +121,7 @@ class AuditResult:
             "world_size": self.world_size, "tokens": self.tokens,
             "job_dtype": self.job_dtype, "reference": self.reference,
             "settings": self.settings.to_dict(), "first_wrong": first,
+            "first_wrong_module": {d: self.first_wrong_module(d) for d in ("forward", "backward")},
             "loss": None if self.loss is None else {
                 **self.loss.to_dict(), **{k: json_number(v) for k, v in self.loss_values.items()}},
             "segments": self.segment_rows(),
@@ -125,6 +139,7 @@ def error_dict(message: str, world_size: int = 1) -> dict[str, Any]:
         "schema": SCHEMA, "command": "audit", "verdict": "error", "exit_code": 2,
         "error": message, "world_size": world_size, "tokens": 0, "job_dtype": None,
         "reference": None, "settings": {}, "first_wrong": {"forward": None, "backward": None},
+        "first_wrong_module": {"forward": None, "backward": None},
         "loss": None, "segments": [], "tensors": [], "workarounds_applied": [], "time_s": {},
         "peak_memory_bytes": None, "memory": {}, "chunks": 0, "outside_chunks": 0,
         "notes": [], "part": None,

@@ -100,6 +100,9 @@ class TensorStats:
     max_abs: float
     flagged: bool
     reason: str | None
+    module: str | None = None
+    """The block's child compared on its own (``attention``, ``moe``, ...); None: the block
+    or an outside segment as a whole."""
 
     @property
     def direction(self) -> str:
@@ -109,6 +112,8 @@ class TensorStats:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (non-finite numbers become strings: JSON has no NaN)."""
         row = {k: json_number(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        if row["module"] is None:
+            del row["module"]  # a block's or outside segment's own tensor, as before children
         row["direction"] = self.direction
         return row
 
@@ -203,6 +208,7 @@ class _Acc:
     maxima: torch.Tensor
     eager_hist: torch.Tensor
     outlier_hist: torch.Tensor
+    module: str | None = None
     missing: float = 0.0
     count: float = 0.0
     """Kept on the host: no chunk waits for the device to count."""
@@ -218,23 +224,25 @@ class Accumulator:
     device: torch.device
     entries: dict[str, _Acc] = field(default_factory=dict)
 
-    def _entry(self, name: str, segment: str, kind: str, rtol: float) -> _Acc:
+    def _entry(self, name: str, segment: str, kind: str, rtol: float,
+               module: str | None = None) -> _Acc:
         entry = self.entries.get(name)
         if entry is None:
             entry = _Acc(name, segment, kind, rtol,
                          torch.zeros(3, dtype=torch.float64, device=self.device),
                          torch.zeros(2, dtype=torch.float64, device=self.device),
                          torch.zeros(NBINS, dtype=torch.int64, device=self.device),
-                         torch.zeros(NBINS, dtype=torch.int64, device=self.device))
+                         torch.zeros(NBINS, dtype=torch.int64, device=self.device), module)
             self.entries[name] = entry
         return entry
 
     def add(self, name: str, segment: str, kind: str, a: torch.Tensor | None,
-            b: torch.Tensor | None, c: torch.Tensor | None, rtol: float) -> None:
+            b: torch.Tensor | None, c: torch.Tensor | None, rtol: float,
+            module: str | None = None) -> None:
         """Add one chunk (``a`` job, ``b`` eager, ``c`` reference). Float32 differences unless the
         reference is float64: a 16-bit job's 1e-3 errors need no more.
         """
-        entry = self._entry(name, segment, kind, rtol)
+        entry = self._entry(name, segment, kind, rtol, module)
         if a is None or b is None or c is None:
             if not (a is None and b is None and c is None):
                 entry.missing = 1.0
@@ -269,7 +277,7 @@ class Accumulator:
     def absorb(self, other: Accumulator) -> None:
         """Add what ``other`` gathered (a replay's own, merged once it has run whole)."""
         for name, theirs in other.entries.items():
-            mine = self._entry(name, theirs.segment, theirs.kind, theirs.rtol)
+            mine = self._entry(name, theirs.segment, theirs.kind, theirs.rtol, theirs.module)
             mine.sums += theirs.sums
             mine.count += theirs.count
             mine.maxima[0] = torch.maximum(mine.maxima[0], theirs.maxima[0])
@@ -305,10 +313,10 @@ class Accumulator:
         if missing:
             return TensorStats(e.name, e.segment, e.kind, numel, math.nan, math.nan, math.nan,
                                math.nan, math.nan, math.nan, True,
-                               "a value in some passes only (None in the others)")
+                               "a value in some passes only (None in the others)", e.module)
         if not numel:
             return TensorStats(e.name, e.segment, e.kind, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
-                               False, None)
+                               False, None, e.module)
         # A zero reference: errors are taken against the floor's scale instead.
         denom = math.sqrt(ss_ref) if ss_ref > 0 else math.sqrt(count) * floor
         err_job = math.sqrt(ss_job) / denom if denom else 0.0
@@ -333,7 +341,7 @@ class Accumulator:
                       f"the eager error's {s.outlier_quantile:g} quantile "
                       f"(> {s.outlier_max:.2%})")
         return TensorStats(e.name, e.segment, e.kind, numel, err_job, err_eager, ratio, score,
-                           fraction, max_abs, reason is not None, reason)
+                           fraction, max_abs, reason is not None, reason, e.module)
 
 
 def loss_stats(job: float, eager: float, reference: float, compute_dtype: torch.dtype,

@@ -30,12 +30,48 @@ def fault_specs(blocks: Sequence[str], fractions: Sequence[float] = FRACTIONS,
             for b in blocks for g in graphs for f in fractions]
 
 
-def install(model_parts: list[Any], op: str = "mul", index: int = 0) -> None:
+def install(model_parts: list[Any], op: str = "mul", index: int = 0,
+            module: str | None = None) -> None:
     """The fault's op in the forward and backward graphs, inactive (before the first compile)."""
     blocks = [key for part in model_parts for key, _ in part.layers.named_children()]
     corrupt.install(model_parts, corrupt.CorruptSpec(block=int(blocks[0]), op=op,
-                                                     index=index), graphs=GRAPHS)
+                                                     index=index, module=module),
+                    graphs=GRAPHS)
     corrupt.switch(None)
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where inside a block a fault goes: the ``index``-th ``aten.<op>`` traced inside child
+    ``module`` (the post-grad graph's order)."""
+
+    module: str
+    op: str
+    index: int
+    what: str
+
+    def specs(self, blocks: Sequence[str], fraction: float = 0.005,
+              graphs: Sequence[str] = GRAPHS) -> list[corrupt.CorruptSpec]:
+        """This site in each of ``blocks``, in each direction."""
+        return [corrupt.CorruptSpec(block=int(b), graph=g, module=self.module, op=self.op,
+                                    index=self.index, fraction=fraction)
+                for b in blocks for g in graphs]
+
+
+SITES: dict[str, tuple[Site, ...]] = {
+    # TorchTitan 0.2.2's Attention: wq, wk, wv, wo are its mm in order; its rotary embedding
+    # multiplies complex numbers (the second complex mul; the first is not reached on CPU).
+    "llama3": (Site("attention", "mul", 1, "a rotary-embedding multiply"),
+               Site("attention", "mm", 3, "the output projection"),
+               Site("attention_norm", "mul", 0, "the attention norm"),
+               Site("ffn_norm", "mul", 0, "the feed-forward norm"),
+               Site("feed_forward", "mul", 0, "the SwiGLU multiply")),
+    "qwen3": (Site("attention", "mul", 0, "the q/k norm or rotary multiply"),
+              Site("attention", "mm", 3, "the output projection"),
+              Site("attention_norm", "mul", 0, "the attention norm"),
+              Site("feed_forward", "mul", 0, "the SwiGLU multiply")),
+}
+"""The sites the CPU sub-module matrix proves, per model (tests/support/audit_trainer.py)."""
 
 
 def judge(result: dict[str, Any], spec: corrupt.CorruptSpec | None) -> dict[str, Any]:
@@ -45,9 +81,13 @@ def judge(result: dict[str, Any], spec: corrupt.CorruptSpec | None) -> dict[str,
     if spec is None:
         return {"right": result.get("verdict") == "ok", "flagged": flagged}
     named = first.get(spec.graph) == spec.key
+    if spec.module is not None:  # inside a block: its child named too
+        module = (result.get("first_wrong_module") or {}).get(spec.graph)
+        named = named and module == spec.module.split(".")[0]
     clean_forward = spec.graph == "forward" or first.get("forward") is None
     return {"right": flagged and named and clean_forward, "flagged": flagged,
-            "named": named, "forward_clean": clean_forward, "first_wrong": first}
+            "named": named, "forward_clean": clean_forward, "first_wrong": first,
+            "first_wrong_module": result.get("first_wrong_module")}
 
 
 @dataclass

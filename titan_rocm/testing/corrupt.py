@@ -28,16 +28,17 @@ from titan_rocm.numerics import blocks
 
 ENV = "TITAN_ROCM_DEBUG_CORRUPT"
 FORMAT = ("block=K|head[,graph=backward|forward][,op=mul][,index=0][,fraction=0.03][,seed=0]"
-          "[,rank=R]")
+          "[,rank=R][,module=NAME]")
 EXAMPLE = "block=1,graph=backward,op=mul,index=0,fraction=0.03,seed=0"
 GRAPHS = ("backward", "forward")
 HEAD = "head"
 """``block=head``: the fault hits compiled code run outside every block (the loss)."""
-KEYS = ("block", "graph", "op", "index", "fraction", "seed", "rank")
+KEYS = ("block", "graph", "op", "index", "fraction", "seed", "rank", "module")
 
 _INT = re.compile(r"[0-9]+")
 _NUMBER = re.compile(r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?|[0-9]+\.")
 _OP = re.compile(r"[a-z_][a-z0-9_]*")
+_MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
 
 
 class CorruptSpecError(ValueError):
@@ -57,6 +58,9 @@ class CorruptSpec:
     fraction: float = 0.03
     seed: int = 0
     rank: int | None = None
+    module: str | None = None
+    """Only nodes traced inside this child of the block (``attention``, ``moe.router``): its
+    path among the module names Dynamo records on each node; None: anywhere."""
 
     @property
     def key(self) -> str:
@@ -80,8 +84,10 @@ class CorruptSpec:
     def describe(self) -> str:
         """One phrase: what is corrupted, where."""
         where = "" if self.rank is None else f" on rank {self.rank}"
-        return (f"{100 * self.fraction:.4g} % of the output of aten.{self.op} #{self.index} "
-                f"in {self.where}'s compiled {self.graph} graph{where} (seed {self.seed})")
+        inside = "" if self.module is None else f" inside {self.module}"
+        return (f"{100 * self.fraction:.4g} % of the output of aten.{self.op} #{self.index}"
+                f"{inside} in {self.where}'s compiled {self.graph} graph{where} "
+                f"(seed {self.seed})")
 
 
 def _fail(text: str, detail: str) -> CorruptSpecError:
@@ -117,6 +123,11 @@ def _value(text: str, key: str, value: str) -> Any:
             raise _fail(text, f"fraction={value!r} is not accepted (a number in (0, 1], "
                               "e.g. 0.03 for 3 % of the node's elements)")
         return number
+    if key == "module":
+        if not _MODULE.fullmatch(value):
+            raise _fail(text, f"module={value!r} is not accepted (a child's name in the block, "
+                              "dotted for deeper ones: attention, feed_forward, moe.router)")
+        return value
     if not _OP.fullmatch(value) or not _aten_op_exists(value):
         raise _fail(text, f"op={value!r} is not accepted (an ATen operator name as the "
                           "post-grad graph shows it: mul, add, mm, bmm, sigmoid, ...)")
@@ -339,15 +350,38 @@ def feeding_first_output(graph: torch.fx.Graph) -> set[torch.fx.Node]:
     return seen
 
 
-def candidate_nodes(graph: torch.fx.Graph, op: str) -> list[torch.fx.Node]:
-    """``aten.<op>`` calls with one float output; in a forward graph only those feeding the block's
-    output (a value only saved for the backward shows its fault there).
+_NOT_NAMES = frozenset({"L", "G", "self", "module", "_modules", "_orig_mod",
+                        "_checkpoint_wrapped_module"})
+"""Identifiers of Dynamo's module paths (``L['self']._modules['attention']``) that name no
+child of the block."""
+
+
+def traced_inside(node: torch.fx.Node, module: str) -> bool:
+    """Whether ``node`` was traced inside the block's child ``module`` (dotted), by the module
+    stack Dynamo records (``fwd_nn_module_stack`` on a backward node: its forward's)."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    want = module.split(".")
+    for path, *_ in stack.values():
+        names = [n for n in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", str(path))
+                 if n not in _NOT_NAMES]
+        if any(names[i:i + len(want)] == want for i in range(len(names))):
+            return True
+    return False
+
+
+def candidate_nodes(graph: torch.fx.Graph, op: str,
+                    module: str | None = None) -> list[torch.fx.Node]:
+    """``aten.<op>`` calls with one floating or complex output (llama3's rotary embedding
+    multiplies complex numbers), inside ``module`` if given; in a forward
+    graph only those feeding the block's output (a value only saved for the backward shows its
+    fault there).
     """
     found = [n for n in graph.nodes
              if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
              and n.target.namespace == "aten" and n.target._opname == op
              and isinstance(n.meta.get("val"), torch.Tensor)
-             and n.meta["val"].dtype.is_floating_point]
+             and (n.meta["val"].dtype.is_floating_point or n.meta["val"].dtype.is_complex)
+             and (module is None or traced_inside(n, module))]
     if graph_kind(graph) == "forward":
         feeding = feeding_first_output(graph)
         found = [n for n in found if n in feeding]
@@ -364,8 +398,8 @@ def pass_class() -> type:
         """The post-grad pass: the op after the spec's node (runs ``previous`` first, if any)."""
 
         def __init__(self, op: str, index: int, graphs: tuple[str, ...],
-                     previous: Any = None) -> None:
-            self.op, self.index, self.graphs = op, index, graphs
+                     previous: Any = None, module: str | None = None) -> None:
+            self.op, self.index, self.graphs, self.module = op, index, graphs, module
             self.previous = previous
 
         def __call__(self, graph: torch.fx.Graph) -> None:
@@ -374,7 +408,7 @@ def pass_class() -> type:
             kind = graph_kind(graph)
             if kind not in self.graphs:
                 return
-            nodes = candidate_nodes(graph, self.op)
+            nodes = candidate_nodes(graph, self.op, self.module)
             if len(nodes) <= self.index:
                 _RUNTIME.hits.graphs_without_node += 1
                 return
@@ -398,7 +432,8 @@ def pass_class() -> type:
             """Inductor's cache key part, so a graph with the op never serves a clean run."""
             previous = self.previous.uuid() if isinstance(self.previous, CustomGraphPass) else (
                 None if self.previous is None else id(self.previous))
-            return ("titan-rocm-debug-corrupt-v3", self.graphs, self.op, self.index, previous)
+            return ("titan-rocm-debug-corrupt-v4", self.graphs, self.module, self.op, self.index,
+                    previous)
 
     return CorruptPass
 
@@ -425,8 +460,8 @@ def install(model_parts: list[nn.Module], spec: CorruptSpec | None = None,
     if spec.key not in keys and spec.block != HEAD:
         raise _fail(spec.text(), f"block={spec.block} is not a block of this model "
                                  f"(model.layers has {', '.join(keys)})")
-    if _RUNTIME.spec is not None and ((_RUNTIME.spec.op, _RUNTIME.spec.index) != (
-            spec.op, spec.index) or not set(graphs) <= set(_RUNTIME.graphs)):
+    if _RUNTIME.spec is not None and (_site(_RUNTIME.spec) != _site(spec)
+                                      or not set(graphs) <= set(_RUNTIME.graphs)):
         raise _fail(spec.text(), f"a different fault ({_RUNTIME.spec.text()}, in "
                                  f"{'/'.join(_RUNTIME.graphs)} graphs) is installed in this "
                                  "process already")
@@ -439,7 +474,8 @@ def install(model_parts: list[nn.Module], spec: CorruptSpec | None = None,
         if isinstance(previous, pass_class()):
             previous = previous.previous
         _op()
-        config.post_grad_custom_post_pass = pass_class()(spec.op, spec.index, graphs, previous)
+        config.post_grad_custom_post_pass = pass_class()(spec.op, spec.index, graphs, previous,
+                                                         spec.module)
         _RUNTIME.graphs = graphs
         blocks.push(_RUNTIME)
         atexit.register(_RUNTIME.report, "at exit")
@@ -450,14 +486,19 @@ def install(model_parts: list[nn.Module], spec: CorruptSpec | None = None,
     return spec
 
 
+def _site(spec: CorruptSpec) -> tuple[str | None, str, int]:
+    """What the compiled graphs hold: a fault moves between blocks, never between sites."""
+    return spec.module, spec.op, spec.index
+
+
 def switch(spec: CorruptSpec | None) -> None:
     """Move the installed fault to ``spec`` (None: off) without recompiling."""
     if spec is not None:
         current = _RUNTIME.spec
-        if current is None or (current.op, current.index) != (spec.op, spec.index) \
+        if current is None or _site(current) != _site(spec) \
                 or spec.graph not in _RUNTIME.graphs:
             raise _fail(spec.text(), "the installed fault cannot switch to it (install it "
-                                     "with this op, index and graph first)")
+                                     "with this module, op, index and graph first)")
     _RUNTIME.active = spec is not None
     if spec is not None:
         _RUNTIME.spec = spec

@@ -408,7 +408,7 @@ def _cli(*args: str, env: dict[str, str] | None = None, nproc: int = 1, timeout:
 CONTRACT = {"schema", "command", "verdict", "exit_code", "error", "world_size", "tokens",
             "job_dtype", "reference", "settings", "first_wrong", "loss", "segments",
             "tensors", "workarounds_applied", "time_s", "peak_memory_bytes", "memory",
-            "chunks", "outside_chunks", "notes", "part"}
+            "chunks", "outside_chunks", "notes", "part", "first_wrong_module"}
 TENSOR_KEYS = {"name", "segment", "kind", "direction", "numel", "err_job", "err_eager",
                "ratio", "score", "outlier_fraction", "max_abs", "flagged", "reason"}
 COMPILED = ("--model.converters", "rocm", "--compile.enable", "--activation_checkpoint.mode",
@@ -430,7 +430,12 @@ def test_cli_clean_json_contract_and_plot(tests_on_path: None, tmp_path: Path) -
     assert out["schema"] == 2 and out["first_wrong"] == {"forward": None, "backward": None}
     assert out["tokens"] == 32  # whole rows of 32 while they fit
     assert out["part"] is None  # the command line audits everything at once
-    assert all(set(t) == TENSOR_KEYS for t in out["tensors"])
+    assert all(set(t) == TENSOR_KEYS for t in out["tensors"] if "module" not in t)
+    inside = [t for t in out["tensors"] if "module" in t]  # each block's children on their own
+    assert {t["module"] for t in inside} == {"attention", "attention_norm", "feed_forward",
+                                             "ffn_norm"}
+    assert all(set(t) == TENSOR_KEYS | {"module"} for t in inside)
+    assert out["first_wrong_module"] == {"forward": None, "backward": None}
     assert {"job", "eager", "reference", "err_job", "err_eager", "flagged"} <= set(out["loss"])
     assert picture.stat().st_size > 1000
     assert "Traceback" not in done.stderr
@@ -446,7 +451,9 @@ def test_cli_fault_exits_1_naming_its_block_and_direction(tests_on_path: None) -
                                 "fraction=0.01"})
     assert done.returncode == 1, done.stderr[-2000:]
     assert "titan-rocm numerics audit: FLAGGED" in done.stdout
-    assert "  first wrong in the forward: block 1: layers.1 output: " in done.stdout
+    # The first mul of block 1's forward is its attention norm's (the child named too).
+    assert "  first wrong in the forward: block 1, attention_norm: layers.1.attention_norm " \
+        "output: " in done.stdout
     assert re.search(r"  block 0 +compiled +ok ", done.stdout), done.stdout
     assert "TEST FAULT ACTIVE" in done.stderr
 

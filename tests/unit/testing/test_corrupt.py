@@ -58,6 +58,7 @@ specs = st.builds(
     fraction=st.floats(1e-6, 1.0, allow_nan=False, allow_infinity=False),
     seed=st.integers(0, 2**31),
     rank=st.none() | st.integers(0, 1023),
+    module=st.none() | st.sampled_from(["attention", "feed_forward", "moe.router"]),
 )
 
 
@@ -99,6 +100,8 @@ def test_a_bad_value_is_one_sentence_naming_it(key: str, value: str) -> None:
             assert got == int(value) >= 0
         elif key == "graph":
             assert got in corrupt.GRAPHS
+        elif key == "module":
+            assert got == value and all(part.isidentifier() for part in got.split("."))
         else:
             assert hasattr(torch.ops.aten, got)
 

@@ -142,7 +142,8 @@ class NumericsAudit(Workaround):
         facts = self.ctx.job.audit_facts(trainer.model_parts) if self.ctx.job else None
         audit = Audit(trainer.model_parts, torch.device(getattr(trainer, "device", "cpu")),
                       self.seam.kit(trainer, denominator), AuditSettings.of(settings), facts,
-                      reference=settings.numerics_audit_reference)
+                      reference=settings.numerics_audit_reference,
+                      submodules=settings.numerics_audit_submodules)
         try:
             audit.prepare()
         except AuditError as exc:

@@ -1,0 +1,147 @@
+"""Inside a block (titan_rocm/numerics/submodules.py, docs/numerics-audit.md#inside-a-block):
+each compiled block's children compared on their own, named in the report."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from tests.unit.numerics.test_audit import audit_env  # noqa: F401 - the real trainer's fixture
+from titan_rocm.numerics import report, submodules
+from titan_rocm.numerics.attribution import Segment
+from titan_rocm.numerics.result import AuditError, AuditResult
+from titan_rocm.numerics.stats import AuditSettings, TensorStats
+from titan_rocm.testing import audit_matrix, corrupt
+
+
+def _t(name: str, kind: str, module: str | None, flagged: bool = False,
+       score: float = 0.5) -> TensorStats:
+    return TensorStats(name, "1", kind, 10, 1.0, 1.0, 1.0, score, 0.0, 1.0, flagged,
+                       "too far" if flagged else None, module)
+
+
+def _result(tensors: list[TensorStats]) -> AuditResult:
+    return AuditResult(1, 64, "float32", "float64", AuditSettings(),
+                       [Segment("1", "block", "compiled")], tensors, None, {}, {}, None)
+
+
+def test_the_first_wrong_child_in_each_directions_order() -> None:
+    tensors = [_t("layers.1 output", "output", None, True),
+               _t("layers.1.attention_norm output", "output", "attention_norm"),
+               _t("layers.1.attention output", "output", "attention", True, 40.0),
+               _t("layers.1.attention input grad", "input_grad", "attention", True),
+               _t("layers.1.feed_forward output", "output", "feed_forward", True, 90.0),
+               _t("layers.1.feed_forward input grad", "input_grad", "feed_forward", True)]
+    result = _result(tensors)
+    # Forward: attention runs before feed_forward; backward: feed_forward's gradient first.
+    assert result.first_wrong_module("forward") == "attention"
+    assert result.first_wrong_module("backward") == "feed_forward"
+    out = result.to_dict()
+    assert out["first_wrong_module"] == {"forward": "attention", "backward": "feed_forward"}
+    assert [t.get("module") for t in out["tensors"]][:2] == [None, "attention_norm"]
+    assert "module" not in out["tensors"][0]  # a block's own tensor keeps its old keys
+    lines = report.format_report(out).splitlines()
+    # The worst tensor of the named child, not the block's worst (feed_forward, 90).
+    assert lines[1] == ("  first wrong in the forward: block 1, attention: layers.1.attention "
+                        "output: too far")
+    assert lines[2].startswith("  first wrong in the backward: block 1, feed_forward: ")
+
+
+def test_a_block_flagged_only_as_a_whole_names_no_child() -> None:
+    result = _result([_t("layers.1 output", "output", None, True),
+                      _t("layers.1.attention output", "output", "attention")])
+    assert result.first_wrong_module("forward") is None
+    assert "first wrong in the forward: block 1: layers.1 output" in report.format_report(
+        result.to_dict())
+
+
+def _uncompiled_record(key: str) -> Any:
+    block = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    return SimpleNamespace(key=key, module=block)
+
+
+def test_auto_compares_a_block_it_cannot_probe_as_a_whole_and_says_why_once() -> None:
+    inside = submodules.Inside("auto")
+    for key in ("0", "1"):
+        assert inside.calls(_uncompiled_record(key), 1) == {}
+    assert inside.notes() == ["blocks 0, 1 compared as a whole, not child by child: not "
+                              "compiled whole (the children run as the job runs them)"]
+
+
+def test_on_makes_a_block_it_cannot_probe_an_audit_error() -> None:
+    with pytest.raises(AuditError, match="numerics_audit_submodules = 'on', but block 3 "
+                                         "cannot be looked inside: not compiled whole"):
+        submodules.Inside("on").calls(_uncompiled_record("3"), 1)
+
+
+def test_the_setting_takes_the_gating_vocabulary_only() -> None:
+    from titan_rocm.settings import RocmSettings
+
+    assert RocmSettings().numerics_audit_submodules == "auto"
+    with pytest.raises(ValueError, match="numerics_audit_submodules = 'yes'.*auto.*on.*off"):
+        RocmSettings(numerics_audit_submodules="yes")
+
+
+def _node(path: str, key: str = "nn_module_stack") -> Any:
+    return SimpleNamespace(meta={key: {"id": (path, torch.nn.Module)}})
+
+
+@pytest.mark.parametrize("path,module,inside", [
+    ("L['self'].attention", "attention", True),
+    ("L['self'].attention_norm", "attention", False),
+    ("L['module']._modules['feed_forward'].w1", "feed_forward", True),
+    ("L['self'].moe.router.gate", "moe.router", True),
+    ("L['self'].moe.experts", "moe.router", False),
+])
+def test_a_node_is_inside_a_child_by_dynamos_module_path(path: str, module: str,
+                                                         inside: bool) -> None:
+    assert corrupt.traced_inside(_node(path), module) is inside
+    # A backward node carries its forward's stack under another key.
+    assert corrupt.traced_inside(_node(path, "fwd_nn_module_stack"), module) is inside
+
+
+def test_a_sites_specs_cover_each_block_and_direction() -> None:
+    site = audit_matrix.Site("attention", "mm", 3, "the output projection")
+    specs = site.specs(["0", "5"])
+    assert [(s.block, s.graph) for s in specs] == [(0, "forward"), (0, "backward"),
+                                                    (5, "forward"), (5, "backward")]
+    assert all((s.module, s.op, s.index, s.fraction) == ("attention", "mm", 3, 0.005)
+               for s in specs)
+    judged = audit_matrix.judge({"verdict": "flagged", "first_wrong": {"forward": "0"},
+                                 "first_wrong_module": {"forward": "attention_norm"}}, specs[0])
+    assert not judged["right"]  # the right block, the wrong child
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["llama3", "qwen3"])
+def test_the_submodule_matrix_on_the_real_trainer(audit_env: Any, model: str) -> None:  # noqa: F811
+    """Each site of audit_matrix.SITES (rotary multiply, output projection, norms, SwiGLU) at
+    0.5 % in the first, middle and last of three compiled blocks, forward and backward:
+    flagged and named at its block, child and direction; a backward fault leaves the forward
+    clean."""
+    outcomes = audit_env.submodule_matrix(model)
+    assert len(outcomes) == 6 * len(audit_matrix.SITES[model])
+    wrong = [(o.spec, o.hits, o.judged) for o in outcomes if not o.judged["right"]]
+    assert wrong == [], wrong
+    assert all(o.hits["hits"] >= 1 for o in outcomes)
+
+
+@pytest.mark.slow
+def test_moe_blocks_the_mixed_compile_keeps_eager_are_compared_whole_with_a_note(
+        audit_env: Any) -> None:  # noqa: F811
+    trainer, jc = audit_env.build(audit_env.DEEPSEEK, 3)
+    try:
+        result = audit_env.audit(trainer, jc).to_dict()
+    finally:
+        trainer.close()
+    assert result["verdict"] == "ok"
+    children = {(t["segment"], t["module"]) for t in result["tensors"] if "module" in t}
+    assert children == {("0", m) for m in ("attention", "attention_norm", "feed_forward",
+                                             "ffn_norm")}
+    assert "blocks 1, 2 compared as a whole, not child by child: not compiled whole (the " \
+        "children run as the job runs them)" in result["notes"]
+    assert not math.isnan(result["time_s"]["children_compiled"])
