@@ -97,7 +97,8 @@ _PART_HEADER = re.compile(
 _BEGUN = f"{audit_message.NAME} begun at step"
 _VERDICT_REFERENCE = re.compile(r"; job [^,;]{1,40}, reference (?P<ref>[^;]{1,80});")
 _FIRST_WRONG = re.compile(r"first wrong in the (?P<dir>forward|backward): "
-                          r"(?P<seg>embedding|head|block [^\s:()]{1,64})")
+                          r"(?P<seg>embedding|head|block [^\s:(),]{1,64})")
+"""The segment only: a block's child named after it (``block 1, attention:``) is the report's."""
 _REPORT_PART = re.compile(r"^\s{1,8}part (?P<part>\d{1,6}) of (?P<of>\d{1,6}) "
                           r"\(numerics_audit_spread\): (?P<what>.{1,200})")
 _REPORT_LINES = 40

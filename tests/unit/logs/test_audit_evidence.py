@@ -189,6 +189,20 @@ def test_a_forward_fault_on_the_h200_is_named_against_the_tf32_reference(
     assert "float64" not in out
 
 
+def test_a_report_naming_the_child_inside_a_block_names_the_block() -> None:
+    """Inside a block the report names the first wrong child after the block
+    (``block 0, attention_norm:``, docs/numerics-audit.md#inside-a-block): the readers take
+    the block, never ``block 0,``."""
+    text = TT030.read_text(encoding="utf-8").replace(
+        "first wrong in the forward: block 0: layers.0 output",
+        "first wrong in the forward: block 0, attention_norm: layers.0.attention_norm output")
+    assert "block 0, attention_norm:" in text
+    verdict = verdict_of([parse_text(text)])
+    assert verdict.status == FLAGGED
+    assert "block 0's output (forward) and block 0's gradients (backward)" in verdict.reason
+    assert "block 0," not in verdict.reason
+
+
 def test_a_tf32_reference_is_named_as_the_report_names_it() -> None:
     """On a GPU a bfloat16 job's reference is float32 with TF32 GEMMs; the report's lines
     name it ``float32 (TF32 GEMMs)`` (numerics/precision.py, Reference.name), the readers

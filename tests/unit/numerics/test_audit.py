@@ -359,10 +359,13 @@ def test_real_trainer_replays_in_runs_of_rows_are_the_whole_batchs(audit_env: An
 
 
 @pytest.mark.slow
-def test_the_replays_run_no_compiled_code(audit_env: Any, monkeypatch: Any) -> None:
+@pytest.mark.parametrize("submodules,probed", [("off", 0), ("auto", 2)])
+def test_the_replays_run_no_compiled_code(audit_env: Any, monkeypatch: Any, submodules: str,
+                                          probed: int) -> None:
     """``set_stance("force_eager")`` on TorchTitan's per-block ``torch.compile``: the job pass
-    calls the blocks' compiled graphs (counted by a counting Inductor backend), the replays
-    none."""
+    calls the blocks' compiled graphs (counted by a counting Inductor backend), the eager and
+    reference replays none; looking inside the blocks, each block's probed copy is compiled by
+    the job's own backend and called once (docs/numerics-audit.md#inside-a-block)."""
     from titan_rocm.numerics import audit
 
     counted: dict[str, int] = {}
@@ -377,9 +380,10 @@ def test_the_replays_run_no_compiled_code(audit_env: Any, monkeypatch: Any) -> N
 
     monkeypatch.setattr(audit.Audit, "finish", counting_finish)
     audit_env.COMPILED_CALLS[0] = 0
-    r = audit_env.audit_job(audit_env.LLAMA + ["--compile.backend", "audit_counting"])
+    r = audit_env.audit_job(audit_env.LLAMA + ["--compile.backend", "audit_counting",
+                                                "--rocm.numerics_audit_submodules", submodules])
     assert r.to_dict()["verdict"] == "ok"
-    assert counted["job"] >= 2 and counted["replays"] == 0, counted
+    assert counted["job"] >= 2 and counted["replays"] == probed, counted
 
 
 # -- titan-rocm audit ----------------------------------------------------------------------

@@ -282,11 +282,12 @@ class NumericsAudit(Workaround):
 
 
 def _why(text: str, segment: str) -> str:
-    """The flag's first line naming ``segment`` (the report's ``first wrong ...`` line),
-    else its first line under the verdict."""
+    """The flag's first line naming ``segment`` (the report's ``first wrong ...`` line, with
+    the block's child after a comma when one is named), else its first line under the
+    verdict."""
     lines = [line.strip() for line in text.splitlines()[1:] if line.strip()]
     named = [line for line in lines if line.startswith("first wrong")
-             and f": {label(segment)}:" in line]
+             and (f": {label(segment)}:" in line or f": {label(segment)}, " in line)]
     return (named or lines or ["flagged"])[0]
 
 
