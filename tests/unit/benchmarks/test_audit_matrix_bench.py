@@ -208,3 +208,25 @@ def test_the_h200_quarantine_figures_the_docs_quote() -> None:
         assert f["step"] == 24 and round(100 * f["relative"], 2 if abs(final) < 1 else 1) == final
         if band is not None:
             assert round(100 * f["band"], 1) == band and f["within_band"]
+
+
+def test_the_children_cost_figures_the_docs_quote() -> None:
+    """docs/numerics-audit.md#inside-a-block: the H200 cost with each block's children compared
+    (the second audit's parts, in steps), and no false positive."""
+    h200 = ROOT / "benchmarks" / "results" / "2026-12-03-h200"
+    llama = _reanalysed(h200 / "audit-matrix-children-cost-llama3")["figures"]
+    rest = _reanalysed(h200 / "audit-matrix-children-cost-qwen3-deepseek")["figures"]
+    quoted = {"llama3_1b": (0.334, [3.55, 2.95, 2.87, 1.86], 11.2, 1.00),
+              "qwen3_1.7b": (0.460, [5.03, 4.24, 4.25, 2.02], 15.5, 1.00),
+              "deepseek_v3_4b": (0.625, [1.34, 1.29, 1.23, 1.45], 5.3, 1.09)}
+    for model, (step, parts, total, peak) in quoted.items():
+        figures = (llama if model == "llama3_1b" else rest)[model]
+        cost = figures["cost"]
+        assert round(cost["step_s"], 3) == step
+        assert [round(x, 2) for x in cost["in_training_extra_steps_each"]] == parts
+        assert round(cost["in_training_extra_steps_total"], 1) == total
+        assert round(cost["in_training_peak_ratio"], 2) == peak
+        assert cost["in_training_time_s"]["children_compiled"] > 0  # the children were probed
+        assert figures["detection"]["false_positives"] == 0
+    docs = (ROOT / "docs" / "numerics-audit.md").read_text()
+    assert "| llama3 1.5B (0.334 s) | 3.55 | 2.95 | 2.87 | 1.86 steps | 20.1 s |" in docs
