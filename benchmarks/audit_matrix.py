@@ -23,7 +23,9 @@ micro-batch), on one GPU:
 ``--train-fault SPEC`` (``TITAN_ROCM_DEBUG_CORRUPT``'s syntax) switches the test fault on for
 the training steps from the second audit on: that audit's parts, one per step, must flag the
 fault at the part that replays its block, naming the block and the direction, and no other
-block (the figure ``in_training_detection``).
+block (the figure ``in_training_detection``). With ``--cost`` (no matrix) the fault may sit
+at any site, a block's child included (``module=attention,op=mm,index=3``): the part must then
+also name that child first wrong (docs/numerics-audit.md#inside-a-block).
 
 ``--quarantine`` (with ``--train-fault``) proves ``numerics_audit_policy = "quarantine"``
 (docs/numerics-audit.md#quarantine) instead of the matrix: per model two trainings of
@@ -178,7 +180,10 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
     trainer = cls(jc)
     device = torch.device(getattr(trainer, "device", "cpu"))
     cuda = device.type == "cuda"
-    audit_matrix.install(trainer.model_parts)
+    if fault is not None:  # the fault's own site (a child's op, with --cost)
+        audit_matrix.install(trainer.model_parts, fault.op, fault.index, fault.module)
+    else:
+        audit_matrix.install(trainer.model_parts)
     steps: list[dict[str, Any]] = []
     original = trainer.train_step
     peaks: list[int] = []
@@ -371,12 +376,15 @@ def in_training_detection(worker_out: dict[str, Any]) -> dict[str, Any]:
     block (the end-to-end loss a forward fault moves names none)."""
     spec = worker_out["train_fault"]
     key, graph = str(spec["block"]), spec["graph"]
+    child = spec["module"].split(".")[0] if spec.get("module") else None
     parts = [{"step": r.get("step"), "blocks": (r.get("part") or {}).get("blocks"),
-              "verdict": r.get("verdict"), "first_wrong": r.get("first_wrong") or {}}
+              "verdict": r.get("verdict"), "first_wrong": r.get("first_wrong") or {},
+              **({"first_wrong_module": r.get("first_wrong_module") or {}} if child else {})}
              for r in second_audit(worker_out)]
     mine = [p for p in parts if p["blocks"] is None or key in p["blocks"]]
     named = bool(mine) and all(
         p["verdict"] == "flagged" and p["first_wrong"].get(graph) == key
+        and (child is None or p["first_wrong_module"].get(graph) == child)
         and (graph == "forward" or p["first_wrong"].get("forward") is None) for p in mine)
     elsewhere = [b for p in parts for b in p["first_wrong"].values()
                  if b is not None and b != key]
@@ -622,9 +630,10 @@ def main(argv: list[str] | None = None) -> int:
             spec = corrupt.parse(args.train_fault)
         except corrupt.CorruptSpecError as exc:
             parser.error(f"--train-fault: {exc}")
-        if (spec.op, spec.index) != ("mul", 0):
-            parser.error(f"--train-fault {args.train_fault}: the benchmark's fault op is "
-                         "aten.mul #0 (op=mul,index=0); accepted: any block, graph, fraction")
+        if (spec.module, spec.op, spec.index) != (None, "mul", 0) and not args.cost:
+            parser.error(f"--train-fault {args.train_fault}: the matrix's fault op is "
+                         "aten.mul #0 (op=mul,index=0); accepted: any block, graph, fraction, "
+                         "or with --cost (no matrix) any module, op and index")
     if args.list:
         for n in names:
             print(f"{n}: {' '.join(job_flags(MODELS[n], args.spread, args.quarantine))}")

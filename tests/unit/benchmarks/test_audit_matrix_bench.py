@@ -230,3 +230,21 @@ def test_the_children_cost_figures_the_docs_quote() -> None:
         assert figures["detection"]["false_positives"] == 0
     docs = (ROOT / "docs" / "numerics-audit.md").read_text()
     assert "| llama3 1.5B (0.334 s) | 3.55 | 2.95 | 2.87 | 1.86 steps | 20.1 s |" in docs
+
+
+@pytest.mark.parametrize("name,block,graph,child", [
+    ("rope-k-b1-fwd", "1", "forward", "attention"),
+    ("swiglu-b8-bwd", "8", "backward", "feed_forward"),
+    ("wo-b15-fwd", "15", "forward", "attention"),
+])
+def test_the_h200_faults_inside_a_block_are_named_at_their_child(name: str, block: str,
+                                                                 graph: str, child: str) -> None:
+    """docs/numerics-audit.md#inside-a-block: each stored in-training fault inside a child is
+    named at its block, child and direction, by the part that replays the block alone."""
+    figures = _reanalysed(ROOT / "benchmarks" / "results" / "2026-12-03-h200"
+                          / f"audit-matrix-children-{name}")["figures"]["llama3_1b"]
+    found = figures["in_training_detection"]
+    assert found["right"] and found["spec"]["module"] == child
+    flagged = [p for p in found["parts"] if p["verdict"] == "flagged"]
+    assert [(p["first_wrong"][graph], p["first_wrong_module"][graph]) for p in flagged] == [
+        (block, child)]
