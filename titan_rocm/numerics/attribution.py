@@ -46,7 +46,8 @@ def _compiled_prefixes(part: nn.Module) -> list[str]:
             if isinstance(module, OptimizedModule) or compiled_in_place(module)]
 
 
-def _inner(block: nn.Module) -> nn.Module:
+def inner_module(block: nn.Module) -> nn.Module:
+    """The module under ``block``'s compile and activation-checkpoint wrappers."""
     seen = block
     for _ in range(8):
         inner = getattr(seen, "_orig_mod", None) or getattr(
@@ -108,7 +109,7 @@ def segments(model_parts: list[nn.Module], facts: JobFacts | None) -> list[Segme
                       or at.startswith(p + ".")]
             whole = any(p == at or not p or at.startswith(p + ".") for p in inside)
             scope = "compiled" if whole else ("mixed" if inside else "eager")
-            moe = bool(getattr(_inner(block), "moe_enabled", False))
+            moe = bool(getattr(inner_module(block), "moe_enabled", False))
             found.append(Segment(key, "block", scope, moe, _shaped(facts, key, scope, moe)))
     found.append(Segment(HEAD, "head", None))
     return found

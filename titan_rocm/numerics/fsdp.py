@@ -233,5 +233,4 @@ def unsharded(module: nn.Module) -> Iterator[None]:
     finally:
         for p in module.parameters():
             p.grad = None
-        for m in managed:
-            m.reshard()
+        reshard([module])

@@ -105,6 +105,18 @@ def replay_block(record: BlockRecord, lo: int, hi: int, dtype: torch.dtype | Non
     if len(out_leaves) != len(record.outputs):
         raise ReplayError(f"block {record.key} returned {len(out_leaves)} output(s) in the "
                           f"replay and {len(record.outputs)} in the job")
+    backward_recorded(record, out_leaves, lo, hi)
+    grad_inputs = {i: leaf.grad for i, (leaf, needs) in enumerate(zip(leaves, record.needs_grad,
+                                                                     strict=True))
+                   if needs and leaf.grad is not None}
+    return BlockReplay([o.detach() if isinstance(o, torch.Tensor) else o for o in out_leaves],
+                       grad_inputs)
+
+
+def backward_recorded(record: BlockRecord, out_leaves: list[Any], lo: int, hi: int) -> None:
+    """The backward of a replay's outputs from rows ``[lo, hi)`` of the job's recorded output
+    gradients."""
+    lead = _lead(record)
     roots, grads = [], []
     for i, o in enumerate(out_leaves):
         g = record.grad_outputs.get(i)
@@ -113,11 +125,6 @@ def replay_block(record: BlockRecord, lo: int, hi: int, dtype: torch.dtype | Non
             grads.append(cut(g, lead, lo, hi).to(o.dtype))
     if roots:
         torch.autograd.backward(roots, grads)
-    grad_inputs = {i: leaf.grad for i, (leaf, needs) in enumerate(zip(leaves, record.needs_grad,
-                                                                     strict=True))
-                   if needs and leaf.grad is not None}
-    return BlockReplay([o.detach() if isinstance(o, torch.Tensor) else o for o in out_leaves],
-                       grad_inputs)
 
 
 def _keep(into: list[torch.Tensor | None], index: int, grad: torch.Tensor) -> None:

@@ -23,9 +23,10 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 
 from titan_rocm.numerics import blocks, fsdp, precision
-from titan_rocm.numerics.attribution import compiled_in_place
+from titan_rocm.numerics.attribution import compiled_in_place, inner_module
 from titan_rocm.numerics.precision import cast_input
 from titan_rocm.numerics.record import BlockRecord
+from titan_rocm.numerics.replay import backward_recorded, rows_of
 from titan_rocm.numerics.result import AuditError
 from titan_rocm.numerics.state import first_line, out_of_memory
 from titan_rocm.numerics.stats import Accumulator
@@ -57,20 +58,9 @@ class ChildCall:
 def children(block: nn.Module) -> list[tuple[str, nn.Module]]:
     """The block's children that hold parameters (TorchTitan's attention, feed_forward or moe,
     attention_norm, ffn_norm), under any compile or checkpoint wrapper."""
-    inner = _inner(block)
+    inner = inner_module(block)
     return [(name, child) for name, child in inner.named_children()
             if any(True for _ in child.parameters())]
-
-
-def _inner(block: nn.Module) -> nn.Module:
-    seen = block
-    for _ in range(8):
-        nxt = getattr(seen, "_orig_mod", None) or getattr(seen, "_checkpoint_wrapped_module",
-                                                          None)
-        if nxt is None:
-            return seen
-        seen = nxt
-    return seen
 
 
 def _dynamo_context(block: nn.Module) -> Any:
@@ -109,9 +99,6 @@ def why_not(record: BlockRecord, eager_runs: int) -> str | None:
     module = record.module
     if backend_of(module) is None:
         return "not compiled whole (the children run as the job runs them)"
-    if not fsdp.is_fsdp([module]) and any(callable(getattr(p, "to_local", None))
-                                          for p in module.parameters()):
-        return "parameters are DTensors (tensor parallel)"
     if eager_runs != 1:
         return f"the eager replay needed {eager_runs} runs of rows to fit in memory"
     if not children(module):
@@ -152,8 +139,7 @@ class Prober:
 
     def pre(self, name: str, module: nn.Module, args: tuple[Any, ...],
             kwargs: dict[str, Any]) -> Any:
-        at = next((i for i, a in enumerate(args) if isinstance(a, torch.Tensor)
-                   and a.is_floating_point()), None)
+        at = _first_float(args)
         if at is None:
             self.refused.setdefault(name, "it takes no floating tensor positionally")
             return None
@@ -218,7 +204,7 @@ def learn(record: BlockRecord, kids: list[tuple[str, nn.Module]], prober: Prober
     try:
         with torch.no_grad(), precision.eager(), \
                 precision.autocast_as(record.device, record.autocast):
-            _probed_call(_inner(record.module), *args, **kwargs)
+            _probed_call(inner_module(record.module), *args, **kwargs)
     finally:
         hooks.remove()
     if prober.refused:
@@ -232,7 +218,7 @@ def probed_pass(record: BlockRecord, kids: list[tuple[str, nn.Module]],
     output gradients; each child's call as the compiled code computed it."""
     prober.arm(record.device)
     args, kwargs, _ = _block_inputs(record)
-    target = _inner(record.module)
+    target = inner_module(record.module)
     run = _compiled(backend_of(record.module), fullgraph_of(record.module))
     hooks = hooked(kids, prober)
     try:
@@ -240,21 +226,10 @@ def probed_pass(record: BlockRecord, kids: list[tuple[str, nn.Module]],
             out = blocks.call_intercepted(record.key, record.module,
                                           lambda _m, *a, **k: run(target, *a, **k),
                                           args, kwargs)
-        _backward(record, out)
+        backward_recorded(record, pytree.tree_leaves(out), 0, rows_of(record))
     finally:
         hooks.remove()
     return _calls(kids, prober)
-
-
-def _backward(record: BlockRecord, out: Any) -> None:
-    roots, grads = [], []
-    for i, o in enumerate(pytree.tree_leaves(out)):
-        g = record.grad_outputs.get(i)
-        if isinstance(o, torch.Tensor) and o.requires_grad and g is not None:
-            roots.append(o)
-            grads.append(g.to(o.dtype))
-    if roots:
-        torch.autograd.backward(roots, grads)
 
 
 def _calls(kids: list[tuple[str, nn.Module]], prober: Prober) -> dict[str, ChildCall]:
@@ -269,7 +244,8 @@ def _calls(kids: list[tuple[str, nn.Module]], prober: Prober) -> dict[str, Child
             continue
         args, kwargs = inputs[name]
         leaves, spec = pytree.tree_flatten((args, kwargs))
-        at = next(i for i, t in enumerate(leaves) if t is args[_first_float(args)])
+        first = args[_first_float(args)]  # a float: pre() refused the child otherwise
+        at = next(i for i, t in enumerate(leaves) if t is first)
         calls[name] = ChildCall(
             name, modules[name],
             [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves], spec, at,
@@ -279,9 +255,10 @@ def _calls(kids: list[tuple[str, nn.Module]], prober: Prober) -> dict[str, Child
     return calls
 
 
-def _first_float(args: tuple[Any, ...]) -> int:
-    return next(i for i, a in enumerate(args)
-                if isinstance(a, torch.Tensor) and a.is_floating_point())
+def _first_float(args: tuple[Any, ...]) -> int | None:
+    """The child's probed input: its first floating tensor given positionally."""
+    return next((i for i, a in enumerate(args)
+                 if isinstance(a, torch.Tensor) and a.is_floating_point()), None)
 
 
 @dataclass
@@ -325,7 +302,7 @@ def compare(acc: Accumulator, key: str, call: ChildCall, eager: ChildReplay,
 def _shape_key(record: BlockRecord) -> tuple[Any, ...]:
     tensors = tuple((tuple(t.shape), t.dtype) for t in record.leaves
                     if isinstance(t, torch.Tensor))
-    return (type(_inner(record.module)), tensors, record.autocast)
+    return (type(inner_module(record.module)), tensors, record.autocast)
 
 
 @dataclass
@@ -358,6 +335,7 @@ class Inside:
         try:
             if why is not None:
                 raise Unprobed(why)
+            # After gathering: FSDP's own shards are DTensors, tensor parallel's stay so.
             if any(callable(getattr(p, "to_local", None)) for _, c in kids
                    for p in c.parameters()):
                 raise Unprobed("parameters are DTensors (tensor parallel)")
