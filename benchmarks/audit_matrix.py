@@ -66,6 +66,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.harness import ROCM_ON, quantile
+from titan_rocm.settings import RocmSettings
 
 BUDGET_S = 540.0
 TRAIN_STEPS = 11
@@ -104,15 +105,23 @@ MODELS: dict[str, Model] = {
 DEFAULT = ("llama3_1b", "qwen3_1.7b", "deepseek_v3_4b")
 
 
-def schedule_of(quarantine: bool) -> tuple[int, int]:
-    """Training steps and the steps between audits."""
-    return (QUARANTINE_STEPS, QUARANTINE_EVERY) if quarantine else (TRAIN_STEPS, AUDIT_EVERY)
+def schedule_of(quarantine: bool, spread: int | None = None) -> tuple[int, int]:
+    """Training steps and the steps between audits: the second audit begins two plain steps
+    after the first one's parts end, and two plain steps follow its own."""
+    if quarantine:
+        return QUARANTINE_STEPS, QUARANTINE_EVERY
+    parts = spread if spread else RocmSettings().numerics_audit_spread
+    every = max(AUDIT_EVERY, parts + 2)
+    return max(TRAIN_STEPS, every + parts + 1), every
 
 
-def job_flags(model: Model, spread: int | None = None, quarantine: bool = False) -> list[str]:
-    """The job's flags: the model, titan-rocm forced on, the in-training audit's schedule."""
-    steps, every = schedule_of(quarantine)
+def job_flags(model: Model, spread: int | None = None, quarantine: bool = False,
+              stock_moe: bool = False) -> list[str]:
+    """The job's flags: the model, titan-rocm forced on (``stock_moe``: but MoE blocks compiled
+    as stock TorchTitan compiles them), the in-training audit's schedule."""
+    steps, every = schedule_of(quarantine, spread)
     return ["--job.config_file", model.config, *model.flags, *ROCM_ON,
+            *(["--rocm.moe_eager_compile", "off"] if stock_moe else []),
             "--rocm.moe_eager_scope", model.scope, "--debug.seed", "42",
             "--training.steps", str(steps), "--metrics.log_freq", "1",
             "--checkpoint.no-enable", "--rocm.numerics_audit", "every_n_steps",
@@ -136,7 +145,7 @@ def _trim(result: dict[str, Any]) -> dict[str, Any]:
 
 def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = False,
            spread: int | None = None, train_fault: str | None = None,
-           quarantine: bool = False) -> int:
+           quarantine: bool = False, stock_moe: bool = False, child: str | None = None) -> int:
     """Train, run the matrix and the references on one model (only the clean audits with
     ``cost_only``; only the training with ``quarantine``); write ``out_file`` (JSON)."""
     import torch
@@ -155,7 +164,7 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
 
     model = MODELS[name]
     fault = corrupt.parse(train_fault) if train_fault else None
-    train_steps, every = schedule_of(quarantine)
+    train_steps, every = schedule_of(quarantine, spread)
     if cpu:
         from tests.support import audit_trainer, cpu_trainer
 
@@ -168,6 +177,7 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
                  str(every), "--training.steps", str(train_steps),
                  "--metrics.log_freq", "1", "--rocm.moe_eager_scope", model.scope,
                  *(["--rocm.numerics_audit_spread", str(spread)] if spread else []),
+                 *(["--rocm.moe_eager_compile", "off"] if stock_moe else []),
                  *(["--rocm.numerics_audit_policy", "quarantine"] if quarantine else [])]
         jc = cpu_trainer.job_config(flags)
     else:
@@ -176,7 +186,7 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
 
         import benchmarks.bench_flavors_rocm  # noqa: F401 - the bench_* flavors
 
-        jc = ConfigManager().parse_args(job_flags(model, spread, quarantine))
+        jc = ConfigManager().parse_args(job_flags(model, spread, quarantine, stock_moe))
     trainer = cls(jc)
     device = torch.device(getattr(trainer, "device", "cpu"))
     cuda = device.type == "cuda"
@@ -271,7 +281,9 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
                         **({"policy": "quarantine"} if quarantine else {})},
            **({"stopped": stopped} if quarantine else {}),
            **({"quarantined": dict(audit.quarantined)} if quarantine and audit else {}),
-           **({"train_fault": fault.to_dict()} if fault is not None else {}),
+           **({"train_fault": {**fault.to_dict(), **({"child": child} if child else {})}}
+              if fault is not None else {}),
+           **({"moe_compile": "stock"} if stock_moe else {}),
            "in_training": in_training, "references": references,
            "matrix": [{**o.to_dict(), "result": _trim(o.result)} for o in outcomes]}
     out_file.write_text(json.dumps(out, default=str))
@@ -348,6 +360,13 @@ def cost(worker_out: dict[str, Any]) -> dict[str, Any]:
         audit_peaks = [a["peak_bytes"] for a in audited if a.get("peak_bytes")]
         if step_peak and audit_peaks:
             out["in_training_peak_ratio"] = max(audit_peaks) / step_peak
+    # The first audit (cold): part 1 runs at step 1 beside the job's own compile, so its own
+    # time is the figure; the later parts are measured against the step as the second's are.
+    first = [r for r in in_training if r.get("part") and (r.get("step") or 0) < schedule["every"]]
+    if len(first) > 1:
+        out["first_audit_part1_s"] = (first[0].get("time_s") or {}).get("total")
+        out["first_audit_extra_steps_each"] = [(steps[r["step"]]["seconds"] - step_s) / step_s
+                                               for r in first[1:] if r["step"] in steps]
     clean = [m["result"] for m in worker_out.get("matrix") or [] if m["spec"] is None]
     if clean:
         totals = [r["time_s"]["total"] for r in clean[1:] or clean]  # the first compiles
@@ -376,7 +395,7 @@ def in_training_detection(worker_out: dict[str, Any]) -> dict[str, Any]:
     block (the end-to-end loss a forward fault moves names none)."""
     spec = worker_out["train_fault"]
     key, graph = str(spec["block"]), spec["graph"]
-    child = spec["module"].split(".")[0] if spec.get("module") else None
+    child = spec.get("child") or (spec["module"].split(".")[0] if spec.get("module") else None)
     parts = [{"step": r.get("step"), "blocks": (r.get("part") or {}).get("blocks"),
               "verdict": r.get("verdict"), "first_wrong": r.get("first_wrong") or {},
               **({"first_wrong_module": r.get("first_wrong_module") or {}} if child else {})}
@@ -384,11 +403,16 @@ def in_training_detection(worker_out: dict[str, Any]) -> dict[str, Any]:
     mine = [p for p in parts if p["blocks"] is None or key in p["blocks"]]
     named = bool(mine) and all(
         p["verdict"] == "flagged" and p["first_wrong"].get(graph) == key
-        and (child is None or p["first_wrong_module"].get(graph) == child)
+        and (child is None or _within(p["first_wrong_module"].get(graph), child))
         and (graph == "forward" or p["first_wrong"].get("forward") is None) for p in mine)
     elsewhere = [b for p in parts for b in p["first_wrong"].values()
                  if b is not None and b != key]
     return {"spec": spec, "parts": parts, "right": named and not elsewhere}
+
+
+def _within(module: str | None, child: str) -> bool:
+    """``module`` is ``child`` or a child probed inside it (``moe.router`` in ``moe``)."""
+    return module is not None and (module == child or module.startswith(f"{child}."))
 
 
 def detection(worker_out: dict[str, Any]) -> dict[str, Any]:
@@ -546,7 +570,8 @@ def figures(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def launch(name: str, logs: Path, seeds: int, cpu: bool, timeout: float,
            cost_only: bool = False, spread: int | None = None,
            train_fault: str | None = None, quarantine: bool = False,
-           label: str | None = None) -> dict[str, Any]:
+           label: str | None = None, stock_moe: bool = False,
+           child: str | None = None) -> dict[str, Any]:
     """One worker process, fresh caches; its log and JSON go under ``logs`` (named ``label``,
     default the model's name)."""
     label = label or name
@@ -555,7 +580,8 @@ def launch(name: str, logs: Path, seeds: int, cpu: bool, timeout: float,
            str(result), "--seeds", str(seeds), *(["--cpu"] if cpu else []),
            *(["--cost"] if cost_only else []), *(["--spread", str(spread)] if spread else []),
            *(["--train-fault", train_fault] if train_fault else []),
-           *(["--quarantine"] if quarantine else [])]
+           *(["--quarantine"] if quarantine else []),
+           *(["--stock-moe"] if stock_moe else []), *(["--child", child] if child else [])]
     env = harness.child_env(harness.fresh_dir(f"audit-{label}"))
     code, wall = harness.run_logged(cmd, logs / f"{label}.log", env, timeout)
     return {"name": label, "exit": code, "wall_s": round(wall, 1)}
@@ -596,6 +622,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-fault", metavar="SPEC",
                         help="the test fault (TITAN_ROCM_DEBUG_CORRUPT's syntax) on from the "
                         "second in-training audit's first step")
+    parser.add_argument("--stock-moe", action="store_true",
+                        help="MoE blocks compiled as stock TorchTitan 0.2.2 compiles them "
+                        "(each child alone; rocm.moe_eager_compile off)")
+    parser.add_argument("--child", metavar="NAME",
+                        help="with --train-fault and --cost: the block's child the fault sits "
+                        "in, where the site names none (a separately compiled child of a "
+                        "stock MoE block: --child moe)")
     parser.add_argument("--quarantine", action="store_true",
                         help="with --train-fault: the quarantine policy's proof (a clean and "
                         "a faulty training per model, no matrix)")
@@ -611,11 +644,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker, args.result, args.seeds, args.cpu, args.cost, args.spread,
-                      args.train_fault, args.quarantine)
+                      args.train_fault, args.quarantine, args.stock_moe, args.child)
     if args.reanalyse:
         return harness.print_reanalysis(parser, reanalyse, args.reanalyse)
     if args.quarantine and not args.train_fault:
         parser.error("--quarantine needs --train-fault SPEC (the fault to quarantine)")
+    if args.child and not (args.train_fault and args.cost):
+        parser.error(f"--child {args.child} needs --train-fault SPEC and --cost")
     if args.clean_runs < 1:
         parser.error(f"--clean-runs {args.clean_runs} is not valid; accepted: an integer >= 1")
     names = args.only.split(",") if args.only else list(
@@ -636,7 +671,8 @@ def main(argv: list[str] | None = None) -> int:
                          "or with --cost (no matrix) any module, op and index")
     if args.list:
         for n in names:
-            print(f"{n}: {' '.join(job_flags(MODELS[n], args.spread, args.quarantine))}")
+            flags = job_flags(MODELS[n], args.spread, args.quarantine, args.stock_moe)
+            print(f"{n}: {' '.join(flags)}")
         return 0
     out = harness.require_out(parser, args)
     budget = args.budget_s if args.budget_s is not None else (None if args.cpu else BUDGET_S)
@@ -661,7 +697,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         run = call.record(name, launch(name, call.logs, args.seeds, args.cpu,
                                        min(call.left_s(), timeout), args.cost,
-                                       args.spread, args.train_fault))["runs"][name]
+                                       args.spread, args.train_fault,
+                                       stock_moe=args.stock_moe,
+                                       child=args.child))["runs"][name]
         print(f"[{name}] exit={run['exit']} wall={run['wall_s']}s", flush=True)
     print(json.dumps(figures(read_workers(call.logs, call.results)), indent=2, default=str))
     return 0

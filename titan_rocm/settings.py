@@ -110,10 +110,11 @@ class RocmSettings:
     eager and high-precision replays from the job's own inputs (docs/numerics-audit.md)."""
     numerics_audit_every: int = 1000
     """Steps between audits under ``every_n_steps`` (the first step is audited too)."""
-    numerics_audit_spread: int = 4
+    numerics_audit_spread: int = 7
     """Steps one in-training audit is spread over: the blocks dealt into ``spread - 1``
     steps, then one step for the embedding, the head and the end-to-end loss (1: the whole
-    audit in one step). Each audited step then costs about a ``spread``-th of the audit."""
+    audit in one step). Each audited step then costs about a ``spread``-th of the audit (7:
+    at most 3 steps each with the children compared, docs/numerics-audit.md#cost)."""
     numerics_audit_policy: NumericsAuditPolicy = "warn"
     """A flagged in-training audit: ``warn`` logs it and trains on, ``stop`` ends the run,
     ``quarantine`` redoes the flagged micro-batch with the flagged segment eager (no gradient

@@ -92,7 +92,10 @@ class AuditResult:
         if direction == "backward":
             order.reverse()
         wrong = {t.module for t in mine if t.flagged and t.direction == direction}
-        return next((m for m in order if m in wrong), None)
+        first = next((m for m in order if m in wrong), None)
+        # A child probed inside the first (moe.router in moe) names the fault more closely.
+        return next((m for m in order if m in wrong and first is not None
+                     and m.startswith(f"{first}.")), first)
 
     def segment_rows(self) -> list[dict[str, Any]]:
         """Per segment: its facts, and per direction whether wrong, its worst score, flagged

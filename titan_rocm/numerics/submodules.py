@@ -23,7 +23,7 @@ import torch.nn as nn
 from torch.utils import _pytree as pytree
 
 from titan_rocm.numerics import blocks, fsdp, precision
-from titan_rocm.numerics.attribution import compiled_in_place, inner_module
+from titan_rocm.numerics.attribution import clean_name, compiled_in_place, inner_module
 from titan_rocm.numerics.precision import cast_input
 from titan_rocm.numerics.record import BlockRecord
 from titan_rocm.numerics.replay import backward_recorded, rows_of
@@ -57,10 +57,26 @@ class ChildCall:
 
 def children(block: nn.Module) -> list[tuple[str, nn.Module]]:
     """The block's children that hold parameters (TorchTitan's attention, feed_forward or moe,
-    attention_norm, ffn_norm), under any compile or checkpoint wrapper."""
+    attention_norm, ffn_norm), under any compile or checkpoint wrapper. In a block that runs
+    eager around compiled children (:func:`composed`), an eager child holding compiled ones
+    (stock 0.2.2's MoE: its router and shared experts compiled alone) brings its own children
+    too (``moe.router``): their boundaries exist at run time, and a router fault is faint in
+    the MoE's output among the experts'."""
     inner = inner_module(block)
-    return [(name, child) for name, child in inner.named_children()
-            if any(True for _ in child.parameters())]
+    found = [(name, child) for name, child in inner.named_children() if _has_parameters(child)]
+    if not composed(block):
+        return found
+    out = []
+    for name, child in found:
+        out.append((name, child))
+        if _dynamo_context(child) is None and any(
+                _dynamo_context(m) is not None for m in child.modules() if m is not child):
+            out += [(f"{name}.{n}", c) for n, c in child.named_children() if _has_parameters(c)]
+    return out
+
+
+def _has_parameters(module: nn.Module) -> bool:
+    return any(True for _ in module.parameters())
 
 
 def _dynamo_context(block: nn.Module) -> Any:
@@ -94,11 +110,23 @@ def fullgraph_of(block: nn.Module) -> bool:
     return bool(getattr(_dynamo_context(block), "fullgraph", False))
 
 
+def composed(block: nn.Module) -> bool:
+    """Whether ``block`` runs eager around compiled modules inside it (TorchTitan 0.2.2's stock
+    compile of a MoE block: its attention, norms, router and shared experts each compiled
+    alone). Their boundaries then exist at run time: the job's own call is probed."""
+    inner = inner_module(block)
+    return backend_of(block) is None and any(
+        _dynamo_context(m) is not None for m in inner.modules() if m is not inner)
+
+
 def why_not(record: BlockRecord, eager_runs: int) -> str | None:
     """Why ``record``'s block is compared only as a whole (a phrase), or None."""
     module = record.module
-    if backend_of(module) is None:
-        return "not compiled whole (the children run as the job runs them)"
+    if backend_of(module) is None and not composed(module):
+        return "nothing in it is compiled (the block-level replay covers its eager code)"
+    if composed(module) and fsdp.is_fsdp(list(inner_module(module).children())):
+        return ("a module inside it is sharded on its own (FSDP), whose hooks the job's call "
+                "would run again")
     if eager_runs != 1:
         return f"the eager replay needed {eager_runs} runs of rows to fit in memory"
     if not children(module):
@@ -153,14 +181,20 @@ class Prober:
 
     def post(self, name: str, module: nn.Module, args: tuple[Any, ...],
              kwargs: dict[str, Any], out: Any) -> Any:
-        if not isinstance(out, torch.Tensor) or not out.is_floating_point():
-            self.refused.setdefault(name, "its output is not one floating tensor")
+        # One floating tensor, or a tuple whose first floating tensor is the one probed (the
+        # router's scores beside its integer expert indices and counts).
+        single = isinstance(out, torch.Tensor)
+        at = 0 if single else (_first_float(out) if isinstance(out, tuple) else None)
+        value = out if single else (None if at is None else out[at])
+        if value is None or not value.is_floating_point():
+            self.refused.setdefault(name, "its output holds no floating tensor")
             return None
         if self.learning:
-            self.shapes[f"{name}.out"] = (out.shape, out.dtype)
+            self.shapes[f"{name}.out"] = (value.shape, value.dtype)
             return None
-        self.seen.append((name, "out", out))
-        return out + self.probes[f"{name}.out"]
+        self.seen.append((name, "out", value))
+        probed = value + self.probes[f"{name}.out"]
+        return probed if single else (*out[:at], probed, *out[at + 1:])
 
     def arm(self, device: torch.device) -> None:
         """Zero probes that want gradients, shaped as learned."""
@@ -219,7 +253,9 @@ def probed_pass(record: BlockRecord, kids: list[tuple[str, nn.Module]],
     prober.arm(record.device)
     args, kwargs, _ = _block_inputs(record)
     target = inner_module(record.module)
-    run = _compiled(backend_of(record.module), fullgraph_of(record.module))
+    backend = backend_of(record.module)
+    # A composed block runs its own compiled children: the job's code, nothing compiled anew.
+    run = _probed_call if backend is None else _compiled(backend, fullgraph_of(record.module))
     hooks = hooked(kids, prober)
     try:
         with precision.autocast_as(record.device, record.autocast):
@@ -246,13 +282,17 @@ def _calls(kids: list[tuple[str, nn.Module]], prober: Prober) -> dict[str, Child
         leaves, spec = pytree.tree_flatten((args, kwargs))
         first = args[_first_float(args)]  # a float: pre() refused the child otherwise
         at = next(i for i, t in enumerate(leaves) if t is first)
+        # A parameter of a child probed inside this one (moe.router in moe) is compared there.
+        inner = {id(q) for n, m in kids if n.startswith(f"{name}.") for q in m.parameters()}
         calls[name] = ChildCall(
             name, modules[name],
             [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves], spec, at,
             value.detach(), prober.probes[f"{name}.out"].grad,
             prober.probes[f"{name}.in"].grad,
-            {n: p.grad for n, p in modules[name].named_parameters()})
-    return calls
+            {n: q.grad for n, q in modules[name].named_parameters() if id(q) not in inner})
+    # In the order the children began (an enclosing child before those inside it).
+    return {name: calls[name] for name, where, _ in prober.seen
+            if where == "in" and name in calls}
 
 
 def _first_float(args: tuple[Any, ...]) -> int | None:
@@ -277,6 +317,8 @@ def replay_child(call: ChildCall, dtype: torch.dtype | None) -> ChildReplay:
     leaves[call.at] = leaves[call.at].detach().requires_grad_()
     args, kwargs = pytree.tree_unflatten(leaves, call.spec)
     out = call.module(*args, **kwargs)
+    if not isinstance(out, torch.Tensor):
+        out = out[_first_float(out)]  # the probed output (Prober.post)
     if call.grad_output is not None and out.requires_grad:
         torch.autograd.backward([out], [call.grad_output.to(out.dtype)])
     grads = {n: p.grad for n, p in call.module.named_parameters()}
@@ -295,14 +337,16 @@ def compare(acc: Accumulator, key: str, call: ChildCall, eager: ChildReplay,
     acc.add(f"{at} input grad", key, "input_grad", call.grad_input, eager.grad_input,
             ref.grad_input, rtol, module=call.name)
     for n, job in call.param_grads.items():
-        acc.add(f"{at}.{n}{ALONE}", key, "param_grad", job, eager.param_grads.get(n),
+        acc.add(f"{at}.{clean_name(n)}{ALONE}", key, "param_grad", job, eager.param_grads.get(n),
                 ref.param_grads.get(n), rtol, module=call.name)
 
 
 def _shape_key(record: BlockRecord) -> tuple[Any, ...]:
     tensors = tuple((tuple(t.shape), t.dtype) for t in record.leaves
                     if isinstance(t, torch.Tensor))
-    return (type(inner_module(record.module)), tensors, record.autocast)
+    inner = inner_module(record.module)
+    # The children's names too: a dense and a MoE block share one class and one input.
+    return (type(inner), tuple(name for name, _ in children(inner)), tensors, record.autocast)
 
 
 @dataclass

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import harness
+
 ROOT = Path(__file__).resolve().parents[3]
 STORED = sorted((ROOT / "benchmarks" / "results").glob("*/audit-matrix-*"))
 
@@ -232,19 +234,78 @@ def test_the_children_cost_figures_the_docs_quote() -> None:
     assert "| llama3 1.5B (0.334 s) | 3.55 | 2.95 | 2.87 | 1.86 steps | 20.1 s |" in docs
 
 
-@pytest.mark.parametrize("name,block,graph,child", [
-    ("rope-k-b1-fwd", "1", "forward", "attention"),
-    ("swiglu-b8-bwd", "8", "backward", "feed_forward"),
-    ("wo-b15-fwd", "15", "forward", "attention"),
+def test_the_default_spread_keeps_every_part_within_3_steps() -> None:
+    """docs/numerics-audit.md#inside-a-block: with the default spread of 7 and the children
+    compared, every part of the second audit and every part after the first audit's first adds
+    at most 3 steps; the first audit's part 1 is the probed copy's compile; no false
+    positive."""
+    from titan_rocm.settings import RocmSettings
+
+    figures = _reanalysed(ROOT / "benchmarks" / "results" / "2026-12-03-h200"
+                          / "audit-matrix-children-cost-spread7")["figures"]
+    quoted = {"llama3_1b": (0.331, "1.65 1.85 1.72 1.86 1.15 1.26 1.90",
+                            "1.89 1.75 1.88 1.19 1.28 2.14", 18.0),
+              "qwen3_1.7b": (0.448, "2.57 2.45 2.45 2.43 1.96 1.96 2.12",
+                             "2.54 2.51 2.42 1.95 1.87 2.12", 22.0),
+              "deepseek_v3_4b": (0.597, "0.72 1.34 1.35 1.35 1.44 1.37 1.35",
+                                 "1.37 1.38 1.44 1.40 1.39 1.54", 23.3)}
+    docs = (ROOT / "docs" / "numerics-audit.md").read_text()
+    assert RocmSettings().numerics_audit_spread == 7
+    for model, (step, warm, cold, first) in quoted.items():
+        cost = figures[model]["cost"]
+        assert cost["in_training_parts"] == 7
+        assert round(cost["step_s"], 3) == step
+        assert " ".join(f"{x:.2f}" for x in cost["in_training_extra_steps_each"]) == warm
+        assert " ".join(f"{x:.2f}" for x in cost["first_audit_extra_steps_each"]) == cold
+        assert max(cost["in_training_extra_steps_each"] + cost["first_audit_extra_steps_each"]) < 3
+        assert round(cost["first_audit_part1_s"], 1) == first
+        assert cost["in_training_time_s"]["children_compiled"] > 0
+        assert figures[model]["detection"]["false_positives"] == 0
+        assert set(figures[model]["in_training_verdicts"]) == {"ok"}
+        assert f"| {warm} | {cold} | {first:.1f} s |" in docs
+
+
+@pytest.mark.parametrize("name,model,block,graph,child", [
+    ("rope-k-b1-fwd", "llama3_1b", "1", "forward", "attention"),
+    ("swiglu-b8-bwd", "llama3_1b", "8", "backward", "feed_forward"),
+    ("wo-b15-fwd", "llama3_1b", "15", "forward", "attention"),
+    ("qwen3-wo-b27-fwd", "qwen3_1.7b", "27", "forward", "attention"),
 ])
-def test_the_h200_faults_inside_a_block_are_named_at_their_child(name: str, block: str,
-                                                                 graph: str, child: str) -> None:
+def test_the_h200_faults_inside_a_block_are_named_at_their_child(
+        name: str, model: str, block: str, graph: str, child: str) -> None:
     """docs/numerics-audit.md#inside-a-block: each stored in-training fault inside a child is
     named at its block, child and direction, by the part that replays the block alone."""
     figures = _reanalysed(ROOT / "benchmarks" / "results" / "2026-12-03-h200"
-                          / f"audit-matrix-children-{name}")["figures"]["llama3_1b"]
+                          / f"audit-matrix-children-{name}")["figures"][model]
     found = figures["in_training_detection"]
     assert found["right"] and found["spec"]["module"] == child
     flagged = [p for p in found["parts"] if p["verdict"] == "flagged"]
     assert [(p["first_wrong"][graph], p["first_wrong_module"][graph]) for p in flagged] == [
         (block, child)]
+
+
+@pytest.mark.parametrize("name,right,moved", [
+    ("router-exp-b6-fwd", True, {"layers.6.moe output": 1.68, "layers.6 output": 1.78}),
+    ("router-gather-b6-fwd", False, {"layers.6.moe.router output": 1.36}),
+    ("router-scatter-b6-bwd", False, {"layers.6.moe.router.gate.weight": 2.64,
+                                      "layers.6.moe.router input grad": 1.11}),
+])
+def test_the_h200_router_faults_as_the_docs_quote_them(name: str, right: bool,
+                                                       moved: dict[str, float]) -> None:
+    """docs/numerics-audit.md#inside-a-block: deepseek_v3 3.9B with stock MoE compile, the
+    fault in block 6's router at 0.5 %: the softmax named ``block 6, moe``; the gather and its
+    backward scatter-add missed, at the ratios quoted."""
+    directory = (ROOT / "benchmarks" / "results" / "2026-12-03-h200"
+                 / f"audit-matrix-children-{name}")
+    found = _reanalysed(directory)["figures"]["deepseek_v3_4b"]["in_training_detection"]
+    assert found["right"] is right and found["spec"]["child"] == "moe"
+    flagged = [p for p in found["parts"] if p["verdict"] == "flagged"]
+    graph = found["spec"]["graph"]
+    assert [(p["first_wrong"][graph], p["first_wrong_module"][graph]) for p in flagged] == (
+        [("6", "moe")] if right else [])
+    with harness.open_stored(directory) as (_, logs):
+        worker = json.loads((logs / "deepseek_v3_4b.json").read_text())
+    part = next(r for r in worker["in_training"] if r["step"] == 9)
+    ratios = {t["name"]: t["ratio"] for t in part["tensors"]}
+    ratios = {n: round(ratios[n], 2) for n in moved}
+    assert ratios == moved

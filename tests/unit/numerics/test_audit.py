@@ -743,7 +743,7 @@ def test_in_training_audit_leaves_the_trajectory_bit_identical(
     assert all(r["verdict"] == "ok" for r in audit.results)
     assert all("job" in r["time_s"] for r in audit.results)
     assert ("titan-rocm: the numerics audit due at step 2 is not started: the one begun at "
-            "step 1 has 2 part(s) to run (numerics_audit_spread 4)") in caplog.messages
+            "step 1 has 2 part(s) to run (numerics_audit_spread 7)") in caplog.messages
 
 
 def test_a_spread_audit_deals_the_blocks_then_the_rest() -> None:

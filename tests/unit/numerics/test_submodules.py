@@ -68,13 +68,14 @@ def test_auto_compares_a_block_it_cannot_probe_as_a_whole_and_says_why_once() ->
     inside = submodules.Inside("auto")
     for key in ("0", "1"):
         assert inside.calls(_uncompiled_record(key), 1) == {}
-    assert inside.notes() == ["blocks 0, 1 compared as a whole, not child by child: not "
-                              "compiled whole (the children run as the job runs them)"]
+    assert inside.notes() == ["blocks 0, 1 compared as a whole, not child by child: nothing "
+                              "in it is compiled (the block-level replay covers its eager "
+                              "code)"]
 
 
 def test_on_makes_a_block_it_cannot_probe_an_audit_error() -> None:
     with pytest.raises(AuditError, match="numerics_audit_submodules = 'on', but block 3 "
-                                         "cannot be looked inside: not compiled whole"):
+                                         "cannot be looked inside: nothing in it is compiled"):
         submodules.Inside("on").calls(_uncompiled_record("3"), 1)
 
 
@@ -133,7 +134,7 @@ def test_the_submodule_matrix_on_the_real_trainer(audit_env: Any, model: str) ->
 @pytest.mark.slow
 def test_moe_blocks_the_mixed_compile_keeps_eager_are_compared_whole_with_a_note(
         audit_env: Any) -> None:  # noqa: F811
-    trainer, jc = audit_env.build(audit_env.DEEPSEEK, 3)
+    trainer, jc = audit_env.build(audit_env.DEEPSEEK + ["--rocm.moe_eager_compile", "on"], 3)
     try:
         result = audit_env.audit(trainer, jc).to_dict()
     finally:
@@ -142,6 +143,40 @@ def test_moe_blocks_the_mixed_compile_keeps_eager_are_compared_whole_with_a_note
     children = {(t["segment"], t["module"]) for t in result["tensors"] if "module" in t}
     assert children == {("0", m) for m in ("attention", "attention_norm", "feed_forward",
                                              "ffn_norm")}
-    assert "blocks 1, 2 compared as a whole, not child by child: not compiled whole (the " \
-        "children run as the job runs them)" in result["notes"]
+    assert "blocks 1, 2 compared as a whole, not child by child: nothing in it is compiled " \
+        "(the block-level replay covers its eager code)" in result["notes"]
     assert not math.isnan(result["time_s"]["children_compiled"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op,graph,block", [("gather", "forward", 1),
+                                            ("scatter_add", "backward", 2)])
+def test_stock_compiled_moe_blocks_router_faults_are_named_at_the_moe(
+        audit_env: Any, op: str, graph: str, block: int) -> None:  # noqa: F811
+    """Stock TorchTitan 0.2.2 compiles a MoE block's attention, norms, router and shared
+    experts each alone (``moe_eager_compile = "off"``): the job's own call is probed, nothing
+    compiled anew. A clean audit compares every block's children, the MoE's included; 0.5 % of
+    the router's top-k score gather (its compiled forward) or of that gather's backward
+    scatter-add is named at its block, ``moe.router`` (the MoE's compiled children are probed
+    inside it), and its direction."""
+    corrupt.uninstall()
+    trainer, jc = audit_env.build(audit_env.DEEPSEEK + ["--rocm.moe_eager_compile", "off"], 3)
+    try:
+        audit_matrix.install(trainer.model_parts, op, 0)
+        spec = corrupt.CorruptSpec(block=block, graph=graph, op=op, index=0, fraction=0.005)
+        clean, fault = audit_matrix.run(lambda: audit_env.audit(trainer, jc).to_dict(), [spec],
+                                        [0], lambda seed: None)
+    finally:
+        trainer.close()
+        corrupt.uninstall()
+    assert clean.verdict == "ok", clean.to_dict()
+    assert clean.result["notes"] == []
+    children = {(t["segment"], t["module"]) for t in clean.result["tensors"] if "module" in t}
+    assert {("1", "moe"), ("1", "moe.router"), ("2", "moe.shared_experts"),
+            ("2", "attention")} <= children
+    assert fault.hits["hits"] >= 1 and fault.judged["right"], fault.to_dict()
+    # The router, probed inside the MoE (its parameters compared there, not twice).
+    assert fault.result["first_wrong_module"][graph] == "moe.router", fault.to_dict()
+    names = [t["name"] for t in fault.result["tensors"] if t["segment"] == str(block)]
+    assert f"layers.{block}.moe.router.gate.weight (alone)" in names
+    assert len(names) == len(set(names))
