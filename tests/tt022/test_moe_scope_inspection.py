@@ -24,6 +24,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.cpu_support import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 SCOPES = ("moe_scope", "moe_scope_ac_full", "block_scope")
 SPLIT = "attention, attention_norm, ffn_norm fullgraph; moe eager"
@@ -35,7 +37,7 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-           "--master_port", str(28_000 + os.getpid() % 1000),
+           "--master_port", str(free_port()),
            str(REPO / "tests" / "support" / "moe_scope_worker.py"), str(out)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=540, cwd=out)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cpu_support import free_port
 from tests.support.log_tools import run_tools
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,7 +27,7 @@ def _train(tmp_path: Path, name: str, steps: int, corrupt: str | None = None) ->
     if corrupt:
         env["TITAN_ROCM_DEBUG_CORRUPT"] = corrupt
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
-           "--master_port", str(29_100 + os.getpid() % 400 + steps),
+           "--master_port", str(free_port()),
            "-m", "tests.support.audit_train_main", "--model.converters", "rocm",
            "--compile.enable", "--activation_checkpoint.mode", "none", "--training.steps",
            str(steps), "--metrics.log_freq", "1", "--rocm.numerics_audit", "first_step"]

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import torch
 
+from tests.support.cpu_support import free_port
+
 TESTS = Path(__file__).resolve().parents[2]
 ROOT = TESTS.parent
 
@@ -578,7 +580,7 @@ def _fsdp_bf16_losses(tmp_path: Path, audit: str) -> dict[int, tuple[float | Non
         "PYTHONPATH", "")]))
     env.pop("TITAN_ROCM_DEBUG_CORRUPT", None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--tee",
-           "3", "--master_port", str(29_500 + os.getpid() % 400 + (audit != "off")),
+           "3", "--master_port", str(free_port()),
            "-m", "tests.support.audit_train_main", *COMPILED, "--training.steps", "5",
            "--metrics.log_freq", "1", "--parallelism.data_parallel_shard_degree", "2",
            "--training.mixed_precision_param", "bfloat16", "--rocm.numerics_audit", audit]

@@ -26,6 +26,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from tests.support import cpu_trainer  # noqa: I001 - tests/ is on sys.path (pytest rootdir conftest-less import)
+from tests.support.cpu_support import free_port
 from titan_rocm.adapters.stop import Stopped
 from titan_rocm.exit_codes import FAILED_VALIDATION, stop_line
 from titan_rocm.guard_message import message
@@ -568,7 +569,7 @@ def test_two_ranks_both_stop_and_rank_0_reports_once(tmp_path: Path, mode: str,
     env = dict(os.environ, **{INJECT_STEP_ENV: "7", INJECT_RANK_ENV: "1"})
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--tee", "3",
-           "--master_port", str(29_000 + os.getpid() % 1000 + (mode == "every_step")),
+           "--master_port", str(free_port()),
            str(REPO / "tests" / "support" / "cpu_trainer.py"), *GUARD,
            "--rocm.divergence_check", mode]
     start = time.monotonic()
