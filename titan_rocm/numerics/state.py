@@ -14,14 +14,26 @@ import torch.nn as nn
 @contextlib.contextmanager
 def preserved_rng(device: torch.device) -> Iterator[None]:
     """Every RNG stream (CPU, and the device's) as it was on entry, on exit."""
-    cpu = torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    rng = RngState(device)
     try:
         yield
     finally:
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state(cuda, device)
+        rng.restore()
+
+
+class RngState:
+    """The CPU's and ``device``'s RNG streams as they are now; :meth:`restore` puts them back."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+    def restore(self) -> None:
+        """Both streams as taken."""
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
 
 
 @contextlib.contextmanager

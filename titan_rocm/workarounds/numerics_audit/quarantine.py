@@ -17,6 +17,7 @@ import torch.nn as nn
 from torch._dynamo.eval_frame import OptimizedModule
 
 from titan_rocm.numerics.attribution import compiled_in_place
+from titan_rocm.numerics.state import RngState
 
 COST_STEPS = 5
 """Unaudited steps measured on each side of a quarantine for its cost line."""
@@ -35,9 +36,7 @@ class Undo:
         self.grads = [(p, None if p.grad is None else p.grad.detach().clone())
                       for p in params]
         self.buffers = [(b, b.detach().clone()) for m in model_parts for b in m.buffers()]
-        self.cpu_rng = torch.get_rng_state()
-        self.device = device
-        self.cuda_rng = (torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+        self.rng = RngState(device)
         self.extra = extra
 
     def __call__(self) -> None:
@@ -47,9 +46,7 @@ class Undo:
         with torch.no_grad():
             for b, value in self.buffers:
                 b.copy_(value)
-        torch.set_rng_state(self.cpu_rng)
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state(self.cuda_rng, self.device)
+        self.rng.restore()
         if self.extra is not None:
             self.extra()
 
