@@ -53,6 +53,10 @@ class ChildCall:
     grad_output: torch.Tensor | None = None
     grad_input: torch.Tensor | None = None
     param_grads: dict[str, torch.Tensor | None] = field(default_factory=dict)
+    output_compared: bool = True
+    """False for an output beside discrete companions (the router's scores beside its expert
+    indices): rounding flips a top-k choice now and then, which moves a gathered score by far
+    more than rounding; its input and parameters' gradients are compared."""
 
 
 def children(block: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -192,7 +196,7 @@ class Prober:
         if self.learning:
             self.shapes[f"{name}.out"] = (value.shape, value.dtype)
             return None
-        self.seen.append((name, "out", value))
+        self.seen.append((name, "out", (value, single)))
         probed = value + self.probes[f"{name}.out"]
         return probed if single else (*out[:at], probed, *out[at + 1:])
 
@@ -282,14 +286,16 @@ def _calls(kids: list[tuple[str, nn.Module]], prober: Prober) -> dict[str, Child
         leaves, spec = pytree.tree_flatten((args, kwargs))
         first = args[_first_float(args)]  # a float: pre() refused the child otherwise
         at = next(i for i, t in enumerate(leaves) if t is first)
+        output, single = value
         # A parameter of a child probed inside this one (moe.router in moe) is compared there.
         inner = {id(q) for n, m in kids if n.startswith(f"{name}.") for q in m.parameters()}
         calls[name] = ChildCall(
             name, modules[name],
             [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves], spec, at,
-            value.detach(), prober.probes[f"{name}.out"].grad,
+            output.detach(), prober.probes[f"{name}.out"].grad,
             prober.probes[f"{name}.in"].grad,
-            {n: q.grad for n, q in modules[name].named_parameters() if id(q) not in inner})
+            {n: q.grad for n, q in modules[name].named_parameters() if id(q) not in inner},
+            single)
     # In the order the children began (an enclosing child before those inside it).
     return {name: calls[name] for name, where, _ in prober.seen
             if where == "in" and name in calls}
@@ -332,8 +338,9 @@ def compare(acc: Accumulator, key: str, call: ChildCall, eager: ChildReplay,
     """The child's output, input gradient and parameters' gradients: the compiled pass's,
     eager's and the reference's."""
     at = f"layers.{key}.{call.name}"
-    acc.add(f"{at} output", key, "output", call.output, eager.output, ref.output, rtol,
-            module=call.name)
+    if call.output_compared:
+        acc.add(f"{at} output", key, "output", call.output, eager.output, ref.output, rtol,
+                module=call.name)
     acc.add(f"{at} input grad", key, "input_grad", call.grad_input, eager.grad_input,
             ref.grad_input, rtol, module=call.name)
     for n, job in call.param_grads.items():
