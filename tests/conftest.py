@@ -15,10 +15,13 @@ a seeded random order; ``scripts/random_order.sh`` runs the suite so twice).
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -217,6 +220,41 @@ def _registered_flavors_restored(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.setitem(registry, flavor, copy.deepcopy(args))
 
 
+TORCHTITAN_MOE_MODULES = ("torchtitan.models.moe.moe",)
+"""Modules whose functions TorchTitan 0.2.2's ``apply_compile`` replaces for the whole process
+(``moe_module._run_experts_grouped_mm = torch.compile(...)``, llama4/infra/parallelize.py)."""
+
+
+def _torchtitan_compile_globals() -> dict[str, Any]:
+    # What a compiled TorchTitan trainer changes for the whole process and never puts back:
+    # the MoE module's grouped-GEMM function (replaced by its compiled self, so a later test's
+    # "eager" experts run compiled code) and Dynamo's capture_scalar_outputs.
+    import torch._dynamo.config as dynamo_config
+
+    held: dict[str, Any] = {"capture_scalar_outputs": dynamo_config.capture_scalar_outputs}
+    for name in TORCHTITAN_MOE_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:  # the other TorchTitan generation
+            continue
+        held[name] = {k: v for k, v in vars(module).items() if callable(v)}
+    return held
+
+
+def _put_back_torchtitan_compile_globals(held: dict[str, Any]) -> None:
+    import torch._dynamo.config as dynamo_config
+
+    if dynamo_config.capture_scalar_outputs != held["capture_scalar_outputs"]:
+        dynamo_config.capture_scalar_outputs = held["capture_scalar_outputs"]
+    for name in TORCHTITAN_MOE_MODULES:
+        module, functions = sys.modules.get(name), held.get(name)
+        if module is None or functions is None:
+            continue
+        for key, value in functions.items():
+            if getattr(module, key, None) is not value:
+                setattr(module, key, value)
+
+
 @pytest.fixture(autouse=True)
 def _process_state_put_back(request: pytest.FixtureRequest) -> Iterator[None]:
     """What a test leaves in the process is put back before the next one: titan-rocm patches it
@@ -234,7 +272,9 @@ def _process_state_put_back(request: pytest.FixtureRequest) -> Iterator[None]:
     held = {id(p) for p in patches.installed()}
     environ = dict(os.environ)
     started = dist.is_available() and dist.is_initialized()
+    compile_globals = _torchtitan_compile_globals()
     yield
+    _put_back_torchtitan_compile_globals(compile_globals)
     for p in reversed(patches.installed()):
         if id(p) not in held:
             p.restore()

@@ -78,6 +78,17 @@ def fingerprint() -> Fingerprint:
     state["titan_rocm.patches.installed()"] = repr(sorted(
         f"{p.where} by {p.by}" for p in patches.installed()))  # a workaround's, never put back
     state.update(_configs())
+    import importlib
+
+    for module_name in ("torchtitan.models.moe.moe",):  # apply_compile replaces its functions
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # the other TorchTitan generation
+            continue
+        for key, value in sorted(vars(module).items()):
+            if callable(value) and not isinstance(value, type):
+                state[f"{module_name}.{key}"] = f"{getattr(value, '__qualname__', '?')} " \
+                                                 f"at {id(value):#x}"
     state.update({f"os.environ[{k!r}]": repr(v) for k, v in os.environ.items()
                   if k not in UNWATCHED_ENV})
     return state

@@ -94,12 +94,13 @@ def _matrix(cpu_harness: Any, model: str, param: str, seeds: int,
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["llama3", "qwen3", "deepseek_v3"])
 def test_the_detection_matrix_on_the_0_3_0_trainer(cpu_harness: Any, model: str) -> None:
-    """Three blocks, float32 parameters, compiled once: five clean seeds ok; 0.5 %, 1 % and 3 %
-    of the first forward ``mul`` the block's output depends on, and of the first backward
-    ``mul``, in the first, middle and last block, each flagged and named first wrong in its
-    direction (a backward fault leaving the forward clean)."""
-    outcomes = _matrix(cpu_harness, model, "float32", seeds=5)
-    assert len(outcomes) == 5 + 18
+    """Three blocks, float32 parameters, compiled once: five clean seeds ok; 0.5 % (the
+    smallest fraction 0.2.2's matrix proves, with 1 % and 3 %) of the first forward ``mul`` the
+    block's output depends on, and of the first backward ``mul``, in the first, middle and
+    last block, each flagged and named first wrong in its direction (a backward fault leaving
+    the forward clean)."""
+    outcomes = _matrix(cpu_harness, model, "float32", seeds=5, fractions=(0.005,))
+    assert len(outcomes) == 5 + 6
     assert [o.to_dict() for o in outcomes if not o.judged["right"]] == []
     clean = [o.result for o in outcomes if o.spec is None]
     assert all((r["job_dtype"], r["reference"]) == ("float32", "float32") for r in clean)
