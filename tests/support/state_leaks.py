@@ -9,7 +9,9 @@ teardown included) and every difference is reported at the end, by test.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 Fingerprint = dict[str, str]
@@ -101,3 +103,21 @@ def differences(before: Fingerprint, after: Fingerprint) -> list[str]:
     keys = set(before) | {k for k in after if k.startswith("os.environ")}
     return [f"{key}: {before.get(key, '<unset>')} -> {after.get(key, '<unset>')}"
             for key in sorted(keys) if before.get(key) != after.get(key)]
+
+
+@contextlib.contextmanager
+def never_set(config: Any, names: Iterable[str]) -> Iterator[None]:
+    """``names`` of a torch config module as a user who never set them has them (an earlier
+    test in the process may have assigned one, even its default, which torch marks as set);
+    their marks put back after."""
+    from torch.utils._config_module import _UNSET_SENTINEL
+
+    entries = [config._config[name] for name in names]
+    saved = [entry.user_override.get() for entry in entries]
+    for entry in entries:
+        entry.user_override.set(_UNSET_SENTINEL)
+    try:
+        yield
+    finally:
+        for entry, value in zip(entries, saved, strict=True):
+            entry.user_override.set(value)

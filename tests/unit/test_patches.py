@@ -196,16 +196,11 @@ def never_set() -> Iterator[str]:
     """``emulate_precision_casts`` as a user who never set it has it (torch's own entry: an
     earlier test in the process may have assigned it, even its default), put back after."""
     import torch._inductor.config as inductor_config
-    from torch.utils._config_module import _UNSET_SENTINEL
 
-    name = "emulate_precision_casts"
-    entry = inductor_config._config[name]
-    saved = entry.user_override.get()
-    entry.user_override.set(_UNSET_SENTINEL)
-    try:
-        yield name
-    finally:
-        entry.user_override.set(saved)
+    from tests.support.state_leaks import never_set as unset
+
+    with unset(inductor_config, ["emulate_precision_casts"]):
+        yield "emulate_precision_casts"
 
 
 def test_an_inductor_option_the_user_never_set_is_left_unset(never_set: str) -> None:

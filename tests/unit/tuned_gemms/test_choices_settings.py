@@ -5,13 +5,16 @@ installed in and put back when that scope lets go, as a job's teardown does
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
 import torch._functorch.config as functorch_config
 import torch._inductor.config as inductor_config
 from torch._inductor import virtualized
 from torch._inductor.select_algorithm import AlgorithmSelectorCache
 
+from tests.support.state_leaks import never_set
 from titan_rocm import patches
 from titan_rocm.tuned_gemms.choices import BY, GEMM_SETTINGS, ChoicesFactory, RecordingChoices
 
@@ -30,7 +33,16 @@ def _read() -> dict[str, Any]:
     }
 
 
-def test_the_choices_handlers_leave_with_the_scope_they_were_installed_in() -> None:
+@pytest.fixture
+def options_never_set() -> Iterator[None]:
+    """The options as a user who never set them has them (an earlier test may have assigned
+    one its default, which torch marks as set)."""
+    with never_set(inductor_config, OPTIONS):
+        yield
+
+
+def test_the_choices_handlers_leave_with_the_scope_they_were_installed_in(
+        options_never_set: None) -> None:
     from titan_rocm.tuned_gemms.choices import install
 
     before = _read()
