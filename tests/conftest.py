@@ -15,7 +15,6 @@ a seeded random order; ``scripts/random_order.sh`` runs the suite so twice).
 
 from __future__ import annotations
 
-import importlib
 import os
 import random
 import sys
@@ -220,25 +219,16 @@ def _registered_flavors_restored(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.setitem(registry, flavor, copy.deepcopy(args))
 
 
-TORCHTITAN_MOE_MODULES = ("torchtitan.models.moe.moe",)
-"""Modules whose functions TorchTitan 0.2.2's ``apply_compile`` replaces for the whole process
-(``moe_module._run_experts_grouped_mm = torch.compile(...)``, llama4/infra/parallelize.py)."""
-
-
 def _torchtitan_compile_globals() -> dict[str, Any]:
     # What a compiled TorchTitan trainer changes for the whole process and never puts back:
-    # the MoE module's grouped-GEMM function (replaced by its compiled self, so a later test's
-    # "eager" experts run compiled code) and Dynamo's capture_scalar_outputs.
+    # the MoE module's functions (tests/support/state_leaks.py) and Dynamo's
+    # capture_scalar_outputs.
     import torch._dynamo.config as dynamo_config
 
-    held: dict[str, Any] = {"capture_scalar_outputs": dynamo_config.capture_scalar_outputs}
-    for name in TORCHTITAN_MOE_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:  # the other TorchTitan generation
-            continue
-        held[name] = {k: v for k, v in vars(module).items() if callable(v)}
-    return held
+    from tests.support.state_leaks import torchtitan_functions
+
+    return {"capture_scalar_outputs": dynamo_config.capture_scalar_outputs,
+            "functions": torchtitan_functions()}
 
 
 def _put_back_torchtitan_compile_globals(held: dict[str, Any]) -> None:
@@ -246,10 +236,8 @@ def _put_back_torchtitan_compile_globals(held: dict[str, Any]) -> None:
 
     if dynamo_config.capture_scalar_outputs != held["capture_scalar_outputs"]:
         dynamo_config.capture_scalar_outputs = held["capture_scalar_outputs"]
-    for name in TORCHTITAN_MOE_MODULES:
-        module, functions = sys.modules.get(name), held.get(name)
-        if module is None or functions is None:
-            continue
+    for name, functions in held["functions"].items():
+        module = sys.modules[name]
         for key, value in functions.items():
             if getattr(module, key, None) is not value:
                 setattr(module, key, value)

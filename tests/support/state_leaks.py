@@ -45,6 +45,27 @@ def _configs() -> Fingerprint:
     return out
 
 
+TORCHTITAN_MOE_MODULES = ("torchtitan.models.moe.moe",)
+"""Modules whose functions TorchTitan 0.2.2's ``apply_compile`` replaces for the whole process
+(``moe_module._run_experts_grouped_mm = torch.compile(...)``, llama4/infra/parallelize.py): a
+later test's "eager" experts would run compiled code."""
+
+
+def torchtitan_functions() -> dict[str, dict[str, Any]]:
+    """The callables of :data:`TORCHTITAN_MOE_MODULES` now, by module (imported here: the other
+    TorchTitan generation has none)."""
+    import importlib
+
+    found = {}
+    for name in TORCHTITAN_MOE_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        found[name] = {k: v for k, v in vars(module).items() if callable(v)}
+    return found
+
+
 def fingerprint() -> Fingerprint:
     """The settings a test could leave changed that change how later tests compute, and the
     titan-rocm patches still installed (each workaround's, put back when its job closes)."""
@@ -80,15 +101,9 @@ def fingerprint() -> Fingerprint:
     state["titan_rocm.patches.installed()"] = repr(sorted(
         f"{p.where} by {p.by}" for p in patches.installed()))  # a workaround's, never put back
     state.update(_configs())
-    import importlib
-
-    for module_name in ("torchtitan.models.moe.moe",):  # apply_compile replaces its functions
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError:  # the other TorchTitan generation
-            continue
-        for key, value in sorted(vars(module).items()):
-            if callable(value) and not isinstance(value, type):
+    for module_name, functions in torchtitan_functions().items():
+        for key, value in sorted(functions.items()):
+            if not isinstance(value, type):
                 state[f"{module_name}.{key}"] = f"{getattr(value, '__qualname__', '?')} " \
                                                  f"at {id(value):#x}"
     state.update({f"os.environ[{k!r}]": repr(v) for k, v in os.environ.items()

@@ -73,8 +73,7 @@ def children(block: nn.Module) -> list[tuple[str, nn.Module]]:
     out = []
     for name, child in found:
         out.append((name, child))
-        if _dynamo_context(child) is None and any(
-                _dynamo_context(m) is not None for m in child.modules() if m is not child):
+        if composed(child):
             out += [(f"{name}.{n}", c) for n, c in child.named_children() if _has_parameters(c)]
     return out
 
@@ -126,9 +125,10 @@ def composed(block: nn.Module) -> bool:
 def why_not(record: BlockRecord, eager_runs: int) -> str | None:
     """Why ``record``'s block is compared only as a whole (a phrase), or None."""
     module = record.module
-    if backend_of(module) is None and not composed(module):
+    around_compiled = composed(module)
+    if backend_of(module) is None and not around_compiled:
         return "nothing in it is compiled (the block-level replay covers its eager code)"
-    if composed(module) and fsdp.is_fsdp(list(inner_module(module).children())):
+    if around_compiled and fsdp.is_fsdp(list(inner_module(module).children())):
         return ("a module inside it is sharded on its own (FSDP), whose hooks the job's call "
                 "would run again")
     if eager_runs != 1:
