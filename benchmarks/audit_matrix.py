@@ -74,6 +74,8 @@ AUDIT_EVERY = 6
 """The in-training audits begin at steps 1 and 6; the steps neither touched after the first
 are plain steps."""
 BEFORE_SPREAD = {"steps": 6, "every": 4, "spread": 1}
+EPS32 = 2.0 ** -23
+"""float32's machine epsilon (``torch.finfo(torch.float32).eps``; a reanalysis needs no torch)."""
 """The schedule of runs stored before ``numerics_audit_spread``."""
 REFERENCES = ("float64", "float32", "tf32")
 QUARANTINE_STEPS = 24
@@ -137,9 +139,9 @@ def job_flags(model: Model, spread: int | None = None, quarantine: bool = False,
 def _trim(result: dict[str, Any]) -> dict[str, Any]:
     """An audit's object without what no figure reads (it stays in the log)."""
     keep = ("name", "segment", "kind", "numel", "err_job", "err_eager", "ratio", "score",
-            "outlier_fraction", "flagged", "reason")
+            "outlier_fraction", "flagged", "reason", "module")
     out = {k: v for k, v in result.items() if k not in ("tensors", "segments")}
-    out["tensors"] = [{k: t[k] for k in keep} for t in result.get("tensors") or []]
+    out["tensors"] = [{k: t[k] for k in keep if k in t} for t in result.get("tensors") or []]
     return out
 
 
@@ -298,26 +300,66 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+_CHILD = re.compile(r"^layers\.[^. ]+\.\S+ (output|input grad)$")
+_NOT_COMPARED_NOW = (".moe.router output",)
+"""Compared by runs stored before a child's tuple output was left out of the comparison (the
+router's scores beside its expert indices: a top-k choice that rounding flips moves them);
+the audit compares them no longer, so no default is drawn from them."""
+
+
+def is_child(tensor: dict[str, Any]) -> bool:
+    """A block child's tensor: its ``module`` key, or in a run stored before the key, its name
+    (``layers.K.<child> output`` / ``input grad``, a parameter's ``... (alone)``)."""
+    return "module" in tensor or tensor["name"].endswith(" (alone)") or bool(
+        _CHILD.match(tensor["name"]))
+
+
+def needed(tensor: dict[str, Any], floor: float) -> float | None:
+    """The least multiplier of the eager error that keeps ``tensor``'s rmse test unflagged:
+    ``(err_job - floor) / err_eager`` (None: not finite, or no eager error)."""
+    job, eager = _number(tensor.get("err_job")), _number(tensor.get("err_eager"))
+    if job is None or eager is None or not eager or not math.isfinite(job / eager):
+        return None
+    return (job - floor) / eager
+
+
 def distributions(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per tensor kind over clean audits: ``err_job / err_eager`` and the outlier fraction,
-    median, p99 and max (with the worst tensor's name)."""
+    """Per tensor kind over clean audits (a block child's as ``child_<kind>``): ``err_job /
+    err_eager`` and the outlier fraction, median, p99 and max (with the worst tensor's name),
+    and the largest multiplier a tensor of the kind needed to stay ok (``needed_max``, the
+    figure the kind's default is drawn from)."""
     out: dict[str, Any] = {}
-    kinds: dict[str, list[tuple[float, float, str]]] = {}
+    kinds: dict[str, list[tuple[float, float, str, float | None]]] = {}
     for r in results:
+        floor = float((r.get("settings") or {}).get("floor_eps", 64.0)) * EPS32
         for t in r.get("tensors") or []:
+            if t["name"].endswith(_NOT_COMPARED_NOW):
+                continue
             ratio, outliers = _number(t.get("ratio")), _number(t.get("outlier_fraction"))
             if ratio is not None and outliers is not None and t.get("numel"):
-                kinds.setdefault(t["kind"], []).append((ratio, outliers, t["name"]))
+                kind = f"child_{t['kind']}" if is_child(t) else t["kind"]
+                need = needed(t, floor) if t["kind"] != "loss" else None  # its own floor
+                kinds.setdefault(kind, []).append((ratio, outliers, t["name"], need))
     for kind, rows in sorted(kinds.items()):
-        ratios = [r for r, _, _ in rows]
-        fractions = [f for _, f, _ in rows]
-        worst = max(rows)
+        ratios = [r for r, _, _, _ in rows]
+        fractions = [f for _, f, _, _ in rows]
+        worst = max(rows, key=lambda row: row[:3])
+        need = max(((n, name) for _, _, name, n in rows if n is not None), default=None)
         out[kind] = {"tensors": len(rows), "ratio_median": statistics.median(ratios),
                      "ratio_p99": quantile(ratios, 0.99), "ratio_max": worst[0],
                      "ratio_worst": worst[2], "outliers_median": statistics.median(fractions),
                      "outliers_p99": quantile(fractions, 0.99),
-                     "outliers_max": max(fractions)}
+                     "outliers_max": max(fractions),
+                     "needed_max": need and need[0], "needed_worst": need and need[1]}
     return out
+
+
+def clean_in_training(worker_out: dict[str, Any]) -> list[dict[str, Any]]:
+    """The in-training audits no fault touched: all of them, or with ``--train-fault`` those
+    before the second audit (the fault is switched on there)."""
+    every = (worker_out.get("schedule") or BEFORE_SPREAD)["every"]
+    return [r for r in worker_out.get("in_training") or []
+            if not worker_out.get("train_fault") or (r.get("step") or 0) < every]
 
 
 def cost(worker_out: dict[str, Any]) -> dict[str, Any]:
@@ -556,12 +598,46 @@ def figures(workers: dict[str, dict[str, Any]]) -> dict[str, Any]:
             continue
         clean = [m["result"] for m in w.get("matrix") or [] if m["spec"] is None]
         out[name] = {"detection": detection(w), "clean": distributions(clean),
+                     "clean_in_training": distributions(clean_in_training(w)),
                      "cost": cost(w), "references": reference_figures(w),
                      "in_training_verdicts": [r.get("verdict") for r in w.get("in_training")
                                               or []]}
         if w.get("train_fault"):
             out[name]["in_training_detection"] = in_training_detection(w)
     return out
+
+
+DEFAULT_OF_KIND = {"output": "activation_fudge", "input_grad": "activation_fudge",
+                   "param_grad": "fudge", "child_output": "child_activation_fudge",
+                   "child_input_grad": "child_activation_fudge",
+                   "child_param_grad": "child_fudge"}
+"""The multiplier each kind is judged with (``[rocm] numerics_audit_<name>``)."""
+
+
+def calibration(directories: list[Path]) -> dict[str, Any]:
+    """Per tensor kind over every clean audit of the stored runs ``directories`` (their
+    command-line clean audits and the in-training audits no fault touched): the tensors, the
+    largest multiplier one needed (where), and the default against it."""
+    defaults = RocmSettings()
+    out: dict[str, Any] = {}
+    for directory in directories:
+        for model, f in reanalyse(directory)["figures"].items():
+            for source in ("clean", "clean_in_training"):
+                for kind, d in (f.get(source) or {}).items():
+                    if kind not in DEFAULT_OF_KIND:
+                        continue
+                    row = out.setdefault(kind, {"tensors": 0, "needed_max": None,
+                                                "needed_worst": None})
+                    row["tensors"] += d["tensors"]
+                    if d["needed_max"] is not None and (row["needed_max"] is None
+                                                        or d["needed_max"] > row["needed_max"]):
+                        row["needed_max"] = d["needed_max"]
+                        row["needed_worst"] = f"{directory.name} {model} {d['needed_worst']}"
+    for kind, row in out.items():
+        row["setting"] = f"numerics_audit_{DEFAULT_OF_KIND[kind]}"
+        row["default"] = getattr(defaults, row["setting"])
+        row["margin"] = row["needed_max"] and row["default"] / row["needed_max"]
+    return dict(sorted(out.items()))
 
 
 # -- running and storing ------------------------------------------------------------------------
@@ -639,6 +715,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the CPU test trainer instead of TorchTitan's (code path only)")
     harness.add_budget(parser, None,
                        f"seconds for the whole call (default {BUDGET_S:.0f}; --cpu: none)")
+    parser.add_argument("--calibration", type=Path, nargs="+", metavar="DIR",
+                        help="per tensor kind, the largest multiplier a clean tensor of the "
+                        "stored runs DIR... needed, against its default (no GPU)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -647,6 +726,8 @@ def main(argv: list[str] | None = None) -> int:
                       args.train_fault, args.quarantine, args.stock_moe, args.child)
     if args.reanalyse:
         return harness.print_reanalysis(parser, reanalyse, args.reanalyse)
+    if args.calibration:
+        return harness.print_reanalysis(parser, calibration, args.calibration)
     if args.quarantine and not args.train_fault:
         parser.error("--quarantine needs --train-fault SPEC (the fault to quarantine)")
     if args.child and not (args.train_fault and args.cost):

@@ -219,23 +219,30 @@ def _registered_flavors_restored(monkeypatch: pytest.MonkeyPatch) -> None:
             monkeypatch.setitem(registry, flavor, copy.deepcopy(args))
 
 
+TORCHTITAN_DYNAMO_SETTINGS = ("capture_scalar_outputs",
+                              "skip_fwd_side_effects_in_bwd_under_checkpoint")
+"""Dynamo settings TorchTitan's compile sets for the whole process and never puts back
+(0.2.2's ``apply_compile``: the first; 0.3.0's ``torchtitan/distributed/compile.py``: both)."""
+
+
 def _torchtitan_compile_globals() -> dict[str, Any]:
     # What a compiled TorchTitan trainer changes for the whole process and never puts back:
-    # the MoE module's functions (tests/support/state_leaks.py) and Dynamo's
-    # capture_scalar_outputs.
+    # the MoE module's functions (tests/support/state_leaks.py) and Dynamo's settings above.
     import torch._dynamo.config as dynamo_config
 
     from tests.support.state_leaks import torchtitan_functions
 
-    return {"capture_scalar_outputs": dynamo_config.capture_scalar_outputs,
+    return {"dynamo": {name: getattr(dynamo_config, name)
+                       for name in TORCHTITAN_DYNAMO_SETTINGS if hasattr(dynamo_config, name)},
             "functions": torchtitan_functions()}
 
 
 def _put_back_torchtitan_compile_globals(held: dict[str, Any]) -> None:
     import torch._dynamo.config as dynamo_config
 
-    if dynamo_config.capture_scalar_outputs != held["capture_scalar_outputs"]:
-        dynamo_config.capture_scalar_outputs = held["capture_scalar_outputs"]
+    for name, value in held["dynamo"].items():
+        if getattr(dynamo_config, name) != value:
+            setattr(dynamo_config, name, value)
     for name, functions in held["functions"].items():
         module = sys.modules[name]
         for key, value in functions.items():

@@ -132,6 +132,11 @@ class RocmSettings:
     + the floor."""
     numerics_audit_activation_fudge: float = 1.5
     """The same for a block's output and the gradient at its input."""
+    numerics_audit_child_fudge: float = 1.5
+    """The same for a block child's parameter gradients, compared alone
+    (numerics_audit_submodules)."""
+    numerics_audit_child_activation_fudge: float = 1.2
+    """The same for a block child's output and the gradient at its input."""
     numerics_audit_floor_eps: float = 64.0
     """The additive floor of the relative error, in float32 machine epsilons."""
     numerics_audit_outlier_k: float = 10.0
@@ -154,6 +159,8 @@ NUMBERS: dict[str, Bounds] = {
     "numerics_audit_spread": Bounds(int, 1, 10**6),
     "numerics_audit_fudge": Bounds(float, 0, 1e6, low_open=True),
     "numerics_audit_activation_fudge": Bounds(float, 0, 1e6, low_open=True),
+    "numerics_audit_child_fudge": Bounds(float, 0, 1e6, low_open=True),
+    "numerics_audit_child_activation_fudge": Bounds(float, 0, 1e6, low_open=True),
     "numerics_audit_floor_eps": Bounds(float, 0, 1e9, low_open=True),
     "numerics_audit_outlier_k": Bounds(float, 0, 1e6, low_open=True),
     "numerics_audit_outlier_quantile": Bounds(float, 0, 1, low_open=True, high_open=True),

@@ -5,6 +5,7 @@ Hypothesis profile (docs/testing.md)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _readme_test_command() -> str:
     readme = (REPO / "README.md").read_text()
     commands = [line for line in readme.splitlines()
-                if line.startswith("python3 -m venv .venv") and "pytest" in line]
+                if line.startswith("python3 -m venv .venv") and "test_suites.sh" in line]
     assert len(commands) == 1, commands
     return commands[0]
 
@@ -32,10 +33,17 @@ def test_a_plain_pytest_leaves_the_slow_tests_out(pytestconfig: pytest.Config) -
 
 
 def test_readme_runs_every_test_of_both_suites_and_ci_runs_readme() -> None:
-    """Each suite's marker replaces the plain run's ``-m 'not slow'``: slow tests run too."""
+    """README's command ends in scripts/test_suites.sh, whose three pytest runs are each
+    suite's marker (which replaces the plain run's ``-m 'not slow'``: slow tests run too), the
+    0.2.2 suite dealt into one folder and everything but that folder."""
     command = _readme_test_command()
-    runs = [part.strip() for part in command.split("&&") if "pytest" in part]
-    assert runs == ["python -m pytest -q -m torchtitan022", "python -m pytest -q -m torchtitan030"]
+    assert command.endswith("&& scripts/test_suites.sh")
+    script = (REPO / "scripts" / "test_suites.sh").read_text()
+    runs = dict(re.findall(r'^  \[([\w-]+)\]="(.+)"$', script, re.M))
+    assert runs == {
+        "tt022-numerics": ".venv/bin/python -m pytest -q -m torchtitan022 tests/unit/numerics",
+        "tt022-rest": ".venv/bin/python -m pytest -q -m torchtitan022 --ignore=tests/unit/numerics",
+        "tt030": ".venv030/bin/python -m pytest -q -m torchtitan030"}
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     assert ci[-1] == command
 

@@ -85,9 +85,13 @@ def _loss_lines(loss: dict[str, Any] | None) -> list[str]:
 
 
 def _threshold_line(s: dict[str, Any]) -> str:
+    inside = ""
+    if "child_fudge" in s:  # an audit's JSON from before the children's own multipliers has none
+        inside = (f"; inside a block {s['child_fudge']:g} x for parameter gradients, "
+                  f"{s['child_activation_fudge']:g} x for outputs and input gradients")
     return (f"  threshold: error > {s['fudge']:g} x eager error "
             f"({s.get('activation_fudge', s['fudge']):g} x for block outputs and input "
-            f"gradients) + {s['floor_eps']:g} float32 eps, "
+            f"gradients{inside}) + {s['floor_eps']:g} float32 eps, "
             f"or > {s['outlier_max']:.2%} of elements beyond {s['outlier_k']:g} x the eager "
             f"error's {s['outlier_quantile']:g} quantile")
 

@@ -48,6 +48,12 @@ class AuditSettings:
     """For a block's output and input gradient: the job and eager round the same activations, so
     their errors agree far more closely.
     """
+    child_fudge: float = 1.5
+    """For a block child's parameter gradients, compared alone, and (below) its output and input
+    gradient: a child's compiled code and its eager replay start from the same recorded values,
+    so their errors agree more closely still (docs/numerics-audit.md, the defaults).
+    """
+    child_activation_fudge: float = 1.2
     floor_eps: float = 64.0
     outlier_k: float = 10.0
     outlier_quantile: float = 0.999
@@ -67,6 +73,13 @@ class AuditSettings:
             if value is not None:
                 values[name] = value
         return cls(**values)
+
+    def multiplier(self, kind: str, module: str | None) -> float:
+        """The fudge a tensor of ``kind`` is judged with: a block child's (``module``) or a
+        block's, an activation's or a gradient's."""
+        if module is not None:
+            return self.child_activation_fudge if kind in ACTIVATIONS else self.child_fudge
+        return self.activation_fudge if kind in ACTIVATIONS else self.fudge
 
     @property
     def floor(self) -> float:
@@ -321,7 +334,7 @@ class Accumulator:
         denom = math.sqrt(ss_ref) if ss_ref > 0 else math.sqrt(count) * floor
         err_job = math.sqrt(ss_job) / denom if denom else 0.0
         err_eager = math.sqrt(ss_eager) / denom if denom else 0.0
-        fudge = s.activation_fudge if e.kind in ACTIVATIONS else s.fudge
+        fudge = s.multiplier(e.kind, e.module)
         limit = fudge * err_eager + floor
         score = err_job / limit
         ratio = err_job / err_eager if err_eager else (0.0 if not err_job else math.inf)

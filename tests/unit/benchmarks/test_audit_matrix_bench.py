@@ -326,3 +326,33 @@ def test_the_router_scores_false_positive_the_docs_quote() -> None:
     flagged = [(r["step"], t["name"], round(t["ratio"], 2)) for r in worker["in_training"]
                if r["step"] < 9 for t in r["tensors"] if t["flagged"]]
     assert flagged == [(6, "layers.11.moe.router output", 1.57)]
+
+
+GPU_STORED = [d for d in STORED if "-h200" in d.parent.name or "-h100" in d.parent.name]
+
+
+def test_the_multipliers_sit_above_every_stored_clean_gpu_tensor() -> None:
+    """docs/numerics-audit.md, the defaults: over every clean audit of every stored GPU run
+    (command-line clean audits and in-training audits no fault touched), the largest multiplier
+    a tensor of each kind needed to stay ok, and each default 15 % or more above it (a block
+    child's output and input gradient: 1.2 over 1.016, the router's input gradient when a
+    top-k choice flipped; its parameters alone: 1.5 over 1.030)."""
+    done = _run("--calibration", *map(str, GPU_STORED))
+    assert done.returncode == 0, done.stderr[-2000:]
+    cal = json.loads(done.stdout)
+    assert set(cal) == {"output", "input_grad", "param_grad", "child_output",
+                        "child_input_grad", "child_param_grad"}
+    assert all(row["margin"] >= 1.15 for row in cal.values()), cal
+    quoted = {kind: (round(row["needed_max"], 3), row["default"])
+              for kind, row in cal.items()}
+    assert quoted == {"output": (0.999, 1.5), "input_grad": (1.018, 1.5),
+                      "param_grad": (2.008, 3.0), "child_output": (0.999, 1.2),
+                      "child_input_grad": (1.016, 1.2), "child_param_grad": (1.03, 1.5)}
+    assert cal["child_input_grad"]["needed_worst"].endswith("layers.11.moe.router input grad")
+    assert min(cal[k]["tensors"] for k in cal if k.startswith("child_")) > 1000
+
+
+def test_calibration_of_a_directory_that_is_not_a_stored_run_is_one_sentence() -> None:
+    done = _run("--calibration", str(ROOT / "benchmarks" / "no-such-run"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "no-such-run" in done.stderr

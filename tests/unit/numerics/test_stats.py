@@ -30,11 +30,11 @@ def _values(n: int = 200_000, noise: float = 1e-7, seed: int = 0) -> tuple[Any, 
 
 
 def _one(a: Any, b: Any, c: Any, rtol: float = F32, chunks: int = 1, kind: str = "param_grad",
-         **settings: Any) -> Any:
+         module: str | None = None, **settings: Any) -> Any:
     acc = Accumulator(AuditSettings(**settings), torch.device("cpu"))
     edges = [round(i * a.numel() / chunks) for i in range(chunks + 1)]
     for lo, hi in zip(edges, edges[1:], strict=False):
-        acc.add("w", "0", kind, a[lo:hi], b[lo:hi], c[lo:hi], rtol)
+        acc.add("w", "0", kind, a[lo:hi], b[lo:hi], c[lo:hi], rtol, module=module)
     return acc.finish()[0]
 
 
@@ -46,9 +46,28 @@ def test_clean_values_are_ok() -> None:
 
 def test_defaults() -> None:
     s = AuditSettings()
-    assert (s.fudge, s.activation_fudge, s.floor_eps, s.outlier_k, s.outlier_quantile,
-            s.outlier_max) == (3.0, 1.5, 64.0, 10.0, 0.999, 1e-3)
+    assert (s.fudge, s.activation_fudge, s.child_fudge, s.child_activation_fudge, s.floor_eps,
+            s.outlier_k, s.outlier_quantile, s.outlier_max) == (
+        3.0, 1.5, 1.5, 1.2, 64.0, 10.0, 0.999, 1e-3)
     assert s.floor == pytest.approx(64 * 2**-23)
+
+
+@pytest.mark.parametrize(("kind", "module", "fudge"), [
+    ("param_grad", None, 3.0), ("output", None, 1.5), ("input_grad", None, 1.5),
+    ("param_grad", "moe.router", 1.5), ("output", "attention", 1.2),
+    ("input_grad", "moe", 1.2)])
+def test_each_kind_is_judged_with_its_own_multiplier(kind: str, module: str | None,
+                                                     fudge: float) -> None:
+    """A block's parameter gradients with ``fudge``, its output and input gradient with
+    ``activation_fudge``; a child's (``module``) with the children's own: an error 1.3 x the
+    eager error is flagged by exactly the multipliers under 1.3."""
+    a, b, c = _values(noise=4e-3)
+    job = c + 1.3 * (b.double() - c)  # err_job = 1.3 x err_eager, far above the floor
+    t = _one(job.float(), b, c, kind=kind, module=module)
+    assert t.flagged == (fudge < 1.3), t
+    assert f"> {fudge:g} x eager" in (t.reason or f"> {fudge:g} x eager")
+    assert t.score == pytest.approx(1.3 / fudge, rel=1e-2)
+    assert AuditSettings().multiplier(kind, module) == fudge
 
 
 @pytest.mark.parametrize("fraction", [0.005, 0.01, 0.03])
@@ -240,7 +259,8 @@ def test_settings_come_from_rocm_and_bad_values_name_what_is_accepted() -> None:
         AuditSettings(outlier_quantile=1.5)
     with pytest.raises(ValueError, match=sentence):
         RocmSettings(numerics_audit_outlier_quantile=1.5)
-    for name in ("fudge", "activation_fudge", "floor_eps", "outlier_k", "outlier_max"):
+    for name in ("fudge", "activation_fudge", "child_fudge", "child_activation_fudge",
+                 "floor_eps", "outlier_k", "outlier_max"):
         with pytest.raises(ValueError, match=rf"numerics_audit_{name} = nan is not valid; "
                                              r"accepted: a number > 0 and <= "):
             AuditSettings(**{name: math.nan})
