@@ -26,6 +26,8 @@ declare -A commands=(
   [tt030]=".venv030/bin/python -m pytest -q -m torchtitan030"
 )
 declare -A pids=()
+# A background job of a script ignores SIGINT: Ctrl-C ends the runs through this trap.
+trap 'kill "${pids[@]}" 2>/dev/null; echo "test_suites: interrupted" >&2; exit 130' INT TERM
 start=$SECONDS
 for name in tt030 tt022-numerics tt022-rest; do
   echo "test_suites: $name: ${commands[$name]} $* > .test-logs/$name.log"

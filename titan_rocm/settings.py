@@ -132,7 +132,7 @@ class RocmSettings:
     + the floor."""
     numerics_audit_activation_fudge: float = 1.5
     """The same for a block's output and the gradient at its input."""
-    numerics_audit_child_fudge: float = 1.5
+    numerics_audit_child_fudge: float = 2.0
     """The same for a block child's parameter gradients, compared alone
     (numerics_audit_submodules)."""
     numerics_audit_child_activation_fudge: float = 1.2

@@ -11,6 +11,7 @@ real ones (after :data:`WAIT_S` without a signal the read goes on to its normal 
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -40,6 +41,10 @@ def pause_after(row: int, marker: Path) -> None:
 
 
 if __name__ == "__main__":
+    # A shell's background job starts with SIGINT ignored (bash without job control, as
+    # scripts/test_suites.sh runs the suites), and Python then keeps it ignored: the test's
+    # Ctrl-C must reach the command as a terminal's does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     marker, row, *argv = sys.argv[1:]
     pause_after(int(row), Path(marker))
     sys.argv = ["titan-rocm", *argv]

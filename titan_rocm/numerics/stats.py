@@ -48,7 +48,7 @@ class AuditSettings:
     """For a block's output and input gradient: the job and eager round the same activations, so
     their errors agree far more closely.
     """
-    child_fudge: float = 1.5
+    child_fudge: float = 2.0
     """For a block child's parameter gradients, compared alone, and (below) its output and input
     gradient: a child's compiled code and its eager replay start from the same recorded values,
     so their errors agree more closely still (docs/numerics-audit.md, the defaults).

@@ -48,13 +48,13 @@ def test_defaults() -> None:
     s = AuditSettings()
     assert (s.fudge, s.activation_fudge, s.child_fudge, s.child_activation_fudge, s.floor_eps,
             s.outlier_k, s.outlier_quantile, s.outlier_max) == (
-        3.0, 1.5, 1.5, 1.2, 64.0, 10.0, 0.999, 1e-3)
+        3.0, 1.5, 2.0, 1.2, 64.0, 10.0, 0.999, 1e-3)
     assert s.floor == pytest.approx(64 * 2**-23)
 
 
 @pytest.mark.parametrize(("kind", "module", "fudge"), [
     ("param_grad", None, 3.0), ("output", None, 1.5), ("input_grad", None, 1.5),
-    ("param_grad", "moe.router", 1.5), ("output", "attention", 1.2),
+    ("param_grad", "moe.router", 2.0), ("output", "attention", 1.2),
     ("input_grad", "moe", 1.2)])
 def test_each_kind_is_judged_with_its_own_multiplier(kind: str, module: str | None,
                                                      fudge: float) -> None:
