@@ -74,9 +74,9 @@ AUDIT_EVERY = 6
 """The in-training audits begin at steps 1 and 6; the steps neither touched after the first
 are plain steps."""
 BEFORE_SPREAD = {"steps": 6, "every": 4, "spread": 1}
+"""The schedule of runs stored before ``numerics_audit_spread``."""
 EPS32 = 2.0 ** -23
 """float32's machine epsilon (``torch.finfo(torch.float32).eps``; a reanalysis needs no torch)."""
-"""The schedule of runs stored before ``numerics_audit_spread``."""
 REFERENCES = ("float64", "float32", "tf32")
 QUARANTINE_STEPS = 24
 QUARANTINE_EVERY = 12

@@ -367,6 +367,8 @@ H100 = ROOT / "benchmarks" / "results" / "2026-12-07-h100"
     ("experts-b6-fwd-half", "deepseek_v3_4b_half", "forward", ("6", "moe.experts")),
     ("norm-b8-fwd", "llama3_1b", "forward", ("8", "attention_norm")),
     ("norm-b15-bwd", "llama3_1b", "backward", ("15", "ffn_norm")),
+    ("qwen3-attn-b0-fwd", "qwen3_1.7b", "forward", ("0", "attention")),
+    ("qwen3-swiglu-b14-bwd", "qwen3_1.7b", "backward", ("14", "feed_forward")),
 ])
 def test_the_h100_faults_inside_a_block_are_named_at_their_child(
         name: str, model: str, graph: str, named: tuple[str, str]) -> None:
@@ -397,3 +399,19 @@ def test_the_h100_clean_sets_have_no_false_positive(name: str, models: tuple[str
         assert figures[model]["detection"]["clean"] == 5
         assert figures[model]["detection"]["false_positives"] == 0
         assert figures[model]["in_training_verdicts"] == ["ok"] * 14
+
+
+def test_the_h100_cost_figures_the_docs_quote() -> None:
+    """docs/numerics-audit.md#inside-a-block, on one H100: every part within 3 steps but the
+    first audit's first (17.1 to 32.4 s), memory at most 1.13 x the step's."""
+    warm, cold, first, peak = [], [], [], []
+    for directory in sorted(H100.glob("audit-matrix-children-*")):
+        for figures in _reanalysed(directory)["figures"].values():
+            cost = figures["cost"]
+            warm += cost["in_training_extra_steps_each"]
+            cold += cost["first_audit_extra_steps_each"]
+            first.append(cost["first_audit_part1_s"])
+            peak.append(cost["in_training_peak_ratio"])
+    assert (round(max(warm), 2), round(max(cold), 2)) == (2.6, 2.58)
+    assert (round(min(first), 1), round(max(first), 1)) == (17.1, 32.4)
+    assert round(max(peak), 2) == 1.13 and len(first) == 11
