@@ -132,6 +132,9 @@ LEAKS = pytest.StashKey[dict[str, list[str]]]()
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    seed = random_order_seed(config)
+    if seed is not None:  # the header is gone under -q: a failing order must still be repeatable
+        terminalreporter.write_line(f"random order: seed {seed} (again: --random-order {seed})")
     if not config.getoption("--state-leaks"):
         return
     leaks = config.stash.get(LEAKS, {})

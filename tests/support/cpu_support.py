@@ -18,8 +18,7 @@ def default_rank_env() -> None:
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(free_port())
+    os.environ.setdefault("MASTER_PORT", "0")  # one rank: its store binds a port the OS picks
 
 
 def free_port() -> int:

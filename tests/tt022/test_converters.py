@@ -176,6 +176,7 @@ print(c.emulate_precision_casts, conv.decisions[0].applied, conv.decisions[0].re
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "env", "expected"),
     [

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ def _launch(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_help_reaches_torchtitan_with_rocm_flags() -> None:
     out = _launch("--help")
     assert out.returncode == 0, out.stderr
@@ -85,8 +85,7 @@ def test_single_process_environment_is_torchruns_for_one_worker() -> None:
         "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0", "ROLE_WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1"}
     assert set(added) == set(env) - {"PATH"}
-    with socket.socket() as s:  # the port is free: a server can bind it
-        s.bind(("127.0.0.1", int(env["MASTER_PORT"])))
+    assert env["MASTER_PORT"] == "0"  # the store's own bind picks the port: nothing to race
 
 
 def test_single_process_environment_keeps_what_is_set() -> None:

@@ -142,22 +142,23 @@ def test_random_order_script_names_bad_seeds(tmp_path: Path) -> None:
 
 
 def test_a_real_random_order_run_says_its_seed(tmp_path: Path) -> None:
-    """pytest itself with --random-order: the header names the seed, and the order is the seed's."""
+    """pytest itself with --random-order under -q (no header): the summary names the seed, and
+    the order is the seed's."""
     seed = "11"
-    tests = tmp_path / "test_order.py"
-    tests.write_text("".join(f"def test_{n}():\n    pass\n" for n in range(8)))
+    tests, ran = tmp_path / "test_order.py", tmp_path / "ran.txt"
+    tests.write_text("".join(f"def test_{n}():\n    open({str(ran)!r}, 'a').write('test_{n}\\n')\n"
+                             for n in range(8)))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get(
         "PYTHONPATH", "")]))
     done = subprocess.run(  # this repository's conftest, as a plugin, on a folder outside it
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.conftest", "-v",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.conftest", "-q",
          "--random-order", seed, "--rootdir", str(tmp_path), str(tests)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-2000:]
-    assert f"random order: seed {seed} (again: --random-order {seed})" in done.stdout
-    ran = [line.split("::")[1].split()[0] for line in done.stdout.splitlines()
-           if "::test_" in line and "PASSED" in line]
+    assert re.search(rf"^random order: seed {seed} \(again: --random-order {seed}\)$",
+                     done.stdout, re.M), done.stdout[-2000:]
     items = [_item(str(tests), f"test_{n}") for n in range(8)]
-    assert ran == [i.name for i in conftest.shuffled(items, int(seed))]
+    assert ran.read_text().split() == [i.name for i in conftest.shuffled(items, int(seed))]
 
 
 def test_state_leaks_name_each_setting_a_test_left_changed(

@@ -229,8 +229,10 @@ def single_process_environment(environ: MutableMapping[str, str] = os.environ) -
         "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1", "ROLE_RANK": "0",
         "ROLE_WORLD_SIZE": "1", "ROLE_NAME": "default", "MASTER_ADDR": host,
     }
-    if "MASTER_PORT" not in environ:
-        wanted["MASTER_PORT"] = str(free_port(host if host != "localhost" else "127.0.0.1"))
+    # Port 0: the only rank's store binds a port the OS picks as it listens, and no other
+    # rank connects. A port chosen free beforehand can be taken by another process before the
+    # store binds it (EADDRINUSE, seen with test runs side by side).
+    wanted["MASTER_PORT"] = "0"
     added = {k: v for k, v in wanted.items() if k not in environ}
     environ.update(added)
     return added
@@ -295,8 +297,8 @@ def one_process(command: str) -> None:
     added = single_process_environment()
     if added:
         print(f"{command}: no torchrun environment: one process (RANK=0, WORLD_SIZE=1, "
-              f"MASTER_PORT={os.environ['MASTER_PORT']}), as torchrun --standalone "
-              "--nproc_per_node=1 would start it", file=sys.stderr)
+              f"MASTER_PORT={os.environ['MASTER_PORT']}: the OS picks the port), as torchrun "
+              "--standalone --nproc_per_node=1 would start it", file=sys.stderr)
 
 
 def build_trainer(build: Callable[[], Any], no_gpu_hint: str = "") -> Any:

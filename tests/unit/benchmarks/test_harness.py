@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[3]
 MODULES = sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__))
 
 
+@pytest.mark.slow
 def test_importing_any_benchmark_makes_nothing_on_disk(tmp_path: Path) -> None:
     """Folders and caches are made when a run or a call starts, never at import."""
     temp, cwd = tmp_path / "temp", tmp_path / "cwd"

@@ -184,6 +184,7 @@ def clean_runs(audit_env: Any, monkeypatch: Any, caplog: Any,
     return _CLEAN[model]
 
 
+@pytest.mark.slow
 def test_a_forward_fault_is_quarantined_and_trains_to_a_clean_runs_loss(
         audit_env: Any, monkeypatch: Any, caplog: Any) -> None:
     """3 % of block 1's compiled forward (llama3, three blocks) from the first step: the audit

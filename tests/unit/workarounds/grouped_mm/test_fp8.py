@@ -115,6 +115,7 @@ def test_fp8_experts_unwrap_the_float8_converters_weights_and_keep_their_gradien
     """TorchTitan's float8 grouped-MM converter wraps the weights (torchao): Primus-Turbo gets
     plain tensors, the gradient reaches the wrapped parameters, and it equals the plain case."""
     fake_primus_turbo.install(monkeypatch)
+    monkeypatch.setattr(fake_torchao, "SCALED_CALLS", [])  # this test's calls only
     args = _inputs()
     plain = [t.clone().requires_grad_() for t in args[:3]]
     wrapped = [torch.nn.Parameter(fake_torchao.ScaledGroupedMMTensor(t.clone())) for t in args[:3]]
@@ -149,6 +150,7 @@ def test_the_float8_converters_weights_work_beside_it_through_torchtitans_expert
 
     cpu_permute_indices(monkeypatch, moe)
     fake_primus_turbo.install(monkeypatch)
+    monkeypatch.setattr(fake_torchao, "SCALED_CALLS", [])  # none left for a later test
     args = _inputs(pad=0)
     experts = GroupedExperts(dim=16, hidden_dim=24, num_experts=len(COUNTS), use_grouped_mm=True)
     with torch.no_grad():
