@@ -7,7 +7,7 @@
 #
 # Each process runs on one thread (OMP_NUM_THREADS=1): processes with torch's default of one
 # thread per core spin against each other in OpenMP's barriers (0.3.0's bf16 FSDP audit test
-# took 103 s beside the other suite, 22 s alone). Each process writes .test-logs/NAME.log;
+# took 103 s beside the other suite, 25 s alone). Each process writes .test-logs/NAME.log;
 # its summary line is printed when it ends, and the last lines of a log whose run failed.
 # Exit 0 when every process passed, else 1.
 set -uo pipefail

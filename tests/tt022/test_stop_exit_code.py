@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cpu_support import free_port
 from tests.support.stop_checks import (
     REPO,
     assert_stopped_cleanly,
@@ -20,7 +21,6 @@ from tests.support.stop_checks import (
     env,
     torchrun,
 )
-from titan_rocm.adapters.common import free_port
 from titan_rocm.exit_codes import FAILED_VALIDATION
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.cpu_support import free_port
 from tests.support.stop_checks import (
     assert_stopped_cleanly,
     assert_torchrun_names_17,
@@ -19,7 +20,6 @@ from tests.support.stop_checks import (
     env,
     torchrun,
 )
-from titan_rocm.adapters.common import free_port
 from titan_rocm.exit_codes import FAILED_VALIDATION
 
 HERE = Path(__file__).resolve().parent

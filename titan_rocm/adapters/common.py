@@ -7,7 +7,6 @@ import dataclasses
 import math
 import os
 import resource
-import socket
 import sys
 from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -199,13 +198,6 @@ RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
 
 class LaunchError(ValueError):
     """The process environment is neither torchrun's nor a plain single process."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the OS picks it, as torchrun --standalone does)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def single_process_environment(environ: MutableMapping[str, str] = os.environ) -> dict[str, str]:

@@ -436,8 +436,8 @@ def test_fsdp_two_ranks_quarantine_the_same_block_and_train_to_a_clean_runs_loss
     run ends, and every step's loss is within the band of a clean run (float32 gloo repeats
     are bit-identical)."""
 
+    from tests.support.cpu_support import free_port
     from titan_rocm import audit_message
-    from titan_rocm.adapters.common import free_port
 
     clean_text, clean = _fsdp_run(tmp_path, None, free_port())
     assert not audit_message.QUARANTINED.search(clean_text)

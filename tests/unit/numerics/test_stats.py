@@ -65,7 +65,8 @@ def test_each_kind_is_judged_with_its_own_multiplier(kind: str, module: str | No
     job = c + 1.3 * (b.double() - c)  # err_job = 1.3 x err_eager, far above the floor
     t = _one(job.float(), b, c, kind=kind, module=module)
     assert t.flagged == (fudge < 1.3), t
-    assert f"> {fudge:g} x eager" in (t.reason or f"> {fudge:g} x eager")
+    if t.flagged:
+        assert f"> {fudge:g} x eager" in t.reason
     assert t.score == pytest.approx(1.3 / fudge, rel=1e-2)
     assert AuditSettings().multiplier(kind, module) == fudge
 
