@@ -44,6 +44,14 @@ and default tolerance). ``--clean-runs N`` adds clean repeats for a noise band.
     python -m benchmarks.audit_matrix --reanalyse DIR        # every figure again, on a CPU
     python -m benchmarks.audit_matrix --list
 
+``--sites MODEL[:i,j]`` (with ``--only``: llama3 for ``llama3_1b``, qwen3 for ``qwen3_1.7b``;
+``:i,j`` picks sites by index) runs
+no training: the clean audits, then each site inside a block of
+``titan_rocm.testing.audit_matrix.SITES[MODEL]`` (a rotary multiply, the output projection,
+the norms, the SwiGLU multiply) at 0.5 % in the first, a middle and the last block, forward
+and backward, as ``titan-rocm audit`` runs them: each must be named at its block, its child
+and its direction (docs/numerics-audit.md#inside-a-block).
+
 ``--cost`` runs only 1 and the clean audits of 2 (the cost figures, in a fraction of the
 time). ``--cpu`` runs the same worker on this machine with the test suite's CPU trainer
 (``tests.support.audit_trainer:AuditTrainer``, tiny models): the code path, not the figures.
@@ -152,9 +160,12 @@ def _trim(result: dict[str, Any]) -> dict[str, Any]:
 
 def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = False,
            spread: int | None = None, train_fault: str | None = None,
-           quarantine: bool = False, stock_moe: bool = False, child: str | None = None) -> int:
+           quarantine: bool = False, stock_moe: bool = False, child: str | None = None,
+           sites: str | None = None) -> int:
     """Train, run the matrix and the references on one model (only the clean audits with
-    ``cost_only``; only the training with ``quarantine``); write ``out_file`` (JSON)."""
+    ``cost_only``; only the training with ``quarantine``; with ``sites``, no training: the
+    clean audits, then each of ``SITES[sites]`` in the first, a middle and the last block);
+    write ``out_file`` (JSON)."""
     import torch
 
     from titan_rocm.adapters.common import single_process_environment
@@ -236,7 +247,8 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
     t0 = time.perf_counter()
     stopped = None
     try:
-        trainer.train()
+        if not sites:
+            trainer.train()
     except Exception as exc:  # noqa: BLE001 - a stopped run is a figure (quarantine failed)
         if not quarantine:
             raise
@@ -267,15 +279,31 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
         return audit_built(trainer, settings, *state["batch"]).to_dict()
 
     keys = [k for k, _ in trainer.model_parts[0].layers.named_children()]
-    specs = [] if cost_only or quarantine else audit_matrix.fault_specs(
+    specs = [] if cost_only or quarantine or sites else audit_matrix.fault_specs(
         audit_matrix.first_middle_last(keys))
+
+    def said(o: audit_matrix.Outcome) -> None:
+        print(f"[{name}] {o.spec} seed={o.seed}: {o.verdict} right={o.judged['right']} "
+              f"{o.seconds:.1f}s", flush=True)
+
     outcomes = audit_matrix.run(one, specs, [] if quarantine else list(range(seeds)), reseed,
-                                on_outcome=lambda o: print(
-                                    f"[{name}] {o.spec} seed={o.seed}: {o.verdict} "
-                                    f"right={o.judged['right']} {o.seconds:.1f}s", flush=True))
+                                on_outcome=said)
+    for site in site_list(sites) if sites else ():
+        # A site is a new fault op in the graphs: the job's blocks and the probed copy compile
+        # again (the same trainer, weights and batch).
+        corrupt.uninstall()
+        torch._dynamo.reset()
+        audit_matrix.install(trainer.model_parts, site.op, site.index, site.module)
+        outcomes += audit_matrix.run(one, site.specs(audit_matrix.first_middle_last(keys)), [],
+                                     reseed, on_outcome=said)
+        # What ran so far, should the call's time run out before the last site.
+        out_file.write_text(json.dumps({
+            "model": name, "cpu": cpu, "sites": sites, "partial": True,
+            "matrix": [{**o.to_dict(), "result": _trim(o.result)} for o in outcomes]},
+            default=str))
     references = {}
     reseed(0)
-    for choice in () if cost_only or quarantine else REFERENCES:
+    for choice in () if cost_only or quarantine or sites else REFERENCES:
         chosen = dataclasses.replace(settings, numerics_audit_reference=choice)
         try:
             references[choice] = _trim(audit_built(trainer, chosen, *state["batch"]).to_dict())
@@ -291,6 +319,7 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
            **({"train_fault": {**fault.to_dict(), **({"child": child} if child else {})}}
               if fault is not None else {}),
            **({"moe_compile": "stock"} if stock_moe else {}),
+           **({"sites": sites} if sites else {}),
            "in_training": in_training, "references": references,
            "matrix": [{**o.to_dict(), "result": _trim(o.result)} for o in outcomes]}
     out_file.write_text(json.dumps(out, default=str))
@@ -359,6 +388,28 @@ def distributions(results: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def site_list(text: str) -> list[Any]:
+    """``MODEL`` or ``MODEL:i,j``: those sites of ``SITES[MODEL]`` (ValueError naming the bad
+    part)."""
+    from titan_rocm.testing.audit_matrix import SITES
+
+    model, _, picked = text.partition(":")
+    if model not in SITES:
+        raise ValueError(f"--sites {text}: {model!r} has no sites; accepted: "
+                         f"{', '.join(SITES)}, optionally :i,j (site indices)")
+    sites = SITES[model]
+    if not picked:
+        return list(sites)
+    try:
+        indices = [int(i) for i in picked.split(",")]
+    except ValueError:
+        indices = [-1]
+    if any(not 0 <= i < len(sites) for i in indices):
+        raise ValueError(f"--sites {text}: accepted site indices for {model}: 0 to "
+                         f"{len(sites) - 1}, comma-separated")
+    return [sites[i] for i in indices]
+
+
 def clean_in_training(worker_out: dict[str, Any]) -> list[dict[str, Any]]:
     """The in-training audits no fault touched: all of them, or with ``--train-fault`` those
     before the second audit (the fault is switched on there)."""
@@ -411,7 +462,14 @@ def cost(worker_out: dict[str, Any]) -> dict[str, Any]:
     # time is the figure; the later parts are measured against the step as the second's are.
     first = [r for r in in_training if r.get("part") and (r.get("step") or 0) < schedule["every"]]
     if len(first) > 1:
-        out["first_audit_part1_s"] = (first[0].get("time_s") or {}).get("total")
+        part1 = first[0].get("time_s") or {}
+        out["first_audit_part1_s"] = part1.get("total")
+        if part1.get("total") is not None and part1.get("job") is not None:
+            # Its log line's total holds the job's own pass of step 1 (the job's first
+            # compile, which the job runs anyway): what the audit adds is the rest.
+            out["first_audit_part1_audit_s"] = part1["total"] - part1["job"]
+            out["first_audit_part1_audit_steps"] = out["first_audit_part1_audit_s"] / step_s
+            out["first_audit_part1_children_compiled_s"] = part1.get("children_compiled")
         out["first_audit_extra_steps_each"] = [(steps[r["step"]]["seconds"] - step_s) / step_s
                                                for r in first[1:] if r["step"] in steps]
     clean = [m["result"] for m in worker_out.get("matrix") or [] if m["spec"] is None]
@@ -652,7 +710,7 @@ def launch(name: str, logs: Path, seeds: int, cpu: bool, timeout: float,
            cost_only: bool = False, spread: int | None = None,
            train_fault: str | None = None, quarantine: bool = False,
            label: str | None = None, stock_moe: bool = False,
-           child: str | None = None) -> dict[str, Any]:
+           child: str | None = None, sites: str | None = None) -> dict[str, Any]:
     """One worker process, fresh caches; its log and JSON go under ``logs`` (named ``label``,
     default the model's name)."""
     label = label or name
@@ -662,7 +720,8 @@ def launch(name: str, logs: Path, seeds: int, cpu: bool, timeout: float,
            *(["--cost"] if cost_only else []), *(["--spread", str(spread)] if spread else []),
            *(["--train-fault", train_fault] if train_fault else []),
            *(["--quarantine"] if quarantine else []),
-           *(["--stock-moe"] if stock_moe else []), *(["--child", child] if child else [])]
+           *(["--stock-moe"] if stock_moe else []), *(["--child", child] if child else []),
+           *(["--sites", sites] if sites else [])]
     env = harness.child_env(harness.fresh_dir(f"audit-{label}"))
     code, wall = harness.run_logged(cmd, logs / f"{label}.log", env, timeout)
     return {"name": label, "exit": code, "wall_s": round(wall, 1)}
@@ -703,6 +762,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-fault", metavar="SPEC",
                         help="the test fault (TITAN_ROCM_DEBUG_CORRUPT's syntax) on from the "
                         "second in-training audit's first step")
+    parser.add_argument("--sites", metavar="MODEL[:i,j]",
+                        help="instead of training and the block matrix: the clean audits, "
+                        "then each site inside a block of titan_rocm.testing.audit_matrix."
+                        "SITES[MODEL] at 0.5 %% in the first, a middle and the last block, "
+                        "forward and backward, as titan-rocm audit runs them")
     parser.add_argument("--stock-moe", action="store_true",
                         help="MoE blocks compiled as stock TorchTitan 0.2.2 compiles them "
                         "(each child alone; rocm.moe_eager_compile off)")
@@ -728,7 +792,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         return worker(args.worker, args.result, args.seeds, args.cpu, args.cost, args.spread,
-                      args.train_fault, args.quarantine, args.stock_moe, args.child)
+                      args.train_fault, args.quarantine, args.stock_moe, args.child,
+                      args.sites)
     if args.reanalyse:
         return harness.print_reanalysis(parser, reanalyse, args.reanalyse)
     if args.calibration:
@@ -737,6 +802,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--quarantine needs --train-fault SPEC (the fault to quarantine)")
     if args.child and not (args.train_fault and args.cost):
         parser.error(f"--child {args.child} needs --train-fault SPEC and --cost")
+    if args.sites:
+        try:
+            site_list(args.sites)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if args.quarantine or args.train_fault:
+            parser.error("--sites runs no training: not with --quarantine or --train-fault")
     if args.clean_runs < 1:
         parser.error(f"--clean-runs {args.clean_runs} is not valid; accepted: an integer >= 1")
     names = args.only.split(",") if args.only else list(
@@ -767,6 +839,8 @@ def main(argv: list[str] | None = None) -> int:
                         budget_s=budget, seeds=args.seeds, cpu=args.cpu, cost=args.cost)
     for name in names:
         timeout = MODELS[name].timeout * (10 if args.cpu else 1)  # a CPU compiles slowly
+        if args.sites:  # each site compiles the job's blocks and the probed copy again
+            timeout = max(timeout, 520)
         if args.quarantine:
             labels = [f"{name}-clean" + (str(k + 1) if k else "")
                       for k in range(args.clean_runs)] + [name]
@@ -785,7 +859,7 @@ def main(argv: list[str] | None = None) -> int:
                                        min(call.left_s(), timeout), args.cost,
                                        args.spread, args.train_fault,
                                        stock_moe=args.stock_moe,
-                                       child=args.child))["runs"][name]
+                                       child=args.child, sites=args.sites))["runs"][name]
         print(f"[{name}] exit={run['exit']} wall={run['wall_s']}s", flush=True)
     print(json.dumps(figures(read_workers(call.logs, call.results)), indent=2, default=str))
     return 0
