@@ -351,9 +351,11 @@ def feeding_first_output(graph: torch.fx.Graph) -> set[torch.fx.Node]:
 
 
 _NOT_NAMES = frozenset({"L", "G", "self", "module", "_modules", "_orig_mod",
-                        "_checkpoint_wrapped_module"})
-"""Identifiers of Dynamo's module paths (``L['self']._modules['attention']``) that name no
-child of the block."""
+                        "_checkpoint_wrapped_module", "forward", "__closure__",
+                        "cell_contents", "__self__", "__dict__"})
+"""Identifiers of Dynamo's module paths that name no child of the block: its sources
+(``L['self']._modules['attention']``) and the walk through a method's closure that TorchTitan
+0.3.0's MoE records (``moe.forward.__closure__[0].cell_contents.__self__.router``)."""
 
 
 def traced_inside(node: torch.fx.Node, module: str) -> bool:
@@ -432,7 +434,7 @@ def pass_class() -> type:
             """Inductor's cache key part, so a graph with the op never serves a clean run."""
             previous = self.previous.uuid() if isinstance(self.previous, CustomGraphPass) else (
                 None if self.previous is None else id(self.previous))
-            return ("titan-rocm-debug-corrupt-v4", self.graphs, self.module, self.op, self.index,
+            return ("titan-rocm-debug-corrupt-v5", self.graphs, self.module, self.op, self.index,
                     previous)
 
     return CorruptPass
