@@ -282,6 +282,9 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
     specs = [] if cost_only or quarantine or sites else audit_matrix.fault_specs(
         audit_matrix.first_middle_last(keys))
 
+    def matrix() -> list[dict[str, Any]]:
+        return [{**o.to_dict(), "result": _trim(o.result)} for o in outcomes]
+
     def said(o: audit_matrix.Outcome) -> None:
         print(f"[{name}] {o.spec} seed={o.seed}: {o.verdict} right={o.judged['right']} "
               f"{o.seconds:.1f}s", flush=True)
@@ -297,10 +300,8 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
         outcomes += audit_matrix.run(one, site.specs(audit_matrix.first_middle_last(keys)), [],
                                      reseed, on_outcome=said)
         # What ran so far, should the call's time run out before the last site.
-        out_file.write_text(json.dumps({
-            "model": name, "cpu": cpu, "sites": sites, "partial": True,
-            "matrix": [{**o.to_dict(), "result": _trim(o.result)} for o in outcomes]},
-            default=str))
+        out_file.write_text(json.dumps({"model": name, "cpu": cpu, "sites": sites,
+                                        "partial": True, "matrix": matrix()}, default=str))
     references = {}
     reseed(0)
     for choice in () if cost_only or quarantine or sites else REFERENCES:
@@ -321,7 +322,7 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
            **({"moe_compile": "stock"} if stock_moe else {}),
            **({"sites": sites} if sites else {}),
            "in_training": in_training, "references": references,
-           "matrix": [{**o.to_dict(), "result": _trim(o.result)} for o in outcomes]}
+           "matrix": matrix()}
     out_file.write_text(json.dumps(out, default=str))
     print(f"[{name}] wrote {out_file}", flush=True)
     return 0
@@ -400,13 +401,14 @@ def site_list(text: str) -> list[Any]:
     sites = SITES[model]
     if not picked:
         return list(sites)
+    bad = ValueError(f"--sites {text}: accepted site indices for {model}: 0 to "
+                     f"{len(sites) - 1}, comma-separated")
     try:
         indices = [int(i) for i in picked.split(",")]
     except ValueError:
-        indices = [-1]
+        raise bad from None
     if any(not 0 <= i < len(sites) for i in indices):
-        raise ValueError(f"--sites {text}: accepted site indices for {model}: 0 to "
-                         f"{len(sites) - 1}, comma-separated")
+        raise bad
     return [sites[i] for i in indices]
 
 
@@ -809,6 +811,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         if args.quarantine or args.train_fault:
             parser.error("--sites runs no training: not with --quarantine or --train-fault")
+        if args.seeds < 1:  # the clean audit draws the batch every site's faults use
+            parser.error(f"--sites needs --seeds 1 or more (got {args.seeds}): its clean "
+                         "audit draws the batch the sites are audited on")
     if args.clean_runs < 1:
         parser.error(f"--clean-runs {args.clean_runs} is not valid; accepted: an integer >= 1")
     names = args.only.split(",") if args.only else list(

@@ -25,7 +25,6 @@ Caches are off (``fx_graph_cache``, ``enable_autograd_cache``): every compile is
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import threading
@@ -95,7 +94,7 @@ def one_run(steps: int, fullgraph: bool, dim: int = 256) -> dict[str, Any]:
     _train(again_blocks, again_opt, x, steps, None)
     torch._dynamo.reset()
     blocks, opt = _job(0, dim)
-    other = copy.deepcopy(_Block(dim))
+    other = _Block(dim)  # another block: the probed copy's stand-in
     thread_errors: list[str] = []
 
     def compile_beside() -> None:

@@ -115,6 +115,16 @@ def test_bad_input_is_one_sentence() -> None:
     assert op.returncode == 2 and "accepted: any block, graph, fraction" in op.stderr
     missing = _run("--reanalyse", str(ROOT / "benchmarks" / "no-such-run"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    for args, said in ((["--sites", "llama3:x"], "--sites llama3:x: accepted site indices for "
+                                                 "llama3: 0 to 4, comma-separated"),
+                       (["--sites", "llama3:9"], "accepted site indices for llama3: 0 to 4"),
+                       (["--sites", "gpt"], "--sites gpt: 'gpt' has no sites; accepted: llama3, "
+                                            "qwen3, optionally :i,j (site indices)"),
+                       (["--sites", "qwen3", "--seeds", "0"], "--sites needs --seeds 1 or more "
+                                                              "(got 0)")):
+        done = _run(*args, "--out", "/tmp/x")
+        assert done.returncode == 2 and said in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
 
 
 def test_the_current_matrix_and_in_training_faults_the_docs_quote() -> None:
