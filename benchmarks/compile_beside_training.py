@@ -28,6 +28,7 @@ import argparse
 import json
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +122,8 @@ def one_run(steps: int, fullgraph: bool, dim: int = 256) -> dict[str, Any]:
 
 def reanalyse(directory: Path) -> dict[str, Any]:
     """Per stored ``*.jsonl`` file: its runs, the reads that saw each flag, the runs whose
-    parameters differ from the job alone, the errors either thread raised."""
+    parameters differ from the job alone, the errors either thread raised (each with its
+    count) and how many the job's thread raised in each run."""
     files = sorted(directory.glob("*.jsonl")) if directory.is_dir() else []
     if not files:
         raise ValueError(f"--reanalyse {directory}: no *.jsonl of this benchmark there; "
@@ -137,8 +139,10 @@ def reanalyse(directory: Path) -> dict[str, Any]:
             "fx_tracing_reads": [r["fx_tracing"] for r in runs],
             "runs_params_differ": sum(not r["params_as_without_it"] for r in runs),
             "runs_alone_twice_equal": sum(r["alone_twice_equal"] for r in runs),
-            "job_errors": [e for r in runs for e in r["errors"]],
-            "thread_errors": [e for r in runs for e in r["thread_errors"]]}
+            # Each error once with how often it was raised: a stuck flag raises at every step.
+            "job_errors": dict(Counter(e for r in runs for e in r["errors"])),
+            "job_errors_each": [len(r["errors"]) for r in runs],
+            "thread_errors": dict(Counter(e for r in runs for e in r["thread_errors"]))}
     return out
 
 

@@ -228,10 +228,14 @@ def environment(**extra: Any) -> dict[str, Any]:
     except ImportError:
         triton = None
     gpus = torch.cuda.device_count()
+    # The caching allocator's settings change what fits (TorchTitan's run_train.sh sets
+    # expandable segments); a run made with them says so.
+    alloc = {k: os.environ[k] for k in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+             if os.environ.get(k)}
     return {"date": datetime.now().isoformat(timespec="seconds"),
             "gpu": torch.cuda.get_device_name(0) if gpus else None, "gpus": gpus,
             "torch": torch.__version__, "triton": triton, "command": " ".join(sys.argv),
-            **extra}
+            **({"allocator": alloc} if alloc else {}), **extra}
 
 
 class Call:

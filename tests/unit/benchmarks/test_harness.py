@@ -160,3 +160,15 @@ def test_list_prints_the_runs_and_out_is_required() -> None:
     no_out = cli("--suite", "fp8")
     assert no_out.returncode == 2 and "--out DIR is required" in no_out.stderr
     assert "Traceback" not in no_out.stderr
+
+
+def test_a_stored_environment_names_the_allocator_settings_it_ran_with(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """What fits on a card depends on the caching allocator's settings: a result made with
+    them says so, and one made without them has no such key."""
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert "allocator" not in harness.environment()
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "expandable_segments:True")
+    assert harness.environment(seeds=1)["allocator"] == {
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True"}
