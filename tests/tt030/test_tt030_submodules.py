@@ -15,7 +15,8 @@ pytestmark = pytest.mark.torchtitan030
 
 SITES = (audit_matrix.Site("attention", "mm", 0, "the q projection"),
          audit_matrix.Site("feed_forward", "mul", 0, "the SwiGLU multiply"),
-         audit_matrix.Site("attention", "mul", 1, "a rotary-embedding multiply"),
+         audit_matrix.Site("attention", "mul", 0, "the rotary multiply of q"),
+         audit_matrix.Site("attention", "mul", 1, "the rotary multiply of k"),
          audit_matrix.Site("attention_norm", "mul", 0, "the attention norm"),
          audit_matrix.Site("ffn_norm", "mul", 0, "the feed-forward norm"))
 

@@ -60,12 +60,14 @@ class Site:
 
 SITES: dict[str, tuple[Site, ...]] = {
     # TorchTitan 0.2.2's Attention: wq, wk, wv, wo are its mm in order; its rotary embedding
-    # multiplies complex numbers (the second complex mul; the first is not reached on CPU).
-    "llama3": (Site("attention", "mul", 1, "a rotary-embedding multiply"),
+    # multiplies complex numbers, q's then k's (the stored GPU grids hold indices 0 to 4 of
+    # this list as they were run; q's multiply came last).
+    "llama3": (Site("attention", "mul", 1, "the rotary multiply of k"),
                Site("attention", "mm", 3, "the output projection"),
                Site("attention_norm", "mul", 0, "the attention norm"),
                Site("ffn_norm", "mul", 0, "the feed-forward norm"),
-               Site("feed_forward", "mul", 0, "the SwiGLU multiply")),
+               Site("feed_forward", "mul", 0, "the SwiGLU multiply"),
+               Site("attention", "mul", 0, "the rotary multiply of q")),
     "qwen3": (Site("attention", "mul", 0, "the q/k norm or rotary multiply"),
               Site("attention", "mm", 3, "the output projection"),
               Site("attention_norm", "mul", 0, "the attention norm"),

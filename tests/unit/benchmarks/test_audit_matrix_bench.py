@@ -116,8 +116,8 @@ def test_bad_input_is_one_sentence() -> None:
     missing = _run("--reanalyse", str(ROOT / "benchmarks" / "no-such-run"))
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     for args, said in ((["--sites", "llama3:x"], "--sites llama3:x: accepted site indices for "
-                                                 "llama3: 0 to 4, comma-separated"),
-                       (["--sites", "llama3:9"], "accepted site indices for llama3: 0 to 4"),
+                                                 "llama3: 0 to 5, comma-separated"),
+                       (["--sites", "llama3:9"], "accepted site indices for llama3: 0 to 5"),
                        (["--sites", "gpt"], "--sites gpt: 'gpt' has no sites; accepted: llama3, "
                                             "qwen3, optionally :i,j (site indices)"),
                        (["--sites", "qwen3", "--seeds", "0"], "--sites needs --seeds 1 or more "
@@ -365,12 +365,12 @@ def test_the_multipliers_sit_above_every_stored_clean_gpu_tensor() -> None:
                       "child_input_grad": (1.028, 1.2), "child_param_grad": (1.03, 2.0)}
     assert cal["child_input_grad"]["needed_worst"].endswith("layers.5.moe.router input grad")
     counts = {kind: row["tensors"] for kind, row in cal.items()}
-    assert counts == {"output": 4419, "input_grad": 4419, "param_grad": 47514,
-                      "child_output": 4588, "child_input_grad": 4951,
-                      "child_param_grad": 17880}
+    assert counts == {"output": 4436, "input_grad": 4436, "param_grad": 47660,
+                      "child_output": 4620, "child_input_grad": 4983,
+                      "child_param_grad": 17992}
     docs = " ".join((ROOT / "docs" / "numerics-audit.md").read_text().split())
-    for quoted in ("4,588 child outputs and 4,951 input gradients", "1.030 of 17,880",
-                   "outside the blocks (47,514;", "1.000 and 1.037 (4,419 each)"):
+    for quoted in ("4,620 child outputs and 4,983 input gradients", "1.030 of 17,992",
+                   "outside the blocks (47,660;", "1.000 and 1.037 (4,436 each)"):
         assert quoted in docs
 
 
@@ -495,20 +495,26 @@ def test_deepseek_whole_micro_batch_on_the_h100_as_the_docs_quote_it() -> None:
             "in training, 1.10 x for `titan-rocm audit`") in docs
 
 
-SITES = {"llama3_1b": ("llama3", ("0", "8", "15"), ("attention", "attention", "attention_norm",
-                                                    "ffn_norm", "feed_forward")),
-         "qwen3_1.7b": ("qwen3", ("0", "14", "27"), ("attention", "attention", "attention_norm",
-                                                     "feed_forward"))}
+SITES = {  # the stored grid -> its model, blocks, each site's child in order, the docs' label
+    "llama3": ("llama3_1b", ("0", "8", "15"), ("attention", "attention", "attention_norm",
+                                               "ffn_norm", "feed_forward"), "llama3"),
+    "qwen3": ("qwen3_1.7b", ("0", "14", "27"), ("attention", "attention", "attention_norm",
+                                                "feed_forward"), "qwen3"),
+    # SITES["llama3"][5], q's rotary multiply, run after the grid (--sites llama3:5).
+    "llama3-q": ("llama3_1b", ("0", "8", "15"), ("attention",), "llama3, q's rotary multiply"),
+}
+SPANS = {"llama3": ((11.9, 14.3), (4.3, 4.5)), "qwen3": ((14.4, 22.4), (7.9, 8.3)),
+         "llama3-q": ((16.0, 16.0), (4.3, 4.4))}
 
 
-@pytest.mark.parametrize("model", list(SITES))
+@pytest.mark.parametrize("grid", list(SITES))
 def test_the_h100_sites_grid_names_every_site_at_its_block_child_and_direction(
-        model: str) -> None:
+        grid: str) -> None:
     """``--sites``: each CPU site at 0.5 % in the first, a middle and the last block, forward
     and backward, on TorchTitan's trainer on one H100: every fault named at its block, child
     and direction (a backward one with the forward clean), the clean audit ok."""
-    name, blocks, children = SITES[model]
-    directory = H100 / f"audit-matrix-sites-{name}"
+    model, blocks, children, label = SITES[grid]
+    directory = H100 / f"audit-matrix-sites-{grid}"
     figures = _reanalysed(directory)["figures"][model]
     found = figures["detection"]
     assert (found["faults"], found["faults_right"]) == (6 * len(children),) * 2
@@ -526,11 +532,10 @@ def test_the_h100_sites_grid_names_every_site_at_its_block_child_and_direction(
     seconds = [m["seconds"] for m in faults]
     first = [s for i, s in enumerate(seconds) if i % 6 == 0]
     rest = [s for i, s in enumerate(seconds) if i % 6]
-    spans = {"llama3_1b": ((11.9, 14.3), (4.3, 4.5)), "qwen3_1.7b": ((14.4, 22.4), (7.9, 8.3))}
     assert ((round(min(first) + 1e-9, 1), round(max(first) + 1e-9, 1)),
-            (round(min(rest) + 1e-9, 1), round(max(rest) + 1e-9, 1))) == spans[model]
+            (round(min(rest) + 1e-9, 1), round(max(rest) + 1e-9, 1))) == SPANS[grid]
     docs = " ".join((ROOT / "docs" / "numerics-audit.md").read_text().split())
-    assert f"{name}: {len(faults)} of {len(faults)}" in docs
+    assert f"{label}: {len(faults)} of {len(faults)}" in docs
     assert ("first audit took 11.9 to 14.3 s (llama3) and 14.4 to 22.4 s (qwen3), compiling the "
             "blocks and the probed copy with the new fault op, the others 4.3 to 4.5 s and 7.9 "
             "to 8.3 s") in docs
