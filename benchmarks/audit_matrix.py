@@ -105,6 +105,11 @@ class Model:
     timeout: int = 300
 
 
+def family(name: str) -> str:
+    """The model code ``MODELS[name]`` trains (``llama3``, ``qwen3``, ``deepseek_v3``)."""
+    return Path(MODELS[name].config).name.split("_debug")[0]
+
+
 MODELS: dict[str, Model] = {
     "llama3_debug": Model("configs/llama3_debug.toml", timeout=200),
     "llama3_1b": Model("configs/llama3_debug.toml", ("--model.flavor", "bench_1B")),
@@ -178,6 +183,7 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
     from titan_rocm.adapters.tt022.audit import audit_built
     from titan_rocm.adapters.tt022.config import settings_from
     from titan_rocm.adapters.tt022.converters.converter import JOB_ATTR
+    from titan_rocm.numerics.attribution import inner_module
     from titan_rocm.testing import audit_matrix, corrupt
 
     model = MODELS[name]
@@ -189,8 +195,7 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
         cpu_trainer.cpu_patches()
         cls = type("Trainer", (audit_trainer.AuditTrainer,), {"n_layers": 3,
                                                               "data_batches": None})
-        flags = [*audit_trainer.COMPILED, *audit_trainer.MODELS[
-            "deepseek_v3" if "deepseek" in name else "llama3"],
+        flags = [*audit_trainer.COMPILED, *audit_trainer.MODELS[family(name)],
                  "--rocm.numerics_audit", "every_n_steps", "--rocm.numerics_audit_every",
                  str(every), "--training.steps", str(train_steps),
                  "--metrics.log_freq", "1", "--rocm.moe_eager_scope", model.scope,
@@ -297,8 +302,10 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
         corrupt.uninstall()
         torch._dynamo.reset()
         audit_matrix.install(trainer.model_parts, site.op, site.index, site.module)
-        outcomes += audit_matrix.run(one, site.specs(audit_matrix.first_middle_last(keys)), [],
-                                     reseed, on_outcome=said)
+        holders = [k for k, b in trainer.model_parts[0].layers.named_children()
+                   if hasattr(inner_module(b), site.named)]  # deepseek_v3's block 0 has no moe
+        outcomes += audit_matrix.run(one, site.specs(audit_matrix.first_middle_last(holders)),
+                                     [], reseed, on_outcome=said, child=site.child)
         # What ran so far, should the call's time run out before the last site.
         out_file.write_text(json.dumps({"model": name, "cpu": cpu, "sites": sites,
                                         "partial": True, "matrix": matrix()}, default=str))
@@ -811,6 +818,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         if args.quarantine or args.train_fault:
             parser.error("--sites runs no training: not with --quarantine or --train-fault")
+        if args.sites.partition(":")[0] == "deepseek_v3" and not args.stock_moe:
+            parser.error(f"--sites {args.sites} needs --stock-moe: the mixed compile keeps the "
+                         "MoE blocks eager, with no compiled kernel inside for a fault")
         if args.seeds < 1:  # the clean audit draws the batch every site's faults use
             parser.error(f"--sites needs --seeds 1 or more (got {args.seeds}): its clean "
                          "audit draws the batch the sites are audited on")
@@ -821,6 +831,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         parser.error(f"--only {','.join(unknown)}: accepted: {', '.join(MODELS)}")
+    if args.sites:  # a site counts ops of its own model's code
+        sites_of = args.sites.partition(":")[0]
+        other = [n for n in names if family(n) != sites_of]
+        if other:
+            fits = [n for n in MODELS if family(n) == sites_of]
+            parser.error(f"--sites {args.sites} with --only {','.join(other)}: its sites are "
+                         f"{sites_of}'s; accepted: --only {', '.join(fits)}")
     if args.train_fault:
         from titan_rocm.testing import corrupt
 

@@ -43,19 +43,32 @@ def install(model_parts: list[Any], op: str = "mul", index: int = 0,
 @dataclass(frozen=True)
 class Site:
     """Where inside a block a fault goes: the ``index``-th ``aten.<op>`` traced inside child
-    ``module`` (the post-grad graph's order)."""
+    ``module`` (the post-grad graph's order); ``module`` None: in any of the block's compiled
+    graphs, for a child compiled alone (stock 0.2.2 compiles a MoE block's router by itself, so
+    its graph records no path from the block), with ``child`` the child the audit must name."""
 
-    module: str
+    module: str | None
     op: str
     index: int
     what: str
+    graphs: tuple[str, ...] = GRAPHS
+    """The directions the op runs in (a gather's backward is a scatter-add: forward only)."""
+    child: str | None = None
+
+    @property
+    def named(self) -> str:
+        """The block's child the audit must name: ``child``, else ``module``'s first name."""
+        name = self.child or self.module
+        if name is None:
+            raise ValueError(f"site {self.what!r} names neither a module nor a child")
+        return name.split(".")[0]
 
     def specs(self, blocks: Sequence[str], fraction: float = 0.005,
-              graphs: Sequence[str] = GRAPHS) -> list[corrupt.CorruptSpec]:
-        """This site in each of ``blocks``, in each direction."""
+              graphs: Sequence[str] | None = None) -> list[corrupt.CorruptSpec]:
+        """This site in each of ``blocks``, in each of its directions (or ``graphs``)."""
         return [corrupt.CorruptSpec(block=int(b), graph=g, module=self.module, op=self.op,
                                     index=self.index, fraction=fraction)
-                for b in blocks for g in graphs]
+                for b in blocks for g in (graphs or self.graphs)]
 
 
 SITES: dict[str, tuple[Site, ...]] = {
@@ -72,20 +85,34 @@ SITES: dict[str, tuple[Site, ...]] = {
               Site("attention", "mm", 3, "the output projection"),
               Site("attention_norm", "mul", 0, "the attention norm"),
               Site("feed_forward", "mul", 0, "the SwiGLU multiply")),
+    # MoE blocks as stock 0.2.2 compiles them (moe_eager_compile "off"; the mixed compile keeps
+    # them eager, with no compiled kernel inside): the router and the experts compiled alone.
+    "deepseek_v3": (Site(None, "gather", 0, "the router's top-k score gather", ("forward",),
+                         "moe"),
+                    Site(None, "scatter_add", 0, "the gather's backward scatter-add",
+                         ("backward",), "moe"),
+                    Site(None, "_grouped_mm", 0, "the experts' first grouped GEMM",
+                         child="moe")),
 }
 """The sites the CPU sub-module matrix proves, per model (tests/support/audit_trainer.py)."""
 
 
-def judge(result: dict[str, Any], spec: corrupt.CorruptSpec | None) -> dict[str, Any]:
-    """Whether ``result`` is right for ``spec`` (None: a clean run, which must be ok)."""
+def judge(result: dict[str, Any], spec: corrupt.CorruptSpec | None,
+          child: str | None = None) -> dict[str, Any]:
+    """Whether ``result`` is right for ``spec`` (None: a clean run, which must be ok); with
+    ``child``, a fault the spec does not place in a child (``module`` None) must be named at
+    it or at a child probed inside it (``moe.router`` in ``moe``)."""
     first = result.get("first_wrong") or {}
     flagged = result.get("verdict") == "flagged"
     if spec is None:
         return {"right": result.get("verdict") == "ok", "flagged": flagged}
     named = first.get(spec.graph) == spec.key
+    module = (result.get("first_wrong_module") or {}).get(spec.graph)
     if spec.module is not None:  # inside a block: its child named too
-        module = (result.get("first_wrong_module") or {}).get(spec.graph)
         named = named and module == spec.module.split(".")[0]
+    elif child is not None:
+        named = named and module is not None and (module == child
+                                                  or module.startswith(f"{child}."))
     clean_forward = spec.graph == "forward" or first.get("forward") is None
     return {"right": flagged and named and clean_forward, "flagged": flagged,
             "named": named, "forward_clean": clean_forward, "first_wrong": first,
@@ -115,9 +142,10 @@ class Outcome:
 
 def run(audit: Callable[[], dict[str, Any]], specs: Sequence[corrupt.CorruptSpec],
         seeds: Sequence[int], reseed: Callable[[int], None],
-        on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+        on_outcome: Callable[[Outcome], None] | None = None,
+        child: str | None = None) -> list[Outcome]:
     """Clean audits for each seed (``reseed(seed)``: new weights and batch), then one audit per
-    fault, each judged."""
+    fault, each judged (``child``: as :func:`judge` takes it)."""
     outcomes = []
 
     def one(spec: corrupt.CorruptSpec | None, seed: int | None) -> None:
@@ -126,7 +154,7 @@ def run(audit: Callable[[], dict[str, Any]], specs: Sequence[corrupt.CorruptSpec
         result = audit()
         hits = dict(corrupt.summary()["hits"])
         outcome = Outcome(None if spec is None else spec.to_dict(), seed, result["verdict"],
-                          judge(result, spec), hits, time.perf_counter() - t0, result)
+                          judge(result, spec, child), hits, time.perf_counter() - t0, result)
         outcomes.append(outcome)
         if on_outcome is not None:
             on_outcome(outcome)

@@ -119,9 +119,16 @@ def test_bad_input_is_one_sentence() -> None:
                                                  "llama3: 0 to 5, comma-separated"),
                        (["--sites", "llama3:9"], "accepted site indices for llama3: 0 to 5"),
                        (["--sites", "gpt"], "--sites gpt: 'gpt' has no sites; accepted: llama3, "
-                                            "qwen3, optionally :i,j (site indices)"),
+                                            "qwen3, deepseek_v3, optionally :i,j (site "
+                                            "indices)"),
                        (["--sites", "qwen3", "--seeds", "0"], "--sites needs --seeds 1 or more "
-                                                              "(got 0)")):
+                                                              "(got 0)"),
+                       (["--sites", "deepseek_v3:0", "--only", "deepseek_v3_4b_half"],
+                        "--sites deepseek_v3:0 needs --stock-moe: the mixed compile keeps the MoE "
+                        "blocks eager"),
+                       (["--sites", "llama3", "--only", "qwen3_1.7b"],
+                        "--sites llama3 with --only qwen3_1.7b: its sites are llama3's; "
+                        "accepted: --only llama3_debug, llama3_1b")):
         done = _run(*args, "--out", "/tmp/x")
         assert done.returncode == 2 and said in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
@@ -539,3 +546,25 @@ def test_the_h100_sites_grid_names_every_site_at_its_block_child_and_direction(
     assert ("first audit took 11.9 to 14.3 s (llama3) and 14.4 to 22.4 s (qwen3), compiling the "
             "blocks and the probed copy with the new fault op, the others 4.3 to 4.5 s and 7.9 "
             "to 8.3 s") in docs
+
+
+@pytest.mark.slow
+def test_the_sites_command_names_stock_moe_router_faults_on_the_cpu_trainer(
+        tmp_path: Path) -> None:
+    """``--sites deepseek_v3:0,1 --stock-moe --cpu``: the GPU command's own code on the CPU
+    trainer (three blocks, 1 and 2 MoE): the router's top-k gather (forward) and its backward
+    scatter-add in each MoE block, named at the ``moe`` (the scatter-add at ``moe.router``),
+    the dense block 0 left out, the clean audit ok. The experts' grouped GEMM (site 2) is
+    compiled on a GPU only: on CPU 0.2.2's experts run eager."""
+    out = tmp_path / "sites"
+    done = _run("--cpu", "--out", str(out), "--only", "deepseek_v3_4b_half", "--stock-moe",
+                "--sites", "deepseek_v3:0,1", "--seeds", "1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    figures = _reanalysed(out)["figures"]["deepseek_v3_4b_half"]["detection"]
+    assert (figures["faults"], figures["faults_right"], figures["false_positives"]) == (4, 4, 0)
+    with harness.open_stored(out) as (_, logs):
+        matrix = json.loads((logs / "deepseek_v3_4b_half.json").read_text())["matrix"]
+    named = [(m["spec"]["block"], m["spec"]["op"], m["judged"]["first_wrong_module"][
+        m["spec"]["graph"]]) for m in matrix if m["spec"]]
+    assert named == [(1, "gather", "moe"), (2, "gather", "moe"),
+                     (1, "scatter_add", "moe.router"), (2, "scatter_add", "moe.router")]

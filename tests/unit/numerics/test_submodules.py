@@ -117,6 +117,26 @@ def test_a_sites_specs_cover_each_block_and_direction() -> None:
     assert not judged["right"]  # the right block, the wrong child
 
 
+def test_a_site_of_a_child_compiled_alone_is_judged_at_that_child_or_one_inside_it() -> None:
+    """A stock MoE's router compiles alone (no path from the block in its graph): its site
+    names no module, and the audit must name the ``moe`` or a child probed inside it."""
+    site = audit_matrix.SITES["deepseek_v3"][1]
+    assert (site.module, site.named, site.graphs) == (None, "moe", ("backward",))
+    spec, = site.specs(["2"])
+    assert (spec.block, spec.graph, spec.module) == (2, "backward", None)
+
+    def result(module: str | None) -> dict:
+        return {"verdict": "flagged", "first_wrong": {"backward": "2"},
+                "first_wrong_module": {"backward": module}}
+
+    for module, right in (("moe.router", True), ("moe", True), ("attention", False),
+                          ("moe_norm", False), (None, False)):
+        assert audit_matrix.judge(result(module), spec, site.child)["right"] is right, module
+    assert audit_matrix.judge(result("attention"), spec)["right"] is True  # no child asked
+    with pytest.raises(ValueError, match="names neither a module nor a child"):
+        _ = audit_matrix.Site(None, "mul", 0, "nowhere").named
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", ["llama3", "qwen3"])
 def test_the_submodule_matrix_on_the_real_trainer(audit_env: Any, model: str) -> None:  # noqa: F811
