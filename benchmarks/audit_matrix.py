@@ -183,7 +183,6 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
     from titan_rocm.adapters.tt022.audit import audit_built
     from titan_rocm.adapters.tt022.config import settings_from
     from titan_rocm.adapters.tt022.converters.converter import JOB_ATTR
-    from titan_rocm.numerics.attribution import inner_module
     from titan_rocm.testing import audit_matrix, corrupt
 
     model = MODELS[name]
@@ -302,10 +301,8 @@ def worker(name: str, out_file: Path, seeds: int, cpu: bool, cost_only: bool = F
         corrupt.uninstall()
         torch._dynamo.reset()
         audit_matrix.install(trainer.model_parts, site.op, site.index, site.module)
-        holders = [k for k, b in trainer.model_parts[0].layers.named_children()
-                   if hasattr(inner_module(b), site.named)]  # deepseek_v3's block 0 has no moe
-        outcomes += audit_matrix.run(one, site.specs(audit_matrix.first_middle_last(holders)),
-                                     [], reseed, on_outcome=said, child=site.child)
+        outcomes += audit_matrix.run(one, site.specs(site.blocks(trainer.model_parts)), [],
+                                     reseed, on_outcome=said, child=site.child)
         # What ran so far, should the call's time run out before the last site.
         out_file.write_text(json.dumps({"model": name, "cpu": cpu, "sites": sites,
                                         "partial": True, "matrix": matrix()}, default=str))
@@ -507,6 +504,8 @@ def in_training_detection(worker_out: dict[str, Any]) -> dict[str, Any]:
     wrong), and whether it is right: the part that replays the fault's block flags it there
     in its direction (a backward fault with the forward clean), and no part names another
     block (the end-to-end loss a forward fault moves names none)."""
+    from titan_rocm.testing.audit_matrix import within
+
     spec = worker_out["train_fault"]
     key, graph = str(spec["block"]), spec["graph"]
     child = spec.get("child") or (spec["module"].split(".")[0] if spec.get("module") else None)
@@ -517,16 +516,11 @@ def in_training_detection(worker_out: dict[str, Any]) -> dict[str, Any]:
     mine = [p for p in parts if p["blocks"] is None or key in p["blocks"]]
     named = bool(mine) and all(
         p["verdict"] == "flagged" and p["first_wrong"].get(graph) == key
-        and (child is None or _within(p["first_wrong_module"].get(graph), child))
+        and (child is None or within(p["first_wrong_module"].get(graph), child))
         and (graph == "forward" or p["first_wrong"].get("forward") is None) for p in mine)
     elsewhere = [b for p in parts for b in p["first_wrong"].values()
                  if b is not None and b != key]
     return {"spec": spec, "parts": parts, "right": named and not elsewhere}
-
-
-def _within(module: str | None, child: str) -> bool:
-    """``module`` is ``child`` or a child probed inside it (``moe.router`` in ``moe``)."""
-    return module is not None and (module == child or module.startswith(f"{child}."))
 
 
 def detection(worker_out: dict[str, Any]) -> dict[str, Any]:
@@ -818,7 +812,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         if args.quarantine or args.train_fault:
             parser.error("--sites runs no training: not with --quarantine or --train-fault")
-        if args.sites.partition(":")[0] == "deepseek_v3" and not args.stock_moe:
+        # A site no module places sits in a child the stock MoE compile compiles alone.
+        if any(s.module is None for s in site_list(args.sites)) and not args.stock_moe:
             parser.error(f"--sites {args.sites} needs --stock-moe: the mixed compile keeps the "
                          "MoE blocks eager, with no compiled kernel inside for a fault")
         if args.seeds < 1:  # the clean audit draws the batch every site's faults use

@@ -150,7 +150,6 @@ def submodule_matrix(model: str, layers: int = 3,
     """Each site of titan_rocm.testing.audit_matrix.SITES at 0.5 % in the first, a middle and
     the last block, forward and backward: each must be named at its block and child. A site
     is a new fault op, so the model compiles again for each."""
-    from titan_rocm.numerics.attribution import inner_module
     from titan_rocm.testing import audit_matrix, corrupt
 
     outcomes: list[Any] = []
@@ -160,9 +159,7 @@ def submodule_matrix(model: str, layers: int = 3,
         stock = ["--rocm.moe_eager_compile", "off"] if site.module is None else []
         trainer, jc = build(MODELS[model] + stock, layers)
         audit_matrix.install(trainer.model_parts, site.op, site.index, site.module)
-        keys = [k for k, b in trainer.model_parts[0].layers.named_children()
-                if hasattr(inner_module(b), site.named)]
-        specs = site.specs(audit_matrix.first_middle_last(keys))
+        specs = site.specs(site.blocks(trainer.model_parts))
         outcomes += audit_matrix.run(lambda trainer=trainer, jc=jc: audit(trainer, jc).to_dict(),
                                      specs, [], lambda seed: None, child=site.child)
         trainer.close()

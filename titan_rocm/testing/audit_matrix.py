@@ -17,6 +17,11 @@ FRACTIONS = (0.005, 0.01, 0.03)
 GRAPHS = ("forward", "backward")
 
 
+def within(module: str | None, child: str) -> bool:
+    """``module`` is ``child`` or a child probed inside it (``moe.router`` in ``moe``)."""
+    return module is not None and (module == child or module.startswith(f"{child}."))
+
+
 def first_middle_last(keys: Sequence[str]) -> list[str]:
     """The first, a middle and the last block key (fewer when the model has fewer)."""
     picked = [keys[0], keys[len(keys) // 2], keys[-1]]
@@ -62,6 +67,15 @@ class Site:
         if name is None:
             raise ValueError(f"site {self.what!r} names neither a module nor a child")
         return name.split(".")[0]
+
+    def blocks(self, model_parts: list[Any]) -> list[str]:
+        """The first, a middle and the last block that holds this site's child (deepseek_v3's
+        dense block 0 has no ``moe``)."""
+        from titan_rocm.numerics.attribution import inner_module
+
+        return first_middle_last([key for part in model_parts
+                                  for key, block in part.layers.named_children()
+                                  if hasattr(inner_module(block), self.named)])
 
     def specs(self, blocks: Sequence[str], fraction: float = 0.005,
               graphs: Sequence[str] | None = None) -> list[corrupt.CorruptSpec]:
@@ -112,8 +126,7 @@ def judge(result: dict[str, Any], spec: corrupt.CorruptSpec | None,
     if spec.module is not None:  # inside a block: its child named too
         named = named and module == spec.module.split(".")[0]
     elif child is not None:
-        named = named and module is not None and (module == child
-                                                  or module.startswith(f"{child}."))
+        named = named and within(module, child)
     clean_forward = spec.graph == "forward" or first.get("forward") is None
     return {"right": flagged and named and clean_forward, "flagged": flagged,
             "named": named, "forward_clean": clean_forward, "first_wrong": first,
