@@ -171,8 +171,18 @@ class Hits:
     replaced: int = 0
     changed: int = 0
     """Of those, elements whose value changed (a neighbour can hold the same value)."""
+    change_sq: float = 0.0
+    """The sum of the squared changes: with ``output_sq`` the fault's size, which a swap of
+    near-equal values (a router's scores at initialisation) keeps under rounding's."""
+    output_sq: float = 0.0
+    """The sum of the squared outputs the fault ran on."""
 
-    def to_dict(self) -> dict[str, int]:
+    @property
+    def relative_change(self) -> float:
+        """The change's norm over the outputs' (0 when nothing ran)."""
+        return (self.change_sq / self.output_sq) ** 0.5 if self.output_sq > 0 else 0.0
+
+    def to_dict(self) -> dict[str, float]:
         """JSON-able fields."""
         return dataclasses.asdict(self)
 
@@ -251,6 +261,8 @@ class _Runtime:
             before = work[idx]
             work[idx] = work[(idx + 1) % n]  # the right-hand side is read before the write
             changed = int((work[idx] != before).sum().item())
+            self.hits.change_sq += float((work[idx].double() - before.double()).square().sum())
+            self.hits.output_sq += float(x.double().square().sum())
         self.hits.hits += 1
         self.hits.elements += n
         self.hits.replaced += replaced
@@ -269,7 +281,8 @@ class _Runtime:
         if h.hits:
             line = (f"titan-rocm: {ENV} {when}: corrupted {spec.where}'s compiled "
                     f"{spec.graph} {h.hits} time(s), {h.changed} of {h.elements} elements "
-                    f"changed ({100.0 * h.changed / max(h.elements, 1):.2f} %); the op is in "
+                    f"changed ({100.0 * h.changed / max(h.elements, 1):.2f} %), by "
+                    f"{100.0 * h.relative_change:.3g} % of the output's norm; the op is in "
                     f"{h.graphs} compiled graph(s) built here, ran {h.calls} time(s)")
         else:
             line = f"titan-rocm: {ENV} {when}: never matched: {self.why_not()}"

@@ -224,6 +224,9 @@ def test_the_op_replaces_that_fraction_by_neighbours_only_inside_the_block(fract
     hits = corrupt.summary()["hits"]
     assert hits["hits"] == 1 and hits["calls"] == 4
     assert hits["changed"] == hits["replaced"] == round(fraction * x.numel())
+    # the fault's size, which the log line reports: the change's norm over the output's
+    size = ((y.double() - x.double()).norm() / x.double().norm()).item()
+    assert runtime.hits.relative_change == pytest.approx(size, rel=1e-9) and size > 0
     runtime.backward_enters("1")  # block 1's next backward: hits again, other positions
     z = op(x, True)
     assert (z != x).sum().item() == round(fraction * x.numel()) and not torch.equal(z, y)
