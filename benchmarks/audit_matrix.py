@@ -523,6 +523,15 @@ def in_training_detection(worker_out: dict[str, Any]) -> dict[str, Any]:
     return {"spec": spec, "parts": parts, "right": named and not elsewhere}
 
 
+def fault_size(outcome: dict[str, Any]) -> float | None:
+    """The fault's change over the norm of the op's output it ran on (None for a clean audit
+    and for runs stored before the fault measured it)."""
+    hits = outcome.get("hits") or {}
+    if not hits.get("output_sq"):
+        return None
+    return math.sqrt(hits["change_sq"] / hits["output_sq"])
+
+
 def detection(worker_out: dict[str, Any]) -> dict[str, Any]:
     """The matrix: each audit right or not, clean false positives, faults missed or
     misnamed."""
@@ -532,11 +541,15 @@ def detection(worker_out: dict[str, Any]) -> dict[str, Any]:
     return {"faults": len(faults), "faults_right": sum(m["judged"]["right"] for m in faults),
             "clean": len(clean), "false_positives": sum(not m["judged"]["right"]
                                                         for m in clean),
-            "wrong": [{"spec": m["spec"], "seed": m["seed"], "judged": m["judged"]}
+            "wrong": [{"spec": m["spec"], "seed": m["seed"], "judged": m["judged"],
+                       **({"fault_size": size} if (size := fault_size(m)) is not None else {})}
                       for m in matrix if not m["judged"]["right"]],
             "weakest_fault_score": min(
                 (max(_number(t["score"]) or 0.0 for t in m["result"]["tensors"])
-                 for m in faults), default=None)}
+                 for m in faults), default=None),
+            **({"named_fault_size_min": min(sizes)} if (sizes := [
+                size for m in faults if m["judged"]["right"]
+                and (size := fault_size(m)) is not None]) else {})}
 
 
 def reference_figures(worker_out: dict[str, Any]) -> dict[str, Any]:
@@ -713,9 +726,11 @@ def launch(name: str, logs: Path, seeds: int, cpu: bool, timeout: float,
            cost_only: bool = False, spread: int | None = None,
            train_fault: str | None = None, quarantine: bool = False,
            label: str | None = None, stock_moe: bool = False,
-           child: str | None = None, sites: str | None = None) -> dict[str, Any]:
-    """One worker process, fresh caches; its log and JSON go under ``logs`` (named ``label``,
-    default the model's name)."""
+           child: str | None = None, sites: str | None = None,
+           cache: Path | None = None) -> dict[str, Any]:
+    """One worker process, with fresh caches unless ``cache`` (Inductor's and Triton's, on
+    disk) is given; its log and JSON go under ``logs`` (named ``label``, default the model's
+    name)."""
     label = label or name
     result = logs / f"{label}.json"
     cmd = [sys.executable, "-m", "benchmarks.audit_matrix", "--worker", name, "--result",
@@ -725,7 +740,7 @@ def launch(name: str, logs: Path, seeds: int, cpu: bool, timeout: float,
            *(["--quarantine"] if quarantine else []),
            *(["--stock-moe"] if stock_moe else []), *(["--child", child] if child else []),
            *(["--sites", sites] if sites else [])]
-    env = harness.child_env(harness.fresh_dir(f"audit-{label}"))
+    env = harness.child_env(cache or harness.fresh_dir(f"audit-{label}"))
     code, wall = harness.run_logged(cmd, logs / f"{label}.log", env, timeout)
     return {"name": label, "exit": code, "wall_s": round(wall, 1)}
 
@@ -783,6 +798,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clean-runs", type=int, default=1, metavar="N",
                         help="--quarantine: clean trainings per model (2 or more: a noise "
                         "band from the repeats; default 1)")
+    parser.add_argument("--warm", action="store_true",
+                        help="each model's worker again, after the first, with the first's "
+                        "Inductor and Triton caches on disk (a job restarted on the same "
+                        "machine): NAME-warm")
     parser.add_argument("--cpu", action="store_true",
                         help="the CPU test trainer instead of TorchTitan's (code path only)")
     harness.add_budget(parser, None,
@@ -819,6 +838,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.seeds < 1:  # the clean audit draws the batch every site's faults use
             parser.error(f"--sites needs --seeds 1 or more (got {args.seeds}): its clean "
                          "audit draws the batch the sites are audited on")
+    if args.warm and not args.cost:
+        parser.error("--warm measures what a restarted job's audits cost: it goes with "
+                     "--cost (accepted: --cost --warm)")
     if args.clean_runs < 1:
         parser.error(f"--clean-runs {args.clean_runs} is not valid; accepted: an integer >= 1")
     names = args.only.split(",") if args.only else list(
@@ -870,14 +892,17 @@ def main(argv: list[str] | None = None) -> int:
                     label=label))["runs"][label]
                 print(f"[{label}] exit={run['exit']} wall={run['wall_s']}s", flush=True)
             continue
-        if call.skip_unless(name, 60):
-            continue
-        run = call.record(name, launch(name, call.logs, args.seeds, args.cpu,
-                                       min(call.left_s(), timeout), args.cost,
-                                       args.spread, args.train_fault,
-                                       stock_moe=args.stock_moe,
-                                       child=args.child, sites=args.sites))["runs"][name]
-        print(f"[{name}] exit={run['exit']} wall={run['wall_s']}s", flush=True)
+        cache = harness.fresh_dir(f"audit-{name}")
+        for label in (name, f"{name}-warm") if args.warm else (name,):
+            if call.skip_unless(label, 60):
+                continue
+            run = call.record(label, launch(name, call.logs, args.seeds, args.cpu,
+                                            min(call.left_s(), timeout), args.cost,
+                                            args.spread, args.train_fault,
+                                            label=label, stock_moe=args.stock_moe,
+                                            child=args.child, sites=args.sites,
+                                            cache=cache))["runs"][label]
+            print(f"[{label}] exit={run['exit']} wall={run['wall_s']}s", flush=True)
     print(json.dumps(figures(read_workers(call.logs, call.results)), indent=2, default=str))
     return 0
 
