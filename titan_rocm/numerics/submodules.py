@@ -33,6 +33,9 @@ from titan_rocm.numerics.stats import Accumulator
 
 ALONE = " (alone)"
 """Suffix of a child's parameter gradient from its own replay (the block's has none)."""
+AGREED = " (where the choices agree)"
+"""Suffix of an output compared only where the integer tensors beside it (a router's expert
+indices) are the same in the job's pass, the eager replay and the reference's."""
 
 
 class Unprobed(RuntimeError):
@@ -56,7 +59,10 @@ class ChildCall:
     output_compared: bool = True
     """False for an output beside discrete companions (the router's scores beside its expert
     indices): rounding flips a top-k choice now and then, which moves a gathered score by far
-    more than rounding; its input and parameters' gradients are compared."""
+    more than rounding, so it is compared only where the choices agree (``choices``)."""
+    choices: tuple[torch.Tensor, ...] = ()
+    """The integer tensors beside such an output, shaped like it (the router's expert
+    indices): which score each position holds."""
 
 
 def children(block: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -196,7 +202,7 @@ class Prober:
         if self.learning:
             self.shapes[f"{name}.out"] = (value.shape, value.dtype)
             return None
-        self.seen.append((name, "out", (value, single)))
+        self.seen.append((name, "out", (value, single, () if single else choices_of(out, value))))
         probed = value + self.probes[f"{name}.out"]
         return probed if single else (*out[:at], probed, *out[at + 1:])
 
@@ -286,7 +292,7 @@ def _calls(kids: list[tuple[str, nn.Module]], prober: Prober) -> dict[str, Child
         leaves, spec = pytree.tree_flatten((args, kwargs))
         first = args[_first_float(args)]  # a float: pre() refused the child otherwise
         at = next(i for i, t in enumerate(leaves) if t is first)
-        output, single = value
+        output, single, choices = value
         # A parameter of a child probed inside this one (moe.router in moe) is compared there.
         inner = {id(q) for n, m in kids if n.startswith(f"{name}.") for q in m.parameters()}
         calls[name] = ChildCall(
@@ -295,10 +301,43 @@ def _calls(kids: list[tuple[str, nn.Module]], prober: Prober) -> dict[str, Child
             output.detach(), prober.probes[f"{name}.out"].grad,
             prober.probes[f"{name}.in"].grad,
             {n: q.grad for n, q in modules[name].named_parameters() if id(q) not in inner},
-            single)
+            single, tuple(c.detach() for c in choices))
     # In the order the children began (an enclosing child before those inside it).
     return {name: calls[name] for name, where, _ in prober.seen
             if where == "in" and name in calls}
+
+
+def choices_of(out: tuple[Any, ...], value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The integer tensors of a child's output tuple shaped like its floating ``value`` (the
+    router's expert indices beside its scores)."""
+    return tuple(t for t in out if isinstance(t, torch.Tensor) and t is not value
+                 and not t.is_floating_point() and not t.is_complex() and t.shape == value.shape)
+
+
+def agreeing(*choices: tuple[torch.Tensor, ...]) -> torch.Tensor | None:
+    """Where every run's choices are the same (None when a run has none, or they differ in
+    number or shape): the positions whose outputs hold the same thing in each run."""
+    first = choices[0]
+    if not first or any(len(c) != len(first) for c in choices):
+        return None
+    mask = torch.ones(first[0].shape, dtype=torch.bool, device=first[0].device)
+    for tensors in zip(*choices, strict=True):
+        if any(t.shape != mask.shape for t in tensors):
+            return None
+        for t in tensors[1:]:
+            mask &= tensors[0] == t.to(tensors[0].device)
+    return mask
+
+
+def agreeing_rows(same: torch.Tensor | None,
+                  grads: tuple[torch.Tensor | None, ...]) -> torch.Tensor | None:
+    """The rows (tokens) of the input gradients ``grads`` whose every choice agrees (``same``
+    from :func:`agreeing`, one row of choices per input row); None when there is no such mask
+    or the gradients are not one row per choice row (then compared whole)."""
+    if same is None or same.dim() < 1 or any(
+            g is None or g.dim() < 1 or g.shape[0] != same.shape[0] for g in grads):
+        return None
+    return same.reshape(same.shape[0], -1).all(dim=1)
 
 
 def _first_float(args: tuple[Any, ...]) -> int | None:
@@ -314,6 +353,8 @@ class ChildReplay:
     output: torch.Tensor
     grad_input: torch.Tensor | None
     param_grads: dict[str, torch.Tensor | None]
+    choices: tuple[torch.Tensor, ...] = ()
+    """As :attr:`ChildCall.choices`, this replay's."""
 
 
 def replay_child(call: ChildCall, dtype: torch.dtype | None) -> ChildReplay:
@@ -323,14 +364,16 @@ def replay_child(call: ChildCall, dtype: torch.dtype | None) -> ChildReplay:
     leaves[call.at] = leaves[call.at].detach().requires_grad_()
     args, kwargs = pytree.tree_unflatten(leaves, call.spec)
     out = call.module(*args, **kwargs)
+    choices: tuple[torch.Tensor, ...] = ()
     if not isinstance(out, torch.Tensor):
-        out = out[_first_float(out)]  # the probed output (Prober.post)
+        whole, out = out, out[_first_float(out)]  # the probed output (Prober.post)
+        choices = tuple(c.detach() for c in choices_of(whole, out))
     if call.grad_output is not None and out.requires_grad:
         torch.autograd.backward([out], [call.grad_output.to(out.dtype)])
     grads = {n: p.grad for n, p in call.module.named_parameters()}
     for p in call.module.parameters():
         p.grad = None
-    return ChildReplay(out.detach(), leaves[call.at].grad, grads)
+    return ChildReplay(out.detach(), leaves[call.at].grad, grads, choices)
 
 
 def compare(acc: Accumulator, key: str, call: ChildCall, eager: ChildReplay,
@@ -338,11 +381,21 @@ def compare(acc: Accumulator, key: str, call: ChildCall, eager: ChildReplay,
     """The child's output, input gradient and parameters' gradients: the compiled pass's,
     eager's and the reference's."""
     at = f"layers.{key}.{call.name}"
+    same = None if call.output_compared else agreeing(call.choices, eager.choices, ref.choices)
     if call.output_compared:
         acc.add(f"{at} output", key, "output", call.output, eager.output, ref.output, rtol,
                 module=call.name)
-    acc.add(f"{at} input grad", key, "input_grad", call.grad_input, eager.grad_input,
-            ref.grad_input, rtol, module=call.name)
+    elif same is not None and bool(same.any()):
+        acc.add(f"{at} output{AGREED}", key, "output", call.output[same], eager.output[same],
+                ref.output[same], rtol, module=call.name)
+    grads = (call.grad_input, eager.grad_input, ref.grad_input)
+    rows = agreeing_rows(same, grads)
+    if rows is None:
+        acc.add(f"{at} input grad", key, "input_grad", *grads, rtol, module=call.name)
+    elif bool(rows.any()):
+        # A token routed elsewhere in one run has another gradient there for an honest reason.
+        acc.add(f"{at} input grad{AGREED}", key, "input_grad",
+                *(g[rows.to(g.device)] for g in grads), rtol, module=call.name)
     for n, job in call.param_grads.items():
         acc.add(f"{at}.{clean_name(n)}{ALONE}", key, "param_grad", job, eager.param_grads.get(n),
                 ref.param_grads.get(n), rtol, module=call.name)

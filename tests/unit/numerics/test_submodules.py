@@ -105,6 +105,30 @@ def test_a_node_is_inside_a_child_by_dynamos_module_path(path: str, module: str,
     assert corrupt.traced_inside(_node(path, "fwd_nn_module_stack"), module) is inside
 
 
+def test_an_output_beside_choices_is_compared_where_every_runs_choices_agree() -> None:
+    """A router's scores sit beside its expert indices: the integer tensors shaped like the
+    scores are its choices, and only the positions where the job's, eager's and the
+    reference's choices are the same hold comparable scores."""
+    scores = torch.rand(4, 2)
+    picked = torch.tensor([[0, 3], [1, 2], [5, 4], [7, 6]])
+    counts = torch.zeros(8, dtype=torch.long)
+    choices = submodules.choices_of((scores, picked, counts), scores)
+    assert len(choices) == 1 and choices[0] is picked  # the counts are shaped otherwise
+    flipped = picked.clone()
+    flipped[1, 0], flipped[3, 1] = 2, 5
+    same = submodules.agreeing(choices, (picked.clone(),), (flipped,))
+    assert same.tolist() == [[True, True], [False, True], [True, True], [True, False]]
+    assert submodules.agreeing((), (), ()) is None  # no choices: the output is not compared
+    assert submodules.agreeing(choices, (), choices) is None
+    assert submodules.agreeing(choices, (picked[:2],), choices) is None
+    # The input gradient: compared on the tokens (rows) whose every choice agrees.
+    grads = (torch.rand(4, 3), torch.rand(4, 3), torch.rand(4, 3))
+    assert submodules.agreeing_rows(same, grads).tolist() == [True, False, True, False]
+    assert submodules.agreeing_rows(None, grads) is None
+    assert submodules.agreeing_rows(same, (grads[0], None, grads[2])) is None
+    assert submodules.agreeing_rows(same, (torch.rand(2, 3),) * 3) is None
+
+
 def test_a_sites_specs_cover_each_block_and_direction() -> None:
     site = audit_matrix.Site("attention", "mm", 3, "the output projection")
     specs = site.specs(["0", "5"])
@@ -169,7 +193,7 @@ def test_moe_blocks_the_mixed_compile_keeps_eager_are_compared_whole_with_a_note
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("op,graph,block,child", [("gather", "forward", 1, "moe"),
+@pytest.mark.parametrize("op,graph,block,child", [("gather", "forward", 1, "moe.router"),
                                                   ("scatter_add", "backward", 2, "moe.router")])
 def test_stock_compiled_moe_blocks_router_faults_are_named_at_the_moe(
         audit_env: Any, op: str, graph: str, block: int, child: str) -> None:  # noqa: F811
@@ -177,7 +201,7 @@ def test_stock_compiled_moe_blocks_router_faults_are_named_at_the_moe(
     experts each alone (``moe_eager_compile = "off"``): the job's own call is probed, nothing
     compiled anew. A clean audit compares every block's children, the MoE's included, and the
     MoE's compiled children inside it; 0.5 % of the router's top-k score gather (its compiled
-    forward) is named at its block and ``moe``, of that gather's backward scatter-add at
+    forward) and of that gather's backward scatter-add are named at their block and
     ``moe.router``, each in its direction."""
     corrupt.uninstall()
     trainer, jc = audit_env.build(audit_env.DEEPSEEK + ["--rocm.moe_eager_compile", "off"], 3)
@@ -197,9 +221,12 @@ def test_stock_compiled_moe_blocks_router_faults_are_named_at_the_moe(
     assert fault.hits["hits"] >= 1 and fault.judged["right"], fault.to_dict()
     assert fault.result["first_wrong_module"][graph] == child, fault.to_dict()
     # The router, probed inside the MoE: its gradients compared there (not twice), its scores
-    # not (a top-k choice that rounding flips moves them far: a false positive on the H200).
+    # only where the job's, eager's and the reference's expert indices agree (a top-k choice
+    # that rounding flips moves a score far: a false positive on the H200 when compared whole).
     names = [t["name"] for t in fault.result["tensors"] if t["segment"] == str(block)]
     assert f"layers.{block}.moe.router.gate.weight (alone)" in names
-    assert f"layers.{block}.moe.router input grad" in names
     assert f"layers.{block}.moe.router output" not in names
+    assert f"layers.{block}.moe.router input grad" not in names
+    assert {f"layers.{block}.moe.router output (where the choices agree)",
+            f"layers.{block}.moe.router input grad (where the choices agree)"} <= set(names)
     assert len(names) == len(set(names))
