@@ -691,3 +691,17 @@ def test_a_restarted_jobs_first_audit_on_the_h200_as_the_docs_quote_it() -> None
     assert ("6.52 s of the audit's own (19.4 steps; the probed copy's compile and first run "
             "5.80 s) in the cold process and 2.69 s (8.0 steps; 1.98 s) in the warm one, every "
             "other part at most 2.21 and 2.11 steps") in docs
+
+
+def test_the_cpu_clean_set_compares_the_router_where_the_choices_agree() -> None:
+    """The code the H200 agreed-scores runs did not yet have (the router's input gradient on
+    the tokens whose choices agree), on the CPU trainer with the MoE as stock compiles it: five
+    clean audits and every in-training verdict ok, each MoE block's router compared so."""
+    directory = ROOT / "benchmarks" / "results" / "2026-12-07-cpu" / (
+        "audit-matrix-children-clean5-deepseek-half-stock-moe")
+    f = _reanalysed(directory)["figures"]["deepseek_v3_4b_half"]
+    assert (f["detection"]["clean"], f["detection"]["false_positives"]) == (5, 0)
+    assert f["in_training_verdicts"] == ["ok"] * 8
+    names = [t["name"] for m in _matrix(directory, "deepseek_v3_4b_half")
+             for t in m["result"]["tensors"] if t["name"].endswith("(where the choices agree)")]
+    assert len(names) == 5 * 2 * 2  # two MoE blocks, the output and the input gradient
