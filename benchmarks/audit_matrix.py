@@ -524,12 +524,14 @@ def in_training_detection(worker_out: dict[str, Any]) -> dict[str, Any]:
 
 
 def fault_size(outcome: dict[str, Any]) -> float | None:
-    """The fault's change over the norm of the op's output it ran on (None for a clean audit
-    and for runs stored before the fault measured it)."""
+    """The fault's change over the norm of the op's output it ran on (None for a clean audit,
+    for runs stored before the fault measured it, and where the sums are not finite: runs
+    stored before they left out a grouped GEMM's unwritten rows)."""
     hits = outcome.get("hits") or {}
-    if not hits.get("output_sq"):
+    change, output = hits.get("change_sq"), hits.get("output_sq")
+    if not output or not math.isfinite(output) or change is None or not math.isfinite(change):
         return None
-    return math.sqrt(hits["change_sq"] / hits["output_sq"])
+    return math.sqrt(change / output)
 
 
 def detection(worker_out: dict[str, Any]) -> dict[str, Any]:

@@ -258,11 +258,14 @@ class _Runtime:
             g = torch.Generator(device=work.device)
             g.manual_seed(spec.seed * 1_000_003 + self.hits.hits)
             idx = torch.randperm(n, generator=g, device=work.device)[:replaced]
+            # Finite values only: a grouped GEMM leaves the rows past its last group unwritten.
+            self.hits.output_sq += float(torch.linalg.vector_norm(torch.nan_to_num(
+                work, nan=0.0, posinf=0.0, neginf=0.0), dtype=torch.float64) ** 2)
             before = work[idx]
             work[idx] = work[(idx + 1) % n]  # the right-hand side is read before the write
             changed = int((work[idx] != before).sum().item())
-            self.hits.change_sq += float((work[idx].double() - before.double()).square().sum())
-            self.hits.output_sq += float(x.double().square().sum())
+            change = work[idx].double() - before.double()
+            self.hits.change_sq += float(change[torch.isfinite(change)].square().sum())
         self.hits.hits += 1
         self.hits.elements += n
         self.hits.replaced += replaced

@@ -705,3 +705,17 @@ def test_the_cpu_clean_set_compares_the_router_where_the_choices_agree() -> None
     names = [t["name"] for m in _matrix(directory, "deepseek_v3_4b_half")
              for t in m["result"]["tensors"] if t["name"].endswith("(where the choices agree)")]
     assert len(names) == 5 * 2 * 2  # two MoE blocks, the output and the input gradient
+
+
+def test_a_faults_size_is_left_out_where_it_was_not_measured_or_not_finite() -> None:
+    """The stored agreed-scores grid's grouped-GEMM forward faults summed the GEMM's unwritten
+    rows (NaN): no size, rather than one that orders the smallest by accident."""
+    size = audit_matrix.fault_size
+    assert size({"hits": {"change_sq": 4.0, "output_sq": 100.0}}) == 0.2
+    assert size({"hits": {"change_sq": 4.0, "output_sq": float("nan")}}) is None
+    assert size({"hits": {"change_sq": float("inf"), "output_sq": 1.0}}) is None
+    assert size({"hits": {"changed": 3}}) is None and size({"hits": {}}) is None
+    matrix = _matrix(H200_SITES / "audit-matrix-sites-deepseek-half-agreed-scores",
+                     "deepseek_v3_4b_half")
+    assert [size(m) for m in matrix if m["spec"] and m["spec"]["op"] == "_grouped_mm"
+            and m["spec"]["graph"] == "forward"] == [None] * 3

@@ -227,6 +227,13 @@ def test_the_op_replaces_that_fraction_by_neighbours_only_inside_the_block(fract
     # the fault's size, which the log line reports: the change's norm over the output's
     size = ((y.double() - x.double()).norm() / x.double().norm()).item()
     assert runtime.hits.relative_change == pytest.approx(size, rel=1e-9) and size > 0
+    # unwritten memory (a grouped GEMM's rows past its last group) counts for nothing
+    runtime.backward_enters("1")
+    x_nan = x.clone()
+    x_nan[0, :] = float("nan")
+    corrupt.reset_counts()
+    op(x_nan, True)
+    assert math.isfinite(runtime.hits.relative_change) and runtime.hits.relative_change > 0
     runtime.backward_enters("1")  # block 1's next backward: hits again, other positions
     z = op(x, True)
     assert (z != x).sum().item() == round(fraction * x.numel()) and not torch.equal(z, y)
