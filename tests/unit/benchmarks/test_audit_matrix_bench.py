@@ -375,12 +375,12 @@ def test_the_multipliers_sit_above_every_stored_clean_gpu_tensor() -> None:
                       "child_input_grad": (1.028, 1.2), "child_param_grad": (1.116, 2.0)}
     assert cal["child_input_grad"]["needed_worst"].endswith("layers.5.moe.router input grad")
     counts = {kind: row["tensors"] for kind, row in cal.items()}
-    assert counts == {"output": 4655, "input_grad": 4655, "param_grad": 50030,
-                      "child_output": 5314, "child_input_grad": 5688,
-                      "child_param_grad": 19924}
+    assert counts == {"output": 4668, "input_grad": 4668, "param_grad": 50196,
+                      "child_output": 5371, "child_input_grad": 5745,
+                      "child_param_grad": 20064}
     docs = " ".join((ROOT / "docs" / "numerics-audit.md").read_text().split())
-    for quoted in ("5,314 child outputs and 5,688 input gradients", "1.116 of 19,924",
-                   "outside the blocks (50,030;", "1.000 and 1.037 (4,655 each)"):
+    for quoted in ("5,371 child outputs and 5,745 input gradients", "1.116 of 20,064",
+                   "outside the blocks (50,196;", "1.000 and 1.037 (4,668 each)"):
         assert quoted in docs
 
 
@@ -719,3 +719,25 @@ def test_a_faults_size_is_left_out_where_it_was_not_measured_or_not_finite() -> 
                      "deepseek_v3_4b_half")
     assert [size(m) for m in matrix if m["spec"] and m["spec"]["op"] == "_grouped_mm"
             and m["spec"]["graph"] == "forward"] == [None] * 3
+
+
+def test_the_h100_scatter_add_sites_with_the_router_input_gradient_on_agreeing_tokens() -> None:
+    """``--sites deepseek_v3:1`` with the router's input gradient compared on the tokens whose
+    choices agree (the code the H200 grids did not have), on one H100: the backward
+    scatter-add named at ``moe.router`` in MoE blocks 1, 6 and 11, by that gradient at 26 to
+    30 x its eager error (compared over every token it moved 1.11 to 1.22 x); the clean
+    audit ok, every agreed tensor at 1.00 x."""
+    directory = H100 / "audit-matrix-sites-deepseek-half-scatter-agreed"
+    d = _reanalysed(directory)["figures"]["deepseek_v3_4b_half"]["detection"]
+    assert (d["faults"], d["faults_right"], d["clean"], d["false_positives"]) == (3, 3, 1, 0)
+    assert _sites_named(directory, "deepseek_v3_4b_half") == [
+        ("scatter_add", b, "backward", "moe.router") for b in (1, 6, 11)]
+    matrix = _matrix(directory, "deepseek_v3_4b_half")
+    assert _ratios(matrix, "scatter_add", "layers.{}.moe.router input grad (where the choices "
+                   "agree)") == [26.4, 28.1, 30.39]
+    clean = next(m for m in matrix if m["spec"] is None)["result"]["tensors"]
+    agreed = [t["ratio"] for t in clean if t["name"].endswith("(where the choices agree)")]
+    assert len(agreed) == 2 * 11 and max(agreed) < 1.005
+    docs = " ".join((ROOT / "docs" / "numerics-audit.md").read_text().split())
+    assert ("named at `moe.router` in MoE blocks 1, 6 and 11, the router's input gradient on "
+            "the agreeing tokens 26.4, 28.1 and 30.4 x its eager error") in docs
