@@ -259,12 +259,15 @@ class _Runtime:
             g.manual_seed(spec.seed * 1_000_003 + self.hits.hits)
             idx = torch.randperm(n, generator=g, device=work.device)[:replaced]
             # Finite values only: a grouped GEMM leaves the rows past its last group unwritten.
+            # A complex output (the rotary multiply) counts its real and imaginary parts.
+            real = torch.view_as_real(work) if work.is_complex() else work
             self.hits.output_sq += float(torch.linalg.vector_norm(torch.nan_to_num(
-                work, nan=0.0, posinf=0.0, neginf=0.0), dtype=torch.float64) ** 2)
+                real, nan=0.0, posinf=0.0, neginf=0.0), dtype=torch.float64) ** 2)
             before = work[idx]
             work[idx] = work[(idx + 1) % n]  # the right-hand side is read before the write
             changed = int((work[idx] != before).sum().item())
-            change = work[idx].double() - before.double()
+            wide = torch.complex128 if work.is_complex() else torch.float64
+            change = (work[idx].to(wide) - before.to(wide)).abs()
             self.hits.change_sq += float(change[torch.isfinite(change)].square().sum())
         self.hits.hits += 1
         self.hits.elements += n

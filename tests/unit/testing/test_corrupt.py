@@ -234,6 +234,14 @@ def test_the_op_replaces_that_fraction_by_neighbours_only_inside_the_block(fract
     corrupt.reset_counts()
     op(x_nan, True)
     assert math.isfinite(runtime.hits.relative_change) and runtime.hits.relative_change > 0
+    # a complex output (the rotary multiply): its real and imaginary parts
+    c = torch.complex(x, x.flip(0)).contiguous()
+    runtime.backward_enters("1")
+    corrupt.reset_counts()
+    cy = op(c, True)
+    wide, cw = cy.to(torch.complex128), c.to(torch.complex128)
+    size = ((wide - cw).abs().norm() / cw.abs().norm()).item()
+    assert runtime.hits.relative_change == pytest.approx(size, rel=1e-9) and size > 0
     runtime.backward_enters("1")  # block 1's next backward: hits again, other positions
     z = op(x, True)
     assert (z != x).sum().item() == round(fraction * x.numel()) and not torch.equal(z, y)
