@@ -527,11 +527,13 @@ def fault_size(outcome: dict[str, Any]) -> float | None:
     """The fault's change over the norm of the op's output it ran on (None for a clean audit,
     for runs stored before the fault measured it, and where the sums are not finite: runs
     stored before they left out a grouped GEMM's unwritten rows)."""
+    from titan_rocm.testing.corrupt import Hits
+
     hits = outcome.get("hits") or {}
     change, output = hits.get("change_sq"), hits.get("output_sq")
     if not output or not math.isfinite(output) or change is None or not math.isfinite(change):
         return None
-    return math.sqrt(change / output)
+    return Hits(**hits).relative_change  # the log line's figure, one formula
 
 
 def detection(worker_out: dict[str, Any]) -> dict[str, Any]:

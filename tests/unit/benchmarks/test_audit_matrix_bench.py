@@ -529,9 +529,7 @@ def test_the_h100_sites_grid_names_every_site_at_its_block_child_and_direction(
     found = figures["detection"]
     assert (found["faults"], found["faults_right"]) == (6 * len(children),) * 2
     assert (found["clean"], found["false_positives"], found["wrong"]) == (1, 0, [])
-    with harness.open_stored(directory) as (_, logs):
-        matrix = json.loads((logs / f"{model}.json").read_text())["matrix"]
-    faults = [m for m in matrix if m["spec"] is not None]
+    faults = [m for m in _matrix(directory, model) if m["spec"] is not None]
     assert all(m["judged"]["right"] and m["hits"] for m in faults)
     assert [(str(m["spec"]["block"]), m["spec"]["graph"], m["spec"]["module"])
             for m in faults] == [(b, g, c) for c in children for b in blocks
@@ -567,8 +565,7 @@ def test_the_sites_command_names_stock_moe_router_faults_on_the_cpu_trainer(
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     figures = _reanalysed(out)["figures"]["deepseek_v3_4b_half"]["detection"]
     assert (figures["faults"], figures["faults_right"], figures["false_positives"]) == (4, 4, 0)
-    with harness.open_stored(out) as (_, logs):
-        matrix = json.loads((logs / "deepseek_v3_4b_half.json").read_text())["matrix"]
+    matrix = _matrix(out, "deepseek_v3_4b_half")
     named = [(m["spec"]["block"], m["spec"]["op"], m["judged"]["first_wrong_module"][
         m["spec"]["graph"]]) for m in matrix if m["spec"]]
     assert named == [(1, "gather", "moe.router"), (2, "gather", "moe.router"),
